@@ -1,0 +1,177 @@
+//! The gRPC client API (`proto/lodestar/api/v1/api.proto`) and the error →
+//! gRPC status mapping. Same operations and semantics as REST.
+
+use super::{ApplyItem, DeleteItem};
+use crate::error::{Code, Error};
+use crate::node::{ClusterStatus, Consistency, Node};
+use crate::proto::api::lodestar_server::{Lodestar, LodestarServer};
+use crate::proto::api::*;
+use crate::store::types::{NodeInfo, TxnOk};
+use crate::store::watch::{watch, WatchFilter};
+use futures::{Stream, StreamExt};
+use std::pin::Pin;
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+pub fn status_of(e: Error) -> Status {
+    let code = match e.code {
+        Code::InvalidArgument => tonic::Code::InvalidArgument,
+        Code::NotFound => tonic::Code::NotFound,
+        Code::Conflict => tonic::Code::Aborted,
+        Code::Compacted => tonic::Code::OutOfRange,
+        Code::Unavailable => tonic::Code::Unavailable,
+        Code::Internal => tonic::Code::Internal,
+    };
+    Status::new(code, e.message)
+}
+
+pub struct GrpcApi {
+    node: Arc<Node>,
+}
+
+impl GrpcApi {
+    pub fn server(node: Arc<Node>) -> LodestarServer<GrpcApi> {
+        let limit = node.config.max_body_bytes;
+        LodestarServer::new(GrpcApi { node }).max_decoding_message_size(limit)
+    }
+}
+
+fn write_response(ok: TxnOk) -> WriteResponse {
+    WriteResponse {
+        revision: ok.revision,
+        items: ok
+            .items
+            .into_iter()
+            .map(|i| ItemResult {
+                kind: i.key.kind.name().into(),
+                namespace: i.key.namespace,
+                name: i.key.name,
+                action: i.action.as_str().into(),
+                mod_revision: i.mod_revision,
+            })
+            .collect(),
+    }
+}
+
+fn consistency(c: i32) -> Consistency {
+    if c == crate::proto::api::Consistency::Stale as i32 {
+        Consistency::Stale
+    } else {
+        Consistency::Linearizable
+    }
+}
+
+fn cluster_response(s: ClusterStatus) -> ClusterStatusResponse {
+    ClusterStatusResponse {
+        leader_id: s.leader.unwrap_or(0),
+        term: s.term,
+        members: s
+            .members
+            .iter()
+            .map(|m| Member {
+                id: m.id,
+                api_addr: m.info.api_addr.clone(),
+                raft_addr: m.info.raft_addr.clone(),
+                xds_addr: m.info.xds_addr.clone(),
+                role: m.role.clone(),
+            })
+            .collect(),
+        nodes: s
+            .members
+            .into_iter()
+            .map(|m| match m.status {
+                Some(st) => {
+                    NodeStatus { id: m.id, state: st.state, term: st.term, applied_index: st.applied_index, revision: st.revision, error: String::new() }
+                }
+                None => NodeStatus { id: m.id, state: "unreachable".into(), error: m.error.unwrap_or_default(), ..Default::default() },
+            })
+            .collect(),
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Lodestar for GrpcApi {
+    async fn apply(&self, req: Request<ApplyRequest>) -> Result<Response<WriteResponse>, Status> {
+        let items = req
+            .into_inner()
+            .items
+            .into_iter()
+            .enumerate()
+            .map(|(i, it)| {
+                let resource =
+                    serde_json::from_str(&it.resource_json).map_err(|e| Error::field(format!("items[{i}].resource_json"), format!("malformed JSON: {e}")))?;
+                Ok(ApplyItem { resource, expected_revision: it.expected_revision })
+            })
+            .collect::<Result<Vec<_>, Error>>()
+            .map_err(status_of)?;
+        let (txn, _warnings) = super::apply_txn(items).map_err(status_of)?;
+        let ok = self.node.write(txn).await.map_err(status_of)?;
+        Ok(Response::new(write_response(ok)))
+    }
+
+    async fn delete(&self, req: Request<DeleteRequest>) -> Result<Response<WriteResponse>, Status> {
+        let items = req
+            .into_inner()
+            .items
+            .into_iter()
+            .map(|r| DeleteItem { kind: r.kind, namespace: Some(r.namespace), name: r.name, expected_revision: r.expected_revision })
+            .collect();
+        let txn = super::delete_txn(items, false).map_err(status_of)?;
+        let ok = self.node.write(txn).await.map_err(status_of)?;
+        Ok(Response::new(write_response(ok)))
+    }
+
+    async fn get(&self, req: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let r = req.into_inner();
+        let key = super::key_of(&r.kind, Some(&r.namespace), &r.name).map_err(status_of)?;
+        let applied = self.node.read(consistency(r.consistency)).await.map_err(status_of)?;
+        let obj = super::get(&applied, &key).map_err(status_of)?;
+        Ok(Response::new(GetResponse { revision: applied.revision(), resource_json: obj.to_json().to_string() }))
+    }
+
+    async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let r = req.into_inner();
+        let kind = super::parse_kind(&r.kind).map_err(status_of)?;
+        let selector = super::parse_selector(Some(&r.label_selector)).map_err(status_of)?;
+        let applied = self.node.read(consistency(r.consistency)).await.map_err(status_of)?;
+        let items = super::list(&applied, kind, Some(&r.namespace), &selector);
+        Ok(Response::new(ListResponse { revision: applied.revision(), resources_json: items.iter().map(|o| o.to_json().to_string()).collect() }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        let r = req.into_inner();
+        let kind = if r.kind.is_empty() { None } else { Some(super::parse_kind(&r.kind).map_err(status_of)?) };
+        let filter = WatchFilter { kind, namespace: Some(r.namespace).filter(|n| !n.is_empty()) };
+        let stream = watch(self.node.reader.clone(), r.from_revision, filter).map(|item| {
+            item.map(|e| WatchEvent {
+                revision: e.revision,
+                r#type: e.kind.as_str().into(),
+                kind: e.object.key.kind.name().into(),
+                namespace: e.object.key.namespace.clone(),
+                name: e.object.key.name.clone(),
+                resource_json: e.object.to_json().to_string(),
+            })
+            .map_err(status_of)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn cluster_status(&self, _req: Request<ClusterStatusRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
+        Ok(Response::new(cluster_response(self.node.cluster_status().await)))
+    }
+
+    async fn add_node(&self, req: Request<AddNodeRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
+        let r = req.into_inner();
+        self.node.add_node(r.id, NodeInfo { raft_addr: r.raft_addr, api_addr: r.api_addr, xds_addr: r.xds_addr }).await.map_err(status_of)?;
+        Ok(Response::new(cluster_response(self.node.cluster_status().await)))
+    }
+
+    async fn remove_node(&self, req: Request<RemoveNodeRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
+        self.node.remove_node(req.into_inner().id).await.map_err(status_of)?;
+        Ok(Response::new(cluster_response(self.node.cluster_status().await)))
+    }
+}

@@ -1,0 +1,235 @@
+//! The REST API (`/v1/...`), health endpoints, and the error → HTTP mapping.
+
+use super::{ApplyItem, DeleteItem, WriteResult};
+use crate::error::{Error, Result};
+use crate::model::documents::parse_documents;
+use crate::node::{ClusterStatus, Consistency, Node};
+use crate::store::types::NodeInfo;
+use crate::store::watch::{watch, WatchFilter};
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+pub const REVISION_HEADER: &str = "x-lodestar-revision";
+
+pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/v1/apply", post(apply))
+        .route("/v1/delete", post(delete_many))
+        .route("/v1/resources/{kind}", get(list))
+        .route("/v1/resources/{kind}/{namespace}/{name}", get(get_one).delete(delete_one))
+        .route("/v1/watch", get(watch_changes))
+        .route("/v1/cluster", get(cluster_status))
+        .route("/v1/cluster/members", post(add_member))
+        .route("/v1/cluster/members/{id}", delete(remove_member))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(node)
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = json!({"error": {"code": self.code.as_str(), "message": self.message, "fields": self.fields}});
+        (status, Json(body)).into_response()
+    }
+}
+
+/// Read a body with the configured size limit; over it is a 400 that says so.
+async fn read_body(node: &Node, body: Body) -> Result<Bytes> {
+    let limit = node.config.max_body_bytes;
+    axum::body::to_bytes(body, limit).await.map_err(|_| Error::field("body", format!("request body is larger than the limit of {limit} bytes")))
+}
+
+fn is_yaml(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|ct| ct.contains("yaml") || ct.starts_with("text/"))
+}
+
+fn body_text(bytes: &Bytes) -> Result<&str> {
+    std::str::from_utf8(bytes).map_err(|e| Error::field("body", format!("not UTF-8: {e}")))
+}
+
+/// The body of `/v1/apply` and `/v1/delete`: `{"resources": [...]}` in JSON,
+/// or a YAML/JSON stream of resource documents.
+fn documents(headers: &HeaderMap, bytes: &Bytes) -> Result<(Vec<Value>, Value)> {
+    let text = body_text(bytes)?;
+    if is_yaml(headers) {
+        let docs = parse_documents(text, "body").map_err(|e| Error::invalid_fields(vec![e]))?;
+        return Ok((docs, Value::Null));
+    }
+    let v: Value = serde_json::from_str(text).map_err(|e| Error::field("body", format!("malformed JSON: {e}")))?;
+    match v {
+        Value::Object(ref m) if m.contains_key("resources") => match m.get("resources") {
+            Some(Value::Array(items)) => Ok((items.clone(), v)),
+            _ => Err(Error::field("resources", "expected a list")),
+        },
+        Value::Object(ref m) if m.contains_key("kind") => Ok((vec![v], Value::Null)),
+        Value::Array(items) => Ok((items, Value::Null)),
+        _ => Err(Error::field("body", "expected {\"resources\": [...]} or resource documents")),
+    }
+}
+
+fn revision_headers(revision: u64) -> [(header::HeaderName, HeaderValue); 1] {
+    [(header::HeaderName::from_static(REVISION_HEADER), HeaderValue::from(revision))]
+}
+
+async fn apply(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) -> Result<Response> {
+    let bytes = read_body(&node, body).await?;
+    let (docs, _) = documents(&headers, &bytes)?;
+    // `{"resource": {...}, "expectedRevision": N}` wraps a resource with a
+    // precondition; a bare resource has none.
+    let items = docs
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| match d {
+            Value::Object(mut m) if m.contains_key("resource") && !m.contains_key("kind") => {
+                let expected_revision = match m.remove("expectedRevision") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(v.as_u64().ok_or_else(|| Error::field(format!("resources[{i}].expectedRevision"), "expected a non-negative integer"))?),
+                };
+                Ok(ApplyItem { resource: m.remove("resource").unwrap_or(Value::Null), expected_revision })
+            }
+            other => Ok(ApplyItem { resource: other, expected_revision: None }),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (txn, warnings) = super::apply_txn(items)?;
+    let ok = node.write(txn).await?;
+    Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeleteRef {
+    kind: String,
+    namespace: Option<String>,
+    name: String,
+    expected_revision: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct DeleteQuery {
+    ignore_not_found: Option<bool>,
+    expected_revision: Option<u64>,
+}
+
+async fn delete_many(State(node): State<Arc<Node>>, Query(q): Query<DeleteQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+    let bytes = read_body(&node, body).await?;
+    let (docs, envelope) = documents(&headers, &bytes)?;
+    let ignore = q.ignore_not_found.or_else(|| envelope.get("ignoreNotFound").and_then(Value::as_bool)).unwrap_or(false);
+    let items = if docs.iter().all(|d| d.get("metadata").is_none() && d.get("name").is_some()) {
+        docs.into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let r: DeleteRef = serde_json::from_value(d).map_err(|e| Error::field(format!("resources[{i}]"), e.to_string()))?;
+                Ok(DeleteItem { kind: r.kind, namespace: r.namespace, name: r.name, expected_revision: r.expected_revision })
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        super::delete_items_from_documents(docs)?
+    };
+    let ok = node.write(super::delete_txn(items, ignore)?).await?;
+    Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, Vec::new()))).into_response())
+}
+
+async fn delete_one(
+    State(node): State<Arc<Node>>,
+    Path((kind, namespace, name)): Path<(String, String, String)>,
+    Query(q): Query<DeleteQuery>,
+) -> Result<Response> {
+    let item = DeleteItem { kind, namespace: Some(namespace), name, expected_revision: q.expected_revision };
+    let ok = node.write(super::delete_txn(vec![item], q.ignore_not_found.unwrap_or(false))?).await?;
+    Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, Vec::new()))).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ReadQuery {
+    namespace: Option<String>,
+    label_selector: Option<String>,
+    consistency: Option<String>,
+}
+
+fn consistency(q: Option<&str>) -> Result<Consistency> {
+    match q {
+        None | Some("") | Some("linearizable") => Ok(Consistency::Linearizable),
+        Some("stale") => Ok(Consistency::Stale),
+        Some(other) => Err(Error::field("consistency", format!("{other:?}: expected linearizable or stale"))),
+    }
+}
+
+async fn list(State(node): State<Arc<Node>>, Path(kind): Path<String>, Query(q): Query<ReadQuery>) -> Result<Response> {
+    let kind = super::parse_kind(&kind)?;
+    let selector = super::parse_selector(q.label_selector.as_deref())?;
+    let applied = node.read(consistency(q.consistency.as_deref())?).await?;
+    let items: Vec<Value> = super::list(&applied, kind, q.namespace.as_deref(), &selector).iter().map(|o| o.to_json()).collect();
+    let revision = applied.revision();
+    Ok((revision_headers(revision), Json(json!({"revision": revision, "items": items}))).into_response())
+}
+
+async fn get_one(State(node): State<Arc<Node>>, Path((kind, namespace, name)): Path<(String, String, String)>, Query(q): Query<ReadQuery>) -> Result<Response> {
+    let key = super::key_of(&kind, Some(&namespace), &name)?;
+    let applied = node.read(consistency(q.consistency.as_deref())?).await?;
+    let obj = super::get(&applied, &key)?;
+    Ok((revision_headers(applied.revision()), Json(obj.to_json())).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct WatchQuery {
+    from_revision: Option<u64>,
+    kind: Option<String>,
+    namespace: Option<String>,
+}
+
+/// Newline-delimited JSON events, one per line, until the client hangs up.
+async fn watch_changes(State(node): State<Arc<Node>>, Query(q): Query<WatchQuery>) -> Result<Response> {
+    let filter = WatchFilter { kind: q.kind.as_deref().map(super::parse_kind).transpose()?, namespace: q.namespace.filter(|n| !n.is_empty()) };
+    let stream = watch(node.reader.clone(), q.from_revision, filter).map(|item| {
+        let line = match item {
+            Ok(e) => json!({"revision": e.revision, "type": e.kind.as_str(), "object": e.object.to_json()}),
+            Err(e) => json!({"error": {"code": e.code.as_str(), "message": e.message}}),
+        };
+        Ok::<_, std::convert::Infallible>(format!("{line}\n"))
+    });
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
+}
+
+async fn cluster_status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
+    Json(node.cluster_status().await)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AddMember {
+    id: u64,
+    raft_addr: String,
+    api_addr: String,
+    xds_addr: String,
+}
+
+async fn add_member(State(node): State<Arc<Node>>, body: Body) -> Result<Json<ClusterStatus>> {
+    let bytes = read_body(&node, body).await?;
+    let m: AddMember = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
+    node.add_node(m.id, NodeInfo { raft_addr: m.raft_addr, api_addr: m.api_addr, xds_addr: m.xds_addr }).await?;
+    Ok(Json(node.cluster_status().await))
+}
+
+async fn remove_member(State(node): State<Arc<Node>>, Path(id): Path<u64>) -> Result<Json<ClusterStatus>> {
+    node.remove_node(id).await?;
+    Ok(Json(node.cluster_status().await))
+}
+
+async fn readyz(State(node): State<Arc<Node>>) -> Response {
+    match node.readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
+    }
+}

@@ -1,0 +1,187 @@
+//! `lodestar bench write`: concurrent ~1 KiB writes against a running
+//! cluster, at several client counts, each level bounded in time and count.
+//! Every write is checked: it must be acknowledged with a revision and
+//! report a change. Prints writes/s and latency percentiles.
+
+use crate::proto::api::lodestar_client::LodestarClient;
+use crate::proto::api::{ApplyItem, ApplyRequest};
+use anyhow::{anyhow, bail, Result};
+use clap::{Subcommand, ValueEnum};
+use serde_json::json;
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Concurrent writes of ~SIZE-byte resources; prints writes/s, p50, p99.
+    Write {
+        /// API URLs of the replicas; clients are spread across them.
+        #[arg(long, value_delimiter = ',', default_value = crate::config::DEFAULT_SERVER_URL)]
+        servers: Vec<String>,
+        /// Concurrency levels to run, one after another.
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+        clients: Vec<usize>,
+        /// Seconds per level.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Stop a level after this many writes even if time is left.
+        #[arg(long, default_value_t = 1_000_000)]
+        max_writes: u64,
+        /// Approximate size of each resource in bytes.
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        #[arg(long, value_enum, default_value_t = Api::Grpc)]
+        api: Api,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+pub enum Api {
+    Grpc,
+    Rest,
+}
+
+pub async fn run(cmd: BenchCommand) -> Result<()> {
+    let BenchCommand::Write { servers, clients, seconds, max_writes, size, api } = cmd;
+    if servers.is_empty() || clients.is_empty() {
+        bail!("need at least one server and one concurrency level");
+    }
+    println!("# lodestar bench write: {size}-byte resources, {seconds}s per level, api={api:?}, servers={}", servers.join(","));
+    println!("{:>8} {:>9} {:>10} {:>9} {:>9} {:>9} {:>7}", "clients", "writes", "writes/s", "p50_ms", "p99_ms", "max_ms", "errors");
+    for (level, &n) in clients.iter().enumerate() {
+        let r = run_level(&servers, n, Duration::from_secs(seconds), max_writes, size, api, level).await?;
+        println!(
+            "{:>8} {:>9} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>7}",
+            n,
+            r.writes,
+            r.writes as f64 / r.elapsed.as_secs_f64(),
+            r.pct(0.50),
+            r.pct(0.99),
+            r.pct(1.0),
+            r.errors
+        );
+        if r.errors > 0 {
+            eprintln!("first error: {}", r.first_error.unwrap_or_default());
+        }
+    }
+    Ok(())
+}
+
+struct LevelResult {
+    writes: u64,
+    errors: u64,
+    elapsed: Duration,
+    latencies_us: Vec<u64>,
+    first_error: Option<String>,
+}
+
+impl LevelResult {
+    fn pct(&self, p: f64) -> f64 {
+        if self.latencies_us.is_empty() {
+            return 0.0;
+        }
+        let i = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies_us[i] as f64 / 1000.0
+    }
+}
+
+fn resource(client: usize, seq: u64, level: usize, size: usize) -> serde_json::Value {
+    let mut r = json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": format!("bench-{level}-{client}-{}", seq % 64), "namespace": "bench",
+                     "annotations": {"bench.lodestar.io/seq": seq.to_string(), "bench.lodestar.io/pad": ""}},
+        "spec": {"hosts": [format!("svc-{client}.bench.svc.cluster.local")],
+                 "http": [{"route": [{"destination": {"host": format!("svc-{client}"), "subset": "v1"}}]}]}
+    });
+    let pad = size.saturating_sub(r.to_string().len());
+    r["metadata"]["annotations"]["bench.lodestar.io/pad"] = json!("x".repeat(pad));
+    r
+}
+
+enum Conn {
+    Grpc(LodestarClient<Channel>),
+    Rest(reqwest::Client, String),
+}
+
+impl Conn {
+    async fn write(&mut self, doc: serde_json::Value) -> Result<u64> {
+        match self {
+            Conn::Grpc(c) => {
+                let req = ApplyRequest { items: vec![ApplyItem { resource_json: doc.to_string(), expected_revision: None }] };
+                let r = c.apply(req).await.map_err(|s| anyhow!("{}: {}", s.code(), s.message()))?.into_inner();
+                match r.items.first().map(|i| i.action.as_str()) {
+                    Some("created" | "configured") if r.revision > 0 => Ok(r.revision),
+                    other => bail!("write not acknowledged as a change: {other:?} at revision {}", r.revision),
+                }
+            }
+            Conn::Rest(c, base) => {
+                let resp = c.post(format!("{base}/v1/apply")).json(&json!({"resources": [doc]})).send().await?;
+                let status = resp.status();
+                let body: serde_json::Value = resp.json().await?;
+                if !status.is_success() {
+                    bail!("{status}: {body}");
+                }
+                match (body["revision"].as_u64(), body["items"][0]["action"].as_str()) {
+                    (Some(rev), Some("created" | "configured")) if rev > 0 => Ok(rev),
+                    _ => bail!("write not acknowledged as a change: {body}"),
+                }
+            }
+        }
+    }
+}
+
+async fn connect(server: &str, api: Api) -> Result<Conn> {
+    let base = if server.contains("://") { server.trim_end_matches('/').to_string() } else { format!("http://{server}") };
+    Ok(match api {
+        Api::Grpc => Conn::Grpc(LodestarClient::new(Channel::from_shared(base)?.tcp_nodelay(true).connect().await?)),
+        Api::Rest => Conn::Rest(reqwest::Client::builder().tcp_nodelay(true).build()?, base),
+    })
+}
+
+async fn run_level(servers: &[String], n: usize, duration: Duration, max_writes: u64, size: usize, api: Api, level: usize) -> Result<LevelResult> {
+    let mut conns = Vec::with_capacity(n);
+    for i in 0..n {
+        conns.push(connect(&servers[i % servers.len()], api).await?);
+    }
+    let budget = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(max_writes));
+    let start = Instant::now();
+    let deadline = start + duration;
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut conn)| {
+            let budget = budget.clone();
+            tokio::spawn(async move {
+                let (mut lat, mut errors, mut first_error, mut seq) = (Vec::new(), 0u64, None, 0u64);
+                while Instant::now() < deadline
+                    && budget.fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |b| b.checked_sub(1)).is_ok()
+                {
+                    let t = Instant::now();
+                    match conn.write(resource(i, seq, level, size)).await {
+                        Ok(_) => lat.push(t.elapsed().as_micros() as u64),
+                        Err(e) => {
+                            errors += 1;
+                            first_error.get_or_insert(e.to_string());
+                        }
+                    }
+                    seq += 1;
+                }
+                (lat, errors, first_error)
+            })
+        })
+        .collect();
+    let mut result = LevelResult { writes: 0, errors: 0, elapsed: Duration::ZERO, latencies_us: Vec::new(), first_error: None };
+    for t in tasks {
+        let (lat, errors, first_error) = t.await?;
+        result.latencies_us.extend(lat);
+        result.errors += errors;
+        if result.first_error.is_none() {
+            result.first_error = first_error;
+        }
+    }
+    result.elapsed = start.elapsed();
+    result.writes = result.latencies_us.len() as u64;
+    result.latencies_us.sort_unstable();
+    Ok(result)
+}

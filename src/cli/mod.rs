@@ -1,0 +1,423 @@
+//! The `lodestar` command line: `server`, the kubectl-style client commands,
+//! cluster management, and benchmarks. Client commands use the REST API of
+//! whichever replica `--server` (or `LODESTAR_SERVER`) names.
+
+mod bench;
+mod client;
+
+use crate::config::{Member, ServerConfig};
+use crate::model::documents::parse_documents;
+use crate::model::Kind;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use client::Client;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+#[derive(Parser)]
+#[command(name = "lodestar", version, about = "Lodestar: an Envoy control plane for Istio traffic rules, without Kubernetes")]
+pub struct Cli {
+    /// API URL of any replica (default http://127.0.0.1:8470).
+    #[arg(long, global = true, env = "LODESTAR_SERVER")]
+    server: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a replica. With no flags: a single-node cluster in ./lodestar-data.
+    Server(ServerArgs),
+    /// Create or update resources from files, directories or stdin, atomically.
+    Apply {
+        /// A file, a directory (recursively: *.yaml, *.yml, *.json) or - for stdin.
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<String>,
+        /// Namespace for resources that do not name one.
+        #[arg(short, long)]
+        namespace: Option<String>,
+    },
+    /// Show resources.
+    Get {
+        /// virtualservice|vs, destinationrule|dr, serviceentry|se, gateway|gw, sidecar, workloadentry|we, service|svc, instance, lease
+        kind: String,
+        name: Option<String>,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        #[arg(short = 'l', long)]
+        selector: Option<String>,
+        #[arg(short, long, value_enum)]
+        output: Option<Output>,
+        /// Serve from the replica's local state instead of a linearizable read.
+        #[arg(long)]
+        stale: bool,
+    },
+    /// Delete resources by name or from files.
+    Delete {
+        kind: Option<String>,
+        name: Option<String>,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<String>,
+        #[arg(long)]
+        ignore_not_found: bool,
+    },
+    /// Cluster membership and status.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+    /// Benchmarks against a running cluster.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Members, leader, term, and each replica's applied revision.
+    Status {
+        #[arg(short, long, value_enum)]
+        output: Option<Output>,
+    },
+    /// Add a replica: it joins as a learner, catches up, then becomes a voter.
+    /// Start it first with `lodestar server --join ...`.
+    AddNode {
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        raft_addr: String,
+        #[arg(long)]
+        api_addr: String,
+        #[arg(long)]
+        xds_addr: String,
+    },
+    /// Remove a replica from the cluster.
+    RemoveNode { id: u64 },
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Output {
+    Yaml,
+    Json,
+    Wide,
+}
+
+#[derive(Args)]
+pub struct ServerArgs {
+    /// TOML config file; flags override it.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    id: Option<u64>,
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// REST and gRPC client API (default 127.0.0.1:8470).
+    #[arg(long)]
+    api_addr: Option<String>,
+    /// Raft peer port, for trusted peers only (default 127.0.0.1:8471).
+    #[arg(long)]
+    raft_addr: Option<String>,
+    /// xDS (ADS) port for Envoys (default 127.0.0.1:8472).
+    #[arg(long)]
+    xds_addr: Option<String>,
+    /// A founding member, ID=RAFT_ADDR,API_ADDR,XDS_ADDR; repeat for each.
+    #[arg(long = "initial-member", value_parser = Member::parse)]
+    initial_members: Vec<Member>,
+    /// Start empty and wait for `lodestar cluster add-node`.
+    #[arg(long)]
+    join: bool,
+}
+
+impl ServerArgs {
+    pub fn into_config(self) -> Result<ServerConfig> {
+        let mut c = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                ServerConfig::from_toml(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?
+            }
+            None => ServerConfig::default(),
+        };
+        if let Some(v) = self.id {
+            c.id = v;
+        }
+        if let Some(v) = self.data_dir {
+            c.data_dir = v;
+        }
+        if let Some(v) = self.api_addr {
+            c.api_addr = v;
+        }
+        if let Some(v) = self.raft_addr {
+            c.raft_addr = v;
+        }
+        if let Some(v) = self.xds_addr {
+            c.xds_addr = v;
+        }
+        if !self.initial_members.is_empty() {
+            c.initial_members = self.initial_members;
+        }
+        c.join |= self.join;
+        Ok(c)
+    }
+}
+
+pub async fn run(cli: Cli) -> Result<()> {
+    let client = Client::new(cli.server);
+    match cli.command {
+        Command::Server(args) => {
+            let config = args.into_config()?;
+            crate::server::run(config, crate::server::shutdown_signal()).await
+        }
+        Command::Apply { files, namespace } => apply(&client, &files, namespace.as_deref()).await,
+        Command::Get { kind, name, namespace, all_namespaces, selector, output, stale } => {
+            get(&client, &kind, name.as_deref(), namespace.as_deref(), all_namespaces, selector.as_deref(), output, stale).await
+        }
+        Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
+        Command::Cluster { command } => cluster(&client, command).await,
+        Command::Bench { command } => bench::run(command).await,
+    }
+}
+
+/// Read resource documents from files, directories (recursively, sorted) or stdin.
+fn read_documents(files: &[String]) -> Result<Vec<Value>> {
+    let mut paths = Vec::new();
+    for f in files {
+        if f == "-" {
+            paths.push(PathBuf::from("-"));
+        } else {
+            collect(Path::new(f), &mut paths)?;
+        }
+    }
+    let mut docs = Vec::new();
+    for p in paths {
+        let (name, text) = if p.as_os_str() == "-" {
+            ("stdin".to_string(), std::io::read_to_string(std::io::stdin())?)
+        } else {
+            (p.display().to_string(), std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?)
+        };
+        docs.extend(parse_documents(&text, &name).map_err(|e| anyhow!("{e}"))?);
+    }
+    Ok(docs)
+}
+
+fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+    if meta.is_dir() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        entries.sort();
+        for e in entries {
+            if e.is_dir() {
+                collect(&e, out)?;
+            } else if e.extension().and_then(|x| x.to_str()).is_some_and(|x| matches!(x, "yaml" | "yml" | "json")) {
+                out.push(e);
+            }
+        }
+    } else {
+        out.push(path.to_path_buf());
+    }
+    Ok(())
+}
+
+fn print_write_result(result: &Value) {
+    if let Some(items) = result.get("items").and_then(Value::as_array) {
+        for item in items {
+            let kind = item["kind"].as_str().unwrap_or("").to_ascii_lowercase();
+            println!("{kind}/{} {}", item["name"].as_str().unwrap_or(""), item["action"].as_str().unwrap_or(""));
+        }
+    }
+    for w in result.get("warnings").and_then(Value::as_array).into_iter().flatten() {
+        eprintln!("Warning: {}", w.as_str().unwrap_or(""));
+    }
+    eprintln!("revision {}", result["revision"]);
+}
+
+async fn apply(client: &Client, files: &[String], namespace: Option<&str>) -> Result<()> {
+    let mut docs = read_documents(files)?;
+    if docs.is_empty() {
+        bail!("no resources found in {}", files.join(", "));
+    }
+    if let Some(ns) = namespace {
+        for d in &mut docs {
+            if let Some(meta) = d.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.entry("namespace").or_insert_with(|| json!(ns));
+            }
+        }
+    }
+    let result = client.post("/v1/apply", &json!({ "resources": docs })).await?;
+    print_write_result(&result);
+    Ok(())
+}
+
+fn parse_kind(kind: &str) -> Result<Kind> {
+    Kind::from_cli_name(kind).ok_or_else(|| anyhow!("unknown kind {kind:?}; known kinds: {}", Kind::cli_names_help()))
+}
+
+fn query(pairs: &[(&str, Option<&str>)]) -> String {
+    let parts: Vec<String> = pairs.iter().filter_map(|(k, v)| v.filter(|v| !v.is_empty()).map(|v| format!("{k}={}", urlencode(v)))).collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", parts.join("&"))
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn get(
+    client: &Client,
+    kind: &str,
+    name: Option<&str>,
+    namespace: Option<&str>,
+    all: bool,
+    selector: Option<&str>,
+    output: Option<Output>,
+    stale: bool,
+) -> Result<()> {
+    let kind = parse_kind(kind)?;
+    let consistency = stale.then_some("stale");
+    let items: Vec<Value> = match name {
+        Some(name) => {
+            let ns = namespace.unwrap_or(crate::model::DEFAULT_NAMESPACE);
+            let path = format!("/v1/resources/{}/{}/{}{}", kind.plural(), ns, name, query(&[("consistency", consistency)]));
+            vec![client.get(&path).await?]
+        }
+        None => {
+            let ns = if all { None } else { Some(namespace.unwrap_or(crate::model::DEFAULT_NAMESPACE)) };
+            let path = format!("/v1/resources/{}{}", kind.plural(), query(&[("namespace", ns), ("labelSelector", selector), ("consistency", consistency)]));
+            let list = client.get(&path).await?;
+            list["items"].as_array().cloned().unwrap_or_default()
+        }
+    };
+    let doc = if name.is_some() { items[0].clone() } else { json!({"apiVersion": "v1", "kind": "List", "items": items}) };
+    match output {
+        Some(Output::Json) => println!("{}", serde_json::to_string_pretty(&doc)?),
+        Some(Output::Yaml) => print!("{}", yaml_serde::to_string(&doc)?),
+        table => {
+            if items.is_empty() {
+                eprintln!("No resources found.");
+                return Ok(());
+            }
+            print_table(kind, &items, table == Some(Output::Wide));
+        }
+    }
+    Ok(())
+}
+
+fn print_table(kind: Kind, items: &[Value], wide: bool) {
+    let mut rows = vec![vec!["NAMESPACE".to_string(), "NAME".into(), "REVISION".into(), summary_header(kind).into()]];
+    if wide {
+        rows[0].push("LABELS".into());
+    }
+    for it in items {
+        let meta = &it["metadata"];
+        let mut row = vec![
+            meta["namespace"].as_str().unwrap_or("").to_string(),
+            meta["name"].as_str().unwrap_or("").to_string(),
+            meta["resourceVersion"].as_str().unwrap_or("").to_string(),
+            summary(kind, &it["spec"]),
+        ];
+        if wide {
+            let labels = meta["labels"]
+                .as_object()
+                .map(|l| l.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(","))
+                .unwrap_or_default();
+            row.push(labels);
+        }
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    for r in rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        println!("{}", line.join("   ").trim_end());
+    }
+}
+
+fn summary_header(kind: Kind) -> &'static str {
+    match kind {
+        Kind::DestinationRule => "HOST",
+        Kind::VirtualService | Kind::ServiceEntry | Kind::Gateway => "HOSTS",
+        Kind::WorkloadEntry => "ADDRESS",
+        _ => "",
+    }
+}
+
+fn summary(kind: Kind, spec: &Value) -> String {
+    let list = |v: &Value| v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default();
+    match kind {
+        Kind::DestinationRule => spec["host"].as_str().unwrap_or("").to_string(),
+        Kind::VirtualService | Kind::ServiceEntry => list(&spec["hosts"]),
+        Kind::Gateway => spec["servers"].as_array().map(|s| s.iter().map(|s| list(&s["hosts"])).collect::<Vec<_>>().join(",")).unwrap_or_default(),
+        Kind::WorkloadEntry => spec["address"].as_str().unwrap_or("").to_string(),
+        _ => String::new(),
+    }
+}
+
+async fn delete(client: &Client, kind: Option<String>, name: Option<String>, namespace: Option<String>, files: &[String], ignore: bool) -> Result<()> {
+    let ignore_q = query(&[("ignoreNotFound", ignore.then_some("true"))]);
+    let result = match (files.is_empty(), kind, name) {
+        (false, None, None) => {
+            let docs = read_documents(files)?;
+            let refs: Vec<Value> = docs
+                .iter()
+                .map(|d| json!({"kind": d["kind"], "name": d["metadata"]["name"], "namespace": d["metadata"]["namespace"].as_str().or(namespace.as_deref())}))
+                .collect();
+            client.post(&format!("/v1/delete{ignore_q}"), &json!({ "resources": refs })).await?
+        }
+        (true, Some(kind), Some(name)) => {
+            let kind = parse_kind(&kind)?;
+            let ns = namespace.as_deref().unwrap_or(crate::model::DEFAULT_NAMESPACE);
+            client.delete(&format!("/v1/resources/{}/{ns}/{name}{ignore_q}", kind.plural())).await?
+        }
+        _ => bail!("use either `delete KIND NAME` or `delete -f FILE`"),
+    };
+    print_write_result(&result);
+    Ok(())
+}
+
+async fn cluster(client: &Client, command: ClusterCommand) -> Result<()> {
+    let status = match command {
+        ClusterCommand::Status { output: Some(Output::Json) } => {
+            println!("{}", serde_json::to_string_pretty(&client.get("/v1/cluster").await?)?);
+            return Ok(());
+        }
+        ClusterCommand::Status { output: Some(Output::Yaml) } => {
+            print!("{}", yaml_serde::to_string(&client.get("/v1/cluster").await?)?);
+            return Ok(());
+        }
+        ClusterCommand::Status { .. } => client.get("/v1/cluster").await?,
+        ClusterCommand::AddNode { id, raft_addr, api_addr, xds_addr } => {
+            client.post("/v1/cluster/members", &json!({"id": id, "raftAddr": raft_addr, "apiAddr": api_addr, "xdsAddr": xds_addr})).await?
+        }
+        ClusterCommand::RemoveNode { id } => client.delete(&format!("/v1/cluster/members/{id}")).await?,
+    };
+    println!("leader: {}   term: {}", status["leader"].as_u64().map_or("none".to_string(), |l| l.to_string()), status["term"]);
+    println!("{:<4} {:<8} {:<10} {:<24} {:<24} {:>8} {:>9}", "ID", "ROLE", "STATE", "API", "RAFT", "APPLIED", "REVISION");
+    for m in status["members"].as_array().into_iter().flatten() {
+        let st = &m["status"];
+        let state = st["state"].as_str().unwrap_or("unreachable");
+        println!(
+            "{:<4} {:<8} {:<10} {:<24} {:<24} {:>8} {:>9}",
+            m["id"].as_u64().unwrap_or(0),
+            m["role"].as_str().unwrap_or(""),
+            state,
+            m["info"]["api_addr"].as_str().unwrap_or(""),
+            m["info"]["raft_addr"].as_str().unwrap_or(""),
+            st["applied_index"].as_u64().map_or("-".into(), |v| v.to_string()),
+            st["revision"].as_u64().map_or("-".into(), |v| v.to_string()),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! Server configuration: a TOML file, overridden by command-line flags.
+//! Every setting is documented in `ops/lodestar.toml`.
+
+use crate::store::types::{NodeId, NodeInfo};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+pub const DEFAULT_API_ADDR: &str = "127.0.0.1:8470";
+pub const DEFAULT_RAFT_ADDR: &str = "127.0.0.1:8471";
+pub const DEFAULT_XDS_ADDR: &str = "127.0.0.1:8472";
+pub const DEFAULT_SERVER_URL: &str = "http://127.0.0.1:8470";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub id: NodeId,
+    pub raft_addr: String,
+    pub api_addr: String,
+    pub xds_addr: String,
+}
+
+impl Member {
+    pub fn info(&self) -> NodeInfo {
+        NodeInfo { raft_addr: self.raft_addr.clone(), api_addr: self.api_addr.clone(), xds_addr: self.xds_addr.clone() }
+    }
+
+    /// `ID=RAFT_ADDR,API_ADDR,XDS_ADDR`, as given to `--initial-member`.
+    pub fn parse(s: &str) -> Result<Member, String> {
+        let err = || format!("{s:?}: expected ID=RAFT_ADDR,API_ADDR,XDS_ADDR");
+        let (id, addrs) = s.split_once('=').ok_or_else(err)?;
+        let id: NodeId = id.trim().parse().map_err(|_| err())?;
+        let parts: Vec<&str> = addrs.split(',').map(str::trim).collect();
+        let [raft, api, xds] = parts.as_slice() else { return Err(err()) };
+        Ok(Member { id, raft_addr: raft.to_string(), api_addr: api.to_string(), xds_addr: xds.to_string() })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub id: NodeId,
+    pub data_dir: PathBuf,
+    pub api_addr: String,
+    pub raft_addr: String,
+    pub xds_addr: String,
+    /// The founding members. Each one, on a pristine data dir, initialises
+    /// the cluster with exactly this list (doing so on several nodes with the
+    /// same list is safe). Empty: a single-node cluster of this node.
+    pub initial_members: Vec<Member>,
+    /// Start empty and wait to be added with `lodestar cluster add-node`
+    /// (never initialise a cluster). Use it for new and replacement nodes.
+    pub join: bool,
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot (and allow purging the log) every this many entries.
+    pub snapshot_logs: u64,
+    /// Log entries kept behind a snapshot, for followers that lag a little.
+    pub logs_to_keep: u64,
+    /// Revisions of watch history kept for replay.
+    pub history_revisions: u64,
+    /// Largest accepted API request body.
+    pub max_body_bytes: usize,
+    /// How long a write may wait for a leader and a quorum.
+    pub write_timeout_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            id: 1,
+            data_dir: PathBuf::from("./lodestar-data"),
+            api_addr: DEFAULT_API_ADDR.into(),
+            raft_addr: DEFAULT_RAFT_ADDR.into(),
+            xds_addr: DEFAULT_XDS_ADDR.into(),
+            initial_members: Vec::new(),
+            join: false,
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 500,
+            election_timeout_max_ms: 1000,
+            snapshot_logs: 10_000,
+            logs_to_keep: 1_000,
+            history_revisions: 10_000,
+            max_body_bytes: 4 * 1024 * 1024,
+            write_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl ServerConfig {
+    pub fn from_toml(text: &str) -> Result<ServerConfig, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    pub fn node_info(&self) -> NodeInfo {
+        NodeInfo { raft_addr: self.raft_addr.clone(), api_addr: self.api_addr.clone(), xds_addr: self.xds_addr.clone() }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.id == 0 {
+            return Err("id: must be at least 1".into());
+        }
+        if !self.initial_members.is_empty() && !self.initial_members.iter().any(|m| m.id == self.id) {
+            return Err(format!("initial_members: does not include this node's id {}", self.id));
+        }
+        if self.election_timeout_min_ms <= self.heartbeat_ms || self.election_timeout_max_ms <= self.election_timeout_min_ms {
+            return Err("election timeouts must satisfy heartbeat_ms < election_timeout_min_ms < election_timeout_max_ms".into());
+        }
+        for (name, addr) in [("api_addr", &self.api_addr), ("raft_addr", &self.raft_addr), ("xds_addr", &self.xds_addr)] {
+            addr.parse::<std::net::SocketAddr>().map_err(|e| format!("{name}: {addr:?}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_flag() {
+        let m = Member::parse("2=127.0.0.1:1,127.0.0.1:2,127.0.0.1:3").unwrap();
+        assert_eq!((m.id, m.api_addr.as_str()), (2, "127.0.0.1:2"));
+        assert!(Member::parse("x=1,2,3").is_err());
+        assert!(Member::parse("1=a,b").is_err());
+    }
+
+    #[test]
+    fn toml_file() {
+        let c = ServerConfig::from_toml(
+            "id = 2\ndata_dir = \"/tmp/x\"\n[[initial_members]]\nid = 2\nraft_addr = \"127.0.0.1:1\"\napi_addr = \"127.0.0.1:2\"\nxds_addr = \"127.0.0.1:3\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.id, 2);
+        assert_eq!(c.heartbeat_ms, 100);
+        c.validate().unwrap();
+        assert!(ServerConfig::from_toml("bogus = 1").unwrap_err().contains("bogus"));
+    }
+}

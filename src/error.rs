@@ -1,0 +1,127 @@
+//! One error vocabulary for the whole server.
+//!
+//! Every failure that can reach a client is an [`Error`] with a [`Code`]. The
+//! code decides the HTTP status (REST) and the gRPC status code, in one place
+//! each (`api::rest` and `api::grpc`), so the two APIs never disagree about
+//! what went wrong. Errors are serializable because a follower forwards writes
+//! to the leader and relays the leader's answer verbatim.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Code {
+    /// Bad input: malformed document, wrong type, unknown kind, too large.
+    InvalidArgument,
+    /// The named resource does not exist.
+    NotFound,
+    /// An `expectedRevision` precondition did not hold.
+    Conflict,
+    /// A watch asked for history that has been compacted away.
+    Compacted,
+    /// No leader, no quorum, or the replica is shutting down: retry later.
+    Unavailable,
+    /// A bug or a storage failure.
+    Internal,
+}
+
+impl Code {
+    pub fn http_status(self) -> u16 {
+        match self {
+            Code::InvalidArgument => 400,
+            Code::NotFound => 404,
+            Code::Conflict => 409,
+            Code::Compacted => 410,
+            Code::Unavailable => 503,
+            Code::Internal => 500,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::InvalidArgument => "InvalidArgument",
+            Code::NotFound => "NotFound",
+            Code::Conflict => "Conflict",
+            Code::Compacted => "Compacted",
+            Code::Unavailable => "Unavailable",
+            Code::Internal => "Internal",
+        }
+    }
+}
+
+/// A problem with one field of the input, named by its path
+/// (`resources[2].metadata.name`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        FieldError { field: field.into(), reason: reason.into() }
+    }
+
+    /// Prefix the path, e.g. with `resources[3]`.
+    pub fn under(mut self, prefix: &str) -> Self {
+        self.field = if self.field.is_empty() {
+            prefix.to_string()
+        } else if self.field.starts_with('[') {
+            format!("{prefix}{}", self.field)
+        } else {
+            format!("{prefix}.{}", self.field)
+        };
+        self
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    pub code: Code,
+    pub message: String,
+    /// For `InvalidArgument`: every field that is wrong, not just the first.
+    pub fields: Vec<FieldError>,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Error { code, message: message.into(), fields: Vec::new() }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(Code::InvalidArgument, message)
+    }
+    pub fn invalid_fields(fields: Vec<FieldError>) -> Self {
+        let message = match fields.as_slice() {
+            [one] => one.to_string(),
+            many => {
+                let list: Vec<String> = many.iter().map(|f| f.to_string()).collect();
+                format!("{} invalid fields: {}", many.len(), list.join("; "))
+            }
+        };
+        Error { code: Code::InvalidArgument, message, fields }
+    }
+    pub fn field(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::invalid_fields(vec![FieldError::new(field, reason)])
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(Code::NotFound, message)
+    }
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(Code::Conflict, message)
+    }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(Code::Unavailable, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(Code::Internal, message)
+    }
+}

@@ -1,0 +1,40 @@
+//! Lodestar: an Envoy control plane. Istio's traffic rules and a service
+//! registry live in a raft-replicated store; every replica serves them to
+//! Envoys over xDS.
+//!
+//! # Layout
+//! - [`model`]: pure domain types: kinds, resources, keys, selectors,
+//!   validation. Knows no IO crate.
+//! - [`store`]: openraft over sled: log, state machine, versioned codec,
+//!   immutable applied snapshots, watch.
+//! - [`node`]: a replica's domain service: batched writes, forwarding to the
+//!   leader, linearizable reads, membership.
+//! - [`peer`]: raft peer RPCs and forwarding over tonic (trusted peers only).
+//! - [`api`]: REST (axum) and gRPC (tonic) client APIs, thin, one error map each.
+//! - [`server`]: starts a replica's ports and shuts it down.
+//! - [`config`]: server settings (TOML + flags).
+//! - [`cli`]: the `lodestar` command line (client commands and benchmarks).
+//! - [`error`]: the one error vocabulary.
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod model;
+pub mod node;
+pub mod peer;
+pub mod server;
+// openraft's StorageError (224 bytes) is the error type its storage traits
+// require; boxing it in our helpers would only add conversions.
+#[allow(clippy::result_large_err)]
+pub mod store;
+
+/// Generated protobuf code.
+pub mod proto {
+    pub mod api {
+        tonic::include_proto!("lodestar.api.v1");
+    }
+    pub mod peer {
+        tonic::include_proto!("lodestar.peer.v1");
+    }
+}

@@ -1,0 +1,167 @@
+//! The kinds the store accepts, and the kubectl-style names that select them.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Every kind the store holds. The order of variants is part of the persisted
+/// format (see `store::codec`): append new kinds at the end, never reorder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Kind {
+    VirtualService,
+    DestinationRule,
+    ServiceEntry,
+    Gateway,
+    Sidecar,
+    WorkloadEntry,
+    /// Registry: a service declared explicitly (hostname, ports, protocols).
+    Service,
+    /// Registry: one endpoint of a service (address, ports, labels, locality,
+    /// weight, health check, health status).
+    Instance,
+    /// Registry: a lease that owns instances and expires without keepalives.
+    Lease,
+}
+
+pub const ISTIO_GROUP: &str = "networking.istio.io";
+pub const REGISTRY_GROUP: &str = "registry.lodestar.io";
+
+struct KindInfo {
+    kind: Kind,
+    name: &'static str,
+    plural: &'static str,
+    short: &'static [&'static str],
+    group: &'static str,
+    versions: &'static [&'static str],
+}
+
+const ISTIO_VERSIONS: &[&str] = &["v1alpha3", "v1beta1", "v1"];
+const REGISTRY_VERSIONS: &[&str] = &["v1"];
+
+const KINDS: &[KindInfo] = &[
+    KindInfo { kind: Kind::VirtualService, name: "VirtualService", plural: "virtualservices", short: &["vs"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
+    KindInfo { kind: Kind::DestinationRule, name: "DestinationRule", plural: "destinationrules", short: &["dr"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
+    KindInfo { kind: Kind::ServiceEntry, name: "ServiceEntry", plural: "serviceentries", short: &["se"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
+    KindInfo { kind: Kind::Gateway, name: "Gateway", plural: "gateways", short: &["gw"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
+    KindInfo { kind: Kind::Sidecar, name: "Sidecar", plural: "sidecars", short: &[], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
+    KindInfo { kind: Kind::WorkloadEntry, name: "WorkloadEntry", plural: "workloadentries", short: &["we"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
+    KindInfo { kind: Kind::Service, name: "Service", plural: "services", short: &["svc"], group: REGISTRY_GROUP, versions: REGISTRY_VERSIONS },
+    KindInfo { kind: Kind::Instance, name: "Instance", plural: "instances", short: &["inst"], group: REGISTRY_GROUP, versions: REGISTRY_VERSIONS },
+    KindInfo { kind: Kind::Lease, name: "Lease", plural: "leases", short: &[], group: REGISTRY_GROUP, versions: REGISTRY_VERSIONS },
+];
+
+impl Kind {
+    pub const ALL: [Kind; 9] = [
+        Kind::VirtualService,
+        Kind::DestinationRule,
+        Kind::ServiceEntry,
+        Kind::Gateway,
+        Kind::Sidecar,
+        Kind::WorkloadEntry,
+        Kind::Service,
+        Kind::Instance,
+        Kind::Lease,
+    ];
+
+    fn info(self) -> &'static KindInfo {
+        // KINDS lists every variant exactly once (checked by a test).
+        KINDS.iter().find(|k| k.kind == self).expect("every kind is in KINDS")
+    }
+
+    /// The `kind:` value as written in YAML, e.g. `VirtualService`.
+    pub fn name(self) -> &'static str {
+        self.info().name
+    }
+    pub fn plural(self) -> &'static str {
+        self.info().plural
+    }
+    pub fn group(self) -> &'static str {
+        self.info().group
+    }
+    pub fn versions(self) -> &'static [&'static str] {
+        self.info().versions
+    }
+    /// The apiVersion the store writes back on output when none is known,
+    /// e.g. `networking.istio.io/v1`.
+    pub fn default_api_version(self) -> String {
+        let info = self.info();
+        format!("{}/{}", info.group, info.versions[info.versions.len() - 1])
+    }
+
+    /// Exact `kind:` field value (case-sensitive, as Kubernetes does).
+    pub fn from_kind_field(s: &str) -> Option<Kind> {
+        KINDS.iter().find(|k| k.name == s).map(|k| k.kind)
+    }
+
+    /// kubectl-style lookup: singular, plural or short name, any case.
+    pub fn from_cli_name(s: &str) -> Option<Kind> {
+        let lower = s.to_ascii_lowercase();
+        KINDS
+            .iter()
+            .find(|k| {
+                k.name.eq_ignore_ascii_case(&lower)
+                    || k.plural == lower
+                    || k.short.contains(&lower.as_str())
+                    // `virtualservices.networking.istio.io`, as kubectl accepts.
+                    || lower.strip_suffix(k.group).and_then(|r| r.strip_suffix('.')).is_some_and(|r| r == k.plural || r == k.name.to_ascii_lowercase())
+            })
+            .map(|k| k.kind)
+    }
+
+    pub fn is_istio(self) -> bool {
+        self.group() == ISTIO_GROUP
+    }
+
+    /// Names accepted on the command line, for error messages.
+    pub fn cli_names_help() -> String {
+        KINDS
+            .iter()
+            .map(|k| {
+                let mut names = vec![k.name.to_ascii_lowercase(), k.plural.to_string()];
+                names.extend(k.short.iter().map(|s| s.to_string()));
+                names.join("|")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_listed_once() {
+        for k in Kind::ALL {
+            assert_eq!(KINDS.iter().filter(|i| i.kind == k).count(), 1, "{k:?}");
+        }
+        assert_eq!(KINDS.len(), Kind::ALL.len());
+    }
+
+    #[test]
+    fn cli_names() {
+        for (name, kind) in [
+            ("vs", Kind::VirtualService),
+            ("VirtualService", Kind::VirtualService),
+            ("virtualservices", Kind::VirtualService),
+            ("VIRTUALSERVICE", Kind::VirtualService),
+            ("virtualservices.networking.istio.io", Kind::VirtualService),
+            ("dr", Kind::DestinationRule),
+            ("se", Kind::ServiceEntry),
+            ("gw", Kind::Gateway),
+            ("sidecar", Kind::Sidecar),
+            ("we", Kind::WorkloadEntry),
+            ("svc", Kind::Service),
+            ("instances", Kind::Instance),
+        ] {
+            assert_eq!(Kind::from_cli_name(name), Some(kind), "{name}");
+        }
+        assert_eq!(Kind::from_cli_name("pods"), None);
+        assert_eq!(Kind::from_kind_field("virtualservice"), None);
+    }
+}

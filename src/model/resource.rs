@@ -1,0 +1,388 @@
+//! Resources in the Kubernetes/Istio shape, their keys, and the structural
+//! checks every write passes before it is proposed to raft.
+
+use super::kinds::Kind;
+use crate::error::FieldError;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::fmt;
+
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Identifies one stored object. Ordered by kind, then namespace, then name,
+/// which is also the order of every listing.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ResourceKey {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ResourceKey {
+    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ResourceKey { kind, namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl fmt::Display for ResourceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.kind.plural(), self.namespace, self.name)
+    }
+}
+
+/// Metadata fields the server owns. They are dropped from input (so the output
+/// of `get -o yaml` can be applied again) and written on output.
+const SERVER_METADATA: &[&str] = &[
+    "resourceVersion",
+    "creationRevision",
+    "modRevision",
+    "generation",
+    "uid",
+    "creationTimestamp",
+    "managedFields",
+    "selfLink",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+];
+
+/// A resource that passed the structural checks: the body is normalised
+/// (metadata.namespace set, server-owned fields and `status` removed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewResource {
+    pub key: ResourceKey,
+    pub body: Value,
+}
+
+/// An object as the store holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredObject {
+    pub key: ResourceKey,
+    /// Revision at which the object was created (etcd's create_revision).
+    pub create_revision: u64,
+    /// Revision of the last change (etcd's mod_revision); `resourceVersion`.
+    pub mod_revision: u64,
+    /// How many times it was written since creation (etcd's version).
+    pub version: u64,
+    /// The normalised body as applied, without server-owned fields.
+    pub body: Value,
+}
+
+impl StoredObject {
+    pub fn labels(&self) -> BTreeMap<&str, &str> {
+        labels_of(&self.body)
+    }
+
+    pub fn spec(&self) -> &Value {
+        self.body.get("spec").unwrap_or(&Value::Null)
+    }
+
+    /// The object as clients see it: the body plus the server's metadata.
+    pub fn to_json(&self) -> Value {
+        let mut out = self.body.clone();
+        if let Some(meta) = out.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), Value::String(self.mod_revision.to_string()));
+            meta.insert("creationRevision".into(), Value::from(self.create_revision));
+            meta.insert("modRevision".into(), Value::from(self.mod_revision));
+            meta.insert("generation".into(), Value::from(self.version));
+        }
+        out
+    }
+}
+
+pub fn labels_of(body: &Value) -> BTreeMap<&str, &str> {
+    body.get("metadata")
+        .and_then(|m| m.get("labels"))
+        .and_then(Value::as_object)
+        .map(|l| l.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.as_str(), v))).collect())
+        .unwrap_or_default()
+}
+
+/// Structural checks (kind, apiVersion, metadata, spec shape) and
+/// normalisation. `path` prefixes every field error, e.g. `resources[3]`.
+/// Deep, kind-specific validation is `model::validate_spec`.
+pub fn parse_resource(value: Value, default_namespace: &str) -> Result<NewResource, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    let Value::Object(mut obj) = value else {
+        return Err(vec![FieldError::new("", format!("expected an object, got {}", type_name(&value)))]);
+    };
+
+    for key in obj.keys() {
+        if !matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "spec" | "status") {
+            errors.push(FieldError::new(key.clone(), "unknown field (expected apiVersion, kind, metadata, spec)"));
+        }
+    }
+    // Status is written by controllers, never by users; exported YAML may carry it.
+    obj.remove("status");
+
+    let kind = match obj.get("kind") {
+        None => {
+            errors.push(FieldError::new("kind", "required"));
+            None
+        }
+        Some(Value::String(s)) => match Kind::from_kind_field(s) {
+            Some(k) => Some(k),
+            None => {
+                let hint = Kind::from_cli_name(s).map(|k| format!(" (did you mean {k}?)")).unwrap_or_default();
+                errors.push(FieldError::new("kind", format!("unknown kind {s:?}{hint}")));
+                None
+            }
+        },
+        Some(other) => {
+            errors.push(FieldError::new("kind", format!("expected a string, got {}", type_name(other))));
+            None
+        }
+    };
+
+    match obj.get("apiVersion") {
+        None => errors.push(FieldError::new("apiVersion", "required")),
+        Some(Value::String(s)) => {
+            if let Some(kind) = kind {
+                match s.split_once('/') {
+                    Some((group, version)) if group == kind.group() => {
+                        if !kind.versions().contains(&version) {
+                            errors.push(FieldError::new(
+                                "apiVersion",
+                                format!("version {version:?} is not served for {kind}; use one of {}", kind.versions().join(", ")),
+                            ));
+                        }
+                    }
+                    _ => errors.push(FieldError::new("apiVersion", format!("{s:?} is not a valid apiVersion for {kind}: the group must be {}", kind.group()))),
+                }
+            }
+        }
+        Some(other) => errors.push(FieldError::new("apiVersion", format!("expected a string, got {}", type_name(other)))),
+    }
+
+    let mut key = None;
+    match obj.get_mut("metadata") {
+        None => errors.push(FieldError::new("metadata", "required")),
+        Some(Value::Object(meta)) => {
+            if let Some((name, namespace)) = check_metadata(meta, default_namespace, &mut errors) {
+                if let Some(kind) = kind {
+                    key = Some(ResourceKey { kind, namespace, name });
+                }
+            }
+        }
+        Some(other) => errors.push(FieldError::new("metadata", format!("expected an object, got {}", type_name(other)))),
+    }
+
+    match obj.get("spec") {
+        None => errors.push(FieldError::new("spec", "required")),
+        Some(Value::Object(_)) => {}
+        Some(other) => errors.push(FieldError::new("spec", format!("expected an object, got {}", type_name(other)))),
+    }
+
+    match (errors.is_empty(), key) {
+        (true, Some(key)) => Ok(NewResource { key, body: Value::Object(obj) }),
+        _ => Err(errors),
+    }
+}
+
+/// Returns (name, namespace) when both are valid; normalises the map.
+fn check_metadata(meta: &mut Map<String, Value>, default_namespace: &str, errors: &mut Vec<FieldError>) -> Option<(String, String)> {
+    for f in SERVER_METADATA {
+        meta.remove(*f);
+    }
+    for key in meta.keys() {
+        if !matches!(key.as_str(), "name" | "namespace" | "labels" | "annotations") {
+            errors.push(FieldError::new(format!("metadata.{key}"), "unknown or unsupported field (expected name, namespace, labels, annotations)"));
+        }
+    }
+    let name = match meta.get("name") {
+        None => {
+            errors.push(FieldError::new("metadata.name", "required"));
+            None
+        }
+        Some(Value::String(n)) => match check_dns_subdomain(n) {
+            Ok(()) => Some(n.clone()),
+            Err(reason) => {
+                errors.push(FieldError::new("metadata.name", reason));
+                None
+            }
+        },
+        Some(other) => {
+            errors.push(FieldError::new("metadata.name", format!("expected a string, got {}", type_name(other))));
+            None
+        }
+    };
+    let namespace = match meta.get("namespace") {
+        None | Some(Value::Null) => Some(default_namespace.to_string()),
+        Some(Value::String(ns)) => match check_dns_label(ns) {
+            Ok(()) => Some(ns.clone()),
+            Err(reason) => {
+                errors.push(FieldError::new("metadata.namespace", reason));
+                None
+            }
+        },
+        Some(other) => {
+            errors.push(FieldError::new("metadata.namespace", format!("expected a string, got {}", type_name(other))));
+            None
+        }
+    };
+    if let Some(ns) = &namespace {
+        meta.insert("namespace".into(), Value::String(ns.clone()));
+    }
+    for field in ["labels", "annotations"] {
+        match meta.get(field) {
+            None => {}
+            Some(Value::Object(map)) => {
+                for (k, v) in map {
+                    let path = format!("metadata.{field}.{k}");
+                    if let Err(reason) = check_label_key(k) {
+                        errors.push(FieldError::new(path.clone(), reason));
+                    }
+                    match v {
+                        Value::String(s) if field == "labels" => {
+                            if let Err(reason) = check_label_value(s) {
+                                errors.push(FieldError::new(path, reason));
+                            }
+                        }
+                        Value::String(_) => {}
+                        other => errors.push(FieldError::new(path, format!("expected a string, got {}", type_name(other)))),
+                    }
+                }
+            }
+            Some(other) => errors.push(FieldError::new(format!("metadata.{field}"), format!("expected a map of strings, got {}", type_name(other)))),
+        }
+    }
+    Some((name?, namespace?))
+}
+
+pub fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn is_alnum(c: char) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit()
+}
+
+/// RFC 1123 label, as Kubernetes checks namespaces.
+pub fn check_dns_label(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > 63 {
+        return Err(format!("{s:?} must be 1 to 63 characters"));
+    }
+    let ok = s.chars().all(|c| is_alnum(c) || c == '-') && s.starts_with(is_alnum) && s.ends_with(is_alnum);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{s:?} must consist of lower case alphanumeric characters or '-', and start and end with an alphanumeric character"))
+    }
+}
+
+/// RFC 1123 subdomain, as Kubernetes checks object names.
+pub fn check_dns_subdomain(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > 253 {
+        return Err(format!("{s:?} must be 1 to 253 characters"));
+    }
+    let ok = s.chars().all(|c| is_alnum(c) || c == '-' || c == '.') && s.starts_with(is_alnum) && s.ends_with(is_alnum);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{s:?} must consist of lower case alphanumeric characters, '-' or '.', and start and end with an alphanumeric character"))
+    }
+}
+
+fn check_label_name(s: &str) -> bool {
+    let an = |c: char| c.is_ascii_alphanumeric();
+    !s.is_empty() && s.len() <= 63 && s.chars().all(|c| an(c) || matches!(c, '-' | '_' | '.')) && s.starts_with(an) && s.ends_with(an)
+}
+
+pub fn check_label_key(k: &str) -> Result<(), String> {
+    let (prefix, name) = match k.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if let Some(p) = prefix {
+        check_dns_subdomain(p).map_err(|e| format!("key prefix {e}"))?;
+    }
+    if check_label_name(name) {
+        Ok(())
+    } else {
+        Err(format!("key {k:?} must be at most 63 characters of alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric, with an optional DNS prefix and '/'"))
+    }
+}
+
+pub fn check_label_value(v: &str) -> Result<(), String> {
+    if v.is_empty() || check_label_name(v) {
+        Ok(())
+    } else {
+        Err(format!("value {v:?} must be empty or at most 63 characters of alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vs() -> Value {
+        json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+               "metadata": {"name": "reviews", "labels": {"app": "reviews"}},
+               "spec": {"hosts": ["reviews"]}})
+    }
+
+    #[test]
+    fn accepts_and_normalises() {
+        let mut v = vs();
+        v["metadata"]["resourceVersion"] = json!("7");
+        v["status"] = json!({"x": 1});
+        let r = parse_resource(v, "default").unwrap();
+        assert_eq!(r.key, ResourceKey::new(Kind::VirtualService, "default", "reviews"));
+        assert_eq!(r.body["metadata"]["namespace"], "default");
+        assert!(r.body["metadata"].get("resourceVersion").is_none());
+        assert!(r.body.get("status").is_none());
+    }
+
+    #[test]
+    fn names_the_field() {
+        let cases = [
+            (json!({"apiVersion": "networking.istio.io/v1", "metadata": {"name": "a"}, "spec": {}}), "kind", "required"),
+            (json!({"apiVersion": "networking.istio.io/v1", "kind": "Pod", "metadata": {"name": "a"}, "spec": {}}), "kind", "unknown kind"),
+            (
+                json!({"apiVersion": "apps/v1", "kind": "VirtualService", "metadata": {"name": "a"}, "spec": {}}),
+                "apiVersion",
+                "group must be networking.istio.io",
+            ),
+            (json!({"apiVersion": "networking.istio.io/v2", "kind": "VirtualService", "metadata": {"name": "a"}, "spec": {}}), "apiVersion", "not served"),
+            (json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {}, "spec": {}}), "metadata.name", "required"),
+            (
+                json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "Bad_Name"}, "spec": {}}),
+                "metadata.name",
+                "lower case",
+            ),
+            (
+                json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "a", "labels": {"x": 3}}, "spec": {}}),
+                "metadata.labels.x",
+                "expected a string",
+            ),
+            (json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "a"}, "spec": []}), "spec", "expected an object"),
+            (
+                json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "a"}, "spec": {}, "extra": 1}),
+                "extra",
+                "unknown field",
+            ),
+        ];
+        for (input, field, reason) in cases {
+            let errs = parse_resource(input.clone(), "default").unwrap_err();
+            assert!(errs.iter().any(|e| e.field == field && e.reason.contains(reason)), "{input}: {errs:?}");
+        }
+    }
+
+    #[test]
+    fn output_carries_revisions() {
+        let r = parse_resource(vs(), "default").unwrap();
+        let o = StoredObject { key: r.key, create_revision: 3, mod_revision: 9, version: 2, body: r.body };
+        let j = o.to_json();
+        assert_eq!(j["metadata"]["resourceVersion"], "9");
+        assert_eq!(j["metadata"]["creationRevision"], 3);
+        assert_eq!(o.labels().get("app"), Some(&"reviews"));
+    }
+}

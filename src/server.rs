@@ -1,0 +1,153 @@
+//! Starting and stopping a replica: open storage, start raft, serve the
+//! three ports (API, raft peers, xDS), initialise the cluster when asked, and
+//! shut down gracefully.
+
+use crate::api::{grpc::GrpcApi, rest};
+use crate::config::ServerConfig;
+use crate::node::Node;
+use crate::peer::{NetworkFactory, PeerService};
+use crate::store::log_store::LogStore;
+use crate::store::state_machine::StateMachine;
+use crate::store::types::{NodeId, NodeInfo, Raft};
+use anyhow::Context;
+use openraft::error::{InitializeError, RaftError};
+use openraft::SnapshotPolicy;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+/// How long in-flight requests and streams get to finish on shutdown.
+const DRAIN: Duration = Duration::from_secs(5);
+
+fn raft_config(c: &ServerConfig) -> anyhow::Result<openraft::Config> {
+    let config = openraft::Config {
+        cluster_name: "lodestar".into(),
+        heartbeat_interval: c.heartbeat_ms,
+        election_timeout_min: c.election_timeout_min_ms,
+        election_timeout_max: c.election_timeout_max_ms,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(c.snapshot_logs),
+        max_in_snapshot_log_to_keep: c.logs_to_keep,
+        // Entries can hold a whole batch of writes; keep peer messages bounded.
+        max_payload_entries: 64,
+        install_snapshot_timeout: 10_000,
+        ..Default::default()
+    };
+    Ok(config.validate()?)
+}
+
+/// Run a replica until `shutdown` resolves.
+pub async fn run(config: ServerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    let config = Arc::new(config);
+    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    let db = sled::Config::new()
+        .path(config.data_dir.join("db"))
+        .mode(sled::Mode::HighThroughput)
+        .open()
+        .with_context(|| format!("opening the store in {} (is another replica using it?)", config.data_dir.display()))?;
+
+    let log_store = LogStore::open(&db)?;
+    let (state_machine, reader) = StateMachine::open(&db, config.history_revisions)?;
+    let network = NetworkFactory::default();
+    let peers = network.clients.clone();
+    let raft = Raft::new(config.id, Arc::new(raft_config(&config)?), network, log_store, state_machine).await?;
+    let node = Node::new(config.clone(), raft.clone(), reader, peers);
+
+    // Bind everything before initialising, so peers can reach us at once.
+    let api_listener = TcpListener::bind(&config.api_addr).await.with_context(|| format!("binding the API port {}", config.api_addr))?;
+    let raft_listener = TcpListener::bind(&config.raft_addr).await.with_context(|| format!("binding the raft port {}", config.raft_addr))?;
+    let xds_listener = TcpListener::bind(&config.xds_addr).await.with_context(|| format!("binding the xDS port {}", config.xds_addr))?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    let peer_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(PeerService::server(&node))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(raft_listener), stopped()),
+    );
+
+    let app = rest::router(node.clone()).merge(tonic::service::Routes::new(GrpcApi::server(node.clone())).into_axum_router());
+    let api_stopped = stopped();
+    let api_server = tokio::spawn(async move { axum::serve(api_listener, app).with_graceful_shutdown(api_stopped).await });
+
+    // The xDS port is bound and reserved; the ADS server is served here once
+    // traffic management lands. Until then gRPC calls get UNIMPLEMENTED.
+    let xds_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_routes(tonic::service::Routes::default())
+            .serve_with_incoming_shutdown(TcpListenerStream::new(xds_listener), stopped()),
+    );
+
+    initialise(&config, &raft).await?;
+    tracing::info!(id = config.id, api = %config.api_addr, raft = %config.raft_addr, xds = %config.xds_addr, data = %config.data_dir.display(), "replica started");
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    // Watch streams never end on their own: give servers DRAIN, then move on.
+    let _ = tokio::time::timeout(DRAIN, async {
+        let _ = api_server.await;
+        let _ = peer_server.await;
+        let _ = xds_server.await;
+    })
+    .await;
+    if let Err(e) = raft.shutdown().await {
+        tracing::warn!("raft shutdown: {e}");
+    }
+    drop(node);
+    db.flush_async().await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn initialise(config: &ServerConfig, raft: &Raft) -> anyhow::Result<()> {
+    if config.join {
+        tracing::info!("waiting to be added to a cluster (join mode)");
+        return Ok(());
+    }
+    if raft.is_initialized().await? {
+        return Ok(());
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = if config.initial_members.is_empty() {
+        BTreeMap::from([(config.id, config.node_info())])
+    } else {
+        config.initial_members.iter().map(|m| (m.id, m.info())).collect()
+    };
+    tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initialising a new cluster");
+    match raft.initialize(members).await {
+        Ok(()) => Ok(()),
+        // Another founding member got there first: that is the goal.
+        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}

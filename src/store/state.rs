@@ -1,0 +1,215 @@
+//! The replicated state as a pure value, and how a transaction changes it.
+//!
+//! `State` is an immutable-friendly map (imbl's persistent `OrdMap`): cloning
+//! it is O(1) and shares structure, so every applied revision can be handed to
+//! readers (API, xDS) as its own snapshot while the state machine moves on.
+//! Nothing here does IO; the state machine persists what `apply_txn` returns.
+
+use super::types::{Action, ItemResult, Op, Txn, TxnOk, TxnResult};
+use crate::error::Error;
+use crate::model::{ResourceKey, StoredObject};
+use imbl::OrdMap;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    /// Cluster-wide store revision: +1 for each transaction that changes
+    /// something. Identical on every replica for the same applied log.
+    pub revision: u64,
+    pub objects: OrdMap<ResourceKey, Arc<StoredObject>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Put,
+    Delete,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Put => "PUT",
+            EventType::Delete => "DELETE",
+        }
+    }
+}
+
+/// One change, as watchers see it. For a delete, `object` is the last state.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub revision: u64,
+    pub kind: EventType,
+    pub object: Arc<StoredObject>,
+}
+
+impl State {
+    pub fn get(&self, key: &ResourceKey) -> Option<&Arc<StoredObject>> {
+        self.objects.get(key)
+    }
+
+    /// Apply one atomic transaction. On any failed precondition nothing
+    /// changes and the revision does not move. A transaction in which every
+    /// op is a no-op commits without a new revision.
+    pub fn apply_txn(&mut self, txn: &Txn) -> (TxnResult, Vec<Event>) {
+        match self.plan(txn) {
+            Err(e) => (Err(e), Vec::new()),
+            Ok(plan) => {
+                let changed = plan.iter().any(|p| !matches!(p.action, Action::Unchanged | Action::NotFound));
+                let revision = if changed { self.revision + 1 } else { self.revision };
+                let mut items = Vec::with_capacity(plan.len());
+                let mut events = Vec::new();
+                for p in plan {
+                    let mod_revision = match p.action {
+                        Action::Created | Action::Configured => {
+                            let (create_revision, version) = match &p.current {
+                                Some(cur) => (cur.create_revision, cur.version + 1),
+                                None => (revision, 1),
+                            };
+                            let obj = Arc::new(StoredObject {
+                                key: p.key.clone(),
+                                create_revision,
+                                mod_revision: revision,
+                                version,
+                                body: p.body.unwrap_or(Value::Null),
+                            });
+                            self.objects.insert(p.key.clone(), obj.clone());
+                            events.push(Event { revision, kind: EventType::Put, object: obj });
+                            revision
+                        }
+                        Action::Deleted => {
+                            if let Some(old) = self.objects.remove(&p.key) {
+                                events.push(Event { revision, kind: EventType::Delete, object: old });
+                            }
+                            0
+                        }
+                        Action::Unchanged => p.current.as_ref().map_or(0, |c| c.mod_revision),
+                        Action::NotFound => 0,
+                    };
+                    items.push(ItemResult { key: p.key, action: p.action, mod_revision });
+                }
+                self.revision = revision;
+                (Ok(TxnOk { revision, items }), events)
+            }
+        }
+    }
+
+    /// Check every precondition against the state before the transaction.
+    fn plan(&self, txn: &Txn) -> Result<Vec<Planned>, Error> {
+        let mut seen = BTreeSet::new();
+        let mut plan = Vec::with_capacity(txn.ops.len());
+        for op in &txn.ops {
+            let key = op.key();
+            if !seen.insert(key) {
+                return Err(Error::invalid(format!("{key} appears more than once in one transaction")));
+            }
+            let current = self.objects.get(key).cloned();
+            let expected = match op {
+                Op::Put { expected_revision, .. } | Op::Delete { expected_revision, .. } => *expected_revision,
+            };
+            if let Some(expected) = expected {
+                let actual = current.as_ref().map_or(0, |c| c.mod_revision);
+                if actual != expected {
+                    let what = if actual == 0 { "does not exist".to_string() } else { format!("is at revision {actual}") };
+                    return Err(Error::conflict(format!("{key} {what}, but the write expected revision {expected}")));
+                }
+            }
+            let planned = match op {
+                Op::Put { body, .. } => {
+                    let body: Value = serde_json::from_str(body).map_err(|e| Error::internal(format!("stored body of {key} is not JSON: {e}")))?;
+                    let action = match &current {
+                        None => Action::Created,
+                        Some(cur) if cur.body == body => Action::Unchanged,
+                        Some(_) => Action::Configured,
+                    };
+                    Planned { key: key.clone(), action, body: Some(body), current }
+                }
+                Op::Delete { ignore_missing, .. } => {
+                    let action = match (&current, ignore_missing) {
+                        (Some(_), _) => Action::Deleted,
+                        (None, true) => Action::NotFound,
+                        (None, false) => return Err(Error::not_found(format!("{key} not found"))),
+                    };
+                    Planned { key: key.clone(), action, body: None, current }
+                }
+            };
+            plan.push(planned);
+        }
+        Ok(plan)
+    }
+}
+
+struct Planned {
+    key: ResourceKey,
+    action: Action,
+    body: Option<Value>,
+    current: Option<Arc<StoredObject>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Code;
+    use crate::model::Kind;
+    use serde_json::json;
+
+    fn key(name: &str) -> ResourceKey {
+        ResourceKey::new(Kind::VirtualService, "default", name)
+    }
+    fn put(name: &str, host: &str, expected: Option<u64>) -> Op {
+        let body = json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+                          "metadata": {"name": name, "namespace": "default"}, "spec": {"hosts": [host]}});
+        Op::Put { key: key(name), body: body.to_string(), expected_revision: expected }
+    }
+
+    #[test]
+    fn revisions_and_actions() {
+        let mut s = State::default();
+        let (r, ev) = s.apply_txn(&Txn { ops: vec![put("a", "a", None), put("b", "b", None)] });
+        let ok = r.unwrap();
+        assert_eq!(ok.revision, 1);
+        assert_eq!(ev.len(), 2);
+        assert!(ok.items.iter().all(|i| i.action == Action::Created && i.mod_revision == 1));
+
+        // Re-applying the same content changes nothing and keeps the revision.
+        let (r, ev) = s.apply_txn(&Txn { ops: vec![put("a", "a", None)] });
+        assert_eq!(r.unwrap().revision, 1);
+        assert!(ev.is_empty());
+
+        let (r, _) = s.apply_txn(&Txn { ops: vec![put("a", "a2", Some(1))] });
+        let ok = r.unwrap();
+        assert_eq!((ok.revision, ok.items[0].action), (2, Action::Configured));
+        let a = s.get(&key("a")).unwrap();
+        assert_eq!((a.create_revision, a.mod_revision, a.version), (1, 2, 2));
+    }
+
+    #[test]
+    fn conflict_changes_nothing() {
+        let mut s = State::default();
+        s.apply_txn(&Txn { ops: vec![put("a", "a", None)] }).0.unwrap();
+        let before = s.clone();
+        // The second op's precondition fails: the first must not apply either.
+        let (r, ev) = s.apply_txn(&Txn { ops: vec![put("b", "b", None), put("a", "x", Some(7))] });
+        assert_eq!(r.unwrap_err().code, Code::Conflict);
+        assert!(ev.is_empty());
+        assert_eq!(s.revision, before.revision);
+        assert!(s.get(&key("b")).is_none());
+        // expected 0 means "must not exist".
+        let (r, _) = s.apply_txn(&Txn { ops: vec![put("a", "x", Some(0))] });
+        assert_eq!(r.unwrap_err().code, Code::Conflict);
+    }
+
+    #[test]
+    fn deletes() {
+        let mut s = State::default();
+        s.apply_txn(&Txn { ops: vec![put("a", "a", None)] }).0.unwrap();
+        let del = |ignore| Op::Delete { key: key("a"), expected_revision: None, ignore_missing: ignore };
+        let (r, ev) = s.apply_txn(&Txn { ops: vec![del(false)] });
+        assert_eq!(r.unwrap().revision, 2);
+        assert_eq!(ev[0].kind, EventType::Delete);
+        assert_eq!(s.apply_txn(&Txn { ops: vec![del(false)] }).0.unwrap_err().code, Code::NotFound);
+        assert_eq!(s.apply_txn(&Txn { ops: vec![del(true)] }).0.unwrap().items[0].action, Action::NotFound);
+        assert_eq!(s.revision, 2);
+    }
+}

@@ -1,0 +1,282 @@
+//! Test harness: real `lodestar` replicas as child processes on loopback.
+//!
+//! Each cluster gets its own random 127.A.B.0/24 (all of 127/8 is loopback
+//! on Linux), so tests run in parallel without port clashes: replica N
+//! listens on 127.A.B.N, API :7000, raft :7001, xDS :7002.
+#![allow(dead_code)]
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_lodestar");
+
+pub struct Replica {
+    pub id: u64,
+    pub ip: String,
+    pub dir: PathBuf,
+    pub child: Option<Child>,
+    extra_toml: String,
+    join: bool,
+}
+
+impl Replica {
+    pub fn api(&self) -> String {
+        format!("http://{}:7000", self.ip)
+    }
+    pub fn api_addr(&self) -> String {
+        format!("{}:7000", self.ip)
+    }
+    pub fn raft_addr(&self) -> String {
+        format!("{}:7001", self.ip)
+    }
+    pub fn xds_addr(&self) -> String {
+        format!("{}:7002", self.ip)
+    }
+    pub fn member_flag(&self) -> String {
+        format!("{}={},{},{}", self.id, self.raft_addr(), self.api_addr(), self.xds_addr())
+    }
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("replica.log")).unwrap_or_default()
+    }
+}
+
+pub struct Cluster {
+    pub tmp: tempfile::TempDir,
+    pub replicas: Vec<Replica>,
+    pub http: reqwest::Client,
+    prefix: String,
+    members: Vec<String>,
+}
+
+fn random_prefix() -> String {
+    // Seeded from the clock and pid: unique enough across parallel tests.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64;
+    let x = nanos ^ (std::process::id() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    format!("127.{}.{}", 1 + (x % 250), (x >> 8) % 250)
+}
+
+impl Cluster {
+    /// Start `n` founding replicas; `extra_toml` is appended to every
+    /// replica's config file (e.g. `snapshot_logs = 50`).
+    pub async fn start(n: u64, extra_toml: &str) -> Cluster {
+        let tmp = tempfile::tempdir().unwrap();
+        let prefix = random_prefix();
+        let mut replicas: Vec<Replica> = (1..=n)
+            .map(|id| Replica {
+                id,
+                ip: format!("{prefix}.{id}"),
+                dir: tmp.path().join(format!("r{id}")),
+                child: None,
+                extra_toml: extra_toml.to_string(),
+                join: false,
+            })
+            .collect();
+        let members: Vec<String> = replicas.iter().map(|r| r.member_flag()).collect();
+        for r in &mut replicas {
+            spawn(r, &members);
+        }
+        let c = Cluster { tmp, replicas, http: reqwest::Client::new(), prefix, members };
+        c.wait_for_leader(Duration::from_secs(20)).await;
+        c
+    }
+
+    pub fn replica(&self, id: u64) -> &Replica {
+        self.replicas.iter().find(|r| r.id == id).expect("replica id")
+    }
+    fn replica_mut(&mut self, id: u64) -> &mut Replica {
+        self.replicas.iter_mut().find(|r| r.id == id).expect("replica id")
+    }
+
+    /// Add a not-yet-member replica process in join mode (not added to the
+    /// raft membership: that is `cluster add-node`'s job).
+    pub fn spawn_joiner(&mut self, id: u64, extra_toml: &str) -> &Replica {
+        let mut r = Replica {
+            id,
+            ip: format!("{}.{id}", self.prefix),
+            dir: self.tmp.path().join(format!("r{id}")),
+            child: None,
+            extra_toml: extra_toml.to_string(),
+            join: true,
+        };
+        spawn(&mut r, &[]);
+        self.replicas.push(r);
+        self.replicas.last().unwrap()
+    }
+
+    pub fn kill(&mut self, id: u64) {
+        let r = self.replica_mut(id);
+        if let Some(mut c) = r.child.take() {
+            c.kill().unwrap(); // SIGKILL
+            c.wait().unwrap();
+        }
+    }
+
+    pub fn stop(&mut self, id: u64) {
+        let r = self.replica_mut(id);
+        if let Some(mut c) = r.child.take() {
+            unsafe_sigterm(c.id());
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if c.try_wait().unwrap().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    pub fn restart(&mut self, id: u64) {
+        let members = self.members.clone();
+        let r = self.replica_mut(id);
+        assert!(r.child.is_none(), "replica {id} is running");
+        let members = if r.join { Vec::new() } else { members };
+        spawn(r, &members);
+    }
+
+    pub async fn status(&self, id: u64) -> Option<Value> {
+        let r = self.http.get(format!("{}/v1/cluster", self.replica(id).api())).timeout(Duration::from_secs(3)).send().await.ok()?;
+        r.json().await.ok()
+    }
+
+    /// The leader id, as seen by any live replica.
+    pub async fn leader(&self) -> Option<u64> {
+        for r in self.replicas.iter().filter(|r| r.child.is_some()) {
+            if let Some(s) = self.status(r.id).await {
+                if let Some(l) = s["leader"].as_u64() {
+                    // Only trust a leader that is itself alive and says so.
+                    if let Some(ls) = self.status(l).await {
+                        if ls["leader"].as_u64() == Some(l) {
+                            return Some(l);
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    pub async fn wait_for_leader(&self, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.leader().await {
+                return l;
+            }
+            if Instant::now() > deadline {
+                self.dump_logs();
+                panic!("no leader within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Wait until every running replica has applied `revision` (stale reads).
+    pub async fn wait_for_revision(&self, revision: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        for r in self.replicas.iter().filter(|r| r.child.is_some()) {
+            loop {
+                let rev = self.local_revision(r.id).await;
+                if rev.is_some_and(|v| v >= revision) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    self.dump_logs();
+                    panic!("replica {} at revision {rev:?}, wanted {revision}", r.id);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    /// A replica's own applied revision (a stale list read).
+    pub async fn local_revision(&self, id: u64) -> Option<u64> {
+        let url = format!("{}/v1/resources/vs?consistency=stale&namespace=none-such", self.replica(id).api());
+        let r = self.http.get(url).timeout(Duration::from_secs(2)).send().await.ok()?;
+        r.json::<Value>().await.ok()?["revision"].as_u64()
+    }
+
+    pub fn dump_logs(&self) {
+        for r in &self.replicas {
+            let log = r.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("----- replica {} log (last 40 lines) -----", r.id);
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        for r in &mut self.replicas {
+            if let Some(mut c) = r.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+fn unsafe_sigterm(pid: u32) {
+    let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+}
+
+fn spawn(r: &mut Replica, members: &[String]) {
+    std::fs::create_dir_all(&r.dir).unwrap();
+    let config = r.dir.join("lodestar.toml");
+    std::fs::write(&config, format!("heartbeat_ms = 100\nelection_timeout_min_ms = 600\nelection_timeout_max_ms = 1200\n{}\n", r.extra_toml)).unwrap();
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(r.dir.join("replica.log")).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("server")
+        .arg("--config")
+        .arg(&config)
+        .arg("--id")
+        .arg(r.id.to_string())
+        .arg("--data-dir")
+        .arg(r.dir.join("data"))
+        .arg("--api-addr")
+        .arg(r.api_addr())
+        .arg("--raft-addr")
+        .arg(r.raft_addr())
+        .arg("--xds-addr")
+        .arg(r.xds_addr());
+    for m in members {
+        cmd.arg("--initial-member").arg(m);
+    }
+    if r.join {
+        cmd.arg("--join");
+    }
+    cmd.env("RUST_LOG", "info,openraft=warn").stdout(Stdio::null()).stderr(log);
+    r.child = Some(cmd.spawn().expect("spawn lodestar"));
+}
+
+/// A VirtualService document with a payload that identifies the write.
+pub fn vs(name: &str, namespace: &str, tag: &str) -> Value {
+    json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"tag": tag}},
+        "spec": {"hosts": [format!("{name}.{namespace}.svc.cluster.local")],
+                 "http": [{"route": [{"destination": {"host": name, "subset": tag}}]}]}
+    })
+}
+
+/// POST /v1/apply; returns (status, body).
+pub async fn apply(http: &reqwest::Client, api: &str, resources: Vec<Value>) -> (u16, Value) {
+    let r = http.post(format!("{api}/v1/apply")).json(&json!({ "resources": resources })).timeout(Duration::from_secs(15)).send().await.expect("apply request");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+pub async fn get_json(http: &reqwest::Client, url: &str) -> (u16, Value) {
+    let r = http.get(url).timeout(Duration::from_secs(15)).send().await.expect("get request");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
