@@ -136,3 +136,15 @@ mod tests {
         assert!(ServerConfig::from_toml("bogus = 1").unwrap_err().contains("bogus"));
     }
 }
+
+#[cfg(test)]
+mod reference_file {
+    /// ops/lodestar.toml documents every setting with its default value.
+    #[test]
+    fn ops_config_parses_to_the_defaults() {
+        let text = include_str!("../ops/lodestar.toml");
+        let parsed = super::ServerConfig::from_toml(text).unwrap();
+        let defaults = super::ServerConfig::default();
+        assert_eq!(format!("{parsed:?}"), format!("{defaults:?}"));
+    }
+}

@@ -27,6 +27,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/resources/{kind}/{namespace}/{name}", get(get_one).delete(delete_one))
         .route("/v1/watch", get(watch_changes))
         .route("/v1/cluster", get(cluster_status))
+        .route("/v1/node", get(node_status))
         .route("/v1/cluster/members", post(add_member))
         .route("/v1/cluster/members/{id}", delete(remove_member))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -200,6 +201,11 @@ async fn watch_changes(State(node): State<Arc<Node>>, Query(q): Query<WatchQuery
         Ok::<_, std::convert::Infallible>(format!("{line}\n"))
     });
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
+}
+
+/// This replica alone: id, raft state, term, leader, applied index, revision.
+async fn node_status(State(node): State<Arc<Node>>) -> Json<crate::node::NodeStatus> {
+    Json(node.local_status())
 }
 
 async fn cluster_status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {

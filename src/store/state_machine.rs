@@ -373,3 +373,77 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(stored.data)) })
     }
 }
+
+/// Golden bytes of format version 1 for everything persisted. If this fails
+/// after a change, the change broke reading existing data directories: keep
+/// the old layout readable (new version byte + old decoder) instead of
+/// re-blessing. `LODESTAR_BLESS=1` writes the fixtures for new types only.
+#[cfg(test)]
+mod fixtures {
+    use super::*;
+    use crate::model::Kind;
+    use crate::store::types::{Op, Txn};
+    use openraft::{CommittedLeaderId, Membership, Vote};
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::PathBuf;
+
+    fn dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/codec")
+    }
+
+    fn check<T: Serialize + serde::de::DeserializeOwned + std::fmt::Debug>(name: &str, value: &T) {
+        let path = dir().join(format!("{name}.v1.hex"));
+        let bytes = codec::encode(value);
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        if !path.exists() && std::env::var("LODESTAR_BLESS").is_ok() {
+            std::fs::write(&path, format!("{hex}\n")).unwrap();
+        }
+        let stored = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("missing fixture {}", path.display()));
+        let stored = stored.trim();
+        let raw: Vec<u8> = (0..stored.len()).step_by(2).map(|i| u8::from_str_radix(&stored[i..i + 2], 16).unwrap()).collect();
+        let decoded: T = codec::decode(&raw).unwrap_or_else(|e| panic!("{name}: stored bytes no longer decode: {e}"));
+        assert_eq!(format!("{decoded:?}"), format!("{value:?}"), "{name}: stored bytes decode to something else");
+        assert_eq!(hex, stored, "{name}: encoding changed");
+    }
+
+    fn log_id(term: u64, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    fn membership() -> StoredMembership {
+        let nodes =
+            BTreeMap::from([(1, crate::store::NodeInfo { raft_addr: "127.0.0.1:1".into(), api_addr: "127.0.0.1:2".into(), xds_addr: "127.0.0.1:3".into() })]);
+        StoredMembership::new(Some(log_id(1, 1)), Membership::new(vec![BTreeSet::from([1])], nodes))
+    }
+
+    fn object() -> ObjectRecord {
+        ObjectRecord {
+            key: ResourceKey::new(Kind::DestinationRule, "default", "reviews"),
+            create_revision: 3,
+            mod_revision: 7,
+            version: 2,
+            body: r#"{"apiVersion":"networking.istio.io/v1","kind":"DestinationRule","metadata":{"name":"reviews","namespace":"default"},"spec":{"host":"reviews"}}"#.into(),
+        }
+    }
+
+    #[test]
+    fn format_v1_is_stable() {
+        let put = Op::Put { key: object().key, body: object().body, expected_revision: Some(7) };
+        let del = Op::Delete { key: ResourceKey::new(Kind::VirtualService, "ns", "x"), expected_revision: None, ignore_missing: true };
+        let entry = Entry { log_id: log_id(2, 9), payload: EntryPayload::Normal(Command::Batch(vec![Txn { ops: vec![put, del] }])) };
+        check("log_entry", &entry);
+        check("vote", &Vote::new_committed(3, 2));
+        check("log_id", &log_id(3, 42));
+        check("object", &object());
+        check("events", &vec![EventRecord { delete: false, object: object() }]);
+        let meta = AppliedMeta { last_applied: Some(log_id(2, 9)), membership: membership(), revision: 7, compacted: 2 };
+        check("applied_meta", &meta);
+        let body = SnapshotBody { meta: meta.clone(), objects: vec![object()] };
+        check("snapshot_body", &body);
+        let snap = StoredSnapshot {
+            meta: SnapshotMeta { last_log_id: Some(log_id(2, 9)), last_membership: membership(), snapshot_id: "2-1-9-0".into() },
+            data: codec::encode(&body),
+        };
+        check("stored_snapshot", &snap);
+    }
+}

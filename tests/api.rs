@@ -1,0 +1,356 @@
+//! The client API on a real single-replica server: atomic apply, optimistic
+//! concurrency, bad input, watch, gRPC, and the CLI round trip.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use lodestar::proto::api::lodestar_client::LodestarClient;
+use lodestar::proto::api::{ApplyItem, ApplyRequest, GetRequest, WatchRequest};
+use serde_json::{json, Value};
+use std::process::Command;
+use std::time::Duration;
+
+async fn list_names(c: &Cluster, ns: &str) -> (u64, Vec<String>) {
+    let (status, list) = get_json(&c.http, &format!("{}/v1/resources/vs?namespace={ns}", c.replica(1).api())).await;
+    assert_eq!(status, 200, "{list}");
+    let names = list["items"].as_array().unwrap().iter().map(|o| o["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    (list["revision"].as_u64().unwrap(), names)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_is_atomic_and_revisioned() {
+    let c = Cluster::start(1, "").await;
+    let api = c.replica(1).api();
+
+    // Three resources, one revision.
+    let (status, body) = apply(&c.http, &api, vec![vs("a", "atomic", "v1"), vs("b", "atomic", "v1"), vs("c", "atomic", "v1")]).await;
+    assert_eq!(status, 200, "{body}");
+    let rev = body["revision"].as_u64().unwrap();
+    assert!(body["items"].as_array().unwrap().iter().all(|i| i["modRevision"].as_u64() == Some(rev) && i["action"] == "created"));
+
+    // A batch with one invalid resource stores nothing, and says which field.
+    let mut bad = vs("e", "atomic", "v1");
+    bad["metadata"]["name"] = json!("Not_A_Name");
+    let (status, body) = apply(&c.http, &api, vec![vs("d", "atomic", "v2"), bad]).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "InvalidArgument");
+    assert_eq!(body["error"]["fields"][0]["field"], "resources[1].metadata.name");
+    let (rev_after, names) = list_names(&c, "atomic").await;
+    assert_eq!(names, vec!["a", "b", "c"]);
+    assert_eq!(rev_after, rev);
+
+    // Re-applying identical content is "unchanged" and does not move the revision.
+    let (status, body) = apply(&c.http, &api, vec![vs("a", "atomic", "v1")]).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["items"][0]["action"], "unchanged");
+    assert_eq!(body["revision"].as_u64(), Some(rev));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expected_revision_conflicts() {
+    let c = Cluster::start(1, "").await;
+    let api = c.replica(1).api();
+    let (_, body) = apply(&c.http, &api, vec![vs("x", "occ", "v1")]).await;
+    let rev1 = body["revision"].as_u64().unwrap();
+
+    let wrapped = |tag: &str, expected: u64| json!({"resource": vs("x", "occ", tag), "expectedRevision": expected});
+    // Right revision: applies.
+    let (status, body) = apply(&c.http, &api, vec![wrapped("v2", rev1)]).await;
+    assert_eq!(status, 200, "{body}");
+    let rev2 = body["revision"].as_u64().unwrap();
+    // Stale revision: 409, and nothing changes, not even the other resource in the batch.
+    let (status, body) = apply(&c.http, &api, vec![vs("y", "occ", "v1"), wrapped("v3", rev1)]).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "Conflict");
+    let (_, obj) = get_json(&c.http, &format!("{api}/v1/resources/vs/occ/x")).await;
+    assert_eq!(obj["metadata"]["labels"]["tag"], "v2");
+    assert_eq!(obj["metadata"]["resourceVersion"], rev2.to_string());
+    let (_, names) = list_names(&c, "occ").await;
+    assert_eq!(names, vec!["x"]);
+    // expectedRevision 0 means "create only".
+    let (status, _) = apply(&c.http, &api, vec![json!({"resource": vs("x", "occ", "v9"), "expectedRevision": 0})]).await;
+    assert_eq!(status, 409);
+    // Delete with a stale precondition is refused too.
+    let r = c.http.delete(format!("{api}/v1/resources/vs/occ/x?expectedRevision={rev1}")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 409);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_400_naming_the_field() {
+    let c = Cluster::start(1, "").await;
+    let api = c.replica(1).api();
+    let post = |body: String, ct: &'static str| {
+        // A fresh connection each: the server closes one whose body it refused unread.
+        let http = reqwest::Client::new();
+        let url = format!("{api}/v1/apply");
+        async move {
+            let r = http.post(url).header("content-type", ct).body(body).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    let cases = vec![
+        ("kind: VirtualService\nmetadata: {name: [unclosed\n".to_string(), "application/yaml", "body[0]", "malformed YAML"),
+        ("{\"resources\": [".to_string(), "application/json", "body", "malformed JSON"),
+        (
+            json!({"resources": [{"apiVersion": "networking.istio.io/v1", "kind": "Deployment", "metadata": {"name": "a"}, "spec": {}}]}).to_string(),
+            "application/json",
+            "resources[0].kind",
+            "unknown kind",
+        ),
+        (
+            json!({"resources": [{"apiVersion": "apps/v1", "kind": "VirtualService", "metadata": {"name": "a"}, "spec": {}}]}).to_string(),
+            "application/json",
+            "resources[0].apiVersion",
+            "group",
+        ),
+        (
+            json!({"resources": [{"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": 5}, "spec": {}}]}).to_string(),
+            "application/json",
+            "resources[0].metadata.name",
+            "expected a string",
+        ),
+        (
+            json!({"resources": [{"apiVersion": "networking.istio.io/v1", "metadata": {"name": "a"}, "spec": {}}]}).to_string(),
+            "application/json",
+            "resources[0].kind",
+            "required",
+        ),
+        (
+            json!({"resources": [{"resource": vs("a", "d", "v1"), "expectedRevision": "x"}]}).to_string(),
+            "application/json",
+            "resources[0].expectedRevision",
+            "integer",
+        ),
+        (format!("{{\"resources\": [], \"pad\": \"{}\"}}", "x".repeat(5 * 1024 * 1024)), "application/json", "body", "larger than the limit"),
+    ];
+    for (body, ct, field, reason) in cases {
+        let (status, resp) = post(body, ct).await;
+        assert_eq!(status, 400, "{field}: {resp}");
+        let fields = resp["error"]["fields"].as_array().unwrap();
+        assert!(fields.iter().any(|f| f["field"] == field && f["reason"].as_str().unwrap().contains(reason)), "expected {field}: {reason} in {resp}");
+    }
+    // Nothing was stored by any of them.
+    let (rev, _) = list_names(&c, "d").await;
+    assert_eq!(rev, 0);
+    // Unknown kind in a path is a 400 as well.
+    let (status, body) = get_json(&c.http, &format!("{api}/v1/resources/pods")).await;
+    assert_eq!((status, body["error"]["fields"][0]["field"].as_str()), (400, Some("kind")));
+}
+
+/// The next NDJSON line of a streaming response.
+async fn next_line(resp: &mut reqwest::Response, buf: &mut String, deadline: tokio::time::Instant) -> Value {
+    loop {
+        if let Some(i) = buf.find('\n') {
+            let line: Value = serde_json::from_str(&buf[..i]).unwrap();
+            buf.drain(..=i);
+            return line;
+        }
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk()).await.expect("watch event in time").unwrap().expect("stream open");
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_replays_then_follows() {
+    let c = Cluster::start(1, "").await;
+    let api = c.replica(1).api();
+    let mut revs = Vec::new();
+    for i in 0..5 {
+        let (_, body) = apply(&c.http, &api, vec![vs(&format!("w{i}"), "watch", "v1")]).await;
+        revs.push(body["revision"].as_u64().unwrap());
+    }
+    let r = c.http.delete(format!("{api}/v1/resources/vs/watch/w0")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+
+    // REST: replay everything after the first write, in order.
+    let resp = c.http.get(format!("{api}/v1/watch?fromRevision={}&namespace=watch", revs[0])).send().await.unwrap();
+    let mut resp = resp;
+    let mut buf = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // w1..w4 puts and the w0 delete.
+    let mut events = Vec::new();
+    for _ in 0..5 {
+        events.push(next_line(&mut resp, &mut buf, deadline).await);
+    }
+    let got: Vec<(u64, String, String)> = events
+        .iter()
+        .map(|e| (e["revision"].as_u64().unwrap(), e["type"].as_str().unwrap().into(), e["object"]["metadata"]["name"].as_str().unwrap().into()))
+        .collect();
+    let mut expect: Vec<(u64, String, String)> = (1..5).map(|i| (revs[i], "PUT".to_string(), format!("w{i}"))).collect();
+    expect.push((revs[4] + 1, "DELETE".into(), "w0".into()));
+    assert_eq!(got, expect);
+
+    // Then live: a new write arrives on the same stream.
+    let (_, body) = apply(&c.http, &api, vec![vs("live", "watch", "v1")]).await;
+    let live_rev = body["revision"].as_u64().unwrap();
+    let e = next_line(&mut resp, &mut buf, deadline).await;
+    assert_eq!((e["revision"].as_u64(), e["object"]["metadata"]["name"].as_str()), (Some(live_rev), Some("live")));
+
+    // gRPC: same replay from revision 0 (everything), filtered by kind.
+    let mut grpc = LodestarClient::connect(api.clone()).await.unwrap();
+    let mut stream = grpc.watch(WatchRequest { from_revision: Some(0), kind: "vs".into(), namespace: "watch".into() }).await.unwrap().into_inner();
+    let mut seen = Vec::new();
+    while seen.len() < 7 {
+        let e = tokio::time::timeout_at(deadline, stream.next()).await.expect("grpc watch in time").unwrap().unwrap();
+        seen.push((e.revision, e.r#type, e.name));
+    }
+    assert_eq!(seen[0], (revs[0], "PUT".to_string(), "w0".to_string()));
+    assert_eq!(seen[6], (live_rev, "PUT".to_string(), "live".to_string()));
+    assert!(seen.windows(2).all(|w| w[0].0 < w[1].0), "in revision order: {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_api_and_errors() {
+    let c = Cluster::start(1, "").await;
+    let mut grpc = LodestarClient::connect(c.replica(1).api()).await.unwrap();
+    let ok = grpc
+        .apply(ApplyRequest { items: vec![ApplyItem { resource_json: vs("g", "grpc", "v1").to_string(), expected_revision: None }] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.items[0].action, "created");
+    let got = grpc.get(GetRequest { kind: "VirtualService".into(), namespace: "grpc".into(), name: "g".into(), consistency: 0 }).await.unwrap().into_inner();
+    let obj: Value = serde_json::from_str(&got.resource_json).unwrap();
+    assert_eq!(obj["metadata"]["modRevision"].as_u64(), Some(ok.revision));
+
+    let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: "{not json".into(), expected_revision: None }] }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("items[0].resource_json"), "{}", err.message());
+    let mut bad = vs("h", "grpc", "v1");
+    bad["kind"] = json!("Nope");
+    let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad.to_string(), expected_revision: None }] }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("resources[0].kind"), "{}", err.message());
+    let err = grpc
+        .apply(ApplyRequest { items: vec![ApplyItem { resource_json: vs("g", "grpc", "v2").to_string(), expected_revision: Some(999) }] })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Aborted);
+    let err = grpc.get(GetRequest { kind: "vs".into(), namespace: "grpc".into(), name: "missing".into(), consistency: 0 }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+}
+
+const BOOKINFO: &str = r#"
+apiVersion: networking.istio.io/v1beta1
+kind: VirtualService
+metadata:
+  name: reviews
+  namespace: bookinfo
+spec:
+  hosts:
+  - reviews
+  http:
+  - match:
+    - headers:
+        end-user:
+          exact: jason
+    route:
+    - destination:
+        host: reviews
+        subset: v2
+  - route:
+    - destination:
+        host: reviews
+        subset: v1
+      weight: 80
+    - destination:
+        host: reviews
+        subset: v3
+      weight: 20
+---
+apiVersion: networking.istio.io/v1beta1
+kind: DestinationRule
+metadata:
+  name: reviews
+  namespace: bookinfo
+spec:
+  host: reviews
+  trafficPolicy:
+    loadBalancer:
+      simple: LEAST_REQUEST
+  subsets:
+  - name: v1
+    labels:
+      version: v1
+  - name: v2
+    labels:
+      version: v2
+  - name: v3
+    labels:
+      version: v3
+---
+apiVersion: networking.istio.io/v1alpha3
+kind: ServiceEntry
+metadata:
+  name: external-api
+  namespace: bookinfo
+spec:
+  hosts:
+  - api.example.com
+  ports:
+  - number: 443
+    name: https
+    protocol: TLS
+  location: MESH_EXTERNAL
+  resolution: DNS
+"#;
+
+fn cli(server: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).arg("--server").arg(server).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_round_trip() {
+    let c = Cluster::start(1, "").await;
+    let server = c.replica(1).api();
+    let dir = c.tmp.path().join("manifests/nested");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bookinfo.yaml");
+    std::fs::write(&file, BOOKINFO).unwrap();
+
+    // apply -f on a directory (recursively).
+    let (ok, out, err) = cli(&server, &["apply", "-f", c.tmp.path().join("manifests").to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("virtualservice/reviews created"), "{out}");
+    assert!(out.contains("serviceentry/external-api created"), "{out}");
+
+    // get -o yaml returns the same specs for every document.
+    let originals: Vec<Value> = lodestar::model::documents::parse_documents(BOOKINFO, "f").unwrap();
+    for doc in &originals {
+        let kind = doc["kind"].as_str().unwrap();
+        let name = doc["metadata"]["name"].as_str().unwrap();
+        let (ok, out, err) = cli(&server, &["get", kind, name, "-n", "bookinfo", "-o", "yaml"]);
+        assert!(ok, "{err}");
+        let back: Value = yaml_serde::from_str(&out).unwrap();
+        assert_eq!(back["spec"], doc["spec"], "{kind}/{name}");
+        assert_eq!(back["apiVersion"], doc["apiVersion"]);
+    }
+
+    // Aliases and tables.
+    let (ok, out, _) = cli(&server, &["get", "dr", "-n", "bookinfo"]);
+    assert!(ok && out.contains("reviews") && out.contains("HOST"), "{out}");
+    let (ok, out, _) = cli(&server, &["get", "VirtualServices", "-A", "-o", "json"]);
+    assert!(ok);
+    let list: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+
+    // A list from `get -o yaml` can be applied back unchanged.
+    let (_, out, _) = cli(&server, &["get", "se", "-n", "bookinfo", "-o", "yaml"]);
+    let exported = c.tmp.path().join("exported.yaml");
+    std::fs::write(&exported, out).unwrap();
+    let (ok, out, err) = cli(&server, &["apply", "-f", exported.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("serviceentry/external-api unchanged"), "{out}");
+
+    // delete -f removes all of them; errors are readable.
+    let (ok, out, err) = cli(&server, &["delete", "-f", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(out.matches("deleted").count(), 3, "{out}");
+    let (ok, _, err) = cli(&server, &["get", "vs", "reviews", "-n", "bookinfo"]);
+    assert!(!ok && err.contains("NotFound"), "{err}");
+    let (ok, _, err) = cli(&server, &["get", "pods"]);
+    assert!(!ok && err.contains("unknown kind"), "{err}");
+}
