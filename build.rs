@@ -3,6 +3,62 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = ["proto/lodestar/api/v1/api.proto", "proto/lodestar/peer/v1/peer.proto"];
     let fds = protox::compile(files, ["proto"])?;
     tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+    envoy_descriptors()?;
     println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}
+
+/// The Envoy API protos Lodestar emits, compiled into a descriptor set
+/// (`$OUT_DIR/envoy_descriptors.bin`) so that resources can be rendered as
+/// proto-JSON (golden tests, config dumps). The `.proto` files come from the
+/// envoy-types crate, located through `cargo metadata`, so this works for
+/// registry, vendored and git sources alike.
+fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
+    const FILES: &[&str] = &[
+        "envoy/config/cluster/v3/cluster.proto",
+        "envoy/config/endpoint/v3/endpoint.proto",
+        "envoy/config/listener/v3/listener.proto",
+        "envoy/config/route/v3/route.proto",
+        "envoy/extensions/filters/network/http_connection_manager/v3/http_connection_manager.proto",
+        "envoy/extensions/filters/network/tcp_proxy/v3/tcp_proxy.proto",
+        "envoy/extensions/filters/http/router/v3/router.proto",
+        "envoy/extensions/filters/http/fault/v3/fault.proto",
+        "envoy/extensions/filters/http/cors/v3/cors.proto",
+        "envoy/extensions/upstreams/http/v3/http_protocol_options.proto",
+        "envoy/extensions/transport_sockets/tls/v3/tls.proto",
+        "envoy/extensions/retry/host/previous_hosts/v3/previous_hosts.proto",
+    ];
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo).args(["metadata", "--format-version", "1", "--offline"]).output()?;
+    if !out.status.success() {
+        return Err(format!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let meta = String::from_utf8(out.stdout)?;
+    let manifest = meta
+        .split("\"manifest_path\":\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .find(|p| p.contains("envoy-types") && p.ends_with("Cargo.toml"))
+        .ok_or("envoy-types not found in cargo metadata")?;
+    let root = std::path::Path::new(manifest).parent().ok_or("bad manifest path")?.join("proto");
+    let includes: Vec<std::path::PathBuf> =
+        ["data-plane-api", "xds", "googleapis", "protoc-gen-validate", "cel-spec", "opentelemetry-proto", "client_model"].iter().map(|d| root.join(d)).collect();
+    // One compiler per file: protox resolves relative names more loosely
+    // than protoc, and separate compilations keep each file's view strict.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut set = prost_types::FileDescriptorSet::default();
+    for f in FILES {
+        let mut compiler = protox::Compiler::new(&includes)?;
+        compiler.include_imports(true);
+        compiler.open_file(f)?;
+        for file in compiler.file_descriptor_set().file {
+            if seen.insert(file.name.clone()) {
+                set.file.push(file);
+            }
+        }
+    }
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out_dir.join("envoy_descriptors.bin"), prost::Message::encode_to_vec(&set))?;
+    println!("cargo:rerun-if-changed=Cargo.lock");
     Ok(())
 }

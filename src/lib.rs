@@ -20,6 +20,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod mesh;
 pub mod model;
 pub mod node;
 pub mod peer;
@@ -28,6 +29,8 @@ pub mod server;
 // require; boxing it in our helpers would only add conversions.
 #[allow(clippy::result_large_err)]
 pub mod store;
+pub mod translate;
+pub mod xds;
 
 /// Generated protobuf code.
 pub mod proto {

@@ -1,10 +1,14 @@
-//! The domain model: kinds, resources, keys, selectors, validation.
+//! The domain model: kinds, resources, keys, selectors, typed specs and
+//! their validation, proxy identity.
 //!
 //! Invariant: this module is pure. It knows nothing of sled, openraft, tonic
 //! or axum; everything here is testable with plain values.
 
 pub mod documents;
+pub mod istio;
 pub mod kinds;
+pub mod proxy;
+pub mod registry;
 pub mod resource;
 pub mod selector;
 
@@ -13,13 +17,50 @@ pub use resource::{parse_resource, NewResource, ResourceKey, StoredObject, DEFAU
 pub use selector::Selector;
 
 use crate::error::FieldError;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+/// A stored object's spec, typed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TypedSpec {
+    Istio(istio::Validated),
+    Service(registry::ServiceSpec),
+    Instance(registry::InstanceSpec),
+    Lease(Value),
+}
+
 /// Kind-specific validation of a resource that passed the structural checks.
-/// Returns warnings (accepted but ignored fields) or every field error.
+/// Returns warnings (accepted but not acted upon) or every field error.
 pub fn validate_spec(resource: &NewResource) -> Result<Vec<String>, Vec<FieldError>> {
     let spec = resource.body.get("spec").unwrap_or(&Value::Null);
-    let _ = spec;
-    // The typed Istio model and the registry kinds plug in here.
-    Ok(Vec::new())
+    let typed = typed_spec(resource.key.kind, spec)?;
+    Ok(match typed {
+        TypedSpec::Istio(v) => v.warnings().to_vec(),
+        _ => Vec::new(),
+    })
+}
+
+fn typed_spec(kind: Kind, spec: &Value) -> Result<TypedSpec, Vec<FieldError>> {
+    match kind {
+        Kind::Service => registry::validate_service(spec).map(TypedSpec::Service),
+        Kind::Instance => registry::validate_instance(spec).map(TypedSpec::Instance),
+        Kind::Lease => Ok(TypedSpec::Lease(spec.clone())),
+        istio_kind => istio::validate(istio_kind.name(), spec)
+            .map(TypedSpec::Istio)
+            .map_err(|errs| errs.into_iter().map(|e| FieldError::new(e.field, e.reason)).collect()),
+    }
+}
+
+/// Parse a stored spec (already validated when written).
+pub(crate) fn parse_typed(kind: Kind, spec: &Value) -> Result<TypedSpec, String> {
+    typed_spec(kind, spec).map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))
+}
+
+/// Deserialize a spec, naming the failing field by its path under `spec`.
+pub fn parse_spec<T: DeserializeOwned>(spec: &Value) -> Result<T, Vec<FieldError>> {
+    serde_path_to_error::deserialize(spec).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." || path.is_empty() { "spec".to_string() } else { format!("spec.{path}") };
+        vec![FieldError::new(field, e.into_inner().to_string())]
+    })
 }

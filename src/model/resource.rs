@@ -2,11 +2,13 @@
 //! checks every write passes before it is proposed to raft.
 
 use super::kinds::Kind;
+use super::TypedSpec;
 use crate::error::FieldError;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 pub const DEFAULT_NAMESPACE: &str = "default";
 
@@ -55,7 +57,7 @@ pub struct NewResource {
 }
 
 /// An object as the store holds it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct StoredObject {
     pub key: ResourceKey,
     /// Revision at which the object was created (etcd's create_revision).
@@ -66,9 +68,30 @@ pub struct StoredObject {
     pub version: u64,
     /// The normalised body as applied, without server-owned fields.
     pub body: Value,
+    /// The typed spec, parsed on first use and shared by every revision
+    /// that still holds this object (translation reads it, not the JSON).
+    typed: OnceLock<Result<Arc<TypedSpec>, String>>,
+}
+
+impl PartialEq for StoredObject {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.key, self.create_revision, self.mod_revision, self.version, &self.body)
+            == (&other.key, other.create_revision, other.mod_revision, other.version, &other.body)
+    }
 }
 
 impl StoredObject {
+    pub fn new(key: ResourceKey, create_revision: u64, mod_revision: u64, version: u64, body: Value) -> Self {
+        StoredObject { key, create_revision, mod_revision, version, body, typed: OnceLock::new() }
+    }
+
+    /// The spec as its typed model. Stored objects passed validation when
+    /// they were written, so an error here means data from an incompatible
+    /// version; callers skip such objects and report the message.
+    pub fn typed(&self) -> Result<&Arc<TypedSpec>, &str> {
+        self.typed.get_or_init(|| super::parse_typed(self.key.kind, self.spec()).map(Arc::new)).as_ref().map_err(|e| e.as_str())
+    }
+
     pub fn labels(&self) -> BTreeMap<&str, &str> {
         labels_of(&self.body)
     }
@@ -379,7 +402,7 @@ mod tests {
     #[test]
     fn output_carries_revisions() {
         let r = parse_resource(vs(), "default").unwrap();
-        let o = StoredObject { key: r.key, create_revision: 3, mod_revision: 9, version: 2, body: r.body };
+        let o = StoredObject::new(r.key, 3, 9, 2, r.body);
         let j = o.to_json();
         assert_eq!(j["metadata"]["resourceVersion"], "9");
         assert_eq!(j["metadata"]["creationRevision"], 3);

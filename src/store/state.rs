@@ -67,13 +67,7 @@ impl State {
                                 Some(cur) => (cur.create_revision, cur.version + 1),
                                 None => (revision, 1),
                             };
-                            let obj = Arc::new(StoredObject {
-                                key: p.key.clone(),
-                                create_revision,
-                                mod_revision: revision,
-                                version,
-                                body: p.body.unwrap_or(Value::Null),
-                            });
+                            let obj = Arc::new(StoredObject::new(p.key.clone(), create_revision, revision, version, p.body.unwrap_or(Value::Null)));
                             self.objects.insert(p.key.clone(), obj.clone());
                             events.push(Event { revision, kind: EventType::Put, object: obj });
                             revision

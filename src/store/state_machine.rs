@@ -65,13 +65,7 @@ impl ObjectRecord {
         ObjectRecord { key: o.key.clone(), create_revision: o.create_revision, mod_revision: o.mod_revision, version: o.version, body: o.body.to_string() }
     }
     fn into_object(self) -> Result<StoredObject, serde_json::Error> {
-        Ok(StoredObject {
-            key: self.key,
-            create_revision: self.create_revision,
-            mod_revision: self.mod_revision,
-            version: self.version,
-            body: serde_json::from_str(&self.body)?,
-        })
+        Ok(StoredObject::new(self.key, self.create_revision, self.mod_revision, self.version, serde_json::from_str(&self.body)?))
     }
 }
 

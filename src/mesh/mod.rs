@@ -1,0 +1,325 @@
+//! The service model, after Pilot's: services (hostname, ports, protocols,
+//! mesh-internal or external) and their instances, plus the traffic rules
+//! indexed for translation. Built from one applied store snapshot, so
+//! everything in a [`Mesh`] is at one revision.
+//!
+//! Sources, like Pilot's aggregate registry:
+//! - registry `Service` / `Instance` kinds (Lodestar is the platform registry);
+//! - `ServiceEntry` (hosts × ports), with `endpoints` or a `workloadSelector`
+//!   over `WorkloadEntry`s in its namespace.
+//!
+//! Pure: no IO. Objects whose stored spec no longer parses are skipped and
+//! listed in `Mesh::skipped`.
+
+use crate::model::istio::common::Protocol;
+use crate::model::istio::service_entry::{Location, Resolution as SeResolution};
+use crate::model::istio::{self, DestinationRule, Gateway, ServiceEntry, Sidecar, Validated, VirtualService, WorkloadEntry};
+use crate::model::registry::{protocol_from_name, InstanceSpec, ServiceSpec};
+use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
+use crate::store::Applied;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Mesh-wide settings that translation needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeshConfig {
+    /// `cluster.local`: short name `reviews` in `default` is
+    /// `reviews.default.svc.cluster.local`.
+    pub domain_suffix: String,
+    /// Where mesh-wide Sidecar and DestinationRule defaults live.
+    pub root_namespace: String,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        MeshConfig { domain_suffix: "cluster.local".into(), root_namespace: "istio-system".into() }
+    }
+}
+
+/// A config resource with the metadata translation needs.
+#[derive(Debug, Clone)]
+pub struct Config<T> {
+    pub key: ResourceKey,
+    pub create_revision: u64,
+    pub mod_revision: u64,
+    pub labels: BTreeMap<String, String>,
+    pub spec: T,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resolution {
+    /// Endpoints are known (EDS).
+    Static,
+    /// Envoy resolves the endpoint hostnames (STRICT_DNS).
+    Dns,
+    /// Traffic goes where the client addressed it (needs iptables: not
+    /// translated on bare metal, see ARCHITECTURE.md).
+    Passthrough,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePort {
+    pub name: String,
+    pub number: u32,
+    pub protocol: Protocol,
+    /// Port on the instances when they do not name one.
+    pub target_port: Option<u32>,
+}
+
+impl ServicePort {
+    pub fn is_http(&self) -> bool {
+        self.protocol.is_http()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Health {
+    Healthy,
+    Unhealthy,
+    Unknown,
+}
+
+/// One endpoint of a service.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Instance {
+    pub address: String,
+    /// Port name → port on this instance; `default_port` for the rest.
+    pub ports: BTreeMap<String, u32>,
+    pub default_port: Option<u32>,
+    pub labels: BTreeMap<String, String>,
+    /// `region/zone/subzone` (any part may be empty).
+    pub locality: String,
+    pub weight: u32,
+    pub health: Health,
+}
+
+impl Instance {
+    /// The port this instance serves `port` on.
+    pub fn port_for(&self, port: &ServicePort) -> u32 {
+        self.ports.get(&port.name).copied().or(self.default_port).or(port.target_port).unwrap_or(port.number)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    pub hostname: String,
+    pub namespace: String,
+    pub ports: Vec<ServicePort>,
+    pub addresses: Vec<String>,
+    pub mesh_external: bool,
+    pub resolution: Resolution,
+    pub export_to: Vec<String>,
+    pub instances: Vec<Instance>,
+    /// The resources this service was built from, with their revisions:
+    /// what a cache of its translation depends on.
+    pub sources: Vec<(ResourceKey, u64)>,
+}
+
+impl Service {
+    pub fn port(&self, number: u32) -> Option<&ServicePort> {
+        self.ports.iter().find(|p| p.number == number)
+    }
+
+    /// Istio's exportTo: empty or `*` is everyone, `.` the own namespace.
+    pub fn visible_to(&self, namespace: &str) -> bool {
+        exported_to(&self.export_to, &self.namespace, namespace)
+    }
+}
+
+pub fn exported_to(export_to: &[String], own: &str, namespace: &str) -> bool {
+    export_to.is_empty() || export_to.iter().any(|e| e == "*" || e == namespace || (e == "." && own == namespace))
+}
+
+/// Everything translation reads, at one revision.
+#[derive(Debug, Clone, Default)]
+pub struct Mesh {
+    pub revision: u64,
+    pub config: Arc<MeshConfig>,
+    /// By hostname.
+    pub services: BTreeMap<String, Arc<Service>>,
+    /// Oldest first (Istio's precedence among conflicting rules).
+    pub virtual_services: Vec<Arc<Config<VirtualService>>>,
+    pub destination_rules: Vec<Arc<Config<DestinationRule>>>,
+    pub gateways: Vec<Arc<Config<Gateway>>>,
+    pub sidecars: Vec<Arc<Config<Sidecar>>>,
+    /// Objects left out, with why.
+    pub skipped: Vec<(ResourceKey, String)>,
+}
+
+fn labels_of(o: &StoredObject) -> BTreeMap<String, String> {
+    o.labels().into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn to_config<T: Clone>(o: &StoredObject, spec: &T) -> Arc<Config<T>> {
+    Arc::new(Config { key: o.key.clone(), create_revision: o.create_revision, mod_revision: o.mod_revision, labels: labels_of(o), spec: spec.clone() })
+}
+
+fn protocol(name: &str) -> Protocol {
+    Protocol::parse(name).unwrap_or(Protocol::Tcp)
+}
+
+impl Mesh {
+    pub fn build(applied: &Applied, config: Arc<MeshConfig>) -> Mesh {
+        let mut mesh = Mesh { revision: applied.revision(), config: config.clone(), ..Default::default() };
+        let mut declared: Vec<(Arc<StoredObject>, ServiceSpec)> = Vec::new();
+        let mut instances: Vec<(Arc<StoredObject>, InstanceSpec)> = Vec::new();
+        let mut entries: Vec<(Arc<StoredObject>, ServiceEntry)> = Vec::new();
+        let mut workloads: Vec<(Arc<StoredObject>, WorkloadEntry)> = Vec::new();
+        for (key, obj) in applied.state.objects.iter() {
+            let typed = match obj.typed() {
+                Ok(t) => t.clone(),
+                Err(e) => {
+                    mesh.skipped.push((key.clone(), e.to_string()));
+                    continue;
+                }
+            };
+            match &*typed {
+                TypedSpec::Istio(Validated::VirtualService { spec, .. }) => mesh.virtual_services.push(to_config(obj, spec.as_ref())),
+                TypedSpec::Istio(Validated::DestinationRule { spec, .. }) => mesh.destination_rules.push(to_config(obj, spec.as_ref())),
+                TypedSpec::Istio(Validated::Gateway { spec, .. }) => mesh.gateways.push(to_config(obj, spec.as_ref())),
+                TypedSpec::Istio(Validated::Sidecar { spec, .. }) => mesh.sidecars.push(to_config(obj, spec.as_ref())),
+                TypedSpec::Istio(Validated::ServiceEntry { spec, .. }) => entries.push((obj.clone(), spec.as_ref().clone())),
+                TypedSpec::Istio(Validated::WorkloadEntry { spec, .. }) => workloads.push((obj.clone(), spec.as_ref().clone())),
+                TypedSpec::Service(s) => declared.push((obj.clone(), s.clone())),
+                TypedSpec::Instance(i) => instances.push((obj.clone(), i.clone())),
+                TypedSpec::Lease(_) => {}
+            }
+        }
+        mesh.virtual_services.sort_by_key(|c| (c.create_revision, c.key.clone()));
+        mesh.destination_rules.sort_by_key(|c| (c.create_revision, c.key.clone()));
+        mesh.gateways.sort_by_key(|c| (c.create_revision, c.key.clone()));
+        mesh.sidecars.sort_by_key(|c| (c.create_revision, c.key.clone()));
+
+        let suffix = &config.domain_suffix;
+        let mut services: BTreeMap<String, Service> = BTreeMap::new();
+
+        // Registry services, declared.
+        for (obj, spec) in &declared {
+            let ns = &obj.key.namespace;
+            let hostname = spec.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", obj.key.name));
+            let ports = spec
+                .ports
+                .iter()
+                .map(|p| ServicePort {
+                    name: p.name.clone(),
+                    number: p.number,
+                    protocol: protocol(p.protocol.as_deref().unwrap_or_else(|| protocol_from_name(&p.name))),
+                    target_port: p.target_port,
+                })
+                .collect();
+            services.insert(
+                hostname.clone(),
+                Service {
+                    hostname,
+                    namespace: ns.clone(),
+                    ports,
+                    addresses: spec.addresses.clone(),
+                    mesh_external: false,
+                    resolution: Resolution::Static,
+                    export_to: spec.export_to.clone(),
+                    instances: Vec::new(),
+                    sources: vec![(obj.key.clone(), obj.mod_revision)],
+                },
+            );
+        }
+        // Registry instances; an undeclared service is implied by its instances.
+        for (obj, spec) in &instances {
+            let ns = &obj.key.namespace;
+            let hostname = if spec.service.contains('.') { spec.service.clone() } else { format!("{}.{ns}.svc.{suffix}", spec.service) };
+            let svc = services.entry(hostname.clone()).or_insert_with(|| Service {
+                hostname: hostname.clone(),
+                namespace: ns.clone(),
+                ports: spec
+                    .ports
+                    .iter()
+                    .map(|(name, &number)| ServicePort { name: name.clone(), number, protocol: protocol(protocol_from_name(name)), target_port: None })
+                    .collect(),
+                addresses: Vec::new(),
+                mesh_external: false,
+                resolution: Resolution::Static,
+                export_to: Vec::new(),
+                instances: Vec::new(),
+                sources: Vec::new(),
+            });
+            svc.instances.push(Instance {
+                address: spec.address.clone(),
+                ports: spec.ports.clone(),
+                default_port: spec.port,
+                labels: labels_of(obj),
+                locality: spec.locality.clone().unwrap_or_default(),
+                weight: spec.weight.unwrap_or(1).max(1),
+                health: Health::Healthy,
+            });
+            svc.sources.push((obj.key.clone(), obj.mod_revision));
+        }
+        // ServiceEntries: one service per host.
+        for (obj, se) in &entries {
+            let ns = &obj.key.namespace;
+            let resolution = match se.resolution() {
+                SeResolution::Static => Resolution::Static,
+                SeResolution::Dns | SeResolution::DnsRoundRobin => Resolution::Dns,
+                _ => Resolution::Passthrough,
+            };
+            let ports: Vec<ServicePort> = se
+                .ports
+                .iter()
+                .map(|p| ServicePort { name: p.name.clone(), number: p.number, protocol: protocol(p.protocol.as_deref().unwrap_or_else(|| protocol_from_name(&p.name))), target_port: p.target_port })
+                .collect();
+            let mut insts: Vec<Instance> = se.endpoints.iter().map(|we| instance_of_workload(we, &BTreeMap::new())).collect();
+            let mut sources = vec![(obj.key.clone(), obj.mod_revision)];
+            if let Some(sel) = &se.workload_selector {
+                for (wobj, we) in workloads.iter().filter(|(w, _)| w.key.namespace == *ns) {
+                    let labels = if we.labels.is_empty() { labels_of(wobj) } else { we.labels.clone() };
+                    if sel.labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+                        insts.push(instance_of_workload(we, &labels));
+                        sources.push((wobj.key.clone(), wobj.mod_revision));
+                    }
+                }
+            }
+            for host in &se.hosts {
+                let hostname = istio::resolve_short_name(host, ns, suffix);
+                // The first (oldest key order) definition of a host wins.
+                services.entry(hostname.clone()).or_insert_with(|| Service {
+                    hostname,
+                    namespace: ns.clone(),
+                    ports: ports.clone(),
+                    addresses: se.addresses.clone(),
+                    mesh_external: se.location != Some(Location::MeshInternal),
+                    resolution,
+                    export_to: se.export_to.clone(),
+                    instances: insts.clone(),
+                    sources: sources.clone(),
+                });
+            }
+        }
+        for (_, mut svc) in services {
+            svc.instances.sort();
+            svc.sources.sort();
+            mesh.services.insert(svc.hostname.clone(), Arc::new(svc));
+        }
+        mesh
+    }
+
+    /// A Kind-filtered view, for debugging and tests.
+    pub fn count(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::VirtualService => self.virtual_services.len(),
+            Kind::DestinationRule => self.destination_rules.len(),
+            Kind::Gateway => self.gateways.len(),
+            Kind::Sidecar => self.sidecars.len(),
+            _ => self.services.len(),
+        }
+    }
+}
+
+fn instance_of_workload(we: &WorkloadEntry, labels: &BTreeMap<String, String>) -> Instance {
+    Instance {
+        address: we.address.clone(),
+        ports: we.ports.clone(),
+        default_port: None,
+        labels: if we.labels.is_empty() { labels.clone() } else { we.labels.clone() },
+        locality: we.locality.clone().unwrap_or_default(),
+        weight: we.weight.unwrap_or(1).max(1),
+        health: Health::Healthy,
+    }
+}

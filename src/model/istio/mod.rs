@@ -1,0 +1,35 @@
+//! Typed model of Istio's `networking.istio.io` API (v1alpha3, v1beta1 and
+//! v1 share one spec shape) with Istio-compatible validation.
+//!
+//! * Spec types mirror the YAML users write: fields are camelCase, unknown
+//!   fields are errors, and serialising a parsed spec gives back the fields
+//!   the user wrote (absent and empty fields are skipped).
+//! * [`validate()`] parses a kind's `spec` and runs the semantic checks of
+//!   Istio's own validation (istio/istio `pkg/config/validation`), returning
+//!   every problem with the path of its field (`spec.http[0].route[1].weight`).
+//! * [`host`] resolves short names and matches wildcard hosts the way Istio
+//!   does.
+//!
+//! This directory refers to its siblings only through `super::`/`self::`
+//! so it can be moved into another crate as is.
+
+pub mod common;
+pub mod destination_rule;
+pub mod duration;
+pub mod gateway;
+pub mod host;
+pub mod service_entry;
+pub mod sidecar;
+pub mod validate;
+pub mod virtual_service;
+pub mod workload_entry;
+
+pub use self::destination_rule::DestinationRule;
+pub use self::duration::{parse_duration, Duration};
+pub use self::gateway::Gateway;
+pub use self::host::{host_matches, hosts_overlap, resolve_short_name};
+pub use self::service_entry::ServiceEntry;
+pub use self::sidecar::Sidecar;
+pub use self::validate::{from_value, validate, FieldError, Validated, KINDS};
+pub use self::virtual_service::VirtualService;
+pub use self::workload_entry::WorkloadEntry;

@@ -1,0 +1,103 @@
+//! Who a connecting Envoy is, from its xDS `Node`, following Istio's
+//! conventions so pilot-agent style bootstraps work unchanged:
+//!
+//! - `node.id` = `TYPE~IP~NAME.NAMESPACE~NAMESPACE.svc.DOMAIN`, TYPE being
+//!   `sidecar` or `router` (a gateway), e.g.
+//!   `sidecar~127.0.0.2~productpage-v1.default~default.svc.cluster.local`.
+//! - `node.metadata` may carry `NAMESPACE`, `LABELS` (a map), `INSTANCE_IPS`
+//!   (comma-separated; the first is the proxy's address) and `NAME`; they win
+//!   over what the id says.
+//!
+//! On bare metal there is no iptables: the proxy's IP is also the address its
+//! listeners bind to, so several Envoys on one host use distinct 127.0.0.x.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProxyKind {
+    Sidecar,
+    /// A gateway proxy (Istio's `router` type), selected by Gateway resources.
+    Router,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProxyIdentity {
+    /// The full node id, as Envoy sent it.
+    pub id: String,
+    pub kind: ProxyKind,
+    /// The proxy's address: where its listeners bind.
+    pub ip: String,
+    /// Workload name (`productpage-v1`).
+    pub name: String,
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl ProxyIdentity {
+    /// Parse a node id and metadata (the `Node.metadata` Struct as JSON).
+    pub fn parse(node_id: &str, metadata: &Value) -> Result<ProxyIdentity, String> {
+        let parts: Vec<&str> = node_id.split('~').collect();
+        let [kind, ip, name_ns, _domain] = parts.as_slice() else {
+            return Err(format!("node id {node_id:?} is not TYPE~IP~NAME.NAMESPACE~NAMESPACE.svc.DOMAIN"));
+        };
+        let kind = match *kind {
+            "sidecar" => ProxyKind::Sidecar,
+            "router" => ProxyKind::Router,
+            other => return Err(format!("node id {node_id:?}: type {other:?} is not sidecar or router")),
+        };
+        let (name, id_namespace) = name_ns.split_once('.').unwrap_or((name_ns, ""));
+        let meta_str = |k: &str| metadata.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
+        let namespace = meta_str("NAMESPACE").unwrap_or(id_namespace);
+        if namespace.is_empty() {
+            return Err(format!("node id {node_id:?}: no namespace (NAME.NAMESPACE, or metadata NAMESPACE)"));
+        }
+        let ip = meta_str("INSTANCE_IPS").and_then(|ips| ips.split(',').map(str::trim).find(|s| !s.is_empty())).unwrap_or(ip);
+        if ip.parse::<std::net::IpAddr>().is_err() {
+            return Err(format!("node id {node_id:?}: {ip:?} is not an IP address"));
+        }
+        let labels = metadata
+            .get("LABELS")
+            .and_then(Value::as_object)
+            .map(|m| m.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
+            .unwrap_or_default();
+        Ok(ProxyIdentity {
+            id: node_id.to_string(),
+            kind,
+            ip: ip.to_string(),
+            name: meta_str("NAME").unwrap_or(name).to_string(),
+            namespace: namespace.to_string(),
+            labels,
+        })
+    }
+
+    /// The node id a bootstrap should use for this identity.
+    pub fn node_id(kind: ProxyKind, ip: &str, name: &str, namespace: &str, domain_suffix: &str) -> String {
+        let t = match kind {
+            ProxyKind::Sidecar => "sidecar",
+            ProxyKind::Router => "router",
+        };
+        format!("{t}~{ip}~{name}.{namespace}~{namespace}.svc.{domain_suffix}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn istio_node_ids() {
+        let p =
+            ProxyIdentity::parse("sidecar~127.0.0.2~productpage-v1.bookinfo~bookinfo.svc.cluster.local", &json!({"LABELS": {"app": "productpage"}})).unwrap();
+        assert_eq!((p.kind, p.ip.as_str(), p.name.as_str(), p.namespace.as_str()), (ProxyKind::Sidecar, "127.0.0.2", "productpage-v1", "bookinfo"));
+        assert_eq!(p.labels["app"], "productpage");
+        let g = ProxyIdentity::parse("router~127.0.0.9~ingress.istio-system~istio-system.svc.cluster.local", &json!({"INSTANCE_IPS": "127.0.0.10,127.0.0.11"}))
+            .unwrap();
+        assert_eq!((g.kind, g.ip.as_str()), (ProxyKind::Router, "127.0.0.10"));
+        assert!(ProxyIdentity::parse("envoy-1", &json!({})).is_err());
+        assert!(ProxyIdentity::parse("gateway~1.2.3.4~a.b~b.svc.cluster.local", &json!({})).is_err());
+        let id = ProxyIdentity::node_id(ProxyKind::Sidecar, "127.0.0.2", "a", "ns", "cluster.local");
+        assert_eq!(ProxyIdentity::parse(&id, &json!({})).unwrap().namespace, "ns");
+    }
+}

@@ -1,0 +1,290 @@
+//! Translation: a pure function from one mesh snapshot and one proxy to that
+//! proxy's Envoy resources (clusters, endpoints, listeners, routes). Golden
+//! tested in `tests/translate.rs`; deterministic (BTreeMaps throughout), so
+//! the same snapshot always gives the same bytes and versions.
+//!
+//! - `scope`: Sidecar selection, visibility, the egress listener plan.
+//! - `route`: VirtualService → routes.
+//! - `cluster`: services + DestinationRules → clusters and endpoints.
+//! - `listener`: HTTP/TCP listeners.
+
+pub mod cluster;
+pub mod encode;
+pub mod listener;
+pub mod route;
+pub mod scope;
+pub mod util;
+
+use crate::mesh::{Config, Mesh, MeshConfig, Service};
+use crate::model::istio::gateway::Server;
+use crate::model::istio::{host_matches, resolve_short_name, DestinationRule};
+use crate::model::proxy::{ProxyIdentity, ProxyKind};
+use crate::store::Applied;
+use crate::xds::resources::{Generator, ProxyConfig, ResourceType, XdsResource};
+pub use cluster::outbound_cluster_name;
+use envoy_types::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster};
+use envoy_types::pb::envoy::config::route::v3::{route::Action, route_action::ClusterSpecifier, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost};
+use listener::Routes;
+use route::RouteCtx;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+/// The DestinationRule for a service, as a proxy in `proxy_ns` sees it:
+/// Istio looks in the proxy's namespace, then the service's, then any other
+/// (the root namespace's mesh-wide rules); an exact host beats a wildcard.
+pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -> Option<&'a Config<DestinationRule>> {
+    let suffix = &mesh.config.domain_suffix;
+    let candidates: Vec<&'a Arc<Config<DestinationRule>>> = mesh
+        .destination_rules
+        .iter()
+        .filter(|dr| crate::mesh::exported_to(&dr.spec.export_to, &dr.key.namespace, proxy_ns))
+        .filter(|dr| host_matches(&resolve_short_name(&dr.spec.host, &dr.key.namespace, suffix), &svc.hostname))
+        .collect();
+    let exact = |dr: &&Arc<Config<DestinationRule>>| resolve_short_name(&dr.spec.host, &dr.key.namespace, suffix) == svc.hostname;
+    for ns_pref in [proxy_ns, svc.namespace.as_str(), mesh.config.root_namespace.as_str()] {
+        let in_ns: Vec<&'a Arc<Config<DestinationRule>>> = candidates.iter().copied().filter(|dr| dr.key.namespace == ns_pref).collect();
+        if let Some(dr) = in_ns.iter().copied().find(|d| exact(d)).or(in_ns.first().copied()) {
+            return Some(dr.as_ref());
+        }
+    }
+    candidates.first().copied().map(|d| d.as_ref())
+}
+
+/// Clusters and endpoints for every port of every service in `services`.
+fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, services: &BTreeMap<String, Arc<Service>>) {
+    for svc in services.values() {
+        let dr = destination_rule_for(mesh, &proxy.namespace, svc).map(|d| &d.spec);
+        let mut subsets: Vec<Option<&str>> = vec![None];
+        if let Some(dr) = dr {
+            subsets.extend(dr.subsets.iter().map(|s| Some(s.name.as_str())));
+        }
+        for port in &svc.ports {
+            for subset in &subsets {
+                if let Some(c) = cluster::cluster(svc, port, *subset, dr) {
+                    if is_eds(&c) {
+                        cfg.insert(ResourceType::Endpoint, XdsResource::new(c.name.clone(), &cluster::load_assignment(&c.name, svc, port, *subset, dr)));
+                    }
+                    cfg.insert(ResourceType::Cluster, XdsResource::new(c.name.clone(), &c));
+                }
+            }
+        }
+    }
+}
+
+/// Routes go through the deterministic encoder (see `encode`).
+fn route_resource(rc: &RouteConfiguration) -> XdsResource {
+    XdsResource::from_encoded::<RouteConfiguration>(rc.name.clone(), encode::route_configuration_bytes(rc))
+}
+
+fn is_eds(c: &Cluster) -> bool {
+    c.cluster_discovery_type == Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32))
+}
+
+/// Translate everything one proxy needs from one mesh snapshot.
+pub fn translate(mesh: &Mesh, proxy: &ProxyIdentity) -> ProxyConfig {
+    let mut cfg = ProxyConfig { revision: mesh.revision, ..Default::default() };
+    match proxy.kind {
+        ProxyKind::Sidecar => sidecar(&mut cfg, mesh, proxy),
+        ProxyKind::Router => gateway(&mut cfg, mesh, proxy),
+    }
+    cfg
+}
+
+fn sidecar(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
+    let sc = scope::sidecar_for(mesh, proxy);
+    let plans = scope::egress_plans(mesh, proxy, sc.map(|s| s.as_ref()));
+    let suffix = &mesh.config.domain_suffix;
+    let mut reachable: BTreeMap<String, Arc<Service>> = BTreeMap::new();
+    for plan in &plans {
+        reachable.extend(plan.services.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let http: Vec<&Arc<Service>> = plan.services.values().filter(|s| s.port(plan.port).is_some_and(|p| p.is_http())).collect();
+        let ctx = RouteCtx { mesh, proxy, port: plan.port, gateway: None };
+        if !http.is_empty() {
+            let route_name = plan.route_name(&proxy.ip);
+            let mut seen = BTreeSet::new();
+            let virtual_hosts = http
+                .iter()
+                .map(|svc| {
+                    // Envoy rejects a domain listed by two virtual hosts.
+                    let domains = route::domains(svc, plan.port, &proxy.namespace, suffix).into_iter().filter(|d| seen.insert(d.clone())).collect();
+                    route::virtual_host(&ctx, svc, domains)
+                })
+                .collect();
+            let rc = RouteConfiguration { name: route_name.clone(), virtual_hosts, validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }), ..Default::default() };
+            cfg.insert(ResourceType::Route, route_resource(&rc));
+            let l = listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name));
+            cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+        } else if let Some(svc) = plan.services.values().next() {
+            // A TCP port serves one service: without iptables there is no
+            // original destination to tell services apart.
+            let clusters = tcp_destinations(&ctx, svc);
+            let l = listener::tcp_listener(&plan.listener_name(), &plan.bind, plan.port, clusters);
+            cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+        }
+    }
+    // Destinations named by routes must exist even if the egress scope does
+    // not list them (Envoy answers 503 for unknown clusters otherwise).
+    add_service_clusters(cfg, mesh, proxy, &reachable);
+    if let Some(sc) = sc {
+        for ing in &sc.spec.ingress {
+            let port = ing.port.number();
+            let bind = ing.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
+            let Some(endpoint) = ing.default_endpoint.as_deref() else { continue };
+            let Some((ep_ip, ep_port)) = endpoint.rsplit_once(':').and_then(|(ip, p)| Some((ip, p.parse::<u32>().ok()?))) else { continue };
+            let cluster_name = format!("inbound|{port}||");
+            let c = inbound_cluster(&cluster_name, ep_ip, ep_port);
+            cfg.insert(ResourceType::Cluster, XdsResource::new(cluster_name.clone(), &c));
+            let name = format!("{bind}_{port}");
+            let is_http = crate::model::istio::common::Protocol::parse(&ing.port.protocol).is_some_and(|p| p.is_http());
+            let l = if is_http {
+                let rc = RouteConfiguration {
+                    name: format!("inbound|{port}||"),
+                    virtual_hosts: vec![VirtualHost {
+                        name: format!("inbound|http|{port}"),
+                        domains: vec!["*".into()],
+                        routes: vec![Route {
+                            name: "default".into(),
+                            r#match: Some(RouteMatch { path_specifier: Some(envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier::Prefix("/".into())), ..Default::default() }),
+                            action: Some(Action::Route(RouteAction { cluster_specifier: Some(ClusterSpecifier::Cluster(cluster_name.clone())), timeout: Some(util::millis(0)), ..Default::default() })),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                };
+                listener::http_listener(&name, &bind, port, Routes::Inline(rc))
+            } else {
+                listener::tcp_listener(&name, &bind, port, vec![(cluster_name, 1)])
+            };
+            cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+        }
+    }
+}
+
+fn inbound_cluster(name: &str, ip: &str, port: u32) -> Cluster {
+    use envoy_types::pb::envoy::config::endpoint::v3::{lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints};
+    Cluster {
+        name: name.into(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+        connect_timeout: Some(util::duration(std::time::Duration::from_secs(10))),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: name.into(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![LbEndpoint {
+                    host_identifier: Some(HostIdentifier::Endpoint(Endpoint { address: Some(cluster::socket_address(ip, port)), ..Default::default() })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A TCP service's destinations: its VirtualService `tcp` routes (first
+/// route that applies), else the service itself.
+fn tcp_destinations(ctx: &RouteCtx, svc: &Service) -> Vec<(String, u32)> {
+    let suffix = &ctx.mesh.config.domain_suffix;
+    if let Some(vs) = route::virtual_service_for(ctx, &svc.hostname) {
+        if let Some(r) = vs.spec.tcp.iter().find(|r| r.matches.is_empty() || r.matches.iter().any(|m| m.port.is_none_or(|p| p == ctx.port))) {
+            let out: Vec<(String, u32)> = r
+                .route
+                .iter()
+                .map(|d| {
+                    let host = resolve_short_name(&d.destination.host, &vs.key.namespace, suffix);
+                    let port = d.destination.port.as_ref().map_or(ctx.port, |p| p.number);
+                    (outbound_cluster_name(port, d.destination.subset.as_deref().unwrap_or(""), &host), d.weight.unwrap_or(100).max(0) as u32)
+                })
+                .collect();
+            if !out.is_empty() {
+                return out;
+            }
+        }
+    }
+    vec![(outbound_cluster_name(ctx.port, "", &svc.hostname), 1)]
+}
+
+/// Gateway proxies: a listener per server port of every Gateway whose
+/// selector matches the proxy; routes from VirtualServices bound to them.
+fn gateway(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
+    let suffix = &mesh.config.domain_suffix;
+    let gateways: Vec<_> = mesh.gateways.iter().filter(|g| !g.spec.selector.is_empty() && g.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v))).collect();
+    // port → (gateway name, server) pairs
+    let mut ports: BTreeMap<u32, Vec<(String, &Server)>> = BTreeMap::new();
+    for g in &gateways {
+        for s in &g.spec.servers {
+            ports.entry(s.port.number()).or_default().push((format!("{}/{}", g.key.namespace, g.key.name), s));
+        }
+    }
+    let all: BTreeMap<String, Arc<Service>> = scope::visible_services(mesh, proxy).map(|s| (s.hostname.clone(), s.clone())).collect();
+    for (port, servers) in ports {
+        let route_name = format!("http.{port}");
+        let mut vhosts: BTreeMap<String, VirtualHost> = BTreeMap::new();
+        for (gw, server) in &servers {
+            let ctx = RouteCtx { mesh, proxy, port, gateway: Some(gw) };
+            let gw_ns = gw.split('/').next().unwrap_or("");
+            for vs in mesh.virtual_services.iter().filter(|vs| ctx.vs_applies(vs)) {
+                for h in &vs.spec.hosts {
+                    let host = resolve_short_name(h, &vs.key.namespace, suffix);
+                    let admitted = server.hosts.iter().any(|sh| {
+                        let (ns, pat) = sh.split_once('/').unwrap_or(("*", sh));
+                        (ns == "*" || ns == vs.key.namespace || (ns == "." && vs.key.namespace == gw_ns)) && (host_matches(pat, &host) || host_matches(&host, pat))
+                    });
+                    if !admitted || vhosts.contains_key(&host) {
+                        continue;
+                    }
+                    let routes = route::http_routes(&ctx, vs, None);
+                    let require_tls = server.tls.as_ref().is_some_and(|t| t.https_redirect == Some(true));
+                    vhosts.insert(
+                        host.clone(),
+                        VirtualHost {
+                            name: format!("{host}:{port}"),
+                            domains: vec![host.clone(), format!("{host}:{port}")],
+                            routes,
+                            require_tls: if require_tls { 1 } else { 0 },
+                            ..Default::default()
+                        },
+                    );
+                }
+            }
+        }
+        let rc = RouteConfiguration { name: route_name.clone(), virtual_hosts: vhosts.into_values().collect(), validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }), ..Default::default() };
+        cfg.insert(ResourceType::Route, route_resource(&rc));
+        let bind = servers.iter().find_map(|(_, s)| s.bind.clone()).filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
+        let l = listener::http_listener(&format!("{bind}_{port}"), &bind, port, Routes::Rds(route_name));
+        cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+    }
+    add_service_clusters(cfg, mesh, proxy, &all);
+}
+
+/// The [`Generator`] the xDS server uses: builds the mesh once per store
+/// revision (shared by every proxy) and translates per proxy.
+pub struct Translator {
+    config: Arc<MeshConfig>,
+    mesh: Mutex<Option<Arc<Mesh>>>,
+}
+
+impl Translator {
+    pub fn new(config: MeshConfig) -> Translator {
+        Translator { config: Arc::new(config), mesh: Mutex::new(None) }
+    }
+
+    pub fn mesh(&self, applied: &Applied) -> Arc<Mesh> {
+        let mut cached = self.mesh.lock().unwrap_or_else(|p| p.into_inner());
+        match &*cached {
+            Some(m) if m.revision == applied.revision() => m.clone(),
+            _ => {
+                let m = Arc::new(Mesh::build(applied, self.config.clone()));
+                *cached = Some(m.clone());
+                m
+            }
+        }
+    }
+}
+
+impl Generator for Translator {
+    fn generate(&self, proxy: &ProxyIdentity, applied: &Applied) -> Result<ProxyConfig, String> {
+        Ok(translate(&self.mesh(applied), proxy))
+    }
+}

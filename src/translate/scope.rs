@@ -1,0 +1,108 @@
+//! What a proxy can see and which listeners it gets, on bare metal.
+//!
+//! The Sidecar that applies to a proxy is, as in Istio: one in the proxy's
+//! namespace whose `workloadSelector` matches its labels (oldest first), else
+//! the selector-less one in its namespace, else the selector-less one in the
+//! root namespace, else none.
+//!
+//! Without iptables every listener binds a real address. Egress listeners
+//! bind `bind:port` (default: the proxy's own IP) and route by Host header to
+//! every visible service on that port. A proxy with no Sidecar, and an egress
+//! entry with no port, get one such listener per port of the services they
+//! can see (hosts `*/*` by default). This is the documented default: a
+//! workload calls `http://reviews:9080` through `PROXY_IP:9080`.
+
+use crate::mesh::{Config, Mesh, Service};
+use crate::model::istio::sidecar::CaptureMode;
+use crate::model::istio::{host_matches, Sidecar};
+use crate::model::proxy::ProxyIdentity;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub fn sidecar_for<'a>(mesh: &'a Mesh, proxy: &'a ProxyIdentity) -> Option<&'a Arc<Config<Sidecar>>> {
+    fn in_ns<'m>(mesh: &'m Mesh, ns: &'m str) -> impl Iterator<Item = &'m Arc<Config<Sidecar>>> + 'm {
+        mesh.sidecars.iter().filter(move |s| s.key.namespace == ns)
+    }
+    let no_selector = |s: &&Arc<Config<Sidecar>>| s.spec.workload_selector.as_ref().is_none_or(|sel| sel.labels.is_empty());
+    in_ns(mesh, &proxy.namespace)
+        .find(|s| {
+            s.spec.workload_selector.as_ref().is_some_and(|sel| !sel.labels.is_empty() && sel.labels.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)))
+        })
+        .or_else(|| in_ns(mesh, &proxy.namespace).find(no_selector))
+        .or_else(|| in_ns(mesh, &mesh.config.root_namespace).find(no_selector))
+}
+
+/// Does an egress `hosts` entry (`ns/dnsName`, `./x`, `*/x`, `~/x`) admit
+/// this service for a proxy in `proxy_ns`?
+pub fn egress_host_admits(entry: &str, service: &Service, proxy_ns: &str) -> bool {
+    let (ns, host) = entry.split_once('/').unwrap_or(("*", entry));
+    let ns_ok = match ns {
+        "*" => true,
+        "~" => false,
+        "." => service.namespace == proxy_ns,
+        other => service.namespace == other,
+    };
+    ns_ok && host_matches(host, &service.hostname)
+}
+
+/// One egress listener to build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressPlan {
+    pub bind: String,
+    pub port: u32,
+    /// Services reachable through it, by hostname.
+    pub services: BTreeMap<String, Arc<Service>>,
+}
+
+impl EgressPlan {
+    pub fn listener_name(&self) -> String {
+        format!("{}_{}", self.bind, self.port)
+    }
+
+    /// The RDS name: the port (Istio's outbound convention), qualified by
+    /// the bind address when it is not the proxy's own.
+    pub fn route_name(&self, proxy_ip: &str) -> String {
+        if self.bind == proxy_ip {
+            self.port.to_string()
+        } else {
+            format!("{}:{}", self.bind, self.port)
+        }
+    }
+}
+
+/// Services a proxy may use at all: exported to its namespace.
+pub fn visible_services<'a>(mesh: &'a Mesh, proxy: &'a ProxyIdentity) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
+    mesh.services.values().filter(move |s| s.visible_to(&proxy.namespace))
+}
+
+/// The egress listeners of a sidecar proxy.
+pub fn egress_plans(mesh: &Mesh, proxy: &ProxyIdentity, sidecar: Option<&Config<Sidecar>>) -> Vec<EgressPlan> {
+    let default_hosts = vec!["*/*".to_string()];
+    let entries: Vec<(Option<u32>, Option<String>, &Vec<String>)> = match sidecar.map(|s| &s.spec.egress) {
+        Some(egress) if !egress.is_empty() => egress
+            .iter()
+            .filter(|e| e.capture_mode != Some(CaptureMode::Iptables))
+            .map(|e| (e.port.as_ref().map(|p| p.number()), e.bind.clone(), &e.hosts))
+            .collect(),
+        _ => vec![(None, None, &default_hosts)],
+    };
+    let mut plans: BTreeMap<(String, u32), EgressPlan> = BTreeMap::new();
+    for (port, bind, hosts) in entries {
+        let bind = bind.filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
+        for svc in visible_services(mesh, proxy) {
+            if !hosts.iter().any(|h| egress_host_admits(h, svc, &proxy.namespace)) {
+                continue;
+            }
+            for p in &svc.ports {
+                if port.is_some_and(|want| want != p.number) {
+                    continue;
+                }
+                let plan = plans
+                    .entry((bind.clone(), p.number))
+                    .or_insert_with(|| EgressPlan { bind: bind.clone(), port: p.number, services: BTreeMap::new() });
+                plan.services.entry(svc.hostname.clone()).or_insert_with(|| svc.clone());
+            }
+        }
+    }
+    plans.into_values().collect()
+}

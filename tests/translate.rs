@@ -1,0 +1,109 @@
+//! Golden tests of translation: `tests/fixtures/translate/CASE/input.yaml`
+//! (the store's contents) and `proxy.json` (node id and metadata) in,
+//! `expected.json` (every resource the proxy gets, as proto-JSON) out.
+//! `LODESTAR_BLESS=1 cargo nextest run --test translate` rewrites the
+//! expected files; review the diff before committing it.
+
+use lodestar::mesh::{Mesh, MeshConfig};
+use lodestar::model::proxy::ProxyIdentity;
+use lodestar::model::{documents::parse_documents, parse_resource, validate_spec};
+use lodestar::store::state::State;
+use lodestar::store::types::{Op, Txn};
+use lodestar::store::Applied;
+use lodestar::translate::translate;
+use lodestar::xds::json::any_to_json;
+use lodestar::xds::resources::{ProxyConfig, ResourceType};
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn applied_from(yaml: &str) -> Applied {
+    let mut state = State::default();
+    for doc in parse_documents(yaml, "input.yaml").unwrap() {
+        let r = parse_resource(doc, "default").unwrap_or_else(|e| panic!("{e:?}"));
+        validate_spec(&r).unwrap_or_else(|e| panic!("{}: {e:?}", r.key));
+        let (res, _) = state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string(), expected_revision: None }] });
+        res.unwrap();
+    }
+    Applied { state, ..Default::default() }
+}
+
+fn render(cfg: &ProxyConfig) -> Value {
+    let mut out = Map::new();
+    for t in ResourceType::PUSH_ORDER {
+        let mut by_name = Map::new();
+        for (name, r) in cfg.of(t).into_iter().flatten() {
+            by_name.insert(name.clone(), any_to_json(&r.any).unwrap());
+        }
+        out.insert(t.short().to_string(), Value::Object(by_name));
+    }
+    Value::Object(out)
+}
+
+fn run_case(dir: &Path) {
+    let input = std::fs::read_to_string(dir.join("input.yaml")).unwrap();
+    let proxy: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("proxy.json")).unwrap()).unwrap();
+    let proxy = ProxyIdentity::parse(proxy["id"].as_str().unwrap(), &proxy["metadata"]).unwrap();
+    let applied = applied_from(&input);
+    let mesh = Mesh::build(&applied, Arc::new(MeshConfig::default()));
+    assert!(mesh.skipped.is_empty(), "{:?}", mesh.skipped);
+    let cfg = translate(&mesh, &proxy);
+    // Deterministic: the same snapshot gives the same bytes.
+    let again = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), &proxy);
+    for t in ResourceType::PUSH_ORDER {
+        let a: Vec<_> = cfg.of(t).into_iter().flatten().map(|(n, r)| (n.clone(), r.version.clone(), r.any.value.clone())).collect();
+        let b: Vec<_> = again.of(t).into_iter().flatten().map(|(n, r)| (n.clone(), r.version.clone(), r.any.value.clone())).collect();
+        assert_eq!(a, b, "{}: translation is not deterministic", dir.display());
+    }
+    let got = render(&cfg);
+    let expected_path = dir.join("expected.json");
+    if std::env::var("LODESTAR_BLESS").is_ok() {
+        std::fs::write(&expected_path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
+    }
+    let expected: Value = serde_json::from_str(&std::fs::read_to_string(&expected_path).unwrap_or_else(|_| panic!("missing {}", expected_path.display()))).unwrap();
+    if got != expected {
+        let g = serde_json::to_string_pretty(&got).unwrap();
+        let e = serde_json::to_string_pretty(&expected).unwrap();
+        let first = g.lines().zip(e.lines()).position(|(a, b)| a != b).unwrap_or(0);
+        panic!(
+            "{}: output differs from expected.json at line {}:\n  got:      {}\n  expected: {}\n(LODESTAR_BLESS=1 to accept)",
+            dir.display(),
+            first + 1,
+            g.lines().nth(first).unwrap_or(""),
+            e.lines().nth(first).unwrap_or("")
+        );
+    }
+}
+
+fn cases() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn golden() {
+    let cases = cases();
+    assert!(cases.len() >= 5);
+    for dir in cases {
+        run_case(&dir);
+    }
+}
+
+#[test]
+fn names_follow_istio_conventions() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/bookinfo-sidecar");
+    let applied = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let mesh = Mesh::build(&applied, Arc::new(MeshConfig::default()));
+    let proxy = ProxyIdentity::parse("sidecar~127.0.20.1~productpage-v1.default~default.svc.cluster.local", &json!({})).unwrap();
+    let cfg = translate(&mesh, &proxy);
+    let clusters: Vec<&String> = cfg.of(ResourceType::Cluster).unwrap().keys().collect();
+    assert!(clusters.contains(&&"outbound|9080|v2|reviews.default.svc.cluster.local".to_string()), "{clusters:?}");
+    assert!(cfg.of(ResourceType::Route).unwrap().contains_key("9080"));
+    assert!(cfg.of(ResourceType::Listener).unwrap().contains_key("127.0.20.1_9080"));
+    // Every EDS cluster has its endpoints.
+    for name in cfg.of(ResourceType::Cluster).unwrap().keys() {
+        assert!(cfg.of(ResourceType::Endpoint).unwrap().contains_key(name), "{name} has no ClusterLoadAssignment");
+    }
+}
