@@ -41,8 +41,10 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
         .find(|p| p.contains("envoy-types") && p.ends_with("Cargo.toml"))
         .ok_or("envoy-types not found in cargo metadata")?;
     let root = std::path::Path::new(manifest).parent().ok_or("bad manifest path")?.join("proto");
-    let includes: Vec<std::path::PathBuf> =
-        ["data-plane-api", "xds", "googleapis", "protoc-gen-validate", "cel-spec", "opentelemetry-proto", "client_model"].iter().map(|d| root.join(d)).collect();
+    let includes: Vec<std::path::PathBuf> = ["data-plane-api", "xds", "googleapis", "protoc-gen-validate", "cel-spec", "opentelemetry-proto", "client_model"]
+        .iter()
+        .map(|d| root.join(d))
+        .collect();
     // One compiler per file: protox resolves relative names more loosely
     // than protoc, and separate compilations keep each file's view strict.
     let mut seen = std::collections::BTreeSet::new();

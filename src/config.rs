@@ -62,6 +62,11 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long a write may wait for a leader and a quorum.
     pub write_timeout_ms: u64,
+    /// DNS suffix of short names: `reviews` in `default` is
+    /// `reviews.default.svc.DOMAIN_SUFFIX`.
+    pub domain_suffix: String,
+    /// Namespace whose Sidecar and DestinationRules apply mesh-wide.
+    pub root_namespace: String,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +87,8 @@ impl Default for ServerConfig {
             history_revisions: 10_000,
             max_body_bytes: 4 * 1024 * 1024,
             write_timeout_ms: 10_000,
+            domain_suffix: "cluster.local".into(),
+            root_namespace: "istio-system".into(),
         }
     }
 }

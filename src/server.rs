@@ -9,7 +9,10 @@ use crate::peer::{NetworkFactory, PeerService};
 use crate::store::log_store::LogStore;
 use crate::store::state_machine::StateMachine;
 use crate::store::types::{NodeId, NodeInfo, Raft};
+use crate::xds::resources::Generator;
+use crate::xds::SyncRegistry;
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use openraft::error::{InitializeError, RaftError};
 use openraft::SnapshotPolicy;
 use std::collections::BTreeMap;
@@ -39,8 +42,15 @@ fn raft_config(c: &ServerConfig) -> anyhow::Result<openraft::Config> {
     Ok(config.validate()?)
 }
 
-/// Run a replica until `shutdown` resolves.
+/// Run a replica until `shutdown` resolves, serving xDS with
+/// [`crate::xds::default_generator`].
 pub async fn run(config: ServerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let generator = crate::xds::default_generator(&config);
+    run_with(config, generator, shutdown).await
+}
+
+/// Run a replica with the given xDS generator (tests serve their own).
+pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let config = Arc::new(config);
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
@@ -63,6 +73,7 @@ pub async fn run(config: ServerConfig, shutdown: impl Future<Output = ()> + Send
     let xds_listener = TcpListener::bind(&config.xds_addr).await.with_context(|| format!("binding the xDS port {}", config.xds_addr))?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let xds_stop = stop_rx.clone();
     let stopped = move || {
         let mut rx = stop_rx.clone();
         async move {
@@ -77,17 +88,20 @@ pub async fn run(config: ServerConfig, shutdown: impl Future<Output = ()> + Send
             .serve_with_incoming_shutdown(TcpListenerStream::new(raft_listener), stopped()),
     );
 
-    let app = rest::router(node.clone()).merge(tonic::service::Routes::new(GrpcApi::server(node.clone())).into_axum_router());
+    let sync = SyncRegistry::new();
+    let app = rest::router(node.clone(), sync.clone()).merge(tonic::service::Routes::new(GrpcApi::server(node.clone())).into_axum_router());
     let api_stopped = stopped();
+    // TCP_NODELAY: a gRPC reply is several small writes (headers, data,
+    // trailers); with Nagle they wait for the client's delayed ACK (~40 ms).
+    let api_listener = api_listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY on an API connection: {e}");
+        }
+    });
     let api_server = tokio::spawn(async move { axum::serve(api_listener, app).with_graceful_shutdown(api_stopped).await });
 
-    // The xDS port is bound and reserved; the ADS server is served here once
-    // traffic management lands. Until then gRPC calls get UNIMPLEMENTED.
-    let xds_server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_routes(tonic::service::Routes::default())
-            .serve_with_incoming_shutdown(TcpListenerStream::new(xds_listener), stopped()),
-    );
+    // ADS for Envoys, from this replica's own applied state.
+    let xds_server = tokio::spawn(crate::xds::server::serve(xds_listener, node.reader.subscribe_applied(), generator, sync, xds_stop));
 
     initialise(&config, &raft).await?;
     tracing::info!(id = config.id, api = %config.api_addr, raft = %config.raft_addr, xds = %config.xds_addr, data = %config.data_dir.display(), "replica started");

@@ -60,7 +60,8 @@ fn run_case(dir: &Path) {
     if std::env::var("LODESTAR_BLESS").is_ok() {
         std::fs::write(&expected_path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
     }
-    let expected: Value = serde_json::from_str(&std::fs::read_to_string(&expected_path).unwrap_or_else(|_| panic!("missing {}", expected_path.display()))).unwrap();
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(&expected_path).unwrap_or_else(|_| panic!("missing {}", expected_path.display()))).unwrap();
     if got != expected {
         let g = serde_json::to_string_pretty(&got).unwrap();
         let e = serde_json::to_string_pretty(&expected).unwrap();

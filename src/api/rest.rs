@@ -6,6 +6,7 @@ use crate::model::documents::parse_documents;
 use crate::node::{ClusterStatus, Consistency, Node};
 use crate::store::types::NodeInfo;
 use crate::store::watch::{watch, WatchFilter};
+use crate::xds::status::{SyncRegistry, SyncStatus};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -19,7 +20,8 @@ use std::sync::Arc;
 
 pub const REVISION_HEADER: &str = "x-lodestar-revision";
 
-pub fn router(node: Arc<Node>) -> Router {
+pub fn router(node: Arc<Node>, sync: SyncRegistry) -> Router {
+    let debug = Router::new().route("/debug/syncz", get(syncz)).with_state(sync);
     Router::new()
         .route("/v1/apply", post(apply))
         .route("/v1/delete", post(delete_many))
@@ -33,6 +35,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .with_state(node)
+        .merge(debug)
 }
 
 impl IntoResponse for Error {
@@ -238,4 +241,9 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
     }
+}
+
+/// Every connected proxy on this replica and how far it is in sync.
+async fn syncz(State(sync): State<SyncRegistry>) -> Json<SyncStatus> {
+    Json(sync.snapshot())
 }

@@ -3,6 +3,7 @@
 //! whichever replica `--server` (or `LODESTAR_SERVER`) names.
 
 mod bench;
+mod bootstrap;
 mod client;
 
 use crate::config::{Member, ServerConfig};
@@ -71,6 +72,8 @@ enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
+    /// Print an Envoy bootstrap (YAML or JSON) that connects to the replicas' xDS ports.
+    Bootstrap(bootstrap::BootstrapArgs),
     /// Benchmarks against a running cluster.
     Bench {
         #[command(subcommand)]
@@ -179,6 +182,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,
+        Command::Bootstrap(args) => bootstrap::run(&client, args).await,
         Command::Bench { command } => bench::run(command).await,
     }
 }

@@ -263,7 +263,12 @@ impl Mesh {
             let ports: Vec<ServicePort> = se
                 .ports
                 .iter()
-                .map(|p| ServicePort { name: p.name.clone(), number: p.number, protocol: protocol(p.protocol.as_deref().unwrap_or_else(|| protocol_from_name(&p.name))), target_port: p.target_port })
+                .map(|p| ServicePort {
+                    name: p.name.clone(),
+                    number: p.number,
+                    protocol: protocol(p.protocol.as_deref().unwrap_or_else(|| protocol_from_name(&p.name))),
+                    target_port: p.target_port,
+                })
                 .collect();
             let mut insts: Vec<Instance> = se.endpoints.iter().map(|we| instance_of_workload(we, &BTreeMap::new())).collect();
             let mut sources = vec![(obj.key.clone(), obj.mod_revision)];

@@ -15,7 +15,9 @@ use envoy_types::pb::envoy::config::core::v3::{
     Locality, SocketAddress, TransportSocket,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints};
-use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{common_tls_context::ValidationContextType, CertificateValidationContext, CommonTlsContext, TlsCertificate, UpstreamTlsContext};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    common_tls_context::ValidationContextType, CertificateValidationContext, CommonTlsContext, TlsCertificate, UpstreamTlsContext,
+};
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     http_protocol_options::{explicit_http_config::ProtocolConfig, ExplicitHttpConfig, UpstreamProtocolOptions},
     HttpProtocolOptions,
@@ -86,7 +88,12 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
     let mut c = Cluster {
         name: name.clone(),
         connect_timeout: Some(
-            policy.connection_pool.as_ref().and_then(|p| p.tcp.as_ref()).and_then(|t| t.connect_timeout.as_ref()).map_or_else(|| duration(std::time::Duration::from_secs(10)), istio_duration),
+            policy
+                .connection_pool
+                .as_ref()
+                .and_then(|p| p.tcp.as_ref())
+                .and_then(|t| t.connect_timeout.as_ref())
+                .map_or_else(|| duration(std::time::Duration::from_secs(10)), istio_duration),
         ),
         ..Default::default()
     };
@@ -108,9 +115,10 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
     }
     if let Some(tls) = &policy.tls {
         if matches!(tls.mode, Some(ClientTlsMode::Simple) | Some(ClientTlsMode::Mutual)) {
-            let validation = tls.ca_certificates.as_ref().map(|ca| {
-                ValidationContextType::ValidationContext(CertificateValidationContext { trusted_ca: Some(file(ca)), ..Default::default() })
-            });
+            let validation = tls
+                .ca_certificates
+                .as_ref()
+                .map(|ca| ValidationContextType::ValidationContext(CertificateValidationContext { trusted_ca: Some(file(ca)), ..Default::default() }));
             let certs = match (&tls.client_certificate, &tls.private_key) {
                 (Some(cert), Some(key)) if tls.mode == Some(ClientTlsMode::Mutual) => {
                     vec![TlsCertificate { certificate_chain: Some(file(cert)), private_key: Some(file(key)), ..Default::default() }]
@@ -122,7 +130,8 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
                 common_tls_context: Some(CommonTlsContext { tls_certificates: certs, validation_context_type: validation, ..Default::default() }),
                 ..Default::default()
             };
-            c.transport_socket = Some(TransportSocket { name: "envoy.transport_sockets.tls".into(), config_type: Some(transport_socket::ConfigType::TypedConfig(any(&ctx))) });
+            c.transport_socket =
+                Some(TransportSocket { name: "envoy.transport_sockets.tls".into(), config_type: Some(transport_socket::ConfigType::TypedConfig(any(&ctx))) });
         }
     }
     Some(c)
@@ -139,7 +148,9 @@ fn apply_lb(c: &mut Cluster, lb: Option<&LoadBalancerSettings>) {
     if let Some(ch) = &lb.consistent_hash {
         if let Some(m) = &ch.maglev {
             c.lb_policy = LbPolicy::Maglev as i32;
-            c.lb_config = Some(LbConfig::MaglevLbConfig(MaglevLbConfig { table_size: m.table_size.map(|v| envoy_types::pb::google::protobuf::UInt64Value { value: v }) }));
+            c.lb_config = Some(LbConfig::MaglevLbConfig(MaglevLbConfig {
+                table_size: m.table_size.map(|v| envoy_types::pb::google::protobuf::UInt64Value { value: v }),
+            }));
         } else {
             c.lb_policy = LbPolicy::RingHash as i32;
             let min = ch.ring_hash.as_ref().and_then(|r| r.minimum_ring_size).or(ch.minimum_ring_size);
@@ -239,11 +250,7 @@ pub fn subset_instances<'a>(svc: &'a Service, subset: Option<&str>, dr: Option<&
 
 fn locality(s: &str) -> Locality {
     let mut parts = s.splitn(3, '/');
-    Locality {
-        region: parts.next().unwrap_or("").into(),
-        zone: parts.next().unwrap_or("").into(),
-        sub_zone: parts.next().unwrap_or("").into(),
-    }
+    Locality { region: parts.next().unwrap_or("").into(), zone: parts.next().unwrap_or("").into(), sub_zone: parts.next().unwrap_or("").into() }
 }
 
 fn health(h: Health) -> i32 {
@@ -269,7 +276,10 @@ pub fn load_assignment(name: &str, svc: &Service, port: &ServicePort, subset: Op
             lb_endpoints: insts
                 .iter()
                 .map(|i| LbEndpoint {
-                    host_identifier: Some(HostIdentifier::Endpoint(Endpoint { address: Some(socket_address(&i.address, i.port_for(port))), ..Default::default() })),
+                    host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+                        address: Some(socket_address(&i.address, i.port_for(port))),
+                        ..Default::default()
+                    })),
                     health_status: health(i.health),
                     load_balancing_weight: Some(UInt32Value { value: i.weight.max(1) }),
                     ..Default::default()

@@ -82,7 +82,11 @@ mod tests {
         for k in ["b", "a", "c", "envoy.filters.http.fault", "envoy.filters.http.cors"] {
             r.typed_per_filter_config.insert(k.into(), Any { type_url: format!("t/{k}"), value: vec![1, 2] });
         }
-        let rc = RouteConfiguration { name: "80".into(), virtual_hosts: vec![VirtualHost { name: "v".into(), routes: vec![r.clone(), r], ..Default::default() }], ..Default::default() };
+        let rc = RouteConfiguration {
+            name: "80".into(),
+            virtual_hosts: vec![VirtualHost { name: "v".into(), routes: vec![r.clone(), r], ..Default::default() }],
+            ..Default::default()
+        };
         let a = route_configuration_bytes(&rc);
         for _ in 0..20 {
             let mut copy = rc.clone();

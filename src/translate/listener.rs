@@ -25,7 +25,7 @@ pub const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
 /// RDS by name, or an inline route table (inbound listeners).
 pub enum Routes {
     Rds(String),
-    Inline(RouteConfiguration),
+    Inline(Box<RouteConfiguration>),
 }
 
 pub fn http_connection_manager(stat_prefix: &str, routes: Routes) -> HttpConnectionManager {
@@ -42,7 +42,7 @@ pub fn http_connection_manager(stat_prefix: &str, routes: Routes) -> HttpConnect
         .collect();
     let route_specifier = match routes {
         Routes::Rds(name) => RouteSpecifier::Rds(Rds { config_source: Some(ads_config_source()), route_config_name: name }),
-        Routes::Inline(rc) => RouteSpecifier::RouteConfig(rc),
+        Routes::Inline(rc) => RouteSpecifier::RouteConfig(*rc),
     };
     HttpConnectionManager {
         stat_prefix: stat_prefix.to_string(),

@@ -23,7 +23,9 @@ use crate::store::Applied;
 use crate::xds::resources::{Generator, ProxyConfig, ResourceType, XdsResource};
 pub use cluster::outbound_cluster_name;
 use envoy_types::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster};
-use envoy_types::pb::envoy::config::route::v3::{route::Action, route_action::ClusterSpecifier, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost};
+use envoy_types::pb::envoy::config::route::v3::{
+    route::Action, route_action::ClusterSpecifier, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
+};
 use listener::Routes;
 use route::RouteCtx;
 use std::collections::{BTreeMap, BTreeSet};
@@ -110,7 +112,12 @@ fn sidecar(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
                     route::virtual_host(&ctx, svc, domains)
                 })
                 .collect();
-            let rc = RouteConfiguration { name: route_name.clone(), virtual_hosts, validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }), ..Default::default() };
+            let rc = RouteConfiguration {
+                name: route_name.clone(),
+                virtual_hosts,
+                validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }),
+                ..Default::default()
+            };
             cfg.insert(ResourceType::Route, route_resource(&rc));
             let l = listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name));
             cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
@@ -144,15 +151,22 @@ fn sidecar(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
                         domains: vec!["*".into()],
                         routes: vec![Route {
                             name: "default".into(),
-                            r#match: Some(RouteMatch { path_specifier: Some(envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier::Prefix("/".into())), ..Default::default() }),
-                            action: Some(Action::Route(RouteAction { cluster_specifier: Some(ClusterSpecifier::Cluster(cluster_name.clone())), timeout: Some(util::millis(0)), ..Default::default() })),
+                            r#match: Some(RouteMatch {
+                                path_specifier: Some(envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier::Prefix("/".into())),
+                                ..Default::default()
+                            }),
+                            action: Some(Action::Route(RouteAction {
+                                cluster_specifier: Some(ClusterSpecifier::Cluster(cluster_name.clone())),
+                                timeout: Some(util::millis(0)),
+                                ..Default::default()
+                            })),
                             ..Default::default()
                         }],
                         ..Default::default()
                     }],
                     ..Default::default()
                 };
-                listener::http_listener(&name, &bind, port, Routes::Inline(rc))
+                listener::http_listener(&name, &bind, port, Routes::Inline(Box::new(rc)))
             } else {
                 listener::tcp_listener(&name, &bind, port, vec![(cluster_name, 1)])
             };
@@ -209,7 +223,8 @@ fn tcp_destinations(ctx: &RouteCtx, svc: &Service) -> Vec<(String, u32)> {
 /// selector matches the proxy; routes from VirtualServices bound to them.
 fn gateway(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
     let suffix = &mesh.config.domain_suffix;
-    let gateways: Vec<_> = mesh.gateways.iter().filter(|g| !g.spec.selector.is_empty() && g.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v))).collect();
+    let gateways: Vec<_> =
+        mesh.gateways.iter().filter(|g| !g.spec.selector.is_empty() && g.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v))).collect();
     // port → (gateway name, server) pairs
     let mut ports: BTreeMap<u32, Vec<(String, &Server)>> = BTreeMap::new();
     for g in &gateways {
@@ -229,7 +244,8 @@ fn gateway(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
                     let host = resolve_short_name(h, &vs.key.namespace, suffix);
                     let admitted = server.hosts.iter().any(|sh| {
                         let (ns, pat) = sh.split_once('/').unwrap_or(("*", sh));
-                        (ns == "*" || ns == vs.key.namespace || (ns == "." && vs.key.namespace == gw_ns)) && (host_matches(pat, &host) || host_matches(&host, pat))
+                        (ns == "*" || ns == vs.key.namespace || (ns == "." && vs.key.namespace == gw_ns))
+                            && (host_matches(pat, &host) || host_matches(&host, pat))
                     });
                     if !admitted || vhosts.contains_key(&host) {
                         continue;
@@ -249,7 +265,12 @@ fn gateway(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
                 }
             }
         }
-        let rc = RouteConfiguration { name: route_name.clone(), virtual_hosts: vhosts.into_values().collect(), validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }), ..Default::default() };
+        let rc = RouteConfiguration {
+            name: route_name.clone(),
+            virtual_hosts: vhosts.into_values().collect(),
+            validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }),
+            ..Default::default()
+        };
         cfg.insert(ResourceType::Route, route_resource(&rc));
         let bind = servers.iter().find_map(|(_, s)| s.bind.clone()).filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
         let l = listener::http_listener(&format!("{bind}_{port}"), &bind, port, Routes::Rds(route_name));

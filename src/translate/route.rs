@@ -271,7 +271,12 @@ fn route(ctx: &RouteCtx, vs: &Config<VirtualService>, r: &HttpRoute, name: Strin
     let mut action = RouteAction { timeout: Some(r.timeout.as_ref().map_or_else(|| super::util::millis(0), istio_duration)), ..Default::default() };
     let cluster_of = |d: &Destination| {
         let host = resolve_short_name(&d.host, ns, &ctx.mesh.config.domain_suffix);
-        let port = d.port.as_ref().map(|p| p.number).or_else(|| ctx.mesh.services.get(&host).filter(|s| s.ports.len() == 1).map(|s| s.ports[0].number)).unwrap_or(ctx.port);
+        let port = d
+            .port
+            .as_ref()
+            .map(|p| p.number)
+            .or_else(|| ctx.mesh.services.get(&host).filter(|s| s.ports.len() == 1).map(|s| s.ports[0].number))
+            .unwrap_or(ctx.port);
         outbound_cluster_name(port, d.subset.as_deref().unwrap_or(""), &host)
     };
     match r.route.as_slice() {
@@ -293,7 +298,11 @@ fn route(ctx: &RouteCtx, vs: &Config<VirtualService>, r: &HttpRoute, name: Strin
             let clusters = many
                 .iter()
                 .map(|d| {
-                    let mut cw = ClusterWeight { name: cluster_of(&d.destination), weight: Some(UInt32Value { value: d.weight.unwrap_or(0).max(0) as u32 }), ..Default::default() };
+                    let mut cw = ClusterWeight {
+                        name: cluster_of(&d.destination),
+                        weight: Some(UInt32Value { value: d.weight.unwrap_or(0).max(0) as u32 }),
+                        ..Default::default()
+                    };
                     if let Some(Headers { request, response }) = &d.headers {
                         if let Some(h) = request {
                             cw.request_headers_to_add = header_options(&h.set, &h.add);
@@ -332,11 +341,13 @@ fn route(ctx: &RouteCtx, vs: &Config<VirtualService>, r: &HttpRoute, name: Strin
     }
     let mut mirrors: Vec<(Destination, Option<crate::model::istio::common::Percent>)> = Vec::new();
     if let Some(m) = &r.mirror {
-        let pct = r.mirror_percentage.clone().or_else(|| r.mirror_percent.map(|p| crate::model::istio::common::Percent { value: Some(crate::model::istio::common::Float::new(p as f64)) }));
+        let pct = r
+            .mirror_percentage
+            .or_else(|| r.mirror_percent.map(|p| crate::model::istio::common::Percent { value: Some(crate::model::istio::common::Float::new(p as f64)) }));
         mirrors.push((m.clone(), pct));
     }
     for m in &r.mirrors {
-        mirrors.push((m.destination.clone(), m.percentage.clone()));
+        mirrors.push((m.destination.clone(), m.percentage));
     }
     action.request_mirror_policies = mirrors
         .iter()
@@ -361,11 +372,11 @@ fn route(ctx: &RouteCtx, vs: &Config<VirtualService>, r: &HttpRoute, name: Strin
 
 fn http_fault(f: &crate::model::istio::virtual_service::HttpFaultInjection) -> HttpFault {
     let delay = f.delay.as_ref().map(|d| {
-        let pct = d.percentage.clone().or_else(|| d.percent.map(|p| crate::model::istio::common::Percent { value: Some(crate::model::istio::common::Float::new(p as f64)) }));
+        let pct =
+            d.percentage.or_else(|| d.percent.map(|p| crate::model::istio::common::Percent { value: Some(crate::model::istio::common::Float::new(p as f64)) }));
         FaultDelay {
             fault_delay_secifier: d.fixed_delay.as_ref().map(|fd| FaultDelaySecifier::FixedDelay(istio_duration(fd))),
             percentage: Some(fraction(pct.as_ref(), 100.0)),
-            ..Default::default()
         }
     });
     let abort = f.abort.as_ref().and_then(|a| {
@@ -377,9 +388,9 @@ fn http_fault(f: &crate::model::istio::virtual_service::HttpFaultInjection) -> H
 
 fn cors_policy(c: &crate::model::istio::virtual_service::CorsPolicy) -> CorsPolicy {
     let mut origins: Vec<_> = c.allow_origins.iter().filter_map(|m| string_matcher(m, false)).collect();
-    origins.extend(c.allow_origin.iter().filter_map(|o| {
-        string_matcher(&crate::model::istio::common::StringMatch { exact: Some(o.clone()), ..Default::default() }, false)
-    }));
+    origins.extend(
+        c.allow_origin.iter().filter_map(|o| string_matcher(&crate::model::istio::common::StringMatch { exact: Some(o.clone()), ..Default::default() }, false)),
+    );
     CorsPolicy {
         allow_origin_string_match: origins,
         allow_methods: c.allow_methods.join(","),
@@ -408,7 +419,12 @@ fn hash_policy(ch: &ConsistentHashLb) -> Option<HashPolicy> {
     let spec = if let Some(h) = &ch.http_header_name {
         PolicySpecifier::Header(Header { header_name: h.clone(), ..Default::default() })
     } else if let Some(c) = &ch.http_cookie {
-        PolicySpecifier::Cookie(Cookie { name: c.name.clone(), path: c.path.clone().unwrap_or_default(), ttl: c.ttl.as_ref().map(istio_duration), ..Default::default() })
+        PolicySpecifier::Cookie(Cookie {
+            name: c.name.clone(),
+            path: c.path.clone().unwrap_or_default(),
+            ttl: c.ttl.as_ref().map(istio_duration),
+            ..Default::default()
+        })
     } else if ch.use_source_ip == Some(true) {
         PolicySpecifier::ConnectionProperties(ConnectionProperties { source_ip: true })
     } else if let Some(q) = &ch.http_query_parameter_name {
@@ -424,4 +440,3 @@ fn hash_policy(ch: &ConsistentHashLb) -> Option<HashPolicy> {
 pub fn http_filter_names() -> [&'static str; 3] {
     [FAULT_FILTER, CORS_FILTER, "envoy.filters.http.router"]
 }
-

@@ -25,9 +25,7 @@ pub fn sidecar_for<'a>(mesh: &'a Mesh, proxy: &'a ProxyIdentity) -> Option<&'a A
     }
     let no_selector = |s: &&Arc<Config<Sidecar>>| s.spec.workload_selector.as_ref().is_none_or(|sel| sel.labels.is_empty());
     in_ns(mesh, &proxy.namespace)
-        .find(|s| {
-            s.spec.workload_selector.as_ref().is_some_and(|sel| !sel.labels.is_empty() && sel.labels.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)))
-        })
+        .find(|s| s.spec.workload_selector.as_ref().is_some_and(|sel| !sel.labels.is_empty() && sel.labels.iter().all(|(k, v)| proxy.labels.get(k) == Some(v))))
         .or_else(|| in_ns(mesh, &proxy.namespace).find(no_selector))
         .or_else(|| in_ns(mesh, &mesh.config.root_namespace).find(no_selector))
 }
@@ -97,9 +95,8 @@ pub fn egress_plans(mesh: &Mesh, proxy: &ProxyIdentity, sidecar: Option<&Config<
                 if port.is_some_and(|want| want != p.number) {
                     continue;
                 }
-                let plan = plans
-                    .entry((bind.clone(), p.number))
-                    .or_insert_with(|| EgressPlan { bind: bind.clone(), port: p.number, services: BTreeMap::new() });
+                let plan =
+                    plans.entry((bind.clone(), p.number)).or_insert_with(|| EgressPlan { bind: bind.clone(), port: p.number, services: BTreeMap::new() });
                 plan.services.entry(svc.hostname.clone()).or_insert_with(|| svc.clone());
             }
         }

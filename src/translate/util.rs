@@ -42,7 +42,7 @@ pub fn string_matcher(m: &StringMatch, ignore_case: bool) -> Option<StringMatche
         MatchKind::Prefix(s) => MatchPattern::Prefix(s.to_string()),
         MatchKind::Regex(s) => MatchPattern::SafeRegex(RegexMatcher { regex: s.to_string(), ..Default::default() }),
     };
-    Some(StringMatcher { match_pattern: Some(pattern), ignore_case, ..Default::default() })
+    Some(StringMatcher { match_pattern: Some(pattern), ignore_case })
 }
 
 pub fn ads_config_source() -> ConfigSource {
@@ -52,7 +52,6 @@ pub fn ads_config_source() -> ConfigSource {
         ..Default::default()
     }
 }
-
 
 /// Istio `set` overwrites, `add` appends.
 pub fn header_options(set: &BTreeMap<String, String>, add: &BTreeMap<String, String>) -> Vec<HeaderValueOption> {

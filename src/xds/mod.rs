@@ -1,5 +1,30 @@
 //! The xDS side: what is served (`resources`) and its proto-JSON rendering
-//! (`json`).
+//! (`json`), the ADS server (`server`, with the per-stream protocol state in
+//! `sotw` and `delta`), and who is in sync (`status`, served at
+//! `GET /debug/syncz`).
+//!
+//! Every replica serves ADS from its own applied store state. Revisions are
+//! identical on every replica for the same state, so an Envoy that fails
+//! over to another replica sees the same versions.
 
+mod delta;
 pub mod json;
 pub mod resources;
+pub mod server;
+mod session;
+mod sotw;
+pub mod status;
+
+use crate::config::ServerConfig;
+use crate::mesh::MeshConfig;
+use crate::translate::Translator;
+use resources::Generator;
+use std::sync::Arc;
+
+pub use status::SyncRegistry;
+
+/// The generator a replica serves with (`server::run`): translation of the
+/// Istio config and registry in the applied store state.
+pub fn default_generator(config: &ServerConfig) -> Arc<dyn Generator> {
+    Arc::new(Translator::new(MeshConfig { domain_suffix: config.domain_suffix.clone(), root_namespace: config.root_namespace.clone() }))
+}

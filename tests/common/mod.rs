@@ -5,6 +5,8 @@
 //! listens on 127.A.B.N, API :7000, raft :7001, xDS :7002.
 #![allow(dead_code)]
 
+pub mod envoy;
+
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,243 @@
+//! `lodestar bootstrap`: print an Envoy v3 bootstrap that connects to the
+//! replicas' ADS ports, the way Istio's pilot-agent writes one.
+//!
+//! - `node.id` is Istio's `TYPE~IP~NAME.NAMESPACE~NAMESPACE.svc.DOMAIN` and
+//!   the metadata carries NAMESPACE, NAME, INSTANCE_IPS and LABELS, which is
+//!   what the server's `ProxyIdentity::parse` reads.
+//! - `xds-grpc` lists every replica: a replica that goes away fails the
+//!   stream, and Envoy reconnects (with backoff) to the next one round-robin.
+//! - HTTP/2 is explicit on `xds-grpc`: without it Envoy silently never
+//!   connects to a gRPC server.
+//!
+//! It is a config file, not xDS, so it is plain JSON built with serde_json.
+
+use super::client::Client;
+use crate::model::proxy::{ProxyIdentity, ProxyKind};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde_json::{json, Map, Value};
+use std::net::IpAddr;
+
+/// The static cluster that carries ADS.
+pub const XDS_CLUSTER: &str = "xds-grpc";
+
+#[derive(Args, Debug, Clone)]
+pub struct BootstrapArgs {
+    /// ADS servers, HOST:PORT[,HOST:PORT...]. Default: every cluster
+    /// member's xDS address, asked from --server.
+    #[arg(long, value_delimiter = ',')]
+    pub xds_servers: Vec<String>,
+    /// sidecar, or router for a gateway.
+    #[arg(long, value_enum, default_value = "sidecar")]
+    pub node_type: NodeType,
+    /// The proxy's address: where its listeners and its admin port bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub ip: String,
+    /// Workload name (e.g. productpage-v1).
+    #[arg(long)]
+    pub name: String,
+    #[arg(long, default_value = crate::model::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// A workload label, KEY=VALUE; repeat for each.
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    #[arg(long, default_value_t = 15000)]
+    pub admin_port: u16,
+    #[arg(long, default_value = "cluster.local")]
+    pub domain_suffix: String,
+    /// Use incremental xDS (DELTA_GRPC) instead of state of the world.
+    #[arg(long)]
+    pub delta: bool,
+    #[arg(short, long, value_enum, default_value = "yaml")]
+    pub output: Format,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum NodeType {
+    Sidecar,
+    Router,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Yaml,
+    Json,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?}: expected KEY=VALUE")),
+    }
+}
+
+pub async fn run(client: &Client, args: BootstrapArgs) -> Result<()> {
+    let servers = if args.xds_servers.is_empty() { member_xds_addrs(client).await? } else { args.xds_servers.clone() };
+    let doc = bootstrap(&args, &servers)?;
+    match args.output {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
+        Format::Yaml => print!("{}", yaml_serde::to_string(&doc)?),
+    }
+    Ok(())
+}
+
+/// Every member's xDS address, from `GET /v1/cluster`.
+async fn member_xds_addrs(client: &Client) -> Result<Vec<String>> {
+    let status = client.get("/v1/cluster").await.context("asking the cluster for its members' xDS addresses (or pass --xds-servers)")?;
+    let addrs: Vec<String> = status["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["info"]["xds_addr"].as_str())
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect();
+    if addrs.is_empty() {
+        bail!("the cluster lists no member with an xDS address; pass --xds-servers");
+    }
+    Ok(addrs)
+}
+
+/// `host:port` or `[v6]:port`.
+fn host_port(addr: &str) -> Result<(String, u16)> {
+    let err = || anyhow!("xDS server {addr:?}: expected HOST:PORT");
+    let (host, port) = addr.trim().rsplit_once(':').ok_or_else(err)?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    if host.is_empty() {
+        return Err(err());
+    }
+    Ok((host.to_string(), port.parse().map_err(|_| err())?))
+}
+
+fn socket_address(host: &str, port: u16) -> Value {
+    json!({"socket_address": {"address": host, "port_value": port}})
+}
+
+/// The bootstrap document for `args`, connecting to `xds_servers`.
+pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String]) -> Result<Value> {
+    let kind = match args.node_type {
+        NodeType::Sidecar => ProxyKind::Sidecar,
+        NodeType::Router => ProxyKind::Router,
+    };
+    if args.ip.parse::<IpAddr>().is_err() {
+        bail!("--ip {:?} is not an IP address", args.ip);
+    }
+    let node_id = ProxyIdentity::node_id(kind, &args.ip, &args.name, &args.namespace, &args.domain_suffix);
+    let labels: Map<String, Value> = args.labels.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    let metadata = json!({"NAMESPACE": args.namespace, "NAME": args.name, "INSTANCE_IPS": args.ip, "LABELS": labels});
+    // What the server will make of it: fail here, not at connect time.
+    ProxyIdentity::parse(&node_id, &metadata).map_err(|e| anyhow!("{e}"))?;
+
+    if xds_servers.is_empty() {
+        bail!("no xDS servers");
+    }
+    let servers = xds_servers.iter().map(|a| host_port(a)).collect::<Result<Vec<_>>>()?;
+    // STATIC needs IP literals; names are resolved (and re-resolved) by DNS.
+    let all_ips = servers.iter().all(|(h, _)| h.parse::<IpAddr>().is_ok());
+    let endpoints: Vec<Value> = servers.iter().map(|(h, p)| json!({"endpoint": {"address": socket_address(h, *p)}})).collect();
+    let mut xds_cluster = json!({
+        "name": XDS_CLUSTER,
+        "type": if all_ips { "STATIC" } else { "STRICT_DNS" },
+        // Short: a dead replica is skipped quickly in favour of the next.
+        "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",
+        "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": endpoints}]},
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                // gRPC needs HTTP/2; HTTP/2 pings notice a replica that vanished.
+                "explicit_http_config": {"http2_protocol_options": {"connection_keepalive": {"interval": "30s", "timeout": "10s"}}}
+            }
+        },
+        "upstream_connection_options": {"tcp_keepalive": {"keepalive_time": 300}}
+    });
+    if !all_ips {
+        xds_cluster["dns_lookup_family"] = json!("V4_PREFERRED");
+    }
+
+    Ok(json!({
+        "node": {
+            "id": node_id,
+            // Istio's service cluster: NAME.NAMESPACE.
+            "cluster": format!("{}.{}", args.name, args.namespace),
+            "metadata": metadata
+        },
+        "admin": {"address": socket_address(&args.ip, args.admin_port)},
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": if args.delta { "DELTA_GRPC" } else { "GRPC" },
+                "transport_api_version": "V3",
+                "set_node_on_first_message_only": true,
+                "grpc_services": [{
+                    "envoy_grpc": {
+                        "cluster_name": XDS_CLUSTER,
+                        // Reconnect fast after a replica fails (Envoy's default
+                        // backs off to 30s); each attempt picks the next replica.
+                        "retry_policy": {"retry_back_off": {"base_interval": "0.25s", "max_interval": "5s"}}
+                    }
+                }]
+            },
+            "cds_config": {"ads": {}, "resource_api_version": "V3"},
+            "lds_config": {"ads": {}, "resource_api_version": "V3"}
+        },
+        "static_resources": {"clusters": [xds_cluster]}
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: BootstrapArgs,
+    }
+
+    fn args(flags: &[&str]) -> BootstrapArgs {
+        Cmd::try_parse_from(std::iter::once("bootstrap").chain(flags.iter().copied())).unwrap().args
+    }
+
+    #[test]
+    fn sidecar_with_every_replica() {
+        let a = args(&["--name", "reviews-v2", "--namespace", "bookinfo", "--ip", "127.0.0.7", "--label", "app=reviews", "--label", "version=v2"]);
+        let b = bootstrap(&a, &["127.0.0.1:8472".into(), "127.0.0.2:8472".into()]).unwrap();
+        assert_eq!(b["node"]["id"], "sidecar~127.0.0.7~reviews-v2.bookinfo~bookinfo.svc.cluster.local");
+        assert_eq!(b["node"]["cluster"], "reviews-v2.bookinfo");
+        assert_eq!(b["node"]["metadata"]["LABELS"]["version"], "v2");
+        assert_eq!(b["admin"]["address"]["socket_address"]["port_value"], 15000);
+        let ads = &b["dynamic_resources"]["ads_config"];
+        assert_eq!((ads["api_type"].as_str(), ads["transport_api_version"].as_str()), (Some("GRPC"), Some("V3")));
+        let cluster = &b["static_resources"]["clusters"][0];
+        assert_eq!((cluster["name"].as_str(), cluster["type"].as_str()), (Some(XDS_CLUSTER), Some("STATIC")));
+        assert_eq!(cluster["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array().unwrap().len(), 2);
+        assert!(cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"]
+            ["http2_protocol_options"]
+            .is_object());
+        // The node the server will see parses to the same identity.
+        let id = ProxyIdentity::parse(b["node"]["id"].as_str().unwrap(), &b["node"]["metadata"]).unwrap();
+        assert_eq!((id.ip.as_str(), id.labels.len()), ("127.0.0.7", 2));
+    }
+
+    #[test]
+    fn router_delta_and_names() {
+        let a = args(&["--name", "ingress", "--namespace", "istio-system", "--node-type", "router", "--delta", "--domain-suffix", "example.org"]);
+        let b = bootstrap(&a, &["localhost:8472".into(), "[::1]:8472".into()]).unwrap();
+        assert_eq!(b["node"]["id"], "router~127.0.0.1~ingress.istio-system~istio-system.svc.example.org");
+        assert_eq!(b["dynamic_resources"]["ads_config"]["api_type"], "DELTA_GRPC");
+        let cluster = &b["static_resources"]["clusters"][0];
+        assert_eq!(cluster["type"], "STRICT_DNS");
+        assert_eq!(cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][1]["endpoint"]["address"]["socket_address"]["address"], "::1");
+    }
+
+    #[test]
+    fn bad_input_is_named() {
+        let a = args(&["--name", "x", "--ip", "not-an-ip"]);
+        assert!(bootstrap(&a, &["127.0.0.1:1".into()]).unwrap_err().to_string().contains("not-an-ip"));
+        let a = args(&["--name", "x"]);
+        assert!(bootstrap(&a, &["127.0.0.1".into()]).unwrap_err().to_string().contains("HOST:PORT"));
+        assert!(bootstrap(&a, &[]).is_err());
+        assert!(parse_label("novalue").is_err());
+    }
+}

@@ -1,0 +1,248 @@
+//! Incremental (delta) ADS: one stream's protocol state.
+//!
+//! The server keeps, per type, what it believes the client has (name →
+//! version) and sends only the difference: resources whose version changed
+//! or that are new to the client, and `removed_resources` for names the
+//! client has that no longer exist (or left a wildcard subscription).
+//!
+//! - The first request for a type opens the subscription: an empty
+//!   `resource_names_subscribe` or `*` means wildcard (LDS, CDS), and
+//!   `initial_resource_versions` is what the client kept from an earlier
+//!   stream, so a reconnect receives only what differs. It always gets a
+//!   response, so the client's initial fetch completes.
+//! - Later requests change the subscription (`resource_names_subscribe`,
+//!   `resource_names_unsubscribe`) and/or ACK/NACK the latest response by
+//!   its nonce. Subscription changes apply even when the nonce is stale:
+//!   they are deltas, dropping one would leave both sides disagreeing.
+//! - A newly subscribed name that does not exist is answered in
+//!   `removed_resources` (the protocol's "does not exist"), once; it is sent
+//!   when it appears.
+//! - A NACKed response is not resent: the server still counts its resources
+//!   as the client's, so only a later change sends them again.
+//! - `system_version_info` is the store revision the response was built from.
+
+use super::resources::{ProxyConfig, ResourceType};
+use super::session::{error_text, Received, Subscription, WILDCARD};
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Default)]
+pub struct DeltaStream {
+    nonces: u64,
+    types: BTreeMap<ResourceType, TypeState>,
+}
+
+#[derive(Default)]
+struct TypeState {
+    sub: Subscription,
+    /// What the client has, as far as we know: name → version.
+    known: BTreeMap<String, String>,
+    sent_version: String,
+    /// The latest nonce sent for this type ("" before the first response).
+    nonce: String,
+}
+
+impl DeltaStream {
+    pub fn on_request(&mut self, req: &DeltaDiscoveryRequest, config: &ProxyConfig) -> (Received, Option<DeltaDiscoveryResponse>) {
+        let Some(t) = ResourceType::from_type_url(&req.type_url) else {
+            return (Received::UnknownType(req.type_url.clone()), None);
+        };
+        let Some(state) = self.types.get_mut(&t) else {
+            let sub = Subscription::from_names(t, &req.resource_names_subscribe);
+            // What the client kept is only its business if it is subscribed.
+            let known = req.initial_resource_versions.iter().filter(|(name, _)| sub.wants(name)).map(|(n, v)| (n.clone(), v.clone())).collect();
+            let newly: BTreeSet<String> = sub.names.clone();
+            self.types.insert(t, TypeState { sub, known, ..Default::default() });
+            let response = self.diff(t, config, &newly, true);
+            return (Received::Initial(t), response);
+        };
+
+        let received = if req.response_nonce.is_empty() {
+            Received::Update(t)
+        } else if req.response_nonce != state.nonce {
+            Received::Stale(t)
+        } else {
+            match &req.error_detail {
+                Some(e) => Received::Nack { t, rejected_version: state.sent_version.clone(), nonce: state.nonce.clone(), error: error_text(e) },
+                None => Received::Ack { t, version: state.sent_version.clone() },
+            }
+        };
+
+        for name in &req.resource_names_unsubscribe {
+            if name == WILDCARD && t.wildcard_allowed() {
+                state.sub.wildcard = false;
+                // The client drops what only the wildcard gave it.
+                let names = &state.sub.names;
+                state.known.retain(|k, _| names.contains(k));
+            } else {
+                state.sub.names.remove(name);
+                if !state.sub.wildcard {
+                    state.known.remove(name);
+                }
+            }
+        }
+        let mut newly = BTreeSet::new();
+        for name in &req.resource_names_subscribe {
+            if name == WILDCARD && t.wildcard_allowed() {
+                state.sub.wildcard = true;
+            } else {
+                state.sub.names.insert(name.clone());
+                // The client asks for it now: send it even if we believe it
+                // has it (a re-subscription after an unsubscribe, or a retry).
+                state.known.remove(name);
+                newly.insert(name.clone());
+            }
+        }
+        let response = self.diff(t, config, &newly, false);
+        (received, response)
+    }
+
+    /// A new config: responses, in push order, with what changed per type.
+    pub fn on_config(&mut self, config: &ProxyConfig) -> Vec<DeltaDiscoveryResponse> {
+        let subscribed: Vec<ResourceType> = ResourceType::PUSH_ORDER.into_iter().filter(|t| self.types.contains_key(t)).collect();
+        subscribed.into_iter().filter_map(|t| self.diff(t, config, &BTreeSet::new(), false)).collect()
+    }
+
+    /// The response that brings the client from `known` to the config, or
+    /// None when there is nothing to say (unless `always`).
+    fn diff(&mut self, t: ResourceType, config: &ProxyConfig, newly: &BTreeSet<String>, always: bool) -> Option<DeltaDiscoveryResponse> {
+        let state = self.types.get_mut(&t)?;
+        let all = config.of(t);
+        let desired = state.sub.select(all);
+        let changed: Vec<_> = desired.into_iter().filter(|r| state.known.get(&r.name) != Some(&r.version)).collect();
+        let exists = |name: &str| all.is_some_and(|a| a.contains_key(name));
+        let mut removed: BTreeSet<String> = state.known.keys().filter(|k| !(state.sub.wants(k) && exists(k))).cloned().collect();
+        removed.extend(newly.iter().filter(|n| !exists(n)).cloned());
+        if changed.is_empty() && removed.is_empty() && !always {
+            return None;
+        }
+        for r in &changed {
+            state.known.insert(r.name.clone(), r.version.clone());
+        }
+        for name in &removed {
+            state.known.remove(name);
+        }
+        self.nonces += 1;
+        state.nonce = self.nonces.to_string();
+        state.sent_version = config.revision.to_string();
+        Some(DeltaDiscoveryResponse {
+            system_version_info: state.sent_version.clone(),
+            resources: changed
+                .iter()
+                .map(|r| Resource { name: r.name.clone(), version: r.version.clone(), resource: Some(r.any.clone()), ..Default::default() })
+                .collect(),
+            type_url: t.type_url(),
+            removed_resources: removed.into_iter().collect(),
+            nonce: state.nonce.clone(),
+            ..Default::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xds::resources::XdsResource;
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use envoy_types::pb::google::rpc::Status;
+
+    fn config(revision: u64, clusters: &[(&str, u32)], endpoints: &[&str]) -> ProxyConfig {
+        let mut c = ProxyConfig { revision, ..Default::default() };
+        for (name, v) in clusters {
+            let cluster = Cluster { name: name.to_string(), alt_stat_name: format!("v{v}"), ..Default::default() };
+            c.insert(ResourceType::Cluster, XdsResource::new(*name, &cluster));
+        }
+        for name in endpoints {
+            c.insert(ResourceType::Endpoint, XdsResource::new(*name, &ClusterLoadAssignment { cluster_name: name.to_string(), ..Default::default() }));
+        }
+        c
+    }
+
+    fn req(t: ResourceType, sub: &[&str], unsub: &[&str], nonce: &str) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: t.type_url(),
+            resource_names_subscribe: sub.iter().map(|s| s.to_string()).collect(),
+            resource_names_unsubscribe: unsub.iter().map(|s| s.to_string()).collect(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
+        r.resources.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    #[test]
+    fn wildcard_changes_and_removals() {
+        let mut s = DeltaStream::default();
+        let c1 = config(1, &[("a", 1), ("b", 1)], &[]);
+        let (rx, r) = s.on_request(&req(ResourceType::Cluster, &[], &[], ""), &c1);
+        assert_eq!(rx, Received::Initial(ResourceType::Cluster));
+        let r = r.unwrap();
+        assert_eq!((names(&r), r.system_version_info.as_str()), (vec!["a", "b"], "1"));
+        let (rx, none) = s.on_request(&req(ResourceType::Cluster, &[], &[], &r.nonce), &c1);
+        assert_eq!((rx, none), (Received::Ack { t: ResourceType::Cluster, version: "1".into() }, None));
+
+        // a changes, b goes, c comes: only those.
+        let pushed = s.on_config(&config(2, &[("a", 2), ("c", 1)], &[]));
+        assert_eq!(pushed.len(), 1);
+        assert_eq!((names(&pushed[0]), pushed[0].removed_resources.clone()), (vec!["a", "c"], vec!["b".to_string()]));
+        assert!(s.on_config(&config(3, &[("a", 2), ("c", 1)], &[])).is_empty(), "nothing changed for this proxy");
+
+        let mut nack = req(ResourceType::Cluster, &[], &[], &pushed[0].nonce);
+        nack.error_detail = Some(Status { code: 3, message: "no".into(), details: vec![] });
+        let (rx, r) = s.on_request(&nack, &config(3, &[("a", 2), ("c", 1)], &[]));
+        assert!(matches!(rx, Received::Nack { ref rejected_version, .. } if rejected_version == "2"));
+        assert!(r.is_none());
+    }
+
+    #[test]
+    fn reconnect_sends_only_what_differs() {
+        let mut s = DeltaStream::default();
+        let c = config(4, &[("a", 1), ("b", 2)], &[]);
+        let mut first = req(ResourceType::Cluster, &["*"], &[], "");
+        let a_version = c.of(ResourceType::Cluster).unwrap()["a"].version.clone();
+        first.initial_resource_versions = [("a".to_string(), a_version), ("b".to_string(), "old".to_string()), ("gone".to_string(), "x".to_string())].into();
+        let (_, r) = s.on_request(&first, &c);
+        let r = r.unwrap();
+        assert_eq!(names(&r), vec!["b"]);
+        assert_eq!(r.removed_resources, vec!["gone".to_string()]);
+    }
+
+    #[test]
+    fn named_subscriptions() {
+        let mut s = DeltaStream::default();
+        let c1 = config(1, &[], &["x"]);
+        // "y" does not exist: answered as removed, then sent when it appears.
+        let (_, r) = s.on_request(&req(ResourceType::Endpoint, &["x", "y"], &[], ""), &c1);
+        let r = r.unwrap();
+        assert_eq!((names(&r), r.removed_resources.clone()), (vec!["x"], vec!["y".to_string()]));
+        let pushed = s.on_config(&config(2, &[], &["x", "y", "z"]));
+        assert_eq!((names(&pushed[0]), pushed[0].removed_resources.len()), (vec!["y"], 0));
+
+        // Unsubscribe x: nothing sent; x then disappearing sends nothing either.
+        let (rx, r) = s.on_request(&req(ResourceType::Endpoint, &[], &["x"], ""), &config(2, &[], &["x", "y", "z"]));
+        assert_eq!((rx, r), (Received::Update(ResourceType::Endpoint), None));
+        assert!(s.on_config(&config(3, &[], &["y", "z"])).is_empty());
+
+        // Subscribe z with a stale nonce: the subscription still counts.
+        let (rx, r) = s.on_request(&req(ResourceType::Endpoint, &["z"], &[], "0"), &config(3, &[], &["y", "z"]));
+        assert_eq!(rx, Received::Stale(ResourceType::Endpoint));
+        assert_eq!(names(&r.unwrap()), vec!["z"]);
+
+        // y removed from the config: removed_resources.
+        let pushed = s.on_config(&config(4, &[], &["z"]));
+        assert_eq!(pushed[0].removed_resources, vec!["y".to_string()]);
+    }
+
+    #[test]
+    fn push_order_is_make_before_break() {
+        let mut s = DeltaStream::default();
+        let c1 = config(1, &[], &[]);
+        s.on_request(&req(ResourceType::Endpoint, &["a"], &[], ""), &c1);
+        s.on_request(&req(ResourceType::Cluster, &[], &[], ""), &c1);
+        let order: Vec<_> = s.on_config(&config(2, &[("a", 1)], &["a"])).iter().map(|r| ResourceType::from_type_url(&r.type_url).unwrap()).collect();
+        assert_eq!(order, vec![ResourceType::Cluster, ResourceType::Endpoint]);
+    }
+}

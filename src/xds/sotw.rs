@@ -1,0 +1,195 @@
+//! State-of-the-world ADS: one stream's protocol state.
+//!
+//! - Every response carries `version_info` = the store revision of the
+//!   config it was built from, and a nonce unique on the stream.
+//! - A request with the latest nonce for its type is an ACK (no
+//!   `error_detail`) or a NACK (with one). A request with an older nonce is
+//!   stale and ignored whole: the client sends its full, current request
+//!   again when it answers the latest response.
+//! - A request with an empty nonce, or the first for its type on this
+//!   stream, is a subscription: it always gets a response, even when its
+//!   `version_info` says the client already has the content (a reconnect),
+//!   because the client waits for a nonce to answer.
+//! - CDS and LDS responses carry every resource of the type (absence means
+//!   deletion); EDS and RDS carry the requested names that exist.
+//! - After that, a type is sent only when what the stream would receive
+//!   (names and versions) differs from what it was last sent: a new store
+//!   revision that changes nothing for this proxy sends nothing, and a
+//!   NACKed response is not resent until its content changes.
+
+use super::resources::{ProxyConfig, ResourceType};
+use super::session::{error_text, Received, Subscription};
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use std::collections::BTreeMap;
+
+#[derive(Default)]
+pub struct SotwStream {
+    nonces: u64,
+    types: BTreeMap<ResourceType, TypeState>,
+}
+
+#[derive(Default)]
+struct TypeState {
+    sub: Subscription,
+    /// name → version, exactly as the latest response carried them.
+    sent: Vec<(String, String)>,
+    sent_version: String,
+    /// The latest nonce sent for this type.
+    nonce: String,
+}
+
+impl SotwStream {
+    /// Handle one request against the stream's current config; at most one
+    /// response, of the request's type.
+    pub fn on_request(&mut self, req: &DiscoveryRequest, config: &ProxyConfig) -> (Received, Option<DiscoveryResponse>) {
+        let Some(t) = ResourceType::from_type_url(&req.type_url) else {
+            return (Received::UnknownType(req.type_url.clone()), None);
+        };
+        let received = match self.types.get(&t) {
+            // First for this type on this stream: a subscription, whatever
+            // nonce it carries (one from an earlier stream means nothing here).
+            None => Received::Initial(t),
+            Some(_) if req.response_nonce.is_empty() => Received::Initial(t),
+            Some(s) if s.nonce != req.response_nonce => return (Received::Stale(t), None),
+            Some(s) => match &req.error_detail {
+                Some(e) => Received::Nack { t, rejected_version: s.sent_version.clone(), nonce: s.nonce.clone(), error: error_text(e) },
+                None => Received::Ack { t, version: s.sent_version.clone() },
+            },
+        };
+        let state = self.types.entry(t).or_default();
+        state.sub = Subscription::from_names(t, &req.resource_names);
+        let respond = matches!(received, Received::Initial(_)) || self.differs(t, config);
+        let response = respond.then(|| self.respond(t, config));
+        (received, response)
+    }
+
+    /// A new config: responses, in push order, for every subscribed type
+    /// whose content for this stream changed.
+    pub fn on_config(&mut self, config: &ProxyConfig) -> Vec<DiscoveryResponse> {
+        let changed: Vec<ResourceType> = ResourceType::PUSH_ORDER.into_iter().filter(|t| self.differs(*t, config)).collect();
+        changed.into_iter().map(|t| self.respond(t, config)).collect()
+    }
+
+    fn differs(&self, t: ResourceType, config: &ProxyConfig) -> bool {
+        let Some(state) = self.types.get(&t) else { return false };
+        let now = state.sub.select(config.of(t));
+        now.len() != state.sent.len() || now.iter().zip(&state.sent).any(|(r, (name, version))| r.name != *name || r.version != *version)
+    }
+
+    fn respond(&mut self, t: ResourceType, config: &ProxyConfig) -> DiscoveryResponse {
+        self.nonces += 1;
+        let nonce = self.nonces.to_string();
+        let version = config.revision.to_string();
+        let state = self.types.entry(t).or_default();
+        let selected = state.sub.select(config.of(t));
+        state.sent = selected.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
+        let resources = selected.iter().map(|r| r.any.clone()).collect();
+        state.sent_version = version.clone();
+        state.nonce = nonce.clone();
+        DiscoveryResponse { version_info: version, resources, type_url: t.type_url(), nonce, ..Default::default() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xds::resources::XdsResource;
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use envoy_types::pb::google::rpc::Status;
+
+    fn config(revision: u64, clusters: &[(&str, u32)], endpoints: &[&str]) -> ProxyConfig {
+        let mut c = ProxyConfig { revision, ..Default::default() };
+        for (name, ms) in clusters {
+            let cluster = Cluster { name: name.to_string(), alt_stat_name: format!("v{ms}"), ..Default::default() };
+            c.insert(ResourceType::Cluster, XdsResource::new(*name, &cluster));
+        }
+        for name in endpoints {
+            c.insert(ResourceType::Endpoint, XdsResource::new(*name, &ClusterLoadAssignment { cluster_name: name.to_string(), ..Default::default() }));
+        }
+        c
+    }
+
+    fn req(t: ResourceType, names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: t.type_url(),
+            resource_names: names.iter().map(|s| s.to_string()).collect(),
+            version_info: version.into(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn subscribe_ack_nack_and_stale() {
+        let mut s = SotwStream::default();
+        let c1 = config(1, &[("a", 1), ("b", 1)], &["a"]);
+        let (rx, resp) = s.on_request(&req(ResourceType::Cluster, &[], "", ""), &c1);
+        assert_eq!(rx, Received::Initial(ResourceType::Cluster));
+        let resp = resp.unwrap();
+        assert_eq!((resp.version_info.as_str(), resp.resources.len()), ("1", 2));
+
+        let (rx, again) = s.on_request(&req(ResourceType::Cluster, &[], "1", &resp.nonce), &c1);
+        assert_eq!(rx, Received::Ack { t: ResourceType::Cluster, version: "1".into() });
+        assert!(again.is_none(), "an ACK of unchanged content gets no response");
+
+        // EDS by name: only the requested names that exist.
+        let (_, eds) = s.on_request(&req(ResourceType::Endpoint, &["a", "b"], "", ""), &c1);
+        assert_eq!(eds.unwrap().resources.len(), 1);
+
+        // A change to one cluster: CDS again, EDS unchanged, nothing else.
+        let c2 = config(2, &[("a", 2), ("b", 1)], &["a"]);
+        let pushed = s.on_config(&c2);
+        assert_eq!(pushed.iter().map(|r| ResourceType::from_type_url(&r.type_url).unwrap()).collect::<Vec<_>>(), vec![ResourceType::Cluster]);
+        let n2 = pushed[0].nonce.clone();
+
+        // A revision that changes nothing for this proxy: nothing is sent.
+        assert!(s.on_config(&config(3, &[("a", 2), ("b", 1)], &["a"])).is_empty());
+
+        // The old nonce is stale now.
+        let (rx, r) = s.on_request(&req(ResourceType::Cluster, &[], "1", &resp.nonce), &c2);
+        assert_eq!((rx, r), (Received::Stale(ResourceType::Cluster), None));
+
+        let mut nack = req(ResourceType::Cluster, &[], "1", &n2);
+        nack.error_detail = Some(Status { code: 3, message: "bad cluster a".into(), details: vec![] });
+        let (rx, r) = s.on_request(&nack, &c2);
+        assert_eq!(rx, Received::Nack { t: ResourceType::Cluster, rejected_version: "2".into(), nonce: n2, error: "bad cluster a".into() });
+        assert!(r.is_none(), "a NACKed response is not resent unchanged");
+    }
+
+    #[test]
+    fn names_requested_before_they_exist_arrive_later() {
+        let mut s = SotwStream::default();
+        let c1 = config(1, &[], &[]);
+        let (_, r) = s.on_request(&req(ResourceType::Endpoint, &["x"], "", ""), &c1);
+        assert_eq!(r.unwrap().resources.len(), 0, "the first request is answered even when nothing exists");
+        let pushed = s.on_config(&config(2, &[], &["x", "y"]));
+        assert_eq!(pushed.len(), 1);
+        assert_eq!(pushed[0].resources.len(), 1, "only the requested name");
+    }
+
+    #[test]
+    fn subscription_change_with_ack_is_answered() {
+        let mut s = SotwStream::default();
+        let c = config(5, &[], &["a", "b"]);
+        let (_, r) = s.on_request(&req(ResourceType::Endpoint, &["a"], "", ""), &c);
+        let n = r.unwrap().nonce;
+        let (rx, r) = s.on_request(&req(ResourceType::Endpoint, &["a", "b"], "5", &n), &c);
+        assert!(matches!(rx, Received::Ack { .. }));
+        assert_eq!(r.unwrap().resources.len(), 2);
+    }
+
+    #[test]
+    fn reconnect_is_answered_and_pushes_follow_order() {
+        let mut s = SotwStream::default();
+        let c = config(7, &[("a", 1)], &["a"]);
+        // A reconnect: the client has version 7 already, still gets a nonce.
+        let (rx, r) = s.on_request(&req(ResourceType::Endpoint, &["a"], "7", ""), &c);
+        assert_eq!(rx, Received::Initial(ResourceType::Endpoint));
+        assert_eq!(r.unwrap().version_info, "7");
+        s.on_request(&req(ResourceType::Cluster, &[], "7", ""), &c);
+        let c2 = config(8, &[("a", 2)], &[]);
+        let order: Vec<_> = s.on_config(&c2).iter().map(|r| ResourceType::from_type_url(&r.type_url).unwrap()).collect();
+        assert_eq!(order, vec![ResourceType::Cluster, ResourceType::Endpoint]);
+    }
+}

@@ -1,0 +1,240 @@
+//! Who is connected and how far each proxy is in sync: per stream, per
+//! resource type, the last response sent, the last ACK and the last NACK.
+//! Shared by every ADS stream of a replica and served as JSON at
+//! `GET /debug/syncz`. Only connected proxies are listed: an entry lives as
+//! long as its stream.
+
+use super::resources::ResourceType;
+use crate::model::proxy::{ProxyIdentity, ProxyKind};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The registry: cheap to clone, one per replica.
+#[derive(Clone, Default)]
+pub struct SyncRegistry {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    next_stream: AtomicU64,
+    streams: Mutex<BTreeMap<u64, ProxyStatus>>,
+}
+
+/// Which ADS variant a stream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// State of the world (`StreamAggregatedResources`).
+    Sotw,
+    /// Incremental (`DeltaAggregatedResources`).
+    Delta,
+}
+
+/// One connected proxy (one ADS stream).
+#[derive(Debug, Clone, Serialize)]
+pub struct ProxyStatus {
+    /// Unique per replica run; a reconnecting proxy gets a new one.
+    pub stream: u64,
+    /// The node id as the proxy sent it.
+    pub id: String,
+    pub kind: &'static str,
+    pub ip: String,
+    pub name: String,
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub protocol: Protocol,
+    pub connected_at_unix_ms: u64,
+    /// The store revision of the config this stream currently serves from.
+    pub revision: Option<u64>,
+    /// The last generation failure (the stream keeps serving the previous
+    /// config); cleared by the next success.
+    pub generate_error: Option<String>,
+    /// By short type name (`CDS`, `EDS`, `LDS`, `RDS`).
+    pub types: BTreeMap<&'static str, TypeStatus>,
+}
+
+/// One resource type on one stream.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TypeStatus {
+    /// The last response sent: its version (store revision), nonce, how many
+    /// resources it carried (delta: changed ones) and how many it removed.
+    pub sent_version: Option<String>,
+    pub sent_nonce: Option<String>,
+    pub sent_resources: usize,
+    pub sent_removed: usize,
+    pub sent_at_unix_ms: Option<u64>,
+    /// The version the proxy last accepted (an ACK of our latest response).
+    pub acked_version: Option<String>,
+    pub acked_at_unix_ms: Option<u64>,
+    /// The last rejection, kept after later ACKs so it can be inspected.
+    pub last_nack: Option<Nack>,
+    /// Sent, and the latest response is ACKed.
+    pub in_sync: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Nack {
+    /// The version that was rejected (the response the NACK answers).
+    pub rejected_version: String,
+    pub nonce: String,
+    pub error: String,
+    pub at_unix_ms: u64,
+}
+
+/// Everything, as `/debug/syncz` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SyncStatus {
+    pub proxies: Vec<ProxyStatus>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn kind_name(kind: ProxyKind) -> &'static str {
+    match kind {
+        ProxyKind::Sidecar => "sidecar",
+        ProxyKind::Router => "router",
+    }
+}
+
+impl SyncRegistry {
+    pub fn new() -> SyncRegistry {
+        SyncRegistry::default()
+    }
+
+    fn streams(&self) -> MutexGuard<'_, BTreeMap<u64, ProxyStatus>> {
+        // A panic while holding the lock leaves plain data behind: keep going.
+        self.inner.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Register a new stream; the entry is removed when the handle drops.
+    pub fn connect(&self, identity: &ProxyIdentity, protocol: Protocol) -> StreamHandle {
+        let stream = self.inner.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
+        let status = ProxyStatus {
+            stream,
+            id: identity.id.clone(),
+            kind: kind_name(identity.kind),
+            ip: identity.ip.clone(),
+            name: identity.name.clone(),
+            namespace: identity.namespace.clone(),
+            labels: identity.labels.clone(),
+            protocol,
+            connected_at_unix_ms: now_ms(),
+            revision: None,
+            generate_error: None,
+            types: BTreeMap::new(),
+        };
+        self.streams().insert(stream, status);
+        StreamHandle { registry: self.clone(), stream }
+    }
+
+    /// Every connected proxy, by node id then stream.
+    pub fn snapshot(&self) -> SyncStatus {
+        let mut proxies: Vec<ProxyStatus> = self.streams().values().cloned().collect();
+        proxies.sort_by(|a, b| (&a.id, a.stream).cmp(&(&b.id, b.stream)));
+        SyncStatus { proxies }
+    }
+
+    /// Connected streams right now.
+    pub fn len(&self) -> usize {
+        self.streams().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One stream's entry in the registry. Dropping it removes the entry.
+pub struct StreamHandle {
+    registry: SyncRegistry,
+    stream: u64,
+}
+
+impl StreamHandle {
+    pub fn stream(&self) -> u64 {
+        self.stream
+    }
+
+    fn update(&self, f: impl FnOnce(&mut ProxyStatus)) {
+        if let Some(s) = self.registry.streams().get_mut(&self.stream) {
+            f(s);
+        }
+    }
+
+    fn update_type(&self, t: ResourceType, f: impl FnOnce(&mut TypeStatus)) {
+        self.update(|s| f(s.types.entry(t.short()).or_default()));
+    }
+
+    pub fn generated(&self, revision: u64) {
+        self.update(|s| {
+            s.revision = Some(revision);
+            s.generate_error = None;
+        });
+    }
+
+    pub fn generate_failed(&self, revision: u64, error: &str) {
+        self.update(|s| s.generate_error = Some(format!("revision {revision}: {error}")));
+    }
+
+    pub fn sent(&self, t: ResourceType, version: &str, nonce: &str, resources: usize, removed: usize) {
+        self.update_type(t, |ts| {
+            ts.sent_version = Some(version.to_string());
+            ts.sent_nonce = Some(nonce.to_string());
+            ts.sent_resources = resources;
+            ts.sent_removed = removed;
+            ts.sent_at_unix_ms = Some(now_ms());
+            ts.in_sync = false;
+        });
+    }
+
+    pub fn acked(&self, t: ResourceType, version: &str) {
+        self.update_type(t, |ts| {
+            ts.acked_version = Some(version.to_string());
+            ts.acked_at_unix_ms = Some(now_ms());
+            ts.in_sync = true;
+        });
+    }
+
+    pub fn nacked(&self, t: ResourceType, rejected_version: &str, nonce: &str, error: &str) {
+        self.update_type(t, |ts| {
+            ts.last_nack =
+                Some(Nack { rejected_version: rejected_version.to_string(), nonce: nonce.to_string(), error: error.to_string(), at_unix_ms: now_ms() });
+            ts.in_sync = false;
+        });
+    }
+}
+
+impl Drop for StreamHandle {
+    fn drop(&mut self) {
+        self.registry.streams().remove(&self.stream);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn entries_live_as_long_as_their_stream() {
+        let reg = SyncRegistry::new();
+        let id = ProxyIdentity::parse("sidecar~127.0.0.2~a.ns~ns.svc.cluster.local", &json!({})).unwrap();
+        let h = reg.connect(&id, Protocol::Sotw);
+        h.sent(ResourceType::Cluster, "3", "1", 2, 0);
+        h.nacked(ResourceType::Cluster, "3", "1", "bad cluster");
+        h.acked(ResourceType::Cluster, "3");
+        let snap = serde_json::to_value(reg.snapshot()).unwrap();
+        let cds = &snap["proxies"][0]["types"]["CDS"];
+        assert_eq!((cds["sent_version"].as_str(), cds["acked_version"].as_str(), cds["in_sync"].as_bool()), (Some("3"), Some("3"), Some(true)));
+        assert_eq!(cds["last_nack"]["error"], "bad cluster");
+        assert_eq!(snap["proxies"][0]["protocol"], "sotw");
+        drop(h);
+        assert!(reg.is_empty());
+    }
+}

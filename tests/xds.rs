@@ -1,0 +1,812 @@
+//! The ADS server end to end.
+//!
+//! Translation is not here yet, so most tests run a replica in this process
+//! (`server::run_with`: real raft, store, API and xDS ports) with a test
+//! generator that turns stored VirtualServices into resources, and speak
+//! the protocol with a hand-rolled tonic ADS client. Others start real
+//! Envoys (bootstrapped by `lodestar bootstrap`) against an in-process
+//! replica or a replica process.
+//!
+//! Deterministic: "nothing was sent" is shown by the next response being
+//! the one a later, known change causes, never by waiting for silence.
+//! Waits are bounded polls.
+
+mod common;
+
+use common::envoy::{loopback_prefix, Envoy, EnvoyOptions, Upstream};
+use envoy_types::pb::envoy::config::cluster::v3::cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig};
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::{
+    address, config_source::ConfigSourceSpecifier, socket_address::PortSpecifier, Address, AggregatedConfigSource, ApiVersion, ConfigSource, Locality, Node,
+    SocketAddress,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints};
+use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, Listener};
+use envoy_types::pb::envoy::config::route::v3::{route, route_action, route_match, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router as RouterFilter;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::RouteSpecifier, http_filter, HttpConnectionManager, HttpFilter, Rds,
+};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use envoy_types::util::pack_any;
+use lodestar::config::ServerConfig;
+use lodestar::model::proxy::ProxyIdentity;
+use lodestar::model::Kind;
+use lodestar::store::Applied;
+use lodestar::xds::resources::{Generator, ProxyConfig, ResourceType, XdsResource};
+use prost::Message;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+
+const CDS: ResourceType = ResourceType::Cluster;
+const EDS: ResourceType = ResourceType::Endpoint;
+const LDS: ResourceType = ResourceType::Listener;
+const RDS: ResourceType = ResourceType::Route;
+
+const NODE: &str = "sidecar~127.0.0.9~client.default~default.svc.cluster.local";
+const BOUND: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------
+// An in-process replica.
+
+struct InProcess {
+    api: String,
+    xds: String,
+    http: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl InProcess {
+    async fn start(generator: Arc<dyn Generator>) -> InProcess {
+        Self::start_on(&loopback_prefix(), generator).await
+    }
+
+    /// The replica listens on PREFIX.1 (API :7000, raft :7001, xDS :7002).
+    async fn start_on(prefix: &str, generator: Arc<dyn Generator>) -> InProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let ip = format!("{prefix}.1");
+        let config = ServerConfig {
+            id: 1,
+            data_dir: dir.path().join("data"),
+            api_addr: format!("{ip}:7000"),
+            raft_addr: format!("{ip}:7001"),
+            xds_addr: format!("{ip}:7002"),
+            heartbeat_ms: 50,
+            election_timeout_min_ms: 200,
+            election_timeout_max_ms: 400,
+            ..Default::default()
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(lodestar::server::run_with(config, generator, async move {
+            let _ = stopped.await;
+        }));
+        let r = InProcess {
+            api: format!("http://{ip}:7000"),
+            xds: format!("{ip}:7002"),
+            http: reqwest::Client::new(),
+            stop: Some(stop),
+            task: Some(task),
+            _dir: dir,
+        };
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let ready = r.http.get(format!("{}/readyz", r.api)).timeout(Duration::from_secs(2)).send().await;
+            if ready.is_ok_and(|x| x.status().is_success()) {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "in-process replica not ready within {BOUND:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Apply documents; the revision they produced.
+    async fn apply(&self, docs: Vec<Value>) -> u64 {
+        let (status, body) = common::apply(&self.http, &self.api, docs).await;
+        assert_eq!(status, 200, "apply: {body}");
+        body["revision"].as_u64().expect("revision")
+    }
+
+    async fn delete_vs(&self, name: &str) -> u64 {
+        let r = self.http.delete(format!("{}/v1/resources/vs/default/{name}", self.api)).send().await.unwrap();
+        assert!(r.status().is_success());
+        r.json::<Value>().await.unwrap()["revision"].as_u64().unwrap()
+    }
+
+    async fn syncz(&self) -> Value {
+        syncz(&self.http, &self.api).await
+    }
+
+    async fn wait_syncz(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        wait_syncz(&self.http, &self.api, what, pred).await
+    }
+
+    /// Shut down (as on SIGTERM) and wait for `run_with` to return.
+    async fn stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let result = tokio::time::timeout(BOUND, task).await.expect("replica stops in time").expect("replica task");
+            result.expect("replica ran cleanly");
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+async fn syncz(http: &reqwest::Client, api: &str) -> Value {
+    let (status, body) = common::get_json(http, &format!("{api}/debug/syncz")).await;
+    assert_eq!(status, 200, "syncz: {body}");
+    body
+}
+
+async fn wait_syncz(http: &reqwest::Client, api: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let s = syncz(http, api).await;
+        if pred(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "syncz: {what} not within {BOUND:?}; last: {s:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The one proxy with this node id in a syncz document.
+fn proxy<'a>(s: &'a Value, id: &str) -> Option<&'a Value> {
+    s["proxies"].as_array()?.iter().find(|p| p["id"] == id)
+}
+
+fn acked(s: &Value, id: &str, t: ResourceType, version: u64) -> bool {
+    proxy(s, id).is_some_and(|p| p["types"][t.short()]["acked_version"] == version.to_string().as_str() && p["types"][t.short()]["in_sync"] == true)
+}
+
+// ---------------------------------------------------------------------------
+// Test generators.
+
+/// Every VirtualService becomes a cluster, an endpoint assignment, a
+/// listener and a route configuration named after it. The `tag` label
+/// shows in the cluster and the endpoints (so changing it changes those two
+/// types only); tag `fail` makes generation fail.
+struct VsGenerator;
+
+impl Generator for VsGenerator {
+    fn generate(&self, _proxy: &ProxyIdentity, applied: &Applied) -> Result<ProxyConfig, String> {
+        let mut c = ProxyConfig { revision: applied.revision(), ..Default::default() };
+        for (key, obj) in applied.state.objects.iter() {
+            if key.kind != Kind::VirtualService {
+                continue;
+            }
+            let name = key.name.clone();
+            let tag = obj.body["metadata"]["labels"]["tag"].as_str().unwrap_or("").to_string();
+            if tag == "fail" {
+                return Err(format!("cannot translate {name}"));
+            }
+            c.insert(CDS, XdsResource::new(&name, &Cluster { name: name.clone(), alt_stat_name: tag.clone(), ..Default::default() }));
+            let locality = LocalityLbEndpoints { locality: Some(Locality { zone: tag.clone(), ..Default::default() }), ..Default::default() };
+            c.insert(EDS, XdsResource::new(&name, &ClusterLoadAssignment { cluster_name: name.clone(), endpoints: vec![locality], ..Default::default() }));
+            c.insert(LDS, XdsResource::new(&name, &Listener { name: name.clone(), ..Default::default() }));
+            c.insert(RDS, XdsResource::new(&name, &RouteConfiguration { name: name.clone(), ..Default::default() }));
+        }
+        Ok(c)
+    }
+}
+
+fn socket(ip: &str, port: u32) -> Address {
+    Address {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: ip.to_string(),
+            port_specifier: Some(PortSpecifier::PortValue(port)),
+            ..Default::default()
+        })),
+    }
+}
+
+fn ads() -> ConfigSource {
+    ConfigSource {
+        config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
+        resource_api_version: ApiVersion::V3 as i32,
+        ..Default::default()
+    }
+}
+
+/// A working Envoy config: listener `http` on LISTEN → RDS `routes` →
+/// EDS cluster `upstream` → the upstream helper. With a VirtualService
+/// named `broken` in the store it adds a cluster Envoy must reject.
+struct EnvoyGenerator {
+    upstream: SocketAddr,
+    listen: (String, u32),
+}
+
+impl Generator for EnvoyGenerator {
+    fn generate(&self, _proxy: &ProxyIdentity, applied: &Applied) -> Result<ProxyConfig, String> {
+        let mut c = ProxyConfig { revision: applied.revision(), ..Default::default() };
+        let cluster = Cluster {
+            name: "upstream".into(),
+            cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+            eds_cluster_config: Some(EdsClusterConfig { eds_config: Some(ads()), ..Default::default() }),
+            connect_timeout: Some(PbDuration { seconds: 1, nanos: 0 }),
+            ..Default::default()
+        };
+        c.insert(CDS, XdsResource::new("upstream", &cluster));
+        let endpoint = LbEndpoint {
+            host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+                address: Some(socket(&self.upstream.ip().to_string(), self.upstream.port() as u32)),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let cla = ClusterLoadAssignment {
+            cluster_name: "upstream".into(),
+            endpoints: vec![LocalityLbEndpoints { lb_endpoints: vec![endpoint], ..Default::default() }],
+            ..Default::default()
+        };
+        c.insert(EDS, XdsResource::new("upstream", &cla));
+        let hcm = HttpConnectionManager {
+            stat_prefix: "http".into(),
+            route_specifier: Some(RouteSpecifier::Rds(Rds { config_source: Some(ads()), route_config_name: "routes".into() })),
+            http_filters: vec![HttpFilter {
+                name: "envoy.filters.http.router".into(),
+                config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(RouterFilter::default()))),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let listener = Listener {
+            name: "http".into(),
+            address: Some(socket(&self.listen.0, self.listen.1)),
+            filter_chains: vec![FilterChain {
+                filters: vec![Filter {
+                    name: "envoy.filters.network.http_connection_manager".into(),
+                    config_type: Some(filter::ConfigType::TypedConfig(pack_any(hcm))),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        c.insert(LDS, XdsResource::new("http", &listener));
+        let routes = RouteConfiguration {
+            name: "routes".into(),
+            virtual_hosts: vec![VirtualHost {
+                name: "all".into(),
+                domains: vec!["*".into()],
+                routes: vec![Route {
+                    r#match: Some(RouteMatch { path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())), ..Default::default() }),
+                    action: Some(route::Action::Route(RouteAction {
+                        cluster_specifier: Some(route_action::ClusterSpecifier::Cluster("upstream".into())),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        c.insert(RDS, XdsResource::new("routes", &routes));
+        let broken = applied.state.objects.keys().any(|k| k.kind == Kind::VirtualService && k.name == "broken");
+        if broken {
+            let endpoint = LbEndpoint {
+                host_identifier: Some(HostIdentifier::Endpoint(Endpoint { address: Some(socket("not-an-ip", 80)), ..Default::default() })),
+                ..Default::default()
+            };
+            let bad = Cluster {
+                name: "broken".into(),
+                cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+                connect_timeout: Some(PbDuration { seconds: 1, nanos: 0 }),
+                load_assignment: Some(ClusterLoadAssignment {
+                    cluster_name: "broken".into(),
+                    endpoints: vec![LocalityLbEndpoints { lb_endpoints: vec![endpoint], ..Default::default() }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            c.insert(CDS, XdsResource::new("broken", &bad));
+        }
+        Ok(c)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A hand-rolled ADS client.
+
+fn node(id: &str) -> Node {
+    Node { id: id.to_string(), ..Default::default() }
+}
+
+fn req(t: ResourceType, names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: t.type_url(),
+        resource_names: names.iter().map(|s| s.to_string()).collect(),
+        version_info: version.to_string(),
+        response_nonce: nonce.to_string(),
+        ..Default::default()
+    }
+}
+
+fn first(mut r: DiscoveryRequest) -> DiscoveryRequest {
+    r.node = Some(node(NODE));
+    r
+}
+
+fn ack(r: &DiscoveryResponse, names: &[&str]) -> DiscoveryRequest {
+    let t = ResourceType::from_type_url(&r.type_url).unwrap();
+    req(t, names, &r.version_info, &r.nonce)
+}
+
+fn nack(t: ResourceType, names: &[&str], previous_version: &str, nonce: &str, error: &str) -> DiscoveryRequest {
+    let mut r = req(t, names, previous_version, nonce);
+    r.error_detail = Some(RpcStatus { code: 3, message: error.to_string(), details: vec![] });
+    r
+}
+
+fn dreq(t: ResourceType, subscribe: &[&str], unsubscribe: &[&str], nonce: &str) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: t.type_url(),
+        resource_names_subscribe: subscribe.iter().map(|s| s.to_string()).collect(),
+        resource_names_unsubscribe: unsubscribe.iter().map(|s| s.to_string()).collect(),
+        response_nonce: nonce.to_string(),
+        ..Default::default()
+    }
+}
+
+/// The name inside an encoded resource of type `t`.
+fn resource_name(t: ResourceType, bytes: &[u8]) -> String {
+    match t {
+        CDS => Cluster::decode(bytes).unwrap().name,
+        EDS => ClusterLoadAssignment::decode(bytes).unwrap().cluster_name,
+        LDS => Listener::decode(bytes).unwrap().name,
+        RDS => RouteConfiguration::decode(bytes).unwrap().name,
+    }
+}
+
+fn kind_of(type_url: &str) -> ResourceType {
+    ResourceType::from_type_url(type_url).unwrap_or_else(|| panic!("unexpected type {type_url}"))
+}
+
+fn names(r: &DiscoveryResponse) -> Vec<String> {
+    let t = kind_of(&r.type_url);
+    r.resources.iter().map(|a| resource_name(t, &a.value)).collect()
+}
+
+fn dnames(r: &DeltaDiscoveryResponse) -> Vec<String> {
+    let t = kind_of(&r.type_url);
+    r.resources
+        .iter()
+        .map(|res| {
+            let name = resource_name(t, &res.resource.as_ref().unwrap().value);
+            assert_eq!(name, res.name);
+            name
+        })
+        .collect()
+}
+
+async fn channel(xds: &str) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{xds}")).unwrap().connect().await.expect("connect to the xDS port");
+    AggregatedDiscoveryServiceClient::new(ch)
+}
+
+struct Client<Req, Resp> {
+    tx: mpsc::Sender<Req>,
+    rx: tonic::Streaming<Resp>,
+}
+
+type Sotw = Client<DiscoveryRequest, DiscoveryResponse>;
+type Delta = Client<DeltaDiscoveryRequest, DeltaDiscoveryResponse>;
+
+impl<Req, Resp> Client<Req, Resp> {
+    async fn send(&self, r: Req) {
+        assert!(self.tx.send(r).await.is_ok(), "the request stream is closed");
+    }
+
+    async fn recv(&mut self) -> Resp {
+        match tokio::time::timeout(BOUND, self.rx.message()).await {
+            Ok(Ok(Some(r))) => r,
+            Ok(other) => panic!("stream ended: {:?}", other.err()),
+            Err(_) => panic!("no response within {BOUND:?}"),
+        }
+    }
+}
+
+/// Open a SotW stream whose first request is `first` (the server reads it
+/// before it answers the call).
+async fn sotw(xds: &str, first: DiscoveryRequest) -> Result<Sotw, tonic::Status> {
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(first).await.unwrap();
+    let rx = channel(xds).await.stream_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
+    Ok(Client { tx, rx })
+}
+
+async fn delta(xds: &str, mut first: DeltaDiscoveryRequest) -> Delta {
+    first.node = Some(node(NODE));
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(first).await.unwrap();
+    let rx = channel(xds).await.delta_aggregated_resources(ReceiverStream::new(rx)).await.expect("delta stream").into_inner();
+    Client { tx, rx }
+}
+
+fn dr(name: &str, host: &str) -> Value {
+    json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule", "metadata": {"name": name, "namespace": "default"}, "spec": {"host": host}})
+}
+
+// ---------------------------------------------------------------------------
+// Protocol tests with the hand-rolled client.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sotw_subscribe_ack_nack_stale_and_late_names() {
+    let r = InProcess::start(Arc::new(VsGenerator)).await;
+    let rev1 = r.apply(vec![common::vs("a", "default", "v1"), common::vs("b", "default", "v1")]).await;
+
+    let mut c = sotw(&r.xds, first(req(CDS, &[], "", ""))).await.unwrap();
+    let cds1 = c.recv().await;
+    assert_eq!((kind_of(&cds1.type_url), cds1.version_info.clone(), names(&cds1)), (CDS, rev1.to_string(), vec!["a".to_string(), "b".into()]));
+    c.send(ack(&cds1, &[])).await;
+    // EDS by name, one of them not there yet. Had the ACK above been
+    // answered, the next message would be a CDS one.
+    c.send(req(EDS, &["a", "b", "c"], "", "")).await;
+    let eds1 = c.recv().await;
+    assert_eq!((kind_of(&eds1.type_url), eds1.version_info.clone(), names(&eds1)), (EDS, rev1.to_string(), vec!["a".to_string(), "b".into()]));
+    c.send(ack(&eds1, &["a", "b", "c"])).await;
+    r.wait_syncz("CDS and EDS acked", |s| acked(s, NODE, CDS, rev1) && acked(s, NODE, EDS, rev1)).await;
+
+    // A change to `a`: clusters, then endpoints (make before break); the
+    // listeners and routes it did not change are not sent.
+    let rev2 = r.apply(vec![common::vs("a", "default", "v2")]).await;
+    let p1 = c.recv().await;
+    let p2 = c.recv().await;
+    assert_eq!((kind_of(&p1.type_url), p1.version_info.clone()), (CDS, rev2.to_string()));
+    assert_eq!((kind_of(&p2.type_url), p2.version_info.clone(), names(&p2)), (EDS, rev2.to_string(), vec!["a".to_string(), "b".into()]));
+
+    // A NACK with a stale nonce is neither ACK nor NACK of the latest; the
+    // NACK of the latest CDS is recorded with the rejected version.
+    c.send(nack(CDS, &[], &rev1.to_string(), &cds1.nonce, "stale complaint")).await;
+    c.send(nack(CDS, &[], &rev1.to_string(), &p1.nonce, "cluster a: bad")).await;
+    c.send(ack(&p2, &["a", "b", "c"])).await;
+    let s = r.wait_syncz("EDS acked at rev2", |s| acked(s, NODE, EDS, rev2)).await;
+    let cds = &proxy(&s, NODE).unwrap()["types"]["CDS"];
+    assert_eq!(cds["last_nack"]["error"], "cluster a: bad", "{s:#}");
+    assert_eq!(cds["last_nack"]["rejected_version"], rev2.to_string().as_str());
+    assert_eq!((cds["acked_version"].clone(), cds["in_sync"].clone()), (json!(rev1.to_string()), json!(false)));
+
+    // A revision that changes nothing for this proxy sends nothing: the next
+    // response is the one for the revision after it.
+    let rev3 = r.apply(vec![dr("a", "a.default.svc.cluster.local")]).await;
+    assert!(rev3 > rev2);
+    // `c` was requested before it existed: it arrives with the clusters.
+    let rev4 = r.apply(vec![common::vs("c", "default", "v1")]).await;
+    let p3 = c.recv().await;
+    let p4 = c.recv().await;
+    assert_eq!((kind_of(&p3.type_url), p3.version_info.clone(), names(&p3).len()), (CDS, rev4.to_string(), 3));
+    assert_eq!((kind_of(&p4.type_url), names(&p4)), (EDS, vec!["a".to_string(), "b".into(), "c".into()]));
+    c.send(ack(&p3, &[])).await;
+    c.send(ack(&p4, &["a", "b", "c"])).await;
+
+    // A generation failure keeps the last config and shows in syncz; the
+    // next good revision is pushed.
+    let bad = r.apply(vec![common::vs("d", "default", "fail")]).await;
+    r.wait_syncz("generate error", |s| proxy(s, NODE).is_some_and(|p| p["generate_error"].as_str().is_some_and(|e| e.contains("cannot translate d")))).await;
+    let good = r.apply(vec![common::vs("d", "default", "ok")]).await;
+    assert!(good > bad);
+    let p5 = c.recv().await;
+    assert_eq!((kind_of(&p5.type_url), p5.version_info.clone(), names(&p5).len()), (CDS, good.to_string(), 4));
+    let s = r.syncz().await;
+    assert!(proxy(&s, NODE).unwrap()["generate_error"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sotw_reconnect_with_last_version() {
+    let r = InProcess::start(Arc::new(VsGenerator)).await;
+    let rev = r.apply(vec![common::vs("a", "default", "v1")]).await;
+    let mut c = sotw(&r.xds, first(req(LDS, &[], "", ""))).await.unwrap();
+    let l1 = c.recv().await;
+    c.send(ack(&l1, &[])).await;
+    r.wait_syncz("LDS acked", |s| acked(s, NODE, LDS, rev)).await;
+    drop(c);
+    r.wait_syncz("the closed stream is gone", |s| proxy(s, NODE).is_none()).await;
+
+    // The reconnect carries the version it has and no nonce: it is answered
+    // (same content, same version) so the client has a nonce to ACK.
+    let mut c = sotw(&r.xds, first(req(LDS, &[], &rev.to_string(), ""))).await.unwrap();
+    let l2 = c.recv().await;
+    assert_eq!((l2.version_info.clone(), names(&l2)), (rev.to_string(), vec!["a".to_string()]));
+    assert!(!l2.nonce.is_empty());
+    assert_eq!(l2.resources, l1.resources);
+    c.send(ack(&l2, &[])).await;
+    let s = r.wait_syncz("LDS acked after reconnect", |s| acked(s, NODE, LDS, rev)).await;
+    assert_eq!(s["proxies"].as_array().unwrap().len(), 1, "{s:#}");
+    assert_eq!(proxy(&s, NODE).unwrap()["protocol"], "sotw");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_subscriptions_removals_and_reconnect() {
+    let r = InProcess::start(Arc::new(VsGenerator)).await;
+    let rev1 = r.apply(vec![common::vs("a", "default", "v1"), common::vs("b", "default", "v1")]).await;
+
+    let mut d = delta(&r.xds, dreq(CDS, &[], &[], "")).await;
+    let c1 = d.recv().await;
+    assert_eq!((c1.system_version_info.clone(), dnames(&c1), c1.removed_resources.len()), (rev1.to_string(), vec!["a".to_string(), "b".into()], 0));
+    let versions: HashMap<String, String> = c1.resources.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
+    d.send(dreq(CDS, &[], &[], &c1.nonce)).await;
+
+    // By name: "zz" does not exist and is answered as removed.
+    d.send(dreq(EDS, &["a", "zz"], &[], "")).await;
+    let e1 = d.recv().await;
+    assert_eq!((dnames(&e1), e1.removed_resources.clone()), (vec!["a".to_string()], vec!["zz".to_string()]));
+    d.send(dreq(EDS, &[], &[], &e1.nonce)).await;
+    r.wait_syncz("delta CDS and EDS acked", |s| acked(s, NODE, CDS, rev1) && acked(s, NODE, EDS, rev1)).await;
+
+    // Deleting b: CDS says removed; EDS never had b, so nothing there.
+    let rev2 = r.delete_vs("b").await;
+    let c2 = d.recv().await;
+    assert_eq!((kind_of(&c2.type_url), c2.system_version_info.clone()), (CDS, rev2.to_string()));
+    assert_eq!((dnames(&c2), c2.removed_resources.clone()), (Vec::<String>::new(), vec!["b".to_string()]));
+    d.send(dreq(CDS, &[], &[], &c2.nonce)).await;
+
+    // Changing a: CDS then EDS, only a.
+    let rev3 = r.apply(vec![common::vs("a", "default", "v2")]).await;
+    let c3 = d.recv().await;
+    let e3 = d.recv().await;
+    assert_eq!((kind_of(&c3.type_url), dnames(&c3), c3.system_version_info.clone()), (CDS, vec!["a".to_string()], rev3.to_string()));
+    assert_eq!((kind_of(&e3.type_url), dnames(&e3)), (EDS, vec!["a".to_string()]));
+    d.send(dreq(CDS, &[], &[], &c3.nonce)).await;
+    d.send(dreq(EDS, &[], &[], &e3.nonce)).await;
+
+    // Unsubscribed from EDS a: the next change sends clusters only, and a
+    // NACK of it is recorded.
+    d.send(dreq(EDS, &[], &["a"], "")).await;
+    let rev4 = r.apply(vec![common::vs("a", "default", "v3")]).await;
+    let c4 = d.recv().await;
+    assert_eq!((kind_of(&c4.type_url), c4.system_version_info.clone()), (CDS, rev4.to_string()));
+    let mut n = dreq(CDS, &[], &[], &c4.nonce);
+    n.error_detail = Some(RpcStatus { code: 3, message: "delta says no".into(), details: vec![] });
+    d.send(n).await;
+    let rev5 = r.apply(vec![common::vs("c", "default", "v1")]).await;
+    let c5 = d.recv().await;
+    assert_eq!((kind_of(&c5.type_url), dnames(&c5), c5.system_version_info.clone()), (CDS, vec!["c".to_string()], rev5.to_string()));
+    let s = r.wait_syncz("delta NACK", |s| proxy(s, NODE).is_some_and(|p| !p["types"]["CDS"]["last_nack"].is_null())).await;
+    assert_eq!(proxy(&s, NODE).unwrap()["types"]["CDS"]["last_nack"]["rejected_version"], rev4.to_string().as_str());
+    assert_eq!(proxy(&s, NODE).unwrap()["protocol"], "delta");
+    let a_now = c5.resources.iter().chain(&c4.resources).find(|r| r.name == "a").map(|r| r.version.clone()).unwrap();
+    drop(d);
+
+    // Reconnect: the client still has a (current), b (gone) and an old c.
+    let mut first = dreq(CDS, &["*"], &[], "");
+    first.initial_resource_versions = [("a".to_string(), a_now), ("b".to_string(), versions["b"].clone()), ("c".to_string(), "stale".to_string())].into();
+    let mut d = delta(&r.xds, first).await;
+    let c6 = d.recv().await;
+    assert_eq!((dnames(&c6), c6.removed_resources.clone()), (vec!["c".to_string()], vec!["b".to_string()]));
+    assert_eq!(c6.system_version_info, rev5.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_node_id_is_rejected() {
+    let r = InProcess::start(Arc::new(VsGenerator)).await;
+    let mut bad = req(CDS, &[], "", "");
+    bad.node = Some(node("envoy-1"));
+    let err = sotw(&r.xds, bad).await.err().expect("rejected");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("envoy-1") && err.message().contains("node.id"), "{}", err.message());
+    let err = sotw(&r.xds, req(CDS, &[], "", "")).await.err().expect("rejected without a node");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(r.syncz().await["proxies"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_end_cleanly_on_shutdown() {
+    let mut r = InProcess::start(Arc::new(VsGenerator)).await;
+    let mut c = sotw(&r.xds, first(req(CDS, &[], "", ""))).await.unwrap();
+    c.recv().await;
+    r.stop().await;
+    let end = tokio::time::timeout(BOUND, c.rx.message()).await.expect("stream ends");
+    assert!(matches!(end, Ok(None)), "a clean end (status OK), got {end:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Real Envoys.
+
+/// Envoy, bootstrapped by `lodestar bootstrap` from the replica's member
+/// list, against a replica process serving the default (pre-translation,
+/// empty) config: it connects, ACKs CDS and LDS, and shows up in syncz.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_connects_to_a_replica_process() {
+    common::envoy::envoy_binary();
+    let cluster = common::Cluster::start(1, "").await;
+    let api = cluster.replica(1).api();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut o = EnvoyOptions::new("productpage-v1", &format!("{}.2", loopback_prefix()));
+    o.labels = vec![("app".into(), "productpage".into())];
+    o.server_api = Some(api.clone());
+    let id = o.node_id();
+    let mut envoy = Envoy::start(tmp.path(), o);
+    envoy.wait_ready(BOUND).await;
+    let rev = cluster.local_revision(1).await.unwrap();
+    let s = wait_syncz(&cluster.http, &api, "CDS and LDS acked", |s| acked(s, &id, CDS, rev) && acked(s, &id, LDS, rev)).await;
+    let p = proxy(&s, &id).unwrap();
+    assert_eq!((p["name"].clone(), p["labels"]["app"].clone(), p["kind"].clone()), (json!("productpage-v1"), json!("productpage"), json!("sidecar")));
+    envoy.assert_no_rejections().await;
+}
+
+async fn envoy_smoke(delta: bool) {
+    common::envoy::envoy_binary();
+    let prefix = loopback_prefix();
+    let upstream = Upstream::start(&format!("{prefix}.3"), "reviews-v2").await;
+    let envoy_ip = format!("{prefix}.2");
+    let generator = EnvoyGenerator { upstream: upstream.addr, listen: (envoy_ip.clone(), 18080) };
+    let r = InProcess::start_on(&prefix, Arc::new(generator)).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut o = EnvoyOptions::new("ratings-v1", &envoy_ip);
+    o.delta = delta;
+    o.xds_servers = vec![r.xds.clone()];
+    let id = o.node_id();
+    let mut envoy = Envoy::start(tmp.path(), o);
+    envoy.wait_ready(BOUND).await;
+    envoy.wait_for_cluster("upstream", BOUND).await;
+    envoy.wait_for_listener("http", BOUND).await;
+
+    // Through Envoy to the upstream (the cluster may still be warming).
+    let url = format!("http://{envoy_ip}:18080/hello");
+    let deadline = Instant::now() + BOUND;
+    let body = loop {
+        if let Ok(resp) = r.http.get(&url).timeout(Duration::from_secs(2)).send().await {
+            if resp.status().is_success() {
+                break resp.text().await.unwrap();
+            }
+        }
+        assert!(Instant::now() < deadline, "no 200 through envoy within {BOUND:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(body, "reviews-v2");
+    assert!(upstream.requests().iter().any(|q| q.path == "/hello"));
+
+    let s = r
+        .wait_syncz("all four types acked", |s| {
+            proxy(s, &id)
+                .is_some_and(|p| [CDS, EDS, LDS, RDS].iter().all(|t| p["types"][t.short()]["in_sync"] == true && p["types"][t.short()]["last_nack"].is_null()))
+        })
+        .await;
+    assert_eq!(proxy(&s, &id).unwrap()["protocol"], if delta { "delta" } else { "sotw" });
+    envoy.assert_no_rejections().await;
+
+    // A cluster Envoy must reject: the NACK (Envoy's own error text) is in
+    // syncz, and Envoy keeps serving the last good config.
+    let bad_rev = r.apply(vec![common::vs("broken", "default", "x")]).await;
+    let s = r.wait_syncz("CDS NACK", |s| proxy(s, &id).is_some_and(|p| !p["types"]["CDS"]["last_nack"].is_null())).await;
+    let n = &proxy(&s, &id).unwrap()["types"]["CDS"]["last_nack"];
+    assert_eq!(n["rejected_version"], bad_rev.to_string().as_str(), "{s:#}");
+    assert!(n["error"].as_str().unwrap().contains("not-an-ip"), "{n:#}");
+    envoy.wait_for_stats("cds update_rejected", BOUND, |s| s.get("cluster_manager.cds.update_rejected").is_some_and(|v| *v >= 1)).await;
+    let still = r.http.get(&url).timeout(Duration::from_secs(5)).send().await.unwrap();
+    assert_eq!(still.text().await.unwrap(), "reviews-v2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_routes_through_served_config_sotw() {
+    envoy_smoke(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_routes_through_served_config_delta() {
+    envoy_smoke(true).await;
+}
+
+/// Envoy is bootstrapped with every replica; when the one serving it dies,
+/// it reconnects to another and is in sync there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_fails_over_to_another_replica() {
+    common::envoy::envoy_binary();
+    let mut cluster = common::Cluster::start(3, "").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut o = EnvoyOptions::new("details-v1", &format!("{}.2", loopback_prefix()));
+    o.server_api = Some(cluster.replica(1).api());
+    let id = o.node_id();
+    let mut envoy = Envoy::start(tmp.path(), o);
+    envoy.wait_ready(BOUND).await;
+    let bootstrap = std::fs::read_to_string(tmp.path().join("bootstrap.yaml")).unwrap();
+    for r in &cluster.replicas {
+        assert!(bootstrap.contains(&r.ip), "the bootstrap lists replica {}: {bootstrap}", r.id);
+    }
+
+    let first = replica_serving(&cluster, &id).await;
+    cluster.kill(first);
+    let second = replica_serving(&cluster, &id).await;
+    assert_ne!(first, second);
+    envoy.assert_no_rejections().await;
+}
+
+/// The live replica that has proxy `id` in sync for CDS and LDS.
+async fn replica_serving(cluster: &common::Cluster, id: &str) -> u64 {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        for r in cluster.replicas.iter().filter(|r| r.child.is_some()) {
+            let Ok(resp) = cluster.http.get(format!("{}/debug/syncz", r.api())).timeout(Duration::from_secs(2)).send().await else { continue };
+            let Ok(s) = resp.json::<Value>().await else { continue };
+            if proxy(&s, id).is_some_and(|p| p["types"]["CDS"]["in_sync"] == true && p["types"]["LDS"]["in_sync"] == true) {
+                return r.id;
+            }
+        }
+        assert!(Instant::now() < deadline, "no live replica has {id} in sync within {BOUND:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A gate a generator waits at, opened and closed by the test.
+#[derive(Default)]
+struct Gate {
+    closed: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    fn set(&self, closed: bool) {
+        *self.closed.lock().unwrap() = closed;
+        self.cv.notify_all();
+    }
+    fn pass(&self) {
+        let mut closed = self.closed.lock().unwrap();
+        while *closed {
+            closed = self.cv.wait(closed).unwrap();
+        }
+    }
+}
+
+/// [`VsGenerator`] that records the revisions it generates for and waits
+/// at a gate first.
+struct GatedGenerator {
+    gate: Arc<Gate>,
+    seen: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl Generator for GatedGenerator {
+    fn generate(&self, proxy: &ProxyIdentity, applied: &Applied) -> Result<ProxyConfig, String> {
+        self.seen.lock().unwrap().push(applied.revision());
+        self.gate.pass();
+        VsGenerator.generate(proxy, applied)
+    }
+}
+
+/// Revisions that arrive while a stream is busy are coalesced: it then
+/// generates once, for the newest, and never sends the ones in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revisions_arriving_during_a_push_are_coalesced() {
+    let gate = Arc::new(Gate::default());
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let r = InProcess::start(Arc::new(GatedGenerator { gate: gate.clone(), seen: seen.clone() })).await;
+    let rev0 = r.apply(vec![common::vs("a", "default", "v0")]).await;
+    let mut c = sotw(&r.xds, first(req(CDS, &[], "", ""))).await.unwrap();
+    assert_eq!(c.recv().await.version_info, rev0.to_string());
+
+    // The stream is stuck generating revision A ...
+    gate.set(true);
+    let a = r.apply(vec![common::vs("a", "default", "v1")]).await;
+    let deadline = Instant::now() + BOUND;
+    while !seen.lock().unwrap().contains(&a) {
+        assert!(Instant::now() < deadline, "generation for {a} did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ... while B, C and D commit.
+    let mut last = a;
+    for tag in ["v2", "v3", "v4"] {
+        last = r.apply(vec![common::vs("a", "default", tag)]).await;
+    }
+    gate.set(false);
+    let p1 = c.recv().await;
+    let p2 = c.recv().await;
+    assert_eq!((p1.version_info.clone(), p2.version_info.clone()), (a.to_string(), last.to_string()));
+    // Generated once at connect, once for A, once for the newest.
+    assert_eq!(*seen.lock().unwrap(), vec![rev0, a, last]);
+}
