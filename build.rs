@@ -11,8 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// The Envoy API protos Lodestar emits, compiled into a descriptor set
 /// (`$OUT_DIR/envoy_descriptors.bin`) so that resources can be rendered as
 /// proto-JSON (golden tests, config dumps). The `.proto` files come from the
-/// envoy-types crate, located through `cargo metadata`, so this works for
-/// registry, vendored and git sources alike.
+/// envoy-types crate (see `envoy_types_proto_dir`).
 fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
     const FILES: &[&str] = &[
         "envoy/config/cluster/v3/cluster.proto",
@@ -28,19 +27,7 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
         "envoy/extensions/transport_sockets/tls/v3/tls.proto",
         "envoy/extensions/retry/host/previous_hosts/v3/previous_hosts.proto",
     ];
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo).args(["metadata", "--format-version", "1", "--offline"]).output()?;
-    if !out.status.success() {
-        return Err(format!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    let meta = String::from_utf8(out.stdout)?;
-    let manifest = meta
-        .split("\"manifest_path\":\"")
-        .skip(1)
-        .filter_map(|rest| rest.split('"').next())
-        .find(|p| p.contains("envoy-types") && p.ends_with("Cargo.toml"))
-        .ok_or("envoy-types not found in cargo metadata")?;
-    let root = std::path::Path::new(manifest).parent().ok_or("bad manifest path")?.join("proto");
+    let root = envoy_types_proto_dir()?;
     let includes: Vec<std::path::PathBuf> = ["data-plane-api", "xds", "googleapis", "protoc-gen-validate", "cel-spec", "opentelemetry-proto", "client_model"]
         .iter()
         .map(|d| root.join(d))
@@ -63,4 +50,39 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(out_dir.join("envoy_descriptors.bin"), prost::Message::encode_to_vec(&set))?;
     println!("cargo:rerun-if-changed=Cargo.lock");
     Ok(())
+}
+
+/// Where the envoy-types crate keeps its `.proto` files: `ENVOY_TYPES_PROTO_DIR`
+/// if set; else the cargo registry's unpacked copy (the usual case; cargo
+/// unpacked it to build the dependency); else `cargo metadata` (vendored or
+/// git sources; may need the network to resolve the whole graph).
+fn envoy_types_proto_dir() -> Result<std::path::PathBuf, Box<dyn std::error::Error>> {
+    const CRATE_DIR: &str = "envoy-types-0.7.7";
+    println!("cargo:rerun-if-env-changed=ENVOY_TYPES_PROTO_DIR");
+    if let Ok(dir) = std::env::var("ENVOY_TYPES_PROTO_DIR") {
+        return Ok(dir.into());
+    }
+    let cargo_home =
+        std::env::var("CARGO_HOME").map(std::path::PathBuf::from).or_else(|_| std::env::var("HOME").map(|h| std::path::Path::new(&h).join(".cargo")))?;
+    if let Ok(registries) = std::fs::read_dir(cargo_home.join("registry/src")) {
+        for reg in registries.flatten() {
+            let dir = reg.path().join(CRATE_DIR).join("proto");
+            if dir.is_dir() {
+                return Ok(dir);
+            }
+        }
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo).args(["metadata", "--format-version", "1"]).output()?;
+    if !out.status.success() {
+        return Err(format!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let meta = String::from_utf8(out.stdout)?;
+    let manifest = meta
+        .split("\"manifest_path\":\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .find(|p| p.contains("envoy-types") && p.ends_with("Cargo.toml"))
+        .ok_or("envoy-types not found in cargo metadata; set ENVOY_TYPES_PROTO_DIR")?;
+    Ok(std::path::Path::new(manifest).parent().ok_or("bad manifest path")?.join("proto"))
 }

@@ -135,8 +135,8 @@ pub fn exported_to(export_to: &[String], own: &str, namespace: &str) -> bool {
 pub struct Mesh {
     pub revision: u64,
     pub config: Arc<MeshConfig>,
-    /// By hostname.
-    pub services: BTreeMap<String, Arc<Service>>,
+    /// By hostname. Shared between revisions that changed no service.
+    pub services: Arc<BTreeMap<String, Arc<Service>>>,
     /// Oldest first (Istio's precedence among conflicting rules).
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
     pub destination_rules: Vec<Arc<Config<DestinationRule>>>,
@@ -144,6 +144,174 @@ pub struct Mesh {
     pub sidecars: Vec<Arc<Config<Sidecar>>>,
     /// Objects left out, with why.
     pub skipped: Vec<(ResourceKey, String)>,
+    /// VirtualServices by each exact host they name (resolved to an FQDN),
+    /// and those naming a wildcard; each list oldest first.
+    /// (Persistent maps: an update shares all untouched entries.)
+    pub vs_by_host: imbl::OrdMap<String, Vec<Arc<Config<VirtualService>>>>,
+    pub vs_wildcard: Vec<Arc<Config<VirtualService>>>,
+    /// DestinationRules by exact host, and wildcard ones; oldest first.
+    pub dr_by_host: imbl::OrdMap<String, Vec<Arc<Config<DestinationRule>>>>,
+    pub dr_wildcard: Vec<Arc<Config<DestinationRule>>>,
+}
+
+impl Mesh {
+    /// VirtualServices that may name `host` (exact or wildcard), oldest first.
+    pub fn virtual_services_for_host(&self, host: &str) -> Vec<&Arc<Config<VirtualService>>> {
+        let mut out: Vec<&Arc<Config<VirtualService>>> = self.vs_by_host.get(host).into_iter().flatten().collect();
+        let suffix = &self.config.domain_suffix;
+        out.extend(
+            self.vs_wildcard
+                .iter()
+                .filter(|vs| vs.spec.hosts.iter().any(|h| istio::host_matches(&istio::resolve_short_name(h, &vs.key.namespace, suffix), host))),
+        );
+        out.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        out.dedup_by(|a, b| a.key == b.key);
+        out
+    }
+
+    /// DestinationRules whose host matches `host` (exact or wildcard).
+    pub fn destination_rules_for_host(&self, host: &str) -> Vec<&Arc<Config<DestinationRule>>> {
+        let suffix = &self.config.domain_suffix;
+        let mut out: Vec<&Arc<Config<DestinationRule>>> = self.dr_by_host.get(host).into_iter().flatten().collect();
+        out.extend(self.dr_wildcard.iter().filter(|dr| istio::host_matches(&istio::resolve_short_name(&dr.spec.host, &dr.key.namespace, suffix), host)));
+        out.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        out
+    }
+
+    /// The mesh at `applied`'s revision from the mesh at the revision of
+    /// `prev_objects`, when the changes in between touch only traffic rules
+    /// (VirtualService, DestinationRule, Gateway, Sidecar): services are
+    /// shared, only the changed rules are re-read. `None` when something
+    /// else changed (then `build` it).
+    pub fn update_rules(&self, prev_objects: &crate::store::state::Objects, applied: &Applied) -> Option<Mesh> {
+        use imbl::ordmap::DiffItem;
+        let mut changed: Vec<(&ResourceKey, Option<&Arc<StoredObject>>)> = Vec::new();
+        for d in prev_objects.diff(&applied.state.objects) {
+            let (key, now) = match d {
+                DiffItem::Add(k, o) => (k, Some(o)),
+                DiffItem::Update { new: (k, o), .. } => (k, Some(o)),
+                DiffItem::Remove(k, _) => (k, None),
+            };
+            if !matches!(key.kind, Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar) {
+                return None;
+            }
+            changed.push((key, now));
+        }
+        let mut mesh = Mesh {
+            revision: applied.revision(),
+            config: self.config.clone(),
+            services: self.services.clone(),
+            virtual_services: self.virtual_services.clone(),
+            destination_rules: self.destination_rules.clone(),
+            gateways: self.gateways.clone(),
+            sidecars: self.sidecars.clone(),
+            skipped: self.skipped.clone(),
+            vs_by_host: self.vs_by_host.clone(),
+            vs_wildcard: self.vs_wildcard.clone(),
+            dr_by_host: self.dr_by_host.clone(),
+            dr_wildcard: self.dr_wildcard.clone(),
+        };
+        for (key, _) in &changed {
+            if let Some(old) = self.virtual_services.iter().find(|c| c.key == **key) {
+                mesh.unindex_vs(old);
+            }
+            if let Some(old) = self.destination_rules.iter().find(|c| c.key == **key) {
+                mesh.unindex_dr(old);
+            }
+        }
+        for (key, now) in changed {
+            mesh.virtual_services.retain(|c| c.key != *key);
+            mesh.destination_rules.retain(|c| c.key != *key);
+            mesh.gateways.retain(|c| c.key != *key);
+            mesh.sidecars.retain(|c| c.key != *key);
+            mesh.skipped.retain(|(k, _)| k != key);
+            let Some(obj) = now else { continue };
+            match obj.typed().map(|t| t.as_ref()) {
+                Ok(TypedSpec::Istio(Validated::VirtualService { spec, .. })) => {
+                    let c = to_config(obj, spec.as_ref());
+                    mesh.index_vs(&c);
+                    mesh.virtual_services.push(c);
+                }
+                Ok(TypedSpec::Istio(Validated::DestinationRule { spec, .. })) => {
+                    let c = to_config(obj, spec.as_ref());
+                    mesh.index_dr(&c);
+                    mesh.destination_rules.push(c);
+                }
+                Ok(TypedSpec::Istio(Validated::Gateway { spec, .. })) => mesh.gateways.push(to_config(obj, spec.as_ref())),
+                Ok(TypedSpec::Istio(Validated::Sidecar { spec, .. })) => mesh.sidecars.push(to_config(obj, spec.as_ref())),
+                Ok(_) => {}
+                Err(e) => mesh.skipped.push((key.clone(), e.to_string())),
+            }
+        }
+        mesh.virtual_services.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.destination_rules.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.sidecars.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        Some(mesh)
+    }
+
+    fn vs_hosts(&self, vs: &Config<VirtualService>) -> Vec<String> {
+        vs.spec.hosts.iter().map(|h| istio::resolve_short_name(h, &vs.key.namespace, &self.config.domain_suffix)).collect()
+    }
+
+    fn dr_host(&self, dr: &Config<DestinationRule>) -> String {
+        istio::resolve_short_name(&dr.spec.host, &dr.key.namespace, &self.config.domain_suffix)
+    }
+
+    fn index_vs(&mut self, vs: &Arc<Config<VirtualService>>) {
+        let hosts = self.vs_hosts(vs);
+        if hosts.iter().any(|h| h.contains('*')) {
+            self.vs_wildcard.push(vs.clone());
+        }
+        for h in hosts.into_iter().filter(|h| !h.contains('*')) {
+            let entry = self.vs_by_host.entry(h).or_default();
+            entry.push(vs.clone());
+            entry.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        }
+    }
+
+    fn unindex_vs(&mut self, vs: &Arc<Config<VirtualService>>) {
+        self.vs_wildcard.retain(|c| c.key != vs.key);
+        for h in self.vs_hosts(vs) {
+            if let Some(list) = self.vs_by_host.get_mut(&h) {
+                list.retain(|c| c.key != vs.key);
+                if list.is_empty() {
+                    self.vs_by_host.remove(&h);
+                }
+            }
+        }
+    }
+
+    fn index_dr(&mut self, dr: &Arc<Config<DestinationRule>>) {
+        let host = self.dr_host(dr);
+        if host.contains('*') {
+            self.dr_wildcard.push(dr.clone());
+        } else {
+            let entry = self.dr_by_host.entry(host).or_default();
+            entry.push(dr.clone());
+            entry.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        }
+    }
+
+    fn unindex_dr(&mut self, dr: &Arc<Config<DestinationRule>>) {
+        self.dr_wildcard.retain(|c| c.key != dr.key);
+        let host = self.dr_host(dr);
+        if let Some(list) = self.dr_by_host.get_mut(&host) {
+            list.retain(|c| c.key != dr.key);
+            if list.is_empty() {
+                self.dr_by_host.remove(&host);
+            }
+        }
+    }
+
+    fn index_rules(&mut self) {
+        for vs in self.virtual_services.clone() {
+            self.index_vs(&vs);
+        }
+        for dr in self.destination_rules.clone() {
+            self.index_dr(&dr);
+        }
+    }
 }
 
 fn labels_of(o: &StoredObject) -> BTreeMap<String, String> {
@@ -185,10 +353,10 @@ impl Mesh {
                 TypedSpec::Lease(_) => {}
             }
         }
-        mesh.virtual_services.sort_by_key(|c| (c.create_revision, c.key.clone()));
-        mesh.destination_rules.sort_by_key(|c| (c.create_revision, c.key.clone()));
-        mesh.gateways.sort_by_key(|c| (c.create_revision, c.key.clone()));
-        mesh.sidecars.sort_by_key(|c| (c.create_revision, c.key.clone()));
+        mesh.virtual_services.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.destination_rules.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.sidecars.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
 
         let suffix = &config.domain_suffix;
         let mut services: BTreeMap<String, Service> = BTreeMap::new();
@@ -297,11 +465,14 @@ impl Mesh {
                 });
             }
         }
+        let mut by_host = BTreeMap::new();
         for (_, mut svc) in services {
             svc.instances.sort();
             svc.sources.sort();
-            mesh.services.insert(svc.hostname.clone(), Arc::new(svc));
+            by_host.insert(svc.hostname.clone(), Arc::new(svc));
         }
+        mesh.services = Arc::new(by_host);
+        mesh.index_rules();
         mesh
     }
 

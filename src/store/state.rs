@@ -13,12 +13,16 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+/// Every stored object by key: a persistent map, so a clone is O(1) and two
+/// revisions can be diffed in time proportional to what changed.
+pub type Objects = OrdMap<ResourceKey, Arc<StoredObject>>;
+
 #[derive(Debug, Clone, Default)]
 pub struct State {
     /// Cluster-wide store revision: +1 for each transaction that changes
     /// something. Identical on every replica for the same applied log.
     pub revision: u64,
-    pub objects: OrdMap<ResourceKey, Arc<StoredObject>>,
+    pub objects: Objects,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,6 +19,7 @@ use crate::mesh::{Config, Mesh, MeshConfig, Service};
 use crate::model::istio::gateway::Server;
 use crate::model::istio::{host_matches, resolve_short_name, DestinationRule};
 use crate::model::proxy::{ProxyIdentity, ProxyKind};
+use crate::store::state::Objects;
 use crate::store::Applied;
 use crate::xds::resources::{Generator, ProxyConfig, ResourceType, XdsResource};
 pub use cluster::outbound_cluster_name;
@@ -37,10 +38,9 @@ use std::sync::{Arc, Mutex};
 pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -> Option<&'a Config<DestinationRule>> {
     let suffix = &mesh.config.domain_suffix;
     let candidates: Vec<&'a Arc<Config<DestinationRule>>> = mesh
-        .destination_rules
-        .iter()
+        .destination_rules_for_host(&svc.hostname)
+        .into_iter()
         .filter(|dr| crate::mesh::exported_to(&dr.spec.export_to, &dr.key.namespace, proxy_ns))
-        .filter(|dr| host_matches(&resolve_short_name(&dr.spec.host, &dr.key.namespace, suffix), &svc.hostname))
         .collect();
     let exact = |dr: &&Arc<Config<DestinationRule>>| resolve_short_name(&dr.spec.host, &dr.key.namespace, suffix) == svc.hostname;
     for ns_pref in [proxy_ns, svc.namespace.as_str(), mesh.config.root_namespace.as_str()] {
@@ -84,15 +84,67 @@ fn is_eds(c: &Cluster) -> bool {
 
 /// Translate everything one proxy needs from one mesh snapshot.
 pub fn translate(mesh: &Mesh, proxy: &ProxyIdentity) -> ProxyConfig {
-    let mut cfg = ProxyConfig { revision: mesh.revision, ..Default::default() };
-    match proxy.kind {
-        ProxyKind::Sidecar => sidecar(&mut cfg, mesh, proxy),
-        ProxyKind::Router => gateway(&mut cfg, mesh, proxy),
-    }
-    cfg
+    translate_with_parts(mesh, proxy).0
 }
 
-fn sidecar(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
+fn translate_with_parts(mesh: &Mesh, proxy: &ProxyIdentity) -> (ProxyConfig, BTreeMap<String, RdsParts>) {
+    let mut cfg = ProxyConfig { revision: mesh.revision, ..Default::default() };
+    let mut rds = BTreeMap::new();
+    match proxy.kind {
+        ProxyKind::Sidecar => sidecar(&mut cfg, &mut rds, mesh, proxy),
+        ProxyKind::Router => gateway(&mut cfg, mesh, proxy),
+    }
+    (cfg, rds)
+}
+
+/// One virtual host of a sidecar route table, encoded, with what it was
+/// built for: an incremental translation re-encodes only the parts whose
+/// host a change touched and copies the rest.
+#[derive(Clone)]
+struct VhostPart {
+    hostname: String,
+    /// Its domains, after de-duplication against the earlier parts (they
+    /// depend only on the services, so an incremental rebuild reuses them).
+    domains: Arc<Vec<String>>,
+    bytes: Arc<Vec<u8>>,
+    /// Hash of `bytes`, so a table's version costs one step per part.
+    hash: u64,
+}
+
+impl VhostPart {
+    fn build(ctx: &RouteCtx, svc: &Service, domains: Vec<String>) -> VhostPart {
+        let bytes = Arc::new(encode::virtual_host_bytes(&route::virtual_host(ctx, svc, domains.clone())));
+        let hash = crate::xds::resources::fnv1a(&bytes);
+        VhostPart { hostname: svc.hostname.clone(), domains: Arc::new(domains), bytes, hash }
+    }
+}
+
+/// The parts of one sidecar route table (RDS resource).
+#[derive(Clone)]
+struct RdsParts {
+    port: u32,
+    parts: Vec<VhostPart>,
+}
+
+fn assemble_route(name: &str, parts: &[VhostPart]) -> XdsResource {
+    let shell = RouteConfiguration {
+        name: name.to_string(),
+        validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }),
+        ..Default::default()
+    };
+    let bytes: Vec<&[u8]> = parts.iter().map(|p| p.bytes.as_slice()).collect();
+    let encoded = encode::route_configuration_from_parts(&shell, &bytes);
+    // The version: a hash of the shell and of each part's hash (content
+    // derived and deterministic like any other version, without hashing
+    // the whole table again).
+    let mut summary = prost::Message::encode_to_vec(&shell);
+    for p in parts {
+        summary.extend_from_slice(&p.hash.to_le_bytes());
+    }
+    XdsResource::with_version::<RouteConfiguration>(name.to_string(), encoded, format!("{:016x}", crate::xds::resources::fnv1a(&summary)))
+}
+
+fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &Mesh, proxy: &ProxyIdentity) {
     let sc = scope::sidecar_for(mesh, proxy);
     let plans = scope::egress_plans(mesh, proxy, sc.map(|s| s.as_ref()));
     let suffix = &mesh.config.domain_suffix;
@@ -104,21 +156,16 @@ fn sidecar(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
         if !http.is_empty() {
             let route_name = plan.route_name(&proxy.ip);
             let mut seen = BTreeSet::new();
-            let virtual_hosts = http
+            let parts: Vec<VhostPart> = http
                 .iter()
                 .map(|svc| {
                     // Envoy rejects a domain listed by two virtual hosts.
                     let domains = route::domains(svc, plan.port, &proxy.namespace, suffix).into_iter().filter(|d| seen.insert(d.clone())).collect();
-                    route::virtual_host(&ctx, svc, domains)
+                    VhostPart::build(&ctx, svc, domains)
                 })
                 .collect();
-            let rc = RouteConfiguration {
-                name: route_name.clone(),
-                virtual_hosts,
-                validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }),
-                ..Default::default()
-            };
-            cfg.insert(ResourceType::Route, route_resource(&rc));
+            cfg.insert(ResourceType::Route, assemble_route(&route_name, &parts));
+            rds.insert(route_name.clone(), RdsParts { port: plan.port, parts });
             let l = listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name));
             cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
         } else if let Some(svc) = plan.services.values().next() {
@@ -279,33 +326,125 @@ fn gateway(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
     add_service_clusters(cfg, mesh, proxy, &all);
 }
 
-/// The [`Generator`] the xDS server uses: builds the mesh once per store
-/// revision (shared by every proxy) and translates per proxy.
+/// What the translator remembers of a proxy's last translation.
+struct Previous {
+    identity: ProxyIdentity,
+    objects: Objects,
+    config: ProxyConfig,
+    rds: BTreeMap<String, RdsParts>,
+}
+
+/// The [`Generator`] the xDS server uses. It builds the mesh once per store
+/// revision (shared by every proxy) and translates per proxy,
+/// incrementally where it can: when only VirtualServices changed since a
+/// proxy's last translation, only the virtual hosts of the hosts they name
+/// (before and after the change) are re-translated; route tables are
+/// re-assembled from the other, already encoded, virtual hosts, and every
+/// other resource type is shared with the previous config as is.
 pub struct Translator {
     config: Arc<MeshConfig>,
-    mesh: Mutex<Option<Arc<Mesh>>>,
+    /// The last mesh built, with the store objects it was built from.
+    mesh: Mutex<Option<(Arc<Mesh>, Objects)>>,
+    previous: Mutex<std::collections::HashMap<String, Arc<Previous>>>,
 }
 
 impl Translator {
     pub fn new(config: MeshConfig) -> Translator {
-        Translator { config: Arc::new(config), mesh: Mutex::new(None) }
+        Translator { config: Arc::new(config), mesh: Mutex::new(None), previous: Mutex::new(Default::default()) }
     }
 
+    /// The mesh at `applied`'s revision, built once per revision and
+    /// updated from the previous one when only traffic rules changed.
     pub fn mesh(&self, applied: &Applied) -> Arc<Mesh> {
         let mut cached = self.mesh.lock().unwrap_or_else(|p| p.into_inner());
-        match &*cached {
-            Some(m) if m.revision == applied.revision() => m.clone(),
-            _ => {
-                let m = Arc::new(Mesh::build(applied, self.config.clone()));
-                *cached = Some(m.clone());
-                m
+        if let Some((m, _)) = &*cached {
+            if m.revision == applied.revision() {
+                return m.clone();
             }
         }
+        let m = match &*cached {
+            Some((prev, objects)) if prev.revision < applied.revision() => prev.update_rules(objects, applied),
+            _ => None,
+        };
+        let m = Arc::new(m.unwrap_or_else(|| Mesh::build(applied, self.config.clone())));
+        *cached = Some((m.clone(), applied.state.objects.clone()));
+        m
+    }
+
+    /// Hosts whose virtual hosts a set of changes can affect, if the changes
+    /// allow an incremental translation (only VirtualServices, naming exact
+    /// hosts, with no TCP routes): `None` means translate in full.
+    fn vs_only_hosts(&self, prev: &Previous, applied: &Applied) -> Option<BTreeSet<String>> {
+        let suffix = &self.config.domain_suffix;
+        let mut hosts = BTreeSet::new();
+        let mut add = |obj: &crate::model::StoredObject| -> Option<()> {
+            if obj.key.kind != crate::model::Kind::VirtualService {
+                return None;
+            }
+            let Ok(typed) = obj.typed() else { return None };
+            let crate::model::TypedSpec::Istio(crate::model::istio::Validated::VirtualService { spec, .. }) = typed.as_ref() else { return None };
+            if !spec.tcp.is_empty() {
+                return None;
+            }
+            for h in &spec.hosts {
+                let h = resolve_short_name(h, &obj.key.namespace, suffix);
+                if h.contains('*') {
+                    return None;
+                }
+                hosts.insert(h);
+            }
+            Some(())
+        };
+        for d in prev.objects.diff(&applied.state.objects) {
+            match d {
+                imbl::ordmap::DiffItem::Add(_, o) | imbl::ordmap::DiffItem::Remove(_, o) => add(o)?,
+                imbl::ordmap::DiffItem::Update { old, new } => {
+                    add(old.1)?;
+                    add(new.1)?;
+                }
+            }
+        }
+        Some(hosts)
+    }
+
+    fn incremental(&self, prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, hosts: &BTreeSet<String>) -> (ProxyConfig, BTreeMap<String, RdsParts>) {
+        let mut cfg = prev.config.clone();
+        cfg.revision = mesh.revision;
+        let mut rds = prev.rds.clone();
+        for (name, table) in rds.iter_mut() {
+            if !table.parts.iter().any(|p| hosts.contains(&p.hostname)) {
+                continue;
+            }
+            let ctx = RouteCtx { mesh, proxy, port: table.port, gateway: None };
+            for part in table.parts.iter_mut().filter(|p| hosts.contains(&p.hostname)) {
+                let Some(svc) = mesh.services.get(&part.hostname) else { continue };
+                *part = VhostPart::build(&ctx, svc, part.domains.as_ref().clone());
+            }
+            cfg.insert(ResourceType::Route, assemble_route(name, &table.parts));
+        }
+        (cfg, rds)
     }
 }
 
 impl Generator for Translator {
     fn generate(&self, proxy: &ProxyIdentity, applied: &Applied) -> Result<ProxyConfig, String> {
-        Ok(translate(&self.mesh(applied), proxy))
+        let mesh = self.mesh(applied);
+        let prev = self.previous.lock().unwrap_or_else(|p| p.into_inner()).get(&proxy.id).cloned();
+        let prev = prev.filter(|p| p.identity == *proxy && p.config.revision <= applied.revision());
+        let (config, rds) = match (&prev, proxy.kind) {
+            (Some(p), ProxyKind::Sidecar) if p.config.revision == applied.revision() => return Ok(p.config.clone()),
+            (Some(p), ProxyKind::Sidecar) => match self.vs_only_hosts(p, applied) {
+                Some(hosts) => self.incremental(p, &mesh, proxy, &hosts),
+                None => translate_with_parts(&mesh, proxy),
+            },
+            _ => translate_with_parts(&mesh, proxy),
+        };
+        let entry = Arc::new(Previous { identity: proxy.clone(), objects: applied.state.objects.clone(), config: config.clone(), rds });
+        self.previous.lock().unwrap_or_else(|p| p.into_inner()).insert(proxy.id.clone(), entry);
+        Ok(config)
+    }
+
+    fn forget(&self, proxy_id: &str) {
+        self.previous.lock().unwrap_or_else(|p| p.into_inner()).remove(proxy_id);
     }
 }

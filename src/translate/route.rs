@@ -74,13 +74,7 @@ impl RouteCtx<'_> {
 
 /// The oldest VirtualService that applies here and names `host`.
 pub fn virtual_service_for<'a>(ctx: &RouteCtx<'a>, host: &str) -> Option<&'a Config<VirtualService>> {
-    let suffix = &ctx.mesh.config.domain_suffix;
-    ctx.mesh
-        .virtual_services
-        .iter()
-        .filter(|vs| ctx.vs_applies(vs))
-        .find(|vs| vs.spec.hosts.iter().any(|h| crate::model::istio::host_matches(&resolve_short_name(h, &vs.key.namespace, suffix), host)))
-        .map(|v| v.as_ref())
+    ctx.mesh.virtual_services_for_host(host).into_iter().find(|vs| ctx.vs_applies(vs)).map(|v| v.as_ref())
 }
 
 /// Domains a service answers to from a proxy in `proxy_ns`: the FQDN and,

@@ -98,9 +98,24 @@ impl DeltaStream {
     }
 
     /// A new config: responses, in push order, with what changed per type.
+    /// The endpoints of every cluster sent are sent again, even unchanged:
+    /// Envoy rebuilds an updated EDS cluster and keeps it warming until its
+    /// endpoints arrive (else until its initial fetch timeout, 15 s).
     pub fn on_config(&mut self, config: &ProxyConfig) -> Vec<DeltaDiscoveryResponse> {
         let subscribed: Vec<ResourceType> = ResourceType::PUSH_ORDER.into_iter().filter(|t| self.types.contains_key(t)).collect();
-        subscribed.into_iter().filter_map(|t| self.diff(t, config, &BTreeSet::new(), false)).collect()
+        let mut out = Vec::new();
+        for t in subscribed {
+            let Some(r) = self.diff(t, config, &BTreeSet::new(), false) else { continue };
+            if t == ResourceType::Cluster {
+                if let Some(eds) = self.types.get_mut(&ResourceType::Endpoint) {
+                    for c in &r.resources {
+                        eds.known.remove(&c.name);
+                    }
+                }
+            }
+            out.push(r);
+        }
+        out
     }
 
     /// The response that brings the client from `known` to the config, or
@@ -244,5 +259,17 @@ mod tests {
         s.on_request(&req(ResourceType::Cluster, &[], &[], ""), &c1);
         let order: Vec<_> = s.on_config(&config(2, &[("a", 1)], &["a"])).iter().map(|r| ResourceType::from_type_url(&r.type_url).unwrap()).collect();
         assert_eq!(order, vec![ResourceType::Cluster, ResourceType::Endpoint]);
+    }
+
+    #[test]
+    fn an_updated_cluster_gets_its_endpoints_again() {
+        let mut s = DeltaStream::default();
+        let c1 = config(1, &[("a", 1), ("b", 1)], &["a", "b"]);
+        s.on_request(&req(ResourceType::Cluster, &[], &[], ""), &c1);
+        s.on_request(&req(ResourceType::Endpoint, &["a", "b"], &[], ""), &c1);
+        // Only cluster a changes; its unchanged endpoints follow it, b's do not.
+        let pushed = s.on_config(&config(2, &[("a", 2), ("b", 1)], &["a", "b"]));
+        let got: Vec<_> = pushed.iter().map(|r| (ResourceType::from_type_url(&r.type_url).unwrap(), names(r))).collect();
+        assert_eq!(got, vec![(ResourceType::Cluster, vec!["a"]), (ResourceType::Endpoint, vec!["a"])]);
     }
 }

@@ -73,6 +73,12 @@ impl XdsResource {
     /// From bytes already encoded as an `M` (by a deterministic encoder).
     pub fn from_encoded<M: Name>(name: impl Into<String>, value: Vec<u8>) -> XdsResource {
         let version = format!("{:016x}", fnv1a(&value));
+        Self::with_version::<M>(name, value, version)
+    }
+
+    /// With a version the caller derived from the content (it must change
+    /// whenever the bytes do, and be the same on every replica).
+    pub fn with_version<M: Name>(name: impl Into<String>, value: Vec<u8>, version: String) -> XdsResource {
         XdsResource { name: name.into(), version, any: Any { type_url: M::type_url(), value } }
     }
 }
@@ -93,16 +99,18 @@ pub type ResourceMap = BTreeMap<String, Arc<XdsResource>>;
 #[derive(Debug, Clone, Default)]
 pub struct ProxyConfig {
     pub revision: u64,
-    pub resources: BTreeMap<ResourceType, ResourceMap>,
+    /// Behind `Arc`s so that an incremental translation shares every type
+    /// it did not change with the previous config.
+    pub resources: BTreeMap<ResourceType, Arc<ResourceMap>>,
 }
 
 impl ProxyConfig {
     pub fn of(&self, t: ResourceType) -> Option<&ResourceMap> {
-        self.resources.get(&t)
+        self.resources.get(&t).map(|m| m.as_ref())
     }
 
     pub fn insert(&mut self, t: ResourceType, r: XdsResource) {
-        self.resources.entry(t).or_default().insert(r.name.clone(), Arc::new(r));
+        Arc::make_mut(self.resources.entry(t).or_default()).insert(r.name.clone(), Arc::new(r));
     }
 }
 
@@ -110,4 +118,7 @@ impl ProxyConfig {
 /// one applied store snapshot.
 pub trait Generator: Send + Sync + 'static {
     fn generate(&self, proxy: &ProxyIdentity, applied: &Applied) -> Result<ProxyConfig, String>;
+
+    /// A proxy's stream ended: drop whatever was kept for it.
+    fn forget(&self, _proxy_id: &str) {}
 }

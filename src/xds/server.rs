@@ -217,6 +217,7 @@ impl<V: Variant> StreamTask<V> {
             End::ClientGone => "client gone",
         };
         tracing::info!(proxy = %self.identity.id, stream = self.handle.stream(), why, "xDS stream closed");
+        self.shared.generator.forget(&self.identity.id);
     }
 
     async fn serve(&mut self, first: V::Req, inbound: &mut Streaming<V::Req>) -> End {

@@ -15,7 +15,8 @@
 //! - After that, a type is sent only when what the stream would receive
 //!   (names and versions) differs from what it was last sent: a new store
 //!   revision that changes nothing for this proxy sends nothing, and a
-//!   NACKed response is not resent until its content changes.
+//!   NACKed response is not resent until its content changes. One
+//!   exception: a CDS push is always followed by EDS (see `on_config`).
 
 use super::resources::{ProxyConfig, ResourceType};
 use super::session::{error_text, Received, Subscription};
@@ -64,9 +65,16 @@ impl SotwStream {
     }
 
     /// A new config: responses, in push order, for every subscribed type
-    /// whose content for this stream changed.
+    /// whose content for this stream changed. Clusters are always followed
+    /// by endpoints: Envoy rebuilds an updated EDS cluster and keeps it
+    /// warming until its endpoints arrive again, even unchanged (else until
+    /// its initial fetch timeout, 15 s).
     pub fn on_config(&mut self, config: &ProxyConfig) -> Vec<DiscoveryResponse> {
-        let changed: Vec<ResourceType> = ResourceType::PUSH_ORDER.into_iter().filter(|t| self.differs(*t, config)).collect();
+        let cds_changed = self.differs(ResourceType::Cluster, config);
+        let changed: Vec<ResourceType> = ResourceType::PUSH_ORDER
+            .into_iter()
+            .filter(|t| self.differs(*t, config) || (cds_changed && *t == ResourceType::Endpoint && self.types.contains_key(t)))
+            .collect();
         changed.into_iter().map(|t| self.respond(t, config)).collect()
     }
 
@@ -137,10 +145,13 @@ mod tests {
         let (_, eds) = s.on_request(&req(ResourceType::Endpoint, &["a", "b"], "", ""), &c1);
         assert_eq!(eds.unwrap().resources.len(), 1);
 
-        // A change to one cluster: CDS again, EDS unchanged, nothing else.
+        // A change to one cluster: CDS again, then EDS although unchanged
+        // (Envoy warms the rebuilt cluster until it gets them), nothing else.
         let c2 = config(2, &[("a", 2), ("b", 1)], &["a"]);
         let pushed = s.on_config(&c2);
-        assert_eq!(pushed.iter().map(|r| ResourceType::from_type_url(&r.type_url).unwrap()).collect::<Vec<_>>(), vec![ResourceType::Cluster]);
+        let types = pushed.iter().map(|r| ResourceType::from_type_url(&r.type_url).unwrap()).collect::<Vec<_>>();
+        assert_eq!(types, vec![ResourceType::Cluster, ResourceType::Endpoint]);
+        assert_eq!(pushed[1].resources.len(), 1);
         let n2 = pushed[0].nonce.clone();
 
         // A revision that changes nothing for this proxy: nothing is sent.

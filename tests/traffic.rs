@@ -1,0 +1,1227 @@
+//! Real HTTP traffic through real Envoys configured by Lodestar: Istio
+//! YAML is applied to replica processes, Envoys bootstrapped with
+//! `lodestar bootstrap` receive the translation over ADS, and requests go
+//! through a sidecar's listener (`PROXY_IP:SERVICE_PORT`, routed by Host)
+//! to upstream helpers that answer with their identity.
+//!
+//! Each test has its own replica(s), Envoy(s) and loopback prefix. It
+//! applies its config, waits until the proxy ACKed that revision for every
+//! type (`/debug/syncz`), then sends traffic; it ends by asserting that
+//! Envoy rejected nothing. Waits are bounded polls, never sleeps; every
+//! load loop is bounded in count and time.
+
+mod common;
+
+use common::envoy::{loopback_prefix, Envoy, EnvoyOptions, Upstream};
+use common::Cluster;
+use futures::StreamExt;
+use reqwest::header::HeaderMap;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BOUND: Duration = Duration::from_secs(20);
+/// The four types every proxy here receives.
+const TYPES: [&str; 4] = ["CDS", "EDS", "LDS", "RDS"];
+
+// ---------------------------------------------------------------------------
+// The fixture: replicas, a loopback prefix for proxies and upstreams, and a
+// client that neither follows redirects nor uses a proxy from the
+// environment.
+
+struct Fixture {
+    cluster: Cluster,
+    /// `127.A.B`: proxies and upstreams listen on `127.A.B.n`.
+    prefix: String,
+    tmp: tempfile::TempDir,
+    client: reqwest::Client,
+}
+
+impl Fixture {
+    async fn start(replicas: u64) -> Fixture {
+        common::envoy::envoy_binary();
+        let cluster = Cluster::start(replicas, "").await;
+        let client = reqwest::Client::builder().no_proxy().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+        Fixture { cluster, prefix: loopback_prefix(), tmp: tempfile::tempdir().unwrap(), client }
+    }
+
+    fn ip(&self, n: u8) -> String {
+        format!("{}.{n}", self.prefix)
+    }
+
+    fn api(&self, replica: u64) -> String {
+        self.cluster.replica(replica).api()
+    }
+
+    async fn upstream(&self, n: u8, identity: &str) -> Upstream {
+        Upstream::start(&self.ip(n), identity).await
+    }
+
+    /// Apply a YAML stream through replica 1's REST API; its revision.
+    async fn apply(&self, yaml: &str) -> u64 {
+        self.apply_via(1, yaml).await
+    }
+
+    async fn apply_via(&self, replica: u64, yaml: &str) -> u64 {
+        let r = self
+            .client
+            .post(format!("{}/v1/apply", self.api(replica)))
+            .header("content-type", "application/yaml")
+            .body(yaml.to_string())
+            .timeout(Duration::from_secs(15))
+            .send()
+            .await
+            .expect("apply request");
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, 200, "apply: {body:#}\n{yaml}");
+        body["revision"].as_u64().expect("revision")
+    }
+
+    /// A sidecar at `127.A.B.n` served by `replica`, ready and in sync at
+    /// `revision`.
+    async fn sidecar(&self, name: &str, n: u8, replica: u64, delta: bool, revision: u64) -> Proxy {
+        let mut o = EnvoyOptions::new(name, &self.ip(n));
+        o.labels = vec![("app".into(), name.into())];
+        o.delta = delta;
+        self.proxy(o, replica, revision).await
+    }
+
+    /// Start an Envoy bootstrapped (by `lodestar bootstrap`) to `replica`
+    /// only, so the test knows which replica serves it.
+    async fn proxy(&self, mut o: EnvoyOptions, replica: u64, revision: u64) -> Proxy {
+        o.xds_servers = vec![self.cluster.replica(replica).xds_addr()];
+        let id = o.node_id();
+        let ip = o.ip.clone();
+        let mut envoy = Envoy::start(&self.tmp.path().join(&o.name), o);
+        envoy.wait_ready(BOUND).await;
+        let p = Proxy { envoy, id, ip, api: self.api(replica), client: self.client.clone() };
+        p.wait_synced(revision).await;
+        p
+    }
+}
+
+/// One Envoy, its node id and the replica API that serves it.
+struct Proxy {
+    envoy: Envoy,
+    id: String,
+    ip: String,
+    api: String,
+    client: reqwest::Client,
+}
+
+impl Proxy {
+    fn url(&self, port: u16, path: &str) -> String {
+        format!("http://{}:{port}{path}", self.ip)
+    }
+
+    /// Until the proxy has ACKed `revision` (or newer) and every type is in
+    /// sync on its replica. Panics at once on a NACK or generation error.
+    ///
+    /// The stream records a round's responses before it reads the next
+    /// ACK, so once some type is ACKed at `revision`, "all in sync" covers
+    /// every response of that round.
+    async fn wait_synced(&self, revision: u64) -> Value {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let s = syncz(&self.client, &self.api).await;
+            if let Some(p) = s["proxies"].as_array().and_then(|ps| ps.iter().find(|p| p["id"] == self.id.as_str())) {
+                for t in TYPES {
+                    let nack = &p["types"][t]["last_nack"];
+                    assert!(nack.is_null(), "{} NACKed {t}: {nack:#}", self.id);
+                }
+                assert!(p["generate_error"].is_null(), "{}: generation failed: {}", self.id, p["generate_error"]);
+                let version = |t: &str| p["types"][t]["acked_version"].as_str().and_then(|v| v.parse::<u64>().ok());
+                let synced = p["revision"].as_u64().is_some_and(|r| r >= revision)
+                    && TYPES.iter().all(|t| p["types"][t]["in_sync"] == true)
+                    && TYPES.iter().any(|t| version(t).is_some_and(|v| v >= revision));
+                if synced {
+                    return p.clone();
+                }
+            }
+            if Instant::now() > deadline {
+                self.envoy.dump_log();
+                panic!("{} not in sync at revision {revision} within {BOUND:?}; syncz: {s:#}", self.id);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The version of the route configuration `name` Envoy is using.
+    async fn route_version(&self, name: &str) -> Option<String> {
+        let dump = self.envoy.config_dump().await;
+        dump["configs"]
+            .as_array()?
+            .iter()
+            .flat_map(|c| c["dynamic_route_configs"].as_array().into_iter().flatten())
+            .find(|r| r["route_config"]["name"] == name)
+            .and_then(|r| r["version_info"].as_str().map(String::from))
+    }
+
+    async fn stat(&self, name: &str) -> u64 {
+        self.envoy.stat(name).await.unwrap_or(0)
+    }
+}
+
+async fn syncz(http: &reqwest::Client, api: &str) -> Value {
+    let (status, body) = common::get_json(http, &format!("{api}/debug/syncz")).await;
+    assert_eq!(status, 200, "syncz: {body}");
+    body
+}
+
+/// `${name.ip}` and `${name.port}` → each upstream's address.
+fn render(template: &str, upstreams: &[(&str, &Upstream)]) -> String {
+    let mut out = template.to_string();
+    for (name, u) in upstreams {
+        out = out.replace(&format!("${{{name}.ip}}"), &u.addr.ip().to_string()).replace(&format!("${{{name}.port}}"), &u.addr.port().to_string());
+    }
+    assert!(!out.contains("${"), "unfilled placeholder in:\n{out}");
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Requests.
+
+#[derive(Debug, Clone)]
+struct Reply {
+    status: u16,
+    body: String,
+    headers: HeaderMap,
+    elapsed: Duration,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+async fn send(client: &reqwest::Client, url: &str, host: &str, headers: &[(&str, &str)]) -> Result<Reply, String> {
+    let mut req = client.get(url).header("host", host).timeout(Duration::from_secs(10));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let start = Instant::now();
+    let resp = req.send().await.map_err(|e| format!("{url} (Host {host}): {e:?}"))?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.text().await.map_err(|e| format!("{url} (Host {host}) body: {e:?}"))?;
+    Ok(Reply { status, body, headers, elapsed: start.elapsed() })
+}
+
+/// One request that must get an answer (any status).
+async fn get(client: &reqwest::Client, url: &str, host: &str, headers: &[(&str, &str)]) -> Reply {
+    send(client, url, host, headers).await.unwrap_or_else(|e| panic!("request failed: {e}"))
+}
+
+/// `n` requests, `concurrency` at a time; every one must get an answer.
+async fn load(client: &reqwest::Client, url: &str, host: &str, headers: &[(&str, &str)], n: usize, concurrency: usize) -> Vec<Reply> {
+    let started = Instant::now();
+    let replies: Vec<Result<Reply, String>> =
+        futures::stream::iter(0..n).map(|_| send(client, url, host, headers)).buffer_unordered(concurrency).collect().await;
+    assert!(started.elapsed() < Duration::from_secs(60), "load of {n} took {:?}", started.elapsed());
+    replies.into_iter().map(|r| r.unwrap_or_else(|e| panic!("request failed: {e}"))).collect()
+}
+
+/// How many replies per `STATUS BODY`.
+fn tally(replies: &[Reply]) -> BTreeMap<String, usize> {
+    let mut t = BTreeMap::new();
+    for r in replies {
+        *t.entry(format!("{} {}", r.status, r.body.trim())).or_insert(0) += 1;
+    }
+    t
+}
+
+/// Poll a request until `ok` accepts the reply (Envoy applies an ACKed
+/// update on its workers just after the ACK).
+async fn wait_for(client: &reqwest::Client, url: &str, host: &str, headers: &[(&str, &str)], what: &str, ok: impl Fn(&Reply) -> bool) -> Reply {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let r = send(client, url, host, headers).await;
+        match r {
+            Ok(r) if ok(&r) => return r,
+            other if Instant::now() > deadline => panic!("{what}: not within {BOUND:?}; last: {other:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Config.
+
+/// reviews (v1, v2, v3 by label) as a mesh-internal ServiceEntry on port
+/// 9080, with a DestinationRule naming the subsets.
+const REVIEWS_SE: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: reviews, namespace: default}
+spec:
+  hosts: [reviews.default.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  endpoints:
+  - {address: ${v1.ip}, ports: {http: ${v1.port}}, labels: {app: reviews, version: v1}}
+  - {address: ${v2.ip}, ports: {http: ${v2.port}}, labels: {app: reviews, version: v2}}
+  - {address: ${v3.ip}, ports: {http: ${v3.port}}, labels: {app: reviews, version: v3}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: default}
+spec:
+  host: reviews
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+  - {name: v3, labels: {version: v3}}
+"#;
+
+/// reviews as registry instances of a declared registry Service.
+const REVIEWS_REGISTRY: &str = r#"
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {name: reviews, namespace: default}
+spec:
+  ports: [{name: http, number: 9080, protocol: HTTP}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: reviews-v1, namespace: default, labels: {app: reviews, version: v1}}
+spec: {service: reviews, address: ${v1.ip}, ports: {http: ${v1.port}}}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: reviews-v2, namespace: default, labels: {app: reviews, version: v2}}
+spec: {service: reviews, address: ${v2.ip}, port: ${v2.port}}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: reviews-v3, namespace: default, labels: {app: reviews, version: v3}}
+spec: {service: reviews, address: ${v3.ip}, port: ${v3.port}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: default}
+spec:
+  host: reviews.default.svc.cluster.local
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+  - {name: v3, labels: {version: v3}}
+"#;
+
+/// Three reviews upstreams on `.11`, `.12`, `.13`.
+async fn reviews_upstreams(fx: &Fixture) -> (Upstream, Upstream, Upstream) {
+    (fx.upstream(11, "reviews-v1").await, fx.upstream(12, "reviews-v2").await, fx.upstream(13, "reviews-v3").await)
+}
+
+fn reviews_config(template: &str, v1: &Upstream, v2: &Upstream, v3: &Upstream, vs: &str) -> String {
+    format!("{}---{vs}", render(template, &[("v1", v1), ("v2", v2), ("v3", v3)]))
+}
+
+// ---------------------------------------------------------------------------
+// 1, 13: header-match routing, SotW and delta.
+
+const JASON_VS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: default}
+spec:
+  hosts: [reviews]
+  http:
+  - match:
+    - headers:
+        end-user: {exact: jason}
+    route:
+    - destination: {host: reviews, subset: v2}
+  - route:
+    - destination: {host: reviews, subset: v1}
+"#;
+
+async fn header_match_routing(delta: bool) {
+    let fx = Fixture::start(1).await;
+    let (v1, v2, v3) = reviews_upstreams(&fx).await;
+    let rev = fx.apply(&reviews_config(REVIEWS_SE, &v1, &v2, &v3, JASON_VS)).await;
+    let p = fx.sidecar("productpage", 2, 1, delta, rev).await;
+    let url = p.url(9080, "/reviews/1");
+    wait_for(&fx.client, &url, "reviews", &[("end-user", "jason")], "jason reaches v2", |r| r.body == "reviews-v2").await;
+
+    // Every name the service answers to from its own namespace.
+    for host in ["reviews", "reviews:9080", "reviews.default", "reviews.default.svc.cluster.local", "reviews.default.svc.cluster.local:9080"] {
+        let jason = load(&fx.client, &url, host, &[("end-user", "jason")], 20, 4).await;
+        assert_eq!(tally(&jason), BTreeMap::from([("200 reviews-v2".to_string(), 20)]), "jason via Host {host}");
+        let anonymous = load(&fx.client, &url, host, &[], 20, 4).await;
+        assert_eq!(tally(&anonymous), BTreeMap::from([("200 reviews-v1".to_string(), 20)]), "no end-user via Host {host}");
+        let bob = load(&fx.client, &url, host, &[("end-user", "bob")], 20, 4).await;
+        assert_eq!(tally(&bob), BTreeMap::from([("200 reviews-v1".to_string(), 20)]), "end-user bob via Host {host}");
+    }
+    // exact means exact.
+    let jasons = load(&fx.client, &url, "reviews", &[("end-user", "jason2")], 10, 2).await;
+    assert_eq!(tally(&jasons), BTreeMap::from([("200 reviews-v1".to_string(), 10)]));
+    assert!(v3.requests().is_empty(), "nothing routes to v3");
+    // An unknown host is not routed.
+    assert_eq!(get(&fx.client, &url, "ratings", &[]).await.status, 404);
+    assert_eq!(syncz_protocol(&p).await, if delta { "delta" } else { "sotw" });
+    p.envoy.assert_no_rejections().await;
+}
+
+async fn syncz_protocol(p: &Proxy) -> String {
+    let s = syncz(&p.client, &p.api).await;
+    let entry = s["proxies"].as_array().unwrap().iter().find(|x| x["id"] == p.id.as_str()).cloned().unwrap_or(Value::Null);
+    entry["protocol"].as_str().unwrap_or("").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_match_routing_sotw() {
+    header_match_routing(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_match_routing_delta() {
+    header_match_routing(true).await;
+}
+
+// ---------------------------------------------------------------------------
+// 2, 13: weighted split, SotW and delta.
+
+const SPLIT_VS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: default}
+spec:
+  hosts: [reviews.default.svc.cluster.local]
+  http:
+  - route:
+    - destination: {host: reviews, subset: v1}
+      weight: 80
+    - destination: {host: reviews, subset: v3}
+      weight: 20
+"#;
+
+async fn weighted_split(delta: bool) {
+    const N: usize = 1200;
+    let fx = Fixture::start(1).await;
+    let (v1, v2, v3) = reviews_upstreams(&fx).await;
+    let rev = fx.apply(&reviews_config(REVIEWS_REGISTRY, &v1, &v2, &v3, SPLIT_VS)).await;
+    let p = fx.sidecar("productpage", 2, 1, delta, rev).await;
+    let url = p.url(9080, "/reviews/2");
+    wait_for(&fx.client, &url, "reviews", &[], "first answer", |r| r.status == 200).await;
+
+    let replies = load(&fx.client, &url, "reviews", &[], N, 8).await;
+    let t = tally(&replies);
+    let v1n = t.get("200 reviews-v1").copied().unwrap_or(0);
+    let v3n = t.get("200 reviews-v3").copied().unwrap_or(0);
+    assert_eq!(v1n + v3n, N, "only v1 and v3, all 200: {t:?}");
+    let share = v1n as f64 / N as f64;
+    eprintln!("weighted split ({}): v1 {v1n}, v3 {v3n} of {N} ({:.1}% v1)", if delta { "delta" } else { "sotw" }, share * 100.0);
+    assert!((0.75..=0.85).contains(&share), "v1 share {share:.3} not 80±5%: {t:?}");
+    assert!(v2.requests().is_empty(), "nothing routes to v2");
+    assert_eq!(syncz_protocol(&p).await, if delta { "delta" } else { "sotw" });
+    p.envoy.assert_no_rejections().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_split_sotw() {
+    weighted_split(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_split_delta() {
+    weighted_split(true).await;
+}
+
+// ---------------------------------------------------------------------------
+// A single-upstream service for the per-route feature tests.
+
+/// `name` on port `port`, one registry instance (the upstream `u`).
+fn single_service(name: &str, port: u16, u: &Upstream) -> String {
+    format!(
+        r#"
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  ports: [{{name: http, number: {port}}}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {{name: {name}-1, namespace: default, labels: {{app: {name}}}}}
+spec: {{service: {name}, address: {ip}, port: {uport}}}
+"#,
+        ip = u.addr.ip(),
+        uport = u.addr.port()
+    )
+}
+
+// ---------------------------------------------------------------------------
+// 3: retries.
+
+const RETRY_VS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: ratings, namespace: default}
+spec:
+  hosts: [ratings]
+  http:
+  - match: [{uri: {prefix: /five}}]
+    retries: {attempts: 3, retryOn: 5xx}
+    route: [{destination: {host: ratings}}]
+  - match: [{uri: {prefix: /code}}]
+    retries: {attempts: 3, retryOn: "503"}
+    route: [{destination: {host: ratings}}]
+  - match: [{uri: {prefix: /none}}]
+    retries: {attempts: 0}
+    route: [{destination: {host: ratings}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_recover_from_failing_attempts() {
+    let fx = Fixture::start(1).await;
+    let u = fx.upstream(11, "ratings-v1").await;
+    let rev = fx.apply(&format!("{}---{RETRY_VS}", single_service("ratings", 9080, &u))).await;
+    let p = fx.sidecar("reviews", 2, 1, false, rev).await;
+    wait_for(&fx.client, &p.url(9080, "/five/warm"), "ratings", &[], "first answer", |r| r.status == 200).await;
+    let seen = |path: &str| u.requests().iter().filter(|q| q.path == path).count();
+
+    // Two failures, then success: the client sees only the success.
+    for path in ["/five/a", "/code/a"] {
+        u.fail_next(2);
+        let r = get(&fx.client, &p.url(9080, path), "ratings", &[]).await;
+        assert_eq!((r.status, r.body.as_str()), (200, "ratings-v1"), "{path}");
+        assert_eq!(seen(path), 3, "{path}: two failed attempts and the one that succeeded");
+    }
+    // 1 + 3 attempts, then the failure reaches the client.
+    u.fail_next(5);
+    let r = get(&fx.client, &p.url(9080, "/five/b"), "ratings", &[]).await;
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(seen("/five/b"), 4, "one try and three retries");
+    u.fail_next(0);
+    // Without retries the first failure is the answer.
+    u.fail_next(1);
+    let r = get(&fx.client, &p.url(9080, "/none/a"), "ratings", &[]).await;
+    assert_eq!((r.status, r.header("x-upstream")), (503, Some("ratings-v1")));
+    assert_eq!(seen("/none/a"), 1);
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// 4: timeout.
+
+const TIMEOUT_VS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: ratings, namespace: default}
+spec:
+  hosts: [ratings]
+  http:
+  - match: [{uri: {prefix: /fast}}]
+    timeout: 300ms
+    route: [{destination: {host: ratings}}]
+  - route: [{destination: {host: ratings}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_timeout_answers_504() {
+    let fx = Fixture::start(1).await;
+    let u = fx.upstream(11, "ratings-v1").await;
+    let rev = fx.apply(&format!("{}---{TIMEOUT_VS}", single_service("ratings", 9080, &u))).await;
+    let p = fx.sidecar("reviews", 2, 1, false, rev).await;
+    wait_for(&fx.client, &p.url(9080, "/fast/warm"), "ratings", &[], "first answer", |r| r.status == 200).await;
+
+    u.set_delay(Duration::from_secs(2));
+    let r = get(&fx.client, &p.url(9080, "/fast/1"), "ratings", &[]).await;
+    assert_eq!(r.status, 504, "{r:?}");
+    assert_eq!(r.body, "upstream request timeout");
+    // Cut short: the upstream would have answered after 2 s.
+    assert!(r.elapsed < Duration::from_secs(2), "504 after {:?}", r.elapsed);
+    assert_eq!(u.requests().iter().filter(|q| q.path == "/fast/1").count(), 1, "a timeout is not retried");
+    // Without a timeout the same upstream answers.
+    let r = get(&fx.client, &p.url(9080, "/patient"), "ratings", &[]).await;
+    assert_eq!((r.status, r.body.as_str()), (200, "ratings-v1"));
+    assert!(r.elapsed >= Duration::from_secs(2));
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// 5: fault injection.
+
+const FAULT_VS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: ratings, namespace: default}
+spec:
+  hosts: [ratings]
+  http:
+  - match: [{uri: {prefix: /half}}]
+    fault:
+      abort: {httpStatus: 418, percentage: {value: 50}}
+    route: [{destination: {host: ratings}}]
+  - match: [{uri: {prefix: /all}}]
+    fault:
+      abort: {httpStatus: 429, percentage: {value: 100}}
+    route: [{destination: {host: ratings}}]
+  - match: [{uri: {prefix: /slow}}]
+    fault:
+      delay: {fixedDelay: 500ms, percentage: {value: 100}}
+    route: [{destination: {host: ratings}}]
+  - route: [{destination: {host: ratings}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_abort_and_delay() {
+    const N: usize = 400;
+    let fx = Fixture::start(1).await;
+    let u = fx.upstream(11, "ratings-v1").await;
+    let rev = fx.apply(&format!("{}---{FAULT_VS}", single_service("ratings", 9080, &u))).await;
+    let p = fx.sidecar("reviews", 2, 1, false, rev).await;
+    wait_for(&fx.client, &p.url(9080, "/ok"), "ratings", &[], "first answer", |r| r.status == 200).await;
+
+    let half = load(&fx.client, &p.url(9080, "/half"), "ratings", &[], N, 8).await;
+    let t = tally(&half);
+    let aborted = half.iter().filter(|r| r.status == 418).count();
+    let passed = t.get("200 ratings-v1").copied().unwrap_or(0);
+    eprintln!("abort 50%: {aborted} of {N} aborted ({t:?})");
+    assert_eq!(aborted + passed, N, "only 418 or the upstream's 200: {t:?}");
+    assert!((N * 35 / 100..=N * 65 / 100).contains(&aborted), "{aborted} of {N} aborted, expected about half");
+    assert_eq!(u.requests().iter().filter(|q| q.path == "/half").count(), passed, "aborted requests never reach the upstream");
+
+    let all = load(&fx.client, &p.url(9080, "/all"), "ratings", &[], 50, 4).await;
+    assert!(all.iter().all(|r| r.status == 429), "{:?}", tally(&all));
+    assert!(u.requests().iter().all(|q| q.path != "/all"));
+
+    for i in 0..3 {
+        let r = get(&fx.client, &p.url(9080, &format!("/slow/{i}")), "ratings", &[]).await;
+        assert_eq!((r.status, r.body.as_str()), (200, "ratings-v1"));
+        // 500 ms, less the slack of Envoy's timers (they count from the
+        // event loop's cached clock); unfaulted answers take a millisecond.
+        assert!(r.elapsed >= Duration::from_millis(480), "delayed by the fault: {:?}", r.elapsed);
+    }
+    let prefix = format!("http.{}_9080.fault", p.ip);
+    assert_eq!(p.stat(&format!("{prefix}.aborts_injected")).await, (aborted + 50) as u64);
+    assert_eq!(p.stat(&format!("{prefix}.delays_injected")).await, 3);
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// 6: redirects.
+
+const REDIRECT_VS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: ratings, namespace: default}
+spec:
+  hosts: [ratings]
+  http:
+  - match: [{uri: {exact: /old}}]
+    redirect: {uri: /new, authority: new.example.test, redirectCode: 308}
+  - match: [{uri: {prefix: /moved}}]
+    redirect: {uri: /here}
+  - match: [{uri: {prefix: /elsewhere}}]
+    redirect: {authority: other.example.test, port: 8443, scheme: https, redirectCode: 302}
+  - route: [{destination: {host: ratings}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects() {
+    let fx = Fixture::start(1).await;
+    let u = fx.upstream(11, "ratings-v1").await;
+    let rev = fx.apply(&format!("{}---{REDIRECT_VS}", single_service("ratings", 9080, &u))).await;
+    let p = fx.sidecar("reviews", 2, 1, false, rev).await;
+    wait_for(&fx.client, &p.url(9080, "/ok"), "ratings", &[], "first answer", |r| r.status == 200).await;
+
+    let r = get(&fx.client, &p.url(9080, "/old"), "ratings", &[]).await;
+    assert_eq!((r.status, r.header("location")), (308, Some("http://new.example.test/new")), "{r:?}");
+    let r = get(&fx.client, &p.url(9080, "/moved/x"), "ratings", &[]).await;
+    assert_eq!((r.status, r.header("location")), (301, Some("http://ratings/here")), "{r:?}");
+    let r = get(&fx.client, &p.url(9080, "/elsewhere/y"), "ratings", &[]).await;
+    assert_eq!((r.status, r.header("location")), (302, Some("https://other.example.test:8443/elsewhere/y")), "{r:?}");
+    // exact: /old/ is not /old.
+    let r = get(&fx.client, &p.url(9080, "/old/"), "ratings", &[]).await;
+    assert_eq!((r.status, r.body.as_str()), (200, "ratings-v1"));
+    assert_eq!(u.requests().iter().map(|q| q.path.as_str()).filter(|p| *p != "/ok").collect::<Vec<_>>(), vec!["/old/"], "redirects never reach the upstream");
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// 7: header manipulation.
+
+const HEADERS_VS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: ratings, namespace: default}
+spec:
+  hosts: [ratings]
+  http:
+  - headers:
+      request:
+        set: {x-env: prod}
+        add: {x-trace: abc}
+        remove: [x-internal]
+      response:
+        set: {x-served-by: lodestar}
+        remove: [x-upstream]
+    route:
+    - destination: {host: ratings}
+      headers:
+        request: {set: {x-dest: ratings}}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_and_response_headers() {
+    let fx = Fixture::start(1).await;
+    let u = fx.upstream(11, "ratings-v1").await;
+    let rev = fx.apply(&format!("{}---{HEADERS_VS}", single_service("ratings", 9080, &u))).await;
+    let p = fx.sidecar("reviews", 2, 1, false, rev).await;
+    let url = p.url(9080, "/headers/echo");
+    let client_headers = [("x-env", "dev"), ("x-internal", "secret"), ("x-keep", "yes")];
+    let r = wait_for(&fx.client, &url, "ratings", &client_headers, "first answer", |r| r.status == 200).await;
+
+    let echo: Value = serde_json::from_str(&r.body).expect("echo JSON");
+    let seen = &echo["headers"];
+    assert_eq!(echo["identity"], "ratings-v1");
+    assert_eq!(seen["x-env"], "prod", "set overwrites the client's value: {seen:#}");
+    assert_eq!(seen["x-trace"], "abc", "{seen:#}");
+    assert_eq!(seen["x-dest"], "ratings", "destination-level set: {seen:#}");
+    assert_eq!(seen["x-keep"], "yes", "{seen:#}");
+    assert!(seen.get("x-internal").is_none(), "removed: {seen:#}");
+    // The request the upstream recorded agrees.
+    let last = u.requests().into_iter().last().unwrap();
+    assert!(!last.headers.contains_key("x-internal"));
+    assert_eq!(r.header("x-served-by"), Some("lodestar"));
+    assert_eq!(r.header("x-upstream"), None, "the upstream's header is removed from the response");
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// 8: mirroring.
+
+const MIRROR: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: shadow, namespace: default}
+spec:
+  hosts: [shadow.default.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  endpoints:
+  - {address: ${shadow.ip}, ports: {http: ${shadow.port}}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: ratings, namespace: default}
+spec:
+  hosts: [ratings]
+  http:
+  - route: [{destination: {host: ratings}}]
+    mirror: {host: shadow}
+    mirrorPercentage: {value: 100}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirrored_requests_reach_the_mirror() {
+    const N: usize = 20;
+    let fx = Fixture::start(1).await;
+    let primary = fx.upstream(11, "ratings-v1").await;
+    let shadow = fx.upstream(12, "shadow").await;
+    // The mirror's answers are ignored: it fails every request.
+    shadow.fail_next(usize::MAX);
+    let rev = fx.apply(&format!("{}---{}", single_service("ratings", 9080, &primary), render(MIRROR, &[("shadow", &shadow)]))).await;
+    let p = fx.sidecar("reviews", 2, 1, false, rev).await;
+    wait_for(&fx.client, &p.url(9080, "/warm"), "ratings", &[], "first answer", |r| r.status == 200).await;
+
+    for i in 0..N {
+        let r = get(&fx.client, &p.url(9080, &format!("/mirror/{i}")), "ratings", &[]).await;
+        assert_eq!((r.status, r.body.as_str()), (200, "ratings-v1"), "the primary answers");
+    }
+    let mirrored = |u: &Upstream| u.requests().into_iter().filter(|q| q.path.starts_with("/mirror/")).collect::<Vec<_>>();
+    assert_eq!(mirrored(&primary).len(), N);
+    // Mirrors are fire-and-forget: wait for the copies.
+    let deadline = Instant::now() + BOUND;
+    while mirrored(&shadow).len() < N {
+        assert!(Instant::now() < deadline, "the mirror saw {} of {N} within {BOUND:?}", mirrored(&shadow).len());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let copies = mirrored(&shadow);
+    let mut paths: Vec<&str> = copies.iter().map(|q| q.path.as_str()).collect();
+    paths.sort();
+    let mut want: Vec<String> = (0..N).map(|i| format!("/mirror/{i}")).collect();
+    want.sort();
+    assert_eq!(paths, want);
+    // Envoy marks shadowed requests by suffixing the authority.
+    assert!(copies.iter().all(|q| q.headers.get("host").is_some_and(|h| h == "ratings-shadow")), "{:?}", copies[0].headers);
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// 9: consistent hashing.
+
+const HASH: &str = r#"
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {name: ratings, namespace: default}
+spec:
+  ports: [{name: http, number: 9080}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: ratings-a, namespace: default}
+spec: {service: ratings, address: ${a.ip}, port: ${a.port}}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: ratings-b, namespace: default}
+spec: {service: ratings, address: ${b.ip}, port: ${b.port}}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: ratings-c, namespace: default}
+spec: {service: ratings, address: ${c.ip}, port: ${c.port}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: ratings, namespace: default}
+spec:
+  host: ratings
+  trafficPolicy:
+    loadBalancer:
+      consistentHash: {httpHeaderName: x-user}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistent_hash_pins_a_header_value() {
+    const USERS: usize = 12;
+    const PER_USER: usize = 50;
+    let fx = Fixture::start(1).await;
+    let (a, b, c) = (fx.upstream(11, "ratings-a").await, fx.upstream(12, "ratings-b").await, fx.upstream(13, "ratings-c").await);
+    let rev = fx.apply(&render(HASH, &[("a", &a), ("b", &b), ("c", &c)])).await;
+    let p = fx.sidecar("reviews", 2, 1, false, rev).await;
+    let url = p.url(9080, "/ratings");
+    wait_for(&fx.client, &url, "ratings", &[], "first answer", |r| r.status == 200).await;
+
+    // No VirtualService: the default route carries the hash policy.
+    let mut placement: BTreeMap<String, String> = BTreeMap::new();
+    for i in 0..USERS {
+        let user = format!("user-{i}");
+        let replies = load(&fx.client, &url, "ratings", &[("x-user", &user)], PER_USER, 4).await;
+        let t = tally(&replies);
+        assert_eq!(t.len(), 1, "{user} went to more than one upstream: {t:?}");
+        let (k, n) = t.into_iter().next().unwrap();
+        assert!(k.starts_with("200 ") && n == PER_USER, "{user}: {k} x{n}");
+        placement.insert(user, k[4..].to_string());
+    }
+    let distinct: std::collections::BTreeSet<&String> = placement.values().collect();
+    eprintln!("consistent hash placement: {placement:?}");
+    assert!(distinct.len() >= 2, "{USERS} users all on one upstream: {placement:?}");
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// 10: outlier detection.
+
+const OUTLIER: &str = r#"
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {name: details, namespace: default}
+spec:
+  ports: [{name: http, number: 9080}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: details-good, namespace: default}
+spec: {service: details, address: ${good.ip}, port: ${good.port}}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: details-bad, namespace: default}
+spec: {service: details, address: ${bad.ip}, port: ${bad.port}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: details, namespace: default}
+spec:
+  host: details
+  trafficPolicy:
+    loadBalancer: {simple: ROUND_ROBIN}
+    outlierDetection: {consecutive5xxErrors: 1, interval: 1s, baseEjectionTime: 30s, maxEjectionPercent: 100}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: details, namespace: default}
+spec:
+  hosts: [details]
+  http:
+  - route: [{destination: {host: details}}]
+    retries: {attempts: 0}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outlier_detection_ejects_a_failing_upstream() {
+    let fx = Fixture::start(1).await;
+    let good = fx.upstream(11, "details-good").await;
+    let bad = fx.upstream(12, "details-bad").await;
+    bad.fail_next(usize::MAX);
+    let rev = fx.apply(&render(OUTLIER, &[("good", &good), ("bad", &bad)])).await;
+    let p = fx.sidecar("productpage", 2, 1, false, rev).await;
+    let url = p.url(9080, "/details");
+    let cluster = "outbound|9080||details.default.svc.cluster.local";
+    let ejected = format!("cluster.{cluster}.outlier_detection.ejections_enforced_total");
+
+    // Warm-up: round robin reaches the bad upstream, whose 503 (no retry)
+    // reaches the client and ejects it.
+    let deadline = Instant::now() + BOUND;
+    let mut failures = 0;
+    for i in 0.. {
+        let r = get(&fx.client, &url, "details", &[]).await;
+        if r.status == 503 {
+            assert_eq!(r.header("x-upstream"), Some("details-bad"), "{r:?}");
+            failures += 1;
+        } else {
+            assert_eq!((r.status, r.body.as_str()), (200, "details-good"));
+        }
+        if failures > 0 && p.stat(&ejected).await >= 1 {
+            break;
+        }
+        assert!(i < 200 && Instant::now() < deadline, "no ejection after {i} requests ({failures} failures)");
+    }
+    assert_eq!(p.stat(&format!("cluster.{cluster}.outlier_detection.ejections_active")).await, 1);
+    let bad_before = bad.requests().len();
+
+    let replies = load(&fx.client, &url, "details", &[], 100, 4).await;
+    assert_eq!(tally(&replies), BTreeMap::from([("200 details-good".to_string(), 100)]));
+    assert_eq!(bad.requests().len(), bad_before, "the ejected upstream gets nothing");
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// 11: external services.
+
+const EXTERNAL: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: external-static, namespace: default}
+spec:
+  hosts: [api.external.test]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  ports: [{number: 8081, name: http, protocol: HTTP}]
+  endpoints:
+  - {address: ${static.ip}, ports: {http: ${static.port}}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: external-dns, namespace: default}
+spec:
+  hosts: [dns.external.test]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports: [{number: 8081, name: http, protocol: HTTP}]
+  endpoints:
+  - {address: ${dns.ip}, ports: {http: ${dns.port}}}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_service_entries() {
+    let fx = Fixture::start(1).await;
+    let stat = fx.upstream(11, "external-static").await;
+    let dns = fx.upstream(12, "external-dns").await;
+    let rev = fx.apply(&render(EXTERNAL, &[("static", &stat), ("dns", &dns)])).await;
+    let p = fx.sidecar("productpage", 2, 1, false, rev).await;
+    let url = p.url(8081, "/v1/things");
+
+    for (host, identity) in [("api.external.test", "external-static"), ("dns.external.test", "external-dns"), ("dns.external.test:8081", "external-dns")] {
+        wait_for(&fx.client, &url, host, &[], &format!("{host} answers"), |r| r.status == 200).await;
+        let replies = load(&fx.client, &url, host, &[], 20, 4).await;
+        assert_eq!(tally(&replies), BTreeMap::from([(format!("200 {identity}"), 20)]), "Host {host}");
+    }
+    // The upstream sees the external host name.
+    assert!(stat.requests().iter().all(|q| q.headers.get("host").is_some_and(|h| h == "api.external.test")));
+    assert_eq!(get(&fx.client, &url, "unknown.external.test", &[]).await.status, 404);
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// 12: an ingress gateway.
+
+const GATEWAY: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: bookinfo-gateway, namespace: default}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: [bookinfo.example.test]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: bookinfo, namespace: default}
+spec:
+  hosts: [bookinfo.example.test]
+  gateways: [bookinfo-gateway]
+  http:
+  - match: [{uri: {prefix: /productpage}}]
+    route: [{destination: {host: productpage, port: {number: 9080}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: not-admitted, namespace: default}
+spec:
+  hosts: [internal.example.test]
+  gateways: [bookinfo-gateway]
+  http:
+  - route: [{destination: {host: productpage}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingress_gateway_routes_to_a_mesh_service() {
+    let fx = Fixture::start(1).await;
+    let u = fx.upstream(11, "productpage-v1").await;
+    let yaml = format!("{}---{GATEWAY}", single_service("productpage", 9080, &u));
+    // Applied with the CLI this time.
+    let file = fx.tmp.path().join("gateway.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let out = std::process::Command::new(common::BIN)
+        .args(["--server", &fx.api(1), "apply", "-f"])
+        .arg(&file)
+        .env_remove("LODESTAR_SERVER")
+        .output()
+        .expect("lodestar apply");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "lodestar apply: {stderr}");
+    let rev: u64 = stderr.lines().find_map(|l| l.strip_prefix("revision ")).and_then(|v| v.trim().parse().ok()).expect("revision in the CLI output");
+
+    let mut o = EnvoyOptions::new("ingressgateway", &fx.ip(2));
+    o.namespace = "istio-system".into();
+    o.node_type = "router".into();
+    o.labels = vec![("istio".into(), "ingressgateway".into())];
+    let p = fx.proxy(o, 1, rev).await;
+    let url = p.url(8080, "/productpage");
+    wait_for(&fx.client, &url, "bookinfo.example.test", &[], "ingress answers", |r| r.status == 200).await;
+
+    let replies = load(&fx.client, &url, "bookinfo.example.test", &[], 40, 4).await;
+    assert_eq!(tally(&replies), BTreeMap::from([("200 productpage-v1".to_string(), 40)]));
+    let r = get(&fx.client, &p.url(8080, "/productpage"), "bookinfo.example.test:8080", &[]).await;
+    assert_eq!((r.status, r.body.as_str()), (200, "productpage-v1"));
+    // Only the VirtualService's paths, only admitted hosts.
+    assert_eq!(get(&fx.client, &p.url(8080, "/admin"), "bookinfo.example.test", &[]).await.status, 404);
+    assert_eq!(get(&fx.client, &url, "internal.example.test", &[]).await.status, 404);
+    assert_eq!(get(&fx.client, &url, "productpage", &[]).await.status, 404);
+    assert!(u.requests().iter().all(|q| q.path == "/productpage"));
+    // A router gets gateway listeners only: nothing on the service port.
+    assert!(send(&fx.client, &p.url(9080, "/productpage"), "productpage", &[]).await.is_err());
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// 14: a three-replica cluster, a VirtualService change under traffic.
+
+fn reviews_to(subset: &str) -> String {
+    format!(
+        r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: reviews, namespace: default}}
+spec:
+  hosts: [reviews]
+  http:
+  - route: [{{destination: {{host: reviews, subset: {subset}}}}}]
+"#
+    )
+}
+
+/// What one traffic loop saw, in order: the body of a 200, or the failure.
+type Seen = Arc<Mutex<Vec<Result<String, String>>>>;
+
+/// Sequential requests until `stop`, at most `max` of them and for at most
+/// 60 s.
+fn traffic_loop(client: reqwest::Client, url: String, stop: Arc<AtomicBool>, seen: Seen, max: usize) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for _ in 0..max {
+            if stop.load(Ordering::SeqCst) || Instant::now() > deadline {
+                break;
+            }
+            let r = match send(&client, &url, "reviews", &[]).await {
+                Ok(r) if r.status == 200 => Ok(r.body),
+                Ok(r) => Err(format!("{} {}", r.status, r.body)),
+                Err(e) => Err(e),
+            };
+            seen.lock().unwrap().push(r);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+}
+
+async fn wait_seen(seen: &Seen, what: &str, pred: impl Fn(&[Result<String, String>]) -> bool) {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        {
+            let s = seen.lock().unwrap();
+            if pred(&s) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: not within {BOUND:?}; {} requests, last {:?}", s.len(), s.last());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_shift_traffic_without_errors() {
+    const MAX: usize = 4000;
+    const AFTER: usize = 30;
+    let fx = Fixture::start(3).await;
+    let (v1, v2, v3) = reviews_upstreams(&fx).await;
+    let rev = fx.apply(&reviews_config(REVIEWS_SE, &v1, &v2, &v3, &reviews_to("v1"))).await;
+    fx.cluster.wait_for_revision(rev, BOUND).await;
+
+    // One Envoy per replica; the second speaks delta.
+    let mut proxies = Vec::new();
+    for replica in 1..=3u64 {
+        let mut o = EnvoyOptions::new(&format!("productpage-{replica}"), &fx.ip(1 + replica as u8));
+        o.delta = replica == 2;
+        proxies.push(fx.proxy(o, replica, rev).await);
+    }
+    for p in &proxies {
+        wait_for(&fx.client, &p.url(9080, "/r"), "reviews", &[], "v1 answers", |r| r.body == "reviews-v1").await;
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen: Vec<Seen> = proxies.iter().map(|_| Seen::default()).collect();
+    let tasks: Vec<_> = proxies.iter().zip(&seen).map(|(p, s)| traffic_loop(fx.client.clone(), p.url(9080, "/r"), stop.clone(), s.clone(), MAX)).collect();
+    for s in &seen {
+        wait_seen(s, "steady traffic", |s| s.len() >= 20).await;
+    }
+
+    // The change, through a follower's API (forwarded to the leader).
+    let leader = fx.cluster.wait_for_leader(BOUND).await;
+    let via = (1..=3).find(|r| *r != leader).unwrap();
+    let mut before = Vec::new();
+    for p in &proxies {
+        before.push(p.route_version("9080").await.expect("route config 9080"));
+    }
+    let rev2 = fx.apply_via(via, &reviews_to("v2")).await;
+    for (p, before) in proxies.iter().zip(&before) {
+        let status = p.wait_synced(rev2).await;
+        assert_eq!(status["types"]["RDS"]["acked_version"], rev2.to_string().as_str(), "{}", p.id);
+        // Envoy's own view: SotW versions are store revisions; delta ones
+        // are per-resource hashes, so the route's version has changed.
+        let now = p.route_version("9080").await.expect("route config 9080");
+        if p.envoy.options.delta {
+            assert_ne!(&now, before, "{}: Envoy's route config", p.id);
+        } else {
+            assert_eq!(now, rev2.to_string(), "{}: Envoy's route config", p.id);
+        }
+    }
+    let mut shifted_at = Vec::new();
+    for s in &seen {
+        wait_seen(s, "traffic shifts to v2", |s| s.last().is_some_and(|r| r.as_deref() == Ok("reviews-v2"))).await;
+        let at = s.lock().unwrap().len();
+        wait_seen(s, "traffic after the shift", |s| s.len() >= at + AFTER).await;
+        shifted_at.push(at);
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    for ((p, s), at) in proxies.iter().zip(&seen).zip(&shifted_at) {
+        let s = s.lock().unwrap();
+        let failures: Vec<&String> = s.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(failures.is_empty(), "{}: {} of {} requests failed during the change: {failures:?}", p.id, failures.len(), s.len());
+        let bodies: Vec<&str> = s.iter().map(|r| r.as_deref().unwrap()).collect();
+        assert!(bodies.iter().all(|b| *b == "reviews-v1" || *b == "reviews-v2"), "{}: {bodies:?}", p.id);
+        let first_v2 = bodies.iter().position(|b| *b == "reviews-v2").unwrap();
+        assert!(first_v2 >= 20, "{}: v2 before the change", p.id);
+        assert!(bodies[*at..].iter().all(|b| *b == "reviews-v2"), "{}: v1 after the shift", p.id);
+        let v1_after = bodies[first_v2..].iter().filter(|b| **b == "reviews-v1").count();
+        eprintln!("{}: {} requests, first v2 at #{first_v2}, v1 after that: {v1_after}", p.id, bodies.len());
+    }
+    assert!(v3.requests().is_empty());
+    for p in &proxies {
+        p.envoy.assert_no_rejections().await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A cluster-only change (DestinationRule traffic policy) under traffic.
+
+const REVIEWS_DR_TUNED: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: default}
+spec:
+  host: reviews
+  trafficPolicy:
+    loadBalancer: {simple: ROUND_ROBIN}
+    connectionPool: {tcp: {connectTimeout: 2s}}
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+  - {name: v3, labels: {version: v3}}
+"#;
+
+/// The active cluster `name` in Envoy's config dump.
+async fn active_cluster(p: &Proxy, name: &str) -> Value {
+    let dump = p.envoy.config_dump().await;
+    dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["dynamic_active_clusters"].as_array().into_iter().flatten())
+        .find(|c| c["cluster"]["name"] == name)
+        .map(|c| c["cluster"].clone())
+        .unwrap_or_else(|| panic!("{}: no active cluster {name}", p.id))
+}
+
+/// Changing a DestinationRule's policy rebuilds the clusters but not their
+/// endpoints. Envoy warms a rebuilt EDS cluster until its endpoints arrive
+/// again; they must be sent with it (SotW and delta), not left to Envoy's
+/// initial fetch timeout (15 s, after which it falls back to a cached copy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destination_rule_change_under_traffic() {
+    let fx = Fixture::start(1).await;
+    let (v1, v2, v3) = reviews_upstreams(&fx).await;
+    let rev = fx.apply(&reviews_config(REVIEWS_SE, &v1, &v2, &v3, &reviews_to("v1"))).await;
+    let proxies = [fx.sidecar("productpage", 2, 1, false, rev).await, fx.sidecar("details", 3, 1, true, rev).await];
+    let cluster = "outbound|9080|v1|reviews.default.svc.cluster.local";
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen: Vec<Seen> = proxies.iter().map(|_| Seen::default()).collect();
+    let mut tasks = Vec::new();
+    for (p, s) in proxies.iter().zip(&seen) {
+        wait_for(&fx.client, &p.url(9080, "/r"), "reviews", &[], "v1 answers", |r| r.body == "reviews-v1").await;
+        assert_eq!(active_cluster(p, cluster).await["lb_policy"], "LEAST_REQUEST");
+        tasks.push(traffic_loop(fx.client.clone(), p.url(9080, "/r"), stop.clone(), s.clone(), 4000));
+    }
+    for s in &seen {
+        wait_seen(s, "steady traffic", |s| s.len() >= 20).await;
+    }
+
+    let rev2 = fx.apply(REVIEWS_DR_TUNED).await;
+    for (p, s) in proxies.iter().zip(&seen) {
+        let status = p.wait_synced(rev2).await;
+        assert_eq!(status["types"]["CDS"]["acked_version"], rev2.to_string().as_str(), "{}", p.id);
+        let c = active_cluster(p, cluster).await;
+        // ROUND_ROBIN is the proto default: the dump leaves it out.
+        assert_eq!((c["lb_policy"].as_str().unwrap_or("ROUND_ROBIN"), c["connect_timeout"].as_str()), ("ROUND_ROBIN", Some("2s")), "{}: {c:#}", p.id);
+        let stats = p.envoy.stats().await;
+        let timeouts: Vec<_> = stats.iter().filter(|(k, v)| k.ends_with(".init_fetch_timeout") && **v > 0).collect();
+        assert!(timeouts.is_empty(), "{}: Envoy waited out an initial fetch: {timeouts:?}", p.id);
+        assert_eq!(stats.get("cluster_manager.warming_clusters"), Some(&0), "{}", p.id);
+        let at = s.lock().unwrap().len();
+        wait_seen(s, "traffic after the change", |s| s.len() >= at + 30).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for (p, s) in proxies.iter().zip(&seen) {
+        let s = s.lock().unwrap().clone();
+        let bad: Vec<_> = s.iter().filter(|r| r.as_deref() != Ok("reviews-v1")).collect();
+        assert!(bad.is_empty(), "{}: {} of {} requests not answered by v1: {bad:?}", p.id, bad.len(), s.len());
+        p.envoy.assert_no_rejections().await;
+    }
+}
