@@ -354,3 +354,35 @@ async fn cli_round_trip() {
     let (ok, _, err) = cli(&server, &["get", "pods"]);
     assert!(!ok && err.contains("unknown kind"), "{err}");
 }
+
+/// Kind-specific validation reaches the API: Istio's rules, with field paths
+/// under `resources[i].spec`, over REST and gRPC; nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_validation_names_spec_fields() {
+    let c = Cluster::start(1, "").await;
+    let api = c.replica(1).api();
+    let bad = json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "split", "namespace": "deep"},
+        "spec": {"hosts": ["reviews"], "http": [{"route": [
+            {"destination": {"host": "reviews", "subset": "v1"}, "weight": 70},
+            {"destination": {"host": "reviews", "subset": "v2"}, "weight": 20}]},
+            {"match": [{"uri": {"regex": "(unclosed"}}], "route": [{"destination": {"host": "reviews"}}]}]}});
+    let (status, body) = apply(&c.http, &api, vec![vs("ok", "deep", "v1"), bad.clone()]).await;
+    assert_eq!(status, 400, "{body}");
+    let fields: Vec<&str> = body["error"]["fields"].as_array().unwrap().iter().map(|f| f["field"].as_str().unwrap()).collect();
+    assert!(fields.iter().any(|f| f.starts_with("resources[1].spec.http[0]")), "{fields:?}");
+    assert!(fields.iter().any(|f| f.starts_with("resources[1].spec.http[1].match[0].uri")), "{fields:?}");
+    let (rev, names) = list_names(&c, "deep").await;
+    assert_eq!((rev, names.len()), (0, 0));
+
+    // A misspelled field is an error, not silently dropped.
+    let mut typo = vs("typo", "deep", "v1");
+    typo["spec"]["htpp"] = json!([]);
+    let (status, body) = apply(&c.http, &api, vec![typo]).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("htpp"), "{body}");
+
+    let mut grpc = LodestarClient::connect(api.clone()).await.unwrap();
+    let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad.to_string(), expected_revision: None }] }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("resources[0].spec.http"), "{}", err.message());
+}

@@ -36,9 +36,10 @@ impl GrpcApi {
     }
 }
 
-fn write_response(ok: TxnOk) -> WriteResponse {
+fn write_response(ok: TxnOk, warnings: Vec<String>) -> WriteResponse {
     WriteResponse {
         revision: ok.revision,
+        warnings,
         items: ok
             .items
             .into_iter()
@@ -106,9 +107,9 @@ impl Lodestar for GrpcApi {
             })
             .collect::<Result<Vec<_>, Error>>()
             .map_err(status_of)?;
-        let (txn, _warnings) = super::apply_txn(items).map_err(status_of)?;
+        let (txn, warnings) = super::apply_txn(items).map_err(status_of)?;
         let ok = self.node.write(txn).await.map_err(status_of)?;
-        Ok(Response::new(write_response(ok)))
+        Ok(Response::new(write_response(ok, warnings)))
     }
 
     async fn delete(&self, req: Request<DeleteRequest>) -> Result<Response<WriteResponse>, Status> {
@@ -120,7 +121,7 @@ impl Lodestar for GrpcApi {
             .collect();
         let txn = super::delete_txn(items, false).map_err(status_of)?;
         let ok = self.node.write(txn).await.map_err(status_of)?;
-        Ok(Response::new(write_response(ok)))
+        Ok(Response::new(write_response(ok, Vec::new())))
     }
 
     async fn get(&self, req: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
