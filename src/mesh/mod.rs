@@ -67,6 +67,12 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// The protocol, when not given, comes from the port name (Istio's
+    /// `http-web` convention), else TCP.
+    pub fn new(name: &str, number: u32, protocol_name: Option<&str>, target_port: Option<u32>) -> ServicePort {
+        ServicePort { name: name.to_string(), number, protocol: protocol(protocol_name.unwrap_or_else(|| protocol_from_name(name))), target_port }
+    }
+
     pub fn is_http(&self) -> bool {
         self.protocol.is_http()
     }
@@ -365,16 +371,7 @@ impl Mesh {
         for (obj, spec) in &declared {
             let ns = &obj.key.namespace;
             let hostname = spec.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", obj.key.name));
-            let ports = spec
-                .ports
-                .iter()
-                .map(|p| ServicePort {
-                    name: p.name.clone(),
-                    number: p.number,
-                    protocol: protocol(p.protocol.as_deref().unwrap_or_else(|| protocol_from_name(&p.name))),
-                    target_port: p.target_port,
-                })
-                .collect();
+            let ports = spec.ports.iter().map(|p| ServicePort::new(&p.name, p.number, p.protocol.as_deref(), p.target_port)).collect();
             services.insert(
                 hostname.clone(),
                 Service {
@@ -428,16 +425,7 @@ impl Mesh {
                 SeResolution::Dns | SeResolution::DnsRoundRobin => Resolution::Dns,
                 _ => Resolution::Passthrough,
             };
-            let ports: Vec<ServicePort> = se
-                .ports
-                .iter()
-                .map(|p| ServicePort {
-                    name: p.name.clone(),
-                    number: p.number,
-                    protocol: protocol(p.protocol.as_deref().unwrap_or_else(|| protocol_from_name(&p.name))),
-                    target_port: p.target_port,
-                })
-                .collect();
+            let ports: Vec<ServicePort> = se.ports.iter().map(|p| ServicePort::new(&p.name, p.number, p.protocol.as_deref(), p.target_port)).collect();
             let mut insts: Vec<Instance> = se.endpoints.iter().map(|we| instance_of_workload(we, &BTreeMap::new())).collect();
             let mut sources = vec![(obj.key.clone(), obj.mod_revision)];
             if let Some(sel) = &se.workload_selector {

@@ -47,37 +47,37 @@ pub fn socket_address(ip: &str, port: u32) -> Address {
 pub fn effective_policy(dr: Option<&DestinationRule>, port: u32, subset: Option<&str>) -> TrafficPolicy {
     let mut policy = dr.and_then(|d| d.traffic_policy.clone()).unwrap_or_default();
     if let Some(sp) = subset.and_then(|s| dr?.subsets.iter().find(|x| x.name == s)).and_then(|s| s.traffic_policy.clone()) {
-        if sp.load_balancer.is_some() {
-            policy.load_balancer = sp.load_balancer;
-        }
-        if sp.connection_pool.is_some() {
-            policy.connection_pool = sp.connection_pool;
-        }
-        if sp.outlier_detection.is_some() {
-            policy.outlier_detection = sp.outlier_detection;
-        }
-        if sp.tls.is_some() {
-            policy.tls = sp.tls;
-        }
+        overlay(&mut policy, sp.load_balancer, sp.connection_pool, sp.outlier_detection, sp.tls);
         if !sp.port_level_settings.is_empty() {
             policy.port_level_settings = sp.port_level_settings;
         }
     }
     if let Some(pl) = policy.port_level_settings.iter().find(|p| p.port.as_ref().is_some_and(|s| s.number == port)).cloned() {
-        if pl.load_balancer.is_some() {
-            policy.load_balancer = pl.load_balancer;
-        }
-        if pl.connection_pool.is_some() {
-            policy.connection_pool = pl.connection_pool;
-        }
-        if pl.outlier_detection.is_some() {
-            policy.outlier_detection = pl.outlier_detection;
-        }
-        if pl.tls.is_some() {
-            policy.tls = pl.tls;
-        }
+        overlay(&mut policy, pl.load_balancer, pl.connection_pool, pl.outlier_detection, pl.tls);
     }
     policy
+}
+
+/// Each setting present in the more specific policy replaces the general one.
+fn overlay(
+    policy: &mut TrafficPolicy,
+    lb: Option<LoadBalancerSettings>,
+    pool: Option<ConnectionPoolSettings>,
+    outliers: Option<OutlierDetection>,
+    tls: Option<crate::model::istio::destination_rule::ClientTlsSettings>,
+) {
+    if lb.is_some() {
+        policy.load_balancer = lb;
+    }
+    if pool.is_some() {
+        policy.connection_pool = pool;
+    }
+    if outliers.is_some() {
+        policy.outlier_detection = outliers;
+    }
+    if tls.is_some() {
+        policy.tls = tls;
+    }
 }
 
 /// The cluster for one service port (and subset). Passthrough services get
