@@ -40,4 +40,9 @@ pub mod proto {
     pub mod peer {
         tonic::include_proto!("lodestar.peer.v1");
     }
+    /// The slice of etcd's v3 API (`KV.Put`) that `lodestar bench write
+    /// --target etcd` uses to compare against etcd. Client only.
+    pub mod etcd {
+        tonic::include_proto!("etcdserverpb");
+    }
 }

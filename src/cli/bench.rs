@@ -2,10 +2,16 @@
 //! cluster, at several client counts, each level bounded in time and count.
 //! Every write is checked: it must be acknowledged with a revision and
 //! report a change. Prints writes/s and latency percentiles.
+//!
+//! `--target etcd` runs the same load against an etcd v3 cluster (KV.Put
+//! over gRPC, the value being the same ~1 KiB document) for comparison: a
+//! Put counts as acknowledged when its response header carries a revision.
 
 use crate::proto::api::lodestar_client::LodestarClient;
 use crate::proto::api::{ApplyItem, ApplyRequest};
-use anyhow::{anyhow, bail, Result};
+use crate::proto::etcd::kv_client::KvClient;
+use crate::proto::etcd::PutRequest;
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Subcommand, ValueEnum};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -30,9 +36,20 @@ pub enum BenchCommand {
         /// Approximate size of each resource in bytes.
         #[arg(long, default_value_t = 1024)]
         size: usize,
+        /// Lodestar's client API to use (ignored for etcd, which is gRPC).
         #[arg(long, value_enum, default_value_t = Api::Grpc)]
         api: Api,
+        /// What `--servers` are: Lodestar API URLs, or etcd client URLs
+        /// (e.g. http://127.0.0.1:2379).
+        #[arg(long, value_enum, default_value_t = Target::Lodestar)]
+        target: Target,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+pub enum Target {
+    Lodestar,
+    Etcd,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -42,14 +59,19 @@ pub enum Api {
 }
 
 pub async fn run(cmd: BenchCommand) -> Result<()> {
-    let BenchCommand::Write { servers, clients, seconds, max_writes, size, api } = cmd;
+    let BenchCommand::Write { servers, clients, seconds, max_writes, size, api, target } = cmd;
     if servers.is_empty() || clients.is_empty() {
         bail!("need at least one server and one concurrency level");
     }
-    println!("# lodestar bench write: {size}-byte resources, {seconds}s per level, api={api:?}, servers={}", servers.join(","));
+    let proto = match target {
+        Target::Lodestar => format!("api={api:?}"),
+        Target::Etcd => "api=etcd-v3-grpc".to_string(),
+    };
+    println!("# lodestar bench write: target={target:?}, {size}-byte resources, {seconds}s per level, {proto}, servers={}", servers.join(","));
     println!("{:>8} {:>9} {:>10} {:>9} {:>9} {:>9} {:>7}", "clients", "writes", "writes/s", "p50_ms", "p99_ms", "max_ms", "errors");
+    let mut failed = 0;
     for (level, &n) in clients.iter().enumerate() {
-        let r = run_level(&servers, n, Duration::from_secs(seconds), max_writes, size, api, level).await?;
+        let r = run_level(&servers, n, Duration::from_secs(seconds), max_writes, size, api, target, level).await?;
         println!(
             "{:>8} {:>9} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>7}",
             n,
@@ -63,6 +85,10 @@ pub async fn run(cmd: BenchCommand) -> Result<()> {
         if r.errors > 0 {
             eprintln!("first error: {}", r.first_error.unwrap_or_default());
         }
+        failed += r.errors;
+    }
+    if failed > 0 {
+        bail!("{failed} writes were not acknowledged");
     }
     Ok(())
 }
@@ -85,12 +111,15 @@ impl LevelResult {
     }
 }
 
-fn resource(client: usize, seq: u64, level: usize, size: usize) -> serde_json::Value {
+/// The document a client writes: one of its 64 names, rotating. `run`
+/// tells runs apart, so that a rerun against the same cluster still
+/// changes every object (an unchanged write is not acknowledged as one).
+fn resource(client: usize, seq: u64, level: usize, size: usize, run: u64) -> serde_json::Value {
     let mut r = json!({
         "apiVersion": "networking.istio.io/v1",
         "kind": "VirtualService",
         "metadata": {"name": format!("bench-{level}-{client}-{}", seq % 64), "namespace": "bench",
-                     "annotations": {"bench.lodestar.io/seq": seq.to_string(), "bench.lodestar.io/pad": ""}},
+                     "annotations": {"bench.lodestar.io/seq": format!("{run}-{seq}"), "bench.lodestar.io/pad": ""}},
         "spec": {"hosts": [format!("svc-{client}.bench.svc.cluster.local")],
                  "http": [{"route": [{"destination": {"host": format!("svc-{client}"), "subset": "v1"}}]}]}
     });
@@ -102,11 +131,22 @@ fn resource(client: usize, seq: u64, level: usize, size: usize) -> serde_json::V
 enum Conn {
     Grpc(LodestarClient<Channel>),
     Rest(reqwest::Client, String),
+    Etcd(KvClient<Channel>),
 }
 
 impl Conn {
-    async fn write(&mut self, doc: serde_json::Value) -> Result<u64> {
+    /// Write `doc`, named `key` for targets that need one. Ok only when the
+    /// target acknowledged the write as committed, with its revision.
+    async fn write(&mut self, key: String, doc: serde_json::Value) -> Result<u64> {
         match self {
+            Conn::Etcd(c) => {
+                let req = PutRequest { key: key.into_bytes(), value: doc.to_string().into_bytes(), ..Default::default() };
+                let r = c.put(req).await.map_err(|s| anyhow!("{}: {}", s.code(), s.message()))?.into_inner();
+                match r.header.map(|h| h.revision) {
+                    Some(rev) if rev > 0 => Ok(rev as u64),
+                    other => bail!("put not acknowledged: response revision {other:?}"),
+                }
+            }
             Conn::Grpc(c) => {
                 let req = ApplyRequest { items: vec![ApplyItem { resource_json: doc.to_string(), expected_revision: None }] };
                 let r = c.apply(req).await.map_err(|s| anyhow!("{}: {}", s.code(), s.message()))?.into_inner();
@@ -131,20 +171,34 @@ impl Conn {
     }
 }
 
-async fn connect(server: &str, api: Api) -> Result<Conn> {
+/// One connection per client: a gRPC channel is one HTTP/2 connection.
+async fn connect(server: &str, api: Api, target: Target) -> Result<Conn> {
     let base = if server.contains("://") { server.trim_end_matches('/').to_string() } else { format!("http://{server}") };
-    Ok(match api {
-        Api::Grpc => Conn::Grpc(LodestarClient::new(Channel::from_shared(base)?.tcp_nodelay(true).connect().await?)),
-        Api::Rest => Conn::Rest(reqwest::Client::builder().tcp_nodelay(true).build()?, base),
+    let grpc = || async { anyhow::Ok(Channel::from_shared(base.clone())?.tcp_nodelay(true).connect().await?) };
+    Ok(match (target, api) {
+        (Target::Etcd, _) => Conn::Etcd(KvClient::new(grpc().await.with_context(|| format!("connecting to etcd at {base}"))?)),
+        (Target::Lodestar, Api::Grpc) => Conn::Grpc(LodestarClient::new(grpc().await.with_context(|| format!("connecting to {base}"))?)),
+        (Target::Lodestar, Api::Rest) => Conn::Rest(reqwest::Client::builder().tcp_nodelay(true).build()?, base),
     })
 }
 
-async fn run_level(servers: &[String], n: usize, duration: Duration, max_writes: u64, size: usize, api: Api, level: usize) -> Result<LevelResult> {
+#[allow(clippy::too_many_arguments)]
+async fn run_level(
+    servers: &[String],
+    n: usize,
+    duration: Duration,
+    max_writes: u64,
+    size: usize,
+    api: Api,
+    target: Target,
+    level: usize,
+) -> Result<LevelResult> {
     let mut conns = Vec::with_capacity(n);
     for i in 0..n {
-        conns.push(connect(&servers[i % servers.len()], api).await?);
+        conns.push(connect(&servers[i % servers.len()], api, target).await?);
     }
     let budget = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(max_writes));
+    let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
     let start = Instant::now();
     let deadline = start + duration;
     let tasks: Vec<_> = conns
@@ -158,7 +212,9 @@ async fn run_level(servers: &[String], n: usize, duration: Duration, max_writes:
                     && budget.fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |b| b.checked_sub(1)).is_ok()
                 {
                     let t = Instant::now();
-                    match conn.write(resource(i, seq, level, size)).await {
+                    // Same key pattern for both targets: 64 keys per client, rotating.
+                    let key = format!("/bench/{level}/{i}/{}", seq % 64);
+                    match conn.write(key, resource(i, seq, level, size, run)).await {
                         Ok(_) => lat.push(t.elapsed().as_micros() as u64),
                         Err(e) => {
                             errors += 1;
