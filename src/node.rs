@@ -4,8 +4,10 @@
 //! Writes: `write(txn)` queues the transaction for the batcher, which
 //! coalesces whatever is queued into one `Command::Batch` (one raft entry,
 //! one fsync per replica) and submits it: to the local raft when this node
-//! leads, else forwarded to the leader over the peer port. Each transaction
-//! in a batch stays atomic on its own and gets its own revision.
+//! leads, else forwarded to the leader over the peer port. At the leader a
+//! forwarded batch joins the same queue, so the writes of every replica
+//! share entries. Each transaction in a batch stays atomic on its own and
+//! gets its own revision.
 //!
 //! Reads: `read(Linearizable)` confirms leadership with a quorum (read-index)
 //! at the leader, then waits until the local applied state has caught up
@@ -25,11 +27,18 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-/// Largest number of transactions, and bytes of bodies, in one raft entry.
+/// Largest number of transactions, and bytes of bodies, in one raft entry
+/// (a forwarded group is never split, so an entry may exceed them by one).
 const MAX_BATCH_TXNS: usize = 512;
 const MAX_BATCH_BYTES: usize = 1024 * 1024;
-/// Raft entries a replica keeps in flight at once from its batcher.
-const MAX_INFLIGHT_BATCHES: usize = 8;
+/// Batches a replica keeps in flight at once: raft entries at the leader,
+/// forward calls at a follower. One: under load the queue fills while a
+/// batch is out, so the next one is as big as it can be. Every entry costs a
+/// log append, a replication message, a state machine apply and a published
+/// state on every replica, whatever its size, and on a small machine that
+/// CPU is what limits throughput (measured with `benches/write.sh` on two
+/// cores: 1 beat 2, 4 and 8 at 64 clients, and 1 client is unaffected).
+const MAX_INFLIGHT_BATCHES: usize = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Consistency {
@@ -85,10 +94,23 @@ pub struct ClusterStatus {
     pub members: Vec<MemberStatus>,
 }
 
+/// A group of transactions queued for the batcher: one client write, or a
+/// batch a follower forwarded. A group always lands in a single raft entry.
 struct Pending {
-    txn: Txn,
+    txns: Vec<Txn>,
     bytes: usize,
-    reply: oneshot::Sender<TxnResult>,
+    /// Forwarded by a follower: propose it here or answer NotLeader, never
+    /// forward it again.
+    forwarded: bool,
+    reply: oneshot::Sender<Outcome>,
+}
+
+enum Outcome {
+    /// Committed and applied: one result per transaction of the group.
+    Committed(Vec<TxnResult>),
+    /// Not proposed: this node is not the leader (only for forwarded groups).
+    NotLeader,
+    Failed(Error),
 }
 
 pub struct Node {
@@ -116,17 +138,22 @@ impl Node {
     /// Commit one atomic transaction through raft. Returns once it is
     /// committed by a quorum and applied on the leader.
     pub async fn write(&self, txn: Txn) -> Result<TxnOk> {
-        let bytes = txn
-            .ops
-            .iter()
-            .map(|op| match op {
-                crate::store::Op::Put { body, .. } => body.len(),
-                crate::store::Op::Delete { .. } => 64,
-            })
-            .sum();
+        match self.enqueue(vec![txn], false).await {
+            Outcome::Committed(mut results) if results.len() == 1 => results.pop().expect("one result"),
+            Outcome::Committed(results) => Err(Error::internal(format!("raft returned {} results for one transaction", results.len()))),
+            Outcome::NotLeader => Err(Error::unavailable("no leader accepted the write")),
+            Outcome::Failed(e) => Err(e),
+        }
+    }
+
+    /// Queue a group of transactions for the batcher and wait for its outcome.
+    async fn enqueue(&self, txns: Vec<Txn>, forwarded: bool) -> Outcome {
+        let bytes = txns.iter().flat_map(|t| &t.ops).map(op_bytes).sum();
         let (reply, rx) = oneshot::channel();
-        self.batcher.send(Pending { txn, bytes, reply }).await.map_err(|_| Error::unavailable("shutting down"))?;
-        rx.await.map_err(|_| Error::unavailable("shutting down"))?
+        if self.batcher.send(Pending { txns, bytes, forwarded, reply }).await.is_err() {
+            return Outcome::Failed(Error::unavailable("shutting down"));
+        }
+        rx.await.unwrap_or_else(|_| Outcome::Failed(Error::unavailable("shutting down")))
     }
 
     fn leader(&self) -> Option<(NodeId, NodeInfo)> {
@@ -145,29 +172,50 @@ impl Node {
         let _ = tokio::time::timeout(left, rx.changed()).await;
     }
 
-    /// Submit a batch to the leader, wherever it is, retrying while there is
-    /// no leader or the leader moves, until the write timeout.
-    async fn submit(&self, cmd: Command) -> Result<Vec<TxnResult>> {
+    /// Commit a batch of queued groups as one raft entry: proposed to the
+    /// local raft when this node leads, else forwarded to the leader,
+    /// retrying while there is no leader or the leader moves, until the write
+    /// timeout. Forwarded groups are only ever proposed here: when this node
+    /// does not lead they are answered NotLeader and their follower retries.
+    async fn run_batch(&self, mut batch: Vec<Pending>) {
         let deadline = Instant::now() + self.write_timeout();
         loop {
             if Instant::now() >= deadline {
-                return Err(Error::unavailable("no leader with a quorum within the write timeout"));
+                return fail(batch, Error::unavailable("no leader with a quorum within the write timeout"));
             }
-            match self.leader() {
-                Some((id, _)) if id == self.id => match self.raft.client_write(cmd.clone()).await {
-                    Ok(resp) => return batch_results(resp.data),
+            let leader = self.leader();
+            if !matches!(leader, Some((id, _)) if id == self.id) {
+                let (forwarded, local): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.forwarded);
+                for p in forwarded {
+                    let _ = p.reply.send(Outcome::NotLeader);
+                }
+                batch = local;
+            }
+            // A group whose caller is gone (client disconnected, forwarding
+            // follower gave up) is not proposed: nobody could learn its fate.
+            batch.retain(|p| !p.reply.is_closed());
+            if batch.is_empty() {
+                return;
+            }
+            // Cloned: a retry needs them again, and raft takes them by value.
+            let cmd = Command::Batch(batch.iter().flat_map(|p| p.txns.iter().cloned()).collect());
+            match leader {
+                Some((id, _)) if id == self.id => match self.raft.client_write(cmd).await {
+                    Ok(resp) => return deliver(batch, batch_results(resp.data)),
+                    // Not appended, or truncated away: nothing committed, so retry.
                     Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => self.wait_for_change(deadline).await,
-                    Err(e) => return Err(Error::unavailable(format!("raft: {e}"))),
+                    Err(e) => return fail(batch, Error::unavailable(format!("raft: {e}"))),
                 },
                 Some((_, info)) => {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    match self.peers.forward(&info.raft_addr, &ForwardRequest::Write(cmd.clone()), left).await {
-                        Ok(Ok(ForwardReply::Write(results))) => return Ok(results),
+                    match self.peers.forward(&info.raft_addr, &ForwardRequest::Write(cmd), left).await {
+                        Ok(Ok(ForwardReply::Write(results))) => return deliver(batch, Ok(results)),
                         Ok(Ok(_)) => self.wait_for_change(deadline).await,
-                        Ok(Err(e)) => return Err(e),
+                        Ok(Err(e)) => return fail(batch, e),
                         Err(PeerError::Unreachable { .. }) => self.wait_for_change(deadline).await,
                         Err(e @ PeerError::Failed { .. }) => {
-                            return Err(Error::unavailable(format!("forwarding to the leader failed, the write may or may not have committed: {e}")))
+                            let e = Error::unavailable(format!("forwarding to the leader failed, the write may or may not have committed: {e}"));
+                            return fail(batch, e);
                         }
                     }
                 }
@@ -230,10 +278,16 @@ impl Node {
     pub async fn handle_forward(&self, req: ForwardRequest) -> Result<ForwardReply> {
         let not_leader = || ForwardReply::NotLeader(self.raft.metrics().borrow().current_leader);
         match req {
-            ForwardRequest::Write(cmd) => match self.raft.client_write(cmd).await {
-                Ok(resp) => Ok(ForwardReply::Write(batch_results(resp.data)?)),
-                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Ok(not_leader()),
-                Err(e) => Err(Error::unavailable(format!("raft: {e}"))),
+            // Answered at once when this node does not lead: queueing first
+            // could wait behind this node's own batch being forwarded, maybe
+            // to the very follower that is asking.
+            ForwardRequest::Write(_) if !matches!(self.leader(), Some((id, _)) if id == self.id) => Ok(not_leader()),
+            // Joins the local queue, so it shares a raft entry with whatever
+            // else is waiting, from this node's clients or other followers.
+            ForwardRequest::Write(Command::Batch(txns)) => match self.enqueue(txns, true).await {
+                Outcome::Committed(results) => Ok(ForwardReply::Write(results)),
+                Outcome::NotLeader => Ok(not_leader()),
+                Outcome::Failed(e) => Err(e),
             },
             ForwardRequest::ReadIndex => Ok(match self.leader_read_index().await? {
                 Some(i) => ForwardReply::ReadIndex(i),
@@ -395,18 +449,48 @@ fn batch_results(resp: Response) -> Result<Vec<TxnResult>> {
     }
 }
 
-/// Coalesce queued transactions into raft entries, several in flight at once.
+fn op_bytes(op: &crate::store::Op) -> usize {
+    match op {
+        crate::store::Op::Put { body, .. } => body.len(),
+        crate::store::Op::Delete { .. } => 64,
+    }
+}
+
+fn fail(batch: Vec<Pending>, e: Error) {
+    for p in batch {
+        let _ = p.reply.send(Outcome::Failed(e.clone()));
+    }
+}
+
+/// Hand each group its slice of the entry's results.
+fn deliver(batch: Vec<Pending>, results: Result<Vec<TxnResult>>) {
+    let n: usize = batch.iter().map(|p| p.txns.len()).sum();
+    match results {
+        Ok(results) if results.len() == n => {
+            let mut results = results.into_iter();
+            for p in batch {
+                let mine = results.by_ref().take(p.txns.len()).collect();
+                let _ = p.reply.send(Outcome::Committed(mine));
+            }
+        }
+        Ok(results) => fail(batch, Error::internal(format!("raft returned {} results for {n} transactions", results.len()))),
+        Err(e) => fail(batch, e),
+    }
+}
+
+/// Coalesce queued groups into raft entries, a few in flight at once.
 /// Under load, requests queue while a permit is awaited, so batches grow
 /// exactly when batching pays off; an isolated write goes out alone at once.
 async fn batcher(node: Weak<Node>, mut rx: mpsc::Receiver<Pending>) {
     let permits = Arc::new(Semaphore::new(MAX_INFLIGHT_BATCHES));
     while let Some(first) = rx.recv().await {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
-        let mut bytes = first.bytes;
+        let (mut txns, mut bytes) = (first.txns.len(), first.bytes);
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH_TXNS && bytes < MAX_BATCH_BYTES {
+        while txns < MAX_BATCH_TXNS && bytes < MAX_BATCH_BYTES {
             match rx.try_recv() {
                 Ok(p) => {
+                    txns += p.txns.len();
                     bytes += p.bytes;
                     batch.push(p);
                 }
@@ -416,26 +500,7 @@ async fn batcher(node: Weak<Node>, mut rx: mpsc::Receiver<Pending>) {
         let Some(node) = node.upgrade() else { return };
         tokio::spawn(async move {
             let _permit = permit;
-            let (txns, replies): (Vec<Txn>, Vec<oneshot::Sender<TxnResult>>) = batch.into_iter().map(|p| (p.txn, p.reply)).unzip();
-            let n = txns.len();
-            match node.submit(Command::Batch(txns)).await {
-                Ok(results) if results.len() == n => {
-                    for (reply, result) in replies.into_iter().zip(results) {
-                        let _ = reply.send(result);
-                    }
-                }
-                Ok(results) => {
-                    let e = Error::internal(format!("raft returned {} results for {n} transactions", results.len()));
-                    for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                }
-                Err(e) => {
-                    for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                }
-            }
+            node.run_batch(batch).await;
         });
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 /// How long in-flight requests and streams get to finish on shutdown.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -83,9 +83,10 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
 
     let peer_server = tokio::spawn(
         tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .add_service(PeerService::server(&node))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(raft_listener), stopped()),
+            // With an incoming stream, tonic ignores the builder's tcp_nodelay:
+            // set it here, or raft replies and forwarded writes wait on Nagle.
+            .serve_with_incoming_shutdown(TcpIncoming::from(raft_listener).with_nodelay(Some(true)), stopped()),
     );
 
     let sync = SyncRegistry::new();

@@ -1,11 +1,14 @@
 //! The raft log and raft metadata (vote, committed, last purged) in sled.
 //!
 //! Durability: `append` writes the entries into the `raft_log` tree and hands
-//! the completion callback to a single flusher task. The flusher takes every
+//! the completion callback to a single flusher thread. The flusher takes every
 //! callback queued so far, calls `flush` once (one fsync for all of them), and
 //! then completes them in order. That is group commit: under load many
 //! appends share one fsync, and openraft only counts an entry towards the
-//! quorum after its callback fired, i.e. after it is on disk.
+//! quorum after its callback fired, i.e. after it is on disk. The flusher is
+//! a thread blocking in sled's `flush` rather than a task awaiting
+//! `flush_async`, which would add a hop through sled's thread pool to every
+//! group commit.
 
 use super::codec;
 use super::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
@@ -44,7 +47,8 @@ impl LogStore {
         let log = db.open_tree("raft_log")?;
         let meta = db.open_tree("raft_meta")?;
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(flusher(db.clone(), rx));
+        let flush_db = db.clone();
+        std::thread::Builder::new().name("lodestar-log-flush".into()).spawn(move || flusher(flush_db, rx))?;
         Ok(LogStore { db: db.clone(), log, meta, flusher: tx })
     }
 
@@ -62,14 +66,15 @@ impl LogStore {
     }
 }
 
-async fn flusher(db: sled::Db, mut rx: mpsc::UnboundedReceiver<LogFlushed<TypeConfig>>) {
+/// Runs until every `LogStore` clone (and so every sender) is gone.
+fn flusher(db: sled::Db, mut rx: mpsc::UnboundedReceiver<LogFlushed<TypeConfig>>) {
     let mut pending = Vec::new();
-    while let Some(first) = rx.recv().await {
+    while let Some(first) = rx.blocking_recv() {
         pending.push(first);
         while let Ok(more) = rx.try_recv() {
             pending.push(more);
         }
-        let result = db.flush_async().await.map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
+        let result = db.flush().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
         for cb in pending.drain(..) {
             cb.log_io_completed(result.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string())));
         }

@@ -37,7 +37,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 /// Responses queued per stream before the stream task waits for the
@@ -66,7 +67,8 @@ pub async fn serve(
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(service.into_server())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(shutdown))
+        // With an incoming stream tonic ignores the builder's tcp_nodelay.
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), stopped(shutdown))
         .await
 }
 
