@@ -67,6 +67,11 @@ pub struct ServerConfig {
     pub domain_suffix: String,
     /// Namespace whose Sidecar and DestinationRules apply mesh-wide.
     pub root_namespace: String,
+    /// A directory of YAML/JSON resources to keep the store in step with
+    /// (a GitOps checkout): see `adapters::directory`.
+    pub watch_dir: Option<PathBuf>,
+    /// How often the watched directory is scanned for changes.
+    pub watch_dir_poll_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -78,6 +83,8 @@ impl Default for ServerConfig {
             raft_addr: DEFAULT_RAFT_ADDR.into(),
             xds_addr: DEFAULT_XDS_ADDR.into(),
             initial_members: Vec::new(),
+            watch_dir: None,
+            watch_dir_poll_ms: 1000,
             join: false,
             heartbeat_ms: 100,
             election_timeout_min_ms: 500,

@@ -9,17 +9,21 @@
 //!   immutable applied snapshots, watch.
 //! - [`node`]: a replica's domain service: batched writes, forwarding to the
 //!   leader, linearizable reads, membership.
+//! - [`health`]: registry health at run time: TTLs, leases, probes.
 //! - [`peer`]: raft peer RPCs and forwarding over tonic (trusted peers only).
 //! - [`api`]: REST (axum) and gRPC (tonic) client APIs, thin, one error map each.
+//! - [`adapters`]: sources outside the API (a watched directory) fed into the store.
 //! - [`server`]: starts a replica's ports and shuts it down.
 //! - [`config`]: server settings (TOML + flags).
 //! - [`cli`]: the `lodestar` command line (client commands and benchmarks).
 //! - [`error`]: the one error vocabulary.
 
+pub mod adapters;
 pub mod api;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod health;
 pub mod mesh;
 pub mod model;
 pub mod node;

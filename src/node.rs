@@ -15,6 +15,7 @@
 
 use crate::config::ServerConfig;
 use crate::error::{Code, Error, Result};
+use crate::model::ResourceKey;
 use crate::peer::{PeerClients, PeerError};
 use crate::store::state_machine::StoreReader;
 use crate::store::types::{Command, NodeId, NodeInfo, Raft, Response, Txn, TxnOk, TxnResult};
@@ -52,8 +53,15 @@ pub enum Consistency {
 pub enum ForwardRequest {
     Write(Command),
     ReadIndex,
-    AddNode { id: NodeId, info: NodeInfo },
-    RemoveNode { id: NodeId },
+    AddNode {
+        id: NodeId,
+        info: NodeInfo,
+    },
+    RemoveNode {
+        id: NodeId,
+    },
+    /// A heartbeat (Instance TTL) or keepalive (Lease), for the leader.
+    Heartbeat(ResourceKey),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -61,6 +69,10 @@ pub enum ForwardReply {
     Write(Vec<TxnResult>),
     ReadIndex(u64),
     Done,
+    /// Heartbeat recorded; the TTL it renews, in milliseconds.
+    Heartbeat {
+        ttl_ms: u64,
+    },
     /// The receiver is not the leader (any more): ask again.
     NotLeader(Option<NodeId>),
 }
@@ -119,14 +131,28 @@ pub struct Node {
     pub raft: Raft,
     pub reader: StoreReader,
     pub config: Arc<ServerConfig>,
-    peers: PeerClients,
+    pub peers: PeerClients,
     batcher: mpsc::Sender<Pending>,
+    /// Leader side of TTLs and leases: when each was last renewed here.
+    pub heartbeats: crate::health::Heartbeats,
+    /// This replica's probe assignments (`/debug/checks`).
+    pub checks: crate::health::Checks,
 }
 
 impl Node {
     pub fn new(config: Arc<ServerConfig>, raft: Raft, reader: StoreReader, peers: PeerClients) -> Arc<Node> {
         let (tx, rx) = mpsc::channel(16 * 1024);
-        let node = Arc::new(Node { id: config.id, info: config.node_info(), raft, reader, config, peers, batcher: tx });
+        let node = Arc::new(Node {
+            id: config.id,
+            info: config.node_info(),
+            raft,
+            reader,
+            config,
+            peers,
+            batcher: tx,
+            heartbeats: Default::default(),
+            checks: Default::default(),
+        });
         tokio::spawn(batcher(Arc::downgrade(&node), rx));
         node
     }
@@ -263,6 +289,46 @@ impl Node {
         }
     }
 
+    pub fn is_leader(&self) -> bool {
+        matches!(self.leader(), Some((id, _)) if id == self.id)
+    }
+
+    /// Renew an Instance's TTL or a Lease: recorded by the leader, which
+    /// alone decides expiry (see `health`). Returns the TTL renewed.
+    pub async fn heartbeat(&self, key: ResourceKey) -> Result<Duration> {
+        let deadline = Instant::now() + self.write_timeout();
+        loop {
+            if Instant::now() >= deadline {
+                return Err(Error::unavailable("no leader within the timeout"));
+            }
+            match self.leader() {
+                Some((id, _)) if id == self.id => return self.leader_heartbeat(&key).await,
+                Some((_, info)) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match self.peers.forward(&info.raft_addr, &ForwardRequest::Heartbeat(key.clone()), left).await {
+                        Ok(Ok(ForwardReply::Heartbeat { ttl_ms })) => return Ok(Duration::from_millis(ttl_ms)),
+                        Ok(Ok(_)) | Err(PeerError::Unreachable { .. }) => self.wait_for_change(deadline).await,
+                        Ok(Err(e)) => return Err(e),
+                        Err(e) => return Err(Error::unavailable(e.to_string())),
+                    }
+                }
+                None => self.wait_for_change(deadline).await,
+            }
+        }
+    }
+
+    async fn leader_heartbeat(&self, key: &ResourceKey) -> Result<Duration> {
+        let mut applied = self.reader.current();
+        if applied.state.get(key).is_none() {
+            // A new leader may not have applied everything committed yet.
+            applied = self.read(Consistency::Linearizable).await?;
+        }
+        let obj = applied.state.get(key).ok_or_else(|| Error::not_found(format!("{key} not found")))?;
+        let ttl = crate::health::ttl_of(obj).ok_or_else(|| Error::invalid(format!("{key} has no TTL health check: nothing to heartbeat")))?;
+        self.heartbeats.record(key.clone());
+        Ok(ttl)
+    }
+
     /// Leader side of read-index: confirm leadership with a quorum. `None`
     /// when this node turns out not to be the leader.
     async fn leader_read_index(&self) -> Result<Option<u64>> {
@@ -281,7 +347,7 @@ impl Node {
             // Answered at once when this node does not lead: queueing first
             // could wait behind this node's own batch being forwarded, maybe
             // to the very follower that is asking.
-            ForwardRequest::Write(_) if !matches!(self.leader(), Some((id, _)) if id == self.id) => Ok(not_leader()),
+            ForwardRequest::Write(_) if !self.is_leader() => Ok(not_leader()),
             // Joins the local queue, so it shares a raft entry with whatever
             // else is waiting, from this node's clients or other followers.
             ForwardRequest::Write(Command::Batch(txns)) => match self.enqueue(txns, true).await {
@@ -293,6 +359,8 @@ impl Node {
                 Some(i) => ForwardReply::ReadIndex(i),
                 None => not_leader(),
             }),
+            ForwardRequest::Heartbeat(key) if self.is_leader() => Ok(ForwardReply::Heartbeat { ttl_ms: self.leader_heartbeat(&key).await?.as_millis() as u64 }),
+            ForwardRequest::Heartbeat(_) => Ok(not_leader()),
             ForwardRequest::AddNode { id, info } => self.leader_add_node(id, info).await,
             ForwardRequest::RemoveNode { id } => self.leader_remove_node(id).await,
         }
@@ -452,6 +520,7 @@ fn batch_results(resp: Response) -> Result<Vec<TxnResult>> {
 fn op_bytes(op: &crate::store::Op) -> usize {
     match op {
         crate::store::Op::Put { body, .. } => body.len(),
+        crate::store::Op::SetStatus { status, .. } => status.len() + 64,
         crate::store::Op::Delete { .. } => 64,
     }
 }

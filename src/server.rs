@@ -104,6 +104,15 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // ADS for Envoys, from this replica's own applied state.
     let xds_server = tokio::spawn(crate::xds::server::serve(xds_listener, node.reader.subscribe_applied(), generator, sync, xds_stop));
 
+    // Registry health: the leader's TTL/lease expiry, everyone's share of probes.
+    let reaper = tokio::spawn(crate::health::reaper(node.clone(), stop_tx.subscribe()));
+    let prober = tokio::spawn(crate::health::prober(node.clone(), node.checks.clone(), stop_tx.subscribe()));
+
+    let adapter = config.watch_dir.clone().map(|dir| {
+        let source = crate::adapters::directory::Directory::new(dir, Duration::from_millis(config.watch_dir_poll_ms.max(50)));
+        tokio::spawn(crate::adapters::run(node.clone(), Box::new(source), stop_tx.subscribe()))
+    });
+
     initialise(&config, &raft).await?;
     tracing::info!(id = config.id, api = %config.api_addr, raft = %config.raft_addr, xds = %config.xds_addr, data = %config.data_dir.display(), "replica started");
 
@@ -115,6 +124,11 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         let _ = api_server.await;
         let _ = peer_server.await;
         let _ = xds_server.await;
+        let _ = reaper.await;
+        let _ = prober.await;
+        if let Some(a) = adapter {
+            let _ = a.await;
+        }
     })
     .await;
     if let Err(e) = raft.shutdown().await {

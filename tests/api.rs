@@ -8,7 +8,6 @@ use futures::StreamExt;
 use lodestar::proto::api::lodestar_client::LodestarClient;
 use lodestar::proto::api::{ApplyItem, ApplyRequest, GetRequest, WatchRequest};
 use serde_json::{json, Value};
-use std::process::Command;
 use std::time::Duration;
 
 async fn list_names(c: &Cluster, ns: &str) -> (u64, Vec<String>) {
@@ -296,11 +295,6 @@ spec:
   location: MESH_EXTERNAL
   resolution: DNS
 "#;
-
-fn cli(server: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN).arg("--server").arg(server).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_round_trip() {

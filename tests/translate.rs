@@ -147,3 +147,54 @@ fn incremental_equals_full() {
         assert_eq!(got.revision, applied.revision());
     }
 }
+
+/// Instance changes (register, health, deregister) of services that keep
+/// their shape re-translate endpoints only: every other type is shared with
+/// the previous config as is, and the result equals a full translation.
+/// Changes that alter a service's shape (a new implied service) fall back.
+#[test]
+fn endpoint_changes_are_eds_only() {
+    use lodestar::model::{Kind, ResourceKey};
+    use lodestar::translate::Translator;
+    use lodestar::xds::resources::Generator;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/bookinfo-sidecar");
+    let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let proxy =
+        ProxyIdentity::parse("sidecar~127.0.20.1~productpage-v1.default~default.svc.cluster.local", &json!({"LABELS": {"app": "productpage"}})).unwrap();
+    let translator = Translator::new(MeshConfig::default());
+    let mut prev = translator.generate(&proxy, &base).unwrap();
+    let put = |yaml: &str| {
+        let r = parse_resource(parse_documents(yaml, "change").unwrap().remove(0), "default").unwrap();
+        validate_spec(&r).unwrap();
+        Op::Put { key: r.key, body: r.body.to_string(), expected_revision: None }
+    };
+    let key = |name: &str| ResourceKey::new(Kind::Instance, "default", name);
+    let unhealthy = json!({"health": "Unhealthy", "reason": "test", "sinceUnixMs": 1}).to_string();
+    let steps: Vec<(Op, bool)> = vec![
+        (put("apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {name: productpage-2, namespace: default}\nspec: {service: productpage, address: 127.0.11.2, port: 19080, healthCheck: {ttl: 5s}}\n"), true),
+        (Op::SetStatus { key: key("productpage-2"), status: unhealthy, expected_revision: None }, true),
+        (Op::Delete { key: key("productpage-1"), expected_revision: None, ignore_missing: false }, true),
+        // A service implied by its first instance: a new cluster, full path.
+        (put("apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {name: ratings-1, namespace: default}\nspec: {service: ratings, address: 127.0.11.9, ports: {http: 9080}}\n"), false),
+        (put("apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {name: ratings-2, namespace: default}\nspec: {service: ratings, address: 127.0.11.10, ports: {http: 9080}}\n"), true),
+    ];
+    let mut state = base.state.clone();
+    for (i, (op, eds_only)) in steps.into_iter().enumerate() {
+        state.apply_txn(&Txn { ops: vec![op] }).0.unwrap();
+        let applied = Applied { state: state.clone(), ..Default::default() };
+        let got = translator.generate(&proxy, &applied).unwrap();
+        let want = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), &proxy);
+        assert_eq!(render(&got), render(&want), "step {i}");
+        assert_ne!(got.of(ResourceType::Endpoint), prev.of(ResourceType::Endpoint), "step {i}: endpoints must change");
+        for t in [ResourceType::Cluster, ResourceType::Listener, ResourceType::Route] {
+            let shared = Arc::ptr_eq(&got.resources[&t], &prev.resources[&t]);
+            assert_eq!(shared, eds_only, "step {i}: {t:?} shared with the previous config");
+        }
+        prev = got;
+    }
+    // The unhealthy instance is left out of its cluster's endpoints.
+    let eds = render(&prev);
+    let text = eds.to_string();
+    assert!(!text.contains("127.0.11.2"), "unhealthy instance still in EDS");
+    assert!(text.contains("127.0.11.10"));
+}

@@ -132,6 +132,16 @@ impl Lodestar for GrpcApi {
         Ok(Response::new(GetResponse { revision: applied.revision(), resource_json: obj.to_json().to_string() }))
     }
 
+    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        let r = req.into_inner();
+        let key = super::key_of(&r.kind, Some(&r.namespace), &r.name).map_err(status_of)?;
+        if !matches!(key.kind, crate::model::Kind::Instance | crate::model::Kind::Lease) {
+            return Err(Status::invalid_argument(format!("kind: only instances and leases take heartbeats, not {}", key.kind.plural())));
+        }
+        let ttl = self.node.heartbeat(key).await.map_err(status_of)?;
+        Ok(Response::new(HeartbeatResponse { ttl_seconds: ttl.as_secs_f64() }))
+    }
+
     async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let r = req.into_inner();
         let kind = super::parse_kind(&r.kind).map_err(status_of)?;

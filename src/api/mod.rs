@@ -174,3 +174,43 @@ impl From<ItemResult> for WriteItem {
         }
     }
 }
+
+/// One registry service as `lodestar get services` shows it: declared by a
+/// `Service` or implied by its instances, with instance counts by health.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceView {
+    pub hostname: String,
+    pub namespace: String,
+    pub declared: bool,
+    pub ports: Vec<String>,
+    pub instances: usize,
+    pub healthy: usize,
+    pub unhealthy: usize,
+    pub unknown: usize,
+}
+
+/// The registry's services at one snapshot (ServiceEntries excluded).
+pub fn registry_services(applied: &Applied, config: &crate::config::ServerConfig, namespace: Option<&str>) -> Vec<ServiceView> {
+    use crate::mesh::{Health, Mesh, MeshConfig};
+    let mc = MeshConfig { domain_suffix: config.domain_suffix.clone(), root_namespace: config.root_namespace.clone() };
+    let mesh = Mesh::build(applied, Arc::new(mc));
+    mesh.services
+        .values()
+        .filter(|s| s.sources.iter().any(|(k, _)| matches!(k.kind, Kind::Service | Kind::Instance)))
+        .filter(|s| namespace.is_none_or(|ns| ns.is_empty() || s.namespace == ns))
+        .map(|s| {
+            let count = |h: Health| s.instances.iter().filter(|i| i.health == h).count();
+            ServiceView {
+                hostname: s.hostname.clone(),
+                namespace: s.namespace.clone(),
+                declared: s.sources.iter().any(|(k, _)| k.kind == Kind::Service),
+                ports: s.ports.iter().map(|p| format!("{}:{}/{:?}", p.name, p.number, p.protocol)).collect(),
+                instances: s.instances.len(),
+                healthy: count(Health::Healthy),
+                unhealthy: count(Health::Unhealthy),
+                unknown: count(Health::Unknown),
+            }
+        })
+        .collect()
+}

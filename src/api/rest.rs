@@ -3,6 +3,7 @@
 use super::{ApplyItem, DeleteItem, WriteResult};
 use crate::error::{Error, Result};
 use crate::model::documents::parse_documents;
+use crate::model::Kind;
 use crate::node::{ClusterStatus, Consistency, Node};
 use crate::store::types::NodeInfo;
 use crate::store::watch::{watch, WatchFilter};
@@ -27,6 +28,9 @@ pub fn router(node: Arc<Node>, sync: SyncRegistry) -> Router {
         .route("/v1/delete", post(delete_many))
         .route("/v1/resources/{kind}", get(list))
         .route("/v1/resources/{kind}/{namespace}/{name}", get(get_one).delete(delete_one))
+        .route("/v1/resources/{kind}/{namespace}/{name}/heartbeat", post(heartbeat))
+        .route("/v1/registry/services", get(registry_services))
+        .route("/debug/checks", get(debug_checks))
         .route("/v1/watch", get(watch_changes))
         .route("/v1/cluster", get(cluster_status))
         .route("/v1/node", get(node_status))
@@ -246,4 +250,29 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
 /// Every connected proxy on this replica and how far it is in sync.
 async fn syncz(State(sync): State<SyncRegistry>) -> Json<SyncStatus> {
     Json(sync.snapshot())
+}
+
+/// Renew an Instance's TTL or a Lease (keepalive).
+async fn heartbeat(State(node): State<Arc<Node>>, Path((kind, namespace, name)): Path<(String, String, String)>) -> Result<Response> {
+    let key = super::key_of(&kind, Some(&namespace), &name)?;
+    if !matches!(key.kind, Kind::Instance | Kind::Lease) {
+        return Err(Error::field("kind", format!("only instances and leases take heartbeats, not {}", key.kind.plural())));
+    }
+    let ttl = node.heartbeat(key).await?;
+    Ok(Json(json!({"ttlSeconds": ttl.as_secs_f64()})).into_response())
+}
+
+#[derive(Deserialize, Default)]
+struct NamespaceQuery {
+    namespace: Option<String>,
+    consistency: Option<String>,
+}
+
+async fn registry_services(State(node): State<Arc<Node>>, Query(q): Query<NamespaceQuery>) -> Result<Response> {
+    let applied = node.read(consistency(q.consistency.as_deref())?).await?;
+    Ok(Json(json!({"revision": applied.revision(), "services": super::registry_services(&applied, &node.config, q.namespace.as_deref())})).into_response())
+}
+
+async fn debug_checks(State(node): State<Arc<Node>>) -> Response {
+    Json(node.checks.view(node.id)).into_response()
 }

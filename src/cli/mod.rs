@@ -5,6 +5,7 @@
 mod bench;
 mod bootstrap;
 mod client;
+mod registry;
 
 use crate::config::{Member, ServerConfig};
 use crate::model::documents::parse_documents;
@@ -55,6 +56,9 @@ enum Command {
         /// Serve from the replica's local state instead of a linearizable read.
         #[arg(long)]
         stale: bool,
+        /// Instances only: those of this service.
+        #[arg(short = 's', long)]
+        service: Option<String>,
     },
     /// Delete resources by name or from files.
     Delete {
@@ -71,6 +75,21 @@ enum Command {
     Cluster {
         #[command(subcommand)]
         command: ClusterCommand,
+    },
+    /// Register a service instance (an `Instance` resource) with a health check.
+    Register(registry::RegisterArgs),
+    /// Remove a service instance.
+    Deregister {
+        name: String,
+        #[arg(short, long)]
+        namespace: Option<String>,
+    },
+    /// Renew an instance's TTL check: once, or every INTERVAL.
+    Heartbeat(registry::Renew),
+    /// Leases: sessions that own instances.
+    Lease {
+        #[command(subcommand)]
+        command: registry::LeaseCommand,
     },
     /// Print an Envoy bootstrap (YAML or JSON) that connects to the replicas' xDS ports.
     Bootstrap(bootstrap::BootstrapArgs),
@@ -135,6 +154,9 @@ pub struct ServerArgs {
     /// Start empty and wait for `lodestar cluster add-node`.
     #[arg(long)]
     join: bool,
+    /// Keep the store in step with this directory of YAML/JSON resources.
+    #[arg(long)]
+    watch_dir: Option<PathBuf>,
 }
 
 impl ServerArgs {
@@ -165,6 +187,9 @@ impl ServerArgs {
             c.initial_members = self.initial_members;
         }
         c.join |= self.join;
+        if self.watch_dir.is_some() {
+            c.watch_dir = self.watch_dir;
+        }
         Ok(c)
     }
 }
@@ -177,9 +202,19 @@ pub async fn run(cli: Cli) -> Result<()> {
             crate::server::run(config, crate::server::shutdown_signal()).await
         }
         Command::Apply { files, namespace } => apply(&client, &files, namespace.as_deref()).await,
-        Command::Get { kind, name, namespace, all_namespaces, selector, output, stale } => {
-            get(&client, &kind, name.as_deref(), namespace.as_deref(), all_namespaces, selector.as_deref(), output, stale).await
+        Command::Get { kind, name, namespace, all_namespaces, selector, output, stale, service } => {
+            let k = parse_kind(&kind)?;
+            if k == Kind::Service && name.is_none() && selector.is_none() && output.is_none() {
+                let ns = if all_namespaces { None } else { Some(namespace.as_deref().unwrap_or(crate::model::DEFAULT_NAMESPACE)) };
+                return registry::services_table(&client, ns).await;
+            }
+            let filter = GetFilter { selector: selector.as_deref(), service: service.as_deref() };
+            get(&client, &kind, name.as_deref(), namespace.as_deref(), all_namespaces, filter, output, stale).await
         }
+        Command::Register(args) => registry::register(&client, args).await,
+        Command::Deregister { name, namespace } => registry::deregister(&client, &name, &namespace).await,
+        Command::Heartbeat(r) => registry::heartbeat(&client, "instances", &r).await,
+        Command::Lease { command } => registry::lease(&client, command).await,
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,
         Command::Bootstrap(args) => bootstrap::run(&client, args).await,
@@ -227,7 +262,7 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-fn print_write_result(result: &Value) {
+pub(crate) fn print_write_result(result: &Value) {
     if let Some(items) = result.get("items").and_then(Value::as_array) {
         for item in items {
             let kind = item["kind"].as_str().unwrap_or("").to_ascii_lowercase();
@@ -261,7 +296,13 @@ fn parse_kind(kind: &str) -> Result<Kind> {
     Kind::from_cli_name(kind).ok_or_else(|| anyhow!("unknown kind {kind:?}; known kinds: {}", Kind::cli_names_help()))
 }
 
-fn query(pairs: &[(&str, Option<&str>)]) -> String {
+pub(crate) struct GetFilter<'a> {
+    selector: Option<&'a str>,
+    /// Instances of this service only (`-s`).
+    service: Option<&'a str>,
+}
+
+pub(crate) fn query(pairs: &[(&str, Option<&str>)]) -> String {
     let parts: Vec<String> = pairs.iter().filter_map(|(k, v)| v.filter(|v| !v.is_empty()).map(|v| format!("{k}={}", urlencode(v)))).collect();
     if parts.is_empty() {
         String::new()
@@ -286,11 +327,12 @@ async fn get(
     name: Option<&str>,
     namespace: Option<&str>,
     all: bool,
-    selector: Option<&str>,
+    filter: GetFilter<'_>,
     output: Option<Output>,
     stale: bool,
 ) -> Result<()> {
     let kind = parse_kind(kind)?;
+    let selector = filter.selector;
     let consistency = stale.then_some("stale");
     let items: Vec<Value> = match name {
         Some(name) => {
@@ -302,7 +344,14 @@ async fn get(
             let ns = if all { None } else { Some(namespace.unwrap_or(crate::model::DEFAULT_NAMESPACE)) };
             let path = format!("/v1/resources/{}{}", kind.plural(), query(&[("namespace", ns), ("labelSelector", selector), ("consistency", consistency)]));
             let list = client.get(&path).await?;
-            list["items"].as_array().cloned().unwrap_or_default()
+            let mut items = list["items"].as_array().cloned().unwrap_or_default();
+            if let Some(svc) = filter.service {
+                if kind != Kind::Instance {
+                    bail!("-s/--service applies to instances only");
+                }
+                items.retain(|i| i["spec"]["service"].as_str() == Some(svc));
+            }
+            items
         }
     };
     let doc = if name.is_some() { items[0].clone() } else { json!({"apiVersion": "v1", "kind": "List", "items": items}) };
@@ -321,6 +370,9 @@ async fn get(
 }
 
 fn print_table(kind: Kind, items: &[Value], wide: bool) {
+    if kind == Kind::Instance {
+        return print_instances(items, wide);
+    }
     let mut rows = vec![vec!["NAMESPACE".to_string(), "NAME".into(), "REVISION".into(), summary_header(kind).into()]];
     if wide {
         rows[0].push("LABELS".into());
@@ -342,6 +394,44 @@ fn print_table(kind: Kind, items: &[Value], wide: bool) {
         }
         rows.push(row);
     }
+    print_rows(rows);
+}
+
+fn labels_text(meta: &Value) -> String {
+    meta["labels"].as_object().map(|l| l.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect::<Vec<_>>().join(",")).unwrap_or_default()
+}
+
+fn print_instances(items: &[Value], wide: bool) {
+    let mut header: Vec<String> = ["NAMESPACE", "NAME", "SERVICE", "ADDRESS", "HEALTH", "REVISION"].map(String::from).to_vec();
+    if wide {
+        header.extend(["CHECK", "REASON", "CHECKED-BY", "LEASE", "LABELS"].map(String::from));
+    }
+    let mut rows = vec![header];
+    for it in items {
+        let (meta, spec) = (&it["metadata"], &it["spec"]);
+        let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+        let mut row =
+            vec![s(&meta["namespace"]), s(&meta["name"]), s(&spec["service"]), s(&spec["address"]), registry::instance_health(it), s(&meta["resourceVersion"])];
+        if wide {
+            let c = &spec["healthCheck"];
+            let check = [("ttl", &c["ttl"]), ("http", &c["http"]), ("tcp", &c["tcp"])]
+                .iter()
+                .find_map(|(k, v)| v.as_str().map(|v| format!("{k} {v}")))
+                .unwrap_or_default();
+            row.extend([
+                check,
+                s(&it["status"]["reason"]),
+                it["status"]["checkedBy"].as_u64().map_or(String::new(), |n| n.to_string()),
+                s(&spec["lease"]),
+                labels_text(meta),
+            ]);
+        }
+        rows.push(row);
+    }
+    print_rows(rows);
+}
+
+pub(crate) fn print_rows(rows: Vec<Vec<String>>) {
     let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
     for r in rows {
         let line: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();

@@ -14,10 +14,10 @@
 use crate::model::istio::common::Protocol;
 use crate::model::istio::service_entry::{Location, Resolution as SeResolution};
 use crate::model::istio::{self, DestinationRule, Gateway, ServiceEntry, Sidecar, Validated, VirtualService, WorkloadEntry};
-use crate::model::registry::{protocol_from_name, InstanceSpec, ServiceSpec};
+use crate::model::registry::{protocol_from_name, HealthState, InstanceSpec, InstanceStatus, ServiceSpec};
 use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
 use crate::store::Applied;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// Mesh-wide settings that translation needs.
@@ -97,6 +97,8 @@ pub struct Instance {
     pub locality: String,
     pub weight: u32,
     pub health: Health,
+    /// The registry Instance (or WorkloadEntry) it came from, if any.
+    pub source: Option<ResourceKey>,
 }
 
 impl Instance {
@@ -122,6 +124,18 @@ pub struct Service {
 }
 
 impl Service {
+    /// Equal in everything but the instances: a change between two such
+    /// services is an endpoint change (EDS only).
+    pub fn same_shape(&self, other: &Service) -> bool {
+        (&self.hostname, &self.namespace, &self.ports, &self.addresses, self.mesh_external, self.resolution, &self.export_to)
+            == (&other.hostname, &other.namespace, &other.ports, &other.addresses, other.mesh_external, other.resolution, &other.export_to)
+    }
+
+    /// Declared by a registry `Service` (not implied by its instances).
+    fn declared(&self) -> bool {
+        self.sources.iter().any(|(k, _)| k.kind != Kind::Instance)
+    }
+
     pub fn port(&self, number: u32) -> Option<&ServicePort> {
         self.ports.iter().find(|p| p.number == number)
     }
@@ -254,6 +268,73 @@ impl Mesh {
         mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.sidecars.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         Some(mesh)
+    }
+
+    /// The mesh at `applied`'s revision when every change since
+    /// `prev_objects` is to registry Instances of services that exist in
+    /// both and keep their shape (ports, addresses): only those services'
+    /// instance lists are rebuilt, everything else is shared. Returns the
+    /// hostnames whose endpoints changed. `None`: build it.
+    pub fn update_instances(&self, prev_objects: &crate::store::state::Objects, applied: &Applied) -> Option<(Mesh, BTreeSet<String>)> {
+        use imbl::ordmap::DiffItem;
+        let suffix = &self.config.domain_suffix;
+        let spec_of = |o: &StoredObject| -> Option<InstanceSpec> {
+            match o.typed().ok()?.as_ref() {
+                TypedSpec::Instance(i) => Some(i.clone()),
+                _ => None,
+            }
+        };
+        let mut services: Option<BTreeMap<String, Arc<Service>>> = None;
+        let mut hosts = BTreeSet::new();
+        for d in prev_objects.diff(&applied.state.objects) {
+            let (key, old, new) = match d {
+                DiffItem::Add(k, o) => (k, None, Some(o)),
+                DiffItem::Update { old, new } => (new.0, Some(old.1), Some(new.1)),
+                DiffItem::Remove(k, o) => (k, Some(o), None),
+            };
+            if key.kind != Kind::Instance {
+                return None;
+            }
+            let services = services.get_or_insert_with(|| (*self.services).clone());
+            if let Some(old) = old {
+                let spec = spec_of(old)?;
+                let host = instance_hostname(&spec, &key.namespace, suffix);
+                let svc = Arc::make_mut(services.get_mut(&host)?);
+                svc.instances.retain(|i| i.source.as_ref() != Some(key));
+                svc.sources.retain(|(k, _)| k != key);
+                if !svc.declared() && svc.instances.is_empty() {
+                    return None; // an implied service goes away
+                }
+                hosts.insert(host);
+            }
+            if let Some(new) = new {
+                let spec = spec_of(new)?;
+                let host = instance_hostname(&spec, &key.namespace, suffix);
+                let svc = Arc::make_mut(services.get_mut(&host)?);
+                let at = svc.instances.partition_point(|i| i.source.as_ref() < Some(key));
+                svc.instances.insert(at, registry_instance(new, &spec));
+                svc.instances.sort();
+                svc.sources.push((key.clone(), new.mod_revision));
+                svc.sources.sort();
+                hosts.insert(host);
+            }
+        }
+        let Some(services) = services else {
+            return Some((Mesh { revision: applied.revision(), ..self.clone() }, hosts));
+        };
+        // An implied service takes its ports from its first instance (in
+        // key order): if that changed them, the shape changed.
+        for host in &hosts {
+            let svc = services.get(host)?;
+            if !svc.declared() {
+                let first = svc.instances.iter().filter_map(|i| i.source.as_ref()).min()?;
+                let spec = spec_of(applied.state.get(first)?)?;
+                if implied_ports(&spec) != svc.ports {
+                    return None;
+                }
+            }
+        }
+        Some((Mesh { revision: applied.revision(), services: Arc::new(services), ..self.clone() }, hosts))
     }
 
     fn vs_hosts(&self, vs: &Config<VirtualService>) -> Vec<String> {
@@ -390,15 +471,11 @@ impl Mesh {
         // Registry instances; an undeclared service is implied by its instances.
         for (obj, spec) in &instances {
             let ns = &obj.key.namespace;
-            let hostname = if spec.service.contains('.') { spec.service.clone() } else { format!("{}.{ns}.svc.{suffix}", spec.service) };
+            let hostname = instance_hostname(spec, ns, suffix);
             let svc = services.entry(hostname.clone()).or_insert_with(|| Service {
                 hostname: hostname.clone(),
                 namespace: ns.clone(),
-                ports: spec
-                    .ports
-                    .iter()
-                    .map(|(name, &number)| ServicePort { name: name.clone(), number, protocol: protocol(protocol_from_name(name)), target_port: None })
-                    .collect(),
+                ports: implied_ports(spec),
                 addresses: Vec::new(),
                 mesh_external: false,
                 resolution: Resolution::Static,
@@ -406,15 +483,7 @@ impl Mesh {
                 instances: Vec::new(),
                 sources: Vec::new(),
             });
-            svc.instances.push(Instance {
-                address: spec.address.clone(),
-                ports: spec.ports.clone(),
-                default_port: spec.port,
-                labels: labels_of(obj),
-                locality: spec.locality.clone().unwrap_or_default(),
-                weight: spec.weight.unwrap_or(1).max(1),
-                health: Health::Healthy,
-            });
+            svc.instances.push(registry_instance(obj, spec));
             svc.sources.push((obj.key.clone(), obj.mod_revision));
         }
         // ServiceEntries: one service per host.
@@ -485,5 +554,53 @@ fn instance_of_workload(we: &WorkloadEntry, labels: &BTreeMap<String, String>) -
         locality: we.locality.clone().unwrap_or_default(),
         weight: we.weight.unwrap_or(1).max(1),
         health: Health::Healthy,
+        source: None,
     }
+}
+
+/// The hostname of the service an Instance belongs to.
+pub fn instance_hostname(spec: &InstanceSpec, namespace: &str, suffix: &str) -> String {
+    if spec.service.contains('.') {
+        spec.service.clone()
+    } else {
+        format!("{}.{namespace}.svc.{suffix}", spec.service)
+    }
+}
+
+/// An Instance's health: its recorded status, else healthy when nothing
+/// probes it (no check, or a TTL that registration started) and unknown
+/// while a probe has not yet reported (Envoy routes to unknown hosts).
+pub fn instance_health(obj: &StoredObject, spec: &InstanceSpec) -> Health {
+    match InstanceStatus::of(&obj.body).map(|s| s.health) {
+        Some(HealthState::Healthy) => Health::Healthy,
+        Some(HealthState::Unhealthy) => Health::Unhealthy,
+        None if spec.health_check.as_ref().is_some_and(|c| c.is_probe()) => Health::Unknown,
+        None => Health::Healthy,
+    }
+}
+
+fn registry_instance(obj: &StoredObject, spec: &InstanceSpec) -> Instance {
+    Instance {
+        address: spec.address.clone(),
+        ports: spec.ports.clone(),
+        default_port: spec.port,
+        labels: labels_of(obj),
+        locality: spec.locality.clone().unwrap_or_default(),
+        weight: spec.weight.unwrap_or(1).max(1),
+        health: instance_health(obj, spec),
+        source: Some(obj.key.clone()),
+    }
+}
+
+/// The ports of a service implied by its first instance: its named ports
+/// (protocol from the name, `http-web` is HTTP), or for a bare `port` one
+/// TCP port named `tcp` (as Consul, which knows no protocol by default).
+fn implied_ports(spec: &InstanceSpec) -> Vec<ServicePort> {
+    if spec.ports.is_empty() {
+        return spec.port.map(|n| ServicePort { name: "tcp".into(), number: n, protocol: Protocol::Tcp, target_port: None }).into_iter().collect();
+    }
+    spec.ports
+        .iter()
+        .map(|(name, &number)| ServicePort { name: name.clone(), number, protocol: protocol(protocol_from_name(name)), target_port: None })
+        .collect()
 }

@@ -26,7 +26,7 @@ pub enum TypedSpec {
     Istio(istio::Validated),
     Service(registry::ServiceSpec),
     Instance(registry::InstanceSpec),
-    Lease(Value),
+    Lease(registry::LeaseSpec),
 }
 
 /// Kind-specific validation of a resource that passed the structural checks.
@@ -44,7 +44,7 @@ fn typed_spec(kind: Kind, spec: &Value) -> Result<TypedSpec, Vec<FieldError>> {
     match kind {
         Kind::Service => registry::validate_service(spec).map(TypedSpec::Service),
         Kind::Instance => registry::validate_instance(spec).map(TypedSpec::Instance),
-        Kind::Lease => Ok(TypedSpec::Lease(spec.clone())),
+        Kind::Lease => registry::validate_lease(spec).map(TypedSpec::Lease),
         istio_kind => istio::validate(istio_kind.name(), spec)
             .map(TypedSpec::Istio)
             .map_err(|errs| errs.into_iter().map(|e| FieldError::new(e.field, e.reason)).collect()),

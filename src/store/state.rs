@@ -6,8 +6,8 @@
 //! Nothing here does IO; the state machine persists what `apply_txn` returns.
 
 use super::types::{Action, ItemResult, Op, Txn, TxnOk, TxnResult};
-use crate::error::Error;
-use crate::model::{ResourceKey, StoredObject};
+use crate::error::{Error, FieldError};
+use crate::model::{Kind, ResourceKey, StoredObject};
 use imbl::OrdMap;
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -94,19 +94,23 @@ impl State {
     }
 
     /// Check every precondition against the state before the transaction.
+    ///
+    /// Registry rules, applied here so that every replica applies them the
+    /// same way and in the same write:
+    /// - a Put keeps the stored `status` (apply never carries one);
+    /// - an Instance naming `spec.lease` needs that Lease to exist (or to be
+    ///   created by the same transaction);
+    /// - deleting a Lease deletes every Instance it owns.
     fn plan(&self, txn: &Txn) -> Result<Vec<Planned>, Error> {
         let mut seen = BTreeSet::new();
         let mut plan = Vec::with_capacity(txn.ops.len());
-        for op in &txn.ops {
+        for (i, op) in txn.ops.iter().enumerate() {
             let key = op.key();
             if !seen.insert(key) {
                 return Err(Error::invalid(format!("{key} appears more than once in one transaction")));
             }
             let current = self.objects.get(key).cloned();
-            let expected = match op {
-                Op::Put { expected_revision, .. } | Op::Delete { expected_revision, .. } => *expected_revision,
-            };
-            if let Some(expected) = expected {
+            if let Some(expected) = op.expected_revision() {
                 let actual = current.as_ref().map_or(0, |c| c.mod_revision);
                 if actual != expected {
                     let what = if actual == 0 { "does not exist".to_string() } else { format!("is at revision {actual}") };
@@ -115,12 +119,37 @@ impl State {
             }
             let planned = match op {
                 Op::Put { body, .. } => {
-                    let body: Value = serde_json::from_str(body).map_err(|e| Error::internal(format!("stored body of {key} is not JSON: {e}")))?;
+                    let mut body: Value = serde_json::from_str(body).map_err(|e| Error::internal(format!("stored body of {key} is not JSON: {e}")))?;
+                    if let (Some(status), Some(obj)) = (current.as_ref().and_then(|c| c.body.get("status")), body.as_object_mut()) {
+                        obj.insert("status".into(), status.clone());
+                    }
+                    if key.kind == Kind::Instance {
+                        if let Some(lease) = body.pointer("/spec/lease").and_then(Value::as_str) {
+                            let lease_key = ResourceKey::new(Kind::Lease, key.namespace.clone(), lease);
+                            let in_txn = txn.ops.iter().any(|o| matches!(o, Op::Put { key, .. } if *key == lease_key));
+                            if !in_txn && !self.objects.contains_key(&lease_key) {
+                                return Err(Error::invalid_fields(vec![FieldError::new(
+                                    format!("resources[{i}].spec.lease"),
+                                    format!("lease {lease:?} not found in namespace {}", key.namespace),
+                                )]));
+                            }
+                        }
+                    }
                     let action = match &current {
                         None => Action::Created,
                         Some(cur) if cur.body == body => Action::Unchanged,
                         Some(_) => Action::Configured,
                     };
+                    Planned { key: key.clone(), action, body: Some(body), current }
+                }
+                Op::SetStatus { status, .. } => {
+                    let Some(cur) = &current else { return Err(Error::not_found(format!("{key} not found"))) };
+                    let status: Value = serde_json::from_str(status).map_err(|e| Error::invalid(format!("status of {key} is not JSON: {e}")))?;
+                    let mut body = cur.body.clone();
+                    if let Some(obj) = body.as_object_mut() {
+                        obj.insert("status".into(), status);
+                    }
+                    let action = if body == cur.body { Action::Unchanged } else { Action::Configured };
                     Planned { key: key.clone(), action, body: Some(body), current }
                 }
                 Op::Delete { ignore_missing, .. } => {
@@ -134,7 +163,26 @@ impl State {
             };
             plan.push(planned);
         }
+        // Leases take their instances with them.
+        let deleted_leases: Vec<ResourceKey> =
+            plan.iter().filter(|p| p.key.kind == Kind::Lease && p.action == Action::Deleted).map(|p| p.key.clone()).collect();
+        for lease in &deleted_leases {
+            for (k, obj) in self.owned_by(lease) {
+                if seen.insert(k) {
+                    plan.push(Planned { key: k.clone(), action: Action::Deleted, body: None, current: Some(obj.clone()) });
+                }
+            }
+        }
         Ok(plan)
+    }
+
+    /// The Instances a Lease owns (same namespace, `spec.lease` = its name).
+    pub fn owned_by<'a>(&'a self, lease: &'a ResourceKey) -> impl Iterator<Item = (&'a ResourceKey, &'a Arc<StoredObject>)> + 'a {
+        let lo = ResourceKey::new(Kind::Instance, lease.namespace.clone(), "");
+        self.objects
+            .range(lo..)
+            .take_while(move |(k, _)| k.kind == Kind::Instance && k.namespace == lease.namespace)
+            .filter(move |(_, o)| o.body.pointer("/spec/lease").and_then(Value::as_str) == Some(lease.name.as_str()))
     }
 }
 
@@ -149,7 +197,6 @@ struct Planned {
 mod tests {
     use super::*;
     use crate::error::Code;
-    use crate::model::Kind;
     use serde_json::json;
 
     fn key(name: &str) -> ResourceKey {

@@ -74,12 +74,21 @@ pub enum Op {
         /// Deleting a missing object succeeds instead of failing the txn.
         ignore_missing: bool,
     },
+    /// Replace an object's `status` (JSON text), leaving its spec alone:
+    /// how replicas record health. Fails if the object is gone.
+    SetStatus { key: ResourceKey, status: String, expected_revision: Option<u64> },
 }
 
 impl Op {
     pub fn key(&self) -> &ResourceKey {
         match self {
-            Op::Put { key, .. } | Op::Delete { key, .. } => key,
+            Op::Put { key, .. } | Op::Delete { key, .. } | Op::SetStatus { key, .. } => key,
+        }
+    }
+
+    pub fn expected_revision(&self) -> Option<u64> {
+        match self {
+            Op::Put { expected_revision, .. } | Op::Delete { expected_revision, .. } | Op::SetStatus { expected_revision, .. } => *expected_revision,
         }
     }
 }

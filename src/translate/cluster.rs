@@ -32,6 +32,16 @@ pub fn outbound_cluster_name(port: u32, subset: &str, host: &str) -> String {
     format!("outbound|{port}|{subset}|{host}")
 }
 
+/// `outbound|PORT|SUBSET|HOST` → (port, subset, host).
+pub fn parse_outbound_cluster_name(name: &str) -> Option<(u32, &str, &str)> {
+    let mut parts = name.splitn(4, '|');
+    if parts.next()? != "outbound" {
+        return None;
+    }
+    let port = parts.next()?.parse().ok()?;
+    Some((port, parts.next()?, parts.next()?))
+}
+
 pub fn socket_address(ip: &str, port: u32) -> Address {
     Address {
         address: Some(address::Address::SocketAddress(SocketAddress {
@@ -265,7 +275,9 @@ fn health(h: Health) -> i32 {
 /// the sum of its weights (gRPC clients require a locality weight).
 pub fn load_assignment(name: &str, svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Option<&DestinationRule>) -> ClusterLoadAssignment {
     let mut by_locality: BTreeMap<&str, Vec<&Instance>> = BTreeMap::new();
-    for i in subset_instances(svc, subset, dr) {
+    // Unhealthy instances are left out (Istio's default), not sent marked:
+    // Envoy's panic threshold would route to them when most are unhealthy.
+    for i in subset_instances(svc, subset, dr).into_iter().filter(|i| i.health != Health::Unhealthy) {
         by_locality.entry(i.locality.as_str()).or_default().push(i);
     }
     let endpoints = by_locality
@@ -303,6 +315,7 @@ fn dns_load_assignment(name: &str, svc: &Service, port: &ServicePort, subset: Op
             locality: String::new(),
             weight: 1,
             health: Health::Healthy,
+            source: None,
         };
         let one = Service { instances: vec![host], ..svc.clone() };
         return load_assignment(name, &one, port, None, None);

@@ -330,6 +330,7 @@ fn gateway(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
 struct Previous {
     identity: ProxyIdentity,
     objects: Objects,
+    mesh: Arc<Mesh>,
     config: ProxyConfig,
     rds: BTreeMap<String, RdsParts>,
 }
@@ -363,7 +364,9 @@ impl Translator {
             }
         }
         let m = match &*cached {
-            Some((prev, objects)) if prev.revision < applied.revision() => prev.update_rules(objects, applied),
+            Some((prev, objects)) if prev.revision < applied.revision() => {
+                prev.update_instances(objects, applied).map(|(m, _)| m).or_else(|| prev.update_rules(objects, applied))
+            }
             _ => None,
         };
         let m = Arc::new(m.unwrap_or_else(|| Mesh::build(applied, self.config.clone())));
@@ -407,6 +410,36 @@ impl Translator {
         Some(hosts)
     }
 
+    /// Hosts whose endpoints changed, if every change since the proxy's last
+    /// translation is to registry Instances of services that kept their
+    /// shape: then only EDS changes (Pilot's incremental EDS). `None`
+    /// means translate in full.
+    fn endpoints_only_hosts(&self, prev: &Previous, applied: &Applied, mesh: &Mesh) -> Option<BTreeSet<String>> {
+        let mut hosts = BTreeSet::new();
+        let suffix = &self.config.domain_suffix;
+        for d in prev.objects.diff(&applied.state.objects) {
+            let (key, objs): (_, Vec<&Arc<crate::model::StoredObject>>) = match d {
+                imbl::ordmap::DiffItem::Add(k, o) | imbl::ordmap::DiffItem::Remove(k, o) => (k, vec![o]),
+                imbl::ordmap::DiffItem::Update { old, new } => (new.0, vec![old.1, new.1]),
+            };
+            if key.kind != crate::model::Kind::Instance {
+                return None;
+            }
+            for o in objs {
+                let typed = o.typed().ok()?;
+                let crate::model::TypedSpec::Instance(spec) = typed.as_ref() else { return None };
+                hosts.insert(crate::mesh::instance_hostname(spec, &key.namespace, suffix));
+            }
+        }
+        for h in &hosts {
+            match (prev.mesh.services.get(h), mesh.services.get(h)) {
+                (Some(a), Some(b)) if a.same_shape(b) => {}
+                _ => return None,
+            }
+        }
+        Some(hosts)
+    }
+
     fn incremental(&self, prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, hosts: &BTreeSet<String>) -> (ProxyConfig, BTreeMap<String, RdsParts>) {
         let mut cfg = prev.config.clone();
         cfg.revision = mesh.revision;
@@ -426,20 +459,43 @@ impl Translator {
     }
 }
 
+/// The previous config with the load assignments of `hosts`' clusters
+/// rebuilt; clusters, listeners and routes are shared as they are.
+fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, hosts: &BTreeSet<String>) -> ProxyConfig {
+    let mut cfg = prev.config.clone();
+    cfg.revision = mesh.revision;
+    let Some(eds) = prev.config.of(ResourceType::Endpoint) else { return cfg };
+    for name in eds.keys() {
+        let Some((port, subset, host)) = cluster::parse_outbound_cluster_name(name) else { continue };
+        if !hosts.contains(host) {
+            continue;
+        }
+        let Some(svc) = mesh.services.get(host) else { continue };
+        let Some(port) = svc.port(port) else { continue };
+        let dr = destination_rule_for(mesh, &proxy.namespace, svc).map(|d| &d.spec);
+        let subset = (!subset.is_empty()).then_some(subset);
+        cfg.insert(ResourceType::Endpoint, XdsResource::new(name.clone(), &cluster::load_assignment(name, svc, port, subset, dr)));
+    }
+    cfg
+}
+
 impl Generator for Translator {
     fn generate(&self, proxy: &ProxyIdentity, applied: &Applied) -> Result<ProxyConfig, String> {
         let mesh = self.mesh(applied);
         let prev = self.previous.lock().unwrap_or_else(|p| p.into_inner()).get(&proxy.id).cloned();
         let prev = prev.filter(|p| p.identity == *proxy && p.config.revision <= applied.revision());
         let (config, rds) = match (&prev, proxy.kind) {
-            (Some(p), ProxyKind::Sidecar) if p.config.revision == applied.revision() => return Ok(p.config.clone()),
-            (Some(p), ProxyKind::Sidecar) => match self.vs_only_hosts(p, applied) {
-                Some(hosts) => self.incremental(p, &mesh, proxy, &hosts),
-                None => translate_with_parts(&mesh, proxy),
+            (Some(p), _) if p.config.revision == applied.revision() => return Ok(p.config.clone()),
+            (Some(p), kind) => match self.endpoints_only_hosts(p, applied, &mesh) {
+                Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
+                None => match (kind, self.vs_only_hosts(p, applied)) {
+                    (ProxyKind::Sidecar, Some(hosts)) => self.incremental(p, &mesh, proxy, &hosts),
+                    _ => translate_with_parts(&mesh, proxy),
+                },
             },
             _ => translate_with_parts(&mesh, proxy),
         };
-        let entry = Arc::new(Previous { identity: proxy.clone(), objects: applied.state.objects.clone(), config: config.clone(), rds });
+        let entry = Arc::new(Previous { identity: proxy.clone(), objects: applied.state.objects.clone(), mesh: mesh.clone(), config: config.clone(), rds });
         self.previous.lock().unwrap_or_else(|p| p.into_inner()).insert(proxy.id.clone(), entry);
         Ok(config)
     }

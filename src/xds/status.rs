@@ -67,6 +67,8 @@ pub struct TypeStatus {
     pub sent_resources: usize,
     pub sent_removed: usize,
     pub sent_at_unix_ms: Option<u64>,
+    /// Responses of this type sent on this stream (the push record).
+    pub pushes: u64,
     /// The version the proxy last accepted (an ACK of our latest response).
     pub acked_version: Option<String>,
     pub acked_at_unix_ms: Option<u64>,
@@ -189,6 +191,7 @@ impl StreamHandle {
             ts.sent_resources = resources;
             ts.sent_removed = removed;
             ts.sent_at_unix_ms = Some(now_ms());
+            ts.pushes += 1;
             ts.in_sync = false;
         });
     }

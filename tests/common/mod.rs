@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod mesh;
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -281,4 +282,10 @@ pub async fn get_json(http: &reqwest::Client, url: &str) -> (u16, Value) {
     let r = http.get(url).timeout(Duration::from_secs(15)).send().await.expect("get request");
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Run the `lodestar` CLI against `server`: (success, stdout, stderr).
+pub fn cli(server: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).arg("--server").arg(server).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
