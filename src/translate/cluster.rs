@@ -32,16 +32,6 @@ pub fn outbound_cluster_name(port: u32, subset: &str, host: &str) -> String {
     format!("outbound|{port}|{subset}|{host}")
 }
 
-/// `outbound|PORT|SUBSET|HOST` → (port, subset, host).
-pub fn parse_outbound_cluster_name(name: &str) -> Option<(u32, &str, &str)> {
-    let mut parts = name.splitn(4, '|');
-    if parts.next()? != "outbound" {
-        return None;
-    }
-    let port = parts.next()?.parse().ok()?;
-    Some((port, parts.next()?, parts.next()?))
-}
-
 pub fn socket_address(ip: &str, port: u32) -> Address {
     Address {
         address: Some(address::Address::SocketAddress(SocketAddress {

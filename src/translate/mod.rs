@@ -465,16 +465,20 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
     let mut cfg = prev.config.clone();
     cfg.revision = mesh.revision;
     let Some(eds) = prev.config.of(ResourceType::Endpoint) else { return cfg };
-    for name in eds.keys() {
-        let Some((port, subset, host)) = cluster::parse_outbound_cluster_name(name) else { continue };
-        if !hosts.contains(host) {
-            continue;
-        }
+    // Only the clusters of the changed hosts: their names follow from the
+    // service's ports and the subsets of its DestinationRule.
+    for host in hosts {
         let Some(svc) = mesh.services.get(host) else { continue };
-        let Some(port) = svc.port(port) else { continue };
         let dr = destination_rule_for(mesh, &proxy.namespace, svc).map(|d| &d.spec);
-        let subset = (!subset.is_empty()).then_some(subset);
-        cfg.insert(ResourceType::Endpoint, XdsResource::new(name.clone(), &cluster::load_assignment(name, svc, port, subset, dr)));
+        let subsets = std::iter::once(None).chain(dr.into_iter().flat_map(|d| d.subsets.iter().map(|s| Some(s.name.as_str()))));
+        for subset in subsets {
+            for port in &svc.ports {
+                let name = outbound_cluster_name(port.number, subset.unwrap_or(""), host);
+                if eds.contains_key(&name) {
+                    cfg.insert(ResourceType::Endpoint, XdsResource::new(name.clone(), &cluster::load_assignment(&name, svc, port, subset, dr)));
+                }
+            }
+        }
     }
     cfg
 }
