@@ -72,6 +72,16 @@ pub struct ServerConfig {
     pub watch_dir: Option<PathBuf>,
     /// How often the watched directory is scanned for changes.
     pub watch_dir_poll_ms: u64,
+    /// Ready (`/readyz`, new xDS streams) only while this replica has
+    /// confirmed within this bound that it is current with the leader.
+    pub ready_max_lag_ms: u64,
+    /// How long a reconnecting Envoy's stream waits for this replica to
+    /// catch up before it is sent elsewhere.
+    pub xds_fence_timeout_ms: u64,
+    /// Close each xDS stream after about this long (± 10%); 0: never.
+    pub xds_max_stream_age_s: u64,
+    /// Shed xDS streams above the fair share; 0: never rebalance.
+    pub xds_rebalance_interval_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -85,6 +95,10 @@ impl Default for ServerConfig {
             initial_members: Vec::new(),
             watch_dir: None,
             watch_dir_poll_ms: 1000,
+            ready_max_lag_ms: 2000,
+            xds_fence_timeout_ms: 5000,
+            xds_max_stream_age_s: 1800,
+            xds_rebalance_interval_ms: 1000,
             join: false,
             heartbeat_ms: 100,
             election_timeout_min_ms: 500,

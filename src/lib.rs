@@ -9,6 +9,7 @@
 //!   immutable applied snapshots, watch.
 //! - [`node`]: a replica's domain service: batched writes, forwarding to the
 //!   leader, linearizable reads, membership.
+//! - [`ha`]: readiness, fencing reconnecting Envoys, spreading streams.
 //! - [`health`]: registry health at run time: TTLs, leases, probes.
 //! - [`peer`]: raft peer RPCs and forwarding over tonic (trusted peers only).
 //! - [`api`]: REST (axum) and gRPC (tonic) client APIs, thin, one error map each.
@@ -23,6 +24,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod ha;
 pub mod health;
 pub mod mesh;
 pub mod model;

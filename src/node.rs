@@ -86,6 +86,12 @@ pub struct NodeStatus {
     pub leader: Option<NodeId>,
     pub applied_index: u64,
     pub revision: u64,
+    /// Connected xDS streams (the spread of Envoys over replicas).
+    #[serde(default)]
+    pub xds_streams: u64,
+    /// Ready to serve (see `ha`): current with the leader, recently.
+    #[serde(default)]
+    pub ready: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -137,6 +143,10 @@ pub struct Node {
     pub heartbeats: crate::health::Heartbeats,
     /// This replica's probe assignments (`/debug/checks`).
     pub checks: crate::health::Checks,
+    /// Connected xDS streams and their sync state (`/debug/syncz`).
+    pub sync: crate::xds::SyncRegistry,
+    /// Readiness and peers' status (`ha`).
+    pub ha: crate::ha::HaState,
 }
 
 impl Node {
@@ -152,6 +162,8 @@ impl Node {
             batcher: tx,
             heartbeats: Default::default(),
             checks: Default::default(),
+            sync: Default::default(),
+            ha: Default::default(),
         });
         tokio::spawn(batcher(Arc::downgrade(&node), rx));
         node
@@ -445,6 +457,8 @@ impl Node {
             leader: m.current_leader,
             applied_index: applied.applied_index(),
             revision: applied.revision(),
+            xds_streams: self.sync.len() as u64,
+            ready: self.readiness().is_ok(),
         }
     }
 
@@ -473,8 +487,9 @@ impl Node {
         ClusterStatus { leader: m.current_leader, term: m.current_term, members }
     }
 
-    /// Ready to serve: a leader is known and this replica has applied
-    /// everything it knows to be in its log. Refined in the HA work.
+    /// Ready to serve (see `ha`): a leader is known, and within the last
+    /// `ready_max_lag_ms` this replica applied a commit index it obtained
+    /// from the leader (confirmed by a quorum).
     pub fn readiness(&self) -> std::result::Result<(), String> {
         let m = self.raft.metrics().borrow().clone();
         if m.current_leader.is_none() {
@@ -483,7 +498,33 @@ impl Node {
         if !matches!(m.state, ServerState::Leader | ServerState::Follower | ServerState::Learner) {
             return Err(format!("raft state is {:?}", m.state));
         }
-        Ok(())
+        let bound = Duration::from_millis(self.config.ready_max_lag_ms);
+        match self.ha.confirmed_ago() {
+            Some(ago) if ago <= bound => Ok(()),
+            Some(ago) => Err(format!(
+                "last confirmed current {} ms ago (bound {} ms){}",
+                ago.as_millis(),
+                bound.as_millis(),
+                self.ha.last_error().map(|e| format!(": {e}")).unwrap_or_default()
+            )),
+            None => Err(format!("not yet confirmed current with the leader{}", self.ha.last_error().map(|e| format!(": {e}")).unwrap_or_default())),
+        }
+    }
+
+    /// This node plus the voters heard from recently (gossip); empty until
+    /// the first round of gossip completes.
+    pub fn live_voters(&self) -> Vec<NodeId> {
+        if !self.ha.gossiped() {
+            return Vec::new();
+        }
+        let m = self.raft.metrics().borrow().clone();
+        let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
+        let mut live: Vec<NodeId> = self.ha.live_peers().iter().map(|p| p.id).filter(|id| voters.contains(id)).collect();
+        if voters.contains(&self.id) {
+            live.push(self.id);
+        }
+        live.sort();
+        live
     }
 }
 

@@ -10,7 +10,6 @@ use crate::store::log_store::LogStore;
 use crate::store::state_machine::StateMachine;
 use crate::store::types::{NodeId, NodeInfo, Raft};
 use crate::xds::resources::Generator;
-use crate::xds::SyncRegistry;
 use anyhow::Context;
 use axum::serve::ListenerExt;
 use openraft::error::{InitializeError, RaftError};
@@ -89,7 +88,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
             .serve_with_incoming_shutdown(TcpIncoming::from(raft_listener).with_nodelay(Some(true)), stopped()),
     );
 
-    let sync = SyncRegistry::new();
+    let sync = node.sync.clone();
     let app = rest::router(node.clone(), sync.clone()).merge(tonic::service::Routes::new(GrpcApi::server(node.clone())).into_axum_router());
     let api_stopped = stopped();
     // TCP_NODELAY: a gRPC reply is several small writes (headers, data,
@@ -102,7 +101,18 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let api_server = tokio::spawn(async move { axum::serve(api_listener, app).with_graceful_shutdown(api_stopped).await });
 
     // ADS for Envoys, from this replica's own applied state.
-    let xds_server = tokio::spawn(crate::xds::server::serve(xds_listener, node.reader.subscribe_applied(), generator, sync, xds_stop));
+    let options = crate::xds::server::ServeOptions {
+        fence: node.clone(),
+        max_stream_age: (config.xds_max_stream_age_s > 0).then(|| Duration::from_secs(config.xds_max_stream_age_s)),
+        fence_timeout: Duration::from_millis(config.xds_fence_timeout_ms),
+    };
+    let xds_server = tokio::spawn(crate::xds::server::serve(xds_listener, node.reader.subscribe_applied(), generator, sync, options, xds_stop));
+    // Readiness, peers' status, and the spread of streams (see `ha`).
+    let mut background =
+        vec![tokio::spawn(crate::ha::freshness(node.clone(), stop_tx.subscribe())), tokio::spawn(crate::ha::gossip(node.clone(), stop_tx.subscribe()))];
+    if config.xds_rebalance_interval_ms > 0 {
+        background.push(tokio::spawn(crate::ha::rebalance(node.clone(), stop_tx.subscribe())));
+    }
 
     // Registry health: the leader's TTL/lease expiry, everyone's share of probes.
     let reaper = tokio::spawn(crate::health::reaper(node.clone(), stop_tx.subscribe()));
@@ -125,6 +135,9 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         let _ = peer_server.await;
         let _ = xds_server.await;
         let _ = reaper.await;
+        for b in background {
+            let _ = b.await;
+        }
         let _ = prober.await;
         if let Some(a) = adapter {
             let _ = a.await;

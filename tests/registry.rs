@@ -76,27 +76,32 @@ async fn failed_http_check_takes_an_instance_out_of_traffic() {
     let seen: BTreeSet<String> = replies.iter().map(|r| r.body.clone()).collect();
     assert_eq!(seen, ["reviews-1", "reviews-2", "reviews-3"].map(String::from).into(), "{:?}", tally(&replies));
 
-    // Each check is probed by exactly one replica, and status.checkedBy names it.
-    let mut probed: BTreeMap<String, u64> = BTreeMap::new();
-    for id in 1..=3u64 {
-        let (_, v) = common::get_json(&fx.client, &format!("{}/debug/checks", fx.api(id))).await;
-        assert_eq!(v["liveVoters"], json!([1, 2, 3]), "replica {id}: {v:#}");
-        for c in v["checks"].as_array().unwrap() {
-            let prev = probed.insert(c["instance"].as_str().unwrap().to_string(), id);
-            assert!(prev.is_none(), "{} probed by replicas {prev:?} and {id}", c["instance"]);
+    // Once the replicas know each other (gossip, each second), each check
+    // is probed by exactly one of them.
+    let deadline = Instant::now() + BOUND;
+    let probed = loop {
+        let mut probed: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        let mut all_live = true;
+        for id in 1..=3u64 {
+            let (_, v) = common::get_json(&fx.client, &format!("{}/debug/checks", fx.api(id))).await;
+            all_live &= v["liveVoters"] == json!([1, 2, 3]);
+            for c in v["checks"].as_array().unwrap() {
+                probed.entry(c["instance"].as_str().unwrap().to_string()).or_default().push(id);
+            }
         }
-    }
-    assert_eq!(probed.len(), 3, "{probed:?}");
-    for i in 1..=3 {
-        let (_, b) = get_instance(&fx.client, &fx.api(1), &format!("reviews-{i}")).await;
-        assert_eq!(Some(&b["status"]["checkedBy"].as_u64().unwrap()), probed.get(&format!("instances/default/reviews-{i}")), "{b:#}");
-    }
-
+        if all_live && probed.len() == 3 && probed.values().all(|ids| ids.len() == 1) {
+            break probed;
+        }
+        assert!(Instant::now() < deadline, "checks not spread one per replica: {probed:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     // Kill reviews-2's upstream.
     let [u1, u2, u3] = ups;
     drop(u2);
     let b = wait_instance(&fx.client, &fx.api(3), "reviews-2", "unhealthy", |_, b| health(b) == Some("Unhealthy")).await;
     assert!(b["status"]["reason"].as_str().unwrap().contains("/healthz"), "{b:#}");
+    // The replica that probes it recorded the transition.
+    assert_eq!(json!(probed["instances/default/reviews-2"]), json!([b["status"]["checkedBy"]]), "{b:#}");
     let rev = b["metadata"]["modRevision"].as_u64().unwrap();
     proxy.wait_synced(rev).await;
     // Envoy no longer sends it traffic: every request succeeds, from 1 and 3.

@@ -16,7 +16,6 @@ use tokio::task::JoinHandle;
 
 /// How often assignments are recomputed (and peers asked if alive).
 const ASSIGN_EVERY: Duration = Duration::from_secs(1);
-const PEER_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The replica (among `live`) that probes `key`: rendezvous hashing, so
 /// every replica agrees given the same live set, and a replica leaving
@@ -35,7 +34,7 @@ pub async fn prober(node: Arc<Node>, checks: Checks, mut shutdown: watch::Receiv
             _ = shutdown.wait_for(|s| *s) => break,
             _ = tick.tick() => {}
         }
-        let live = live_voters(&node).await;
+        let live = node.live_voters();
         let applied = node.reader.current();
         let mut desired: HashMap<ResourceKey, (u64, HealthCheck, u64)> = HashMap::new();
         let lo = ResourceKey::new(Kind::Instance, "", "");
@@ -85,23 +84,6 @@ pub async fn prober(node: Arc<Node>, checks: Checks, mut shutdown: watch::Receiv
     for (_, (_, handle)) in running {
         handle.abort();
     }
-}
-
-/// This node plus the voters that answered a status request just now.
-async fn live_voters(node: &Node) -> Vec<u64> {
-    let m = node.raft.metrics().borrow().clone();
-    let membership = m.membership_config.membership().clone();
-    let asks =
-        membership.voter_ids().filter(|id| *id != node.id).filter_map(|id| membership.get_node(&id).map(|n| (id, n.raft_addr.clone()))).map(|(id, addr)| {
-            let peers = node.peers.clone();
-            async move { peers.status(&addr, PEER_TIMEOUT).await.ok().map(|_| id) }
-        });
-    let mut live: Vec<u64> = futures::future::join_all(asks).await.into_iter().flatten().collect();
-    if membership.voter_ids().any(|id| id == node.id) {
-        live.push(node.id);
-    }
-    live.sort();
-    live
 }
 
 async fn run_check(node: Arc<Node>, checks: Checks, key: ResourceKey, check: HealthCheck, mut shutdown: watch::Receiver<bool>) {

@@ -49,6 +49,51 @@ const STREAM_BUFFER: usize = 4;
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Whether this replica may serve, and how it proves it is current. The
+/// replica's `Node` implements it (see `ha`); [`AlwaysCurrent`] is for a
+/// store that is the only copy.
+#[tonic::async_trait]
+pub trait Fence: Send + Sync + 'static {
+    /// `Err(why)` while this replica must not open new streams (it is not
+    /// ready: starting, or cut off from the quorum).
+    fn ready(&self) -> Result<(), String>;
+    /// Wait, bounded, until this replica has applied every write committed
+    /// before the call: then nothing it serves is older than what any
+    /// Envoy has ACKed from any replica.
+    async fn barrier(&self) -> Result<(), String>;
+}
+
+/// A fence for a store with no other replicas to be behind.
+pub struct AlwaysCurrent;
+
+#[tonic::async_trait]
+impl Fence for AlwaysCurrent {
+    fn ready(&self) -> Result<(), String> {
+        Ok(())
+    }
+    async fn barrier(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// How streams are admitted and how long they live.
+#[derive(Clone)]
+pub struct ServeOptions {
+    pub fence: Arc<dyn Fence>,
+    /// Close a stream after this long (± 10% jitter) so Envoys spread out
+    /// again over time; `None`: never.
+    pub max_stream_age: Option<Duration>,
+    /// How long a stream waits for this replica to reach the revision its
+    /// proxy already holds.
+    pub fence_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions { fence: Arc::new(AlwaysCurrent), max_stream_age: None, fence_timeout: Duration::from_secs(5) }
+    }
+}
+
 /// Serve ADS on `listener` until `shutdown` becomes true (or its sender is
 /// dropped); then every stream ends cleanly (status OK) and this returns.
 ///
@@ -59,9 +104,10 @@ pub async fn serve(
     applied: watch::Receiver<Arc<Applied>>,
     generator: Arc<dyn Generator>,
     registry: SyncRegistry,
+    options: ServeOptions,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
-    let service = AdsService::new(applied, generator, registry, shutdown.clone());
+    let service = AdsService::new(applied, generator, registry, options, shutdown.clone());
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
@@ -87,12 +133,19 @@ struct Shared {
     applied: watch::Receiver<Arc<Applied>>,
     generator: Arc<dyn Generator>,
     registry: SyncRegistry,
+    options: ServeOptions,
     shutdown: watch::Receiver<bool>,
 }
 
 impl AdsService {
-    pub fn new(applied: watch::Receiver<Arc<Applied>>, generator: Arc<dyn Generator>, registry: SyncRegistry, shutdown: watch::Receiver<bool>) -> AdsService {
-        AdsService { shared: Arc::new(Shared { applied, generator, registry, shutdown }) }
+    pub fn new(
+        applied: watch::Receiver<Arc<Applied>>,
+        generator: Arc<dyn Generator>,
+        registry: SyncRegistry,
+        options: ServeOptions,
+        shutdown: watch::Receiver<bool>,
+    ) -> AdsService {
+        AdsService { shared: Arc::new(Shared { applied, generator, registry, options, shutdown }) }
     }
 
     pub fn into_server(self) -> AggregatedDiscoveryServiceServer<AdsService> {
@@ -108,6 +161,21 @@ impl AdsService {
             _ = stopped(self.shared.shutdown.clone()) => return Err(Status::unavailable("the server is shutting down")),
         };
         let identity = Arc::new(identity(V::node(&first))?);
+        // Admission: a replica that is not ready (starting, or cut off from
+        // the quorum) opens no stream; the Envoy keeps its config and
+        // reconnects, to another replica as its bootstrap rotates.
+        let fence = &self.shared.options.fence;
+        fence.ready().map_err(|why| Status::unavailable(format!("this replica is not ready: {why}; reconnect to another")))?;
+        // Fencing: an Envoy that already has config (a reconnect) must never
+        // get older config. SotW requests carry the revision the client
+        // holds: a request newer than this replica waits for it (see
+        // `catch_up`). Delta's do not: before answering, this replica
+        // applies everything committed so far, which includes whatever the
+        // Envoy ACKed from any replica. Either way, if it cannot within the
+        // bound, it sends the Envoy elsewhere rather than answer from behind.
+        if V::needs_barrier(&first) {
+            fence.barrier().await.map_err(|why| Status::unavailable(format!("cannot confirm this replica is current: {why}; reconnect to another")))?;
+        }
         let handle = self.shared.registry.connect(&identity, V::PROTOCOL);
         let mut applied = self.shared.applied.clone();
         let current = applied.borrow_and_update().clone();
@@ -116,7 +184,8 @@ impl AdsService {
             .map_err(|e| Status::unavailable(format!("cannot generate the configuration of {}: {e}", identity.id)))?;
         tracing::info!(proxy = %identity.id, stream = handle.stream(), protocol = ?V::PROTOCOL, revision = config.revision, "xDS stream opened");
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        let stream = StreamTask { shared: self.shared.clone(), identity, handle, applied, tx, config, variant: V::default() };
+        let max_age = self.shared.options.max_stream_age.map(|a| jittered(a, handle.stream()));
+        let stream = StreamTask { shared: self.shared.clone(), identity, handle, applied, tx, config, variant: V::default(), max_age };
         tokio::spawn(stream.run(first, inbound));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -148,6 +217,12 @@ trait Variant: Default + Send + 'static {
     type Resp: Send + 'static;
     const PROTOCOL: Protocol;
     fn node(req: &Self::Req) -> Option<&Node>;
+    /// The client already holds config, and its request cannot say how new
+    /// (delta's `initial_resource_versions`): fence with a barrier.
+    fn needs_barrier(first: &Self::Req) -> bool;
+    /// The store revision of the config the client holds for the request's
+    /// type, when the request says (SotW's `version_info`).
+    fn client_revision(req: &Self::Req) -> Option<u64>;
     fn on_request(&mut self, req: &Self::Req, config: &ProxyConfig) -> (Received, Option<Self::Resp>);
     fn on_config(&mut self, config: &ProxyConfig) -> Vec<Self::Resp>;
     fn record(handle: &StreamHandle, resp: &Self::Resp);
@@ -159,6 +234,12 @@ impl Variant for SotwStream {
     const PROTOCOL: Protocol = Protocol::Sotw;
     fn node(req: &DiscoveryRequest) -> Option<&Node> {
         req.node.as_ref()
+    }
+    fn needs_barrier(_: &DiscoveryRequest) -> bool {
+        false
+    }
+    fn client_revision(req: &DiscoveryRequest) -> Option<u64> {
+        req.version_info.parse().ok()
     }
     fn on_request(&mut self, req: &DiscoveryRequest, config: &ProxyConfig) -> (Received, Option<DiscoveryResponse>) {
         SotwStream::on_request(self, req, config)
@@ -179,6 +260,12 @@ impl Variant for DeltaStream {
     const PROTOCOL: Protocol = Protocol::Delta;
     fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
         req.node.as_ref()
+    }
+    fn needs_barrier(first: &DeltaDiscoveryRequest) -> bool {
+        !first.initial_resource_versions.is_empty()
+    }
+    fn client_revision(_: &DeltaDiscoveryRequest) -> Option<u64> {
+        None
     }
     fn on_request(&mut self, req: &DeltaDiscoveryRequest, config: &ProxyConfig) -> (Received, Option<DeltaDiscoveryResponse>) {
         DeltaStream::on_request(self, req, config)
@@ -203,12 +290,24 @@ struct StreamTask<V: Variant> {
     tx: mpsc::Sender<Result<V::Resp, Status>>,
     config: Arc<ProxyConfig>,
     variant: V,
+    /// When this stream closes itself (max stream age), if ever.
+    max_age: Option<Duration>,
 }
 
 /// Why a stream stops.
 enum End {
     Shutdown,
     ClientGone,
+    /// The server closes it so its Envoy reconnects (rebalancing, max age):
+    /// the stream ends UNAVAILABLE with this message.
+    Closed(&'static str),
+}
+
+/// `age` ± 10%, spread by the stream id so streams opened together do not
+/// all close together.
+fn jittered(age: Duration, stream: u64) -> Duration {
+    let spread = (crate::xds::resources::fnv1a(&stream.to_le_bytes()) % 2001) as f64 / 10_000.0 - 0.1;
+    age.mul_f64(1.0 + spread)
 }
 
 impl<V: Variant> StreamTask<V> {
@@ -217,6 +316,11 @@ impl<V: Variant> StreamTask<V> {
         let why = match end {
             End::Shutdown => "server shutdown",
             End::ClientGone => "client gone",
+            End::Closed(why) => {
+                self.handle.closing(why);
+                let _ = self.tx.try_send(Err(Status::unavailable(format!("{why}: reconnect"))));
+                why
+            }
         };
         tracing::info!(proxy = %self.identity.id, stream = self.handle.stream(), why, "xDS stream closed");
         self.shared.generator.forget(&self.identity.id);
@@ -226,10 +330,21 @@ impl<V: Variant> StreamTask<V> {
         if let Err(end) = self.on_request(first).await {
             return end;
         }
+        let max_age = self.max_age;
+        let closer = self.handle.closer();
+        let aged = async move {
+            match max_age {
+                Some(age) => tokio::time::sleep(age).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(aged);
         loop {
             tokio::select! {
                 biased;
                 _ = stopped(self.shared.shutdown.clone()) => return End::Shutdown,
+                _ = closer.notified() => return End::Closed("rebalancing"),
+                _ = &mut aged => return End::Closed("max stream age reached"),
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => {
                         if let Err(end) = self.on_request(req).await {
@@ -256,6 +371,9 @@ impl<V: Variant> StreamTask<V> {
     }
 
     async fn on_request(&mut self, req: V::Req) -> Result<(), End> {
+        if let Some(v) = V::client_revision(&req).filter(|v| *v > self.config.revision) {
+            self.catch_up(v).await?;
+        }
         let (received, response) = self.variant.on_request(&req, &self.config);
         let id = &self.identity.id;
         match received {
@@ -275,6 +393,25 @@ impl<V: Variant> StreamTask<V> {
             Some(r) => self.send(r).await,
             None => Ok(()),
         }
+    }
+
+    /// The client holds revision `v`, newer than this stream's config: wait
+    /// (bounded) until this replica has applied it, and regenerate, before
+    /// answering anything; if it cannot, close the stream so the Envoy
+    /// reconnects elsewhere, keeping its config.
+    async fn catch_up(&mut self, v: u64) -> Result<(), End> {
+        let bound = self.shared.options.fence_timeout;
+        tracing::info!(proxy = %self.identity.id, client = v, replica = self.config.revision, "xDS: the proxy is ahead of this replica; waiting to catch up");
+        match tokio::time::timeout(bound, self.applied.wait_for(|a| a.revision() >= v)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return Err(End::Shutdown),
+            Err(_) => return Err(End::Closed("this replica is behind the proxy's config")),
+        }
+        self.on_applied().await?;
+        if self.config.revision < v {
+            return Err(End::Closed("this replica is behind the proxy's config"));
+        }
+        Ok(())
     }
 
     /// A new applied revision: regenerate from the newest one and push what

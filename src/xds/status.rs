@@ -22,6 +22,8 @@ pub struct SyncRegistry {
 struct Inner {
     next_stream: AtomicU64,
     streams: Mutex<BTreeMap<u64, ProxyStatus>>,
+    /// Per stream: notified to ask the stream to close (rebalancing).
+    closers: Mutex<BTreeMap<u64, Arc<tokio::sync::Notify>>>,
 }
 
 /// Which ADS variant a stream speaks.
@@ -55,6 +57,8 @@ pub struct ProxyStatus {
     pub generate_error: Option<String>,
     /// By short type name (`CDS`, `EDS`, `LDS`, `RDS`).
     pub types: BTreeMap<&'static str, TypeStatus>,
+    /// Set when the server asked this stream to close (and why).
+    pub closing: Option<String>,
 }
 
 /// One resource type on one stream.
@@ -130,9 +134,35 @@ impl SyncRegistry {
             revision: None,
             generate_error: None,
             types: BTreeMap::new(),
+            closing: None,
         };
         self.streams().insert(stream, status);
-        StreamHandle { registry: self.clone(), stream }
+        let close = Arc::new(tokio::sync::Notify::new());
+        self.inner.closers.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, close.clone());
+        StreamHandle { registry: self.clone(), stream, close }
+    }
+
+    /// Ask the `n` longest-connected streams to close (they end with
+    /// UNAVAILABLE and their Envoys reconnect, to another replica as the
+    /// bootstrap's round robin picks). Returns the streams asked.
+    pub fn shed(&self, n: usize) -> Vec<u64> {
+        let oldest: Vec<u64> = {
+            let streams = self.streams();
+            let mut v: Vec<(u64, u64)> = streams.values().filter(|s| s.closing.is_none()).map(|s| (s.connected_at_unix_ms, s.stream)).collect();
+            v.sort();
+            v.into_iter().take(n).map(|(_, id)| id).collect()
+        };
+        let closers = self.inner.closers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut streams = self.streams();
+        for id in &oldest {
+            if let Some(c) = closers.get(id) {
+                c.notify_one();
+            }
+            if let Some(s) = streams.get_mut(id) {
+                s.closing = Some("rebalancing".into());
+            }
+        }
+        oldest
     }
 
     /// Every connected proxy, by node id then stream.
@@ -156,11 +186,22 @@ impl SyncRegistry {
 pub struct StreamHandle {
     registry: SyncRegistry,
     stream: u64,
+    close: Arc<tokio::sync::Notify>,
 }
 
 impl StreamHandle {
     pub fn stream(&self) -> u64 {
         self.stream
+    }
+
+    /// Notified when the server asks this stream to close.
+    pub fn closer(&self) -> Arc<tokio::sync::Notify> {
+        self.close.clone()
+    }
+
+    /// Record why the stream is closing (shown by `/debug/syncz`).
+    pub fn closing(&self, why: &str) {
+        self.update(|s| s.closing = Some(why.to_string()));
     }
 
     fn update(&self, f: impl FnOnce(&mut ProxyStatus)) {
@@ -215,6 +256,7 @@ impl StreamHandle {
 
 impl Drop for StreamHandle {
     fn drop(&mut self) {
+        self.registry.inner.closers.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.stream);
         self.registry.streams().remove(&self.stream);
     }
 }

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod forward;
 pub mod mesh;
 
 use serde_json::{json, Value};
@@ -130,6 +131,22 @@ impl Cluster {
             c.kill().unwrap();
             c.wait().unwrap();
         }
+    }
+
+    /// SIGSTOP: the process stays, but answers nothing (a hung replica).
+    pub fn pause(&mut self, id: u64) {
+        self.signal(id, "-STOP");
+    }
+
+    /// SIGCONT after `pause`.
+    pub fn resume(&mut self, id: u64) {
+        self.signal(id, "-CONT");
+    }
+
+    fn signal(&mut self, id: u64, sig: &str) {
+        let pid = self.replica_mut(id).child.as_ref().expect("replica is running").id();
+        let ok = Command::new("kill").arg(sig).arg(pid.to_string()).status().unwrap().success();
+        assert!(ok, "kill {sig} {pid}");
     }
 
     pub fn restart(&mut self, id: u64) {
