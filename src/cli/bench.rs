@@ -44,6 +44,10 @@ pub enum BenchCommand {
         #[arg(long, value_enum, default_value_t = Target::Lodestar)]
         target: Target,
     },
+    /// Endpoint churn: simulated proxies on ADS streams while instances
+    /// register and deregister; prints changes/s and the time until every
+    /// proxy has each change. API URLs: the global --server, repeatable.
+    Churn(super::churn::ChurnArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -58,8 +62,22 @@ pub enum Api {
     Rest,
 }
 
-pub async fn run(cmd: BenchCommand) -> Result<()> {
-    let BenchCommand::Write { servers, clients, seconds, max_writes, size, api, target } = cmd;
+/// `servers`: the global `--server` values (`bench write` has its own `--servers`).
+pub async fn run(cmd: BenchCommand, servers: Vec<String>) -> Result<()> {
+    match cmd {
+        BenchCommand::Write { servers, clients, seconds, max_writes, size, api, target } => {
+            write(servers, clients, seconds, max_writes, size, api, target).await
+        }
+        BenchCommand::Churn(mut args) => {
+            args.servers = servers;
+            let report = super::churn::run(args).await?;
+            report.print();
+            report.verdict()
+        }
+    }
+}
+
+async fn write(servers: Vec<String>, clients: Vec<usize>, seconds: u64, max_writes: u64, size: usize, api: Api, target: Target) -> Result<()> {
     if servers.is_empty() || clients.is_empty() {
         bail!("need at least one server and one concurrency level");
     }

@@ -2,8 +2,10 @@
 //! cluster management, and benchmarks. Client commands use the REST API of
 //! whichever replica `--server` (or `LODESTAR_SERVER`) names.
 
+pub mod adsclient;
 mod bench;
 mod bootstrap;
+pub mod churn;
 mod client;
 mod registry;
 
@@ -19,9 +21,10 @@ use std::path::{Path, PathBuf};
 #[derive(Parser)]
 #[command(name = "lodestar", version, about = "Lodestar: an Envoy control plane for Istio traffic rules, without Kubernetes")]
 pub struct Cli {
-    /// API URL of any replica (default http://127.0.0.1:8470).
-    #[arg(long, global = true, env = "LODESTAR_SERVER")]
-    server: Option<String>,
+    /// API URL of any replica (default http://127.0.0.1:8470). `bench churn`
+    /// takes several: repeat it.
+    #[arg(long = "server", value_name = "URL", global = true, env = "LODESTAR_SERVER", action = clap::ArgAction::Append)]
+    servers: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -195,8 +198,16 @@ impl ServerArgs {
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
-    let client = Client::new(cli.server);
-    match cli.command {
+    let Cli { servers, command } = cli;
+    let command = match command {
+        Command::Bench { command } => return bench::run(command, servers).await,
+        other => other,
+    };
+    if servers.len() > 1 {
+        bail!("--server given {} times; this command talks to one replica", servers.len());
+    }
+    let client = Client::new(servers.into_iter().next());
+    match command {
         Command::Server(args) => {
             let config = args.into_config()?;
             crate::server::run(config, crate::server::shutdown_signal()).await
@@ -218,7 +229,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,
         Command::Bootstrap(args) => bootstrap::run(&client, args).await,
-        Command::Bench { command } => bench::run(command).await,
+        Command::Bench { .. } => unreachable!("handled above"),
     }
 }
 
