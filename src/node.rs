@@ -47,6 +47,13 @@ pub enum Consistency {
     Stale,
 }
 
+/// An encoded backup file and what it holds.
+pub struct Backup {
+    pub revision: u64,
+    pub objects: usize,
+    pub bytes: Vec<u8>,
+}
+
 /// Requests a follower sends to the leader.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ForwardRequest {
@@ -261,6 +268,19 @@ impl Node {
             Ok(Err(_)) => Err(Error::unavailable("shutting down")),
             Err(_) => Err(Error::unavailable(format!("this replica did not apply index {index} within the timeout"))),
         }
+    }
+
+    /// A backup file (`store::backup`) of the applied state at one revision:
+    /// with `Linearizable`, at least as new as every write acknowledged
+    /// before the call.
+    pub async fn backup(&self, consistency: Consistency) -> Result<Backup> {
+        let applied = self.read(consistency).await?;
+        let (revision, objects) = (applied.revision(), applied.state.objects.len());
+        let id = self.id;
+        let bytes = tokio::task::spawn_blocking(move || crate::store::backup::encode(&applied, id))
+            .await
+            .map_err(|e| Error::internal(format!("encoding the backup: {e}")))?;
+        Ok(Backup { revision, objects, bytes })
     }
 
     /// Leader side of read-index: confirm leadership with a quorum. `None`

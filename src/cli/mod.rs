@@ -1,10 +1,12 @@
 //! The `lodestar` command line: `server`, the kubectl-style client commands,
-//! cluster management, and benchmarks. Client commands use the REST API of
-//! whichever replica `--server` (or `LODESTAR_SERVER`) names.
+//! cluster management, backups (`snapshot`), and benchmarks. Client commands
+//! use the REST API of whichever replica `--server` (or `LODESTAR_SERVER`)
+//! names.
 
 mod bench;
 mod bootstrap;
 mod client;
+mod snapshot;
 
 use crate::config::{Member, ServerConfig};
 use crate::model::documents::parse_documents;
@@ -74,6 +76,12 @@ enum Command {
     },
     /// Print an Envoy bootstrap (YAML or JSON) that connects to the replicas' xDS ports.
     Bootstrap(bootstrap::BootstrapArgs),
+    /// Backups: save one from a running cluster, restore one into a new
+    /// cluster's data directory, check a file.
+    Snapshot {
+        #[command(subcommand)]
+        command: snapshot::SnapshotCommand,
+    },
     /// Benchmarks against a running cluster.
     Bench {
         #[command(subcommand)]
@@ -183,6 +191,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,
         Command::Bootstrap(args) => bootstrap::run(&client, args).await,
+        Command::Snapshot { command } => snapshot::run(&client, command).await,
         Command::Bench { command } => bench::run(command).await,
     }
 }
