@@ -308,3 +308,39 @@ async fn restore_refuses_bad_input_and_makes_single_node_clusters() {
     assert!(!dst.replica(1).log().contains("differ from its configuration"));
     assert!(Path::new(&dir).join("db").exists());
 }
+
+/// An operator error: two members restored, the third started on an empty
+/// data dir with the same member list. It initialises its own log, which
+/// cannot match the restored snapshot's log id, so the leader (a restored
+/// member: the pristine one's log is behind) sends it the snapshot instead
+/// of appending to an empty state; revisions agree everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_started_without_restore_gets_the_snapshot() {
+    let src = Cluster::start(1, "").await;
+    let api = src.replica(1).api();
+    apply_yaml(&src, &api, MESH).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("b.snapshot");
+    let (ok, _, err) = lodestar(&["--server", &api, "snapshot", "save", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (revision, before) = everything(&src, &api).await;
+
+    let mut dst = Cluster::prepare(3, "");
+    let members = dst.member_flags().to_vec();
+    for r in dst.replicas.iter().filter(|r| r.id != 3) {
+        let (dir, id) = (r.data_dir().to_str().unwrap().to_string(), r.id.to_string());
+        let (ok, _, err) = lodestar(&restore_args(file.to_str().unwrap(), &dir, &id, &members));
+        assert!(ok, "{err}");
+    }
+    dst.launch().await;
+    let leader = dst.wait_for_leader(Duration::from_secs(20)).await;
+    assert_ne!(leader, 3);
+    let (status, body) = apply(&dst.http, &dst.replica(leader).api(), vec![vs("new", "shop", "v1")]).await;
+    assert_eq!((status, body["revision"].as_u64()), (200, Some(revision + 1)), "{body}");
+    dst.wait_for_revision(revision + 1, Duration::from_secs(20)).await;
+    let (rev3, mut on3) = everything(&dst, &dst.replica(3).api()).await;
+    assert_eq!(rev3, revision + 1);
+    assert!(on3.remove("VirtualService/shop/new").is_some());
+    assert_eq!(on3, before);
+    assert!(dst.replica(3).log().contains("installed snapshot"));
+}

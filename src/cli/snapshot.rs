@@ -134,6 +134,14 @@ async fn restore(args: RestoreArgs) -> Result<()> {
     };
     let config = server.into_config()?;
     config.validate().map_err(|e| anyhow!("invalid configuration: {e}"))?;
+    if config.join && config.initial_members.is_empty() {
+        // Without members this would make a single-node cluster: surely not
+        // what a replica configured to join a cluster wants.
+        return Err(anyhow!(
+            "the configuration says join = true and lists no initial members: a restored replica founds a new cluster; \
+             give every member of the new cluster with --initial-member (the same list on every member)"
+        ));
+    }
     // Before reading a possibly large file: the cheap refusals first.
     backup::check_new_data_dir(&config.data_dir)?;
     let b = read_backup(&args.file)?;
