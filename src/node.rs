@@ -48,6 +48,13 @@ pub enum Consistency {
     Stale,
 }
 
+/// An encoded backup file and what it holds.
+pub struct Backup {
+    pub revision: u64,
+    pub objects: usize,
+    pub bytes: Vec<u8>,
+}
+
 /// Requests a follower sends to the leader.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ForwardRequest {
@@ -339,6 +346,19 @@ impl Node {
         let ttl = crate::health::ttl_of(obj).ok_or_else(|| Error::invalid(format!("{key} has no TTL health check: nothing to heartbeat")))?;
         self.heartbeats.record(key.clone());
         Ok(ttl)
+    }
+
+    /// A backup file (`store::backup`) of the applied state at one revision:
+    /// with `Linearizable`, at least as new as every write acknowledged
+    /// before the call.
+    pub async fn backup(&self, consistency: Consistency) -> Result<Backup> {
+        let applied = self.read(consistency).await?;
+        let (revision, objects) = (applied.revision(), applied.state.objects.len());
+        let id = self.id;
+        let bytes = tokio::task::spawn_blocking(move || crate::store::backup::encode(&applied, id))
+            .await
+            .map_err(|e| Error::internal(format!("encoding the backup: {e}")))?;
+        Ok(Backup { revision, objects, bytes })
     }
 
     /// Leader side of read-index: confirm leadership with a quorum. `None`

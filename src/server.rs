@@ -53,10 +53,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let config = Arc::new(config);
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-    let db = sled::Config::new()
-        .path(config.data_dir.join("db"))
-        .mode(sled::Mode::HighThroughput)
-        .open()
+    let db = crate::store::open_db(&config.data_dir)
         .with_context(|| format!("opening the store in {} (is another replica using it?)", config.data_dir.display()))?;
 
     let log_store = LogStore::open(&db)?;
@@ -159,6 +156,12 @@ async fn initialise(config: &ServerConfig, raft: &Raft) -> anyhow::Result<()> {
         return Ok(());
     }
     if raft.is_initialized().await? {
+        // The membership holds where peers and `lodestar bootstrap` find this
+        // replica; it was recorded at init, add-node or `snapshot restore`.
+        let recorded = raft.metrics().borrow().membership_config.membership().get_node(&config.id).cloned();
+        if let Some(recorded) = recorded.filter(|r| *r != config.node_info()) {
+            tracing::warn!(membership = %recorded, config = %config.node_info(), "this replica's addresses in the cluster membership differ from its configuration");
+        }
         return Ok(());
     }
     let members: BTreeMap<NodeId, NodeInfo> = if config.initial_members.is_empty() {

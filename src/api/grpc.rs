@@ -91,6 +91,10 @@ fn cluster_response(s: ClusterStatus) -> ClusterStatusResponse {
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotChunk, Status>> + Send>>;
+
+/// Largest `SnapshotChunk`: well under every client's default 4 MiB limit.
+const SNAPSHOT_CHUNK: usize = 1024 * 1024;
 
 #[tonic::async_trait]
 impl Lodestar for GrpcApi {
@@ -179,6 +183,16 @@ impl Lodestar for GrpcApi {
         let r = req.into_inner();
         self.node.add_node(r.id, NodeInfo { raft_addr: r.raft_addr, api_addr: r.api_addr, xds_addr: r.xds_addr }).await.map_err(status_of)?;
         Ok(Response::new(cluster_response(self.node.cluster_status().await)))
+    }
+
+    type SnapshotStream = SnapshotStream;
+
+    async fn snapshot(&self, req: Request<SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
+        let backup = self.node.backup(consistency(req.into_inner().consistency)).await.map_err(status_of)?;
+        let revision = backup.revision;
+        let chunks: Vec<Result<SnapshotChunk, Status>> =
+            backup.bytes.chunks(SNAPSHOT_CHUNK).map(|c| Ok(SnapshotChunk { revision, data: c.to_vec() })).collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
 
     async fn remove_node(&self, req: Request<RemoveNodeRequest>) -> Result<Response<ClusterStatusResponse>, Status> {

@@ -20,6 +20,8 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 pub const REVISION_HEADER: &str = "x-lodestar-revision";
+/// On `/v1/snapshot`: how many objects the backup holds.
+pub const OBJECTS_HEADER: &str = "x-lodestar-objects";
 
 pub fn router(node: Arc<Node>, sync: SyncRegistry) -> Router {
     let debug = Router::new().route("/debug/syncz", get(syncz)).with_state(sync);
@@ -32,6 +34,7 @@ pub fn router(node: Arc<Node>, sync: SyncRegistry) -> Router {
         .route("/v1/registry/services", get(registry_services))
         .route("/debug/checks", get(debug_checks))
         .route("/v1/watch", get(watch_changes))
+        .route("/v1/snapshot", get(snapshot))
         .route("/v1/cluster", get(cluster_status))
         .route("/v1/node", get(node_status))
         .route("/v1/cluster/members", post(add_member))
@@ -208,6 +211,19 @@ async fn watch_changes(State(node): State<Arc<Node>>, Query(q): Query<WatchQuery
         Ok::<_, std::convert::Infallible>(format!("{line}\n"))
     });
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
+}
+
+/// A backup file of the applied state at one revision (`lodestar snapshot
+/// save`); linearizable unless `?consistency=stale`.
+async fn snapshot(State(node): State<Arc<Node>>, Query(q): Query<ReadQuery>) -> Result<Response> {
+    let backup = node.backup(consistency(q.consistency.as_deref())?).await?;
+    let disposition = format!("attachment; filename=\"lodestar-{}.snapshot\"", backup.revision);
+    let headers = [
+        (header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream")),
+        (header::CONTENT_DISPOSITION, HeaderValue::from_str(&disposition).map_err(|e| Error::internal(e.to_string()))?),
+        (header::HeaderName::from_static(OBJECTS_HEADER), HeaderValue::from(backup.objects)),
+    ];
+    Ok((revision_headers(backup.revision), headers, backup.bytes).into_response())
 }
 
 /// This replica alone: id, raft state, term, leader, applied index, revision.

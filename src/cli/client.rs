@@ -34,6 +34,18 @@ impl Client {
     pub async fn get(&self, path: &str) -> Result<Value> {
         self.send(self.http.get(self.url(path))).await
     }
+    /// GET a binary body (a backup file).
+    pub async fn get_bytes(&self, path: &str) -> Result<Vec<u8>> {
+        let resp = self.http.get(self.url(path)).send().await.map_err(|e| anyhow!("cannot reach {}: {e}", self.base))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| anyhow!("reading the answer of {}: {e}", self.base))?;
+        if status.is_success() {
+            return Ok(bytes.to_vec());
+        }
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Err(anyhow!(render_error(status.as_u16(), &body)))
+    }
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
         self.send(self.http.post(self.url(path)).json(body)).await
     }

@@ -1,6 +1,7 @@
 //! The `lodestar` command line: `server`, the kubectl-style client commands,
-//! cluster management, and benchmarks. Client commands use the REST API of
-//! whichever replica `--server` (or `LODESTAR_SERVER`) names.
+//! cluster management, backups (`snapshot`), and benchmarks. Client commands
+//! use the REST API of whichever replica `--server` (or `LODESTAR_SERVER`)
+//! names.
 
 pub mod adsclient;
 mod bench;
@@ -8,6 +9,7 @@ mod bootstrap;
 pub mod churn;
 mod client;
 mod registry;
+mod snapshot;
 
 use crate::config::{Member, ServerConfig};
 use crate::model::documents::parse_documents;
@@ -96,6 +98,12 @@ enum Command {
     },
     /// Print an Envoy bootstrap (YAML or JSON) that connects to the replicas' xDS ports.
     Bootstrap(bootstrap::BootstrapArgs),
+    /// Backups: save one from a running cluster, restore one into a new
+    /// cluster's data directory, check a file.
+    Snapshot {
+        #[command(subcommand)]
+        command: snapshot::SnapshotCommand,
+    },
     /// Benchmarks against a running cluster.
     Bench {
         #[command(subcommand)]
@@ -230,6 +238,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Cluster { command } => cluster(&client, command).await,
         Command::Bootstrap(args) => bootstrap::run(&client, args).await,
         Command::Bench { .. } => unreachable!("handled above"),
+        Command::Snapshot { command } => snapshot::run(&client, command).await,
     }
 }
 

@@ -66,6 +66,17 @@ impl LogStore {
     }
 }
 
+/// The log of a restored replica (`store::backup`): empty, purged up to
+/// `log_id` (the restored snapshot's) and committed up to it. Written
+/// directly rather than through a `LogStore`, whose flusher thread would keep
+/// the database open after the restore returns.
+pub(crate) fn write_restored(db: &sled::Db, log_id: LogId) -> sled::Result<()> {
+    let meta = db.open_tree("raft_meta")?;
+    meta.insert(LAST_PURGED, codec::encode(&log_id))?;
+    meta.insert(COMMITTED, codec::encode(&Some(log_id)))?;
+    Ok(())
+}
+
 /// Runs until every `LogStore` clone (and so every sender) is gone.
 fn flusher(db: sled::Db, mut rx: mpsc::UnboundedReceiver<LogFlushed<TypeConfig>>) {
     let mut pending = Vec::new();

@@ -6,7 +6,10 @@
 //! - `log_store`: the raft log in sled, with group-commit fsync.
 //! - `state_machine`: applies entries, persists them, publishes snapshots.
 //! - `watch`: history replay plus live changes.
+//! - `backup`: backup files (one revision, checksummed) and offline restore
+//!   into a new cluster's data directory.
 
+pub mod backup;
 pub mod codec;
 pub mod log_store;
 pub mod state;
@@ -17,3 +20,9 @@ pub mod watch;
 pub use state::{Event, EventType, State};
 pub use state_machine::{Applied, StoreReader};
 pub use types::{Command, NodeId, NodeInfo, Op, Raft, Txn, TxnOk, TypeConfig};
+
+/// Open a replica's sled database (`DATA_DIR/db`): the raft log, raft
+/// metadata, state machine and snapshots. One process at a time.
+pub fn open_db(data_dir: &std::path::Path) -> sled::Result<sled::Db> {
+    sled::Config::new().path(data_dir.join("db")).mode(sled::Mode::HighThroughput).open()
+}

@@ -61,7 +61,7 @@ pub(crate) struct ObjectRecord {
 }
 
 impl ObjectRecord {
-    fn from_object(o: &StoredObject) -> Self {
+    pub(crate) fn from_object(o: &StoredObject) -> Self {
         ObjectRecord { key: o.key.clone(), create_revision: o.create_revision, mod_revision: o.mod_revision, version: o.version, body: o.body.to_string() }
     }
     /// The record of an object `txn` just wrote. A put's body is the op's
@@ -77,7 +77,7 @@ impl ObjectRecord {
             None => ObjectRecord::from_object(o),
         }
     }
-    fn into_object(self) -> Result<StoredObject, serde_json::Error> {
+    pub(crate) fn into_object(self) -> Result<StoredObject, serde_json::Error> {
         Ok(StoredObject::new(self.key, self.create_revision, self.mod_revision, self.version, serde_json::from_str(&self.body)?))
     }
 }
@@ -346,6 +346,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 }
 
+/// The raft snapshot data of an applied state: what `build_snapshot` saves
+/// and sends, and `install_snapshot` reads (also how a backup is restored).
+pub(crate) fn snapshot_data(applied: &Applied) -> Vec<u8> {
+    let body = SnapshotBody {
+        meta: AppliedMeta {
+            last_applied: applied.last_applied,
+            membership: applied.membership.clone(),
+            revision: applied.state.revision,
+            compacted: applied.compacted,
+        },
+        objects: applied.state.objects.values().map(|o| ObjectRecord::from_object(o)).collect(),
+    };
+    codec::encode(&body)
+}
+
 pub struct SnapshotBuilder {
     applied: Arc<Applied>,
     snapshots: sled::Tree,
@@ -356,16 +371,7 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let applied = &self.applied;
-        let body = SnapshotBody {
-            meta: AppliedMeta {
-                last_applied: applied.last_applied,
-                membership: applied.membership.clone(),
-                revision: applied.state.revision,
-                compacted: applied.compacted,
-            },
-            objects: applied.state.objects.values().map(|o| ObjectRecord::from_object(o)).collect(),
-        };
-        let data = codec::encode(&body);
+        let data = snapshot_data(applied);
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let snapshot_id = match applied.last_applied {
             Some(l) => format!("{}-{}-{}-{seq}", l.leader_id.term, l.leader_id.node_id, l.index),

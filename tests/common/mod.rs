@@ -41,6 +41,10 @@ impl Replica {
     pub fn member_flag(&self) -> String {
         format!("{}={},{},{}", self.id, self.raft_addr(), self.api_addr(), self.xds_addr())
     }
+    /// Where the replica keeps its data (`--data-dir`).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("replica.log")).unwrap_or_default()
     }
@@ -65,9 +69,17 @@ impl Cluster {
     /// Start `n` founding replicas; `extra_toml` is appended to every
     /// replica's config file (e.g. `snapshot_logs = 50`).
     pub async fn start(n: u64, extra_toml: &str) -> Cluster {
+        let mut c = Cluster::prepare(n, extra_toml);
+        c.launch().await;
+        c
+    }
+
+    /// The addresses and directories of `n` founding replicas, none started
+    /// yet (e.g. to restore a backup into their data dirs first).
+    pub fn prepare(n: u64, extra_toml: &str) -> Cluster {
         let tmp = tempfile::tempdir().unwrap();
         let prefix = random_prefix();
-        let mut replicas: Vec<Replica> = (1..=n)
+        let replicas: Vec<Replica> = (1..=n)
             .map(|id| Replica {
                 id,
                 ip: format!("{prefix}.{id}"),
@@ -78,12 +90,21 @@ impl Cluster {
             })
             .collect();
         let members: Vec<String> = replicas.iter().map(|r| r.member_flag()).collect();
-        for r in &mut replicas {
-            spawn(r, &members);
+        Cluster { tmp, replicas, http: reqwest::Client::new(), prefix, members }
+    }
+
+    /// The `--initial-member` flags of the founding replicas.
+    pub fn member_flags(&self) -> &[String] {
+        &self.members
+    }
+
+    /// Start every replica that is not running and wait for a leader.
+    pub async fn launch(&mut self) {
+        let members = self.members.clone();
+        for r in self.replicas.iter_mut().filter(|r| r.child.is_none()) {
+            spawn(r, if r.join { &[] } else { &members });
         }
-        let c = Cluster { tmp, replicas, http: reqwest::Client::new(), prefix, members };
-        c.wait_for_leader(Duration::from_secs(20)).await;
-        c
+        self.wait_for_leader(Duration::from_secs(20)).await;
     }
 
     pub fn replica(&self, id: u64) -> &Replica {
@@ -260,7 +281,7 @@ fn spawn(r: &mut Replica, members: &[String]) {
         .arg("--id")
         .arg(r.id.to_string())
         .arg("--data-dir")
-        .arg(r.dir.join("data"))
+        .arg(r.data_dir())
         .arg("--api-addr")
         .arg(r.api_addr())
         .arg("--raft-addr")
