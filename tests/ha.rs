@@ -28,8 +28,13 @@ fn web_instance(name: &str, u: &Upstream) -> String {
 
 /// Start an Envoy (sidecar `name` at `127.A.B.n`) bootstrapped with `xds`.
 async fn envoy(fx: &Fixture, name: &str, n: u8, xds: Vec<String>) -> Envoy {
+    envoy_with(fx, name, n, xds, false).await
+}
+
+async fn envoy_with(fx: &Fixture, name: &str, n: u8, xds: Vec<String>, delta: bool) -> Envoy {
     let mut o = EnvoyOptions::new(name, &fx.ip(n));
     o.xds_servers = xds;
+    o.delta = delta;
     let mut e = Envoy::start(&fx.tmp.path().join(name), o);
     e.wait_ready(BOUND).await;
     e
@@ -207,7 +212,16 @@ async fn failover_under_load_drops_no_request() {
 /// has no quorum (it refuses the stream; the Envoy keeps its config), then
 /// catches up and serves N or newer. Checked from the versions Envoy holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lagging_replica_never_sends_older_config() {
+async fn a_lagging_replica_never_sends_older_config_sotw() {
+    lagging_replica(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_replica_never_sends_older_config_delta() {
+    lagging_replica(true).await
+}
+
+async fn lagging_replica(delta: bool) {
     let mut fx = Fixture::start(3).await;
     let leader = fx.cluster.wait_for_leader(BOUND).await;
     let others: Vec<u64> = [1, 2, 3].into_iter().filter(|r| *r != leader).collect();
@@ -215,7 +229,7 @@ async fn a_lagging_replica_never_sends_older_config() {
     let u = fx.upstream(100, "web-1").await;
     let rev0 = fx.apply_via(leader, &format!("{WEB}---\n{}", web_instance("web-1", &u))).await;
     let fwd = Forwarder::start(&fx.ip(200), &fx.cluster.replica(leader).xds_addr()).await;
-    let e = envoy(&fx, "client", 10, vec![fwd.addr.to_string()]).await;
+    let e = envoy_with(&fx, "client", 10, vec![fwd.addr.to_string()], delta).await;
     let id = e.options.node_id();
     wait_acked(&fx, leader, &id, rev0).await;
 
