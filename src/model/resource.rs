@@ -80,6 +80,10 @@ impl PartialEq for StoredObject {
     }
 }
 
+/// `Eq` lets `Arc<StoredObject>` compare by pointer first (std's fast
+/// path), which is what diffing two revisions' maps mostly meets.
+impl Eq for StoredObject {}
+
 impl StoredObject {
     pub fn new(key: ResourceKey, create_revision: u64, mod_revision: u64, version: u64, body: Value) -> Self {
         StoredObject { key, create_revision, mod_revision, version, body, typed: OnceLock::new() }

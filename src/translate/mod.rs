@@ -347,11 +347,16 @@ pub struct Translator {
     /// The last mesh built, with the store objects it was built from.
     mesh: Mutex<Option<(Arc<Mesh>, Objects)>>,
     previous: Mutex<std::collections::HashMap<String, Arc<Previous>>>,
+    /// Recent steps between revisions and what changed in them.
+    changes: Mutex<std::collections::VecDeque<((u64, u64), Arc<Vec<Change>>)>>,
 }
+
+/// One object's change: key, before, after.
+type Change = (crate::model::ResourceKey, Option<Arc<crate::model::StoredObject>>, Option<Arc<crate::model::StoredObject>>);
 
 impl Translator {
     pub fn new(config: MeshConfig) -> Translator {
-        Translator { config: Arc::new(config), mesh: Mutex::new(None), previous: Mutex::new(Default::default()) }
+        Translator { config: Arc::new(config), mesh: Mutex::new(None), previous: Mutex::new(Default::default()), changes: Mutex::new(Default::default()) }
     }
 
     /// The mesh at `applied`'s revision, built once per revision and
@@ -377,6 +382,32 @@ impl Translator {
     /// Hosts whose virtual hosts a set of changes can affect, if the changes
     /// allow an incremental translation (only VirtualServices, naming exact
     /// hosts, with no TCP routes): `None` means translate in full.
+    /// What changed between a proxy's last translation and `applied`:
+    /// diffed once per pair of revisions and shared by every proxy making
+    /// the same step (most of them, most of the time).
+    fn changes(&self, prev: &Previous, applied: &Applied) -> Arc<Vec<Change>> {
+        let step = (prev.config.revision, applied.revision());
+        let mut cache = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, c)) = cache.iter().find(|(s, _)| *s == step) {
+            return c.clone();
+        }
+        let list: Vec<Change> = prev
+            .objects
+            .diff(&applied.state.objects)
+            .map(|d| match d {
+                imbl::ordmap::DiffItem::Add(k, o) => (k.clone(), None, Some(o.clone())),
+                imbl::ordmap::DiffItem::Remove(k, o) => (k.clone(), Some(o.clone()), None),
+                imbl::ordmap::DiffItem::Update { old, new } => (new.0.clone(), Some(old.1.clone()), Some(new.1.clone())),
+            })
+            .collect();
+        let list = Arc::new(list);
+        if cache.len() >= 16 {
+            cache.pop_front();
+        }
+        cache.push_back((step, list.clone()));
+        list
+    }
+
     fn vs_only_hosts(&self, prev: &Previous, applied: &Applied) -> Option<BTreeSet<String>> {
         let suffix = &self.config.domain_suffix;
         let mut hosts = BTreeSet::new();
@@ -398,13 +429,9 @@ impl Translator {
             }
             Some(())
         };
-        for d in prev.objects.diff(&applied.state.objects) {
-            match d {
-                imbl::ordmap::DiffItem::Add(_, o) | imbl::ordmap::DiffItem::Remove(_, o) => add(o)?,
-                imbl::ordmap::DiffItem::Update { old, new } => {
-                    add(old.1)?;
-                    add(new.1)?;
-                }
+        for (_, old, new) in self.changes(prev, applied).iter() {
+            for o in old.iter().chain(new.iter()) {
+                add(o)?;
             }
         }
         Some(hosts)
@@ -417,15 +444,11 @@ impl Translator {
     fn endpoints_only_hosts(&self, prev: &Previous, applied: &Applied, mesh: &Mesh) -> Option<BTreeSet<String>> {
         let mut hosts = BTreeSet::new();
         let suffix = &self.config.domain_suffix;
-        for d in prev.objects.diff(&applied.state.objects) {
-            let (key, objs): (_, Vec<&Arc<crate::model::StoredObject>>) = match d {
-                imbl::ordmap::DiffItem::Add(k, o) | imbl::ordmap::DiffItem::Remove(k, o) => (k, vec![o]),
-                imbl::ordmap::DiffItem::Update { old, new } => (new.0, vec![old.1, new.1]),
-            };
+        for (key, old, new) in self.changes(prev, applied).iter() {
             if key.kind != crate::model::Kind::Instance {
                 return None;
             }
-            for o in objs {
+            for o in old.iter().chain(new.iter()) {
                 let typed = o.typed().ok()?;
                 let crate::model::TypedSpec::Instance(spec) = typed.as_ref() else { return None };
                 hosts.insert(crate::mesh::instance_hostname(spec, &key.namespace, suffix));

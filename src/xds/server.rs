@@ -444,8 +444,39 @@ impl<V: Variant> StreamTask<V> {
     }
 }
 
-/// Generate off the async threads (translation is CPU work) from one
-/// snapshot; the config's revision is that snapshot's.
+/// Translation runs on a small fixed pool of threads, one per core: it is
+/// CPU work, so more threads would only contend, and a fixed pool bounds how
+/// many proxies are translated at once (each stream has at most one
+/// generation queued) without creating and destroying threads per push.
+struct GeneratePool {
+    jobs: std::sync::Mutex<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>,
+}
+
+fn pool() -> &'static GeneratePool {
+    static POOL: std::sync::OnceLock<GeneratePool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+        for i in 0..threads {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("xds-generate-{i}"))
+                .spawn(move || loop {
+                    let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    match job {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                })
+                .expect("spawning an xDS generation thread");
+        }
+        GeneratePool { jobs: std::sync::Mutex::new(tx) }
+    })
+}
+
+/// Generate on the pool from one snapshot; the config's revision is that
+/// snapshot's.
 async fn generate(
     generator: &Arc<dyn Generator>,
     identity: &Arc<ProxyIdentity>,
@@ -454,7 +485,16 @@ async fn generate(
 ) -> Result<Arc<ProxyConfig>, String> {
     let revision = applied.revision();
     let (generator, id) = (generator.clone(), identity.clone());
-    let result = tokio::task::spawn_blocking(move || generator.generate(&id, &applied)).await.unwrap_or_else(|e| Err(format!("the generator panicked: {e}")));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job = Box::new(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| generator.generate(&id, &applied)));
+        let _ = tx.send(r.unwrap_or_else(|_| Err("the generator panicked".to_string())));
+    });
+    let sent = pool().jobs.lock().unwrap_or_else(|e| e.into_inner()).send(job);
+    let result = match sent {
+        Ok(()) => rx.await.unwrap_or_else(|_| Err("the generation pool is gone".to_string())),
+        Err(_) => Err("the generation pool is gone".to_string()),
+    };
     match result {
         Ok(mut config) => {
             config.revision = revision;
