@@ -348,8 +348,11 @@ pub struct Translator {
     mesh: Mutex<Option<(Arc<Mesh>, Objects)>>,
     previous: Mutex<std::collections::HashMap<String, Arc<Previous>>>,
     /// Recent steps between revisions and what changed in them.
-    changes: Mutex<std::collections::VecDeque<((u64, u64), Arc<Vec<Change>>)>>,
+    changes: Mutex<std::collections::VecDeque<Step>>,
 }
+
+/// A step between two revisions (from, to) and what changed in it.
+type Step = ((u64, u64), Arc<Vec<Change>>);
 
 /// One object's change: key, before, after.
 type Change = (crate::model::ResourceKey, Option<Arc<crate::model::StoredObject>>, Option<Arc<crate::model::StoredObject>>);
