@@ -522,17 +522,12 @@ impl Variant for Sotw {
                 view.eds_clusters =
                     r.resources.iter().filter_map(|a| Cluster::decode(a.value.as_slice()).ok()).filter_map(|c| eds_name(&c).map(|n| (c.name, n))).collect();
             }
-            // Every requested assignment that exists: a name left out has none.
+            // Incremental even in SotW (as Envoy treats it): a name left
+            // out is unchanged; assignments go when CDS drops their cluster.
             ResourceType::Endpoint => {
-                let mut present = BTreeSet::new();
                 for a in &r.resources {
                     let Ok(cla) = ClusterLoadAssignment::decode(a.value.as_slice()) else { continue };
                     view.set_endpoints(&cla.cluster_name, Some(addresses(&cla)), changes);
-                    present.insert(cla.cluster_name);
-                }
-                let gone: Vec<String> = view.endpoints.keys().filter(|k| !present.contains(*k)).cloned().collect();
-                for name in gone {
-                    view.set_endpoints(&name, None, changes);
                 }
             }
             ResourceType::Listener => {

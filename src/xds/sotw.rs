@@ -69,13 +69,30 @@ impl SotwStream {
     /// by endpoints: Envoy rebuilds an updated EDS cluster and keeps it
     /// warming until its endpoints arrive again, even unchanged (else until
     /// its initial fetch timeout, 15 s).
+    ///
+    /// EDS and RDS pushes carry only the resources that changed, unless
+    /// their parent type (CDS, LDS) changed in the same round: the xDS
+    /// protocol treats those two types incrementally even in SotW (a
+    /// resource left out of a response is unchanged, not removed), and an
+    /// endpoint change then costs one load assignment, not all of them.
     pub fn on_config(&mut self, config: &ProxyConfig) -> Vec<DiscoveryResponse> {
         let cds_changed = self.differs(ResourceType::Cluster, config);
+        let lds_changed = self.differs(ResourceType::Listener, config);
         let changed: Vec<ResourceType> = ResourceType::PUSH_ORDER
             .into_iter()
             .filter(|t| self.differs(*t, config) || (cds_changed && *t == ResourceType::Endpoint && self.types.contains_key(t)))
             .collect();
-        changed.into_iter().map(|t| self.respond(t, config)).collect()
+        changed
+            .into_iter()
+            .map(|t| {
+                let partial = match t {
+                    ResourceType::Endpoint => !cds_changed,
+                    ResourceType::Route => !lds_changed,
+                    _ => false,
+                };
+                self.respond_with(t, config, partial)
+            })
+            .collect()
     }
 
     fn differs(&self, t: ResourceType, config: &ProxyConfig) -> bool {
@@ -85,13 +102,26 @@ impl SotwStream {
     }
 
     fn respond(&mut self, t: ResourceType, config: &ProxyConfig) -> DiscoveryResponse {
+        self.respond_with(t, config, false)
+    }
+
+    /// A response of type `t`; `partial`: only the resources whose version
+    /// differs from what was last sent (when none was removed).
+    fn respond_with(&mut self, t: ResourceType, config: &ProxyConfig, partial: bool) -> DiscoveryResponse {
         self.nonces += 1;
         let nonce = self.nonces.to_string();
         let version = config.revision.to_string();
         let state = self.types.entry(t).or_default();
         let selected = state.sub.select(config.of(t));
-        state.sent = selected.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
-        let resources = selected.iter().map(|r| r.any.clone()).collect();
+        let now: Vec<(String, String)> = selected.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
+        let removed = state.sent.iter().any(|(name, _)| !now.iter().any(|(n, _)| n == name));
+        let resources = if partial && !removed {
+            let before: std::collections::HashMap<&str, &str> = state.sent.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            selected.iter().filter(|r| before.get(r.name.as_str()) != Some(&r.version.as_str())).map(|r| r.any.clone()).collect()
+        } else {
+            selected.iter().map(|r| r.any.clone()).collect()
+        };
+        state.sent = now;
         state.sent_version = version.clone();
         state.nonce = nonce.clone();
         DiscoveryResponse { version_info: version, resources, type_url: t.type_url(), nonce, ..Default::default() }
@@ -202,5 +232,36 @@ mod tests {
         let c2 = config(8, &[("a", 2)], &[]);
         let order: Vec<_> = s.on_config(&c2).iter().map(|r| ResourceType::from_type_url(&r.type_url).unwrap()).collect();
         assert_eq!(order, vec![ResourceType::Cluster, ResourceType::Endpoint]);
+    }
+
+    #[test]
+    fn endpoint_pushes_carry_only_what_changed_unless_clusters_did() {
+        let mut s = SotwStream::default();
+        let with = |revision: u64, ms: u32, a_endpoints: &str| {
+            let mut c = config(revision, &[("a", ms), ("b", 1)], &[]);
+            let cla = |name: &str, tag: &str| ClusterLoadAssignment {
+                cluster_name: name.to_string(),
+                policy: None,
+                endpoints: vec![],
+                named_endpoints: [(tag.to_string(), Default::default())].into(),
+            };
+            c.insert(ResourceType::Endpoint, XdsResource::new("a", &cla("a", a_endpoints)));
+            c.insert(ResourceType::Endpoint, XdsResource::new("b", &cla("b", "b")));
+            c
+        };
+        let c1 = with(1, 1, "a1");
+        let (_, r) = s.on_request(&req(ResourceType::Cluster, &[], "", ""), &c1);
+        s.on_request(&req(ResourceType::Cluster, &[], "1", &r.unwrap().nonce), &c1);
+        let (_, r) = s.on_request(&req(ResourceType::Endpoint, &["a", "b"], "", ""), &c1);
+        assert_eq!(r.as_ref().unwrap().resources.len(), 2);
+        s.on_request(&req(ResourceType::Endpoint, &["a", "b"], "1", &r.unwrap().nonce), &c1);
+        // Only a's endpoints change: one assignment.
+        let pushed = s.on_config(&with(2, 1, "a2"));
+        assert_eq!(pushed.len(), 1);
+        assert_eq!((pushed[0].resources.len(), pushed[0].version_info.as_str()), (1, "2"));
+        // A cluster changes too: every assignment follows it.
+        let pushed = s.on_config(&with(3, 2, "a3"));
+        let sizes: Vec<usize> = pushed.iter().map(|r| r.resources.len()).collect();
+        assert_eq!(sizes, vec![2, 2]);
     }
 }
