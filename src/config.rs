@@ -82,6 +82,9 @@ pub struct ServerConfig {
     pub xds_max_stream_age_s: u64,
     /// Shed xDS streams above the fair share; 0: never rebalance.
     pub xds_rebalance_interval_ms: u64,
+    /// Adaptive debounce window: isolated changes are pushed at once,
+    /// bursts at most once per window (see `xds::push`). 0: every revision.
+    pub push_debounce_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -99,6 +102,7 @@ impl Default for ServerConfig {
             xds_fence_timeout_ms: 5000,
             xds_max_stream_age_s: 1800,
             xds_rebalance_interval_ms: 1000,
+            push_debounce_ms: 20,
             join: false,
             heartbeat_ms: 100,
             election_timeout_min_ms: 500,

@@ -169,6 +169,33 @@ impl crate::xds::server::Fence for Node {
     }
 }
 
+/// Raft's state as metrics, and leader changes counted.
+pub async fn raft_metrics(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
+    let mut rx = node.raft.metrics();
+    let mut leader = None;
+    let m = crate::metrics::metrics();
+    loop {
+        {
+            let r = rx.borrow_and_update().clone();
+            m.raft_term.set(r.current_term as i64);
+            m.raft_last_log_index.set(r.last_log_index.unwrap_or(0) as i64);
+            m.raft_applied_index.set(r.last_applied.map_or(0, |l| l.index) as i64);
+            m.raft_is_leader.set((r.current_leader == Some(node.id)) as i64);
+            if r.current_leader.is_some() && r.current_leader != leader {
+                if leader.is_some() {
+                    m.raft_leader_changes.inc();
+                }
+                leader = r.current_leader;
+            }
+            m.store_revision.set(node.reader.current().revision() as i64);
+        }
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            changed = rx.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::excess;

@@ -14,6 +14,7 @@
 //! - [`peer`]: raft peer RPCs and forwarding over tonic (trusted peers only).
 //! - [`api`]: REST (axum) and gRPC (tonic) client APIs, thin, one error map each.
 //! - [`adapters`]: sources outside the API (a watched directory) fed into the store.
+//! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
 //! - [`server`]: starts a replica's ports and shuts it down.
 //! - [`config`]: server settings (TOML + flags).
 //! - [`cli`]: the `lodestar` command line (client commands and benchmarks).
@@ -27,6 +28,7 @@ pub mod error;
 pub mod ha;
 pub mod health;
 pub mod mesh;
+pub mod metrics;
 pub mod model;
 pub mod node;
 pub mod peer;

@@ -69,6 +69,9 @@ pub enum ForwardRequest {
     },
     /// A heartbeat (Instance TTL) or keepalive (Lease), for the leader.
     Heartbeat(ResourceKey),
+    /// How this replica's proxies stand against a revision (any replica
+    /// answers).
+    Convergence(u64),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -76,12 +79,28 @@ pub enum ForwardReply {
     Write(Vec<TxnResult>),
     ReadIndex(u64),
     Done,
+    /// The receiver is not the leader (any more): ask again.
+    NotLeader(Option<NodeId>),
     /// Heartbeat recorded; the TTL it renews, in milliseconds.
     Heartbeat {
         ttl_ms: u64,
     },
-    /// The receiver is not the leader (any more): ask again.
-    NotLeader(Option<NodeId>),
+    /// The answering replica's proxies, against a revision.
+    Convergence(WaitReport),
+}
+
+/// The outcome of waiting for the proxies to converge on a revision.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitReport {
+    pub revision: u64,
+    pub converged: bool,
+    /// Connected proxies counted, across every replica that answered.
+    pub proxies: usize,
+    pub synced: usize,
+    pub pending: Vec<String>,
+    pub nacked: Vec<String>,
+    pub unreachable: Vec<String>,
 }
 
 /// One replica's view of itself, as `cluster status` shows it.
@@ -183,6 +202,15 @@ impl Node {
     /// Commit one atomic transaction through raft. Returns once it is
     /// committed by a quorum and applied on the leader.
     pub async fn write(&self, txn: Txn) -> Result<TxnOk> {
+        let started = Instant::now();
+        let result = self.write_once(txn).await;
+        let m = crate::metrics::metrics();
+        m.write_duration.observe(started.elapsed());
+        m.writes.with(&[result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok")]).inc();
+        result
+    }
+
+    async fn write_once(&self, txn: Txn) -> Result<TxnOk> {
         match self.enqueue(vec![txn], false).await {
             Outcome::Committed(mut results) if results.len() == 1 => results.pop().expect("one result"),
             Outcome::Committed(results) => Err(Error::internal(format!("raft returned {} results for one transaction", results.len()))),
@@ -361,6 +389,61 @@ impl Node {
         Ok(Backup { revision, objects, bytes })
     }
 
+    /// How this replica's proxies stand against `revision`.
+    pub fn local_convergence(&self, revision: u64) -> WaitReport {
+        use crate::xds::status::Convergence;
+        let mut report = WaitReport { revision, ..Default::default() };
+        for p in self.sync.snapshot().proxies {
+            report.proxies += 1;
+            match p.convergence(revision) {
+                Convergence::Synced => report.synced += 1,
+                Convergence::Pending => report.pending.push(format!("{} (replica {})", p.id, self.id)),
+                Convergence::Nacked(t, e) => report.nacked.push(format!("{} (replica {}) rejected {t}: {e}", p.id, self.id)),
+            }
+        }
+        report.converged = report.pending.is_empty() && report.nacked.is_empty();
+        report
+    }
+
+    /// Wait (at most `timeout`) until every proxy connected to any replica
+    /// has ACKed `revision` or newer (see `ProxyStatus::convergence`), or
+    /// one rejected it. A replica that does not answer is reported.
+    pub async fn wait_for_proxies(&self, revision: u64, timeout: Duration) -> WaitReport {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let m = self.raft.metrics().borrow().clone();
+            let nodes: Vec<(NodeId, NodeInfo)> = m.membership_config.membership().nodes().map(|(id, n)| (*id, n.clone())).collect();
+            let asks = nodes.into_iter().map(|(id, info)| async move {
+                if id == self.id {
+                    return Ok(self.local_convergence(revision));
+                }
+                match self.peers.forward(&info.raft_addr, &ForwardRequest::Convergence(revision), Duration::from_secs(1)).await {
+                    Ok(Ok(ForwardReply::Convergence(r))) => Ok(r),
+                    Ok(Ok(_)) => Err(format!("replica {id}: unexpected reply")),
+                    Ok(Err(e)) => Err(format!("replica {id}: {e}")),
+                    Err(e) => Err(format!("replica {id}: {e}")),
+                }
+            });
+            let mut report = WaitReport { revision, ..Default::default() };
+            for r in futures::future::join_all(asks).await {
+                match r {
+                    Ok(r) => {
+                        report.proxies += r.proxies;
+                        report.synced += r.synced;
+                        report.pending.extend(r.pending);
+                        report.nacked.extend(r.nacked);
+                    }
+                    Err(e) => report.unreachable.push(e),
+                }
+            }
+            report.converged = report.pending.is_empty() && report.nacked.is_empty();
+            if report.converged || !report.nacked.is_empty() || Instant::now() >= deadline {
+                return report;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// Leader side of read-index: confirm leadership with a quorum. `None`
     /// when this node turns out not to be the leader.
     async fn leader_read_index(&self) -> Result<Option<u64>> {
@@ -393,6 +476,7 @@ impl Node {
             }),
             ForwardRequest::Heartbeat(key) if self.is_leader() => Ok(ForwardReply::Heartbeat { ttl_ms: self.leader_heartbeat(&key).await?.as_millis() as u64 }),
             ForwardRequest::Heartbeat(_) => Ok(not_leader()),
+            ForwardRequest::Convergence(revision) => Ok(ForwardReply::Convergence(self.local_convergence(revision))),
             ForwardRequest::AddNode { id, info } => self.leader_add_node(id, info).await,
             ForwardRequest::RemoveNode { id } => self.leader_remove_node(id).await,
         }

@@ -86,7 +86,9 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     );
 
     let sync = node.sync.clone();
-    let app = rest::router(node.clone(), sync.clone()).merge(tonic::service::Routes::new(GrpcApi::server(node.clone())).into_axum_router());
+    let app = rest::router(node.clone(), sync.clone())
+        .merge(tonic::service::Routes::new(GrpcApi::server(node.clone())).into_axum_router())
+        .layer(axum::middleware::from_fn(rest::track));
     let api_stopped = stopped();
     // TCP_NODELAY: a gRPC reply is several small writes (headers, data,
     // trailers); with Nagle they wait for the client's delayed ACK (~40 ms).
@@ -102,8 +104,11 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         fence: node.clone(),
         max_stream_age: (config.xds_max_stream_age_s > 0).then(|| Duration::from_secs(config.xds_max_stream_age_s)),
         fence_timeout: Duration::from_millis(config.xds_fence_timeout_ms),
+        latest: Some(node.reader.subscribe_applied()),
     };
-    let xds_server = tokio::spawn(crate::xds::server::serve(xds_listener, node.reader.subscribe_applied(), generator, sync, options, xds_stop));
+    // Revisions reach the streams through the debouncer (see `xds::push`).
+    let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
+    let xds_server = tokio::spawn(crate::xds::server::serve(xds_listener, pushed, generator, sync, options, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
     let mut background =
         vec![tokio::spawn(crate::ha::freshness(node.clone(), stop_tx.subscribe())), tokio::spawn(crate::ha::gossip(node.clone(), stop_tx.subscribe()))];

@@ -198,3 +198,41 @@ fn endpoint_changes_are_eds_only() {
     assert!(!text.contains("127.0.11.2"), "unhealthy instance still in EDS");
     assert!(text.contains("127.0.11.10"));
 }
+
+/// Sidecar scoping: changes to services outside a proxy's scope (its
+/// instances, rules naming it) cost that proxy no translation at all (its
+/// resources are shared as they are) and still equal a full translation;
+/// a change inside its scope is translated.
+#[test]
+fn changes_outside_a_proxys_scope_are_not_translated() {
+    use lodestar::translate::Translator;
+    use lodestar::xds::resources::Generator;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/sidecar-scoping");
+    let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let proxy = ProxyIdentity::parse("sidecar~127.0.21.1~client-1.team-a~team-a.svc.cluster.local", &json!({"LABELS": {"app": "client"}})).unwrap();
+    let translator = Translator::new(MeshConfig::default());
+    let mut prev = translator.generate(&proxy, &base).unwrap();
+    let steps: Vec<(&str, bool)> = vec![
+        // team-b's service is outside the Sidecar's `./*` egress.
+        ("apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {name: other-1, namespace: team-b}\nspec: {service: other, address: 127.0.13.9, port: 8080}\n", false),
+        ("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: other, namespace: team-b}\nspec:\n  hosts: [other]\n  http:\n  - route:\n    - destination: {host: other}\n    timeout: 3s\n", false),
+        ("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: other, namespace: team-b}\nspec:\n  host: other\n  trafficPolicy: {loadBalancer: {simple: RANDOM}}\n", false),
+        // In scope: translated.
+        ("apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {name: api-2, namespace: team-a}\nspec: {service: api, address: 127.0.13.2, ports: {http: 8081}}\n", true),
+        ("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: api, namespace: team-a}\nspec:\n  hosts: [api]\n  http:\n  - route:\n    - destination: {host: api}\n    timeout: 3s\n", true),
+    ];
+    let mut state = base.state.clone();
+    for (i, (yaml, in_scope)) in steps.into_iter().enumerate() {
+        let r = parse_resource(parse_documents(yaml, "change").unwrap().remove(0), "default").unwrap();
+        validate_spec(&r).unwrap();
+        state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string(), expected_revision: None }] }).0.unwrap();
+        let applied = Applied { state: state.clone(), ..Default::default() };
+        let got = translator.generate(&proxy, &applied).unwrap();
+        let want = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), &proxy);
+        assert_eq!(render(&got), render(&want), "step {i}");
+        assert_eq!(got.revision, applied.revision());
+        let all_shared = got.resources.iter().all(|(t, m)| Arc::ptr_eq(m, &prev.resources[t]));
+        assert_eq!(all_shared, !in_scope, "step {i}: every resource shared with the previous config");
+        prev = got;
+    }
+}

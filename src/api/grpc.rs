@@ -136,6 +136,21 @@ impl Lodestar for GrpcApi {
         Ok(Response::new(GetResponse { revision: applied.revision(), resource_json: obj.to_json().to_string() }))
     }
 
+    async fn wait(&self, req: Request<WaitRequest>) -> Result<Response<WaitResponse>, Status> {
+        let r = req.into_inner();
+        let timeout = std::time::Duration::from_millis(if r.timeout_ms == 0 { 30_000 } else { r.timeout_ms });
+        let w = self.node.wait_for_proxies(r.revision, timeout).await;
+        Ok(Response::new(WaitResponse {
+            revision: w.revision,
+            converged: w.converged,
+            proxies: w.proxies as u64,
+            synced: w.synced as u64,
+            pending: w.pending,
+            nacked: w.nacked,
+            unreachable: w.unreachable,
+        }))
+    }
+
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
         let r = req.into_inner();
         let key = super::key_of(&r.kind, Some(&r.namespace), &r.name).map_err(status_of)?;

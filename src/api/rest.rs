@@ -24,7 +24,7 @@ pub const REVISION_HEADER: &str = "x-lodestar-revision";
 pub const OBJECTS_HEADER: &str = "x-lodestar-objects";
 
 pub fn router(node: Arc<Node>, sync: SyncRegistry) -> Router {
-    let debug = Router::new().route("/debug/syncz", get(syncz)).with_state(sync);
+    let debug = Router::new().route("/debug/syncz", get(syncz)).route("/debug/config_dump", get(config_dump)).with_state(sync);
     Router::new()
         .route("/v1/apply", post(apply))
         .route("/v1/delete", post(delete_many))
@@ -32,7 +32,12 @@ pub fn router(node: Arc<Node>, sync: SyncRegistry) -> Router {
         .route("/v1/resources/{kind}/{namespace}/{name}", get(get_one).delete(delete_one))
         .route("/v1/resources/{kind}/{namespace}/{name}/heartbeat", post(heartbeat))
         .route("/v1/registry/services", get(registry_services))
+        .route("/v1/wait", get(wait_for_proxies))
         .route("/debug/checks", get(debug_checks))
+        .route("/debug/registryz", get(registryz))
+        .route("/debug/configz", get(configz))
+        .route("/debug/push_status", get(push_status))
+        .route("/metrics", get(|| async { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::metrics().render()) }))
         .route("/v1/watch", get(watch_changes))
         .route("/v1/snapshot", get(snapshot))
         .route("/v1/cluster", get(cluster_status))
@@ -291,4 +296,148 @@ async fn registry_services(State(node): State<Arc<Node>>, Query(q): Query<Namesp
 
 async fn debug_checks(State(node): State<Arc<Node>>) -> Response {
     Json(node.checks.view(node.id)).into_response()
+}
+
+/// Request metrics (`lodestar_api_requests_total`, `..._duration_seconds`)
+/// for REST and gRPC: labelled by route pattern (or gRPC method), never by
+/// raw path, so the series stay bounded.
+pub async fn track(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let route = match req.extensions().get::<axum::extract::MatchedPath>() {
+        Some(p) => p.as_str().to_string(),
+        None if req.uri().path().starts_with("/lodestar.") => req.uri().path().to_string(),
+        None => "unmatched".to_string(),
+    };
+    let method = req.method().as_str().to_string();
+    let started = std::time::Instant::now();
+    let resp = next.run(req).await;
+    let m = crate::metrics::metrics();
+    m.api_duration.with(&[&method, &route]).observe(started.elapsed());
+    m.api_requests.with(&[&method, &route, resp.status().as_str()]).inc();
+    resp
+}
+
+#[derive(Deserialize)]
+struct WaitQuery {
+    revision: u64,
+    /// A duration (`30s`, `500ms`); default 30s.
+    timeout: Option<String>,
+}
+
+/// Until every connected proxy (on every replica) has ACKed `revision` or
+/// newer: 200 with the report; 409 if a proxy rejected it (the NACKs are
+/// listed); 503 if the timeout passed first (the pending proxies listed).
+async fn wait_for_proxies(State(node): State<Arc<Node>>, Query(q): Query<WaitQuery>) -> Result<Response> {
+    let timeout = match q.timeout.as_deref() {
+        None => std::time::Duration::from_secs(30),
+        Some(t) => crate::model::istio::duration::parse_duration(t).map_err(|e| Error::field("timeout", e))?,
+    };
+    let report = node.wait_for_proxies(q.revision, timeout).await;
+    let status = if report.converged {
+        StatusCode::OK
+    } else if !report.nacked.is_empty() {
+        StatusCode::CONFLICT
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    Ok((status, Json(report)).into_response())
+}
+
+#[derive(Deserialize)]
+struct ConfigDumpQuery {
+    #[serde(rename = "proxyID")]
+    proxy_id: String,
+    /// cluster, endpoint, listener or route (default: all).
+    #[serde(rename = "type")]
+    kind: Option<String>,
+}
+
+/// The config this replica serves a connected proxy, as proto-JSON.
+async fn config_dump(State(sync): State<SyncRegistry>, Query(q): Query<ConfigDumpQuery>) -> Result<Response> {
+    use crate::xds::resources::ResourceType;
+    let config = sync.config_of(&q.proxy_id).ok_or_else(|| Error::not_found(format!("proxy {:?} is not connected to this replica", q.proxy_id)))?;
+    let wanted = match q.kind.as_deref() {
+        None | Some("") | Some("all") => None,
+        Some(k) => Some(match k.trim_end_matches('s') {
+            "cluster" => ResourceType::Cluster,
+            "endpoint" => ResourceType::Endpoint,
+            "listener" => ResourceType::Listener,
+            "route" => ResourceType::Route,
+            other => return Err(Error::field("type", format!("{other:?}: expected cluster, endpoint, listener or route"))),
+        }),
+    };
+    let mut out = serde_json::Map::new();
+    out.insert("proxy".into(), json!(q.proxy_id));
+    out.insert("revision".into(), json!(config.revision));
+    for t in ResourceType::PUSH_ORDER.into_iter().filter(|t| wanted.is_none_or(|w| w == *t)) {
+        let items: Vec<Value> = config
+            .of(t)
+            .into_iter()
+            .flat_map(|m| m.values())
+            .map(|r| json!({"name": r.name, "version": r.version, "resource": crate::xds::json::any_to_json(&r.any).unwrap_or_else(|e| json!({"error": e}))}))
+            .collect();
+        let key = match t {
+            ResourceType::Cluster => "clusters",
+            ResourceType::Endpoint => "endpoints",
+            ResourceType::Listener => "listeners",
+            ResourceType::Route => "routes",
+        };
+        out.insert(key.into(), Value::Array(items));
+    }
+    Ok(Json(Value::Object(out)).into_response())
+}
+
+/// The registry as translation sees it: every service with its ports and
+/// instances (health, locality, weight), at the local revision.
+async fn registryz(State(node): State<Arc<Node>>) -> Response {
+    let applied = node.reader.current();
+    let mc = crate::mesh::MeshConfig { domain_suffix: node.config.domain_suffix.clone(), root_namespace: node.config.root_namespace.clone() };
+    let mesh = crate::mesh::Mesh::build(&applied, Arc::new(mc));
+    let services: Vec<Value> = mesh
+        .services
+        .values()
+        .map(|s| {
+            json!({
+                "hostname": s.hostname, "namespace": s.namespace, "resolution": format!("{:?}", s.resolution), "meshExternal": s.mesh_external,
+                "exportTo": s.export_to,
+                "ports": s.ports.iter().map(|p| json!({"name": p.name, "number": p.number, "protocol": format!("{:?}", p.protocol)})).collect::<Vec<_>>(),
+                "instances": s.instances.iter().map(|i| json!({"address": i.address, "ports": i.ports, "port": i.default_port, "labels": i.labels,
+                    "locality": i.locality, "weight": i.weight, "health": format!("{:?}", i.health), "source": i.source.as_ref().map(|k| k.to_string())})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Json(json!({"revision": applied.revision(), "services": services, "skipped": mesh.skipped.iter().map(|(k, why)| json!({"resource": k.to_string(), "reason": why})).collect::<Vec<_>>()})).into_response()
+}
+
+/// Every traffic rule at the local revision (kind, namespace, name, revisions).
+async fn configz(State(node): State<Arc<Node>>) -> Response {
+    let applied = node.reader.current();
+    let items: Vec<Value> = applied
+        .state
+        .objects
+        .values()
+        .filter(|o| o.key.kind.group() == crate::model::kinds::ISTIO_GROUP)
+        .map(|o| json!({"kind": o.key.kind.name(), "namespace": o.key.namespace, "name": o.key.name, "creationRevision": o.create_revision, "modRevision": o.mod_revision}))
+        .collect();
+    Json(json!({"revision": applied.revision(), "configs": items})).into_response()
+}
+
+/// The push engine: what was pushed, to how many, how the streams stand.
+async fn push_status(State(node): State<Arc<Node>>) -> Response {
+    let m = crate::metrics::metrics();
+    let snapshot = node.sync.snapshot();
+    let mut by_revision: std::collections::BTreeMap<u64, usize> = std::collections::BTreeMap::new();
+    for p in &snapshot.proxies {
+        *by_revision.entry(p.revision.unwrap_or(0)).or_default() += 1;
+    }
+    let pushes: serde_json::Map<String, Value> = ["cds", "eds", "lds", "rds"].iter().map(|t| (t.to_string(), json!(m.xds_pushes.with(&[t]).get()))).collect();
+    Json(json!({
+        "appliedRevision": node.reader.current().revision(),
+        "debounceMs": node.config.push_debounce_ms,
+        "pushTriggers": m.push_triggers.get(),
+        "pushes": pushes,
+        "connectedProxies": snapshot.proxies.len(),
+        "proxiesByRevision": by_revision,
+        "streamsShed": m.streams_shed.get(),
+    }))
+    .into_response()
 }

@@ -46,6 +46,13 @@ impl Client {
         let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         Err(anyhow!(render_error(status.as_u16(), &body)))
     }
+    /// GET, whatever the status: (status, JSON body).
+    pub async fn get_any(&self, path: &str) -> Result<(u16, Value)> {
+        let resp = self.http.get(self.url(path)).send().await.map_err(|e| anyhow!("cannot reach {}: {e}", self.base))?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+    }
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
         self.send(self.http.post(self.url(path)).json(body)).await
     }

@@ -8,6 +8,7 @@ mod bench;
 mod bootstrap;
 pub mod churn;
 mod client;
+mod proxy;
 mod registry;
 mod snapshot;
 
@@ -43,6 +44,20 @@ enum Command {
         /// Namespace for resources that do not name one.
         #[arg(short, long)]
         namespace: Option<String>,
+        /// Then wait until every connected proxy has ACKed the write.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: how long, e.g. 30s.
+        #[arg(long, default_value = "30s")]
+        timeout: String,
+    },
+    /// Wait until every proxy connected to any replica has ACKed a revision
+    /// (or newer); fails listing NACKs, or the proxies still behind.
+    Wait {
+        #[arg(long)]
+        revision: u64,
+        #[arg(long, default_value = "30s")]
+        timeout: String,
     },
     /// Show resources.
     Get {
@@ -91,6 +106,16 @@ enum Command {
     },
     /// Renew an instance's TTL check: once, or every INTERVAL.
     Heartbeat(registry::Renew),
+    /// Every connected proxy on every replica, and how far each type is in sync.
+    ProxyStatus,
+    /// The config a replica serves a proxy (NAME.NAMESPACE or the full node id).
+    ProxyConfig {
+        #[arg(value_enum)]
+        kind: proxy::ConfigType,
+        proxy: String,
+        #[arg(short, long, value_enum)]
+        output: Option<Output>,
+    },
     /// Leases: sessions that own instances.
     Lease {
         #[command(subcommand)]
@@ -220,7 +245,14 @@ pub async fn run(cli: Cli) -> Result<()> {
             let config = args.into_config()?;
             crate::server::run(config, crate::server::shutdown_signal()).await
         }
-        Command::Apply { files, namespace } => apply(&client, &files, namespace.as_deref()).await,
+        Command::Apply { files, namespace, wait: w, timeout } => {
+            let revision = apply(&client, &files, namespace.as_deref()).await?;
+            if w {
+                wait(&client, revision, &timeout).await?;
+            }
+            Ok(())
+        }
+        Command::Wait { revision, timeout } => wait(&client, revision, &timeout).await,
         Command::Get { kind, name, namespace, all_namespaces, selector, output, stale, service } => {
             let k = parse_kind(&kind)?;
             if k == Kind::Service && name.is_none() && selector.is_none() && output.is_none() {
@@ -234,6 +266,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Deregister { name, namespace } => registry::deregister(&client, &name, &namespace).await,
         Command::Heartbeat(r) => registry::heartbeat(&client, "instances", &r).await,
         Command::Lease { command } => registry::lease(&client, command).await,
+        Command::ProxyStatus => proxy::status(&client).await,
+        Command::ProxyConfig { kind, proxy: p, output } => proxy::config(&client, kind, &p, output == Some(Output::Json)).await,
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,
         Command::Bootstrap(args) => bootstrap::run(&client, args).await,
@@ -295,7 +329,27 @@ pub(crate) fn print_write_result(result: &Value) {
     eprintln!("revision {}", result["revision"]);
 }
 
-async fn apply(client: &Client, files: &[String], namespace: Option<&str>) -> Result<()> {
+/// `lodestar wait`: report the proxies' convergence on `revision`.
+async fn wait(client: &Client, revision: u64, timeout: &str) -> Result<()> {
+    let (status, r) = client.get_any(&format!("/v1/wait?revision={revision}&timeout={}", urlencode(timeout))).await?;
+    let list = |k: &str| r[k].as_array().map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect::<Vec<_>>()).unwrap_or_default();
+    for u in list("unreachable") {
+        eprintln!("warning: {u}");
+    }
+    match status {
+        200 => {
+            println!("revision {revision}: {} of {} proxies in sync", r["synced"], r["proxies"]);
+            Ok(())
+        }
+        409 => bail!("revision {revision} rejected:\n  {}", list("nacked").join("\n  ")),
+        503 => {
+            bail!("revision {revision}: {} of {} proxies in sync after {timeout}; still behind:\n  {}", r["synced"], r["proxies"], list("pending").join("\n  "))
+        }
+        _ => bail!("{}", client::render_error(status, &r)),
+    }
+}
+
+async fn apply(client: &Client, files: &[String], namespace: Option<&str>) -> Result<u64> {
     let mut docs = read_documents(files)?;
     if docs.is_empty() {
         bail!("no resources found in {}", files.join(", "));
@@ -309,7 +363,7 @@ async fn apply(client: &Client, files: &[String], namespace: Option<&str>) -> Re
     }
     let result = client.post("/v1/apply", &json!({ "resources": docs })).await?;
     print_write_result(&result);
-    Ok(())
+    result["revision"].as_u64().ok_or_else(|| anyhow!("the server answered no revision"))
 }
 
 fn parse_kind(kind: &str) -> Result<Kind> {
@@ -331,7 +385,7 @@ pub(crate) fn query(pairs: &[(&str, Option<&str>)]) -> String {
     }
 }
 
-fn urlencode(s: &str) -> String {
+pub(crate) fn urlencode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),

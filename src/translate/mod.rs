@@ -333,6 +333,25 @@ struct Previous {
     mesh: Arc<Mesh>,
     config: ProxyConfig,
     rds: BTreeMap<String, RdsParts>,
+    /// The hosts its config depends on, computed on first use.
+    deps: std::sync::OnceLock<BTreeSet<String>>,
+}
+
+impl Previous {
+    /// Every host the config has clusters or routes for.
+    fn deps(&self) -> &BTreeSet<String> {
+        self.deps.get_or_init(|| {
+            let mut hosts: BTreeSet<String> = BTreeSet::new();
+            for name in self.config.of(ResourceType::Cluster).into_iter().flat_map(|m| m.keys()) {
+                let mut parts = name.splitn(4, '|');
+                if let (Some("outbound"), Some(_), Some(_), Some(host)) = (parts.next(), parts.next(), parts.next(), parts.next()) {
+                    hosts.insert(host.to_string());
+                }
+            }
+            hosts.extend(self.rds.values().flat_map(|t| t.parts.iter().map(|p| p.hostname.clone())));
+            hosts
+        })
+    }
 }
 
 /// The [`Generator`] the xDS server uses. It builds the mesh once per store
@@ -409,6 +428,45 @@ impl Translator {
         }
         cache.push_back((step, list.clone()));
         list
+    }
+
+    /// Whether every change since the proxy's last translation is outside
+    /// its scope (the dependency check of Sidecar scoping): each changed
+    /// object names only hosts the proxy neither routes to nor has
+    /// clusters for, and whose services exist before and after with the
+    /// same visibility (so the proxy's scope itself cannot change).
+    /// Anything else (Sidecars, Gateways, WorkloadEntries, wildcard hosts,
+    /// services appearing or going) is treated as affecting everyone.
+    fn unaffected(&self, prev: &Previous, applied: &Applied, mesh: &Mesh) -> bool {
+        use crate::model::istio::Validated;
+        use crate::model::{Kind, TypedSpec};
+        let suffix = &self.config.domain_suffix;
+        let deps = prev.deps();
+        let neutral = |host: &str| -> bool {
+            if host.contains('*') || deps.contains(host) {
+                return false;
+            }
+            match (prev.mesh.services.get(host), mesh.services.get(host)) {
+                (Some(a), Some(b)) => a.namespace == b.namespace && a.export_to == b.export_to,
+                (None, None) => true,
+                _ => false,
+            }
+        };
+        let hosts_of = |o: &crate::model::StoredObject| -> Option<Vec<String>> {
+            let ns = &o.key.namespace;
+            Some(match (o.key.kind, o.typed().ok()?.as_ref()) {
+                (Kind::Lease, _) => Vec::new(),
+                (_, TypedSpec::Instance(i)) => vec![crate::mesh::instance_hostname(i, ns, suffix)],
+                (_, TypedSpec::Service(svc)) => vec![svc.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", o.key.name))],
+                (_, TypedSpec::Istio(Validated::VirtualService { spec, .. })) => spec.hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).collect(),
+                (_, TypedSpec::Istio(Validated::DestinationRule { spec, .. })) => vec![resolve_short_name(&spec.host, ns, suffix)],
+                (_, TypedSpec::Istio(Validated::ServiceEntry { spec, .. })) => spec.hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).collect(),
+                _ => return None,
+            })
+        };
+        self.changes(prev, applied)
+            .iter()
+            .all(|(_, old, new)| old.iter().chain(new.iter()).all(|o| hosts_of(o).is_some_and(|hosts| hosts.iter().all(|h| neutral(h)))))
     }
 
     fn vs_only_hosts(&self, prev: &Previous, applied: &Applied) -> Option<BTreeSet<String>> {
@@ -516,6 +574,13 @@ impl Generator for Translator {
         let prev = prev.filter(|p| p.identity == *proxy && p.config.revision <= applied.revision());
         let (config, rds) = match (&prev, proxy.kind) {
             (Some(p), _) if p.config.revision == applied.revision() => return Ok(p.config.clone()),
+            // Nothing this proxy depends on changed: its config is the same
+            // at the new revision, with no translation at all.
+            (Some(p), ProxyKind::Sidecar) if self.unaffected(p, applied, &mesh) => {
+                let mut config = p.config.clone();
+                config.revision = applied.revision();
+                (config, p.rds.clone())
+            }
             (Some(p), kind) => match self.endpoints_only_hosts(p, applied, &mesh) {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
                 None => match (kind, self.vs_only_hosts(p, applied)) {
@@ -525,7 +590,14 @@ impl Generator for Translator {
             },
             _ => translate_with_parts(&mesh, proxy),
         };
-        let entry = Arc::new(Previous { identity: proxy.clone(), objects: applied.state.objects.clone(), mesh: mesh.clone(), config: config.clone(), rds });
+        let entry = Arc::new(Previous {
+            identity: proxy.clone(),
+            objects: applied.state.objects.clone(),
+            mesh: mesh.clone(),
+            config: config.clone(),
+            rds,
+            deps: Default::default(),
+        });
         self.previous.lock().unwrap_or_else(|p| p.into_inner()).insert(proxy.id.clone(), entry);
         Ok(config)
     }

@@ -9,6 +9,7 @@
 
 mod delta;
 pub mod json;
+pub mod push;
 pub mod resources;
 pub mod server;
 mod session;

@@ -86,11 +86,14 @@ pub struct ServeOptions {
     /// How long a stream waits for this replica to reach the revision its
     /// proxy already holds.
     pub fence_timeout: Duration,
+    /// The store's newest applied state, when `applied` (what is pushed) is
+    /// debounced: new streams and catching up read this one.
+    pub latest: Option<watch::Receiver<Arc<Applied>>>,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { fence: Arc::new(AlwaysCurrent), max_stream_age: None, fence_timeout: Duration::from_secs(5) }
+        ServeOptions { fence: Arc::new(AlwaysCurrent), max_stream_age: None, fence_timeout: Duration::from_secs(5), latest: None }
     }
 }
 
@@ -165,7 +168,10 @@ impl AdsService {
         // the quorum) opens no stream; the Envoy keeps its config and
         // reconnects, to another replica as its bootstrap rotates.
         let fence = &self.shared.options.fence;
-        fence.ready().map_err(|why| Status::unavailable(format!("this replica is not ready: {why}; reconnect to another")))?;
+        fence.ready().map_err(|why| {
+            crate::metrics::metrics().streams_refused.with(&["not_ready"]).inc();
+            Status::unavailable(format!("this replica is not ready: {why}; reconnect to another"))
+        })?;
         // Fencing: an Envoy that already has config (a reconnect) must never
         // get older config. SotW requests carry the revision the client
         // holds: a request newer than this replica waits for it (see
@@ -174,11 +180,17 @@ impl AdsService {
         // Envoy ACKed from any replica. Either way, if it cannot within the
         // bound, it sends the Envoy elsewhere rather than answer from behind.
         if V::needs_barrier(&first) {
-            fence.barrier().await.map_err(|why| Status::unavailable(format!("cannot confirm this replica is current: {why}; reconnect to another")))?;
+            fence.barrier().await.map_err(|why| {
+                crate::metrics::metrics().streams_refused.with(&["behind"]).inc();
+                Status::unavailable(format!("cannot confirm this replica is current: {why}; reconnect to another"))
+            })?;
         }
         let handle = self.shared.registry.connect(&identity, V::PROTOCOL);
         let mut applied = self.shared.applied.clone();
-        let current = applied.borrow_and_update().clone();
+        applied.borrow_and_update();
+        // A new stream starts from the newest applied revision, not the
+        // last debounced push: it has nothing to coalesce with.
+        let current = self.shared.options.latest.as_ref().map_or_else(|| applied.borrow().clone(), |l| l.borrow().clone());
         let config = generate(&self.shared.generator, &identity, current, &handle)
             .await
             .map_err(|e| Status::unavailable(format!("cannot generate the configuration of {}: {e}", identity.id)))?;
@@ -226,6 +238,7 @@ trait Variant: Default + Send + 'static {
     fn on_request(&mut self, req: &Self::Req, config: &ProxyConfig) -> (Received, Option<Self::Resp>);
     fn on_config(&mut self, config: &ProxyConfig) -> Vec<Self::Resp>;
     fn record(handle: &StreamHandle, resp: &Self::Resp);
+    fn type_of(resp: &Self::Resp) -> Option<ResourceType>;
 }
 
 impl Variant for SotwStream {
@@ -246,6 +259,9 @@ impl Variant for SotwStream {
     }
     fn on_config(&mut self, config: &ProxyConfig) -> Vec<DiscoveryResponse> {
         SotwStream::on_config(self, config)
+    }
+    fn type_of(r: &DiscoveryResponse) -> Option<ResourceType> {
+        ResourceType::from_type_url(&r.type_url)
     }
     fn record(handle: &StreamHandle, r: &DiscoveryResponse) {
         if let Some(t) = ResourceType::from_type_url(&r.type_url) {
@@ -272,6 +288,9 @@ impl Variant for DeltaStream {
     }
     fn on_config(&mut self, config: &ProxyConfig) -> Vec<DeltaDiscoveryResponse> {
         DeltaStream::on_config(self, config)
+    }
+    fn type_of(r: &DeltaDiscoveryResponse) -> Option<ResourceType> {
+        ResourceType::from_type_url(&r.type_url)
     }
     fn record(handle: &StreamHandle, r: &DeltaDiscoveryResponse) {
         if let Some(t) = ResourceType::from_type_url(&r.type_url) {
@@ -317,6 +336,7 @@ impl<V: Variant> StreamTask<V> {
             End::Shutdown => "server shutdown",
             End::ClientGone => "client gone",
             End::Closed(why) => {
+                crate::metrics::metrics().streams_shed.inc();
                 self.handle.closing(why);
                 let _ = self.tx.try_send(Err(Status::unavailable(format!("{why}: reconnect"))));
                 why
@@ -330,6 +350,9 @@ impl<V: Variant> StreamTask<V> {
         if let Err(end) = self.on_request(first).await {
             return end;
         }
+        // The first responses are answers to the proxy's requests: from
+        // here, every type it subscribes to is answered from this config.
+        self.handle.pushed(self.config.revision);
         let max_age = self.max_age;
         let closer = self.handle.closer();
         let aged = async move {
@@ -402,12 +425,16 @@ impl<V: Variant> StreamTask<V> {
     async fn catch_up(&mut self, v: u64) -> Result<(), End> {
         let bound = self.shared.options.fence_timeout;
         tracing::info!(proxy = %self.identity.id, client = v, replica = self.config.revision, "xDS: the proxy is ahead of this replica; waiting to catch up");
-        match tokio::time::timeout(bound, self.applied.wait_for(|a| a.revision() >= v)).await {
-            Ok(Ok(_)) => {}
+        let mut latest = self.shared.options.latest.clone().unwrap_or_else(|| self.applied.clone());
+        let caught_up = tokio::time::timeout(bound, latest.wait_for(|a| a.revision() >= v)).await.map(|r| r.map(|a| a.clone()));
+        match caught_up {
+            Ok(Ok(a)) => self.regenerate(a).await?,
             Ok(Err(_)) => return Err(End::Shutdown),
-            Err(_) => return Err(End::Closed("this replica is behind the proxy's config")),
+            Err(_) => {
+                crate::metrics::metrics().streams_refused.with(&["behind"]).inc();
+                return Err(End::Closed("this replica is behind the proxy's config"));
+            }
         }
-        self.on_applied().await?;
         if self.config.revision < v {
             return Err(End::Closed("this replica is behind the proxy's config"));
         }
@@ -418,10 +445,17 @@ impl<V: Variant> StreamTask<V> {
     /// changed. A failed generation keeps serving the previous config.
     async fn on_applied(&mut self) -> Result<(), End> {
         let next = self.applied.borrow_and_update().clone();
-        if next.revision() == self.config.revision {
+        self.regenerate(next).await
+    }
+
+    /// Regenerate from `next` (if newer than what the stream serves) and
+    /// push what changed.
+    async fn regenerate(&mut self, next: Arc<Applied>) -> Result<(), End> {
+        if next.revision() <= self.config.revision {
             return Ok(());
         }
         let revision = next.revision();
+        let started = std::time::Instant::now();
         match generate(&self.shared.generator, &self.identity, next, &self.handle).await {
             Ok(config) => self.config = config,
             Err(e) => {
@@ -429,8 +463,15 @@ impl<V: Variant> StreamTask<V> {
                 return Ok(());
             }
         }
-        for r in self.variant.on_config(&self.config) {
+        let responses = self.variant.on_config(&self.config);
+        let types: Vec<&'static str> = responses.iter().filter_map(|r| V::type_of(r)).map(|t| t.short()).collect();
+        for r in responses {
             self.send(r).await?;
+        }
+        self.handle.pushed(self.config.revision);
+        let took = started.elapsed();
+        for t in types {
+            crate::metrics::metrics().push_time.with(&[&t.to_ascii_lowercase()]).observe(took);
         }
         Ok(())
     }
@@ -499,7 +540,9 @@ async fn generate(
         Ok(mut config) => {
             config.revision = revision;
             handle.generated(revision);
-            Ok(Arc::new(config))
+            let config = Arc::new(config);
+            handle.serving(config.clone());
+            Ok(config)
         }
         Err(e) => {
             handle.generate_failed(revision, &e);

@@ -24,6 +24,8 @@ struct Inner {
     streams: Mutex<BTreeMap<u64, ProxyStatus>>,
     /// Per stream: notified to ask the stream to close (rebalancing).
     closers: Mutex<BTreeMap<u64, Arc<tokio::sync::Notify>>>,
+    /// Per stream: the config it serves (`/debug/config_dump`).
+    configs: Mutex<BTreeMap<u64, Arc<super::resources::ProxyConfig>>>,
 }
 
 /// Which ADS variant a stream speaks.
@@ -52,6 +54,10 @@ pub struct ProxyStatus {
     pub connected_at_unix_ms: u64,
     /// The store revision of the config this stream currently serves from.
     pub revision: Option<u64>,
+    /// The revision whose changes have all been sent on this stream (a
+    /// push round completed): with every type ACKed, the proxy has it.
+    #[serde(default)]
+    pub pushed_revision: Option<u64>,
     /// The last generation failure (the stream keeps serving the previous
     /// config); cleared by the next success.
     pub generate_error: Option<String>,
@@ -97,6 +103,39 @@ pub struct SyncStatus {
     pub proxies: Vec<ProxyStatus>,
 }
 
+/// Where one proxy stands with respect to a revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Convergence {
+    /// Has it: every response for it (or a newer one) sent and ACKed.
+    Synced,
+    /// Not yet.
+    Pending,
+    /// Rejected the latest response of a type: (type, error).
+    Nacked(String, String),
+}
+
+impl ProxyStatus {
+    /// Whether this proxy has ACKed `revision` or newer. A proxy the
+    /// revision does not affect gets no response for it, and counts as
+    /// synced once its stream has moved to it.
+    pub fn convergence(&self, revision: u64) -> Convergence {
+        for (t, ts) in &self.types {
+            if let (Some(n), Some(sent)) = (&ts.last_nack, &ts.sent_nonce) {
+                if &n.nonce == sent {
+                    return Convergence::Nacked(t.to_string(), n.error.clone());
+                }
+            }
+        }
+        let moved = self.pushed_revision.is_some_and(|r| r >= revision);
+        let acked = !self.types.is_empty() && self.types.values().all(|t| t.in_sync || t.sent_nonce.is_none());
+        if moved && acked {
+            Convergence::Synced
+        } else {
+            Convergence::Pending
+        }
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -132,11 +171,13 @@ impl SyncRegistry {
             protocol,
             connected_at_unix_ms: now_ms(),
             revision: None,
+            pushed_revision: None,
             generate_error: None,
             types: BTreeMap::new(),
             closing: None,
         };
         self.streams().insert(stream, status);
+        crate::metrics::metrics().xds_connected.add(1);
         let close = Arc::new(tokio::sync::Notify::new());
         self.inner.closers.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, close.clone());
         StreamHandle { registry: self.clone(), stream, close }
@@ -170,6 +211,13 @@ impl SyncRegistry {
         let mut proxies: Vec<ProxyStatus> = self.streams().values().cloned().collect();
         proxies.sort_by(|a, b| (&a.id, a.stream).cmp(&(&b.id, b.stream)));
         SyncStatus { proxies }
+    }
+
+    /// The config a connected proxy is served (its newest stream's), by
+    /// node id.
+    pub fn config_of(&self, proxy_id: &str) -> Option<Arc<super::resources::ProxyConfig>> {
+        let stream = self.streams().values().filter(|s| s.id == proxy_id).map(|s| s.stream).max()?;
+        self.inner.configs.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).cloned()
     }
 
     /// Connected streams right now.
@@ -221,6 +269,16 @@ impl StreamHandle {
         });
     }
 
+    /// The config the stream now serves.
+    pub fn serving(&self, config: Arc<super::resources::ProxyConfig>) {
+        self.registry.inner.configs.lock().unwrap_or_else(|e| e.into_inner()).insert(self.stream, config);
+    }
+
+    /// Every response for `revision` has been queued on the stream.
+    pub fn pushed(&self, revision: u64) {
+        self.update(|s| s.pushed_revision = Some(revision));
+    }
+
     pub fn generate_failed(&self, revision: u64, error: &str) {
         self.update(|s| s.generate_error = Some(format!("revision {revision}: {error}")));
     }
@@ -235,9 +293,13 @@ impl StreamHandle {
             ts.pushes += 1;
             ts.in_sync = false;
         });
+        crate::metrics::metrics().xds_pushes.with(&[&t.short().to_ascii_lowercase()]).inc();
     }
 
     pub fn acked(&self, t: ResourceType, version: &str) {
+        if let Some(at) = version.parse().ok().and_then(super::push::published_at) {
+            crate::metrics::metrics().convergence_time.observe(at.elapsed());
+        }
         self.update_type(t, |ts| {
             ts.acked_version = Some(version.to_string());
             ts.acked_at_unix_ms = Some(now_ms());
@@ -246,6 +308,7 @@ impl StreamHandle {
     }
 
     pub fn nacked(&self, t: ResourceType, rejected_version: &str, nonce: &str, error: &str) {
+        crate::metrics::metrics().xds_rejects.with(&[&t.short().to_ascii_lowercase()]).inc();
         self.update_type(t, |ts| {
             ts.last_nack =
                 Some(Nack { rejected_version: rejected_version.to_string(), nonce: nonce.to_string(), error: error.to_string(), at_unix_ms: now_ms() });
@@ -256,7 +319,9 @@ impl StreamHandle {
 
 impl Drop for StreamHandle {
     fn drop(&mut self) {
+        crate::metrics::metrics().xds_connected.add(-1);
         self.registry.inner.closers.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.stream);
+        self.registry.inner.configs.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.stream);
         self.registry.streams().remove(&self.stream);
     }
 }

@@ -21,11 +21,16 @@ pub struct Replica {
     pub ip: String,
     pub dir: PathBuf,
     pub child: Option<Child>,
-    extra_toml: String,
+    /// Appended to the replica's config file (takes effect on restart).
+    pub extra_toml: String,
     join: bool,
 }
 
 impl Replica {
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn api(&self) -> String {
         format!("http://{}:7000", self.ip)
     }
