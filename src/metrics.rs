@@ -242,4 +242,23 @@ mod tests {
         assert!(text.contains("# TYPE pilot_xds_pushes counter\n"), "{text}");
         assert!(text.contains("pilot_xds_pushes{type=\"eds\"} "), "{text}");
     }
+
+    /// Every metric the Grafana dashboard in ops/ queries is one we export.
+    #[test]
+    fn the_dashboard_queries_only_exported_metrics() {
+        let dash: serde_json::Value = serde_json::from_str(include_str!("../ops/grafana/lodestar.json")).unwrap();
+        let exported = metrics().render();
+        let names = regex::Regex::new(r"\b((?:pilot|lodestar)_[a-z_]+)").unwrap();
+        let mut checked = 0;
+        for panel in dash["panels"].as_array().unwrap() {
+            for t in panel["targets"].as_array().unwrap() {
+                for m in names.captures_iter(t["expr"].as_str().unwrap()) {
+                    let name = &m[1];
+                    assert!(exported.contains(&format!("# TYPE {} ", name.trim_end_matches("_bucket"))), "the dashboard queries {name}, which /metrics does not export");
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 10);
+    }
 }
