@@ -254,7 +254,10 @@ mod tests {
             for t in panel["targets"].as_array().unwrap() {
                 for m in names.captures_iter(t["expr"].as_str().unwrap()) {
                     let name = &m[1];
-                    assert!(exported.contains(&format!("# TYPE {} ", name.trim_end_matches("_bucket"))), "the dashboard queries {name}, which /metrics does not export");
+                    assert!(
+                        exported.contains(&format!("# TYPE {} ", name.trim_end_matches("_bucket"))),
+                        "the dashboard queries {name}, which /metrics does not export"
+                    );
                     checked += 1;
                 }
             }

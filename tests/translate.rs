@@ -236,3 +236,25 @@ fn changes_outside_a_proxys_scope_are_not_translated() {
         prev = got;
     }
 }
+
+/// Clusters and load assignments are translated once and shared by every
+/// proxy that gets the same ones.
+#[test]
+fn proxies_share_translated_clusters() {
+    use lodestar::translate::Translator;
+    use lodestar::xds::resources::Generator;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/bookinfo-sidecar");
+    let applied = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let translator = Translator::new(MeshConfig::default());
+    let a = ProxyIdentity::parse("sidecar~127.0.20.1~a.default~default.svc.cluster.local", &json!({})).unwrap();
+    let b = ProxyIdentity::parse("sidecar~127.0.20.2~b.default~default.svc.cluster.local", &json!({})).unwrap();
+    let (ca, cb) = (translator.generate(&a, &applied).unwrap(), translator.generate(&b, &applied).unwrap());
+    for t in [ResourceType::Cluster, ResourceType::Endpoint] {
+        let (ma, mb) = (ca.of(t).unwrap(), cb.of(t).unwrap());
+        assert!(!ma.is_empty());
+        for (name, r) in ma {
+            assert!(Arc::ptr_eq(r, &mb[name]), "{t:?} {name} translated twice");
+        }
+    }
+    assert_eq!(render(&ca)["clusters"], render(&translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), &a))["clusters"]);
+}

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 /// The DestinationRule for a service, as a proxy in `proxy_ns` sees it:
 /// Istio looks in the proxy's namespace, then the service's, then any other
 /// (the root namespace's mesh-wide rules); an exact host beats a wildcard.
-pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -> Option<&'a Config<DestinationRule>> {
+pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -> Option<&'a Arc<Config<DestinationRule>>> {
     let suffix = &mesh.config.domain_suffix;
     let candidates: Vec<&'a Arc<Config<DestinationRule>>> = mesh
         .destination_rules_for_host(&svc.hostname)
@@ -46,27 +46,81 @@ pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -
     for ns_pref in [proxy_ns, svc.namespace.as_str(), mesh.config.root_namespace.as_str()] {
         let in_ns: Vec<&'a Arc<Config<DestinationRule>>> = candidates.iter().copied().filter(|dr| dr.key.namespace == ns_pref).collect();
         if let Some(dr) = in_ns.iter().copied().find(|d| exact(d)).or(in_ns.first().copied()) {
-            return Some(dr.as_ref());
+            return Some(dr);
         }
     }
-    candidates.first().copied().map(|d| d.as_ref())
+    candidates.first().copied()
+}
+
+/// Clusters and load assignments depend only on the service, the port,
+/// the subset and the DestinationRule that applies: shared by every proxy
+/// that gets the same ones (translate once per distinct input). Keyed by
+/// the identity of the service and rule objects, which a new mesh shares
+/// when they did not change; entries hold them, so an identity is never
+/// reused while its entry lives, and `prune` drops entries no mesh uses.
+#[derive(Default)]
+pub struct ClusterCache {
+    map: Mutex<std::collections::HashMap<(usize, usize, u32, String), CachedCluster>>,
+}
+
+struct CachedCluster {
+    svc: Arc<Service>,
+    _dr: Option<Arc<Config<DestinationRule>>>,
+    cluster: Option<Arc<XdsResource>>,
+    eds: Option<Arc<XdsResource>>,
+}
+
+impl ClusterCache {
+    /// Drop entries for services no longer referenced outside the cache.
+    pub fn prune(&self) {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, e| Arc::strong_count(&e.svc) > 1);
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Clusters and endpoints for every port of every service in `services`.
-fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, services: &BTreeMap<String, Arc<Service>>) {
+fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, services: &BTreeMap<String, Arc<Service>>, cache: Option<&ClusterCache>) {
     for svc in services.values() {
-        let dr = destination_rule_for(mesh, &proxy.namespace, svc).map(|d| &d.spec);
+        let dr_config = destination_rule_for(mesh, &proxy.namespace, svc);
+        let dr = dr_config.map(|d| &d.spec);
         let mut subsets: Vec<Option<&str>> = vec![None];
         if let Some(dr) = dr {
             subsets.extend(dr.subsets.iter().map(|s| Some(s.name.as_str())));
         }
         for port in &svc.ports {
             for subset in &subsets {
-                if let Some(c) = cluster::cluster(svc, port, *subset, dr) {
-                    if is_eds(&c) {
-                        cfg.insert(ResourceType::Endpoint, XdsResource::new(c.name.clone(), &cluster::load_assignment(&c.name, svc, port, *subset, dr)));
+                let build = || {
+                    let c = cluster::cluster(svc, port, *subset, dr);
+                    let eds = c
+                        .as_ref()
+                        .filter(|c| is_eds(c))
+                        .map(|c| Arc::new(XdsResource::new(c.name.clone(), &cluster::load_assignment(&c.name, svc, port, *subset, dr))));
+                    (c.map(|c| Arc::new(XdsResource::new(c.name.clone(), &c))), eds)
+                };
+                let (c, eds) = match cache {
+                    None => build(),
+                    Some(cache) => {
+                        let key = (Arc::as_ptr(svc) as usize, dr_config.map_or(0, |d| Arc::as_ptr(d) as usize), port.number, subset.unwrap_or("").to_string());
+                        let mut map = cache.map.lock().unwrap_or_else(|p| p.into_inner());
+                        let e = map.entry(key).or_insert_with(|| {
+                            let (cluster, eds) = build();
+                            CachedCluster { svc: svc.clone(), _dr: dr_config.cloned(), cluster, eds }
+                        });
+                        (e.cluster.clone(), e.eds.clone())
                     }
-                    cfg.insert(ResourceType::Cluster, XdsResource::new(c.name.clone(), &c));
+                };
+                if let Some(eds) = eds {
+                    cfg.insert_shared(ResourceType::Endpoint, eds);
+                }
+                if let Some(c) = c {
+                    cfg.insert_shared(ResourceType::Cluster, c);
                 }
             }
         }
@@ -84,15 +138,15 @@ fn is_eds(c: &Cluster) -> bool {
 
 /// Translate everything one proxy needs from one mesh snapshot.
 pub fn translate(mesh: &Mesh, proxy: &ProxyIdentity) -> ProxyConfig {
-    translate_with_parts(mesh, proxy).0
+    translate_with_parts(mesh, proxy, None).0
 }
 
-fn translate_with_parts(mesh: &Mesh, proxy: &ProxyIdentity) -> (ProxyConfig, BTreeMap<String, RdsParts>) {
+fn translate_with_parts(mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) -> (ProxyConfig, BTreeMap<String, RdsParts>) {
     let mut cfg = ProxyConfig { revision: mesh.revision, ..Default::default() };
     let mut rds = BTreeMap::new();
     match proxy.kind {
-        ProxyKind::Sidecar => sidecar(&mut cfg, &mut rds, mesh, proxy),
-        ProxyKind::Router => gateway(&mut cfg, mesh, proxy),
+        ProxyKind::Sidecar => sidecar(&mut cfg, &mut rds, mesh, proxy, cache),
+        ProxyKind::Router => gateway(&mut cfg, mesh, proxy, cache),
     }
     (cfg, rds)
 }
@@ -144,7 +198,7 @@ fn assemble_route(name: &str, parts: &[VhostPart]) -> XdsResource {
     XdsResource::with_version::<RouteConfiguration>(name.to_string(), encoded, format!("{:016x}", crate::xds::resources::fnv1a(&summary)))
 }
 
-fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &Mesh, proxy: &ProxyIdentity) {
+fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) {
     let sc = scope::sidecar_for(mesh, proxy);
     let plans = scope::egress_plans(mesh, proxy, sc.map(|s| s.as_ref()));
     let suffix = &mesh.config.domain_suffix;
@@ -178,7 +232,7 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
     }
     // Destinations named by routes must exist even if the egress scope does
     // not list them (Envoy answers 503 for unknown clusters otherwise).
-    add_service_clusters(cfg, mesh, proxy, &reachable);
+    add_service_clusters(cfg, mesh, proxy, &reachable, cache);
     if let Some(sc) = sc {
         for ing in &sc.spec.ingress {
             let port = ing.port.number();
@@ -268,7 +322,7 @@ fn tcp_destinations(ctx: &RouteCtx, svc: &Service) -> Vec<(String, u32)> {
 
 /// Gateway proxies: a listener per server port of every Gateway whose
 /// selector matches the proxy; routes from VirtualServices bound to them.
-fn gateway(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
+fn gateway(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) {
     let suffix = &mesh.config.domain_suffix;
     let gateways: Vec<_> =
         mesh.gateways.iter().filter(|g| !g.spec.selector.is_empty() && g.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v))).collect();
@@ -323,7 +377,7 @@ fn gateway(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
         let l = listener::http_listener(&format!("{bind}_{port}"), &bind, port, Routes::Rds(route_name));
         cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
     }
-    add_service_clusters(cfg, mesh, proxy, &all);
+    add_service_clusters(cfg, mesh, proxy, &all, cache);
 }
 
 /// What the translator remembers of a proxy's last translation.
@@ -368,6 +422,8 @@ pub struct Translator {
     previous: Mutex<std::collections::HashMap<String, Arc<Previous>>>,
     /// Recent steps between revisions and what changed in them.
     changes: Mutex<std::collections::VecDeque<Step>>,
+    /// Clusters and load assignments shared across proxies.
+    clusters: ClusterCache,
 }
 
 /// A step between two revisions (from, to) and what changed in it.
@@ -378,7 +434,13 @@ type Change = (crate::model::ResourceKey, Option<Arc<crate::model::StoredObject>
 
 impl Translator {
     pub fn new(config: MeshConfig) -> Translator {
-        Translator { config: Arc::new(config), mesh: Mutex::new(None), previous: Mutex::new(Default::default()), changes: Mutex::new(Default::default()) }
+        Translator {
+            config: Arc::new(config),
+            mesh: Mutex::new(None),
+            previous: Mutex::new(Default::default()),
+            changes: Mutex::new(Default::default()),
+            clusters: Default::default(),
+        }
     }
 
     /// The mesh at `applied`'s revision, built once per revision and
@@ -397,6 +459,8 @@ impl Translator {
             _ => None,
         };
         let m = Arc::new(m.unwrap_or_else(|| Mesh::build(applied, self.config.clone())));
+        // Services no mesh shares any more are no use to the cluster cache.
+        self.clusters.prune();
         *cached = Some((m.clone(), applied.state.objects.clone()));
         m
     }
@@ -585,10 +649,10 @@ impl Generator for Translator {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
                 None => match (kind, self.vs_only_hosts(p, applied)) {
                     (ProxyKind::Sidecar, Some(hosts)) => self.incremental(p, &mesh, proxy, &hosts),
-                    _ => translate_with_parts(&mesh, proxy),
+                    _ => translate_with_parts(&mesh, proxy, Some(&self.clusters)),
                 },
             },
-            _ => translate_with_parts(&mesh, proxy),
+            _ => translate_with_parts(&mesh, proxy, Some(&self.clusters)),
         };
         let entry = Arc::new(Previous {
             identity: proxy.clone(),

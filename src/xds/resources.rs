@@ -110,7 +110,12 @@ impl ProxyConfig {
     }
 
     pub fn insert(&mut self, t: ResourceType, r: XdsResource) {
-        Arc::make_mut(self.resources.entry(t).or_default()).insert(r.name.clone(), Arc::new(r));
+        self.insert_shared(t, Arc::new(r));
+    }
+
+    /// Insert a resource shared with other configs (a translation cache).
+    pub fn insert_shared(&mut self, t: ResourceType, r: Arc<XdsResource>) {
+        Arc::make_mut(self.resources.entry(t).or_default()).insert(r.name.clone(), r);
     }
 }
 
