@@ -10,6 +10,7 @@ pub mod churn;
 mod client;
 mod registry;
 mod snapshot;
+pub mod xdsbench;
 
 use crate::config::{Member, ServerConfig};
 use crate::model::documents::parse_documents;
