@@ -421,8 +421,9 @@ async fn wait_applied(client: &mut LodestarClient<Channel>, revision: u64) -> Re
 
 enum Target {
     None,
-    /// A route configuration carrying this mark.
-    Route(Vec<u8>),
+    /// A route configuration carrying this mark (a literal: the search is
+    /// a SIMD substring search, cheap next to receiving the response).
+    Route(regex::bytes::Regex),
     /// web's cluster gaining (true) or losing this endpoint.
     Endpoint(SocketAddr, bool),
 }
@@ -435,12 +436,14 @@ struct Tracker {
     web_cluster: String,
     /// Nanoseconds since `base` + 1; 0: not yet.
     at: Vec<AtomicU64>,
-    /// The version of that response (0 if not a number).
+    /// The version of that response (u64::MAX if not a number).
     version: Vec<AtomicU64>,
 }
 
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+impl Target {
+    fn route(mark: &str) -> Target {
+        Target::Route(regex::bytes::Regex::new(&regex::escape(mark)).expect("an escaped literal is a regex"))
+    }
 }
 
 impl Tracker {
@@ -473,7 +476,8 @@ impl Tracker {
     fn record(&self, u: &Update<'_>) {
         let n = u.acked.saturating_duration_since(self.base).as_nanos() as u64 + 1;
         if self.at[u.proxy].compare_exchange(0, n, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-            self.version[u.proxy].store(u.version.parse().unwrap_or(0), Ordering::Relaxed);
+            // Not a number: not checked (u64::MAX is never below a revision).
+            self.version[u.proxy].store(u.version.parse().unwrap_or(u64::MAX), Ordering::Relaxed);
         }
     }
 }
@@ -485,7 +489,7 @@ impl Observer for Tracker {
         }
         let hit = match &*self.target.read().unwrap() {
             Target::None => false,
-            Target::Route(mark) => u.kind == ResourceType::Route && u.resources.iter().any(|r| contains(r, mark)),
+            Target::Route(mark) => u.kind == ResourceType::Route && u.resources.iter().any(|r| mark.is_match(r)),
             Target::Endpoint(addr, present) => u.endpoints.iter().filter(|c| c.cluster.starts_with(&self.web_cluster)).any(|c| {
                 if *present {
                     c.added.contains(addr)
@@ -606,39 +610,32 @@ fn config_line(fleet: &[Proxy]) -> String {
     )
 }
 
-/// CPU time of the replicas (`pids`) and this process over an interval.
-struct Cpu {
-    start: Instant,
-    ticks: Vec<(Option<u32>, Result<u64, String>)>,
+/// CPU clock ticks so far of each replica (`pids`), then of this process.
+fn cpu_now(pids: &[u32]) -> Vec<Option<u64>> {
+    pids.iter().copied().chain([std::process::id()]).map(|p| cpu_ticks(p).ok()).collect()
 }
 
-impl Cpu {
-    fn sample(pids: &[u32]) -> Cpu {
-        let mut who: Vec<Option<u32>> = pids.iter().map(|&p| Some(p)).collect();
-        who.push(None);
-        Cpu { start: Instant::now(), ticks: who.into_iter().map(|p| (p, cpu_ticks(p.unwrap_or_else(std::process::id)).map_err(|e| e.to_string()))).collect() }
-    }
-
-    /// "% of one core" lines since `self`.
-    fn lines(&self) -> Vec<String> {
-        let hz = clock_ticks() as f64;
-        let wall = self.start.elapsed().as_secs_f64();
-        self.ticks
-            .iter()
-            .map(|(pid, before)| {
-                let who = pid.map_or("bench client (this process)".to_string(), |p| format!("replica pid {p}"));
-                let after = cpu_ticks(pid.unwrap_or_else(std::process::id));
-                match (before, after) {
-                    (Ok(b), Ok(a)) if wall > 0.0 => {
-                        format!("cpu, % of one core over {wall:.1}s: {who:<28} {:>5.0}%", 100.0 * a.saturating_sub(*b) as f64 / hz / wall)
-                    }
-                    (Err(e), _) => format!("cpu: {who}: {e}"),
-                    (_, Err(e)) => format!("cpu: {who}: {e}"),
-                    _ => format!("cpu: {who}: no interval"),
-                }
-            })
-            .collect()
-    }
+/// CPU the processes used during the rounds (each from its write to the
+/// end of its settle time, so not the quiet waits between them).
+fn cpu_lines(pids: &[u32], rounds: &[Round]) -> Vec<String> {
+    let hz = clock_ticks() as f64;
+    let wall: f64 = rounds.iter().map(|r| r.window.as_secs_f64()).sum();
+    let n = rounds.len().max(1) as f64;
+    let names = pids.iter().map(|p| format!("replica pid {p}")).chain(["bench client (this process)".to_string()]);
+    names
+        .enumerate()
+        .map(|(i, who)| {
+            let ticks: Option<u64> = rounds.iter().map(|r| r.cpu_ticks.get(i).copied().flatten()).sum();
+            match ticks {
+                Some(t) if wall > 0.0 => format!(
+                    "cpu during the writes ({wall:.2}s, each write to the end of its settle time): {who:<28} {:>6.0} ms per write, {:>4.0}% of one core",
+                    t as f64 / hz * 1000.0 / n,
+                    100.0 * t as f64 / hz / wall
+                ),
+                _ => format!("cpu: {who}: not readable from /proc"),
+            }
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -659,6 +656,10 @@ struct Round {
     pushed: usize,
     pushed_unaffected: usize,
     received: Counts,
+    /// From the write's start to the end of the settle time, and the CPU
+    /// ticks each process (see `cpu_now`) used meanwhile.
+    window: Duration,
+    cpu_ticks: Vec<Option<u64>>,
     /// Reflecting responses whose version is below the write's revision.
     stale_versions: usize,
     quiet_before: bool,
@@ -707,6 +708,7 @@ where
     let quiet_before = quiet(fleet).await;
     let before = counts(fleet);
     tracker.arm(target);
+    let cpu_before = cpu_now(&b.args.pids);
     let start = Instant::now();
     let revision = tokio::time::timeout(WRITE_TIMEOUT, write).await.map_err(|_| anyhow!("no answer within {WRITE_TIMEOUT:?}")).and_then(|r| r)?;
     let acked = Instant::now();
@@ -717,9 +719,12 @@ where
         if !pending || Instant::now() >= deadline {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // Only when to stop waiting: the times are the proxies' own.
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     tokio::time::sleep(settle).await;
+    let window = start.elapsed();
+    let cpu_ticks = cpu_now(&b.args.pids).iter().zip(&cpu_before).map(|(now, then)| Some(now.as_ref()?.saturating_sub(*then.as_ref()?))).collect();
     let after = counts(fleet);
     let mut r = Round {
         label,
@@ -733,6 +738,8 @@ where
         pushed: 0,
         pushed_unaffected: 0,
         received: Counts::default(),
+        window,
+        cpu_ticks,
         stale_versions: 0,
         quiet_before,
     };
@@ -934,9 +941,14 @@ pub async fn run(args: XdsArgs) -> Result<Report> {
     }
     if args.scenario == Scenario::Fanout {
         // Not measured: leave no fanout instance behind.
-        let left: Vec<(String, String)> =
-            list_labelled(&mut admin, "Instance").await?.into_iter().filter(|(_, n)| n.starts_with(&format!("{WEB}-fanout-"))).collect();
-        delete_refs(&mut admin, "Instance", &left).await.context("deleting the fanout instances")?;
+        let cleanup = async {
+            let left: Vec<(String, String)> =
+                list_labelled(&mut admin, "Instance").await?.into_iter().filter(|(_, n)| n.starts_with(&format!("{WEB}-fanout-"))).collect();
+            delete_refs(&mut admin, "Instance", &left).await
+        };
+        if let Err(e) = cleanup.await {
+            report.problems.push(format!("deleting the fanout instances: {e:#}"));
+        }
     }
     Ok(report)
 }
@@ -946,11 +958,10 @@ async fn convergence(b: &Bench<'_>, fleet: &mut Vec<Proxy>, n: u32, report: &mut
     let sync = grow(b, fleet, n).await?;
     report.lines.push(format!("{n} proxies connected and had their initial config after {:.2}s", sync.as_secs_f64()));
     report.lines.push(config_line(fleet));
-    let cpu = Cpu::sample(&args.pids);
     let mut rounds = Vec::new();
     for k in 1..=args.repeat {
         let m = b.mark(k);
-        let target = Target::Route(m.clone().into_bytes());
+        let target = Target::route(&m);
         let label = format!("write {k}/{}", args.repeat);
         match round(b, fleet, target, label, write_vs(b.client(k), m)).await {
             Ok(r) => {
@@ -963,7 +974,7 @@ async fn convergence(b: &Bench<'_>, fleet: &mut Vec<Proxy>, n: u32, report: &mut
             }
         }
     }
-    report.lines.extend(cpu.lines());
+    report.lines.extend(cpu_lines(&args.pids, &rounds));
     let all = |f: fn(&Round) -> &Vec<u64>| Percentiles::of(rounds.iter().flat_map(|r| f(r).iter().copied()).collect());
     let (from_ack, from_start) = (all(|r| &r.from_ack_us), all(|r| &r.from_start_us));
     let acks = Percentiles::of(rounds.iter().map(|r| r.ack.as_micros() as u64).collect());
@@ -1022,7 +1033,6 @@ async fn fanout(b: &Bench<'_>, fleet: &mut Vec<Proxy>, sizes: &[u32], report: &m
         let sync = grow(b, fleet, n as usize).await?;
         report.lines.push(format!("{n} proxies connected and had their initial config after {:.2}s", sync.as_secs_f64()));
         report.lines.push(config_line(fleet));
-        let cpu = Cpu::sample(&args.pids);
         let mut rounds = Vec::new();
         for w in 1..=args.repeat {
             // Odd writes register instance k+1, even ones delete it.
@@ -1042,7 +1052,7 @@ async fn fanout(b: &Bench<'_>, fleet: &mut Vec<Proxy>, sizes: &[u32], report: &m
                 }
             }
         }
-        report.lines.extend(cpu.lines());
+        report.lines.extend(cpu_lines(&args.pids, &rounds));
         let last = Percentiles::of(rounds.iter().map(|r| (r.last_ms() * 1000.0) as u64).collect());
         let per_proxy = Percentiles::of(rounds.iter().flat_map(|r| r.from_ack_us.iter().copied()).collect());
         latency_table(&mut report.lines, &[("ack -> last affected proxy ACKed EDS", last), ("ack -> each affected proxy ACKed EDS", per_proxy)]);
@@ -1204,7 +1214,7 @@ mod tests {
     #[test]
     fn marks_and_endpoints_are_tracked_per_proxy() {
         let t = Tracker::new(2);
-        t.arm(Target::Route(b"run-1".to_vec()));
+        t.arm(Target::route("run-1"));
         let at = Instant::now();
         let up = |proxy, kind, resources: &[&[u8]], endpoints: &[adsclient::EndpointChange]| {
             t.update(&Update { proxy, kind, received: at, acked: at, bytes: 1, version: "7", resources, endpoints });
