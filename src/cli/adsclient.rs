@@ -1,8 +1,8 @@
 //! A simulated Envoy for benchmarks: one real ADS stream per proxy, state
 //! of the world or delta, subscribing the way Envoy does.
 //!
-//! - Node id in Istio form, `sidecar~127.0.0.1~bench-N.default~default.svc.cluster.local`,
-//!   metadata `NAMESPACE=default`.
+//! - Node id in Istio form, `sidecar~IP~bench-N.NS~NS.svc.cluster.local`,
+//!   metadata `NAMESPACE=NS` (by default IP 127.0.0.1 and NS `default`).
 //! - Wildcard CDS and LDS; then EDS for every EDS cluster received (by its
 //!   `service_name`, else its name) and RDS for every route configuration
 //!   the listeners name (HTTP connection managers with `rds`).
@@ -11,11 +11,18 @@
 //!
 //! What a proxy keeps is only what measurements need, so that thousands
 //! of them fit in one process: per type, responses and bytes received
-//! (atomics the caller reads at any time); its EDS and RDS subscriptions;
-//! and, per EDS cluster, the endpoint addresses it currently has. Each
-//! response is reported to an [`Observer`] (arrival and ACK times, type,
-//! size, version, and for EDS which addresses each cluster gained and
-//! lost); observers aggregate across proxies.
+//! (atomics the caller reads at any time); whether it has its initial
+//! config (CDS, LDS, and every EDS and RDS resource they call for); its
+//! EDS and RDS subscriptions; and, per EDS cluster, the endpoint
+//! addresses it currently has. Each response is reported to an
+//! [`Observer`] (arrival and ACK times, type, size, version, the
+//! resources' encoded bytes, and for EDS which addresses each cluster
+//! gained and lost); observers aggregate across proxies.
+//!
+//! Each proxy opens its own HTTP/2 connection, as Envoy does, unless its
+//! spec carries a shared [`Channel`] ([`connect_all_shared`]: many
+//! streams per connection, so that tens of thousands of streams need only
+//! hundreds of sockets).
 
 use crate::xds::resources::ResourceType;
 use anyhow::{anyhow, Context, Result};
@@ -29,14 +36,16 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource};
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
 use prost::{Message, Name};
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
 use tonic::Streaming;
 
 /// Opening a stream (connect, first request, the server's answer).
@@ -63,15 +72,26 @@ pub struct ProxySpec {
     /// The replica's xDS address, HOST:PORT.
     pub xds: String,
     pub protocol: Protocol,
+    /// The proxy's namespace (which Sidecar applies to it).
+    pub namespace: String,
+    /// The proxy's address (node id), where its listeners would bind.
+    pub ip: Ipv4Addr,
+    /// A connection to `xds` shared with other proxies; None: its own.
+    pub channel: Option<Channel>,
 }
 
 impl ProxySpec {
+    /// Proxy `index` in namespace `default` at 127.0.0.1, on its own connection.
+    pub fn new(index: usize, xds: String, protocol: Protocol) -> ProxySpec {
+        ProxySpec { index, xds, protocol, namespace: "default".into(), ip: Ipv4Addr::LOCALHOST, channel: None }
+    }
+
     pub fn node_id(&self) -> String {
-        format!("sidecar~127.0.0.1~bench-{}.default~default.svc.cluster.local", self.index)
+        format!("sidecar~{}~bench-{}.{ns}~{ns}.svc.cluster.local", self.ip, self.index, ns = self.namespace)
     }
 
     fn node(&self) -> Node {
-        let namespace = PbValue { kind: Some(Kind::StringValue("default".into())) };
+        let namespace = PbValue { kind: Some(Kind::StringValue(self.namespace.clone())) };
         Node { id: self.node_id(), metadata: Some(Struct { fields: [("NAMESPACE".to_string(), namespace)].into() }), ..Default::default() }
     }
 }
@@ -101,6 +121,8 @@ pub struct Update<'a> {
     pub bytes: usize,
     /// `version_info` (SotW) or `system_version_info` (delta).
     pub version: &'a str,
+    /// The encoded (protobuf) bytes of each resource the response carries.
+    pub resources: &'a [&'a [u8]],
     /// Endpoint changes: EDS responses, and CDS responses that dropped an
     /// EDS cluster (its endpoints are gone with it).
     pub endpoints: &'a [EndpointChange],
@@ -146,6 +168,9 @@ impl Counts {
 struct Shared {
     responses: [AtomicU64; 4],
     bytes: [AtomicU64; 4],
+    /// Set once the proxy has its initial config: CDS and LDS, and every
+    /// EDS and RDS resource they call for (see `View::complete`).
+    synced: AtomicBool,
     /// Why the stream ended, if it ended by itself.
     error: Mutex<Option<String>>,
 }
@@ -182,8 +207,10 @@ impl Proxy {
     }
 
     async fn open(spec: ProxySpec, observer: Arc<dyn Observer>) -> Result<Proxy> {
-        let url = if spec.xds.contains("://") { spec.xds.clone() } else { format!("http://{}", spec.xds) };
-        let channel = tonic::transport::Endpoint::from_shared(url)?.tcp_nodelay(true).connect_timeout(OPEN_TIMEOUT).connect().await?;
+        let channel = match spec.channel.clone() {
+            Some(c) => c,
+            None => connect_channel(&spec.xds).await?,
+        };
         let mut client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
         let shared = Arc::new(Shared::default());
         let (stop, stopped) = oneshot::channel();
@@ -194,9 +221,9 @@ impl Proxy {
                 let mut first = sotw_request(ResourceType::Cluster, Vec::new(), "", "");
                 first.node = Some(spec.node());
                 // The server reads the first request before it answers the call.
-                tx.send(first).map_err(|_| anyhow!("request stream closed"))?;
-                tx.send(sotw_request(ResourceType::Listener, Vec::new(), "", "")).map_err(|_| anyhow!("request stream closed"))?;
-                let inbound = client.stream_aggregated_resources(UnboundedReceiverStream::new(rx)).await?.into_inner();
+                tx.send(Box::new(first)).map_err(|_| anyhow!("request stream closed"))?;
+                tx.send(Box::new(sotw_request(ResourceType::Listener, Vec::new(), "", ""))).map_err(|_| anyhow!("request stream closed"))?;
+                let inbound = client.stream_aggregated_resources(UnboundedReceiverStream::new(rx).map(|r| *r)).await?.into_inner();
                 let state = State::new(index, observer, shared.clone(), Sotw { tx, last: Default::default() });
                 tokio::spawn(state.run(inbound, stopped))
             }
@@ -204,10 +231,10 @@ impl Proxy {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let mut first = DeltaDiscoveryRequest { type_url: ResourceType::Cluster.type_url(), ..Default::default() };
                 first.node = Some(spec.node());
-                tx.send(first).map_err(|_| anyhow!("request stream closed"))?;
-                tx.send(DeltaDiscoveryRequest { type_url: ResourceType::Listener.type_url(), ..Default::default() })
+                tx.send(Box::new(first)).map_err(|_| anyhow!("request stream closed"))?;
+                tx.send(Box::new(DeltaDiscoveryRequest { type_url: ResourceType::Listener.type_url(), ..Default::default() }))
                     .map_err(|_| anyhow!("request stream closed"))?;
-                let inbound = client.delta_aggregated_resources(UnboundedReceiverStream::new(rx)).await?.into_inner();
+                let inbound = client.delta_aggregated_resources(UnboundedReceiverStream::new(rx).map(|r| *r)).await?.into_inner();
                 let state = State::new(index, observer, shared.clone(), Delta { tx });
                 tokio::spawn(state.run(inbound, stopped))
             }
@@ -223,6 +250,12 @@ impl Proxy {
             c.bytes[i] = self.shared.bytes[i].load(Ordering::Relaxed);
         }
         c
+    }
+
+    /// Whether the proxy has its initial config (CDS, LDS, and every EDS
+    /// and RDS resource they call for, each received and ACKed).
+    pub fn synced(&self) -> bool {
+        self.shared.synced.load(Ordering::Relaxed)
     }
 
     /// Why the stream ended, if it did by itself.
@@ -248,9 +281,57 @@ impl Proxy {
     }
 }
 
-/// Connect `specs`, at most `parallel` connection attempts at a time; fails
-/// on the first proxy that cannot connect.
+/// One HTTP/2 connection to an xDS address, HOST:PORT or a URL.
+pub async fn connect_channel(xds: &str) -> Result<Channel> {
+    let url = if xds.contains("://") { xds.to_string() } else { format!("http://{xds}") };
+    let channel = tonic::transport::Endpoint::from_shared(url)?.tcp_nodelay(true).connect_timeout(OPEN_TIMEOUT).connect().await?;
+    Ok(channel)
+}
+
+/// Connect `specs`, each proxy on its own connection, at most `parallel`
+/// connection attempts at a time; fails on the first proxy that cannot
+/// connect.
 pub async fn connect_all(specs: Vec<ProxySpec>, observer: Arc<dyn Observer>, parallel: usize) -> Result<Vec<Proxy>> {
+    connect_all_shared(specs, observer, parallel, 1).await
+}
+
+/// Like [`connect_all`], with up to `per_connection` streams on each HTTP/2
+/// connection: specs without a channel are grouped by xDS address, in
+/// order, and each group of `per_connection` shares one (opened first).
+pub async fn connect_all_shared(mut specs: Vec<ProxySpec>, observer: Arc<dyn Observer>, parallel: usize, per_connection: usize) -> Result<Vec<Proxy>> {
+    if per_connection > 1 {
+        // Which specs share a connection: (address, group) → spec indexes.
+        let mut filled: HashMap<String, (usize, usize)> = HashMap::new();
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        for (i, spec) in specs.iter().enumerate().filter(|(_, s)| s.channel.is_none()) {
+            let slot = filled.entry(spec.xds.clone()).or_insert((usize::MAX, per_connection));
+            if slot.1 == per_connection {
+                *slot = (groups.len(), 0);
+                groups.push((spec.xds.clone(), Vec::new()));
+            }
+            slot.1 += 1;
+            groups[slot.0].1.push(i);
+        }
+        let gate = Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
+        let opened = futures::future::join_all(groups.iter().map(|(xds, _)| {
+            let gate = gate.clone();
+            async move {
+                let _permit = gate.acquire_owned().await?;
+                tokio::time::timeout(OPEN_TIMEOUT, connect_channel(xds))
+                    .await
+                    .map_err(|_| anyhow!("no connection within {OPEN_TIMEOUT:?}"))
+                    .and_then(|r| r)
+                    .with_context(|| format!("connecting to xDS {xds}"))
+            }
+        }))
+        .await;
+        for ((_, members), channel) in groups.iter().zip(opened) {
+            let channel = channel?;
+            for &i in members {
+                specs[i].channel = Some(channel.clone());
+            }
+        }
+    }
     let gate = Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
     let tasks: Vec<_> = specs
         .into_iter()
@@ -292,6 +373,15 @@ trait Variant: Send + 'static {
     /// Decode one response into the proxy's state, send its ACK and the
     /// subscription changes it causes. Returns the response's version.
     fn on_response(&mut self, state: &mut View, resp: &Self::Resp, changes: &mut Vec<EndpointChange>) -> Option<(ResourceType, String)>;
+    /// The encoded bytes of each resource a response carries.
+    fn resources(resp: &Self::Resp) -> Vec<&[u8]>;
+}
+
+/// The `name` (field 1) of a route configuration, without decoding the rest.
+#[derive(Clone, PartialEq, prost::Message)]
+struct NameOnly {
+    #[prost(string, tag = "1")]
+    name: String,
 }
 
 struct State<V: Variant> {
@@ -312,6 +402,10 @@ struct View {
     listeners: BTreeMap<String, Vec<String>>,
     rds_names: BTreeSet<String>,
     endpoints: BTreeMap<String, Addrs>,
+    /// Route configurations received at least once.
+    routes_seen: BTreeSet<String>,
+    /// Types received at least once.
+    seen: [bool; 4],
 }
 
 impl<V: Variant> State<V> {
@@ -343,15 +437,30 @@ impl<V: Variant> State<V> {
             changes.clear();
             let Some((kind, version)) = self.variant.on_response(&mut self.view, &resp, &mut changes) else { continue };
             let acked = Instant::now();
+            self.view.seen[kind as usize] = true;
+            if !self.shared.synced.load(Ordering::Relaxed) && self.view.complete() {
+                self.shared.synced.store(true, Ordering::Relaxed);
+            }
             self.shared.responses[kind as usize].fetch_add(1, Ordering::Relaxed);
             self.shared.bytes[kind as usize].fetch_add(bytes as u64, Ordering::Relaxed);
-            self.observer.update(&Update { proxy: self.index, kind, received, acked, bytes, version: &version, endpoints: &changes });
+            let resources = V::resources(&resp);
+            self.observer.update(&Update { proxy: self.index, kind, received, acked, bytes, version: &version, resources: &resources, endpoints: &changes });
         }
         self.view.endpoints
     }
 }
 
 impl View {
+    /// Whether the proxy has its initial config: clusters and listeners,
+    /// an assignment for every EDS name and every route configuration the
+    /// listeners name.
+    fn complete(&self) -> bool {
+        self.seen[ResourceType::Cluster as usize]
+            && self.seen[ResourceType::Listener as usize]
+            && self.eds_names.iter().all(|n| self.endpoints.contains_key(n))
+            && self.rds_names.iter().all(|n| self.routes_seen.contains(n))
+    }
+
     /// Set (or, with None, drop) one cluster's endpoints; record what changed.
     fn set_endpoints(&mut self, cluster: &str, addrs: Option<Addrs>, changes: &mut Vec<EndpointChange>) {
         let old = match addrs {
@@ -486,7 +595,9 @@ fn route_names(l: &Listener) -> Vec<String> {
 // State of the world.
 
 struct Sotw {
-    tx: mpsc::UnboundedSender<DiscoveryRequest>,
+    /// Boxed: the channel allocates its slots in blocks of 32, and a
+    /// request is ~600 bytes, which per proxy would be ~20 KiB.
+    tx: mpsc::UnboundedSender<Box<DiscoveryRequest>>,
     /// Per type: the latest (version_info, nonce) received.
     last: [(String, String); 4],
 }
@@ -498,7 +609,7 @@ fn sotw_request(t: ResourceType, names: Vec<String>, version: &str, nonce: &str)
 impl Sotw {
     fn send(&self, r: DiscoveryRequest) {
         // A closed request stream shows as the response stream ending.
-        let _ = self.tx.send(r);
+        let _ = self.tx.send(Box::new(r));
     }
 
     /// The full name list a request of type `t` carries.
@@ -534,7 +645,13 @@ impl Variant for Sotw {
                 view.listeners =
                     r.resources.iter().filter_map(|a| Listener::decode(a.value.as_slice()).ok()).map(|l| (l.name.clone(), route_names(&l))).collect();
             }
-            ResourceType::Route => {}
+            ResourceType::Route => {
+                for a in &r.resources {
+                    if let Ok(n) = NameOnly::decode(a.value.as_slice()) {
+                        view.routes_seen.insert(n.name);
+                    }
+                }
+            }
         }
         self.last[t as usize] = (r.version_info.clone(), r.nonce.clone());
         self.send(sotw_request(t, Self::names(view, t), &r.version_info, &r.nonce));
@@ -551,13 +668,18 @@ impl Variant for Sotw {
         }
         Some((t, r.version_info.clone()))
     }
+
+    fn resources(r: &DiscoveryResponse) -> Vec<&[u8]> {
+        r.resources.iter().map(|a| a.value.as_slice()).collect()
+    }
 }
 
 // ---------------------------------------------------------------------------
 // Delta.
 
 struct Delta {
-    tx: mpsc::UnboundedSender<DeltaDiscoveryRequest>,
+    /// Boxed, as for `Sotw`.
+    tx: mpsc::UnboundedSender<Box<DeltaDiscoveryRequest>>,
 }
 
 /// A delta resource's encoded bytes (empty when it carries none).
@@ -600,23 +722,31 @@ impl Variant for Delta {
                     view.listeners.remove(name);
                 }
             }
-            ResourceType::Route => {}
+            ResourceType::Route => {
+                for res in &r.resources {
+                    view.routes_seen.insert(res.name.clone());
+                }
+            }
         }
-        let _ = self.tx.send(DeltaDiscoveryRequest { type_url: r.type_url.clone(), response_nonce: r.nonce.clone(), ..Default::default() });
+        let _ = self.tx.send(Box::new(DeltaDiscoveryRequest { type_url: r.type_url.clone(), response_nonce: r.nonce.clone(), ..Default::default() }));
         let follow = match t {
             ResourceType::Cluster => view.update_eds_names(changes).map(|s| (ResourceType::Endpoint, s)),
             ResourceType::Listener => view.update_rds_names().map(|s| (ResourceType::Route, s)),
             _ => None,
         };
         if let Some((f, (subscribe, unsubscribe))) = follow {
-            let _ = self.tx.send(DeltaDiscoveryRequest {
+            let _ = self.tx.send(Box::new(DeltaDiscoveryRequest {
                 type_url: f.type_url(),
                 resource_names_subscribe: subscribe,
                 resource_names_unsubscribe: unsubscribe,
                 ..Default::default()
-            });
+            }));
         }
         Some((t, r.system_version_info.clone()))
+    }
+
+    fn resources(r: &DeltaDiscoveryResponse) -> Vec<&[u8]> {
+        r.resources.iter().map(value).collect()
     }
 }
 

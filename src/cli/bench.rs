@@ -48,6 +48,10 @@ pub enum BenchCommand {
     /// register and deregister; prints changes/s and the time until every
     /// proxy has each change. API URLs: the global --server, repeatable.
     Churn(super::churn::ChurnArgs),
+    /// The xDS push engine: convergence of one VirtualService write over
+    /// scoped proxies, EDS fan-out, RSS per idle stream, replica memory.
+    /// API URLs: the global --server, repeatable.
+    Xds(super::xdsbench::XdsArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -71,6 +75,12 @@ pub async fn run(cmd: BenchCommand, servers: Vec<String>) -> Result<()> {
         BenchCommand::Churn(mut args) => {
             args.servers = servers;
             let report = super::churn::run(args).await?;
+            report.print();
+            report.verdict()
+        }
+        BenchCommand::Xds(mut args) => {
+            args.servers = servers;
+            let report = super::xdsbench::run(args).await?;
             report.print();
             report.verdict()
         }

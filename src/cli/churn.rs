@@ -378,7 +378,7 @@ struct Written {
     first_error: Option<String>,
 }
 
-fn status_text(s: tonic::Status) -> anyhow::Error {
+pub(super) fn status_text(s: tonic::Status) -> anyhow::Error {
     anyhow!("{}: {}", s.code(), s.message())
 }
 
@@ -465,7 +465,7 @@ fn base_url(server: &str) -> String {
     }
 }
 
-async fn api_client(server: &str) -> Result<LodestarClient<Channel>> {
+pub(super) async fn api_client(server: &str) -> Result<LodestarClient<Channel>> {
     let base = base_url(server);
     let ch = Channel::from_shared(base.clone())?
         .tcp_nodelay(true)
@@ -527,7 +527,7 @@ async fn store_endpoints(client: &mut LodestarClient<Channel>, services: u32) ->
 // CPU.
 
 /// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> Result<u64> {
+pub(super) fn cpu_ticks(pid: u32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("reading /proc/{pid}/stat"))?;
     // The command name (field 2) is in parentheses and may hold anything.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).ok_or_else(|| anyhow!("/proc/{pid}/stat: unexpected format"))?;
@@ -538,7 +538,7 @@ fn cpu_ticks(pid: u32) -> Result<u64> {
 }
 
 /// Clock ticks per second (AT_CLKTCK from the auxiliary vector; 100 if unreadable).
-fn clock_ticks() -> u64 {
+pub(super) fn clock_ticks() -> u64 {
     const AT_CLKTCK: u64 = 17;
     let Ok(auxv) = std::fs::read("/proc/self/auxv") else { return 100 };
     auxv.chunks_exact(16)
@@ -594,7 +594,7 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(mut us: Vec<u64>) -> Percentiles {
+    pub(super) fn of(mut us: Vec<u64>) -> Percentiles {
         us.sort_unstable();
         let at = |p: f64| if us.is_empty() { 0.0 } else { us[((us.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0 };
         let mean = if us.is_empty() { 0.0 } else { us.iter().sum::<u64>() as f64 / us.len() as f64 / 1000.0 };
@@ -690,7 +690,7 @@ pub async fn run(args: ChurnArgs) -> Result<ChurnReport> {
     // Proxies: connect, then wait until each has every initial endpoint.
     let tracker = Arc::new(Tracker::new(proxies, services));
     let sync_start = Instant::now();
-    let specs = (0..proxies as usize).map(|i| ProxySpec { index: i, xds: xds[i % xds.len()].clone(), protocol }).collect();
+    let specs = (0..proxies as usize).map(|i| ProxySpec::new(i, xds[i % xds.len()].clone(), protocol)).collect();
     let fleet = adsclient::connect_all(specs, tracker.clone(), CONNECT_PARALLEL).await?;
     let initial: Vec<IpAddr> = live.iter().flatten().map(|&n| IpAddr::V4(address(n))).collect();
     let sync_limit = Duration::from_secs(60) + Duration::from_millis(10) * proxies;
@@ -823,7 +823,7 @@ pub async fn run(args: ChurnArgs) -> Result<ChurnReport> {
 }
 
 /// Every member's xDS address, from the cluster status.
-async fn member_xds(client: &mut LodestarClient<Channel>) -> Result<Vec<String>> {
+pub(super) async fn member_xds(client: &mut LodestarClient<Channel>) -> Result<Vec<String>> {
     let r = tokio::time::timeout(WRITE_TIMEOUT, client.cluster_status(ClusterStatusRequest {}))
         .await
         .map_err(|_| anyhow!("cluster status: no answer"))?
@@ -871,7 +871,7 @@ fn mismatch(view: &BTreeMap<String, Vec<SocketAddr>>, store: &BTreeMap<u32, BTre
 // ---------------------------------------------------------------------------
 // Output.
 
-fn mib(bytes: f64) -> String {
+pub(super) fn mib(bytes: f64) -> String {
     format!("{:.2} MiB", bytes / (1024.0 * 1024.0))
 }
 
@@ -1019,7 +1019,7 @@ mod tests {
             removed: removed.iter().map(sa).collect(),
         };
         let v = version.to_string();
-        t.update(&Update { proxy, kind: ResourceType::Endpoint, received: at, acked: at, bytes: 1, version: &v, endpoints: &[ch] });
+        t.update(&Update { proxy, kind: ResourceType::Endpoint, received: at, acked: at, bytes: 1, version: &v, resources: &[], endpoints: &[ch] });
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod client;
 mod proxy;
 mod registry;
 mod snapshot;
+pub mod xdsbench;
 
 use crate::config::{Member, ServerConfig};
 use crate::model::documents::parse_documents;

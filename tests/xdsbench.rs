@@ -1,0 +1,70 @@
+//! `lodestar bench xds` end to end through the CLI, with tiny numbers,
+//! against a replica process: the convergence and idle scenarios succeed
+//! and print their figures (the `result:` lines parse). No timing checks.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+/// The `result:` lines of a run's output, as key → value maps.
+fn results(out: &str) -> Vec<BTreeMap<String, String>> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("result: "))
+        .map(|l| l.split_whitespace().map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).expect("key=value")).collect())
+        .collect()
+}
+
+fn number(r: &BTreeMap<String, String>, key: &str) -> f64 {
+    let v = r.get(key).unwrap_or_else(|| panic!("no {key} in {r:?}"));
+    v.parse().unwrap_or_else(|_| panic!("{key}={v} is not a number"))
+}
+
+async fn bench(api: &str, args: Vec<String>) -> String {
+    let api = api.to_string();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        let mut all = vec!["bench".to_string(), "xds".to_string()];
+        all.extend(args);
+        common::cli(&api, &all.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    println!("{out}");
+    assert!(ok, "bench xds failed:\n{out}\n{err}");
+    assert!(out.lines().any(|l| l.starts_with("command: ") && l.contains("bench xds")), "the command line is printed:\n{out}");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_bench_convergence_and_idle_succeed_and_print_figures() {
+    let cluster = common::Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (api, xds) = (r.api(), r.xds_addr());
+    let pid = r.child.as_ref().unwrap().id().to_string();
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+
+    // xDS addresses asked from the cluster.
+    let out = bench(&api, s(&["--scenario", "convergence", "--proxies", "10", "--services", "20", "--repeat", "2", "--pid", &pid])).await;
+    let res = results(&out);
+    assert_eq!(res.len(), 1, "{out}");
+    let c = &res[0];
+    assert_eq!(c["scenario"], "convergence");
+    assert_eq!((number(c, "proxies"), number(c, "affected"), number(c, "writes")), (10.0, 10.0, 2.0));
+    assert_eq!((number(c, "pairs"), number(c, "converged")), (20.0, 20.0), "every (write, proxy) pair converged");
+    for k in ["p50_ms", "p99_ms", "max_ms", "start_p99_ms", "ack_p50_ms", "target_p99_ms"] {
+        assert!(number(c, k) >= 0.0, "{k}");
+    }
+    assert!(number(c, "p50_ms") <= number(c, "p99_ms") && number(c, "p99_ms") <= number(c, "max_ms"));
+    assert_eq!((number(c, "pushed_min"), number(c, "pushed_max"), number(c, "unaffected_pushed")), (10.0, 10.0, 0.0), "every proxy sees web");
+    assert!(["yes", "no"].contains(&c["target_met"].as_str()));
+
+    let out = bench(&api, s(&["--scenario", "idle", "--proxies", "50", "--services", "20", "--xds", &xds, "--pid", &pid, "--hold", "0"])).await;
+    let res = results(&out);
+    assert_eq!(res.len(), 1, "{out}");
+    let i = &res[0];
+    assert_eq!((i["scenario"].as_str(), number(i, "proxies"), number(i, "streams_per_connection")), ("idle", 50.0, 100.0));
+    assert!(number(i, "rss_before_kib") > 0.0 && number(i, "rss_after_kib") > 0.0);
+    for k in ["per_stream_kib", "client_per_proxy_kib", "target_kib"] {
+        number(i, k);
+    }
+    assert!(["yes", "no"].contains(&i["target_met"].as_str()));
+}
