@@ -87,6 +87,13 @@ pub struct ServerConfig {
     pub push_debounce_ms: u64,
 }
 
+impl ServerConfig {
+    /// The mesh-wide settings translation reads.
+    pub fn mesh_config(&self) -> crate::mesh::MeshConfig {
+        crate::mesh::MeshConfig { domain_suffix: self.domain_suffix.clone(), root_namespace: self.root_namespace.clone() }
+    }
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {

@@ -84,13 +84,12 @@ pub async fn freshness(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
             _ = tick.tick() => {}
         }
         let asked = Instant::now();
-        match tokio::time::timeout(bound, node.read(Consistency::Linearizable)).await {
-            Ok(Ok(_)) => {
+        match node.confirm_current(bound).await {
+            Ok(()) => {
                 *lock(&node.ha.confirmed_at) = Some(asked);
                 *lock(&node.ha.last_error) = None;
             }
-            Ok(Err(e)) => *lock(&node.ha.last_error) = Some(e.to_string()),
-            Err(_) => *lock(&node.ha.last_error) = Some(format!("no read-index within {bound:?}")),
+            Err(e) => *lock(&node.ha.last_error) = Some(e),
         }
     }
 }
@@ -153,6 +152,18 @@ pub async fn rebalance(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
+impl Node {
+    /// Within `bound`, obtain the leader's commit index (a read-index the
+    /// leader confirms with a quorum) and apply up to it here.
+    pub async fn confirm_current(&self, bound: Duration) -> Result<(), String> {
+        match tokio::time::timeout(bound, self.read(Consistency::Linearizable)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("not confirmed current within {bound:?}")),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl crate::xds::server::Fence for Node {
     fn ready(&self) -> Result<(), String> {
@@ -160,12 +171,7 @@ impl crate::xds::server::Fence for Node {
     }
 
     async fn barrier(&self) -> Result<(), String> {
-        let bound = Duration::from_millis(self.config.xds_fence_timeout_ms);
-        match tokio::time::timeout(bound, self.read(Consistency::Linearizable)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("not caught up within {bound:?}")),
-        }
+        self.confirm_current(Duration::from_millis(self.config.xds_fence_timeout_ms)).await
     }
 }
 

@@ -153,10 +153,7 @@ impl Lodestar for GrpcApi {
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
         let r = req.into_inner();
-        let key = super::key_of(&r.kind, Some(&r.namespace), &r.name).map_err(status_of)?;
-        if !matches!(key.kind, crate::model::Kind::Instance | crate::model::Kind::Lease) {
-            return Err(Status::invalid_argument(format!("kind: only instances and leases take heartbeats, not {}", key.kind.plural())));
-        }
+        let key = super::heartbeat_key(&r.kind, &r.namespace, &r.name).map_err(status_of)?;
         let ttl = self.node.heartbeat(key).await.map_err(status_of)?;
         Ok(Response::new(HeartbeatResponse { ttl_seconds: ttl.as_secs_f64() }))
     }

@@ -114,6 +114,15 @@ pub fn key_of(kind: &str, namespace: Option<&str>, name: &str) -> Result<Resourc
     Ok(ResourceKey::new(kind, namespace, name))
 }
 
+/// The object a heartbeat renews: an Instance (its TTL) or a Lease.
+pub fn heartbeat_key(kind: &str, namespace: &str, name: &str) -> Result<ResourceKey> {
+    let key = key_of(kind, Some(namespace), name)?;
+    if !matches!(key.kind, Kind::Instance | Kind::Lease) {
+        return Err(Error::field("kind", format!("only instances and leases take heartbeats, not {}", key.kind.plural())));
+    }
+    Ok(key)
+}
+
 pub fn get(applied: &Applied, key: &ResourceKey) -> Result<Arc<StoredObject>> {
     applied.state.get(key).cloned().ok_or_else(|| Error::not_found(format!("{key} not found")))
 }
@@ -192,9 +201,8 @@ pub struct ServiceView {
 
 /// The registry's services at one snapshot (ServiceEntries excluded).
 pub fn registry_services(applied: &Applied, config: &crate::config::ServerConfig, namespace: Option<&str>) -> Vec<ServiceView> {
-    use crate::mesh::{Health, Mesh, MeshConfig};
-    let mc = MeshConfig { domain_suffix: config.domain_suffix.clone(), root_namespace: config.root_namespace.clone() };
-    let mesh = Mesh::build(applied, Arc::new(mc));
+    use crate::mesh::{Health, Mesh};
+    let mesh = Mesh::build(applied, Arc::new(config.mesh_config()));
     mesh.services
         .values()
         .filter(|s| s.sources.iter().any(|(k, _)| matches!(k.kind, Kind::Service | Kind::Instance)))

@@ -3,7 +3,6 @@
 use super::{ApplyItem, DeleteItem, WriteResult};
 use crate::error::{Error, Result};
 use crate::model::documents::parse_documents;
-use crate::model::Kind;
 use crate::node::{ClusterStatus, Consistency, Node};
 use crate::store::types::NodeInfo;
 use crate::store::watch::{watch, WatchFilter};
@@ -275,10 +274,7 @@ async fn syncz(State(sync): State<SyncRegistry>) -> Json<SyncStatus> {
 
 /// Renew an Instance's TTL or a Lease (keepalive).
 async fn heartbeat(State(node): State<Arc<Node>>, Path((kind, namespace, name)): Path<(String, String, String)>) -> Result<Response> {
-    let key = super::key_of(&kind, Some(&namespace), &name)?;
-    if !matches!(key.kind, Kind::Instance | Kind::Lease) {
-        return Err(Error::field("kind", format!("only instances and leases take heartbeats, not {}", key.kind.plural())));
-    }
+    let key = super::heartbeat_key(&kind, &namespace, &name)?;
     let ttl = node.heartbeat(key).await?;
     Ok(Json(json!({"ttlSeconds": ttl.as_secs_f64()})).into_response())
 }
@@ -390,8 +386,7 @@ async fn config_dump(State(sync): State<SyncRegistry>, Query(q): Query<ConfigDum
 /// instances (health, locality, weight), at the local revision.
 async fn registryz(State(node): State<Arc<Node>>) -> Response {
     let applied = node.reader.current();
-    let mc = crate::mesh::MeshConfig { domain_suffix: node.config.domain_suffix.clone(), root_namespace: node.config.root_namespace.clone() };
-    let mesh = crate::mesh::Mesh::build(&applied, Arc::new(mc));
+    let mesh = crate::mesh::Mesh::build(&applied, Arc::new(node.config.mesh_config()));
     let services: Vec<Value> = mesh
         .services
         .values()

@@ -12,7 +12,7 @@ use crate::proto::api::{ApplyItem, ApplyRequest};
 use crate::proto::etcd::kv_client::KvClient;
 use crate::proto::etcd::PutRequest;
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::json;
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
@@ -268,4 +268,25 @@ async fn run_level(
     result.writes = result.latencies_us.len() as u64;
     result.latencies_us.sort_unstable();
     Ok(result)
+}
+
+/// A bench subcommand's flags with the global `--server`s, parsed on their
+/// own (tests drive the benches in process this way).
+#[derive(Parser)]
+struct Standalone<A: Args> {
+    #[arg(long = "server")]
+    servers: Vec<String>,
+    #[command(flatten)]
+    args: A,
+}
+
+/// Parse `args` as the flags of bench subcommand `name`: the servers and
+/// the subcommand's own flags.
+pub(super) fn parse_standalone<A: Args, I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(
+    name: &str,
+    args: I,
+) -> Result<(Vec<String>, A), clap::Error> {
+    let argv = std::iter::once(std::ffi::OsString::from(name)).chain(args.into_iter().map(Into::into));
+    let s = Standalone::<A>::try_parse_from(argv)?;
+    Ok((s.servers, s.args))
 }

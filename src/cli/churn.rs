@@ -40,7 +40,7 @@ use crate::proto::api::lodestar_client::LodestarClient;
 use crate::proto::api::{ApplyItem, ApplyRequest, ClusterStatusRequest, DeleteRequest, ListRequest, ResourceRef};
 use crate::xds::resources::ResourceType;
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{value_parser, Args, Parser};
+use clap::{value_parser, Args};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -105,20 +105,11 @@ pub struct ChurnArgs {
     pub drain: u64,
 }
 
-#[derive(Parser)]
-struct Standalone {
-    #[arg(long = "server")]
-    servers: Vec<String>,
-    #[command(flatten)]
-    args: ChurnArgs,
-}
-
 impl ChurnArgs {
     /// Parse `bench churn` flags (and `--server`), e.g. for tests.
     pub fn from_args<I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(args: I) -> Result<ChurnArgs, clap::Error> {
-        let argv = std::iter::once(std::ffi::OsString::from("churn")).chain(args.into_iter().map(Into::into));
-        let s = Standalone::try_parse_from(argv)?;
-        Ok(ChurnArgs { servers: s.servers, ..s.args })
+        let (servers, a) = super::bench::parse_standalone::<ChurnArgs, _, _>("churn", args)?;
+        Ok(ChurnArgs { servers, ..a })
     }
 }
 

@@ -47,7 +47,7 @@ use crate::proto::api::lodestar_client::LodestarClient;
 use crate::proto::api::{ApplyItem, ApplyRequest, ClusterStatusRequest, DeleteRequest, ListRequest, ResourceRef};
 use crate::xds::resources::ResourceType;
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{value_parser, Args, Parser};
+use clap::{value_parser, Args};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -169,20 +169,11 @@ pub struct XdsArgs {
     pub hold: u64,
 }
 
-#[derive(Parser)]
-struct Standalone {
-    #[arg(long = "server")]
-    servers: Vec<String>,
-    #[command(flatten)]
-    args: XdsArgs,
-}
-
 impl XdsArgs {
     /// Parse `bench xds` flags (and `--server`), e.g. for tests.
     pub fn from_args<I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(args: I) -> Result<XdsArgs, clap::Error> {
-        let argv = std::iter::once(std::ffi::OsString::from("xds")).chain(args.into_iter().map(Into::into));
-        let s = Standalone::try_parse_from(argv)?;
-        Ok(XdsArgs { servers: s.servers, ..s.args })
+        let (servers, a) = super::bench::parse_standalone::<XdsArgs, _, _>("xds", args)?;
+        Ok(XdsArgs { servers, ..a })
     }
 }
 

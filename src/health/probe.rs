@@ -36,7 +36,7 @@ pub async fn prober(node: Arc<Node>, checks: Checks, mut shutdown: watch::Receiv
         }
         let live = node.live_voters();
         let applied = node.reader.current();
-        let mut desired: HashMap<ResourceKey, (u64, HealthCheck, u64)> = HashMap::new();
+        let mut desired: HashMap<ResourceKey, (u64, HealthCheck)> = HashMap::new();
         let lo = ResourceKey::new(Kind::Instance, "", "");
         for (key, obj) in applied.state.objects.range(lo..).take_while(|(k, _)| k.kind == Kind::Instance) {
             let Ok(typed) = obj.typed() else { continue };
@@ -46,10 +46,10 @@ pub async fn prober(node: Arc<Node>, checks: Checks, mut shutdown: watch::Receiv
                 continue;
             }
             let fingerprint = fnv1a(format!("{}#{}", obj.create_revision, serde_json::to_string(check).unwrap_or_default()).as_bytes());
-            desired.insert(key.clone(), (fingerprint, check.clone(), obj.create_revision));
+            desired.insert(key.clone(), (fingerprint, check.clone()));
         }
         running.retain(|key, (fp, handle)| {
-            let keep = desired.get(key).is_some_and(|(want, _, _)| want == fp) && !handle.is_finished();
+            let keep = desired.get(key).is_some_and(|(want, _)| want == fp) && !handle.is_finished();
             if !keep {
                 handle.abort();
             }
@@ -60,7 +60,7 @@ pub async fn prober(node: Arc<Node>, checks: Checks, mut shutdown: watch::Receiv
             g.live_voters = live.clone();
             g.checks.retain(|k, _| running.contains_key(k) || desired.contains_key(k));
         }
-        for (key, (fp, check, _)) in desired {
+        for (key, (fp, check)) in desired {
             if running.contains_key(&key) {
                 continue;
             }

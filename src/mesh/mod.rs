@@ -311,8 +311,7 @@ impl Mesh {
                 let spec = spec_of(new)?;
                 let host = instance_hostname(&spec, &key.namespace, suffix);
                 let svc = Arc::make_mut(services.get_mut(&host)?);
-                let at = svc.instances.partition_point(|i| i.source.as_ref() < Some(key));
-                svc.instances.insert(at, registry_instance(new, &spec));
+                svc.instances.push(registry_instance(new, &spec));
                 svc.instances.sort();
                 svc.sources.push((key.clone(), new.mod_revision));
                 svc.sources.sort();

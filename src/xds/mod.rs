@@ -17,7 +17,6 @@ mod sotw;
 pub mod status;
 
 use crate::config::ServerConfig;
-use crate::mesh::MeshConfig;
 use crate::translate::Translator;
 use resources::Generator;
 use std::sync::Arc;
@@ -27,5 +26,5 @@ pub use status::SyncRegistry;
 /// The generator a replica serves with (`server::run`): translation of the
 /// Istio config and registry in the applied store state.
 pub fn default_generator(config: &ServerConfig) -> Arc<dyn Generator> {
-    Arc::new(Translator::new(MeshConfig { domain_suffix: config.domain_suffix.clone(), root_namespace: config.root_namespace.clone() }))
+    Arc::new(Translator::new(config.mesh_config()))
 }
