@@ -40,11 +40,13 @@ pub fn watch(reader: StoreReader, from_revision: Option<u64>, filter: WatchFilte
                 return;
             }
             while next <= applied.revision() {
-                match reader.history(next) {
-                    Ok(events) => for e in events { if filter.matches(&e) { yield Ok(e); } },
+                match reader.history_from(next) {
+                    Ok((events, last)) => {
+                        for e in events { if e.revision <= applied.revision() && filter.matches(&e) { yield Ok(e); } }
+                        next = last.min(applied.revision()) + 1;
+                    }
                     Err(e) => { yield Err(Error::internal(format!("reading watch history: {e}"))); return; }
                 }
-                next += 1;
             }
             loop {
                 match live.recv().await {
