@@ -193,7 +193,7 @@ impl Generator for VsGenerator {
             if key.kind != Kind::VirtualService {
                 continue;
             }
-            let name = key.name.clone();
+            let name = key.name.to_string();
             let tag = obj.body["metadata"]["labels"]["tag"].as_str().unwrap_or("").to_string();
             if tag == "fail" {
                 return Err(format!("cannot translate {name}"));

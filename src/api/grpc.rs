@@ -45,8 +45,8 @@ fn write_response(ok: TxnOk, warnings: Vec<String>) -> WriteResponse {
             .into_iter()
             .map(|i| ItemResult {
                 kind: i.key.kind.name().into(),
-                namespace: i.key.namespace,
-                name: i.key.name,
+                namespace: i.key.namespace.into(),
+                name: i.key.name.into(),
                 action: i.action.as_str().into(),
                 mod_revision: i.mod_revision,
             })
@@ -178,8 +178,8 @@ impl Lodestar for GrpcApi {
                 revision: e.revision,
                 r#type: e.kind.as_str().into(),
                 kind: e.object.key.kind.name().into(),
-                namespace: e.object.key.namespace.clone(),
-                name: e.object.key.name.clone(),
+                namespace: e.object.key.namespace.to_string(),
+                name: e.object.key.name.to_string(),
                 resource_json: e.object.to_json().to_string(),
             })
             .map_err(status_of)

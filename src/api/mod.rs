@@ -176,8 +176,8 @@ impl From<ItemResult> for WriteItem {
     fn from(i: ItemResult) -> Self {
         WriteItem {
             kind: i.key.kind.name().to_string(),
-            namespace: i.key.namespace,
-            name: i.key.name,
+            namespace: i.key.namespace.into(),
+            name: i.key.name.into(),
             action: i.action.as_str().to_string(),
             mod_revision: i.mod_revision,
         }

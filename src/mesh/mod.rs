@@ -456,7 +456,7 @@ impl Mesh {
                 hostname.clone(),
                 Service {
                     hostname,
-                    namespace: ns.clone(),
+                    namespace: ns.to_string(),
                     ports,
                     addresses: spec.addresses.clone(),
                     mesh_external: false,
@@ -473,7 +473,7 @@ impl Mesh {
             let hostname = instance_hostname(spec, ns, suffix);
             let svc = services.entry(hostname.clone()).or_insert_with(|| Service {
                 hostname: hostname.clone(),
-                namespace: ns.clone(),
+                namespace: ns.to_string(),
                 ports: implied_ports(spec),
                 addresses: Vec::new(),
                 mesh_external: false,
@@ -510,7 +510,7 @@ impl Mesh {
                 // The first (oldest key order) definition of a host wins.
                 services.entry(hostname.clone()).or_insert_with(|| Service {
                     hostname,
-                    namespace: ns.clone(),
+                    namespace: ns.to_string(),
                     ports: ports.clone(),
                     addresses: se.addresses.clone(),
                     mesh_external: se.location != Some(Location::MeshInternal),
