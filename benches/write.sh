@@ -122,7 +122,9 @@ done
 echo "# both clusters ready; $ROUNDS rounds x {$LEVELS} clients x ${SECS}s, lodestar and etcd alternating" >&2
 
 # Which replica leads matters for one client: it talks to the first one
-# listed, and pays the hop to the leader when that is a follower.
+# listed, and pays the hop to the leader when that is a follower. Both
+# systems list their leader first, so a single client writes to the leader
+# on both (clients are spread round robin, so 16 and 64 are unaffected).
 L_LEADER=$(curl -s --max-time 2 "http://${L_API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
 E_LEADER=
 for n in 1 2 3; do
@@ -132,8 +134,16 @@ for n in 1 2 3; do
     [ -n "$me" ] && [ "$me" = "$lead" ] && E_LEADER=$n
 done
 
-L_SERVERS=$(printf 'http://%s,' "${L_API[@]}")
-E_SERVERS=$(printf '%s,' "${E_CLIENT[@]}")
+# The list with member $1 (1-based, may be empty) first.
+leader_first() {
+    local first=$1 i
+    shift
+    local all=("$@")
+    [ -n "$first" ] && printf '%s,' "${all[first - 1]}"
+    for i in "${!all[@]}"; do [ "$((i + 1))" = "$first" ] || printf '%s,' "${all[i]}"; done
+}
+L_SERVERS=$(leader_first "$L_LEADER" "${L_API[@]/#/http://}")
+E_SERVERS=$(leader_first "$E_LEADER" "${E_CLIENT[@]}")
 
 # (d) alternate: every level on Lodestar then etcd, round after round.
 # Rows: target round clients writes writes/s p50 p99 max errors other_cpu%
@@ -182,7 +192,7 @@ done
 echo
 echo "Write benchmark: 3 replicas on loopback, ${SIZE}-byte values, ${SECS}s per level, $ROUNDS rounds alternating; $(nproc) cores"
 echo "lodestar: $("$LODESTAR" --version), api=$API;  etcd: $ETCD_VERSION, KV.Put over gRPC"
-echo "leaders at the start: lodestar node ${L_LEADER:-?}, etcd member ${E_LEADER:-?} (a single client talks to node/member 1)"
+echo "leaders at the start: lodestar node ${L_LEADER:-?}, etcd member ${E_LEADER:-?} (a single client talks to the leader on both)"
 echo "(writes/s: mean over rounds [per round]; p50/p99: mean over rounds; errors: total;"
 echo " other%: most CPU, as a share of the machine, that processes outside the benchmark used during a run)"
 for target in lodestar etcd; do
