@@ -483,8 +483,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // The watch history keeps the last `history_limit` revisions; the
         // checkpoint drops what falls out.
         next.compacted = next.compacted.max(next.state.revision.saturating_sub(self.history_limit));
-        pending.meta =
-            Some(AppliedMeta { last_applied: next.last_applied, membership: next.membership.clone(), revision: next.state.revision, compacted: next.compacted });
+        pending.meta = Some(AppliedMeta {
+            last_applied: next.last_applied,
+            membership: next.membership.clone(),
+            revision: next.state.revision,
+            compacted: next.compacted,
+        });
         let since = *pending.since.get_or_insert_with(Instant::now);
         // Not flushed: the log is durable, and after a crash openraft
         // re-applies from the checkpoint's `last_applied`.
