@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod encode;
+pub mod intern;
 pub mod listener;
 pub mod route;
 pub mod scope;
@@ -167,9 +168,10 @@ struct VhostPart {
 
 impl VhostPart {
     fn build(ctx: &RouteCtx, svc: &Service, domains: Vec<String>) -> VhostPart {
-        let bytes = Arc::new(encode::virtual_host_bytes(&route::virtual_host(ctx, svc, domains.clone())));
+        let bytes = encode::virtual_host_bytes(&route::virtual_host(ctx, svc, domains.clone()));
         let hash = crate::xds::resources::fnv1a(&bytes);
-        VhostPart { hostname: svc.hostname.clone(), domains: Arc::new(domains), bytes, hash }
+        let (bytes, domains) = (intern::bytes(hash, Arc::new(bytes)), intern::domains(Arc::new(domains)));
+        VhostPart { hostname: svc.hostname.clone(), domains, bytes, hash }
     }
 }
 
@@ -654,6 +656,17 @@ impl Generator for Translator {
             },
             _ => translate_with_parts(&mesh, proxy, Some(&self.clusters)),
         };
+        // Share what other proxies already hold: equal route tables and
+        // equal whole maps (CDS/EDS of proxies that see the same services).
+        let mut config = config;
+        for map in config.resources.values_mut() {
+            if let Some(m) = Arc::get_mut(map) {
+                for r in m.values_mut() {
+                    *r = intern::resource(r.clone());
+                }
+            }
+            *map = intern::map(map.clone());
+        }
         let entry = Arc::new(Previous {
             identity: proxy.clone(),
             objects: applied.state.objects.clone(),

@@ -1,5 +1,6 @@
 //! The xDS side: what is served (`resources`) and its proto-JSON rendering
-//! (`json`), the ADS server (`server`, with the per-stream protocol state in
+//! (`json`), the ADS server (`server`; `service` is its gRPC service with
+//! small codec buffers; the per-stream protocol state is in
 //! `sotw` and `delta`), and who is in sync (`status`, served at
 //! `GET /debug/syncz`).
 //!
@@ -12,6 +13,7 @@ pub mod json;
 pub mod push;
 pub mod resources;
 pub mod server;
+mod service;
 mod session;
 mod sotw;
 pub mod status;

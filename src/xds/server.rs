@@ -29,7 +29,7 @@ use super::status::{Protocol, StreamHandle, SyncRegistry};
 use crate::model::proxy::ProxyIdentity;
 use crate::store::Applied;
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{AggregatedDiscoveryService, AggregatedDiscoveryServiceServer};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
 use serde_json::Value;
@@ -37,7 +37,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -151,13 +150,13 @@ impl AdsService {
         AdsService { shared: Arc::new(Shared { applied, generator, registry, options, shutdown }) }
     }
 
-    pub fn into_server(self) -> AggregatedDiscoveryServiceServer<AdsService> {
-        AggregatedDiscoveryServiceServer::new(self)
+    pub fn into_server(self) -> super::service::AdsServer {
+        super::service::AdsServer(Arc::new(self))
     }
 
     /// Read the first request, identify the proxy, generate its config and
     /// start the stream task.
-    async fn open<V: Variant>(&self, request: Request<Streaming<V::Req>>) -> Result<Response<ReceiverStream<Result<V::Resp, Status>>>, Status> {
+    async fn open<V: Variant>(&self, request: Request<Streaming<V::Req>>) -> Result<Response<Outbound<V::Resp>>, Status> {
         let mut inbound = request.into_inner();
         let first = tokio::select! {
             m = inbound.message() => m?.ok_or_else(|| Status::invalid_argument("the stream closed before its first request"))?,
@@ -199,14 +198,28 @@ impl AdsService {
         let max_age = self.shared.options.max_stream_age.map(|a| jittered(a, handle.stream()));
         let stream = StreamTask { shared: self.shared.clone(), identity, handle, applied, tx, config, variant: V::default(), max_age };
         tokio::spawn(stream.run(first, inbound));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(Outbound(rx)))
+    }
+}
+
+/// A stream's queued responses. Boxed: the channel allocates its slots in
+/// blocks of 32, and an idle stream should not hold 32 responses' worth.
+type Queued<R> = Result<Box<R>, Box<Status>>;
+
+/// The response side of a stream, as tonic takes it.
+pub struct Outbound<R>(mpsc::Receiver<Queued<R>>);
+
+impl<R> futures::Stream for Outbound<R> {
+    type Item = Result<R, Status>;
+    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx).map(|r| r.map(|r| r.map(|b| *b).map_err(|e| *e)))
     }
 }
 
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for AdsService {
-    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
-    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+    type StreamAggregatedResourcesStream = Outbound<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = Outbound<DeltaDiscoveryResponse>;
 
     async fn stream_aggregated_resources(
         &self,
@@ -306,7 +319,7 @@ struct StreamTask<V: Variant> {
     identity: Arc<ProxyIdentity>,
     handle: StreamHandle,
     applied: watch::Receiver<Arc<Applied>>,
-    tx: mpsc::Sender<Result<V::Resp, Status>>,
+    tx: mpsc::Sender<Queued<V::Resp>>,
     config: Arc<ProxyConfig>,
     variant: V,
     /// When this stream closes itself (max stream age), if ever.
@@ -338,7 +351,7 @@ impl<V: Variant> StreamTask<V> {
             End::Closed(why) => {
                 crate::metrics::metrics().streams_shed.inc();
                 self.handle.closing(why);
-                let _ = self.tx.try_send(Err(Status::unavailable(format!("{why}: reconnect"))));
+                let _ = self.tx.try_send(Err(Box::new(Status::unavailable(format!("{why}: reconnect")))));
                 why
             }
         };
@@ -347,7 +360,7 @@ impl<V: Variant> StreamTask<V> {
     }
 
     async fn serve(&mut self, first: V::Req, inbound: &mut Streaming<V::Req>) -> End {
-        if let Err(end) = self.on_request(first).await {
+        if let Err(end) = Box::pin(self.on_request(first)).await {
             return end;
         }
         // The first responses are answers to the proxy's requests: from
@@ -370,7 +383,10 @@ impl<V: Variant> StreamTask<V> {
                 _ = &mut aged => return End::Closed("max stream age reached"),
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => {
-                        if let Err(end) = self.on_request(req).await {
+                        // Boxed (here and below): the task's size is that of
+                        // its largest await, and an idle stream waits in
+                        // this select, not in a request or a push.
+                        if let Err(end) = Box::pin(self.on_request(req)).await {
                             return end;
                         }
                     }
@@ -385,7 +401,7 @@ impl<V: Variant> StreamTask<V> {
                     if changed.is_err() {
                         return End::Shutdown;
                     }
-                    if let Err(end) = self.on_applied().await {
+                    if let Err(end) = Box::pin(self.on_applied()).await {
                         return end;
                     }
                 }
@@ -479,7 +495,7 @@ impl<V: Variant> StreamTask<V> {
     async fn send(&mut self, r: V::Resp) -> Result<(), End> {
         V::record(&self.handle, &r);
         tokio::select! {
-            sent = self.tx.send(Ok(r)) => sent.map_err(|_| End::ClientGone),
+            sent = self.tx.send(Ok(Box::new(r))) => sent.map_err(|_| End::ClientGone),
             _ = stopped(self.shared.shutdown.clone()) => Err(End::Shutdown),
         }
     }
