@@ -26,17 +26,25 @@ use super::session::{error_text, Received, Subscription, WILDCARD};
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Boxed per type: a map node holds room for 11 entries, and thousands of
+/// idle streams each hold one.
 #[derive(Default)]
 pub struct DeltaStream {
     nonces: u64,
-    types: BTreeMap<ResourceType, TypeState>,
+    types: BTreeMap<ResourceType, Box<TypeState>>,
+}
+
+/// A version as the stream remembers it: a 64-bit hash of its text (only
+/// ever compared for equality, and an idle stream holds one per resource).
+fn version_key(v: &str) -> u64 {
+    super::resources::fnv1a(v.as_bytes())
 }
 
 #[derive(Default)]
 struct TypeState {
     sub: Subscription,
-    /// What the client has, as far as we know: name → version.
-    known: BTreeMap<String, String>,
+    /// What the client has, as far as we know: name → version (hashed).
+    known: BTreeMap<String, u64>,
     sent_version: String,
     /// The latest nonce sent for this type ("" before the first response).
     nonce: String,
@@ -50,9 +58,9 @@ impl DeltaStream {
         let Some(state) = self.types.get_mut(&t) else {
             let sub = Subscription::from_names(t, &req.resource_names_subscribe);
             // What the client kept is only its business if it is subscribed.
-            let known = req.initial_resource_versions.iter().filter(|(name, _)| sub.wants(name)).map(|(n, v)| (n.clone(), v.clone())).collect();
+            let known = req.initial_resource_versions.iter().filter(|(name, _)| sub.wants(name)).map(|(n, v)| (n.clone(), version_key(v))).collect();
             let newly: BTreeSet<String> = sub.names.clone();
-            self.types.insert(t, TypeState { sub, known, ..Default::default() });
+            self.types.insert(t, Box::new(TypeState { sub, known, ..Default::default() }));
             let response = self.diff(t, config, &newly, true);
             return (Received::Initial(t), response);
         };
@@ -124,7 +132,7 @@ impl DeltaStream {
         let state = self.types.get_mut(&t)?;
         let all = config.of(t);
         let desired = state.sub.select(all);
-        let changed: Vec<_> = desired.into_iter().filter(|r| state.known.get(&r.name) != Some(&r.version)).collect();
+        let changed: Vec<_> = desired.into_iter().filter(|r| state.known.get(&r.name) != Some(&version_key(&r.version))).collect();
         let exists = |name: &str| all.is_some_and(|a| a.contains_key(name));
         let mut removed: BTreeSet<String> = state.known.keys().filter(|k| !(state.sub.wants(k) && exists(k))).cloned().collect();
         removed.extend(newly.iter().filter(|n| !exists(n)).cloned());
@@ -132,7 +140,7 @@ impl DeltaStream {
             return None;
         }
         for r in &changed {
-            state.known.insert(r.name.clone(), r.version.clone());
+            state.known.insert(r.name.clone(), version_key(&r.version));
         }
         for name in &removed {
             state.known.remove(name);

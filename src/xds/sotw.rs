@@ -26,7 +26,8 @@ use std::collections::BTreeMap;
 #[derive(Default)]
 pub struct SotwStream {
     nonces: u64,
-    types: BTreeMap<ResourceType, TypeState>,
+    /// Boxed: see `delta::DeltaStream`.
+    types: BTreeMap<ResourceType, Box<TypeState>>,
 }
 
 #[derive(Default)]

@@ -62,7 +62,8 @@ pub struct ProxyStatus {
     /// config); cleared by the next success.
     pub generate_error: Option<String>,
     /// By short type name (`CDS`, `EDS`, `LDS`, `RDS`).
-    pub types: BTreeMap<&'static str, TypeStatus>,
+    /// Boxed: a map node holds room for 11 entries, and every stream has one.
+    pub types: BTreeMap<&'static str, Box<TypeStatus>>,
     /// Set when the server asked this stream to close (and why).
     pub closing: Option<String>,
 }
