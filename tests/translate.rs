@@ -118,12 +118,20 @@ fn incremental_equals_full() {
     use lodestar::xds::resources::Generator;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/bookinfo-sidecar");
     let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
-    let proxy =
-        ProxyIdentity::parse("sidecar~127.0.20.1~productpage-v1.default~default.svc.cluster.local", &json!({"LABELS": {"app": "productpage"}})).unwrap();
+    // Two proxies that see the mesh the same way (they share a rebuilt
+    // route table) and one whose labels differ (sourceLabels below).
+    let proxies: Vec<ProxyIdentity> = [("127.0.20.1", "productpage"), ("127.0.20.2", "productpage"), ("127.0.20.3", "details")]
+        .iter()
+        .map(|(ip, app)| ProxyIdentity::parse(&format!("sidecar~{ip}~{app}-v1.default~default.svc.cluster.local"), &json!({"LABELS": {"app": app}})).unwrap())
+        .collect();
     let translator = Translator::new(MeshConfig::default());
-    translator.generate(&proxy, &base).unwrap();
+    for proxy in &proxies {
+        translator.generate(proxy, &base).unwrap();
+    }
 
     let changes = [
+        // Per-source routing: the same step gives the proxies different tables.
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: default}\nspec:\n  hosts: [reviews]\n  http:\n  - match: [{sourceLabels: {app: productpage}}]\n    route:\n    - destination: {host: reviews, subset: v2}\n  - route:\n    - destination: {host: reviews, subset: v1}\n",
         // VirtualService edits: the incremental path.
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: default}\nspec:\n  hosts: [reviews]\n  http:\n  - route:\n    - destination: {host: reviews, subset: v3}\n",
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: pp, namespace: default}\nspec:\n  hosts: [productpage]\n  http:\n  - fault: {abort: {httpStatus: 503, percentage: {value: 50}}}\n    route:\n    - destination: {host: productpage}\n",
@@ -141,10 +149,12 @@ fn incremental_equals_full() {
             state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string(), expected_revision: None }] }).0.unwrap();
         }
         let applied = Applied { state: state.clone(), ..Default::default() };
-        let got = translator.generate(&proxy, &applied).unwrap();
-        let want = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), &proxy);
-        assert_eq!(render(&got), render(&want), "change {i}");
-        assert_eq!(got.revision, applied.revision());
+        for proxy in &proxies {
+            let got = translator.generate(proxy, &applied).unwrap();
+            let want = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), proxy);
+            assert_eq!(render(&got), render(&want), "change {i}, proxy {}", proxy.id);
+            assert_eq!(got.revision, applied.revision());
+        }
     }
 }
 

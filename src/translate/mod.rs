@@ -426,6 +426,27 @@ pub struct Translator {
     changes: Mutex<std::collections::VecDeque<Step>>,
     /// Clusters and load assignments shared across proxies.
     clusters: ClusterCache,
+    /// Route tables rebuilt for a VirtualService change, at one revision.
+    route_steps: Mutex<RouteSteps>,
+}
+
+/// Route tables rebuilt at `revision` by the incremental path, by the table
+/// they replaced. Proxies of one namespace (and labels) that had the same
+/// table before (interned: the same `Arc`) get the same table after, so
+/// the first one to make the step rebuilds it and the others take it.
+#[derive(Default)]
+struct RouteSteps {
+    revision: u64,
+    steps: std::collections::HashMap<usize, Vec<RouteStep>>,
+}
+
+struct RouteStep {
+    /// Held, so that its address cannot be reused while this entry lives.
+    before: Arc<XdsResource>,
+    namespace: String,
+    labels: BTreeMap<String, String>,
+    after: Arc<XdsResource>,
+    parts: RdsParts,
 }
 
 /// A step between two revisions (from, to) and what changed in it.
@@ -442,7 +463,33 @@ impl Translator {
             previous: Mutex::new(Default::default()),
             changes: Mutex::new(Default::default()),
             clusters: Default::default(),
+            route_steps: Mutex::new(Default::default()),
         }
+    }
+
+    fn route_step(&self, revision: u64, before: &Arc<XdsResource>, proxy: &ProxyIdentity) -> Option<(Arc<XdsResource>, RdsParts)> {
+        let steps = self.route_steps.lock().unwrap_or_else(|p| p.into_inner());
+        if steps.revision != revision {
+            return None;
+        }
+        let step = steps
+            .steps
+            .get(&(Arc::as_ptr(before) as usize))?
+            .iter()
+            .find(|s| Arc::ptr_eq(&s.before, before) && s.namespace == proxy.namespace && s.labels == proxy.labels)?;
+        Some((step.after.clone(), step.parts.clone()))
+    }
+
+    fn remember_route_step(&self, revision: u64, before: Arc<XdsResource>, proxy: &ProxyIdentity, after: Arc<XdsResource>, parts: RdsParts) {
+        let mut steps = self.route_steps.lock().unwrap_or_else(|p| p.into_inner());
+        if steps.revision != revision {
+            if steps.revision > revision {
+                return; // a straggler: the cache has moved on
+            }
+            *steps = RouteSteps { revision, steps: Default::default() };
+        }
+        let step = RouteStep { before, namespace: proxy.namespace.clone(), labels: proxy.labels.clone(), after, parts };
+        steps.steps.entry(Arc::as_ptr(&step.before) as usize).or_default().push(step);
     }
 
     /// The mesh at `applied`'s revision, built once per revision and
@@ -598,12 +645,26 @@ impl Translator {
             if !table.parts.iter().any(|p| hosts.contains(&p.hostname)) {
                 continue;
             }
+            // Only VirtualServices changed, so the table keeps its hosts: what
+            // it becomes depends on what it was, the mesh, and how this proxy
+            // sees it (namespace, labels). Another proxy may have made the
+            // same step already.
+            let before = prev.config.of(ResourceType::Route).and_then(|m| m.get(name)).cloned();
+            if let Some((after, parts)) = before.as_ref().and_then(|b| self.route_step(mesh.revision, b, proxy)) {
+                *table = parts;
+                cfg.insert_shared(ResourceType::Route, after);
+                continue;
+            }
             let ctx = RouteCtx { mesh, proxy, port: table.port, gateway: None };
             for part in table.parts.iter_mut().filter(|p| hosts.contains(&p.hostname)) {
                 let Some(svc) = mesh.services.get(&part.hostname) else { continue };
                 *part = VhostPart::build(&ctx, svc, part.domains.as_ref().clone());
             }
-            cfg.insert(ResourceType::Route, assemble_route(name, &table.parts));
+            let after = intern::resource(Arc::new(assemble_route(name, &table.parts)));
+            cfg.insert_shared(ResourceType::Route, after.clone());
+            if let Some(before) = before {
+                self.remember_route_step(mesh.revision, before, proxy, after, table.clone());
+            }
         }
         (cfg, rds)
     }
