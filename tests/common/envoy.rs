@@ -38,14 +38,7 @@ pub fn envoy_binary() -> PathBuf {
     path
 }
 
-/// A fresh random 127.A.B prefix (all of 127/8 is loopback on Linux), so
-/// parallel tests do not clash on ports.
-pub fn loopback_prefix() -> String {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64;
-    let x = (nanos ^ (std::process::id() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(SEQ.fetch_add(1, Ordering::Relaxed) * 0x1_0001);
-    format!("127.{}.{}", 1 + (x % 250), (x >> 8) % 250)
-}
+pub use super::loopback_prefix;
 
 /// What `lodestar bootstrap` is asked for.
 #[derive(Debug, Clone)]

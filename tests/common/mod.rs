@@ -63,11 +63,45 @@ pub struct Cluster {
     members: Vec<String>,
 }
 
-fn random_prefix() -> String {
-    // Seeded from the clock and pid: unique enough across parallel tests.
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64;
-    let x = nanos ^ (std::process::id() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    format!("127.{}.{}", 1 + (x % 250), (x >> 8) % 250)
+/// A 127.A.B prefix (all of 127/8 is loopback on Linux) that no other
+/// running test holds, so that parallel tests never share an address:
+/// picked at random and reserved by creating a file named after it, holding
+/// this process's id, in the temp dir. A file whose process is gone is
+/// taken over. (A random pick alone collided now and then: one test's
+/// replica answered at another test's address.)
+pub fn loopback_prefix() -> String {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join("lodestar-test-prefixes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let me = std::process::id();
+    loop {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64;
+        let x = (nanos ^ (me as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(SEQ.fetch_add(1, Ordering::Relaxed) * 0x1_0001);
+        let prefix = format!("127.{}.{}", 1 + (x % 250), (x >> 8) % 250);
+        let path = dir.join(&prefix);
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(mut f) => {
+                write!(f, "{me}").unwrap();
+                return prefix;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // Held, unless its owner is gone. A file still being
+                // written (no pid yet) counts as held for a minute.
+                let owner = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u32>().ok());
+                let fresh = std::fs::metadata(&path).and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|age| age < Duration::from_secs(60)));
+                let held = match owner {
+                    Some(pid) => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+                    None => fresh,
+                };
+                if !held {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+            Err(e) => panic!("reserving a loopback prefix in {}: {e}", dir.display()),
+        }
+    }
 }
 
 impl Cluster {
@@ -83,7 +117,7 @@ impl Cluster {
     /// yet (e.g. to restore a backup into their data dirs first).
     pub fn prepare(n: u64, extra_toml: &str) -> Cluster {
         let tmp = tempfile::tempdir().unwrap();
-        let prefix = random_prefix();
+        let prefix = loopback_prefix();
         let replicas: Vec<Replica> = (1..=n)
             .map(|id| Replica {
                 id,
