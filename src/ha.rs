@@ -185,7 +185,9 @@ pub async fn raft_metrics(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) 
             let r = rx.borrow_and_update().clone();
             m.raft_term.set(r.current_term as i64);
             m.raft_last_log_index.set(r.last_log_index.unwrap_or(0) as i64);
-            m.raft_applied_index.set(r.last_applied.map_or(0, |l| l.index) as i64);
+            let applied = r.last_applied.map_or(0, |l| l.index);
+            m.raft_applied_index.set(applied as i64);
+            m.raft_commit_index.set(commit_index(&r).unwrap_or(applied) as i64);
             m.raft_is_leader.set((r.current_leader == Some(node.id)) as i64);
             if r.current_leader.is_some() && r.current_leader != leader {
                 if leader.is_some() {
@@ -200,6 +202,24 @@ pub async fn raft_metrics(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) 
             changed = rx.changed() => if changed.is_err() { return },
         }
     }
+}
+
+/// On the leader, the highest log index a quorum of voters has: the
+/// leader's own last index counts as matched (it replicates only what it
+/// has appended). None elsewhere: a follower's metrics carry no commit index.
+fn commit_index(r: &openraft::RaftMetrics<crate::store::NodeId, crate::store::NodeInfo>) -> Option<u64> {
+    let replication = r.replication.as_ref()?;
+    let mut matched: Vec<u64> = r
+        .membership_config
+        .membership()
+        .voter_ids()
+        .map(|id| if id == r.id { r.last_log_index.unwrap_or(0) } else { replication.get(&id).copied().flatten().map_or(0, |l| l.index) })
+        .collect();
+    if matched.is_empty() {
+        return None;
+    }
+    matched.sort_unstable_by(|a, b| b.cmp(a));
+    Some(matched[matched.len() / 2])
 }
 
 #[cfg(test)]

@@ -51,6 +51,9 @@ pub struct Histogram {
     count: AtomicU64,
 }
 
+/// 10 µs … 1 s: one state machine apply call.
+pub const APPLY_BUCKETS: &[f64] = &[0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0];
+
 /// 1 ms … 30 s: from an idle push to a slow convergence.
 pub const LATENCY_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
@@ -136,7 +139,9 @@ pub struct Metrics {
     // Raft and the write path.
     pub raft_term: Gauge,
     pub raft_last_log_index: Gauge,
+    pub raft_commit_index: Gauge,
     pub raft_applied_index: Gauge,
+    pub raft_apply_duration: Histogram,
     pub raft_is_leader: Gauge,
     pub raft_leader_changes: Counter,
     pub store_revision: Gauge,
@@ -161,7 +166,9 @@ pub fn metrics() -> &'static Metrics {
         streams_refused: Family::new(&["reason"]),
         raft_term: Gauge::default(),
         raft_last_log_index: Gauge::default(),
+        raft_commit_index: Gauge::default(),
         raft_applied_index: Gauge::default(),
+        raft_apply_duration: Histogram::new(APPLY_BUCKETS),
         raft_is_leader: Gauge::default(),
         raft_leader_changes: Counter::default(),
         store_revision: Gauge::default(),
@@ -210,7 +217,16 @@ impl Metrics {
         counter_family(&mut o, "lodestar_xds_streams_refused_total", "Streams refused: not ready, or behind the proxy.", &self.streams_refused);
         single(&mut o, "lodestar_raft_term", "gauge", "Current raft term.", self.raft_term.get());
         single(&mut o, "lodestar_raft_last_log_index", "gauge", "Index of the last raft log entry here.", self.raft_last_log_index.get());
+        single(
+            &mut o,
+            "lodestar_raft_commit_index",
+            "gauge",
+            "Highest raft log index known committed here (the leader's quorum match; a follower's applied index).",
+            self.raft_commit_index.get(),
+        );
         single(&mut o, "lodestar_raft_applied_index", "gauge", "Index of the last raft log entry applied here.", self.raft_applied_index.get());
+        header(&mut o, "lodestar_raft_apply_duration_seconds", "histogram", "Seconds the state machine took to apply one group of committed entries.");
+        self.raft_apply_duration.render(&mut o, "lodestar_raft_apply_duration_seconds", "");
         single(&mut o, "lodestar_raft_is_leader", "gauge", "1 on the leader.", self.raft_is_leader.get());
         single(&mut o, "lodestar_raft_leader_changes_total", "counter", "Leader changes seen by this replica.", self.raft_leader_changes.get());
         single(&mut o, "lodestar_store_revision", "gauge", "The store revision applied here.", self.store_revision.get());

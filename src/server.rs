@@ -110,8 +110,11 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
     let xds_server = tokio::spawn(crate::xds::server::serve(xds_listener, pushed, generator, sync, options, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
-    let mut background =
-        vec![tokio::spawn(crate::ha::freshness(node.clone(), stop_tx.subscribe())), tokio::spawn(crate::ha::gossip(node.clone(), stop_tx.subscribe()))];
+    let mut background = vec![
+        tokio::spawn(crate::ha::freshness(node.clone(), stop_tx.subscribe())),
+        tokio::spawn(crate::ha::gossip(node.clone(), stop_tx.subscribe())),
+        tokio::spawn(crate::ha::raft_metrics(node.clone(), stop_tx.subscribe())),
+    ];
     if config.xds_rebalance_interval_ms > 0 {
         background.push(tokio::spawn(crate::ha::rebalance(node.clone(), stop_tx.subscribe())));
     }

@@ -255,6 +255,18 @@ async fn metrics_debug_endpoints_and_proxy_commands() {
     ] {
         assert!(text.contains(name), "/metrics lacks {name}:\n{text}");
     }
+    // Raft's gauges are live: a single node leads, in a term, with its
+    // writes committed and applied, at the store revision the write got.
+    let value = |name: &str| -> f64 {
+        let line = text.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_else(|| panic!("/metrics lacks {name}:\n{text}"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    assert_eq!(value("lodestar_raft_is_leader"), 1.0, "{text}");
+    assert!(value("lodestar_raft_term") >= 1.0, "{text}");
+    assert!(value("lodestar_raft_applied_index") >= 2.0, "{text}");
+    assert!(value("lodestar_raft_commit_index") >= value("lodestar_raft_applied_index"), "{text}");
+    assert_eq!(value("lodestar_store_revision"), rev as f64, "{text}");
+    assert!(value("lodestar_raft_apply_duration_seconds_count") >= 1.0, "{text}");
     let dump: Value = fx.client.get(format!("{api}/debug/config_dump?proxyID={}&type=endpoint", p.id)).send().await.unwrap().json().await.unwrap();
     assert_eq!(dump["revision"], rev);
     assert!(dump["endpoints"].to_string().contains(&up.addr.port().to_string()), "{dump:#}");

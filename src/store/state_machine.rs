@@ -446,6 +446,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
+        let started = Instant::now();
         let mut next = (*self.current).clone();
         let mut responses = Vec::new();
         let mut all_events = Vec::new();
@@ -498,6 +499,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         drop(pending);
         let msg = (!all_events.is_empty()).then(|| WatchMsg::Events(Arc::new(all_events)));
         self.publish(next, msg);
+        crate::metrics::metrics().raft_apply_duration.observe(started.elapsed());
         Ok(responses)
     }
 
