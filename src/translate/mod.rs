@@ -179,7 +179,9 @@ impl VhostPart {
 #[derive(Clone)]
 struct RdsParts {
     port: u32,
-    parts: Vec<VhostPart>,
+    /// Shared: a proxy's next config copies it whole unless a change
+    /// touched one of its hosts.
+    parts: Arc<Vec<VhostPart>>,
 }
 
 fn assemble_route(name: &str, parts: &[VhostPart]) -> XdsResource {
@@ -221,7 +223,7 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
                 })
                 .collect();
             cfg.insert(ResourceType::Route, assemble_route(&route_name, &parts));
-            rds.insert(route_name.clone(), RdsParts { port: plan.port, parts });
+            rds.insert(route_name.clone(), RdsParts { port: plan.port, parts: Arc::new(parts) });
             let l = listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name));
             cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
         } else if let Some(svc) = plan.services.values().next() {
@@ -389,13 +391,15 @@ struct Previous {
     mesh: Arc<Mesh>,
     config: ProxyConfig,
     rds: BTreeMap<String, RdsParts>,
-    /// The hosts its config depends on, computed on first use.
-    deps: std::sync::OnceLock<BTreeSet<String>>,
+    /// The hosts its config depends on, computed on first use, or carried
+    /// over from the config this one was derived from incrementally (those
+    /// keep every cluster and every route table's hosts).
+    deps: std::sync::OnceLock<Arc<BTreeSet<String>>>,
 }
 
 impl Previous {
     /// Every host the config has clusters or routes for.
-    fn deps(&self) -> &BTreeSet<String> {
+    fn deps(&self) -> &Arc<BTreeSet<String>> {
         self.deps.get_or_init(|| {
             let mut hosts: BTreeSet<String> = BTreeSet::new();
             for name in self.config.of(ResourceType::Cluster).into_iter().flat_map(|m| m.keys()) {
@@ -405,7 +409,7 @@ impl Previous {
                 }
             }
             hosts.extend(self.rds.values().flat_map(|t| t.parts.iter().map(|p| p.hostname.clone())));
-            hosts
+            Arc::new(hosts)
         })
     }
 }
@@ -656,7 +660,7 @@ impl Translator {
                 continue;
             }
             let ctx = RouteCtx { mesh, proxy, port: table.port, gateway: None };
-            for part in table.parts.iter_mut().filter(|p| hosts.contains(&p.hostname)) {
+            for part in Arc::make_mut(&mut table.parts).iter_mut().filter(|p| hosts.contains(&p.hostname)) {
                 let Some(svc) = mesh.services.get(&part.hostname) else { continue };
                 *part = VhostPart::build(&ctx, svc, part.domains.as_ref().clone());
             }
@@ -699,6 +703,9 @@ impl Generator for Translator {
         let mesh = self.mesh(applied);
         let prev = self.previous.lock().unwrap_or_else(|p| p.into_inner()).get(&proxy.id).cloned();
         let prev = prev.filter(|p| p.identity == *proxy && p.config.revision <= applied.revision());
+        // Set when the config is derived from `prev` incrementally: it keeps
+        // prev's clusters and route tables' hosts, so its dependencies.
+        let mut incremental = true;
         let (config, rds) = match (&prev, proxy.kind) {
             (Some(p), _) if p.config.revision == applied.revision() => return Ok(p.config.clone()),
             // Nothing this proxy depends on changed: its config is the same
@@ -712,15 +719,25 @@ impl Generator for Translator {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
                 None => match (kind, self.vs_only_hosts(p, applied)) {
                     (ProxyKind::Sidecar, Some(hosts)) => self.incremental(p, &mesh, proxy, &hosts),
-                    _ => translate_with_parts(&mesh, proxy, Some(&self.clusters)),
+                    _ => {
+                        incremental = false;
+                        translate_with_parts(&mesh, proxy, Some(&self.clusters))
+                    }
                 },
             },
-            _ => translate_with_parts(&mesh, proxy, Some(&self.clusters)),
+            _ => {
+                incremental = false;
+                translate_with_parts(&mesh, proxy, Some(&self.clusters))
+            }
         };
         // Share what other proxies already hold: equal route tables and
         // equal whole maps (CDS/EDS of proxies that see the same services).
+        // A map carried over from the previous config is interned already.
         let mut config = config;
-        for map in config.resources.values_mut() {
+        for (t, map) in config.resources.iter_mut() {
+            if prev.as_ref().and_then(|p| p.config.resources.get(t)).is_some_and(|old| Arc::ptr_eq(old, map)) {
+                continue;
+            }
             if let Some(m) = Arc::get_mut(map) {
                 for r in m.values_mut() {
                     *r = intern::resource(r.clone());
@@ -728,14 +745,12 @@ impl Generator for Translator {
             }
             *map = intern::map(map.clone());
         }
-        let entry = Arc::new(Previous {
-            identity: proxy.clone(),
-            objects: applied.state.objects.clone(),
-            mesh: mesh.clone(),
-            config: config.clone(),
-            rds,
-            deps: Default::default(),
-        });
+        let deps = std::sync::OnceLock::new();
+        if let Some(d) = prev.as_ref().filter(|_| incremental).and_then(|p| p.deps.get()) {
+            let _ = deps.set(d.clone());
+        }
+        let entry =
+            Arc::new(Previous { identity: proxy.clone(), objects: applied.state.objects.clone(), mesh: mesh.clone(), config: config.clone(), rds, deps });
         self.previous.lock().unwrap_or_else(|p| p.into_inner()).insert(proxy.id.clone(), entry);
         Ok(config)
     }

@@ -21,10 +21,11 @@
 //!   as the client's, so only a later change sends them again.
 //! - `system_version_info` is the store revision the response was built from.
 
-use super::resources::{ProxyConfig, ResourceType};
+use super::resources::{ProxyConfig, ResourceMap, ResourceType};
 use super::session::{error_text, Received, Subscription, WILDCARD};
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// Boxed per type: a map node holds room for 11 entries, and thousands of
 /// idle streams each hold one.
@@ -48,6 +49,11 @@ struct TypeState {
     sent_version: String,
     /// The latest nonce sent for this type ("" before the first response).
     nonce: String,
+    /// The map `known` was last brought in line with. A config that still
+    /// holds this very map (translation shares unchanged types) has nothing
+    /// new for the client, so the diff is skipped. Cleared whenever `known`
+    /// or `sub` change otherwise.
+    synced: Option<Arc<ResourceMap>>,
 }
 
 impl DeltaStream {
@@ -75,6 +81,7 @@ impl DeltaStream {
                 None => Received::Ack { t, version: state.sent_version.clone() },
             }
         };
+        state.synced = None;
 
         for name in &req.resource_names_unsubscribe {
             if name == WILDCARD && t.wildcard_allowed() {
@@ -119,6 +126,7 @@ impl DeltaStream {
                     for c in &r.resources {
                         eds.known.remove(&c.name);
                     }
+                    eds.synced = None;
                 }
             }
             out.push(r);
@@ -130,6 +138,11 @@ impl DeltaStream {
     /// None when there is nothing to say (unless `always`).
     fn diff(&mut self, t: ResourceType, config: &ProxyConfig, newly: &BTreeSet<String>, always: bool) -> Option<DeltaDiscoveryResponse> {
         let state = self.types.get_mut(&t)?;
+        let map = config.resources.get(&t);
+        if !always && newly.is_empty() && state.synced.as_ref().zip(map).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) {
+            return None;
+        }
+        state.synced = map.cloned();
         let all = config.of(t);
         let desired = state.sub.select(all);
         let changed: Vec<_> = desired.into_iter().filter(|r| state.known.get(&r.name) != Some(&version_key(&r.version))).collect();
@@ -218,6 +231,37 @@ mod tests {
         let (rx, r) = s.on_request(&nack, &config(3, &[("a", 2), ("c", 1)], &[]));
         assert!(matches!(rx, Received::Nack { ref rejected_version, .. } if rejected_version == "2"));
         assert!(r.is_none());
+    }
+
+    /// Translation shares unchanged maps between configs: such a type is
+    /// skipped without a diff, and what the skip must not hide is still
+    /// sent (endpoints after their clusters, a subscription change).
+    #[test]
+    fn shared_maps_are_skipped_but_nothing_is_missed() {
+        let mut s = DeltaStream::default();
+        let c1 = config(1, &[("a", 1)], &["a"]);
+        for (t, sub) in [(ResourceType::Cluster, "*"), (ResourceType::Endpoint, "a")] {
+            let (_, r) = s.on_request(&req(t, &[sub], &[], ""), &c1);
+            let nonce = r.unwrap().nonce;
+            s.on_request(&req(t, &[], &[], &nonce), &c1);
+        }
+        // The same maps at a newer revision: nothing to say.
+        let mut c2 = c1.clone();
+        c2.revision = 2;
+        assert!(s.on_config(&c2).is_empty());
+        // Clusters change, endpoints are the very same map: both are sent.
+        let mut c3 = config(3, &[("a", 2)], &[]);
+        c3.resources.insert(ResourceType::Endpoint, c1.resources[&ResourceType::Endpoint].clone());
+        let pushed = s.on_config(&c3);
+        assert_eq!(
+            pushed.iter().map(|r| (r.type_url.clone(), names(r))).collect::<Vec<_>>(),
+            vec![(ResourceType::Cluster.type_url(), vec!["a"]), (ResourceType::Endpoint.type_url(), vec!["a"]),]
+        );
+        // Unsubscribing and subscribing again over the same map re-sends it.
+        let (_, r) = s.on_request(&req(ResourceType::Endpoint, &[], &["a"], &pushed[1].nonce), &c3);
+        assert!(r.is_none());
+        let (_, r) = s.on_request(&req(ResourceType::Endpoint, &["a"], &[], ""), &c3);
+        assert_eq!(names(&r.unwrap()), vec!["a"]);
     }
 
     #[test]
