@@ -194,7 +194,7 @@ impl Generator for VsGenerator {
                 continue;
             }
             let name = key.name.to_string();
-            let tag = obj.body["metadata"]["labels"]["tag"].as_str().unwrap_or("").to_string();
+            let tag = obj.body()["metadata"]["labels"]["tag"].as_str().unwrap_or("").to_string();
             if tag == "fail" {
                 return Err(format!("cannot translate {name}"));
             }

@@ -64,7 +64,7 @@ pub async fn run(node: Arc<Node>, mut source: Box<dyn Source>, mut shutdown: wat
 }
 
 fn owned_by(obj: &StoredObject, source: &str) -> bool {
-    obj.body.pointer("/metadata/annotations").and_then(|a| a.get(SOURCE_ANNOTATION)).and_then(Value::as_str) == Some(source)
+    obj.body().pointer("/metadata/annotations").and_then(|a| a.get(SOURCE_ANNOTATION)).and_then(Value::as_str) == Some(source)
 }
 
 /// One atomic write that makes the source's resources exactly `docs`:
@@ -94,7 +94,7 @@ pub async fn reconcile(node: &Node, source: &str, docs: Vec<Value>) -> Result<Op
     // Puts that change nothing are dropped, so an unchanged scan is no write.
     ops.retain(|op| match op {
         Op::Put { key, body, .. } => match current.state.get(key) {
-            Some(cur) => serde_json::from_str::<Value>(body).ok().as_ref() != Some(&strip_status(&cur.body)),
+            Some(cur) => serde_json::from_str::<Value>(body).ok().as_ref() != Some(&strip_status(cur.body())),
             None => true,
         },
         _ => true,

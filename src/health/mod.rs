@@ -167,7 +167,7 @@ impl Reaper {
                 }
                 continue;
             }
-            let status = InstanceStatus::of(&obj.body);
+            let status = InstanceStatus::of(obj.body());
             let unhealthy = status.as_ref().is_some_and(|s| s.health == HealthState::Unhealthy);
             match expired {
                 Some(true) if !unhealthy => {

@@ -106,7 +106,7 @@ async fn run_check(node: Arc<Node>, checks: Checks, key: ResourceKey, check: Hea
         }
         let applied = node.reader.current();
         let Some(obj) = applied.state.get(&key) else { return };
-        let stored = InstanceStatus::of(&obj.body).map(|s| s.health);
+        let stored = InstanceStatus::of(obj.body()).map(|s| s.health);
         let want = if fails >= check.unhealthy_threshold() {
             Some(HealthState::Unhealthy)
         } else if oks >= check.healthy_threshold() {

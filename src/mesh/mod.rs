@@ -570,7 +570,7 @@ pub fn instance_hostname(spec: &InstanceSpec, namespace: &str, suffix: &str) -> 
 /// probes it (no check, or a TTL that registration started) and unknown
 /// while a probe has not yet reported (Envoy routes to unknown hosts).
 pub fn instance_health(obj: &StoredObject, spec: &InstanceSpec) -> Health {
-    match InstanceStatus::of(&obj.body).map(|s| s.health) {
+    match InstanceStatus::of(obj.body()).map(|s| s.health) {
         Some(HealthState::Healthy) => Health::Healthy,
         Some(HealthState::Unhealthy) => Health::Unhealthy,
         None if spec.health_check.as_ref().is_some_and(|c| c.is_probe()) => Health::Unknown,

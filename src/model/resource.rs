@@ -177,8 +177,16 @@ pub struct StoredObject {
     pub mod_revision: u64,
     /// How many times it was written since creation (etcd's version).
     pub version: u64,
-    /// The normalised body as applied, without server-owned fields.
-    pub body: Value,
+    /// The normalised body as applied, without server-owned fields, as
+    /// JSON text. serde_json keeps object keys sorted, so the text of a
+    /// value is canonical: equal bodies have equal texts.
+    text: Arc<str>,
+    /// The body parsed, on first use: a write stores the text it carries
+    /// without parsing it on every replica (most objects are only ever
+    /// read again typed, or as text).
+    body: OnceLock<Value>,
+    /// Whether the body has a `status` (registry health).
+    status: bool,
     /// The typed spec, parsed on first use and shared by every revision
     /// that still holds this object (translation reads it, not the JSON).
     typed: OnceLock<Result<Arc<TypedSpec>, String>>,
@@ -186,8 +194,8 @@ pub struct StoredObject {
 
 impl PartialEq for StoredObject {
     fn eq(&self, other: &Self) -> bool {
-        (&self.key, self.create_revision, self.mod_revision, self.version, &self.body)
-            == (&other.key, other.create_revision, other.mod_revision, other.version, &other.body)
+        (&self.key, self.create_revision, self.mod_revision, self.version, &self.text)
+            == (&other.key, other.create_revision, other.mod_revision, other.version, &other.text)
     }
 }
 
@@ -197,7 +205,29 @@ impl Eq for StoredObject {}
 
 impl StoredObject {
     pub fn new(key: ResourceKey, create_revision: u64, mod_revision: u64, version: u64, body: Value) -> Self {
-        StoredObject { key, create_revision, mod_revision, version, body, typed: OnceLock::new() }
+        let (text, status) = (Arc::from(body.to_string()), body.get("status").is_some());
+        StoredObject { key, create_revision, mod_revision, version, text, body: OnceLock::from(body), status, typed: OnceLock::new() }
+    }
+
+    /// An object from the canonical JSON text of a body without `status`
+    /// (a normalised resource as `apply` writes it), parsed on first use.
+    pub fn from_text(key: ResourceKey, create_revision: u64, mod_revision: u64, version: u64, text: Arc<str>) -> Self {
+        StoredObject { key, create_revision, mod_revision, version, text, body: OnceLock::new(), status: false, typed: OnceLock::new() }
+    }
+
+    /// The body. Text that is not JSON (data from an incompatible version)
+    /// reads as null, whose typed spec then fails and says so.
+    pub fn body(&self) -> &Value {
+        self.body.get_or_init(|| serde_json::from_str(&self.text).unwrap_or(Value::Null))
+    }
+
+    /// The body as canonical JSON text.
+    pub fn text(&self) -> &Arc<str> {
+        &self.text
+    }
+
+    pub fn has_status(&self) -> bool {
+        self.status
     }
 
     /// The spec as its typed model. Stored objects passed validation when
@@ -208,16 +238,16 @@ impl StoredObject {
     }
 
     pub fn labels(&self) -> BTreeMap<&str, &str> {
-        labels_of(&self.body)
+        labels_of(self.body())
     }
 
     pub fn spec(&self) -> &Value {
-        self.body.get("spec").unwrap_or(&Value::Null)
+        self.body().get("spec").unwrap_or(&Value::Null)
     }
 
     /// The object as clients see it: the body plus the server's metadata.
     pub fn to_json(&self) -> Value {
-        let mut out = self.body.clone();
+        let mut out = self.body().clone();
         if let Some(meta) = out.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.insert("resourceVersion".into(), Value::String(self.mod_revision.to_string()));
             meta.insert("creationRevision".into(), Value::from(self.create_revision));

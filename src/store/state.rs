@@ -71,7 +71,11 @@ impl State {
                                 Some(cur) => (cur.create_revision, cur.version + 1),
                                 None => (revision, 1),
                             };
-                            let obj = Arc::new(StoredObject::new(p.key.clone(), create_revision, revision, version, p.body.unwrap_or(Value::Null)));
+                            let obj = Arc::new(match p.body {
+                                Some(NewBody::Text(text)) => StoredObject::from_text(p.key.clone(), create_revision, revision, version, text),
+                                Some(NewBody::Value(body)) => StoredObject::new(p.key.clone(), create_revision, revision, version, body),
+                                None => StoredObject::new(p.key.clone(), create_revision, revision, version, Value::Null),
+                            });
                             self.objects.insert(p.key.clone(), obj.clone());
                             events.push(Event { revision, kind: EventType::Put, object: obj });
                             revision
@@ -118,9 +122,20 @@ impl State {
                 }
             }
             let planned = match op {
+                // The common case: the op's text is the new body as it is
+                // (canonical JSON without status, from `apply`), compared and
+                // stored as text, parsed only when something reads it.
+                Op::Put { body, .. } if key.kind != Kind::Instance && !current.as_ref().is_some_and(|c| c.has_status()) => {
+                    let action = match &current {
+                        None => Action::Created,
+                        Some(cur) if **cur.text() == **body => Action::Unchanged,
+                        Some(_) => Action::Configured,
+                    };
+                    Planned { key: key.clone(), action, body: Some(NewBody::Text(Arc::from(body.as_str()))), current }
+                }
                 Op::Put { body, .. } => {
                     let mut body: Value = serde_json::from_str(body).map_err(|e| Error::internal(format!("stored body of {key} is not JSON: {e}")))?;
-                    if let (Some(status), Some(obj)) = (current.as_ref().and_then(|c| c.body.get("status")), body.as_object_mut()) {
+                    if let (Some(status), Some(obj)) = (current.as_ref().and_then(|c| c.body().get("status")), body.as_object_mut()) {
                         obj.insert("status".into(), status.clone());
                     }
                     if key.kind == Kind::Instance {
@@ -137,20 +152,20 @@ impl State {
                     }
                     let action = match &current {
                         None => Action::Created,
-                        Some(cur) if cur.body == body => Action::Unchanged,
+                        Some(cur) if *cur.body() == body => Action::Unchanged,
                         Some(_) => Action::Configured,
                     };
-                    Planned { key: key.clone(), action, body: Some(body), current }
+                    Planned { key: key.clone(), action, body: Some(NewBody::Value(body)), current }
                 }
                 Op::SetStatus { status, .. } => {
                     let Some(cur) = &current else { return Err(Error::not_found(format!("{key} not found"))) };
                     let status: Value = serde_json::from_str(status).map_err(|e| Error::invalid(format!("status of {key} is not JSON: {e}")))?;
-                    let mut body = cur.body.clone();
+                    let mut body = cur.body().clone();
                     if let Some(obj) = body.as_object_mut() {
                         obj.insert("status".into(), status);
                     }
-                    let action = if body == cur.body { Action::Unchanged } else { Action::Configured };
-                    Planned { key: key.clone(), action, body: Some(body), current }
+                    let action = if body == *cur.body() { Action::Unchanged } else { Action::Configured };
+                    Planned { key: key.clone(), action, body: Some(NewBody::Value(body)), current }
                 }
                 Op::Delete { ignore_missing, .. } => {
                     let action = match (&current, ignore_missing) {
@@ -182,15 +197,20 @@ impl State {
         self.objects
             .range(lo..)
             .take_while(move |(k, _)| k.kind == Kind::Instance && k.namespace == lease.namespace)
-            .filter(move |(_, o)| o.body.pointer("/spec/lease").and_then(Value::as_str) == Some(lease.name.as_str()))
+            .filter(move |(_, o)| o.body().pointer("/spec/lease").and_then(Value::as_str) == Some(lease.name.as_str()))
     }
 }
 
 struct Planned {
     key: ResourceKey,
     action: Action,
-    body: Option<Value>,
+    body: Option<NewBody>,
     current: Option<Arc<StoredObject>>,
+}
+
+enum NewBody {
+    Text(Arc<str>),
+    Value(Value),
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@
 
 use super::codec;
 use super::state::{Event, EventType, State};
-use super::types::{Command, Entry, LogId, Op, Response, SnapshotMeta, StorageError, StoredMembership, Txn, TypeConfig};
+use super::types::{Command, Entry, LogId, Response, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::model::{ResourceKey, StoredObject};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder};
@@ -86,20 +86,7 @@ pub(crate) struct ObjectRecord {
 
 impl ObjectRecord {
     pub(crate) fn from_object(o: &StoredObject) -> Self {
-        ObjectRecord { key: o.key.clone(), create_revision: o.create_revision, mod_revision: o.mod_revision, version: o.version, body: o.body.to_string() }
-    }
-    /// The record of an object `txn` just wrote. A put's body is the op's
-    /// text, which the object's body was parsed from: the same JSON, without
-    /// serializing the parsed value again on every replica.
-    fn applied(o: &StoredObject, txn: &Txn) -> Self {
-        let body = txn.ops.iter().find_map(|op| match op {
-            Op::Put { key, body, .. } if *key == o.key => Some(body.clone()),
-            _ => None,
-        });
-        match body {
-            Some(body) => ObjectRecord { key: o.key.clone(), create_revision: o.create_revision, mod_revision: o.mod_revision, version: o.version, body },
-            None => ObjectRecord::from_object(o),
-        }
+        ObjectRecord { key: o.key.clone(), create_revision: o.create_revision, mod_revision: o.mod_revision, version: o.version, body: o.text().to_string() }
     }
     pub(crate) fn into_object(self) -> Result<StoredObject, serde_json::Error> {
         Ok(StoredObject::new(self.key, self.create_revision, self.mod_revision, self.version, serde_json::from_str(&self.body)?))
@@ -466,7 +453,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         if let Some(first) = events.first() {
                             let records: Vec<EventRecord> = events
                                 .iter()
-                                .map(|e| EventRecord { delete: e.kind == EventType::Delete, object: ObjectRecord::applied(&e.object, txn) })
+                                .map(|e| EventRecord { delete: e.kind == EventType::Delete, object: ObjectRecord::from_object(&e.object) })
                                 .collect();
                             for (e, rec) in events.iter().zip(&records) {
                                 let record = (e.kind == EventType::Put).then(|| rec.object.clone());
