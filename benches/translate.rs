@@ -53,7 +53,7 @@ fn mesh_docs() -> Vec<Value> {
 fn put(state: &mut State, doc: Value) {
     let r = parse_resource(doc, "default").expect("valid");
     validate_spec(&r).expect("valid");
-    state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string(), expected_revision: None }] }).0.expect("applied");
+    state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.expect("applied");
 }
 
 fn bench(c: &mut Criterion) {

@@ -22,7 +22,7 @@ fn applied_from(yaml: &str) -> Applied {
     for doc in parse_documents(yaml, "input.yaml").unwrap() {
         let r = parse_resource(doc, "default").unwrap_or_else(|e| panic!("{e:?}"));
         validate_spec(&r).unwrap_or_else(|e| panic!("{}: {e:?}", r.key));
-        let (res, _) = state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string(), expected_revision: None }] });
+        let (res, _) = state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] });
         res.unwrap();
     }
     Applied { state, ..Default::default() }
@@ -146,7 +146,7 @@ fn incremental_equals_full() {
         for doc in parse_documents(yaml, "change").unwrap() {
             let r = parse_resource(doc, "default").unwrap();
             validate_spec(&r).unwrap();
-            state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string(), expected_revision: None }] }).0.unwrap();
+            state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.unwrap();
         }
         let applied = Applied { state: state.clone(), ..Default::default() };
         for proxy in &proxies {
@@ -176,7 +176,7 @@ fn endpoint_changes_are_eds_only() {
     let put = |yaml: &str| {
         let r = parse_resource(parse_documents(yaml, "change").unwrap().remove(0), "default").unwrap();
         validate_spec(&r).unwrap();
-        Op::Put { key: r.key, body: r.body.to_string(), expected_revision: None }
+        Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }
     };
     let key = |name: &str| ResourceKey::new(Kind::Instance, "default", name);
     let unhealthy = json!({"health": "Unhealthy", "reason": "test", "sinceUnixMs": 1}).to_string();
@@ -240,7 +240,7 @@ fn changes_outside_a_proxys_scope_are_not_translated() {
     for (i, (yaml, in_scope)) in steps.into_iter().enumerate() {
         let r = parse_resource(parse_documents(yaml, "change").unwrap().remove(0), "default").unwrap();
         validate_spec(&r).unwrap();
-        state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string(), expected_revision: None }] }).0.unwrap();
+        state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.unwrap();
         let applied = Applied { state: state.clone(), ..Default::default() };
         let got = translator.generate(&proxy, &applied).unwrap();
         let want = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), &proxy);

@@ -9,14 +9,27 @@
 //! a thread blocking in sled's `flush` rather than a task awaiting
 //! `flush_async`, which would add a hop through sled's thread pool to every
 //! group commit.
+//!
+//! The newest entries are also kept in memory, as appended (`Tail`): raft
+//! reads each one back right after appending it, once per follower to
+//! replicate it and once to apply it, and serving those from sled meant a
+//! tree walk and a decode each time. The tail always ends at the last
+//! entry in sled (truncate and purge trim both), so a read that starts
+//! inside it is answered from it alone.
 
 use super::codec;
 use super::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, RaftLogId, Vote};
+use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
+
+/// Bounds of the in-memory tail: entries, and their encoded bytes.
+const TAIL_MAX_ENTRIES: usize = 4096;
+const TAIL_MAX_BYTES: usize = 64 << 20;
 
 const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
@@ -28,6 +41,69 @@ pub struct LogStore {
     log: sled::Tree,
     meta: sled::Tree,
     flusher: mpsc::UnboundedSender<LogFlushed<TypeConfig>>,
+    tail: Arc<Mutex<Tail>>,
+}
+
+/// The newest entries, contiguous, ending at the last one in sled; each
+/// with its encoded size.
+#[derive(Default)]
+struct Tail {
+    entries: VecDeque<(Entry, usize)>,
+    bytes: usize,
+}
+
+impl Tail {
+    fn first_index(&self) -> Option<u64> {
+        self.entries.front().map(|(e, _)| e.get_log_id().index)
+    }
+
+    fn push(&mut self, entry: Entry, size: usize) {
+        let index = entry.get_log_id().index;
+        if self.entries.back().is_some_and(|(e, _)| e.get_log_id().index + 1 != index) {
+            self.clear();
+        }
+        self.entries.push_back((entry, size));
+        self.bytes += size;
+        while self.entries.len() > TAIL_MAX_ENTRIES || self.bytes > TAIL_MAX_BYTES {
+            self.pop_front();
+        }
+    }
+
+    fn pop_front(&mut self) {
+        if let Some((_, size)) = self.entries.pop_front() {
+            self.bytes -= size;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    /// Drops `index` and everything after it (truncation).
+    fn truncate_from(&mut self, index: u64) {
+        while self.entries.back().is_some_and(|(e, _)| e.get_log_id().index >= index) {
+            let (_, size) = self.entries.pop_back().expect("checked");
+            self.bytes -= size;
+        }
+    }
+
+    /// Drops `index` and everything before it (purge).
+    fn purge_to(&mut self, index: u64) {
+        while self.first_index().is_some_and(|i| i <= index) {
+            self.pop_front();
+        }
+    }
+
+    /// Entries from `start` on that `range` holds, if the tail has `start`.
+    fn read(&self, start: u64, range: &impl RangeBounds<u64>) -> Option<Vec<Entry>> {
+        let first = self.first_index()?;
+        if start < first {
+            return None;
+        }
+        let skip = usize::try_from(start - first).ok()?;
+        Some(self.entries.iter().skip(skip).map(|(e, _)| e).take_while(|e| range.contains(&e.get_log_id().index)).cloned().collect())
+    }
 }
 
 fn io_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::error::Error + 'static) -> StorageError {
@@ -49,7 +125,7 @@ impl LogStore {
         let (tx, rx) = mpsc::unbounded_channel();
         let flush_db = db.clone();
         std::thread::Builder::new().name("lodestar-log-flush".into()).spawn(move || flusher(flush_db, rx))?;
-        Ok(LogStore { db: db.clone(), log, meta, flusher: tx })
+        Ok(LogStore { db: db.clone(), log, meta, flusher: tx, tail: Default::default() })
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StorageError> {
@@ -103,6 +179,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(&i) => i + 1,
             Bound::Unbounded => 0,
         };
+        if let Some(entries) = self.tail.lock().unwrap_or_else(|p| p.into_inner()).read(start, &range) {
+            return Ok(entries);
+        }
         let mut out = Vec::new();
         for item in self.log.range(index_key(start)..) {
             let (k, v) = item.map_err(read_err)?;
@@ -163,7 +242,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // order, so a crash keeps a prefix of these entries, and raft only
         // counts them once the flush below has made all of them durable.
         for entry in entries {
-            self.log.insert(index_key(entry.get_log_id().index), codec::encode(&entry)).map_err(write_err)?;
+            let bytes = codec::encode(&entry);
+            let size = bytes.len();
+            if let Err(e) = self.log.insert(index_key(entry.get_log_id().index), bytes) {
+                // What sled holds now is unknown: read it from there.
+                self.tail.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                return Err(write_err(e));
+            }
+            self.tail.lock().unwrap_or_else(|p| p.into_inner()).push(entry, size);
         }
         // The flusher only stops when the store is dropped, and then raft is gone too.
         let _ = self.flusher.send(callback);
@@ -171,6 +257,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.tail.lock().unwrap_or_else(|p| p.into_inner()).truncate_from(log_id.index);
         let mut batch = sled::Batch::default();
         for item in self.log.range(index_key(log_id.index)..) {
             batch.remove(item.map_err(read_err)?.0);
@@ -182,11 +269,84 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.put_meta_durable(LAST_PURGED, &log_id).await?;
+        self.tail.lock().unwrap_or_else(|p| p.into_inner()).purge_to(log_id.index);
         let mut batch = sled::Batch::default();
         for item in self.log.range(..=index_key(log_id.index)) {
             batch.remove(item.map_err(read_err)?.0);
         }
         self.log.apply_batch(batch).map_err(write_err)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::state_machine::StateMachine;
+    use openraft::testing::{StoreBuilder, Suite};
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    /// A store on a fresh sled database in a temporary directory.
+    struct Builder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Builder {
+        async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
+            let dir = tempfile::tempdir().map_err(read_err)?;
+            let db = crate::store::open_db(dir.path()).map_err(read_err)?;
+            let log = LogStore::open(&db).map_err(read_err)?;
+            let (sm, _reader) = StateMachine::open(&db, 1000).map_err(read_err)?;
+            Ok((dir, log, sm))
+        }
+    }
+
+    /// openraft's own conformance suite for log storage and state machine
+    /// (appends, reads, truncation, purge, membership, snapshots).
+    #[test]
+    fn openraft_storage_suite() {
+        Suite::test_all(Builder).unwrap();
+    }
+
+    fn blank(index: u64) -> Entry {
+        Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Blank }
+    }
+
+    fn read(tail: &Tail, range: impl RangeBounds<u64>) -> Option<Vec<u64>> {
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i + 1,
+            Bound::Unbounded => 0,
+        };
+        tail.read(start, &range).map(|v| v.iter().map(|e| e.log_id.index).collect())
+    }
+
+    /// The tail answers exactly the reads that start inside it, stays
+    /// bounded, and follows truncation, purge and a gap.
+    #[test]
+    fn the_in_memory_tail() {
+        let mut tail = Tail::default();
+        let n = TAIL_MAX_ENTRIES as u64 + 100;
+        for i in 1..=n {
+            tail.push(blank(i), 10);
+        }
+        let first = n - TAIL_MAX_ENTRIES as u64 + 1;
+        assert_eq!((tail.first_index(), tail.entries.len(), tail.bytes), (Some(first), TAIL_MAX_ENTRIES, TAIL_MAX_ENTRIES * 10));
+        assert_eq!(read(&tail, first - 1..), None, "starts before the tail: read from sled");
+        assert_eq!(read(&tail, first..first + 3), Some(vec![first, first + 1, first + 2]));
+        assert_eq!(read(&tail, n - 1..=n + 5), Some(vec![n - 1, n]));
+        assert_eq!(read(&tail, n + 1..), Some(vec![]));
+        tail.truncate_from(n - 10);
+        assert_eq!(read(&tail, n - 12..), Some(vec![n - 12, n - 11]));
+        tail.push(blank(n - 10), 10);
+        assert_eq!(read(&tail, n - 11..), Some(vec![n - 11, n - 10]));
+        tail.purge_to(first + 5);
+        assert_eq!(read(&tail, first + 5..first + 7), None);
+        assert_eq!(read(&tail, first + 6..first + 8), Some(vec![first + 6, first + 7]));
+        // Not contiguous: start over from the new entry.
+        tail.push(blank(n + 5), 10);
+        assert_eq!((tail.first_index(), tail.bytes), (Some(n + 5), 10));
+        let huge = TAIL_MAX_BYTES / 2 + 1;
+        tail.push(blank(n + 6), huge);
+        tail.push(blank(n + 7), huge);
+        assert_eq!((tail.first_index(), tail.bytes), (Some(n + 7), huge), "bounded by bytes");
     }
 }

@@ -131,7 +131,7 @@ impl State {
                         Some(cur) if **cur.text() == **body => Action::Unchanged,
                         Some(_) => Action::Configured,
                     };
-                    Planned { key: key.clone(), action, body: Some(NewBody::Text(Arc::from(body.as_str()))), current }
+                    Planned { key: key.clone(), action, body: Some(NewBody::Text(body.clone())), current }
                 }
                 Op::Put { body, .. } => {
                     let mut body: Value = serde_json::from_str(body).map_err(|e| Error::internal(format!("stored body of {key} is not JSON: {e}")))?;
@@ -225,7 +225,7 @@ mod tests {
     fn put(name: &str, host: &str, expected: Option<u64>) -> Op {
         let body = json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
                           "metadata": {"name": name, "namespace": "default"}, "spec": {"hosts": [host]}});
-        Op::Put { key: key(name), body: body.to_string(), expected_revision: expected }
+        Op::Put { key: key(name), body: body.to_string().into(), expected_revision: expected }
     }
 
     #[test]

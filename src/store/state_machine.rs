@@ -621,7 +621,7 @@ mod fixtures {
 
     #[test]
     fn format_v1_is_stable() {
-        let put = Op::Put { key: object().key, body: object().body, expected_revision: Some(7) };
+        let put = Op::Put { key: object().key, body: object().body.into(), expected_revision: Some(7) };
         let del = Op::Delete { key: ResourceKey::new(Kind::VirtualService, "ns", "x"), expected_revision: None, ignore_missing: true };
         let entry = Entry { log_id: log_id(2, 9), payload: EntryPayload::Normal(Command::Batch(vec![Txn { ops: vec![put, del] }])) };
         check("log_entry", &entry);
@@ -655,7 +655,7 @@ mod checkpoint_tests {
         let body = serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
             "metadata": {"name": key.name, "namespace": "ns", "annotations": {"seq": i.to_string(), "pad": "x".repeat(pad)}},
             "spec": {"host": "reviews"}});
-        Txn { ops: vec![Op::Put { key, body: body.to_string(), expected_revision: None }] }
+        Txn { ops: vec![Op::Put { key, body: body.to_string().into(), expected_revision: None }] }
     }
 
     fn entry(index: u64, txns: Vec<Txn>) -> Entry {

@@ -65,7 +65,9 @@ pub enum Op {
         key: ResourceKey,
         /// The normalised body as JSON text (bincode cannot carry
         /// `serde_json::Value`, and text keeps the log self-describing).
-        body: String,
+        /// Shared: encoded exactly as a `String`, and cloning an entry (the
+        /// log's cache, a batch kept for a retry) copies no body.
+        body: std::sync::Arc<str>,
         expected_revision: Option<u64>,
     },
     Delete {
