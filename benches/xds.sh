@@ -30,6 +30,9 @@
 #   BENCH_LOAD_WAIT=300      average is at most this, waiting at most this
 #                            many seconds over the whole run
 #   BENCH_KEEP=1           keep the temp dir (data and logs) after the run
+#   BENCH_BINARY=PATH      run this lodestar binary instead of building the
+#                            tree (A/B runs: alternate two builds, since the
+#                            machine's speed drifts between sittings)
 #
 # Needs: cargo, curl. Every step is bounded in time; every process started
 # here is killed on exit. Exits non-zero when a scenario reports a problem
@@ -104,9 +107,14 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 # (a) build
 echo "# building lodestar (release)" >&2
-timeout 3600 nice -n 10 cargo build --release --quiet --bin lodestar
-# A copy: a concurrent build must not swap the binary under the benchmark.
-cp "$ROOT/target/release/lodestar" "$WORK/lodestar"
+if [ -n "${BENCH_BINARY:-}" ]; then
+    # A given build, e.g. an older commit's, to compare with in one sitting.
+    cp "$BENCH_BINARY" "$WORK/lodestar"
+else
+    timeout 3600 nice -n 10 cargo build --release --quiet --bin lodestar
+    # A copy: a concurrent build must not swap the binary under the benchmark.
+    cp "$ROOT/target/release/lodestar" "$WORK/lodestar"
+fi
 LODESTAR=$WORK/lodestar
 
 API=() RAFT=() XDS=()
