@@ -18,10 +18,11 @@
 //!   NACKed response is not resent until its content changes. One
 //!   exception: a CDS push is always followed by EDS (see `on_config`).
 
-use super::resources::{ProxyConfig, ResourceType};
+use super::resources::{ProxyConfig, ResourceMap, ResourceType};
 use super::session::{error_text, Received, Subscription};
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 #[derive(Default)]
 pub struct SotwStream {
@@ -38,6 +39,10 @@ struct TypeState {
     sent_version: String,
     /// The latest nonce sent for this type.
     nonce: String,
+    /// The map `sent` was taken from, under the current subscription: a
+    /// config that still holds this very map (translation shares unchanged
+    /// types) cannot differ, so it is not compared name by name.
+    synced: Option<Arc<ResourceMap>>,
 }
 
 impl SotwStream {
@@ -60,6 +65,7 @@ impl SotwStream {
         };
         let state = self.types.entry(t).or_default();
         state.sub = Subscription::from_names(t, &req.resource_names);
+        state.synced = None;
         let respond = matches!(received, Received::Initial(_)) || self.differs(t, config);
         let response = respond.then(|| self.respond(t, config));
         (received, response)
@@ -98,6 +104,9 @@ impl SotwStream {
 
     fn differs(&self, t: ResourceType, config: &ProxyConfig) -> bool {
         let Some(state) = self.types.get(&t) else { return false };
+        if state.synced.as_ref().zip(config.resources.get(&t)).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) {
+            return false;
+        }
         let now = state.sub.select(config.of(t));
         now.len() != state.sent.len() || now.iter().zip(&state.sent).any(|(r, (name, version))| r.name != *name || r.version != *version)
     }
@@ -123,6 +132,7 @@ impl SotwStream {
             selected.iter().map(|r| r.any.clone()).collect()
         };
         state.sent = now;
+        state.synced = config.resources.get(&t).cloned();
         state.sent_version = version.clone();
         state.nonce = nonce.clone();
         DiscoveryResponse { version_info: version, resources, type_url: t.type_url(), nonce, ..Default::default() }
@@ -197,6 +207,24 @@ mod tests {
         let (rx, r) = s.on_request(&nack, &c2);
         assert_eq!(rx, Received::Nack { t: ResourceType::Cluster, rejected_version: "2".into(), nonce: n2, error: "bad cluster a".into() });
         assert!(r.is_none(), "a NACKed response is not resent unchanged");
+    }
+
+    /// Maps shared with the config last sent are not compared again, and
+    /// the endpoints of a changed cluster still follow it.
+    #[test]
+    fn shared_maps_are_skipped_but_nothing_is_missed() {
+        let mut s = SotwStream::default();
+        let c1 = config(1, &[("a", 1)], &["a"]);
+        let (_, r) = s.on_request(&req(ResourceType::Cluster, &[], "", ""), &c1);
+        s.on_request(&req(ResourceType::Cluster, &[], "1", &r.unwrap().nonce), &c1);
+        s.on_request(&req(ResourceType::Endpoint, &["a"], "", ""), &c1);
+        let mut c2 = c1.clone();
+        c2.revision = 2;
+        assert!(s.on_config(&c2).is_empty());
+        let mut c3 = config(3, &[("a", 2)], &[]);
+        c3.resources.insert(ResourceType::Endpoint, c1.resources[&ResourceType::Endpoint].clone());
+        let types: Vec<_> = s.on_config(&c3).iter().map(|r| ResourceType::from_type_url(&r.type_url).unwrap()).collect();
+        assert_eq!(types, vec![ResourceType::Cluster, ResourceType::Endpoint]);
     }
 
     #[test]
