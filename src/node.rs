@@ -173,6 +173,9 @@ pub struct Node {
     pub sync: crate::xds::SyncRegistry,
     /// Readiness and peers' status (`ha`).
     pub ha: crate::ha::HaState,
+    /// The least read index while leading in a term: (term, index). See
+    /// `leader_read_index`.
+    read_floor: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 impl Node {
@@ -190,6 +193,7 @@ impl Node {
             checks: Default::default(),
             sync: Default::default(),
             ha: Default::default(),
+            read_floor: Default::default(),
         });
         tokio::spawn(batcher(Arc::downgrade(&node), rx));
         node
@@ -446,9 +450,30 @@ impl Node {
 
     /// Leader side of read-index: confirm leadership with a quorum. `None`
     /// when this node turns out not to be the leader.
+    ///
+    /// openraft 0.9 lets a leader that restarts keep its term (its vote is
+    /// committed), and then takes the read index from the commit index it
+    /// persisted, which may lag what it had acknowledged: a write answered
+    /// just before a crash of the whole cluster could be missing from a
+    /// linearizable read just after. This leader's log holds every entry
+    /// proposed in its term, so the read index is also at least its last log
+    /// index as this process first saw it while leading in this term. (A
+    /// newly elected leader's own first entry is past that anyway.)
     async fn leader_read_index(&self) -> Result<Option<u64>> {
+        let floor = {
+            let m = self.raft.metrics().borrow().clone();
+            let mut floor = self.read_floor.lock().unwrap_or_else(|p| p.into_inner());
+            match *floor {
+                Some((term, index)) if term == m.current_term => index,
+                _ => {
+                    let index = m.last_log_index.unwrap_or(0);
+                    *floor = Some((m.current_term, index));
+                    index
+                }
+            }
+        };
         match self.raft.ensure_linearizable().await {
-            Ok(log_id) => Ok(Some(log_id.map_or(0, |l| l.index))),
+            Ok(log_id) => Ok(Some(log_id.map_or(0, |l| l.index).max(floor))),
             Err(RaftError::APIError(_)) => Ok(None),
             Err(e) => Err(Error::unavailable(format!("raft: {e}"))),
         }

@@ -404,7 +404,7 @@ async fn whole_cluster_down_then_up() {
     }
     let (_, list) = common::get_json(&fx.client, &format!("{}/v1/resources/vs", fx.api(2))).await;
     let names: Vec<&str> = list["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
-    assert_eq!(names.len(), 20, "{names:?}");
+    assert_eq!(names.len(), 20, "{names:?} at revision {}; acknowledged: {acked:?}", list["revision"]);
     assert!(list["revision"].as_u64().unwrap() >= *acked.last().unwrap());
     // And new config flows again.
     let (s, _) = common::apply(

@@ -116,7 +116,8 @@ impl Cluster {
     /// The addresses and directories of `n` founding replicas, none started
     /// yet (e.g. to restore a backup into their data dirs first).
     pub fn prepare(n: u64, extra_toml: &str) -> Cluster {
-        let tmp = tempfile::tempdir().unwrap();
+        // LODESTAR_TEST_KEEP=1 keeps data dirs and replica logs for a post-mortem.
+        let tmp = tempfile::Builder::new().prefix("lodestar-test").disable_cleanup(std::env::var_os("LODESTAR_TEST_KEEP").is_some()).tempdir().unwrap();
         let prefix = loopback_prefix();
         let replicas: Vec<Replica> = (1..=n)
             .map(|id| Replica {
