@@ -220,8 +220,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        // Not flushed on its own: it rides along with the next log flush. After
-        // a crash openraft recomputes the commit index with its peers.
+        // Not flushed on its own: it rides along with the next log flush. It
+        // may lag after a crash: a follower learns the commit index from the
+        // leader again, and a leader that keeps its term across a restart
+        // raises its read index to its last log index (`Node::leader_read_index`).
         self.meta.insert(COMMITTED, codec::encode(&committed)).map_err(write_err)?;
         Ok(())
     }
