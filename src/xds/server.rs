@@ -23,13 +23,13 @@
 
 use super::delta::DeltaStream;
 use super::resources::{Generator, ProxyConfig, ResourceType};
+use super::service::Requests;
 use super::session::Received;
 use super::sotw::SotwStream;
 use super::status::{Protocol, StreamHandle, SyncRegistry};
 use crate::model::proxy::ProxyIdentity;
 use crate::store::Applied;
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
 use serde_json::Value;
@@ -38,7 +38,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::server::TcpIncoming;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Response, Status};
 
 /// Responses queued per stream before the stream task waits for the
 /// client to read. Small: a slow proxy should coalesce revisions, not queue.
@@ -156,8 +156,7 @@ impl AdsService {
 
     /// Read the first request, identify the proxy, generate its config and
     /// start the stream task.
-    async fn open<V: Variant>(&self, request: Request<Streaming<V::Req>>) -> Result<Response<Outbound<V::Resp>>, Status> {
-        let mut inbound = request.into_inner();
+    async fn open<V: Variant>(&self, mut inbound: Requests<V::Req>) -> Result<Response<Outbound<V::Resp>>, Status> {
         let first = tokio::select! {
             m = inbound.message() => m?.ok_or_else(|| Status::invalid_argument("the stream closed before its first request"))?,
             _ = stopped(self.shared.shutdown.clone()) => return Err(Status::unavailable("the server is shutting down")),
@@ -216,29 +215,21 @@ impl<R> futures::Stream for Outbound<R> {
     }
 }
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for AdsService {
-    type StreamAggregatedResourcesStream = Outbound<DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = Outbound<DeltaDiscoveryResponse>;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        self.open::<SotwStream>(request).await
+impl AdsService {
+    /// `StreamAggregatedResources`: a state-of-the-world stream.
+    pub(super) async fn sotw(&self, inbound: Requests<DiscoveryRequest>) -> Result<Response<Outbound<DiscoveryResponse>>, Status> {
+        self.open::<SotwStream>(inbound).await
     }
 
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        self.open::<DeltaStream>(request).await
+    /// `DeltaAggregatedResources`: an incremental stream.
+    pub(super) async fn delta(&self, inbound: Requests<DeltaDiscoveryRequest>) -> Result<Response<Outbound<DeltaDiscoveryResponse>>, Status> {
+        self.open::<DeltaStream>(inbound).await
     }
 }
 
 /// What the stream task needs from a protocol variant.
 trait Variant: Default + Send + 'static {
-    type Req: Send + 'static;
+    type Req: prost::Message + Default + Send + 'static;
     type Resp: Send + 'static;
     const PROTOCOL: Protocol;
     fn node(req: &Self::Req) -> Option<&Node>;
@@ -343,7 +334,7 @@ fn jittered(age: Duration, stream: u64) -> Duration {
 }
 
 impl<V: Variant> StreamTask<V> {
-    async fn run(mut self, first: V::Req, mut inbound: Streaming<V::Req>) {
+    async fn run(mut self, first: V::Req, mut inbound: Requests<V::Req>) {
         let end = self.serve(first, &mut inbound).await;
         let why = match end {
             End::Shutdown => "server shutdown",
@@ -359,7 +350,7 @@ impl<V: Variant> StreamTask<V> {
         self.shared.generator.forget(&self.identity.id);
     }
 
-    async fn serve(&mut self, first: V::Req, inbound: &mut Streaming<V::Req>) -> End {
+    async fn serve(&mut self, first: V::Req, inbound: &mut Requests<V::Req>) -> End {
         if let Err(end) = Box::pin(self.on_request(first)).await {
             return end;
         }
