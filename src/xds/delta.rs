@@ -45,7 +45,8 @@ fn version_key(v: &str) -> u64 {
 struct TypeState {
     sub: Subscription,
     /// What the client has, as far as we know: name → version (hashed).
-    known: BTreeMap<String, u64>,
+    /// Names are the resources' own (`Arc`), not copies.
+    known: BTreeMap<Arc<str>, u64>,
     sent_version: String,
     /// The latest nonce sent for this type ("" before the first response).
     nonce: String,
@@ -64,7 +65,8 @@ impl DeltaStream {
         let Some(state) = self.types.get_mut(&t) else {
             let sub = Subscription::from_names(t, &req.resource_names_subscribe);
             // What the client kept is only its business if it is subscribed.
-            let known = req.initial_resource_versions.iter().filter(|(name, _)| sub.wants(name)).map(|(n, v)| (n.clone(), version_key(v))).collect();
+            let known =
+                req.initial_resource_versions.iter().filter(|(name, _)| sub.wants(name)).map(|(n, v)| (Arc::from(n.as_str()), version_key(v))).collect();
             let newly: BTreeSet<String> = sub.names.clone();
             self.types.insert(t, Box::new(TypeState { sub, known, ..Default::default() }));
             let response = self.diff(t, config, &newly, true);
@@ -88,11 +90,11 @@ impl DeltaStream {
                 state.sub.wildcard = false;
                 // The client drops what only the wildcard gave it.
                 let names = &state.sub.names;
-                state.known.retain(|k, _| names.contains(k));
+                state.known.retain(|k, _| names.contains(&**k));
             } else {
                 state.sub.names.remove(name);
                 if !state.sub.wildcard {
-                    state.known.remove(name);
+                    state.known.remove(name.as_str());
                 }
             }
         }
@@ -104,7 +106,7 @@ impl DeltaStream {
                 state.sub.names.insert(name.clone());
                 // The client asks for it now: send it even if we believe it
                 // has it (a re-subscription after an unsubscribe, or a retry).
-                state.known.remove(name);
+                state.known.remove(name.as_str());
                 newly.insert(name.clone());
             }
         }
@@ -124,7 +126,7 @@ impl DeltaStream {
             if t == ResourceType::Cluster {
                 if let Some(eds) = self.types.get_mut(&ResourceType::Endpoint) {
                     for c in &r.resources {
-                        eds.known.remove(&c.name);
+                        eds.known.remove(c.name.as_str());
                     }
                     eds.synced = None;
                 }
@@ -147,7 +149,7 @@ impl DeltaStream {
         let desired = state.sub.select(all);
         let changed: Vec<_> = desired.into_iter().filter(|r| state.known.get(&r.name) != Some(&version_key(&r.version))).collect();
         let exists = |name: &str| all.is_some_and(|a| a.contains_key(name));
-        let mut removed: BTreeSet<String> = state.known.keys().filter(|k| !(state.sub.wants(k) && exists(k))).cloned().collect();
+        let mut removed: BTreeSet<String> = state.known.keys().filter(|k| !(state.sub.wants(k) && exists(k))).map(|k| k.to_string()).collect();
         removed.extend(newly.iter().filter(|n| !exists(n)).cloned());
         if changed.is_empty() && removed.is_empty() && !always {
             return None;
@@ -156,7 +158,7 @@ impl DeltaStream {
             state.known.insert(r.name.clone(), version_key(&r.version));
         }
         for name in &removed {
-            state.known.remove(name);
+            state.known.remove(name.as_str());
         }
         self.nonces += 1;
         state.nonce = self.nonces.to_string();
@@ -165,7 +167,7 @@ impl DeltaStream {
             system_version_info: state.sent_version.clone(),
             resources: changed
                 .iter()
-                .map(|r| Resource { name: r.name.clone(), version: r.version.clone(), resource: Some(r.any.clone()), ..Default::default() })
+                .map(|r| Resource { name: r.name.to_string(), version: r.version.clone(), resource: Some(r.any.clone()), ..Default::default() })
                 .collect(),
             type_url: t.type_url(),
             removed_resources: removed.into_iter().collect(),

@@ -60,7 +60,9 @@ impl ResourceType {
 /// resource keeps its version across revisions (delta xDS sends nothing).
 #[derive(Debug, Clone, PartialEq)]
 pub struct XdsResource {
-    pub name: String,
+    /// Shared: every stream that tracks what its client has (delta's known
+    /// versions) holds this name, not a copy of it.
+    pub name: Arc<str>,
     pub version: String,
     pub any: Any,
 }
@@ -79,7 +81,7 @@ impl XdsResource {
     /// With a version the caller derived from the content (it must change
     /// whenever the bytes do, and be the same on every replica).
     pub fn with_version<M: Name>(name: impl Into<String>, value: Vec<u8>, version: String) -> XdsResource {
-        XdsResource { name: name.into(), version, any: Any { type_url: M::type_url(), value } }
+        XdsResource { name: Arc::from(name.into()), version, any: Any { type_url: M::type_url(), value } }
     }
 }
 
@@ -115,7 +117,7 @@ impl ProxyConfig {
 
     /// Insert a resource shared with other configs (a translation cache).
     pub fn insert_shared(&mut self, t: ResourceType, r: Arc<XdsResource>) {
-        Arc::make_mut(self.resources.entry(t).or_default()).insert(r.name.clone(), r);
+        Arc::make_mut(self.resources.entry(t).or_default()).insert(r.name.to_string(), r);
     }
 }
 

@@ -18,7 +18,7 @@
 //!   NACKed response is not resent until its content changes. One
 //!   exception: a CDS push is always followed by EDS (see `on_config`).
 
-use super::resources::{ProxyConfig, ResourceMap, ResourceType};
+use super::resources::{ProxyConfig, ResourceMap, ResourceType, XdsResource};
 use super::session::{error_text, Received, Subscription};
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use std::collections::BTreeMap;
@@ -35,7 +35,7 @@ pub struct SotwStream {
 struct TypeState {
     sub: Subscription,
     /// name → version, exactly as the latest response carried them.
-    sent: Vec<(String, String)>,
+    sent: Vec<Arc<XdsResource>>,
     sent_version: String,
     /// The latest nonce sent for this type.
     nonce: String,
@@ -108,7 +108,7 @@ impl SotwStream {
             return false;
         }
         let now = state.sub.select(config.of(t));
-        now.len() != state.sent.len() || now.iter().zip(&state.sent).any(|(r, (name, version))| r.name != *name || r.version != *version)
+        now.len() != state.sent.len() || now.iter().zip(&state.sent).any(|(r, s)| r.name != s.name || r.version != s.version)
     }
 
     fn respond(&mut self, t: ResourceType, config: &ProxyConfig) -> DiscoveryResponse {
@@ -123,11 +123,11 @@ impl SotwStream {
         let version = config.revision.to_string();
         let state = self.types.entry(t).or_default();
         let selected = state.sub.select(config.of(t));
-        let now: Vec<(String, String)> = selected.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
-        let removed = state.sent.iter().any(|(name, _)| !now.iter().any(|(n, _)| n == name));
+        let now: Vec<Arc<XdsResource>> = selected.iter().map(|r| Arc::clone(r)).collect();
+        let removed = state.sent.iter().any(|s| !now.iter().any(|n| n.name == s.name));
         let resources = if partial && !removed {
-            let before: std::collections::HashMap<&str, &str> = state.sent.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-            selected.iter().filter(|r| before.get(r.name.as_str()) != Some(&r.version.as_str())).map(|r| r.any.clone()).collect()
+            let before: std::collections::HashMap<&str, &str> = state.sent.iter().map(|s| (&*s.name, s.version.as_str())).collect();
+            selected.iter().filter(|r| before.get(&*r.name) != Some(&r.version.as_str())).map(|r| r.any.clone()).collect()
         } else {
             selected.iter().map(|r| r.any.clone()).collect()
         };
