@@ -196,6 +196,10 @@ impl AdsService {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let max_age = self.shared.options.max_stream_age.map(|a| jittered(a, handle.stream()));
         let stream = StreamTask { shared: self.shared.clone(), identity, handle, applied, tx, config, variant: V::default(), max_age };
+        // Requests come boxed (see `Requests::message`): an async fn keeps
+        // room for its arguments for the future's whole life, and an
+        // Envoy's first request (its node inline) would otherwise take
+        // about a kilobyte of every idle stream's task, twice over.
         tokio::spawn(stream.run(first, inbound));
         Ok(Response::new(Outbound(rx)))
     }
@@ -334,7 +338,7 @@ fn jittered(age: Duration, stream: u64) -> Duration {
 }
 
 impl<V: Variant> StreamTask<V> {
-    async fn run(mut self, first: V::Req, mut inbound: Requests<V::Req>) {
+    async fn run(mut self, first: Box<V::Req>, mut inbound: Requests<V::Req>) {
         let end = self.serve(first, &mut inbound).await;
         let why = match end {
             End::Shutdown => "server shutdown",
@@ -350,7 +354,7 @@ impl<V: Variant> StreamTask<V> {
         self.shared.generator.forget(&self.identity.id);
     }
 
-    async fn serve(&mut self, first: V::Req, inbound: &mut Requests<V::Req>) -> End {
+    async fn serve(&mut self, first: Box<V::Req>, inbound: &mut Requests<V::Req>) -> End {
         if let Err(end) = Box::pin(self.on_request(first)).await {
             return end;
         }
@@ -400,7 +404,7 @@ impl<V: Variant> StreamTask<V> {
         }
     }
 
-    async fn on_request(&mut self, req: V::Req) -> Result<(), End> {
+    async fn on_request(&mut self, req: Box<V::Req>) -> Result<(), End> {
         if let Some(v) = V::client_revision(&req).filter(|v| *v > self.config.revision) {
             self.catch_up(v).await?;
         }

@@ -90,8 +90,10 @@ impl<Req: prost::Message + Default> Requests<Req> {
     }
 
     /// The next request, or None when the client ended the stream.
-    /// Cancel-safe: received bytes stay buffered across calls.
-    pub async fn message(&mut self) -> Result<Option<Req>, Status> {
+    /// Cancel-safe: received bytes stay buffered across calls. Boxed: a
+    /// request (an Envoy's node inline) is large, and whoever awaits this
+    /// in a loop would otherwise keep room for one in its idle state.
+    pub async fn message(&mut self) -> Result<Option<Box<Req>>, Status> {
         loop {
             if let Some(request) = self.decode_buffered()? {
                 return Ok(Some(request));
@@ -111,7 +113,7 @@ impl<Req: prost::Message + Default> Requests<Req> {
     }
 
     /// One whole message from the buffer, if it holds one.
-    fn decode_buffered(&mut self) -> Result<Option<Req>, Status> {
+    fn decode_buffered(&mut self) -> Result<Option<Box<Req>>, Status> {
         let Some(header) = self.buf.get(..5) else { return Ok(None) };
         if header[0] != 0 {
             return Err(Status::unimplemented("compressed requests are not supported"));
@@ -124,7 +126,7 @@ impl<Req: prost::Message + Default> Requests<Req> {
             self.buf.reserve(5 + len - self.buf.len());
             return Ok(None);
         };
-        let request = Req::decode(body).map_err(|e| Status::internal(format!("undecodable request: {e}")))?;
+        let request = Box::new(Req::decode(body).map_err(|e| Status::internal(format!("undecodable request: {e}")))?);
         self.buf.advance(5 + len);
         if self.buf.is_empty() {
             self.buf = BytesMut::new();
@@ -266,7 +268,7 @@ mod tests {
         let chunks = vec![all[..cut[0]].to_vec(), all[cut[0]..cut[1]].to_vec(), all[cut[1]..cut[2]].to_vec(), all[cut[2]..].to_vec()];
         let mut r = requests(chunks);
         for n in 1..=3 {
-            assert_eq!(r.message().await.unwrap(), Some(request(n)));
+            assert_eq!(r.message().await.unwrap(), Some(Box::new(request(n))));
         }
         assert_eq!(r.buf.capacity(), 0, "an idle stream holds no buffer");
         assert_eq!(r.message().await.unwrap(), None);
