@@ -34,7 +34,10 @@ pub struct SotwStream {
 #[derive(Default)]
 struct TypeState {
     sub: Subscription,
-    /// name → version, exactly as the latest response carried them.
+    /// The resources the latest response carried, in its order (their
+    /// names and versions are what later configs are compared with). Shared
+    /// with the config they came from, not copied; they stay alive until the
+    /// type is next sent.
     sent: Vec<Arc<XdsResource>>,
     sent_version: String,
     /// The latest nonce sent for this type.
