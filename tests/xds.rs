@@ -606,6 +606,43 @@ async fn malformed_node_id_is_rejected() {
     assert!(r.syncz().await["proxies"].as_array().unwrap().is_empty());
 }
 
+/// Messages and header blocks bigger than the connection's buffers, on a
+/// stream that goes idle between pushes: the xDS port's HTTP/2 (h2 with
+/// Lodestar's buffer patches, `vendor/h2/PATCHES.md`) starts its read and
+/// write buffers at 4 KiB and releases them whenever a connection is idle,
+/// so each push after an idle period allocates them again and must still
+/// carry frames, messages and headers of any size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_and_headers_across_idle_periods() {
+    let r = InProcess::start(Arc::new(VsGenerator)).await;
+    // About 110 bytes of CDS per name (a DNS label: at most 63 characters):
+    // 300 of them are a response of several 16 KiB HTTP/2 frames.
+    let name = |i: usize| format!("a-service-name-long-enough-to-span-several-frames-{i:03}");
+    let mut rev = r.apply((0..300).map(|i| common::vs(&name(i), "default", "v1")).collect()).await;
+
+    // A 64 KiB first request (the node) and a 12 KiB header: both span
+    // several reads of the server's 4 KiB read buffer.
+    let mut hello = first(req(CDS, &[], "", ""));
+    hello.node.as_mut().unwrap().user_agent_name = "u".repeat(64 * 1024);
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(hello).await.unwrap();
+    let mut call = tonic::Request::new(ReceiverStream::new(rx));
+    call.metadata_mut().insert("x-padding", "p".repeat(12 * 1024).parse().unwrap());
+    let rx = channel(&r.xds).await.stream_aggregated_resources(call).await.expect("stream with a 12 KiB header").into_inner();
+    let mut c = Client { tx, rx };
+
+    for round in 0..3 {
+        let cds = c.recv().await;
+        assert_eq!((kind_of(&cds.type_url), cds.version_info.clone(), names(&cds).len()), (CDS, rev.to_string(), 300 + round));
+        assert!(cds.encoded_len() > 3 * 16 * 1024 / 2, "round {round}: a CDS response of {} bytes", cds.encoded_len());
+        c.send(ack(&cds, &[])).await;
+        r.wait_syncz("CDS acked", |s| acked(s, NODE, CDS, rev)).await;
+        // Idle now: nothing in flight either way. The next change pushes
+        // the whole set again.
+        rev = r.apply(vec![common::vs(&format!("late-{round}"), "default", "v1")]).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_end_cleanly_on_shutdown() {
     let mut r = InProcess::start(Arc::new(VsGenerator)).await;
