@@ -9,8 +9,10 @@
 #                RDS with it, p50/p99/max (target p99 <= 50 ms)
 #   fanout       one endpoint change of web at a time, to 1000 then 5000
 #                proxies: ack -> last proxy ACKed EDS, EDS bytes received
-#   idle         10000 streams on ONE replica (a follower), 100 per HTTP/2
-#                connection: its RSS per stream (target <= 32 KiB)
+#   idle         10000 streams on ONE replica (a follower), each on its own
+#                HTTP/2 connection as Envoys connect: its RSS per stream
+#                (target <= 32 KiB); `idle --streams-per-connection 100`
+#                for streams sharing connections
 #   memory       2000 proxies over the three replicas with the same mesh:
 #                each replica's RSS (target <= 300 MB)
 #

@@ -57,11 +57,15 @@ async fn xds_bench_convergence_and_idle_succeed_and_print_figures() {
     assert_eq!((number(c, "pushed_min"), number(c, "pushed_max"), number(c, "unaffected_pushed")), (10.0, 10.0, 0.0), "every proxy sees web");
     assert!(["yes", "no"].contains(&c["target_met"].as_str()));
 
-    let out = bench(&api, s(&["--scenario", "idle", "--proxies", "50", "--services", "20", "--xds", &xds, "--pid", &pid, "--hold", "0"])).await;
+    let out = bench(
+        &api,
+        s(&["--scenario", "idle", "--proxies", "50", "--services", "20", "--xds", &xds, "--pid", &pid, "--hold", "0", "--streams-per-connection", "10"]),
+    )
+    .await;
     let res = results(&out);
     assert_eq!(res.len(), 1, "{out}");
     let i = &res[0];
-    assert_eq!((i["scenario"].as_str(), number(i, "proxies"), number(i, "streams_per_connection")), ("idle", 50.0, 100.0));
+    assert_eq!((i["scenario"].as_str(), number(i, "proxies"), number(i, "streams_per_connection")), ("idle", 50.0, 10.0));
     assert!(number(i, "rss_before_kib") > 0.0 && number(i, "rss_after_kib") > 0.0);
     for k in ["per_stream_kib", "client_per_proxy_kib", "target_kib"] {
         number(i, k);

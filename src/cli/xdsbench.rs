@@ -31,8 +31,8 @@
 //!   the last affected proxy ACKed EDS with the change, and the bytes of
 //!   the EDS responses the proxies received in the round.
 //! - **idle**: `--proxies` streams to ONE replica (`--xds`, else the first
-//!   member), `--streams-per-connection` (default 100) per HTTP/2
-//!   connection; the replica's RSS (`--pid`, VmRSS) before connecting
+//!   member), `--streams-per-connection` (default 1, as Envoys) per
+//!   HTTP/2 connection; the replica's RSS (`--pid`, VmRSS) before connecting
 //!   (mesh applied) and after every proxy has its initial config and the
 //!   streams sat idle for `--hold` seconds; RSS per stream = delta / N.
 //! - **memory**: `--proxies` streams over every replica; each `--pid`'s RSS
@@ -150,7 +150,7 @@ pub struct XdsArgs {
     /// ADS variant the proxies speak.
     #[arg(long, value_enum, default_value_t = Protocol::Delta)]
     pub protocol: Protocol,
-    /// ADS streams per HTTP/2 connection. Default: 1 (as Envoys), idle 100.
+    /// ADS streams per HTTP/2 connection. Default: 1 (as Envoys).
     #[arg(long, value_parser = value_parser!(u32).range(1..=1_000))]
     pub streams_per_connection: Option<u32>,
     /// A replica's process id, repeatable: its RSS (idle: exactly one;
@@ -873,7 +873,7 @@ pub async fn run(args: XdsArgs) -> Result<Report> {
     if args.scenario != Scenario::Fanout && proxies.len() != 1 {
         bail!("--proxies: {} takes one number", args.scenario.name());
     }
-    let per_connection = args.streams_per_connection.unwrap_or(if args.scenario == Scenario::Idle { 100 } else { 1 });
+    let per_connection = args.streams_per_connection.unwrap_or(1);
     match args.scenario {
         Scenario::Idle if args.pids.len() != 1 => bail!("idle: give the replica's process id, once (--pid)"),
         Scenario::Idle if args.xds.len() > 1 => bail!("idle: the streams go to one replica: give at most one --xds"),
