@@ -451,14 +451,16 @@ impl Node {
     /// Leader side of read-index: confirm leadership with a quorum. `None`
     /// when this node turns out not to be the leader.
     ///
-    /// openraft 0.9 lets a leader that restarts keep its term (its vote is
-    /// committed), and then takes the read index from the commit index it
-    /// persisted, which may lag what it had acknowledged: a write answered
-    /// just before a crash of the whole cluster could be missing from a
-    /// linearizable read just after. This leader's log holds every entry
-    /// proposed in its term, so the read index is also at least its last log
-    /// index as this process first saw it while leading in this term. (A
-    /// newly elected leader's own first entry is past that anyway.)
+    /// Upstream openraft 0.9 lets a leader that restarts keep its term (its
+    /// vote is committed), and then takes the read index from the commit
+    /// index it persisted, which may lag what it had acknowledged: a write
+    /// answered just before a crash of the whole cluster could be missing
+    /// from a linearizable read just after. Ours (`vendor/openraft`) starts a
+    /// former leader as a follower instead; the floor stays as a cheap
+    /// guard: this leader's log holds every entry proposed in its term, so
+    /// the read index is also at least its last log index as this process
+    /// first saw it while leading in this term. (A newly elected leader's
+    /// own first entry is past that anyway.)
     async fn leader_read_index(&self) -> Result<Option<u64>> {
         let floor = {
             let m = self.raft.metrics().borrow().clone();

@@ -5,7 +5,9 @@
 //! callback queued so far, calls `flush` once (one fsync for all of them), and
 //! then completes them in order. That is group commit: under load many
 //! appends share one fsync, and openraft only counts an entry towards the
-//! quorum after its callback fired, i.e. after it is on disk. The flusher is
+//! quorum after its callback fired, i.e. after it is on disk. A leader
+//! replicates the entry meanwhile (our openraft patch, `vendor/openraft`):
+//! its fsync and its followers' overlap. The flusher is
 //! a thread blocking in sled's `flush` rather than a task awaiting
 //! `flush_async`, which would add a hop through sled's thread pool to every
 //! group commit.
@@ -222,8 +224,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         // Not flushed on its own: it rides along with the next log flush. It
         // may lag after a crash: a follower learns the commit index from the
-        // leader again, and a leader that keeps its term across a restart
-        // raises its read index to its last log index (`Node::leader_read_index`).
+        // leader again, and a restarted leader starts as a follower (our
+        // openraft patch). It never gets ahead of this log on disk: a leader
+        // may commit an entry before its own flush of it (its followers hold
+        // it), but the entry was inserted first, and sled recovers a prefix
+        // of its writes in order.
         self.meta.insert(COMMITTED, codec::encode(&committed)).map_err(write_err)?;
         Ok(())
     }
