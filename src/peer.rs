@@ -5,6 +5,11 @@
 //!   follower to the leader) and `status`.
 //! - [`PeerService`]: inbound, hands RPCs to the local raft or node.
 //!
+//! AppendEntries go on one long-lived stream per follower
+//! (`AppendEntriesStream`), answered in order, one at a time as openraft
+//! sends them: no new HTTP/2 stream, headers, trailers or server task per
+//! replication round trip. A peer that lacks the stream gets unary calls.
+//!
 //! Payloads are `store::codec` blobs of openraft's own request and response
 //! types. A connection failure becomes `Unreachable`, so openraft backs off
 //! and retries instead of treating it as a remote error.
@@ -118,7 +123,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerConn;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerConn {
-        PeerConn { target, addr: node.raft_addr.clone(), clients: self.clients.clone() }
+        PeerConn { target, addr: node.raft_addr.clone(), clients: self.clients.clone(), append: None, unary: false }
     }
 }
 
@@ -126,11 +131,57 @@ pub struct PeerConn {
     target: NodeId,
     addr: String,
     clients: PeerClients,
+    /// The AppendEntries stream to this peer, once opened; dropped on any
+    /// error or timeout (a late answer must never be taken for the next
+    /// request's), and opened again by the next request.
+    append: Option<AppendStream>,
+    /// The peer does not serve the stream (an older replica, during a
+    /// rolling upgrade): AppendEntries go as unary calls.
+    unary: bool,
+}
+
+struct AppendStream {
+    tx: tokio::sync::mpsc::Sender<Payload>,
+    rx: tonic::Streaming<Payload>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, NodeInfo, RaftError<NodeId, E>>>;
 
 impl PeerConn {
+    /// One request and its answer on the AppendEntries stream, opening the
+    /// stream first if there is none.
+    async fn append_on_stream(&mut self, data: Vec<u8>) -> Result<Vec<u8>, PeerError> {
+        let unreachable = |s: &tonic::Status| PeerError::Unreachable { addr: self.addr.clone(), msg: s.message().to_string() };
+        if let Some(stream) = &self.append {
+            if stream.tx.send(Payload { data }).await.is_err() {
+                return Err(PeerError::Unreachable { addr: self.addr.clone(), msg: "AppendEntries stream closed".into() });
+            }
+        } else {
+            let mut client =
+                RaftPeerClient::new(self.clients.channel(&self.addr)?).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            let call = client.append_entries_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+            // The first request goes with the call: the server answers the
+            // call once it has it.
+            tx.send(Payload { data }).await.map_err(|_| PeerError::Unreachable { addr: self.addr.clone(), msg: "stream closed".into() })?;
+            let rx = match call.await {
+                Ok(r) => r.into_inner(),
+                Err(s) if s.code() == tonic::Code::Unimplemented => {
+                    self.unary = true;
+                    return Err(PeerError::Unreachable { addr: self.addr.clone(), msg: "no AppendEntries stream: unary calls from now on".into() });
+                }
+                Err(s) => return Err(unreachable(&s)),
+            };
+            self.append = Some(AppendStream { tx, rx });
+        }
+        let stream = self.append.as_mut().expect("opened above");
+        match stream.rx.message().await {
+            Ok(Some(p)) => Ok(p.data),
+            Ok(None) => Err(PeerError::Failed { addr: self.addr.clone(), msg: "AppendEntries stream ended".into() }),
+            Err(s) => Err(PeerError::Failed { addr: self.addr.clone(), msg: format!("{}: {}", s.code(), s.message()) }),
+        }
+    }
+
     async fn raft_rpc<Req, T, E>(&self, method: Method, req: &Req, option: &RPCOption) -> RpcResult<T, E>
     where
         Req: Serialize,
@@ -152,7 +203,27 @@ impl RaftNetwork<TypeConfig> for PeerConn {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.raft_rpc(Method::Append, &rpc, &option).await
+        if self.unary {
+            return self.raft_rpc(Method::Append, &rpc, &option).await;
+        }
+        let data = codec::encode(&rpc);
+        let reply = match tokio::time::timeout(option.hard_ttl(), self.append_on_stream(data)).await {
+            Ok(Ok(bytes)) => codec::decode::<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>>(&bytes)
+                .map_err(|e| PeerError::Failed { addr: self.addr.clone(), msg: format!("undecodable reply: {e}") }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(PeerError::Failed { addr: self.addr.clone(), msg: format!("no AppendEntries answer within {:?}", option.hard_ttl()) }),
+        };
+        match reply {
+            Ok(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            Err(_) if self.unary => self.raft_rpc(Method::Append, &rpc, &option).await,
+            Err(e) => {
+                self.append = None;
+                match e {
+                    PeerError::Unreachable { .. } => Err(RPCError::Unreachable(Unreachable::new(&e))),
+                    PeerError::Failed { .. } => Err(RPCError::Network(NetworkError::new(&e))),
+                }
+            }
+        }
     }
 
     async fn install_snapshot(
@@ -172,11 +243,16 @@ impl RaftNetwork<TypeConfig> for PeerConn {
 /// shut-down node alive.
 pub struct PeerService {
     node: Weak<Node>,
+    /// Becomes true when the replica shuts down: AppendEntries streams end
+    /// then, so that they do not hold up the server's graceful shutdown.
+    stop: tokio::sync::watch::Receiver<bool>,
 }
 
 impl PeerService {
-    pub fn server(node: &Arc<Node>) -> RaftPeerServer<PeerService> {
-        RaftPeerServer::new(PeerService { node: Arc::downgrade(node) }).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE)
+    pub fn server(node: &Arc<Node>, stop: tokio::sync::watch::Receiver<bool>) -> RaftPeerServer<PeerService> {
+        RaftPeerServer::new(PeerService { node: Arc::downgrade(node), stop })
+            .max_decoding_message_size(MAX_PEER_MESSAGE)
+            .max_encoding_message_size(MAX_PEER_MESSAGE)
     }
 
     fn node(&self) -> Result<Arc<Node>, Status> {
@@ -197,6 +273,40 @@ impl RaftPeer for PeerService {
     async fn append_entries(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = decode_req(req)?;
         reply(&self.node()?.raft.append_entries(rpc).await)
+    }
+
+    type AppendEntriesStreamStream = tokio_stream::wrappers::ReceiverStream<Result<Payload, Status>>;
+
+    async fn append_entries_stream(&self, req: Request<tonic::Streaming<Payload>>) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
+        let node = self.node.clone();
+        let mut stop = self.stop.clone();
+        let mut requests = req.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            // One at a time, in order: the answer to a request is the next
+            // message on the stream.
+            loop {
+                let p = tokio::select! {
+                    m = requests.message() => match m {
+                        Ok(Some(p)) => p,
+                        _ => return,
+                    },
+                    _ = stop.wait_for(|s| *s) => return,
+                };
+                let answer = match codec::decode::<AppendEntriesRequest<TypeConfig>>(&p.data) {
+                    Err(e) => Err(Status::invalid_argument(format!("undecodable peer payload: {e}"))),
+                    Ok(rpc) => match node.upgrade() {
+                        None => Err(Status::unavailable("shutting down")),
+                        Some(node) => Ok(Payload { data: codec::encode(&node.raft.append_entries(rpc).await) }),
+                    },
+                };
+                let last = answer.is_err();
+                if tx.send(answer).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 
     async fn install_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {

@@ -79,7 +79,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
 
     let peer_server = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(PeerService::server(&node))
+            .add_service(PeerService::server(&node, stop_tx.subscribe()))
             // With an incoming stream, tonic ignores the builder's tcp_nodelay:
             // set it here, or raft replies and forwarded writes wait on Nagle.
             .serve_with_incoming_shutdown(TcpIncoming::from(raft_listener).with_nodelay(Some(true)), stopped()),
