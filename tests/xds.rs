@@ -614,7 +614,7 @@ async fn malformed_node_id_is_rejected() {
 /// carry frames, messages and headers of any size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_messages_and_headers_across_idle_periods() {
-    let r = InProcess::start(Arc::new(VsGenerator)).await;
+    let mut r = InProcess::start(Arc::new(VsGenerator)).await;
     // About 110 bytes of CDS per name (a DNS label: at most 63 characters):
     // 300 of them are a response of several 16 KiB HTTP/2 frames.
     let name = |i: usize| format!("a-service-name-long-enough-to-span-several-frames-{i:03}");
@@ -628,7 +628,12 @@ async fn large_messages_and_headers_across_idle_periods() {
     tx.send(hello).await.unwrap();
     let mut call = tonic::Request::new(ReceiverStream::new(rx));
     call.metadata_mut().insert("x-padding", "p".repeat(12 * 1024).parse().unwrap());
-    let rx = channel(&r.xds).await.stream_aggregated_resources(call).await.expect("stream with a 12 KiB header").into_inner();
+    let ch = tokio::time::timeout(BOUND, channel(&r.xds)).await.expect("connected in time");
+    let rx = tokio::time::timeout(BOUND, ch.clone().stream_aggregated_resources(call))
+        .await
+        .expect("the server answers the call once it has the 64 KiB first request")
+        .expect("stream with a 12 KiB header")
+        .into_inner();
     let mut c = Client { tx, rx };
 
     for round in 0..3 {
@@ -641,6 +646,11 @@ async fn large_messages_and_headers_across_idle_periods() {
         // the whole set again.
         rev = r.apply(vec![common::vs(&format!("late-{round}"), "default", "v1")]).await;
     }
+    drop(c);
+    // Stop the replica before the test's runtime goes away: dropped
+    // mid-shutdown, sled's final flush can wait forever for a write that
+    // its cancelled caller was to complete.
+    r.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
