@@ -90,17 +90,12 @@ impl PeerClients {
             Method::Forward => client.forward(req).await,
             Method::Status => client.status(req).await,
         };
-        match res {
-            Ok(r) => Ok(r.into_inner().data),
-            // tonic reports connect failures as UNAVAILABLE.
-            Err(s) if s.code() == tonic::Code::Unavailable => Err(PeerError::Unreachable { addr: addr.into(), msg: s.message().to_string() }),
-            Err(s) => Err(PeerError::Failed { addr: addr.into(), msg: format!("{}: {}", s.code(), s.message()) }),
-        }
+        res.map(|r| r.into_inner().data).map_err(|s| status_error(addr, &s))
     }
 
     async fn typed<Req: Serialize, Resp: DeserializeOwned>(&self, addr: &str, method: Method, req: &Req, timeout: Duration) -> Result<Resp, PeerError> {
         let bytes = self.call(addr, method, codec::encode(req), timeout).await?;
-        codec::decode(&bytes).map_err(|e| PeerError::Failed { addr: addr.into(), msg: format!("undecodable reply: {e}") })
+        decode_reply(addr, &bytes)
     }
 
     /// Send a request to the leader's node; the reply is the leader's.
@@ -110,6 +105,29 @@ impl PeerClients {
 
     pub async fn status(&self, addr: &str, timeout: Duration) -> Result<NodeStatus, PeerError> {
         self.typed(addr, Method::Status, &(), timeout).await
+    }
+}
+
+/// A failed call's status as a transport outcome.
+fn status_error(addr: &str, s: &Status) -> PeerError {
+    match s.code() {
+        // tonic reports connect failures as UNAVAILABLE.
+        tonic::Code::Unavailable => PeerError::Unreachable { addr: addr.into(), msg: s.message().to_string() },
+        _ => PeerError::Failed { addr: addr.into(), msg: format!("{}: {}", s.code(), s.message()) },
+    }
+}
+
+fn decode_reply<T: DeserializeOwned>(addr: &str, bytes: &[u8]) -> Result<T, PeerError> {
+    codec::decode(bytes).map_err(|e| PeerError::Failed { addr: addr.into(), msg: format!("undecodable reply: {e}") })
+}
+
+impl PeerError {
+    /// As openraft sees it: `Unreachable` backs off and retries.
+    fn into_rpc<E: std::error::Error>(self) -> RPCError<NodeId, NodeInfo, E> {
+        match self {
+            e @ PeerError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&e)),
+            e @ PeerError::Failed { .. } => RPCError::Network(NetworkError::new(&e)),
+        }
     }
 }
 
@@ -151,11 +169,9 @@ impl PeerConn {
     /// One request and its answer on the AppendEntries stream, opening the
     /// stream first if there is none.
     async fn append_on_stream(&mut self, data: Vec<u8>) -> Result<Vec<u8>, PeerError> {
-        let unreachable = |s: &tonic::Status| PeerError::Unreachable { addr: self.addr.clone(), msg: s.message().to_string() };
+        let closed = |addr: &str| PeerError::Unreachable { addr: addr.into(), msg: "AppendEntries stream closed".into() };
         if let Some(stream) = &self.append {
-            if stream.tx.send(Payload { data }).await.is_err() {
-                return Err(PeerError::Unreachable { addr: self.addr.clone(), msg: "AppendEntries stream closed".into() });
-            }
+            stream.tx.send(Payload { data }).await.map_err(|_| closed(&self.addr))?;
         } else {
             let mut client =
                 RaftPeerClient::new(self.clients.channel(&self.addr)?).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
@@ -163,14 +179,14 @@ impl PeerConn {
             let call = client.append_entries_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
             // The first request goes with the call: the server answers the
             // call once it has it.
-            tx.send(Payload { data }).await.map_err(|_| PeerError::Unreachable { addr: self.addr.clone(), msg: "stream closed".into() })?;
+            tx.send(Payload { data }).await.map_err(|_| closed(&self.addr))?;
             let rx = match call.await {
                 Ok(r) => r.into_inner(),
                 Err(s) if s.code() == tonic::Code::Unimplemented => {
                     self.unary = true;
                     return Err(PeerError::Unreachable { addr: self.addr.clone(), msg: "no AppendEntries stream: unary calls from now on".into() });
                 }
-                Err(s) => return Err(unreachable(&s)),
+                Err(s) => return Err(status_error(&self.addr, &s)),
             };
             self.append = Some(AppendStream { tx, rx });
         }
@@ -178,7 +194,7 @@ impl PeerConn {
         match stream.rx.message().await {
             Ok(Some(p)) => Ok(p.data),
             Ok(None) => Err(PeerError::Failed { addr: self.addr.clone(), msg: "AppendEntries stream ended".into() }),
-            Err(s) => Err(PeerError::Failed { addr: self.addr.clone(), msg: format!("{}: {}", s.code(), s.message()) }),
+            Err(s) => Err(status_error(&self.addr, &s)),
         }
     }
 
@@ -188,11 +204,7 @@ impl PeerConn {
         T: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let reply: Result<T, RaftError<NodeId, E>> = match self.clients.typed(&self.addr, method, req, option.hard_ttl()).await {
-            Ok(r) => r,
-            Err(e @ PeerError::Unreachable { .. }) => return Err(RPCError::Unreachable(Unreachable::new(&e))),
-            Err(e @ PeerError::Failed { .. }) => return Err(RPCError::Network(NetworkError::new(&e))),
-        };
+        let reply: Result<T, RaftError<NodeId, E>> = self.clients.typed(&self.addr, method, req, option.hard_ttl()).await.map_err(PeerError::into_rpc)?;
         reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
@@ -206,22 +218,17 @@ impl RaftNetwork<TypeConfig> for PeerConn {
         if self.unary {
             return self.raft_rpc(Method::Append, &rpc, &option).await;
         }
-        let data = codec::encode(&rpc);
-        let reply = match tokio::time::timeout(option.hard_ttl(), self.append_on_stream(data)).await {
-            Ok(Ok(bytes)) => codec::decode::<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>>(&bytes)
-                .map_err(|e| PeerError::Failed { addr: self.addr.clone(), msg: format!("undecodable reply: {e}") }),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(PeerError::Failed { addr: self.addr.clone(), msg: format!("no AppendEntries answer within {:?}", option.hard_ttl()) }),
-        };
+        let reply: Result<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>, PeerError> =
+            match tokio::time::timeout(option.hard_ttl(), self.append_on_stream(codec::encode(&rpc))).await {
+                Ok(bytes) => bytes.and_then(|b| decode_reply(&self.addr, &b)),
+                Err(_) => Err(PeerError::Failed { addr: self.addr.clone(), msg: format!("no AppendEntries answer within {:?}", option.hard_ttl()) }),
+            };
         match reply {
             Ok(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
             Err(_) if self.unary => self.raft_rpc(Method::Append, &rpc, &option).await,
             Err(e) => {
                 self.append = None;
-                match e {
-                    PeerError::Unreachable { .. } => Err(RPCError::Unreachable(Unreachable::new(&e))),
-                    PeerError::Failed { .. } => Err(RPCError::Network(NetworkError::new(&e))),
-                }
+                Err(e.into_rpc())
             }
         }
     }
@@ -256,16 +263,28 @@ impl PeerService {
     }
 
     fn node(&self) -> Result<Arc<Node>, Status> {
-        self.node.upgrade().ok_or_else(|| Status::unavailable("shutting down"))
+        live(&self.node)
     }
 }
 
+fn live(node: &Weak<Node>) -> Result<Arc<Node>, Status> {
+    node.upgrade().ok_or_else(|| Status::unavailable("shutting down"))
+}
+
+fn decode_payload<T: DeserializeOwned>(p: &Payload) -> Result<T, Status> {
+    codec::decode(&p.data).map_err(|e| Status::invalid_argument(format!("undecodable peer payload: {e}")))
+}
+
 fn decode_req<T: DeserializeOwned>(req: Request<Payload>) -> Result<T, Status> {
-    codec::decode(&req.into_inner().data).map_err(|e| Status::invalid_argument(format!("undecodable peer payload: {e}")))
+    decode_payload(req.get_ref())
+}
+
+fn payload<T: Serialize>(value: &T) -> Payload {
+    Payload { data: codec::encode(value) }
 }
 
 fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
-    Ok(Response::new(Payload { data: codec::encode(value) }))
+    Ok(Response::new(payload(value)))
 }
 
 #[tonic::async_trait]
@@ -293,12 +312,9 @@ impl RaftPeer for PeerService {
                     },
                     _ = stop.wait_for(|s| *s) => return,
                 };
-                let answer = match codec::decode::<AppendEntriesRequest<TypeConfig>>(&p.data) {
-                    Err(e) => Err(Status::invalid_argument(format!("undecodable peer payload: {e}"))),
-                    Ok(rpc) => match node.upgrade() {
-                        None => Err(Status::unavailable("shutting down")),
-                        Some(node) => Ok(Payload { data: codec::encode(&node.raft.append_entries(rpc).await) }),
-                    },
+                let answer = match (decode_payload::<AppendEntriesRequest<TypeConfig>>(&p), live(&node)) {
+                    (Ok(rpc), Ok(node)) => Ok(payload(&node.raft.append_entries(rpc).await)),
+                    (Err(e), _) | (_, Err(e)) => Err(e),
                 };
                 let last = answer.is_err();
                 if tx.send(answer).await.is_err() || last {
