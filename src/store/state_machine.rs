@@ -11,18 +11,28 @@
 //!   `h/<rev BE>`              Vec<EventRecord>        history of one revision (written by
 //!                                                     earlier versions; read, then compacted away)
 //!   `m/applied`               AppliedMeta             last applied log id, membership, revision
+//!   `m/objects`               u64                     the revision the `o/` objects are at
+//!                                                     (absent: `m/applied`'s, as written before 1.1)
 //! tree `snapshot`: `current` → StoredSnapshot, the last built or installed one.
 //!
 //! Write-behind, as etcd's backend batches its bbolt commits: `apply`
-//! updates the in-memory state and queues the sled writes; a checkpoint
-//! writes everything queued in one batch (an object written many times
-//! once, the history of many revisions as one chunk) every
-//! [`CHECKPOINT_INTERVAL`] or [`CHECKPOINT_OPS`] queued writes, whichever
-//! comes first, and on shutdown. Nothing is lost by a crash in between:
-//! the raft log is the durable record, and openraft re-applies it from the
-//! `last_applied` of the last checkpoint (or installs the saved snapshot
-//! when that is newer, see `open`). Readers never see the difference: they
-//! read the in-memory state, and history reads look at the queue first.
+//! updates the in-memory state and queues the sled writes, in two streams:
+//! - the history (every revision's events, whole objects included) and
+//!   `m/applied`, one atomic batch every [`CHECKPOINT_INTERVAL`] or
+//!   [`CHECKPOINT_OPS`] queued revisions, whichever comes first;
+//! - the objects, coalesced (an object written many times is written once)
+//!   for up to [`OBJECTS_INTERVAL`] or [`OBJECTS_MAX`] distinct objects, then
+//!   written with `m/objects` in one batch, off the apply path. The history
+//!   up to that revision is written first.
+//!
+//! Loading reads the `o/` objects at `m/objects`, then replays the history
+//! chunks after it up to `m/applied`: the history is kept (not compacted)
+//! past `m/objects` for this. Everything is written on shutdown. Nothing is
+//! lost by a crash in between: the raft log is the durable record, and
+//! openraft re-applies it from the `last_applied` of the last checkpoint
+//! (or installs the saved snapshot when that is newer, see `open`). Readers
+//! never see the difference: they read the in-memory state, and history
+//! reads look at the queue first.
 
 use super::codec;
 use super::state::{Event, EventType, State};
@@ -39,12 +49,17 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, watch};
 
 const APPLIED: &[u8] = b"m/applied";
+const OBJECTS_AT: &[u8] = b"m/objects";
 const CURRENT_SNAPSHOT: &[u8] = b"current";
 
 /// Longest time applied state waits in memory before it is written to sled.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
-/// Queued writes (objects + revisions) that trigger a checkpoint at once.
+/// Queued revisions that trigger a checkpoint at once.
 pub const CHECKPOINT_OPS: usize = 10_000;
+/// Longest time a changed object waits before it is written to `o/`.
+pub const OBJECTS_INTERVAL: Duration = Duration::from_secs(5);
+/// Distinct changed objects that get written to `o/` at the next tick.
+pub const OBJECTS_MAX: usize = 20_000;
 /// History chunks are cut at about this many encoded bytes.
 const CHUNK_BYTES: usize = 64 * 1024;
 
@@ -167,8 +182,12 @@ fn to_events(rev: u64, records: Vec<EventRecord>) -> Result<Vec<Event>, String> 
 /// Applied state not yet written to sled (see the module doc).
 #[derive(Default)]
 struct Pending {
-    /// Object key → its record, `None` for a delete; the last write wins.
-    objects: HashMap<Vec<u8>, Option<ObjectRecord>>,
+    /// Object key → the object, `None` for a delete; the last write wins.
+    objects: HashMap<Vec<u8>, Option<Arc<StoredObject>>>,
+    /// When the oldest queued object was queued.
+    objects_since: Option<Instant>,
+    /// The revision of the last applied entry: what `objects` bring `o/` to.
+    revision: u64,
     /// The events of each revision, in order: as records to write, and as
     /// events for history reads meanwhile.
     history: Vec<(u64, Vec<EventRecord>, Vec<Event>)>,
@@ -177,17 +196,17 @@ struct Pending {
     since: Option<Instant>,
 }
 
-impl Pending {
-    fn ops(&self) -> usize {
-        self.objects.len() + self.history.len()
-    }
-}
-
 /// The queue and the tree it drains into; shared by the state machine, the
 /// readers and the checkpoint timer.
 struct Checkpointer {
     tree: sled::Tree,
     pending: Mutex<Pending>,
+    /// Held while `o/` is written (or replaced by a snapshot): one writer at
+    /// a time, in order. Taken before `pending`, never after.
+    objects_writer: Mutex<()>,
+    /// The revision `o/` is at in sled (`m/objects`): history after it is
+    /// kept, loading replays it.
+    objects_at: AtomicU64,
 }
 
 impl Checkpointer {
@@ -195,10 +214,37 @@ impl Checkpointer {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Write everything queued, in one atomic batch.
+    /// Write the queued history and `m/applied`, in one atomic batch.
     fn flush(&self) -> Result<(), StorageError> {
         let mut p = self.lock();
         self.flush_locked(&mut p)
+    }
+
+    /// Write everything queued: the history first, then the objects, each in
+    /// one atomic batch. Apply goes on meanwhile: `pending` is only held to
+    /// write the history and to take the objects.
+    fn flush_all(&self) -> Result<(), StorageError> {
+        let _writer = self.objects_writer.lock().unwrap_or_else(|e| e.into_inner());
+        let (objects, revision) = {
+            let mut p = self.lock();
+            self.flush_locked(&mut p)?;
+            p.objects_since = None;
+            (std::mem::take(&mut p.objects), p.revision)
+        };
+        if objects.is_empty() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for (key, object) in objects {
+            match object {
+                Some(o) => batch.insert(key, codec::encode(&ObjectRecord::from_object(&o))),
+                None => batch.remove(key),
+            }
+        }
+        batch.insert(OBJECTS_AT, codec::encode(&revision));
+        self.tree.apply_batch(batch).map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        self.objects_at.store(revision, Ordering::Release);
+        Ok(())
     }
 
     fn flush_locked(&self, p: &mut Pending) -> Result<(), StorageError> {
@@ -206,12 +252,6 @@ impl Checkpointer {
             return Ok(());
         };
         let mut batch = sled::Batch::default();
-        for (key, record) in p.objects.drain() {
-            match record {
-                Some(r) => batch.insert(key, codec::encode(&r)),
-                None => batch.remove(key),
-            }
-        }
         let mut chunk: Vec<(u64, Vec<EventRecord>)> = Vec::new();
         let mut chunk_bytes = 0;
         for (rev, records, _) in p.history.drain(..) {
@@ -228,14 +268,16 @@ impl Checkpointer {
         }
         // Compaction: whole chunks at or below `compacted` (chunks are in
         // revision order and do not overlap), and old per-revision keys.
-        for item in self.tree.range(chunk_key(0, 0)..chunk_key(meta.compacted.saturating_add(1), 0)) {
+        // Chunks after `o/`'s revision stay: loading replays them.
+        let compact = meta.compacted.min(self.objects_at.load(Ordering::Acquire));
+        for item in self.tree.range(chunk_key(0, 0)..chunk_key(compact.saturating_add(1), 0)) {
             let (key, _) = item.map_err(|e| sm_err(ErrorVerb::Read, e))?;
             match chunk_range(&key) {
-                Some((_, last)) if last <= meta.compacted => batch.remove(key),
+                Some((_, last)) if last <= compact => batch.remove(key),
                 _ => break,
             }
         }
-        for item in self.tree.range(history_key(0)..=history_key(meta.compacted)) {
+        for item in self.tree.range(history_key(0)..=history_key(compact)) {
             batch.remove(item.map_err(|e| sm_err(ErrorVerb::Read, e))?.0);
         }
         batch.insert(APPLIED, codec::encode(&meta));
@@ -272,8 +314,9 @@ impl Checkpointer {
     }
 }
 
-/// Checkpoints queued state every `CHECKPOINT_INTERVAL` when writes stop
-/// (a busy state machine checkpoints as it applies). Ends with the store.
+/// Checkpoints the queued history every `CHECKPOINT_INTERVAL` when writes
+/// stop (a busy state machine checkpoints it as it applies), and the queued
+/// objects when they are due, on a blocking thread. Ends with the store.
 fn spawn_checkpoint_timer(checkpointer: Weak<Checkpointer>) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return; // no runtime (offline tools): the state machine's drop flushes
@@ -284,8 +327,18 @@ fn spawn_checkpoint_timer(checkpointer: Weak<Checkpointer>) {
         loop {
             tick.tick().await;
             let Some(c) = checkpointer.upgrade() else { return };
-            let due = c.lock().since.is_some_and(|t| t.elapsed() >= CHECKPOINT_INTERVAL);
-            if due {
+            let (due, objects_due) = {
+                let p = c.lock();
+                let objects_due = p.objects.len() >= OBJECTS_MAX || p.objects_since.is_some_and(|t| t.elapsed() >= OBJECTS_INTERVAL);
+                (p.since.is_some_and(|t| t.elapsed() >= CHECKPOINT_INTERVAL), objects_due)
+            };
+            if objects_due {
+                match tokio::task::spawn_blocking(move || c.flush_all()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::error!(error = %e, "writing the state checkpoint"),
+                    Err(e) => tracing::error!(error = %e, "writing the state checkpoint"),
+                }
+            } else if due {
                 if let Err(e) = c.flush() {
                     tracing::error!(error = %e, "writing the state checkpoint");
                 }
@@ -340,18 +393,25 @@ impl StateMachine {
     pub fn open(db: &sled::Db, history_limit: u64) -> Result<(StateMachine, StoreReader), StorageError> {
         let tree = db.open_tree("state").map_err(|e| sm_err(ErrorVerb::Read, e))?;
         let snapshots = db.open_tree("snapshot").map_err(|e| snap_err(ErrorVerb::Read, e))?;
-        let mut applied = load_applied(&tree)?;
+        let (mut applied, mut objects_at) = load_applied(&tree)?;
         if let Some(bytes) = snapshots.get(CURRENT_SNAPSHOT).map_err(|e| snap_err(ErrorVerb::Read, e))? {
             let snap: StoredSnapshot = codec::decode(&bytes).map_err(|e| snap_err(ErrorVerb::Read, e))?;
             if snap.meta.last_log_id > applied.last_applied {
                 tracing::warn!(snapshot = ?snap.meta.last_log_id, applied = ?applied.last_applied, "state older than the saved snapshot; restoring from it");
                 applied = write_snapshot_state(&tree, &snap.data)?;
+                objects_at = applied.state.revision;
             }
         }
         let current = Arc::new(applied);
         let (applied_tx, applied_rx) = watch::channel(current.clone());
         let (events, _) = broadcast::channel(1024);
-        let checkpointer = Arc::new(Checkpointer { tree: tree.clone(), pending: Mutex::default() });
+        let pending = Pending { revision: current.state.revision, ..Pending::default() };
+        let checkpointer = Arc::new(Checkpointer {
+            tree: tree.clone(),
+            pending: Mutex::new(pending),
+            objects_writer: Mutex::default(),
+            objects_at: AtomicU64::new(objects_at),
+        });
         spawn_checkpoint_timer(Arc::downgrade(&checkpointer));
         let reader = StoreReader { checkpointer: checkpointer.clone(), applied: applied_rx, events: events.clone() };
         let sm = StateMachine {
@@ -378,11 +438,23 @@ impl StateMachine {
     }
 }
 
-fn load_applied(tree: &sled::Tree) -> Result<Applied, StorageError> {
-    let Some(bytes) = tree.get(APPLIED).map_err(|e| sm_err(ErrorVerb::Read, e))? else {
-        return Ok(Applied::default());
+/// The persisted applied state and the revision `o/` is at: the objects,
+/// then the history after them replayed up to `m/applied`.
+fn load_applied(tree: &sled::Tree) -> Result<(Applied, u64), StorageError> {
+    let meta: AppliedMeta = match tree.get(APPLIED).map_err(|e| sm_err(ErrorVerb::Read, e))? {
+        Some(bytes) => codec::decode(&bytes).map_err(|e| sm_err(ErrorVerb::Read, e))?,
+        None => AppliedMeta { last_applied: None, membership: StoredMembership::default(), revision: 0, compacted: 0 },
     };
-    let meta: AppliedMeta = codec::decode(&bytes).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+    let objects_at = match tree.get(OBJECTS_AT).map_err(|e| sm_err(ErrorVerb::Read, e))? {
+        Some(bytes) => codec::decode::<u64>(&bytes).map_err(|e| sm_err(ErrorVerb::Read, e))?,
+        // A new tree, or one written before `m/objects` (objects and
+        // history were written together): recorded now, so that a later
+        // `m/applied` written without the objects is never mistaken for it.
+        None => {
+            tree.insert(OBJECTS_AT, codec::encode(&meta.revision)).map_err(|e| sm_err(ErrorVerb::Write, e))?;
+            meta.revision
+        }
+    };
     let mut state = State { revision: meta.revision, objects: Default::default() };
     for item in tree.scan_prefix(b"o/") {
         let (_, v) = item.map_err(|e| sm_err(ErrorVerb::Read, e))?;
@@ -390,7 +462,34 @@ fn load_applied(tree: &sled::Tree) -> Result<Applied, StorageError> {
         let obj = rec.into_object().map_err(|e| sm_err(ErrorVerb::Read, e))?;
         state.objects.insert(obj.key.clone(), Arc::new(obj));
     }
-    Ok(Applied { last_applied: meta.last_applied, membership: meta.membership, state, compacted: meta.compacted })
+    let mut replayed = objects_at;
+    for item in tree.range(chunk_key(0, 0)..chunk_key(u64::MAX, 0)) {
+        let (key, bytes) = item.map_err(|e| sm_err(ErrorVerb::Read, e))?;
+        match chunk_range(&key) {
+            Some((_, last)) if last <= objects_at => continue,
+            Some(_) => {}
+            None => break,
+        }
+        let revisions: Vec<(u64, Vec<EventRecord>)> = codec::decode(&bytes).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+        for (rev, records) in revisions.into_iter().filter(|(r, _)| *r > objects_at && *r <= meta.revision) {
+            if rev != replayed + 1 {
+                return Err(sm_err(ErrorVerb::Read, format!("history to replay after revision {replayed} resumes at {rev}")));
+            }
+            for r in records {
+                if r.delete {
+                    state.objects.remove(&r.object.key);
+                } else {
+                    let obj = r.object.into_object().map_err(|e| sm_err(ErrorVerb::Read, e))?;
+                    state.objects.insert(obj.key.clone(), Arc::new(obj));
+                }
+            }
+            replayed = rev;
+        }
+    }
+    if replayed != meta.revision {
+        return Err(sm_err(ErrorVerb::Read, format!("objects at revision {objects_at}, history replayed to {replayed}, applied state at {}", meta.revision)));
+    }
+    Ok((Applied { last_applied: meta.last_applied, membership: meta.membership, state, compacted: meta.compacted }, objects_at))
 }
 
 /// Replace the persisted state with a snapshot body; returns the new state.
@@ -408,6 +507,7 @@ fn write_snapshot_state(tree: &sled::Tree, data: &[u8]) -> Result<Applied, Stora
     // from the snapshot's revision.
     let meta = AppliedMeta { compacted: body.meta.revision, ..body.meta };
     batch.insert(APPLIED, codec::encode(&meta));
+    batch.insert(OBJECTS_AT, codec::encode(&meta.revision));
     tree.apply_batch(batch).map_err(|e| sm_err(ErrorVerb::Write, e))?;
     Ok(Applied { last_applied: meta.last_applied, membership: meta.membership, state, compacted: meta.compacted })
 }
@@ -415,7 +515,7 @@ fn write_snapshot_state(tree: &sled::Tree, data: &[u8]) -> Result<Applied, Stora
 impl Drop for StateMachine {
     /// A graceful shutdown leaves nothing to re-apply.
     fn drop(&mut self) {
-        if let Err(e) = self.checkpointer.flush() {
+        if let Err(e) = self.checkpointer.flush_all() {
             tracing::error!(error = %e, "writing the last state checkpoint");
         }
     }
@@ -455,9 +555,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                                 .iter()
                                 .map(|e| EventRecord { delete: e.kind == EventType::Delete, object: ObjectRecord::from_object(&e.object) })
                                 .collect();
-                            for (e, rec) in events.iter().zip(&records) {
-                                let record = (e.kind == EventType::Put).then(|| rec.object.clone());
-                                pending.objects.insert(object_key(&e.object.key), record);
+                            for e in &events {
+                                let object = (e.kind == EventType::Put).then(|| e.object.clone());
+                                pending.objects.insert(object_key(&e.object.key), object);
                             }
                             pending.history.push((first.revision, records, events.clone()));
                         }
@@ -477,10 +577,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             revision: next.state.revision,
             compacted: next.compacted,
         });
+        pending.revision = next.state.revision;
+        if !pending.objects.is_empty() {
+            pending.objects_since.get_or_insert_with(Instant::now);
+        }
         let since = *pending.since.get_or_insert_with(Instant::now);
         // Not flushed: the log is durable, and after a crash openraft
         // re-applies from the checkpoint's `last_applied`.
-        if pending.ops() >= CHECKPOINT_OPS || since.elapsed() >= CHECKPOINT_INTERVAL {
+        if pending.history.len() >= CHECKPOINT_OPS || since.elapsed() >= CHECKPOINT_INTERVAL {
             self.checkpointer.flush_locked(&mut pending)?;
         }
         drop(pending);
@@ -507,9 +611,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.db.flush_async().await.map_err(|e| snap_err(ErrorVerb::Write, e))?;
         // Whatever is queued is older than the snapshot: it replaces all of it.
         let applied = {
+            let _writer = self.checkpointer.objects_writer.lock().unwrap_or_else(|e| e.into_inner());
             let mut pending = self.checkpointer.lock();
-            *pending = Pending::default();
-            write_snapshot_state(&self.tree, &stored.data)?
+            let applied = write_snapshot_state(&self.tree, &stored.data)?;
+            *pending = Pending { revision: applied.state.revision, ..Pending::default() };
+            self.checkpointer.objects_at.store(applied.state.revision, Ordering::Release);
+            applied
         };
         self.db.flush_async().await.map_err(|e| sm_err(ErrorVerb::Write, e))?;
         tracing::info!(last_log_id = ?meta.last_log_id, revision = applied.state.revision, "installed snapshot");
@@ -708,7 +815,77 @@ mod checkpoint_tests {
         assert_eq!((applied.revision(), applied.last_applied.map(|l| l.index)), (300, Some(30)));
         assert_eq!(applied.state.objects, objects);
         assert_eq!(replay(&reader, 101), (101..=300).collect::<Vec<_>>());
+        // The next checkpoint removes the compacted chunks (they were kept
+        // until the objects were written).
+        let mut sm = sm;
+        sm.apply([entry(31, vec![put(300, 10)])]).await.unwrap();
+        sm.checkpointer.flush().unwrap();
         let first_chunk = sm.tree.scan_prefix(b"g/").next().unwrap().unwrap().0;
-        assert!(chunk_range(&first_chunk).unwrap().1 > 100, "compacted chunks were removed");
+        assert!(chunk_range(&first_chunk).unwrap().1 > 101, "compacted chunks were removed");
+        assert_eq!(replay(&reader, 102), (102..=301).collect::<Vec<_>>());
+    }
+
+    fn delete(i: u64) -> Txn {
+        Txn {
+            ops: vec![Op::Delete {
+                key: ResourceKey::new(Kind::DestinationRule, "ns", format!("dr-{}", i % 7)),
+                expected_revision: None,
+                ignore_missing: false,
+            }],
+        }
+    }
+
+    /// A crash with the objects written at one revision and the history at a
+    /// later one: reopening replays the history after the objects, and keeps
+    /// it (not compacted) until the objects catch up.
+    #[tokio::test]
+    async fn objects_behind_the_history_are_replayed_after_a_crash() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(tmp.path()).open().unwrap();
+        let (mut sm, reader) = StateMachine::open(&db, 5).unwrap();
+        for i in 0..20 {
+            sm.apply([entry(i + 1, vec![put(i, 100)])]).await.unwrap();
+        }
+        sm.checkpointer.flush_all().unwrap();
+        assert_eq!(sm.checkpointer.objects_at.load(Ordering::Acquire), 20);
+        // Overwrites and deletes after the objects: only in the history.
+        for i in 20..40 {
+            let txn = if i % 5 == 0 { delete(i) } else { put(i, 100) };
+            sm.apply([entry(i + 1, vec![txn])]).await.unwrap();
+        }
+        sm.checkpointer.flush().unwrap();
+        assert_eq!(decode_u64(&sm.tree.get(OBJECTS_AT).unwrap().unwrap()), 20);
+        assert_eq!(reader.current().compacted, 35);
+        assert!(
+            sm.tree.scan_prefix(b"g/").any(|c| chunk_range(&c.unwrap().0).unwrap().0 <= 21),
+            "the history after the objects' revision is kept past `compacted`"
+        );
+        let expected = reader.current();
+        // Crash: nothing else is written.
+        std::mem::forget(sm);
+        drop(reader);
+        let (sm, reader) = StateMachine::open(&db, 5).unwrap();
+        let applied = reader.current();
+        assert_eq!((applied.revision(), applied.last_applied.map(|l| l.index)), (40, Some(40)));
+        assert_eq!(applied.state.objects, expected.state.objects);
+        assert_eq!(applied.compacted, 35);
+        assert_eq!(sm.checkpointer.objects_at.load(Ordering::Acquire), 20);
+
+        // Once the objects are written, the history is compacted as usual.
+        let mut sm = sm;
+        sm.apply([entry(41, vec![put(41, 100)])]).await.unwrap();
+        sm.checkpointer.flush_all().unwrap();
+        sm.checkpointer.flush_all().unwrap();
+        sm.apply([entry(42, vec![put(42, 100)])]).await.unwrap();
+        sm.checkpointer.flush().unwrap();
+        assert_eq!(decode_u64(&sm.tree.get(OBJECTS_AT).unwrap().unwrap()), 41);
+        assert!(sm.tree.scan_prefix(b"g/").all(|c| chunk_range(&c.unwrap().0).unwrap().1 > 37), "compacted to 37");
+        drop((sm, reader));
+        let (_sm, reader) = StateMachine::open(&db, 5).unwrap();
+        assert_eq!(reader.current().revision(), 42);
+    }
+
+    fn decode_u64(bytes: &[u8]) -> u64 {
+        codec::decode(bytes).unwrap()
     }
 }
