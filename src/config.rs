@@ -62,6 +62,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long a write may wait for a leader and a quorum.
     pub write_timeout_ms: u64,
+    /// Group commit: under load, how long a batch of writes may wait for
+    /// the writes answered with the previous batch to come back and join
+    /// it (see `node::batcher`). 0: never wait.
+    pub group_commit_wait_us: u64,
     /// DNS suffix of short names: `reviews` in `default` is
     /// `reviews.default.svc.DOMAIN_SUFFIX`.
     pub domain_suffix: String,
@@ -119,6 +123,7 @@ impl Default for ServerConfig {
             history_revisions: 10_000,
             max_body_bytes: 4 * 1024 * 1024,
             write_timeout_ms: 10_000,
+            group_commit_wait_us: 2_000,
             domain_suffix: "cluster.local".into(),
             root_namespace: "istio-system".into(),
         }
