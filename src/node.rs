@@ -734,7 +734,7 @@ fn deliver(batch: Vec<Pending>, results: Result<Vec<TxnResult>>) {
 /// instead of waiting a whole round for the next. A lone writer (the last
 /// batch under [`GROUP_MIN_TXNS`]) never waits; when load drops, the first
 /// short batch waits once and sets the smaller target. At 64 clients this
-/// took batches from 20 to 32 writes per entry (`benches/write.sh`).
+/// took batches from 20 to 32 writes per entry (`lodestar bench write`).
 async fn batcher(node: Weak<Node>, mut rx: mpsc::Receiver<Pending>, wait: Duration) {
     let permits = Arc::new(Semaphore::new(MAX_INFLIGHT_BATCHES));
     let mut last_txns = 0;

@@ -12,7 +12,7 @@
 //!                                                     earlier versions; read, then compacted away)
 //!   `m/applied`               AppliedMeta             last applied log id, membership, revision
 //!   `m/objects`               u64                     the revision the `o/` objects are at
-//!                                                     (absent: `m/applied`'s, as written before 1.1)
+//!                                                     (absent, as earlier versions wrote it: `m/applied`'s)
 //! tree `snapshot`: `current` → StoredSnapshot, the last built or installed one.
 //!
 //! Write-behind, as etcd's backend batches its bbolt commits: `apply`
