@@ -152,6 +152,12 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     if let Err(e) = raft.shutdown().await {
         tracing::warn!("raft shutdown: {e}");
     }
+    // Raft is stopped, so nothing more is applied: write the queued state
+    // now, while everything is alive, rather than when the state machine is
+    // dropped (maybe as the runtime goes away, after the flush below).
+    if let Err(e) = node.reader.checkpoint() {
+        tracing::error!(error = %e, "writing the last state checkpoint");
+    }
     drop(node);
     db.flush_async().await?;
     tracing::info!("stopped");

@@ -372,6 +372,13 @@ impl StoreReader {
     pub fn history_from(&self, rev: u64) -> Result<(Vec<Event>, u64), String> {
         self.checkpointer.history_from(rev)
     }
+
+    /// Write everything applied and still queued (history, then objects).
+    /// A graceful shutdown calls it before its final sled flush, so that
+    /// dropping the state machine later has nothing left to write.
+    pub fn checkpoint(&self) -> Result<(), StorageError> {
+        self.checkpointer.flush_all()
+    }
 }
 
 pub struct StateMachine {
