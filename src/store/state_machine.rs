@@ -169,6 +169,12 @@ fn chunk_range(key: &[u8]) -> Option<(u64, u64)> {
     Some((first, last))
 }
 
+/// The last history chunk that starts at or before `rev` (it holds `rev`
+/// if any chunk does).
+fn chunk_from(tree: &sled::Tree, rev: u64) -> sled::Result<Option<(sled::IVec, sled::IVec)>> {
+    tree.range(chunk_key(0, 0)..=chunk_key(rev, u64::MAX)).next_back().transpose()
+}
+
 fn to_events(rev: u64, records: Vec<EventRecord>) -> Result<Vec<Event>, String> {
     records
         .into_iter()
@@ -296,7 +302,7 @@ impl Checkpointer {
             let events = p.history[i..].iter().flat_map(|(_, _, e)| e.iter().cloned()).collect();
             return Ok((events, p.history.last().map_or(rev, |h| h.0)));
         }
-        let chunk = self.tree.range(chunk_key(0, 0)..=chunk_key(rev, u64::MAX)).next_back().transpose().map_err(|e| e.to_string())?;
+        let chunk = chunk_from(&self.tree, rev).map_err(|e| e.to_string())?;
         if let Some((key, bytes)) = chunk {
             if let Some((_, last)) = chunk_range(&key).filter(|(first, last)| *first <= rev && rev <= *last) {
                 let revisions: Vec<(u64, Vec<EventRecord>)> = codec::decode(&bytes).map_err(|e| e.to_string())?;
@@ -470,7 +476,13 @@ fn load_applied(tree: &sled::Tree) -> Result<(Applied, u64), StorageError> {
         state.objects.insert(obj.key.clone(), Arc::new(obj));
     }
     let mut replayed = objects_at;
-    for item in tree.range(chunk_key(0, 0)..chunk_key(u64::MAX, 0)) {
+    // From the chunk that holds the first revision to replay: the ones
+    // before it (kept for watch history) are not read.
+    let start = match chunk_from(tree, objects_at.saturating_add(1)).map_err(|e| sm_err(ErrorVerb::Read, e))? {
+        Some((key, _)) => key.to_vec(),
+        None => chunk_key(0, 0),
+    };
+    for item in tree.range(start..chunk_key(u64::MAX, 0)) {
         let (key, bytes) = item.map_err(|e| sm_err(ErrorVerb::Read, e))?;
         match chunk_range(&key) {
             Some((_, last)) if last <= objects_at => continue,
@@ -881,7 +893,6 @@ mod checkpoint_tests {
         // Once the objects are written, the history is compacted as usual.
         let mut sm = sm;
         sm.apply([entry(41, vec![put(41, 100)])]).await.unwrap();
-        sm.checkpointer.flush_all().unwrap();
         sm.checkpointer.flush_all().unwrap();
         sm.apply([entry(42, vec![put(42, 100)])]).await.unwrap();
         sm.checkpointer.flush().unwrap();
