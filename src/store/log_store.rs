@@ -210,23 +210,34 @@ fn purge_loop(log: sled::Tree, purges: std::sync::mpsc::Receiver<u64>) {
     }
 }
 
+/// Each batch's scan starts after the last key the previous one removed,
+/// not at the front of the tree again.
 fn remove_upto(log: &sled::Tree, upto: u64) -> sled::Result<()> {
+    let mut from = [0u8; 8];
     loop {
         let mut batch = sled::Batch::default();
-        let mut n = 0;
-        for item in log.range(..=index_key(upto)).take(PURGE_BATCH) {
-            batch.remove(item?.0);
-            n += 1;
+        let mut last = None;
+        for item in log.range(from..=index_key(upto)).take(PURGE_BATCH) {
+            let (key, _) = item?;
+            last = Some(key_index(&key).unwrap_or(upto));
+            batch.remove(key);
         }
-        if n == 0 {
+        let Some(last) = last else { return Ok(()) };
+        log.apply_batch(batch)?;
+        if last >= upto {
             return Ok(());
         }
-        log.apply_batch(batch)?;
+        from = index_key(last + 1);
     }
 }
 
 fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
+}
+
+/// The index a log key holds; None for a key of another length.
+fn key_index(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.try_into().ok()?))
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -244,7 +255,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let mut out = Vec::new();
         for item in self.log.range(index_key(start)..) {
             let (k, v) = item.map_err(read_err)?;
-            let idx = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| read_err(std::io::Error::other("bad log key")))?);
+            let idx = key_index(&k).ok_or_else(|| read_err(std::io::Error::other("bad log key")))?;
             if !range.contains(&idx) {
                 break;
             }
@@ -426,7 +437,7 @@ mod tests {
     }
 
     fn blank(index: u64) -> Entry {
-        Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Blank }
+        Entry { log_id: log_id(index), payload: EntryPayload::Blank }
     }
 
     fn read(tail: &Tail, range: impl RangeBounds<u64>) -> Option<Vec<u64>> {
