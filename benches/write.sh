@@ -43,6 +43,8 @@ cleanup() {
         sleep 0.1
     done
     for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    # Reap them here, quietly: bash would otherwise report each one killed.
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
     if [ "${BENCH_KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then
         echo "# data and logs kept in $WORK" >&2
     else

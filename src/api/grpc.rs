@@ -133,7 +133,7 @@ impl Lodestar for GrpcApi {
         let key = super::key_of(&r.kind, Some(&r.namespace), &r.name).map_err(status_of)?;
         let applied = self.node.read(consistency(r.consistency)).await.map_err(status_of)?;
         let obj = super::get(&applied, &key).map_err(status_of)?;
-        Ok(Response::new(GetResponse { revision: applied.revision(), resource_json: obj.to_json().to_string() }))
+        Ok(Response::new(GetResponse { revision: applied.revision(), resource_json: crate::model::json_text(&obj.to_json()) }))
     }
 
     async fn wait(&self, req: Request<WaitRequest>) -> Result<Response<WaitResponse>, Status> {
@@ -164,7 +164,7 @@ impl Lodestar for GrpcApi {
         let selector = super::parse_selector(Some(&r.label_selector)).map_err(status_of)?;
         let applied = self.node.read(consistency(r.consistency)).await.map_err(status_of)?;
         let items = super::list(&applied, kind, Some(&r.namespace), &selector);
-        Ok(Response::new(ListResponse { revision: applied.revision(), resources_json: items.iter().map(|o| o.to_json().to_string()).collect() }))
+        Ok(Response::new(ListResponse { revision: applied.revision(), resources_json: items.iter().map(|o| crate::model::json_text(&o.to_json())).collect() }))
     }
 
     type WatchStream = WatchStream;
@@ -180,7 +180,7 @@ impl Lodestar for GrpcApi {
                 kind: e.object.key.kind.name().into(),
                 namespace: e.object.key.namespace.to_string(),
                 name: e.object.key.name.to_string(),
-                resource_json: e.object.to_json().to_string(),
+                resource_json: crate::model::json_text(&e.object.to_json()),
             })
             .map_err(status_of)
         });

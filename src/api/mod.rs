@@ -42,7 +42,7 @@ pub fn apply_txn(items: Vec<ApplyItem>) -> Result<(Txn, Vec<String>)> {
                 if !seen.insert(res.key.clone()) {
                     errors.push(FieldError::new(format!("{path}.metadata.name"), format!("{} appears more than once in this request", res.key)));
                 }
-                ops.push(Op::Put { body: res.body.to_string().into(), key: res.key, expected_revision: item.expected_revision });
+                ops.push(Op::Put { body: model::json_text(&res.body).into(), key: res.key, expected_revision: item.expected_revision });
             }
         }
     }

@@ -13,7 +13,7 @@ pub mod resource;
 pub mod selector;
 
 pub use kinds::Kind;
-pub use resource::{parse_resource, Name, NewResource, ResourceKey, StoredObject, DEFAULT_NAMESPACE};
+pub use resource::{json_text, parse_resource, Name, NewResource, ResourceKey, StoredObject, DEFAULT_NAMESPACE};
 pub use selector::Selector;
 
 use crate::error::FieldError;

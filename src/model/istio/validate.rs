@@ -142,13 +142,20 @@ const MAX_STRUCTURAL_ERRORS: usize = 20;
 /// a spec the user did not write. A struct written as an array, which serde
 /// tolerates but protobuf JSON does not, is reported too.
 pub fn from_value<T: DeserializeOwned + Serialize>(value: &Value) -> Result<T, Vec<FieldError>> {
-    let mut error = match serde_path_to_error::deserialize::<_, T>(value) {
+    // The common case, valid input, needs no path tracking: plain serde
+    // first. Only on failure is it run again, tracking paths, to name the
+    // fields (both accept and reject exactly the same input).
+    let typed = match T::deserialize(value) {
+        Ok(typed) => Ok(typed),
+        Err(_) => serde_path_to_error::deserialize::<_, T>(value),
+    };
+    let mut error = match typed {
         Ok(typed) => {
             let mut errors = Vec::new();
             // Serialising our own types to JSON cannot fail (all map keys
             // are strings); were it to, there would be nothing to compare.
             if let Ok(parsed) = serde_json::to_value(&typed) {
-                find_positional_structs(value, &parsed, &Path::root(), &mut errors);
+                find_positional_structs(value, &parsed, &mut Vec::new(), &mut errors);
             }
             return if errors.is_empty() { Ok(typed) } else { Err(errors) };
         }
@@ -184,20 +191,28 @@ pub fn from_value<T: DeserializeOwned + Serialize>(value: &Value) -> Result<T, V
 /// of its fields in order (`destination: [reviews, v1]`), which protobuf
 /// JSON, and so Istio, rejects. Such input shows up as an array in the
 /// spec where the parsed value serialises to an object.
-fn find_positional_structs(input: &Value, parsed: &Value, at: &Path, errors: &mut Vec<FieldError>) {
+fn find_positional_structs(input: &Value, parsed: &Value, at: &mut Vec<Segment>, errors: &mut Vec<FieldError>) {
     match (input, parsed) {
         (Value::Array(_), Value::Object(_)) => {
-            errors.push(FieldError { field: at.0.clone(), reason: "invalid type: sequence, expected a mapping of field names to values".to_string() })
+            errors.push(FieldError { field: format_segments(at), reason: "invalid type: sequence, expected a mapping of field names to values".to_string() })
         }
         (Value::Array(items), Value::Array(parsed_items)) => {
             for (i, (item, parsed_item)) in items.iter().zip(parsed_items).enumerate() {
-                find_positional_structs(item, parsed_item, &at.index(i), errors);
+                at.push(Segment::Index(i));
+                find_positional_structs(item, parsed_item, at, errors);
+                at.pop();
             }
         }
         (Value::Object(fields), Value::Object(parsed_fields)) => {
             for (key, field) in fields {
+                // Only containers can hold a positional struct.
+                if !matches!(field, Value::Array(_) | Value::Object(_)) {
+                    continue;
+                }
                 if let Some(parsed_field) = parsed_fields.get(key) {
-                    find_positional_structs(field, parsed_field, &at.key(key), errors);
+                    at.push(Segment::Key(key.clone()));
+                    find_positional_structs(field, parsed_field, at, errors);
+                    at.pop();
                 }
             }
         }
@@ -264,13 +279,23 @@ impl Path {
         Path(ROOT.to_string())
     }
 
-    /// A struct field, named as in YAML.
+    /// A struct field, named as in YAML. (Paths are built for every field
+    /// checked, error or not: plain concatenation, no `format!`.)
     pub(super) fn field(&self, name: &str) -> Self {
-        Path(format!("{}.{name}", self.0))
+        let mut p = String::with_capacity(self.0.len() + 1 + name.len());
+        p.push_str(&self.0);
+        p.push('.');
+        p.push_str(name);
+        Path(p)
     }
 
     pub(super) fn index(&self, index: usize) -> Self {
-        Path(format!("{}[{index}]", self.0))
+        let mut p = String::with_capacity(self.0.len() + 8);
+        p.push_str(&self.0);
+        p.push('[');
+        p.push_str(&index.to_string());
+        p.push(']');
+        Path(p)
     }
 
     /// A map entry: plain identifiers read like fields, anything else (label
