@@ -204,14 +204,12 @@ impl PartialEq for StoredObject {
 impl Eq for StoredObject {}
 
 /// The compact JSON text of a value: the same bytes as its `Display`
-/// (`to_string`), written straight into the string rather than through
-/// `fmt`'s adapter, which made up a tenth of validating a write (`cargo
-/// bench --bench apply`).
+/// (`to_string`), written straight into a buffer by `serde_json::to_string`
+/// rather than through `fmt`'s adapter, which made up a tenth of validating
+/// a write (`cargo bench --bench apply`).
 pub fn json_text(value: &Value) -> String {
-    let mut out = Vec::with_capacity(256);
-    // Writing a `Value` into a `Vec` cannot fail, and yields UTF-8.
-    serde_json::to_writer(&mut out, value).expect("a JSON value serializes");
-    String::from_utf8(out).expect("serde_json writes UTF-8")
+    // A `Value`'s map keys are strings: serializing it cannot fail.
+    serde_json::to_string(value).expect("a JSON value serializes")
 }
 
 impl StoredObject {

@@ -145,11 +145,7 @@ pub fn from_value<T: DeserializeOwned + Serialize>(value: &Value) -> Result<T, V
     // The common case, valid input, needs no path tracking: plain serde
     // first. Only on failure is it run again, tracking paths, to name the
     // fields (both accept and reject exactly the same input).
-    let typed = match T::deserialize(value) {
-        Ok(typed) => Ok(typed),
-        Err(_) => serde_path_to_error::deserialize::<_, T>(value),
-    };
-    let mut error = match typed {
+    let mut error = match T::deserialize(value).or_else(|_| serde_path_to_error::deserialize::<_, T>(value)) {
         Ok(typed) => {
             let mut errors = Vec::new();
             // Serialising our own types to JSON cannot fail (all map keys
@@ -279,7 +275,7 @@ impl Path {
         Path(ROOT.to_string())
     }
 
-    /// A struct field, named as in YAML. (Paths are built for every field
+    /// A struct field, named as in YAML. (A path is built for every field
     /// checked, error or not: plain concatenation, no `format!`.)
     pub(super) fn field(&self, name: &str) -> Self {
         let mut p = String::with_capacity(self.0.len() + 1 + name.len());
@@ -290,12 +286,7 @@ impl Path {
     }
 
     pub(super) fn index(&self, index: usize) -> Self {
-        let mut p = String::with_capacity(self.0.len() + 8);
-        p.push_str(&self.0);
-        p.push('[');
-        p.push_str(&index.to_string());
-        p.push(']');
-        Path(p)
+        Path(format!("{}[{index}]", self.0))
     }
 
     /// A map entry: plain identifiers read like fields, anything else (label
