@@ -123,7 +123,7 @@ impl Default for ServerConfig {
             history_revisions: 10_000,
             max_body_bytes: 4 * 1024 * 1024,
             write_timeout_ms: 10_000,
-            group_commit_wait_us: 2_000,
+            group_commit_wait_us: 5_000,
             domain_suffix: "cluster.local".into(),
             root_namespace: "istio-system".into(),
         }

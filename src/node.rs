@@ -734,7 +734,8 @@ fn deliver(batch: Vec<Pending>, results: Result<Vec<TxnResult>>) {
 /// instead of waiting a whole round for the next. A lone writer (the last
 /// batch under [`GROUP_MIN_TXNS`]) never waits; when load drops, the first
 /// short batch waits once and sets the smaller target. At 64 clients this
-/// took batches from 20 to 32 writes per entry (`lodestar bench write`).
+/// took batches from 20 to 32 writes per entry (`lodestar bench write`);
+/// a 5 ms bound instead of 2 ms, from 43 to 56 (ARCHITECTURE.md, Decisions).
 async fn batcher(node: Weak<Node>, mut rx: mpsc::Receiver<Pending>, wait: Duration) {
     let permits = Arc::new(Semaphore::new(MAX_INFLIGHT_BATCHES));
     let mut last_txns = 0;

@@ -204,13 +204,12 @@ impl Mesh {
     /// shared, only the changed rules are re-read. `None` when something
     /// else changed (then `build` it).
     pub fn update_rules(&self, prev_objects: &crate::store::state::Objects, applied: &Applied) -> Option<Mesh> {
-        use imbl::ordmap::DiffItem;
+        use crate::store::objects::Change;
         let mut changed: Vec<(&ResourceKey, Option<&Arc<StoredObject>>)> = Vec::new();
         for d in prev_objects.diff(&applied.state.objects) {
             let (key, now) = match d {
-                DiffItem::Add(k, o) => (k, Some(o)),
-                DiffItem::Update { new: (k, o), .. } => (k, Some(o)),
-                DiffItem::Remove(k, _) => (k, None),
+                Change::Added(o) | Change::Updated { new: o, .. } => (&o.key, Some(o)),
+                Change::Removed(o) => (&o.key, None),
             };
             if !matches!(key.kind, Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar) {
                 return None;
@@ -276,7 +275,7 @@ impl Mesh {
     /// instance lists are rebuilt, everything else is shared. Returns the
     /// hostnames whose endpoints changed. `None`: build it.
     pub fn update_instances(&self, prev_objects: &crate::store::state::Objects, applied: &Applied) -> Option<(Mesh, BTreeSet<String>)> {
-        use imbl::ordmap::DiffItem;
+        use crate::store::objects::Change;
         let suffix = &self.config.domain_suffix;
         let spec_of = |o: &StoredObject| -> Option<InstanceSpec> {
             match o.typed().ok()?.as_ref() {
@@ -287,10 +286,11 @@ impl Mesh {
         let mut services: Option<BTreeMap<String, Arc<Service>>> = None;
         let mut hosts = BTreeSet::new();
         for d in prev_objects.diff(&applied.state.objects) {
-            let (key, old, new) = match d {
-                DiffItem::Add(k, o) => (k, None, Some(o)),
-                DiffItem::Update { old, new } => (new.0, Some(old.1), Some(new.1)),
-                DiffItem::Remove(k, o) => (k, Some(o), None),
+            let key = d.key();
+            let (old, new) = match d {
+                Change::Added(o) => (None, Some(o)),
+                Change::Updated { old, new } => (Some(old), Some(new)),
+                Change::Removed(o) => (Some(o), None),
             };
             if key.kind != Kind::Instance {
                 return None;

@@ -264,7 +264,7 @@ async fn write_restored(backup: &Backup, data_dir: &Path, members: BTreeMap<Node
     let log_id = restored_log_id();
     let voters: BTreeSet<NodeId> = members.keys().copied().collect();
     let membership = StoredMembership::new(Some(log_id), Membership::new(vec![voters], members));
-    let objects: Objects = backup.objects.iter().map(|o| (o.key.clone(), o.clone())).collect();
+    let objects: Objects = backup.objects.iter().cloned().collect();
     let applied =
         Applied { last_applied: Some(log_id), membership: membership.clone(), state: State { revision: backup.revision, objects }, compacted: backup.revision };
     let data = state_machine::snapshot_data(&applied);
@@ -359,7 +359,7 @@ mod tests {
     fn encode_reads_one_applied_state() {
         let mut state = State { revision: 5, objects: Default::default() };
         let o = object(Kind::VirtualService, "a", 2, 5, 3);
-        state.objects.insert(o.key.clone(), Arc::new(o.clone()));
+        state.objects.insert(Arc::new(o.clone()));
         let applied = Applied { state, ..Default::default() };
         let b = decode(&encode(&applied, 3)).unwrap();
         assert_eq!((b.revision, b.source.node_id), (5, 3));

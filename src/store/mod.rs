@@ -12,6 +12,7 @@
 pub mod backup;
 pub mod codec;
 pub mod log_store;
+pub mod objects;
 pub mod state;
 pub mod state_machine;
 pub mod types;

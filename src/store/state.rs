@@ -1,21 +1,18 @@
 //! The replicated state as a pure value, and how a transaction changes it.
 //!
-//! `State` is an immutable-friendly map (imbl's persistent `OrdMap`): cloning
-//! it is O(1) and shares structure, so every applied revision can be handed to
+//! `State` is an immutable-friendly map ([`Objects`], imbl's persistent
+//! ordered set): cloning it is O(1) and shares structure, so every applied revision can be handed to
 //! readers (API, xDS) as its own snapshot while the state machine moves on.
 //! Nothing here does IO; the state machine persists what `apply_txn` returns.
 
 use super::types::{Action, ItemResult, Op, Txn, TxnOk, TxnResult};
 use crate::error::{Error, FieldError};
 use crate::model::{Kind, ResourceKey, StoredObject};
-use imbl::OrdMap;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-/// Every stored object by key: a persistent map, so a clone is O(1) and two
-/// revisions can be diffed in time proportional to what changed.
-pub type Objects = OrdMap<ResourceKey, Arc<StoredObject>>;
+pub use super::objects::Objects;
 
 #[derive(Debug, Clone, Default)]
 pub struct State {
@@ -76,7 +73,7 @@ impl State {
                                 Some(NewBody::Value(body)) => StoredObject::new(p.key.clone(), create_revision, revision, version, body),
                                 None => StoredObject::new(p.key.clone(), create_revision, revision, version, Value::Null),
                             });
-                            self.objects.insert(p.key.clone(), obj.clone());
+                            self.objects.insert(obj.clone());
                             events.push(Event { revision, kind: EventType::Put, object: obj });
                             revision
                         }

@@ -473,7 +473,7 @@ fn load_applied(tree: &sled::Tree) -> Result<(Applied, u64), StorageError> {
         let (_, v) = item.map_err(|e| sm_err(ErrorVerb::Read, e))?;
         let rec: ObjectRecord = codec::decode(&v).map_err(|e| sm_err(ErrorVerb::Read, e))?;
         let obj = rec.into_object().map_err(|e| sm_err(ErrorVerb::Read, e))?;
-        state.objects.insert(obj.key.clone(), Arc::new(obj));
+        state.objects.insert(Arc::new(obj));
     }
     let mut replayed = objects_at;
     // From the chunk that holds the first revision to replay: the ones
@@ -499,7 +499,7 @@ fn load_applied(tree: &sled::Tree) -> Result<(Applied, u64), StorageError> {
                     state.objects.remove(&r.object.key);
                 } else {
                     let obj = r.object.into_object().map_err(|e| sm_err(ErrorVerb::Read, e))?;
-                    state.objects.insert(obj.key.clone(), Arc::new(obj));
+                    state.objects.insert(Arc::new(obj));
                 }
             }
             replayed = rev;
@@ -520,7 +520,7 @@ fn write_snapshot_state(tree: &sled::Tree, data: &[u8]) -> Result<Applied, Stora
     for rec in body.objects {
         batch.insert(object_key(&rec.key), codec::encode(&rec));
         let obj = rec.into_object().map_err(|e| snap_err(ErrorVerb::Read, e))?;
-        state.objects.insert(obj.key.clone(), Arc::new(obj));
+        state.objects.insert(Arc::new(obj));
     }
     // History before a snapshot is not carried over: watchers must resume
     // from the snapshot's revision.

@@ -534,9 +534,9 @@ impl Translator {
             .objects
             .diff(&applied.state.objects)
             .map(|d| match d {
-                imbl::ordmap::DiffItem::Add(k, o) => (k.clone(), None, Some(o.clone())),
-                imbl::ordmap::DiffItem::Remove(k, o) => (k.clone(), Some(o.clone()), None),
-                imbl::ordmap::DiffItem::Update { old, new } => (new.0.clone(), Some(old.1.clone()), Some(new.1.clone())),
+                crate::store::objects::Change::Added(o) => (o.key.clone(), None, Some(o.clone())),
+                crate::store::objects::Change::Removed(o) => (o.key.clone(), Some(o.clone()), None),
+                crate::store::objects::Change::Updated { old, new } => (new.key.clone(), Some(old.clone()), Some(new.clone())),
             })
             .collect();
         let list = Arc::new(list);
