@@ -1,8 +1,9 @@
 //! The replicated state as a pure value, and how a transaction changes it.
 //!
 //! `State` is an immutable-friendly map ([`Objects`], imbl's persistent
-//! ordered set): cloning it is O(1) and shares structure, so every applied revision can be handed to
-//! readers (API, xDS) as its own snapshot while the state machine moves on.
+//! ordered set): cloning it is O(1) and shares structure, so every applied
+//! revision can be handed to readers (API, xDS) as its own snapshot while
+//! the state machine moves on.
 //! Nothing here does IO; the state machine persists what `apply_txn` returns.
 
 use super::types::{Action, ItemResult, Op, Txn, TxnOk, TxnResult};
