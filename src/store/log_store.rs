@@ -137,18 +137,21 @@ fn write_err(e: impl std::error::Error + 'static) -> StorageError {
 }
 
 impl LogStore {
-    pub fn open(db: &sled::Db) -> Result<LogStore, sled::Error> {
-        let log = db.open_tree("raft_log")?;
-        let meta = db.open_tree("raft_meta")?;
+    /// Open the log's trees and start its flusher and purger threads. A
+    /// `last_purged` that cannot be read fails the open: the log's start
+    /// would be unknown.
+    pub fn open(db: &sled::Db) -> Result<LogStore, StorageError> {
+        let log = db.open_tree("raft_log").map_err(read_err)?;
+        let meta = db.open_tree("raft_meta").map_err(read_err)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let flush_db = db.clone();
-        std::thread::Builder::new().name("lodestar-log-flush".into()).spawn(move || flusher(flush_db, rx))?;
+        std::thread::Builder::new().name("lodestar-log-flush".into()).spawn(move || flusher(flush_db, rx)).map_err(write_err)?;
         let (purger, purges) = std::sync::mpsc::channel();
         let purge_log = log.clone();
-        std::thread::Builder::new().name("lodestar-log-purge".into()).spawn(move || purge_loop(purge_log, purges))?;
+        std::thread::Builder::new().name("lodestar-log-purge".into()).spawn(move || purge_loop(purge_log, purges)).map_err(write_err)?;
         let store = LogStore { db: db.clone(), log, meta, flusher: tx, purger, first_kept: Default::default(), tail: Default::default() };
         // Entries a crash left behind below `last_purged`.
-        if let Ok(Some(last_purged)) = store.get_meta::<LogId>(LAST_PURGED) {
+        if let Some(last_purged) = store.get_meta::<LogId>(LAST_PURGED)? {
             store.first_kept.store(last_purged.index + 1, Ordering::Release);
             let _ = store.purger.send(last_purged.index);
         }
@@ -367,7 +370,7 @@ mod tests {
         async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
             let dir = tempfile::tempdir().map_err(read_err)?;
             let db = crate::store::open_db(dir.path()).map_err(read_err)?;
-            let log = LogStore::open(&db).map_err(read_err)?;
+            let log = LogStore::open(&db)?;
             let (sm, _reader) = StateMachine::open(&db, 1000).map_err(read_err)?;
             Ok((dir, log, sm))
         }
@@ -434,6 +437,17 @@ mod tests {
         assert!(store.try_get_log_entries(0..=1000).await.unwrap().is_empty());
         until_removed(&store, 1000).await;
         assert!(store.log.is_empty());
+    }
+
+    /// An unreadable `last_purged` fails the open instead of being taken
+    /// for "nothing purged" (the log would seem to start at 0).
+    #[test]
+    fn an_unreadable_last_purged_fails_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::store::open_db(dir.path()).unwrap();
+        db.open_tree("raft_meta").unwrap().insert(LAST_PURGED, b"not a log id".as_slice()).unwrap();
+        let err = LogStore::open(&db).err().expect("open fails");
+        assert!(err.to_string().contains("read"), "{err}");
     }
 
     fn blank(index: u64) -> Entry {
