@@ -204,13 +204,9 @@ impl Mesh {
     /// shared, only the changed rules are re-read. `None` when something
     /// else changed (then `build` it).
     pub fn update_rules(&self, prev_objects: &crate::store::state::Objects, applied: &Applied) -> Option<Mesh> {
-        use crate::store::objects::Change;
         let mut changed: Vec<(&ResourceKey, Option<&Arc<StoredObject>>)> = Vec::new();
         for d in prev_objects.diff(&applied.state.objects) {
-            let (key, now) = match d {
-                Change::Added(o) | Change::Updated { new: o, .. } => (&o.key, Some(o)),
-                Change::Removed(o) => (&o.key, None),
-            };
+            let (key, now) = (d.key(), d.after());
             if !matches!(key.kind, Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar) {
                 return None;
             }
@@ -275,7 +271,6 @@ impl Mesh {
     /// instance lists are rebuilt, everything else is shared. Returns the
     /// hostnames whose endpoints changed. `None`: build it.
     pub fn update_instances(&self, prev_objects: &crate::store::state::Objects, applied: &Applied) -> Option<(Mesh, BTreeSet<String>)> {
-        use crate::store::objects::Change;
         let suffix = &self.config.domain_suffix;
         let spec_of = |o: &StoredObject| -> Option<InstanceSpec> {
             match o.typed().ok()?.as_ref() {
@@ -286,12 +281,7 @@ impl Mesh {
         let mut services: Option<BTreeMap<String, Arc<Service>>> = None;
         let mut hosts = BTreeSet::new();
         for d in prev_objects.diff(&applied.state.objects) {
-            let key = d.key();
-            let (old, new) = match d {
-                Change::Added(o) => (None, Some(o)),
-                Change::Updated { old, new } => (Some(old), Some(new)),
-                Change::Removed(o) => (Some(o), None),
-            };
+            let (key, old, new) = (d.key(), d.before(), d.after());
             if key.kind != Kind::Instance {
                 return None;
             }

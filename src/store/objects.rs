@@ -22,8 +22,9 @@ use std::sync::Arc;
 pub struct Objects(OrdSet<Entry>);
 
 /// An object in the set. Ordered (and looked up) by its key alone, since
-/// keys are unique in the set; equal only when it is the same object, which
-/// is what `diff` needs to report a changed object under an unchanged key.
+/// keys are unique in the set; equal only when it holds the same or an
+/// equal object, which is what `diff` needs to report a changed object
+/// under an unchanged key.
 #[derive(Clone)]
 struct Entry(Arc<StoredObject>);
 
@@ -64,6 +65,22 @@ impl<'a> Change<'a> {
     pub fn key(&self) -> &'a ResourceKey {
         match self {
             Change::Added(o) | Change::Updated { new: o, .. } | Change::Removed(o) => &o.key,
+        }
+    }
+
+    /// The object before the change, if there was one.
+    pub fn before(&self) -> Option<&'a Arc<StoredObject>> {
+        match self {
+            Change::Updated { old: o, .. } | Change::Removed(o) => Some(o),
+            Change::Added(_) => None,
+        }
+    }
+
+    /// The object after the change, if it still exists.
+    pub fn after(&self) -> Option<&'a Arc<StoredObject>> {
+        match self {
+            Change::Added(o) | Change::Updated { new: o, .. } => Some(o),
+            Change::Removed(_) => None,
         }
     }
 }

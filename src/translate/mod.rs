@@ -530,15 +530,7 @@ impl Translator {
         if let Some((_, c)) = cache.iter().find(|(s, _)| *s == step) {
             return c.clone();
         }
-        let list: Vec<Change> = prev
-            .objects
-            .diff(&applied.state.objects)
-            .map(|d| match d {
-                crate::store::objects::Change::Added(o) => (o.key.clone(), None, Some(o.clone())),
-                crate::store::objects::Change::Removed(o) => (o.key.clone(), Some(o.clone()), None),
-                crate::store::objects::Change::Updated { old, new } => (new.key.clone(), Some(old.clone()), Some(new.clone())),
-            })
-            .collect();
+        let list: Vec<Change> = prev.objects.diff(&applied.state.objects).map(|d| (d.key().clone(), d.before().cloned(), d.after().cloned())).collect();
         let list = Arc::new(list);
         if cache.len() >= 16 {
             cache.pop_front();
