@@ -9,7 +9,7 @@
 //!   is starting, or cut off from the quorum, stops being ready within the
 //!   bound; it opens no new xDS stream, and its existing streams keep the
 //!   config they have (nothing newer reaches it to push).
-//! - **Fencing** (`Fence` for `Node`): a reconnecting Envoy (SotW
+//! - **Fencing** (`Fence` for `Replica`, from [`confirm_current`]): a reconnecting Envoy (SotW
 //!   `version_info` or delta `initial_resource_versions` set) is answered
 //!   only after a barrier, a read-index taken when it connects and applied
 //!   here, so nothing it receives is older than what it ACKed, from any
@@ -26,7 +26,9 @@
 
 use crate::node::{Consistency, Node, NodeStatus};
 use crate::store::types::NodeId;
-use std::collections::BTreeMap;
+use crate::xds::SyncRegistry;
+use openraft::ServerState;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -71,10 +73,45 @@ impl HaState {
     pub fn live_peers(&self) -> Vec<NodeStatus> {
         lock(&self.peers).values().filter(|(_, at)| at.elapsed() < PEER_STALE).map(|(s, _)| s.clone()).collect()
     }
+
+    /// Ready to serve: a leader is known, and within the last
+    /// `ready_max_lag_ms` this replica applied a commit index it obtained
+    /// from the leader (confirmed by a quorum).
+    pub fn readiness(&self, node: &Node) -> Result<(), String> {
+        let m = node.raft.metrics().borrow().clone();
+        if m.current_leader.is_none() {
+            return Err("no known leader".into());
+        }
+        if !matches!(m.state, ServerState::Leader | ServerState::Follower | ServerState::Learner) {
+            return Err(format!("raft state is {:?}", m.state));
+        }
+        let bound = Duration::from_millis(node.config.ready_max_lag_ms);
+        let why = || self.last_error().map(|e| format!(": {e}")).unwrap_or_default();
+        match self.confirmed_ago() {
+            Some(ago) if ago <= bound => Ok(()),
+            Some(ago) => Err(format!("last confirmed current {} ms ago (bound {} ms){}", ago.as_millis(), bound.as_millis(), why())),
+            None => Err(format!("not yet confirmed current with the leader{}", why())),
+        }
+    }
+
+    /// This node plus the voters heard from recently; empty until the
+    /// first round of gossip completes.
+    pub fn live_voters(&self, node: &Node) -> Vec<NodeId> {
+        if !self.gossiped() {
+            return Vec::new();
+        }
+        let voters: BTreeSet<NodeId> = node.members().into_iter().filter(|(_, _, voter)| *voter).map(|(id, _, _)| id).collect();
+        let mut live: Vec<NodeId> = self.live_peers().iter().map(|p| p.id).filter(|id| voters.contains(id)).collect();
+        if voters.contains(&node.id) {
+            live.push(node.id);
+        }
+        live.sort();
+        live
+    }
 }
 
 /// Keep confirming that this replica is current (see the module docs).
-pub async fn freshness(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
+pub async fn freshness(node: Arc<Node>, ha: Arc<HaState>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(FRESHNESS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let bound = Duration::from_millis(node.config.ready_max_lag_ms);
@@ -84,18 +121,18 @@ pub async fn freshness(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
             _ = tick.tick() => {}
         }
         let asked = Instant::now();
-        match node.confirm_current(bound).await {
+        match confirm_current(&node, bound).await {
             Ok(()) => {
-                *lock(&node.ha.confirmed_at) = Some(asked);
-                *lock(&node.ha.last_error) = None;
+                *lock(&ha.confirmed_at) = Some(asked);
+                *lock(&ha.last_error) = None;
             }
-            Err(e) => *lock(&node.ha.last_error) = Some(e),
+            Err(e) => *lock(&ha.last_error) = Some(e),
         }
     }
 }
 
 /// Ask every other member for its status each second.
-pub async fn gossip(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
+pub async fn gossip(node: Arc<Node>, ha: Arc<HaState>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(GOSSIP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -111,14 +148,14 @@ pub async fn gossip(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
         });
         let answers = futures::future::join_all(asks).await;
         let now = Instant::now();
-        let mut peers = lock(&node.ha.peers);
+        let mut peers = lock(&ha.peers);
         for (id, status) in answers {
             if let Some(s) = status {
                 peers.insert(id, (s, now));
             }
         }
         peers.retain(|id, _| membership.get_node(id).is_some());
-        node.ha.gossiped.store(true, std::sync::atomic::Ordering::Relaxed);
+        ha.gossiped.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -132,7 +169,7 @@ pub fn excess(mine: usize, ready_peer_streams: &[usize]) -> usize {
 }
 
 /// Shed streams above the fair share, once a second.
-pub async fn rebalance(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
+pub async fn rebalance(node: Arc<Node>, ha: Arc<HaState>, sync: SyncRegistry, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_millis(node.config.xds_rebalance_interval_ms.max(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -140,38 +177,25 @@ pub async fn rebalance(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.wait_for(|s| *s) => return,
             _ = tick.tick() => {}
         }
-        if node.readiness().is_err() {
+        if ha.readiness(&node).is_err() {
             continue;
         }
-        let peers: Vec<usize> = node.ha.live_peers().iter().filter(|p| p.ready).map(|p| p.xds_streams as usize).collect();
-        let n = excess(node.sync.len(), &peers);
+        let peers: Vec<usize> = ha.live_peers().iter().filter(|p| p.ready).map(|p| p.xds_streams as usize).collect();
+        let n = excess(sync.len(), &peers);
         if n > 0 {
-            let shed = node.sync.shed(n);
-            tracing::info!(mine = node.sync.len(), peers = ?peers, shed = shed.len(), "xDS: shedding streams above the fair share");
+            let shed = sync.shed(n);
+            tracing::info!(mine = sync.len(), peers = ?peers, shed = shed.len(), "xDS: shedding streams above the fair share");
         }
     }
 }
 
-impl Node {
-    /// Within `bound`, obtain the leader's commit index (a read-index the
-    /// leader confirms with a quorum) and apply up to it here.
-    pub async fn confirm_current(&self, bound: Duration) -> Result<(), String> {
-        match tokio::time::timeout(bound, self.read(Consistency::Linearizable)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("not confirmed current within {bound:?}")),
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl crate::xds::server::Fence for Node {
-    fn ready(&self) -> Result<(), String> {
-        self.readiness()
-    }
-
-    async fn barrier(&self) -> Result<(), String> {
-        self.confirm_current(Duration::from_millis(self.config.xds_fence_timeout_ms)).await
+/// Within `bound`, obtain the leader's commit index (a read-index the
+/// leader confirms with a quorum) and apply up to it here.
+pub async fn confirm_current(node: &Node, bound: Duration) -> Result<(), String> {
+    match tokio::time::timeout(bound, node.read(Consistency::Linearizable)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("not confirmed current within {bound:?}")),
     }
 }
 

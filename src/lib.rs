@@ -7,11 +7,16 @@
 //!   validation. Knows no IO crate.
 //! - [`store`]: openraft over sled: log, state machine, versioned codec,
 //!   immutable applied snapshots, watch.
-//! - [`node`]: a replica's domain service: batched writes, forwarding to the
-//!   leader, linearizable reads, membership.
+//! - [`node`]: the core of a replica: batched writes, forwarding to the
+//!   leader, linearizable reads, membership. Knows none of the helpers
+//!   below; reaches its peers through the `node::Transport` trait.
 //! - [`ha`]: readiness, fencing reconnecting Envoys, spreading streams.
 //! - [`health`]: registry health at run time: TTLs, leases, probes.
-//! - [`peer`]: raft peer RPCs and forwarding over tonic (trusted peers only).
+//! - [`replica`]: the node with its helpers, as the API, xDS and peer
+//!   service see it (status, peer requests for the helpers, waiting for
+//!   proxies).
+//! - [`peer`]: raft peer RPCs and forwarding over tonic (trusted peers
+//!   only); implements `node::Transport`.
 //! - [`api`]: REST (axum) and gRPC (tonic) client APIs, thin, one error map each.
 //! - [`adapters`]: sources outside the API (a watched directory) fed into the store.
 //! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
@@ -32,6 +37,7 @@ pub mod metrics;
 pub mod model;
 pub mod node;
 pub mod peer;
+pub mod replica;
 pub mod server;
 // openraft's StorageError (224 bytes) is the error type its storage traits
 // require; boxing it in our helpers would only add conversions.

@@ -1,9 +1,10 @@
 //! Raft peer traffic over tonic, on the raft port. TRUSTED PEERS ONLY.
 //!
 //! - [`PeerClients`] / [`PeerConn`]: outbound. openraft's `RaftNetwork`,
-//!   plus `forward` (writes, membership changes and read-index requests from a
-//!   follower to the leader) and `status`.
-//! - [`PeerService`]: inbound, hands RPCs to the local raft or node.
+//!   and `node::Transport` (`forward`: writes, membership changes and
+//!   read-index requests from a follower to the leader; `status`), so the
+//!   node reaches its peers without knowing this module.
+//! - [`PeerService`]: inbound, hands RPCs to the local raft or replica.
 //!
 //! AppendEntries go on one long-lived stream per follower
 //! (`AppendEntriesStream`), answered in order, one at a time as openraft
@@ -15,12 +16,14 @@
 //! and retries instead of treating it as a remote error.
 
 use crate::error::Error;
-use crate::node::{ForwardReply, ForwardRequest, Node, NodeStatus};
+use crate::node::{ForwardReply, ForwardRequest, NodeStatus, PeerError, Transport};
 use crate::proto::peer::raft_peer_client::RaftPeerClient;
 use crate::proto::peer::raft_peer_server::{RaftPeer, RaftPeerServer};
 use crate::proto::peer::Payload;
+use crate::replica::Replica;
 use crate::store::codec;
 use crate::store::types::{NodeId, NodeInfo, TypeConfig};
+use futures::future::BoxFuture;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse};
@@ -42,17 +45,6 @@ enum Method {
     Vote,
     Forward,
     Status,
-}
-
-/// Transport outcome of one peer call.
-#[derive(Debug, thiserror::Error)]
-pub enum PeerError {
-    /// Not connected: the request was not delivered.
-    #[error("peer {addr} unreachable: {msg}")]
-    Unreachable { addr: String, msg: String },
-    /// Sent, but no (valid) answer: the outcome is unknown.
-    #[error("peer {addr}: {msg}")]
-    Failed { addr: String, msg: String },
 }
 
 /// One lazily connected channel per peer address, shared by raft and
@@ -97,14 +89,15 @@ impl PeerClients {
         let bytes = self.call(addr, method, codec::encode(req), timeout).await?;
         decode_reply(addr, &bytes)
     }
+}
 
-    /// Send a request to the leader's node; the reply is the leader's.
-    pub async fn forward(&self, addr: &str, req: &ForwardRequest, timeout: Duration) -> Result<Result<ForwardReply, Error>, PeerError> {
-        self.typed(addr, Method::Forward, req, timeout).await
+impl Transport for PeerClients {
+    fn forward<'a>(&'a self, addr: &'a str, req: &'a ForwardRequest, timeout: Duration) -> BoxFuture<'a, Result<Result<ForwardReply, Error>, PeerError>> {
+        Box::pin(self.typed(addr, Method::Forward, req, timeout))
     }
 
-    pub async fn status(&self, addr: &str, timeout: Duration) -> Result<NodeStatus, PeerError> {
-        self.typed(addr, Method::Status, &(), timeout).await
+    fn status<'a>(&'a self, addr: &'a str, timeout: Duration) -> BoxFuture<'a, Result<NodeStatus, PeerError>> {
+        Box::pin(self.typed(addr, Method::Status, &(), timeout))
     }
 }
 
@@ -246,29 +239,33 @@ impl RaftNetwork<TypeConfig> for PeerConn {
     }
 }
 
-/// Inbound peer RPCs. Holds the node weakly: the server must not keep a
-/// shut-down node alive.
+/// Inbound peer RPCs. Holds the replica weakly: the server must not keep a
+/// shut-down replica alive.
 pub struct PeerService {
-    node: Weak<Node>,
+    replica: Weak<Replica>,
     /// Becomes true when the replica shuts down: AppendEntries streams end
     /// then, so that they do not hold up the server's graceful shutdown.
     stop: tokio::sync::watch::Receiver<bool>,
 }
 
 impl PeerService {
-    pub fn server(node: &Arc<Node>, stop: tokio::sync::watch::Receiver<bool>) -> RaftPeerServer<PeerService> {
-        RaftPeerServer::new(PeerService { node: Arc::downgrade(node), stop })
+    pub fn server(replica: &Arc<Replica>, stop: tokio::sync::watch::Receiver<bool>) -> RaftPeerServer<PeerService> {
+        RaftPeerServer::new(PeerService { replica: Arc::downgrade(replica), stop })
             .max_decoding_message_size(MAX_PEER_MESSAGE)
             .max_encoding_message_size(MAX_PEER_MESSAGE)
     }
 
-    fn node(&self) -> Result<Arc<Node>, Status> {
-        live(&self.node)
+    fn replica(&self) -> Result<Arc<Replica>, Status> {
+        live(&self.replica)
+    }
+
+    fn raft(&self) -> Result<crate::store::types::Raft, Status> {
+        Ok(self.replica()?.node.raft.clone())
     }
 }
 
-fn live(node: &Weak<Node>) -> Result<Arc<Node>, Status> {
-    node.upgrade().ok_or_else(|| Status::unavailable("shutting down"))
+fn live(replica: &Weak<Replica>) -> Result<Arc<Replica>, Status> {
+    replica.upgrade().ok_or_else(|| Status::unavailable("shutting down"))
 }
 
 fn decode_payload<T: DeserializeOwned>(p: &Payload) -> Result<T, Status> {
@@ -291,13 +288,13 @@ fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
 impl RaftPeer for PeerService {
     async fn append_entries(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = decode_req(req)?;
-        reply(&self.node()?.raft.append_entries(rpc).await)
+        reply(&self.raft()?.append_entries(rpc).await)
     }
 
     type AppendEntriesStreamStream = tokio_stream::wrappers::ReceiverStream<Result<Payload, Status>>;
 
     async fn append_entries_stream(&self, req: Request<tonic::Streaming<Payload>>) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
-        let node = self.node.clone();
+        let replica = self.replica.clone();
         let mut stop = self.stop.clone();
         let mut requests = req.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(1);
@@ -312,8 +309,8 @@ impl RaftPeer for PeerService {
                     },
                     _ = stop.wait_for(|s| *s) => return,
                 };
-                let answer = match (decode_payload::<AppendEntriesRequest<TypeConfig>>(&p), live(&node)) {
-                    (Ok(rpc), Ok(node)) => Ok(payload(&node.raft.append_entries(rpc).await)),
+                let answer = match (decode_payload::<AppendEntriesRequest<TypeConfig>>(&p), live(&replica)) {
+                    (Ok(rpc), Ok(replica)) => Ok(payload(&replica.node.raft.append_entries(rpc).await)),
                     (Err(e), _) | (_, Err(e)) => Err(e),
                 };
                 let last = answer.is_err();
@@ -327,20 +324,20 @@ impl RaftPeer for PeerService {
 
     async fn install_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: InstallSnapshotRequest<TypeConfig> = decode_req(req)?;
-        reply(&self.node()?.raft.install_snapshot(rpc).await)
+        reply(&self.raft()?.install_snapshot(rpc).await)
     }
 
     async fn vote(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: VoteRequest<NodeId> = decode_req(req)?;
-        reply(&self.node()?.raft.vote(rpc).await)
+        reply(&self.raft()?.vote(rpc).await)
     }
 
     async fn forward(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let fwd: ForwardRequest = decode_req(req)?;
-        reply(&self.node()?.handle_forward(fwd).await)
+        reply(&self.replica()?.handle_peer(fwd).await)
     }
 
     async fn status(&self, _req: Request<Payload>) -> Result<Response<Payload>, Status> {
-        reply(&self.node()?.local_status())
+        reply(&self.replica()?.local_status())
     }
 }

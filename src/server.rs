@@ -6,6 +6,7 @@ use crate::api::{grpc::GrpcApi, rest};
 use crate::config::ServerConfig;
 use crate::node::Node;
 use crate::peer::{NetworkFactory, PeerService};
+use crate::replica::Replica;
 use crate::store::log_store::LogStore;
 use crate::store::state_machine::StateMachine;
 use crate::store::types::{NodeId, NodeInfo, Raft};
@@ -61,7 +62,8 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let network = NetworkFactory::default();
     let peers = network.clients.clone();
     let raft = Raft::new(config.id, Arc::new(raft_config(&config)?), network, log_store, state_machine).await?;
-    let node = Node::new(config.clone(), raft.clone(), reader, peers);
+    let node = Node::new(config.clone(), raft.clone(), reader, Arc::new(peers));
+    let replica = Replica::new(node.clone());
 
     // Bind everything before initialising, so peers can reach us at once.
     let api_listener = TcpListener::bind(&config.api_addr).await.with_context(|| format!("binding the API port {}", config.api_addr))?;
@@ -79,15 +81,14 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
 
     let peer_server = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(PeerService::server(&node, stop_tx.subscribe()))
+            .add_service(PeerService::server(&replica, stop_tx.subscribe()))
             // With an incoming stream, tonic ignores the builder's tcp_nodelay:
             // set it here, or raft replies and forwarded writes wait on Nagle.
             .serve_with_incoming_shutdown(TcpIncoming::from(raft_listener).with_nodelay(Some(true)), stopped()),
     );
 
-    let sync = node.sync.clone();
-    let app = rest::router(node.clone(), sync.clone())
-        .merge(tonic::service::Routes::new(GrpcApi::server(node.clone())).into_axum_router())
+    let app = rest::router(replica.clone())
+        .merge(tonic::service::Routes::new(GrpcApi::server(replica.clone())).into_axum_router())
         .layer(axum::middleware::from_fn(rest::track));
     let api_stopped = stopped();
     // TCP_NODELAY: a gRPC reply is several small writes (headers, data,
@@ -101,27 +102,27 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
 
     // ADS for Envoys, from this replica's own applied state.
     let options = crate::xds::server::ServeOptions {
-        fence: node.clone(),
+        fence: replica.clone(),
         max_stream_age: (config.xds_max_stream_age_s > 0).then(|| Duration::from_secs(config.xds_max_stream_age_s)),
         fence_timeout: Duration::from_millis(config.xds_fence_timeout_ms),
         latest: Some(node.reader.subscribe_applied()),
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
-    let xds_server = tokio::spawn(crate::xds::server::serve(xds_listener, pushed, generator, sync, options, xds_stop));
+    let xds_server = tokio::spawn(crate::xds::server::serve(xds_listener, pushed, generator, replica.sync.clone(), options, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
     let mut background = vec![
-        tokio::spawn(crate::ha::freshness(node.clone(), stop_tx.subscribe())),
-        tokio::spawn(crate::ha::gossip(node.clone(), stop_tx.subscribe())),
+        tokio::spawn(crate::ha::freshness(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
+        tokio::spawn(crate::ha::gossip(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
         tokio::spawn(crate::ha::raft_metrics(node.clone(), stop_tx.subscribe())),
     ];
     if config.xds_rebalance_interval_ms > 0 {
-        background.push(tokio::spawn(crate::ha::rebalance(node.clone(), stop_tx.subscribe())));
+        background.push(tokio::spawn(crate::ha::rebalance(node.clone(), replica.ha.clone(), replica.sync.clone(), stop_tx.subscribe())));
     }
 
     // Registry health: the leader's TTL/lease expiry, everyone's share of probes.
-    let reaper = tokio::spawn(crate::health::reaper(node.clone(), stop_tx.subscribe()));
-    let prober = tokio::spawn(crate::health::prober(node.clone(), node.checks.clone(), stop_tx.subscribe()));
+    let reaper = tokio::spawn(crate::health::reaper(node.clone(), replica.heartbeats.clone(), stop_tx.subscribe()));
+    let prober = tokio::spawn(crate::health::prober(node.clone(), replica.checks.clone(), replica.ha.clone(), stop_tx.subscribe()));
 
     let adapter = config.watch_dir.clone().map(|dir| {
         let source = crate::adapters::directory::Directory::new(dir, Duration::from_millis(config.watch_dir_poll_ms.max(50)));
@@ -158,6 +159,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     if let Err(e) = node.reader.checkpoint() {
         tracing::error!(error = %e, "writing the last state checkpoint");
     }
+    drop(replica);
     drop(node);
     db.flush_async().await?;
     tracing::info!("stopped");

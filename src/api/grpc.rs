@@ -3,9 +3,10 @@
 
 use super::{ApplyItem, DeleteItem};
 use crate::error::{Code, Error};
-use crate::node::{ClusterStatus, Consistency, Node};
+use crate::node::{ClusterStatus, Consistency};
 use crate::proto::api::lodestar_server::{Lodestar, LodestarServer};
 use crate::proto::api::*;
+use crate::replica::Replica;
 use crate::store::types::{NodeInfo, TxnOk};
 use crate::store::watch::{watch, WatchFilter};
 use futures::{Stream, StreamExt};
@@ -26,13 +27,13 @@ pub fn status_of(e: Error) -> Status {
 }
 
 pub struct GrpcApi {
-    node: Arc<Node>,
+    replica: Arc<Replica>,
 }
 
 impl GrpcApi {
-    pub fn server(node: Arc<Node>) -> LodestarServer<GrpcApi> {
-        let limit = node.config.max_body_bytes;
-        LodestarServer::new(GrpcApi { node }).max_decoding_message_size(limit)
+    pub fn server(replica: Arc<Replica>) -> LodestarServer<GrpcApi> {
+        let limit = replica.node.config.max_body_bytes;
+        LodestarServer::new(GrpcApi { replica }).max_decoding_message_size(limit)
     }
 }
 
@@ -112,7 +113,7 @@ impl Lodestar for GrpcApi {
             .collect::<Result<Vec<_>, Error>>()
             .map_err(status_of)?;
         let (txn, warnings) = super::apply_txn(items).map_err(status_of)?;
-        let ok = self.node.write(txn).await.map_err(status_of)?;
+        let ok = self.replica.node.write(txn).await.map_err(status_of)?;
         Ok(Response::new(write_response(ok, warnings)))
     }
 
@@ -124,14 +125,14 @@ impl Lodestar for GrpcApi {
             .map(|r| DeleteItem { kind: r.kind, namespace: Some(r.namespace), name: r.name, expected_revision: r.expected_revision })
             .collect();
         let txn = super::delete_txn(items, false).map_err(status_of)?;
-        let ok = self.node.write(txn).await.map_err(status_of)?;
+        let ok = self.replica.node.write(txn).await.map_err(status_of)?;
         Ok(Response::new(write_response(ok, Vec::new())))
     }
 
     async fn get(&self, req: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let r = req.into_inner();
         let key = super::key_of(&r.kind, Some(&r.namespace), &r.name).map_err(status_of)?;
-        let applied = self.node.read(consistency(r.consistency)).await.map_err(status_of)?;
+        let applied = self.replica.node.read(consistency(r.consistency)).await.map_err(status_of)?;
         let obj = super::get(&applied, &key).map_err(status_of)?;
         Ok(Response::new(GetResponse { revision: applied.revision(), resource_json: crate::model::json_text(&obj.to_json()) }))
     }
@@ -139,7 +140,7 @@ impl Lodestar for GrpcApi {
     async fn wait(&self, req: Request<WaitRequest>) -> Result<Response<WaitResponse>, Status> {
         let r = req.into_inner();
         let timeout = std::time::Duration::from_millis(if r.timeout_ms == 0 { 30_000 } else { r.timeout_ms });
-        let w = self.node.wait_for_proxies(r.revision, timeout).await;
+        let w = self.replica.wait_for_proxies(r.revision, timeout).await;
         Ok(Response::new(WaitResponse {
             revision: w.revision,
             converged: w.converged,
@@ -154,7 +155,7 @@ impl Lodestar for GrpcApi {
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
         let r = req.into_inner();
         let key = super::heartbeat_key(&r.kind, &r.namespace, &r.name).map_err(status_of)?;
-        let ttl = self.node.heartbeat(key).await.map_err(status_of)?;
+        let ttl = self.replica.heartbeat(key).await.map_err(status_of)?;
         Ok(Response::new(HeartbeatResponse { ttl_seconds: ttl.as_secs_f64() }))
     }
 
@@ -162,7 +163,7 @@ impl Lodestar for GrpcApi {
         let r = req.into_inner();
         let kind = super::parse_kind(&r.kind).map_err(status_of)?;
         let selector = super::parse_selector(Some(&r.label_selector)).map_err(status_of)?;
-        let applied = self.node.read(consistency(r.consistency)).await.map_err(status_of)?;
+        let applied = self.replica.node.read(consistency(r.consistency)).await.map_err(status_of)?;
         let items = super::list(&applied, kind, Some(&r.namespace), &selector);
         Ok(Response::new(ListResponse { revision: applied.revision(), resources_json: items.iter().map(|o| crate::model::json_text(&o.to_json())).collect() }))
     }
@@ -173,7 +174,7 @@ impl Lodestar for GrpcApi {
         let r = req.into_inner();
         let kind = if r.kind.is_empty() { None } else { Some(super::parse_kind(&r.kind).map_err(status_of)?) };
         let filter = WatchFilter { kind, namespace: Some(r.namespace).filter(|n| !n.is_empty()) };
-        let stream = watch(self.node.reader.clone(), r.from_revision, filter).map(|item| {
+        let stream = watch(self.replica.node.reader.clone(), r.from_revision, filter).map(|item| {
             item.map(|e| WatchEvent {
                 revision: e.revision,
                 r#type: e.kind.as_str().into(),
@@ -188,19 +189,19 @@ impl Lodestar for GrpcApi {
     }
 
     async fn cluster_status(&self, _req: Request<ClusterStatusRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
-        Ok(Response::new(cluster_response(self.node.cluster_status().await)))
+        Ok(Response::new(cluster_response(self.replica.cluster_status().await)))
     }
 
     async fn add_node(&self, req: Request<AddNodeRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
         let r = req.into_inner();
-        self.node.add_node(r.id, NodeInfo { raft_addr: r.raft_addr, api_addr: r.api_addr, xds_addr: r.xds_addr }).await.map_err(status_of)?;
-        Ok(Response::new(cluster_response(self.node.cluster_status().await)))
+        self.replica.node.add_node(r.id, NodeInfo { raft_addr: r.raft_addr, api_addr: r.api_addr, xds_addr: r.xds_addr }).await.map_err(status_of)?;
+        Ok(Response::new(cluster_response(self.replica.cluster_status().await)))
     }
 
     type SnapshotStream = SnapshotStream;
 
     async fn snapshot(&self, req: Request<SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
-        let backup = self.node.backup(consistency(req.into_inner().consistency)).await.map_err(status_of)?;
+        let backup = self.replica.node.backup(consistency(req.into_inner().consistency)).await.map_err(status_of)?;
         let revision = backup.revision;
         let chunks: Vec<Result<SnapshotChunk, Status>> =
             backup.bytes.chunks(SNAPSHOT_CHUNK).map(|c| Ok(SnapshotChunk { revision, data: c.to_vec() })).collect();
@@ -208,7 +209,7 @@ impl Lodestar for GrpcApi {
     }
 
     async fn remove_node(&self, req: Request<RemoveNodeRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
-        self.node.remove_node(req.into_inner().id).await.map_err(status_of)?;
-        Ok(Response::new(cluster_response(self.node.cluster_status().await)))
+        self.replica.node.remove_node(req.into_inner().id).await.map_err(status_of)?;
+        Ok(Response::new(cluster_response(self.replica.cluster_status().await)))
     }
 }

@@ -4,6 +4,7 @@ use super::{ApplyItem, DeleteItem, WriteResult};
 use crate::error::{Error, Result};
 use crate::model::documents::parse_documents;
 use crate::node::{ClusterStatus, Consistency, Node};
+use crate::replica::Replica;
 use crate::store::types::NodeInfo;
 use crate::store::watch::{watch, WatchFilter};
 use crate::xds::status::{SyncRegistry, SyncStatus};
@@ -22,30 +23,36 @@ pub const REVISION_HEADER: &str = "x-lodestar-revision";
 /// On `/v1/snapshot`: how many objects the backup holds.
 pub const OBJECTS_HEADER: &str = "x-lodestar-objects";
 
-pub fn router(node: Arc<Node>, sync: SyncRegistry) -> Router {
-    let debug = Router::new().route("/debug/syncz", get(syncz)).route("/debug/config_dump", get(config_dump)).with_state(sync);
+/// The routes: those that only read or write the store take the `Node`;
+/// those about the replica's helpers (status, readiness, heartbeats,
+/// proxies) take the `Replica`.
+pub fn router(replica: Arc<Replica>) -> Router {
+    let debug = Router::new().route("/debug/syncz", get(syncz)).route("/debug/config_dump", get(config_dump)).with_state(replica.sync.clone());
+    let helpers = Router::new()
+        .route("/v1/resources/{kind}/{namespace}/{name}/heartbeat", post(heartbeat))
+        .route("/v1/wait", get(wait_for_proxies))
+        .route("/debug/checks", get(debug_checks))
+        .route("/debug/push_status", get(push_status))
+        .route("/v1/cluster", get(cluster_status))
+        .route("/v1/node", get(node_status))
+        .route("/v1/cluster/members", post(add_member))
+        .route("/v1/cluster/members/{id}", delete(remove_member))
+        .route("/readyz", get(readyz))
+        .with_state(replica.clone());
     Router::new()
         .route("/v1/apply", post(apply))
         .route("/v1/delete", post(delete_many))
         .route("/v1/resources/{kind}", get(list))
         .route("/v1/resources/{kind}/{namespace}/{name}", get(get_one).delete(delete_one))
-        .route("/v1/resources/{kind}/{namespace}/{name}/heartbeat", post(heartbeat))
         .route("/v1/registry/services", get(registry_services))
-        .route("/v1/wait", get(wait_for_proxies))
-        .route("/debug/checks", get(debug_checks))
         .route("/debug/registryz", get(registryz))
         .route("/debug/configz", get(configz))
-        .route("/debug/push_status", get(push_status))
         .route("/metrics", get(|| async { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::metrics().render()) }))
         .route("/v1/watch", get(watch_changes))
         .route("/v1/snapshot", get(snapshot))
-        .route("/v1/cluster", get(cluster_status))
-        .route("/v1/node", get(node_status))
-        .route("/v1/cluster/members", post(add_member))
-        .route("/v1/cluster/members/{id}", delete(remove_member))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .with_state(node)
+        .with_state(replica.node.clone())
+        .merge(helpers)
         .merge(debug)
 }
 
@@ -231,12 +238,12 @@ async fn snapshot(State(node): State<Arc<Node>>, Query(q): Query<ReadQuery>) -> 
 }
 
 /// This replica alone: id, raft state, term, leader, applied index, revision.
-async fn node_status(State(node): State<Arc<Node>>) -> Json<crate::node::NodeStatus> {
-    Json(node.local_status())
+async fn node_status(State(replica): State<Arc<Replica>>) -> Json<crate::node::NodeStatus> {
+    Json(replica.local_status())
 }
 
-async fn cluster_status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
-    Json(node.cluster_status().await)
+async fn cluster_status(State(replica): State<Arc<Replica>>) -> Json<ClusterStatus> {
+    Json(replica.cluster_status().await)
 }
 
 #[derive(Deserialize)]
@@ -248,20 +255,20 @@ struct AddMember {
     xds_addr: String,
 }
 
-async fn add_member(State(node): State<Arc<Node>>, body: Body) -> Result<Json<ClusterStatus>> {
-    let bytes = read_body(&node, body).await?;
+async fn add_member(State(replica): State<Arc<Replica>>, body: Body) -> Result<Json<ClusterStatus>> {
+    let bytes = read_body(&replica.node, body).await?;
     let m: AddMember = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
-    node.add_node(m.id, NodeInfo { raft_addr: m.raft_addr, api_addr: m.api_addr, xds_addr: m.xds_addr }).await?;
-    Ok(Json(node.cluster_status().await))
+    replica.node.add_node(m.id, NodeInfo { raft_addr: m.raft_addr, api_addr: m.api_addr, xds_addr: m.xds_addr }).await?;
+    Ok(Json(replica.cluster_status().await))
 }
 
-async fn remove_member(State(node): State<Arc<Node>>, Path(id): Path<u64>) -> Result<Json<ClusterStatus>> {
-    node.remove_node(id).await?;
-    Ok(Json(node.cluster_status().await))
+async fn remove_member(State(replica): State<Arc<Replica>>, Path(id): Path<u64>) -> Result<Json<ClusterStatus>> {
+    replica.node.remove_node(id).await?;
+    Ok(Json(replica.cluster_status().await))
 }
 
-async fn readyz(State(node): State<Arc<Node>>) -> Response {
-    match node.readiness() {
+async fn readyz(State(replica): State<Arc<Replica>>) -> Response {
+    match replica.readiness() {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
     }
@@ -273,9 +280,9 @@ async fn syncz(State(sync): State<SyncRegistry>) -> Json<SyncStatus> {
 }
 
 /// Renew an Instance's TTL or a Lease (keepalive).
-async fn heartbeat(State(node): State<Arc<Node>>, Path((kind, namespace, name)): Path<(String, String, String)>) -> Result<Response> {
+async fn heartbeat(State(replica): State<Arc<Replica>>, Path((kind, namespace, name)): Path<(String, String, String)>) -> Result<Response> {
     let key = super::heartbeat_key(&kind, &namespace, &name)?;
-    let ttl = node.heartbeat(key).await?;
+    let ttl = replica.heartbeat(key).await?;
     Ok(Json(json!({"ttlSeconds": ttl.as_secs_f64()})).into_response())
 }
 
@@ -290,8 +297,8 @@ async fn registry_services(State(node): State<Arc<Node>>, Query(q): Query<Namesp
     Ok(Json(json!({"revision": applied.revision(), "services": super::registry_services(&applied, &node.config, q.namespace.as_deref())})).into_response())
 }
 
-async fn debug_checks(State(node): State<Arc<Node>>) -> Response {
-    Json(node.checks.view(node.id)).into_response()
+async fn debug_checks(State(replica): State<Arc<Replica>>) -> Response {
+    Json(replica.checks.view(replica.node.id)).into_response()
 }
 
 /// Request metrics (`lodestar_api_requests_total`, `..._duration_seconds`)
@@ -322,12 +329,12 @@ struct WaitQuery {
 /// Until every connected proxy (on every replica) has ACKed `revision` or
 /// newer: 200 with the report; 409 if a proxy rejected it (the NACKs are
 /// listed); 503 if the timeout passed first (the pending proxies listed).
-async fn wait_for_proxies(State(node): State<Arc<Node>>, Query(q): Query<WaitQuery>) -> Result<Response> {
+async fn wait_for_proxies(State(replica): State<Arc<Replica>>, Query(q): Query<WaitQuery>) -> Result<Response> {
     let timeout = match q.timeout.as_deref() {
         None => std::time::Duration::from_secs(30),
         Some(t) => crate::model::istio::duration::parse_duration(t).map_err(|e| Error::field("timeout", e))?,
     };
-    let report = node.wait_for_proxies(q.revision, timeout).await;
+    let report = replica.wait_for_proxies(q.revision, timeout).await;
     let status = if report.converged {
         StatusCode::OK
     } else if !report.nacked.is_empty() {
@@ -417,9 +424,9 @@ async fn configz(State(node): State<Arc<Node>>) -> Response {
 }
 
 /// The push engine: what was pushed, to how many, how the streams stand.
-async fn push_status(State(node): State<Arc<Node>>) -> Response {
-    let m = crate::metrics::metrics();
-    let snapshot = node.sync.snapshot();
+async fn push_status(State(replica): State<Arc<Replica>>) -> Response {
+    let (m, node) = (crate::metrics::metrics(), &replica.node);
+    let snapshot = replica.sync.snapshot();
     let mut by_revision: std::collections::BTreeMap<u64, usize> = std::collections::BTreeMap::new();
     for p in &snapshot.proxies {
         *by_revision.entry(p.revision.unwrap_or(0)).or_default() += 1;

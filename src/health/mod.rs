@@ -27,9 +27,10 @@
 
 pub mod probe;
 
+use crate::error::{Error, Result};
 use crate::model::registry::{HealthState, InstanceStatus};
 use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
-use crate::node::Node;
+use crate::node::{Consistency, ForwardReply, ForwardRequest, Node, Routed};
 use crate::store::types::{Op, Txn};
 use openraft::ServerState;
 use serde::Serialize;
@@ -61,6 +62,37 @@ impl Heartbeats {
     }
 }
 
+/// Renew an Instance's TTL or a Lease: recorded by the leader, which alone
+/// decides expiry ([`reaper`]), through any replica. Returns the TTL renewed.
+pub async fn heartbeat(node: &Node, heartbeats: &Heartbeats, key: ResourceKey) -> Result<Duration> {
+    let deadline = Instant::now() + node.write_timeout();
+    let req = ForwardRequest::Heartbeat(key.clone());
+    loop {
+        if Instant::now() >= deadline {
+            return Err(Error::unavailable("no leader within the timeout"));
+        }
+        match node.route(&req, deadline).await? {
+            Routed::Here => return leader_heartbeat(node, heartbeats, &key).await,
+            Routed::Reply(ForwardReply::Heartbeat { ttl_ms }) => return Ok(Duration::from_millis(ttl_ms)),
+            Routed::Reply(_) | Routed::Retry => node.wait_for_change(deadline).await,
+        }
+    }
+}
+
+/// The leader's side of [`heartbeat`], also for heartbeats a follower
+/// forwarded (the caller checks that this node leads).
+pub async fn leader_heartbeat(node: &Node, heartbeats: &Heartbeats, key: &ResourceKey) -> Result<Duration> {
+    let mut applied = node.reader.current();
+    if applied.state.get(key).is_none() {
+        // A new leader may not have applied everything committed yet.
+        applied = node.read(Consistency::Linearizable).await?;
+    }
+    let obj = applied.state.get(key).ok_or_else(|| Error::not_found(format!("{key} not found")))?;
+    let ttl = ttl_of(obj).ok_or_else(|| Error::invalid(format!("{key} has no TTL health check: nothing to heartbeat")))?;
+    heartbeats.record(key.clone());
+    Ok(ttl)
+}
+
 /// The TTL a heartbeat renews: a Lease's, or an Instance's TTL check's.
 pub fn ttl_of(obj: &StoredObject) -> Option<Duration> {
     match obj.typed().ok()?.as_ref() {
@@ -80,7 +112,7 @@ pub fn status_json(health: HealthState, reason: impl Into<String>, checked_by: u
 }
 
 /// The leader's expiry loop. Runs on every replica; acts only while leader.
-pub async fn reaper(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
+pub async fn reaper(node: Arc<Node>, heartbeats: Arc<Heartbeats>, mut shutdown: watch::Receiver<bool>) {
     let mut reaper = Reaper::default();
     let mut tick = tokio::time::interval(REAP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -89,7 +121,7 @@ pub async fn reaper(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.wait_for(|s| *s) => return,
             _ = tick.tick() => {}
         }
-        let ops = reaper.due(&node, Instant::now());
+        let ops = reaper.due(&node, &heartbeats, Instant::now());
         if ops.is_empty() {
             continue;
         }
@@ -128,7 +160,7 @@ struct Reaper {
 impl Reaper {
     /// The writes due now: expired leases (deleting their instances with
     /// them), TTL transitions, deregistrations.
-    fn due(&mut self, node: &Node, now: Instant) -> Vec<(&'static str, Op)> {
+    fn due(&mut self, node: &Node, heartbeats: &Heartbeats, now: Instant) -> Vec<(&'static str, Op)> {
         let m = node.raft.metrics().borrow().clone();
         if m.state != ServerState::Leader {
             self.leading = None;
@@ -159,7 +191,7 @@ impl Reaper {
                     now
                 }
             };
-            let renewed = [Some(since), Some(first), node.heartbeats.get(key)].into_iter().flatten().max().unwrap_or(now);
+            let renewed = [Some(since), Some(first), heartbeats.get(key)].into_iter().flatten().max().unwrap_or(now);
             let expired = ttl_of(obj).map(|ttl| now.duration_since(renewed) > ttl);
             if key.kind == Kind::Lease {
                 if expired == Some(true) {
@@ -197,7 +229,7 @@ impl Reaper {
         }
         self.first_seen.retain(|k, _| present.contains(k));
         self.unhealthy_seen.retain(|k, _| present.contains(k));
-        node.heartbeats.retain(|k| present.contains(k));
+        heartbeats.retain(|k| present.contains(k));
         ops
     }
 }

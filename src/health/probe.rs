@@ -1,6 +1,7 @@
 //! HTTP and TCP probes, spread over the replicas (see the module above).
 
 use super::{status_json, CheckStatus, Checks};
+use crate::ha::HaState;
 use crate::model::registry::{parse_host_port, parse_http_url, HealthCheck, HealthState, InstanceStatus};
 use crate::model::{Kind, ResourceKey, TypedSpec};
 use crate::node::Node;
@@ -25,7 +26,7 @@ pub fn owner(key: &ResourceKey, live: &[u64]) -> Option<u64> {
 }
 
 /// Run this replica's share of the probes until shutdown.
-pub async fn prober(node: Arc<Node>, checks: Checks, mut shutdown: watch::Receiver<bool>) {
+pub async fn prober(node: Arc<Node>, checks: Checks, ha: Arc<HaState>, mut shutdown: watch::Receiver<bool>) {
     let mut running: HashMap<ResourceKey, (u64, JoinHandle<()>)> = HashMap::new();
     let mut tick = tokio::time::interval(ASSIGN_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -34,7 +35,7 @@ pub async fn prober(node: Arc<Node>, checks: Checks, mut shutdown: watch::Receiv
             _ = shutdown.wait_for(|s| *s) => break,
             _ = tick.tick() => {}
         }
-        let live = node.live_voters();
+        let live = ha.live_voters(&node);
         let applied = node.reader.current();
         let mut desired: HashMap<ResourceKey, (u64, HealthCheck)> = HashMap::new();
         let lo = ResourceKey::new(Kind::Instance, "", "");

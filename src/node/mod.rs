@@ -13,17 +13,20 @@
 //! at the leader, then waits until the local applied state has caught up
 //! with that index; `read(Stale)` returns the local applied state.
 
+pub mod messages;
+pub mod transport;
+
+pub use messages::{ClusterStatus, ForwardReply, ForwardRequest, MemberStatus, NodeStatus, WaitReport};
+pub use transport::{PeerError, Transport};
+
 use crate::config::ServerConfig;
 use crate::error::{Code, Error, Result};
-use crate::model::ResourceKey;
-use crate::peer::{PeerClients, PeerError};
 use crate::store::state_machine::StoreReader;
 use crate::store::types::{Command, NodeId, NodeInfo, Raft, Response, Txn, TxnOk, TxnResult};
 use crate::store::Applied;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState};
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -58,89 +61,6 @@ pub struct Backup {
     pub bytes: Vec<u8>,
 }
 
-/// Requests a follower sends to the leader.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum ForwardRequest {
-    Write(Command),
-    ReadIndex,
-    AddNode {
-        id: NodeId,
-        info: NodeInfo,
-    },
-    RemoveNode {
-        id: NodeId,
-    },
-    /// A heartbeat (Instance TTL) or keepalive (Lease), for the leader.
-    Heartbeat(ResourceKey),
-    /// How this replica's proxies stand against a revision (any replica
-    /// answers).
-    Convergence(u64),
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum ForwardReply {
-    Write(Vec<TxnResult>),
-    ReadIndex(u64),
-    Done,
-    /// The receiver is not the leader (any more): ask again.
-    NotLeader(Option<NodeId>),
-    /// Heartbeat recorded; the TTL it renews, in milliseconds.
-    Heartbeat {
-        ttl_ms: u64,
-    },
-    /// The answering replica's proxies, against a revision.
-    Convergence(WaitReport),
-}
-
-/// The outcome of waiting for the proxies to converge on a revision.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct WaitReport {
-    pub revision: u64,
-    pub converged: bool,
-    /// Connected proxies counted, across every replica that answered.
-    pub proxies: usize,
-    pub synced: usize,
-    pub pending: Vec<String>,
-    pub nacked: Vec<String>,
-    pub unreachable: Vec<String>,
-}
-
-/// One replica's view of itself, as `cluster status` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct NodeStatus {
-    pub id: NodeId,
-    pub state: String,
-    pub term: u64,
-    pub leader: Option<NodeId>,
-    pub applied_index: u64,
-    pub revision: u64,
-    /// Connected xDS streams (the spread of Envoys over replicas).
-    #[serde(default)]
-    pub xds_streams: u64,
-    /// Ready to serve (see `ha`): current with the leader, recently.
-    #[serde(default)]
-    pub ready: bool,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MemberStatus {
-    pub id: NodeId,
-    pub info: NodeInfo,
-    /// voter | learner
-    pub role: String,
-    /// None when the member did not answer.
-    pub status: Option<NodeStatus>,
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ClusterStatus {
-    pub leader: Option<NodeId>,
-    pub term: u64,
-    pub members: Vec<MemberStatus>,
-}
-
 /// A group of transactions queued for the batcher: one client write, or a
 /// batch a follower forwarded. A group always lands in a single raft entry.
 struct Pending {
@@ -166,44 +86,24 @@ pub struct Node {
     pub raft: Raft,
     pub reader: StoreReader,
     pub config: Arc<ServerConfig>,
-    pub peers: PeerClients,
+    /// The other replicas, by raft address (`peer::PeerClients`).
+    pub peers: Arc<dyn Transport>,
     batcher: mpsc::Sender<Pending>,
-    /// Leader side of TTLs and leases: when each was last renewed here.
-    pub heartbeats: crate::health::Heartbeats,
-    /// This replica's probe assignments (`/debug/checks`).
-    pub checks: crate::health::Checks,
-    /// Connected xDS streams and their sync state (`/debug/syncz`).
-    pub sync: crate::xds::SyncRegistry,
-    /// Readiness and peers' status (`ha`).
-    pub ha: crate::ha::HaState,
     /// The least read index while leading in a term: (term, index). See
     /// `leader_read_index`.
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 impl Node {
-    pub fn new(config: Arc<ServerConfig>, raft: Raft, reader: StoreReader, peers: PeerClients) -> Arc<Node> {
+    pub fn new(config: Arc<ServerConfig>, raft: Raft, reader: StoreReader, peers: Arc<dyn Transport>) -> Arc<Node> {
         let (tx, rx) = mpsc::channel(16 * 1024);
-        let node = Arc::new(Node {
-            id: config.id,
-            info: config.node_info(),
-            raft,
-            reader,
-            config,
-            peers,
-            batcher: tx,
-            heartbeats: Default::default(),
-            checks: Default::default(),
-            sync: Default::default(),
-            ha: Default::default(),
-            read_floor: Default::default(),
-        });
+        let node = Arc::new(Node { id: config.id, info: config.node_info(), raft, reader, config, peers, batcher: tx, read_floor: Default::default() });
         let group_wait = Duration::from_micros(node.config.group_commit_wait_us);
         tokio::spawn(batcher(Arc::downgrade(&node), rx, group_wait));
         node
     }
 
-    fn write_timeout(&self) -> Duration {
+    pub fn write_timeout(&self) -> Duration {
         Duration::from_millis(self.config.write_timeout_ms)
     }
 
@@ -237,7 +137,7 @@ impl Node {
         rx.await.unwrap_or_else(|_| Outcome::Failed(Error::unavailable("shutting down")))
     }
 
-    fn leader(&self) -> Option<(NodeId, NodeInfo)> {
+    pub fn leader(&self) -> Option<(NodeId, NodeInfo)> {
         let m = self.raft.metrics().borrow().clone();
         let id = m.current_leader?;
         let info = m.membership_config.membership().get_node(&id)?.clone();
@@ -246,7 +146,7 @@ impl Node {
 
     /// Wait (bounded by `deadline`) until the metrics change, e.g. a leader
     /// gets elected.
-    async fn wait_for_change(&self, deadline: Instant) {
+    pub async fn wait_for_change(&self, deadline: Instant) {
         let mut rx = self.raft.metrics();
         rx.borrow_and_update();
         let left = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(200));
@@ -316,22 +216,13 @@ impl Node {
             if Instant::now() >= deadline {
                 return Err(Error::unavailable("no leader with a quorum within the timeout"));
             }
-            match self.leader() {
-                Some((id, _)) if id == self.id => match self.leader_read_index().await {
-                    Ok(Some(i)) => break i,
-                    Ok(None) => self.wait_for_change(deadline).await,
-                    Err(e) => return Err(e),
+            match self.route(&ForwardRequest::ReadIndex, deadline).await? {
+                Routed::Here => match self.leader_read_index().await? {
+                    Some(i) => break i,
+                    None => self.wait_for_change(deadline).await,
                 },
-                Some((_, info)) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    match self.peers.forward(&info.raft_addr, &ForwardRequest::ReadIndex, left).await {
-                        Ok(Ok(ForwardReply::ReadIndex(i))) => break i,
-                        Ok(Ok(_)) | Err(PeerError::Unreachable { .. }) => self.wait_for_change(deadline).await,
-                        Ok(Err(e)) => return Err(e),
-                        Err(e) => return Err(Error::unavailable(e.to_string())),
-                    }
-                }
-                None => self.wait_for_change(deadline).await,
+                Routed::Reply(ForwardReply::ReadIndex(i)) => break i,
+                Routed::Reply(_) | Routed::Retry => self.wait_for_change(deadline).await,
             }
         };
         let mut rx = self.reader.subscribe_applied();
@@ -348,40 +239,25 @@ impl Node {
         matches!(self.leader(), Some((id, _)) if id == self.id)
     }
 
-    /// Renew an Instance's TTL or a Lease: recorded by the leader, which
-    /// alone decides expiry (see `health`). Returns the TTL renewed.
-    pub async fn heartbeat(&self, key: ResourceKey) -> Result<Duration> {
-        let deadline = Instant::now() + self.write_timeout();
-        loop {
-            if Instant::now() >= deadline {
-                return Err(Error::unavailable("no leader within the timeout"));
-            }
-            match self.leader() {
-                Some((id, _)) if id == self.id => return self.leader_heartbeat(&key).await,
-                Some((_, info)) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    match self.peers.forward(&info.raft_addr, &ForwardRequest::Heartbeat(key.clone()), left).await {
-                        Ok(Ok(ForwardReply::Heartbeat { ttl_ms })) => return Ok(Duration::from_millis(ttl_ms)),
-                        Ok(Ok(_)) | Err(PeerError::Unreachable { .. }) => self.wait_for_change(deadline).await,
-                        Ok(Err(e)) => return Err(e),
-                        Err(e) => return Err(Error::unavailable(e.to_string())),
-                    }
+    /// One attempt at a request that only the leader answers: `Here` when
+    /// this node leads (the caller answers it), else the leader's reply.
+    /// `Retry` (after waiting for a change, up to `deadline`) when there is
+    /// no leader or it cannot be reached: nothing was delivered. A reply
+    /// sent but lost is an error, since its effect is unknown.
+    pub async fn route(&self, req: &ForwardRequest, deadline: Instant) -> Result<Routed> {
+        match self.leader() {
+            Some((id, _)) if id == self.id => Ok(Routed::Here),
+            Some((_, info)) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.peers.forward(&info.raft_addr, req, left).await {
+                    Ok(Ok(ForwardReply::NotLeader(_))) | Err(PeerError::Unreachable { .. }) => Ok(Routed::Retry),
+                    Ok(Ok(reply)) => Ok(Routed::Reply(reply)),
+                    Ok(Err(e)) => Err(e),
+                    Err(e) => Err(Error::unavailable(e.to_string())),
                 }
-                None => self.wait_for_change(deadline).await,
             }
+            None => Ok(Routed::Retry),
         }
-    }
-
-    async fn leader_heartbeat(&self, key: &ResourceKey) -> Result<Duration> {
-        let mut applied = self.reader.current();
-        if applied.state.get(key).is_none() {
-            // A new leader may not have applied everything committed yet.
-            applied = self.read(Consistency::Linearizable).await?;
-        }
-        let obj = applied.state.get(key).ok_or_else(|| Error::not_found(format!("{key} not found")))?;
-        let ttl = crate::health::ttl_of(obj).ok_or_else(|| Error::invalid(format!("{key} has no TTL health check: nothing to heartbeat")))?;
-        self.heartbeats.record(key.clone());
-        Ok(ttl)
     }
 
     /// A backup file (`store::backup`) of the applied state at one revision:
@@ -395,61 +271,6 @@ impl Node {
             .await
             .map_err(|e| Error::internal(format!("encoding the backup: {e}")))?;
         Ok(Backup { revision, objects, bytes })
-    }
-
-    /// How this replica's proxies stand against `revision`.
-    pub fn local_convergence(&self, revision: u64) -> WaitReport {
-        use crate::xds::status::Convergence;
-        let mut report = WaitReport { revision, ..Default::default() };
-        for p in self.sync.snapshot().proxies {
-            report.proxies += 1;
-            match p.convergence(revision) {
-                Convergence::Synced => report.synced += 1,
-                Convergence::Pending => report.pending.push(format!("{} (replica {})", p.id, self.id)),
-                Convergence::Nacked(t, e) => report.nacked.push(format!("{} (replica {}) rejected {t}: {e}", p.id, self.id)),
-            }
-        }
-        report.converged = report.pending.is_empty() && report.nacked.is_empty();
-        report
-    }
-
-    /// Wait (at most `timeout`) until every proxy connected to any replica
-    /// has ACKed `revision` or newer (see `ProxyStatus::convergence`), or
-    /// one rejected it. A replica that does not answer is reported.
-    pub async fn wait_for_proxies(&self, revision: u64, timeout: Duration) -> WaitReport {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let m = self.raft.metrics().borrow().clone();
-            let nodes: Vec<(NodeId, NodeInfo)> = m.membership_config.membership().nodes().map(|(id, n)| (*id, n.clone())).collect();
-            let asks = nodes.into_iter().map(|(id, info)| async move {
-                if id == self.id {
-                    return Ok(self.local_convergence(revision));
-                }
-                match self.peers.forward(&info.raft_addr, &ForwardRequest::Convergence(revision), Duration::from_secs(1)).await {
-                    Ok(Ok(ForwardReply::Convergence(r))) => Ok(r),
-                    Ok(Ok(_)) => Err(format!("replica {id}: unexpected reply")),
-                    Ok(Err(e)) => Err(format!("replica {id}: {e}")),
-                    Err(e) => Err(format!("replica {id}: {e}")),
-                }
-            });
-            let mut report = WaitReport { revision, ..Default::default() };
-            for r in futures::future::join_all(asks).await {
-                match r {
-                    Ok(r) => {
-                        report.proxies += r.proxies;
-                        report.synced += r.synced;
-                        report.pending.extend(r.pending);
-                        report.nacked.extend(r.nacked);
-                    }
-                    Err(e) => report.unreachable.push(e),
-                }
-            }
-            report.converged = report.pending.is_empty() && report.nacked.is_empty();
-            if report.converged || !report.nacked.is_empty() || Instant::now() >= deadline {
-                return report;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
     }
 
     /// Leader side of read-index: confirm leadership with a quorum. `None`
@@ -505,9 +326,10 @@ impl Node {
                 Some(i) => ForwardReply::ReadIndex(i),
                 None => not_leader(),
             }),
-            ForwardRequest::Heartbeat(key) if self.is_leader() => Ok(ForwardReply::Heartbeat { ttl_ms: self.leader_heartbeat(&key).await?.as_millis() as u64 }),
-            ForwardRequest::Heartbeat(_) => Ok(not_leader()),
-            ForwardRequest::Convergence(revision) => Ok(ForwardReply::Convergence(self.local_convergence(revision))),
+            // The replica's helpers answer these (`Replica::handle_peer`).
+            ForwardRequest::Heartbeat(_) | ForwardRequest::Convergence(_) => {
+                Err(Error::internal("heartbeats and convergence are answered by the replica, not the node"))
+            }
             ForwardRequest::AddNode { id, info } => self.leader_add_node(id, info).await,
             ForwardRequest::RemoveNode { id } => self.leader_remove_node(id).await,
         }
@@ -582,6 +404,8 @@ impl Node {
         self.membership_change(ForwardRequest::RemoveNode { id }).await
     }
 
+    /// This replica's raft and store position; the replica adds its xDS
+    /// streams and readiness (`Replica::local_status`).
     pub fn local_status(&self) -> NodeStatus {
         let m = self.raft.metrics().borrow().clone();
         let applied = self.reader.current();
@@ -592,75 +416,29 @@ impl Node {
             leader: m.current_leader,
             applied_index: applied.applied_index(),
             revision: applied.revision(),
-            xds_streams: self.sync.len() as u64,
-            ready: self.readiness().is_ok(),
+            xds_streams: 0,
+            ready: false,
         }
     }
 
-    /// Members from the local membership config, each asked for its status.
-    pub async fn cluster_status(&self) -> ClusterStatus {
+    /// The members as the local membership config has them: (id, address,
+    /// voter).
+    pub fn members(&self) -> Vec<(NodeId, NodeInfo, bool)> {
         let m = self.raft.metrics().borrow().clone();
-        let membership = m.membership_config.membership().clone();
+        let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-        let nodes: BTreeMap<NodeId, NodeInfo> = membership.nodes().map(|(id, n)| (*id, n.clone())).collect();
-        let asks = nodes.into_iter().map(|(id, info)| {
-            let peers = self.peers.clone();
-            let role = if voters.contains(&id) { "voter" } else { "learner" }.to_string();
-            let local = (id == self.id).then(|| self.local_status());
-            async move {
-                let (status, error) = match local {
-                    Some(s) => (Some(s), None),
-                    None => match peers.status(&info.raft_addr, Duration::from_millis(1000)).await {
-                        Ok(s) => (Some(s), None),
-                        Err(e) => (None, Some(e.to_string())),
-                    },
-                };
-                MemberStatus { id, info, role, status, error }
-            }
-        });
-        let members = futures::future::join_all(asks).await;
-        ClusterStatus { leader: m.current_leader, term: m.current_term, members }
+        membership.nodes().map(|(id, n)| (*id, n.clone(), voters.contains(id))).collect()
     }
+}
 
-    /// Ready to serve (see `ha`): a leader is known, and within the last
-    /// `ready_max_lag_ms` this replica applied a commit index it obtained
-    /// from the leader (confirmed by a quorum).
-    pub fn readiness(&self) -> std::result::Result<(), String> {
-        let m = self.raft.metrics().borrow().clone();
-        if m.current_leader.is_none() {
-            return Err("no known leader".into());
-        }
-        if !matches!(m.state, ServerState::Leader | ServerState::Follower | ServerState::Learner) {
-            return Err(format!("raft state is {:?}", m.state));
-        }
-        let bound = Duration::from_millis(self.config.ready_max_lag_ms);
-        match self.ha.confirmed_ago() {
-            Some(ago) if ago <= bound => Ok(()),
-            Some(ago) => Err(format!(
-                "last confirmed current {} ms ago (bound {} ms){}",
-                ago.as_millis(),
-                bound.as_millis(),
-                self.ha.last_error().map(|e| format!(": {e}")).unwrap_or_default()
-            )),
-            None => Err(format!("not yet confirmed current with the leader{}", self.ha.last_error().map(|e| format!(": {e}")).unwrap_or_default())),
-        }
-    }
-
-    /// This node plus the voters heard from recently (gossip); empty until
-    /// the first round of gossip completes.
-    pub fn live_voters(&self) -> Vec<NodeId> {
-        if !self.ha.gossiped() {
-            return Vec::new();
-        }
-        let m = self.raft.metrics().borrow().clone();
-        let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
-        let mut live: Vec<NodeId> = self.ha.live_peers().iter().map(|p| p.id).filter(|id| voters.contains(id)).collect();
-        if voters.contains(&self.id) {
-            live.push(self.id);
-        }
-        live.sort();
-        live
-    }
+/// Where [`Node::route`] sent a request.
+pub enum Routed {
+    /// This node leads: answer here.
+    Here,
+    /// The leader's answer.
+    Reply(ForwardReply),
+    /// No leader, or unreachable: nothing delivered; ask again.
+    Retry,
 }
 
 fn state_name(s: ServerState) -> &'static str {
