@@ -150,6 +150,9 @@ pub struct Metrics {
     // The API.
     pub api_requests: Family<Counter>,
     pub api_duration: Family<Histogram>,
+    // ACLs.
+    pub acl_refusals: Family<Counter>,
+    pub audit_dropped: Counter,
 }
 
 pub fn metrics() -> &'static Metrics {
@@ -176,6 +179,8 @@ pub fn metrics() -> &'static Metrics {
         writes: Family::new(&["result"]),
         api_requests: Family::new(&["method", "route", "code"]),
         api_duration: Family::new(&["method", "route"]),
+        acl_refusals: Family::new(&["reason"]),
+        audit_dropped: Counter::default(),
     })
 }
 
@@ -235,6 +240,8 @@ impl Metrics {
         counter_family(&mut o, "lodestar_writes_total", "Write transactions, by result (ok, or the error code).", &self.writes);
         counter_family(&mut o, "lodestar_api_requests_total", "API requests, by method, route and status.", &self.api_requests);
         histogram_family(&mut o, "lodestar_api_request_duration_seconds", "API request latency.", &self.api_duration);
+        counter_family(&mut o, "lodestar_acl_refusals_total", "API requests refused by ACLs, by reason (unauthenticated, denied).", &self.acl_refusals);
+        single(&mut o, "lodestar_audit_dropped_total", "counter", "Audit log lines dropped because the writer fell behind.", self.audit_dropped.get());
         o
     }
 }

@@ -22,6 +22,8 @@ pub fn status_of(e: Error) -> Status {
         Code::Compacted => tonic::Code::OutOfRange,
         Code::Unavailable => tonic::Code::Unavailable,
         Code::Internal => tonic::Code::Internal,
+        Code::Unauthenticated => tonic::Code::Unauthenticated,
+        Code::PermissionDenied => tonic::Code::PermissionDenied,
     };
     Status::new(code, e.message)
 }
