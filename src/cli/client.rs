@@ -7,13 +7,33 @@ use serde_json::Value;
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    /// Sent as `Authorization: Bearer` with every request (ACLs).
+    token: Option<String>,
 }
 
 impl Client {
     pub fn new(server: Option<String>) -> Client {
         let base = server.unwrap_or_else(|| DEFAULT_SERVER_URL.to_string()).trim_end_matches('/').to_string();
         let base = if base.contains("://") { base } else { format!("http://{base}") };
-        Client { base, http: reqwest::Client::new() }
+        Client { base, http: reqwest::Client::new(), token: None }
+    }
+
+    /// The same client, sending this token (`cli::credential`).
+    pub fn with_token(mut self, token: Option<String>) -> Client {
+        self.token = token;
+        self
+    }
+
+    /// A client for another replica, with the same credential.
+    pub fn at(&self, server: String) -> Client {
+        Client::new(Some(server)).with_token(self.token.clone())
+    }
+
+    fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -21,7 +41,7 @@ impl Client {
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value> {
-        let resp = req.send().await.map_err(|e| anyhow!("cannot reach {}: {e}", self.base))?;
+        let resp = self.authed(req).send().await.map_err(|e| anyhow!("cannot reach {}: {e}", self.base))?;
         let status = resp.status();
         let text = resp.text().await?;
         let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
@@ -36,7 +56,7 @@ impl Client {
     }
     /// GET a binary body (a backup file).
     pub async fn get_bytes(&self, path: &str) -> Result<Vec<u8>> {
-        let resp = self.http.get(self.url(path)).send().await.map_err(|e| anyhow!("cannot reach {}: {e}", self.base))?;
+        let resp = self.authed(self.http.get(self.url(path))).send().await.map_err(|e| anyhow!("cannot reach {}: {e}", self.base))?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(|e| anyhow!("reading the answer of {}: {e}", self.base))?;
         if status.is_success() {
@@ -48,7 +68,7 @@ impl Client {
     }
     /// GET, whatever the status: (status, JSON body).
     pub async fn get_any(&self, path: &str) -> Result<(u16, Value)> {
-        let resp = self.http.get(self.url(path)).send().await.map_err(|e| anyhow!("cannot reach {}: {e}", self.base))?;
+        let resp = self.authed(self.http.get(self.url(path))).send().await.map_err(|e| anyhow!("cannot reach {}: {e}", self.base))?;
         let status = resp.status().as_u16();
         let text = resp.text().await?;
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))

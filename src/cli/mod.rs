@@ -1,8 +1,9 @@
 //! The `lodestar` command line: `server`, the kubectl-style client commands,
 //! cluster management, backups (`snapshot`), and benchmarks. Client commands
 //! use the REST API of whichever replica `--server` (or `LODESTAR_SERVER`)
-//! names.
+//! names, with the token `credential` picks.
 
+mod acl;
 pub mod adsclient;
 mod bench;
 mod bootstrap;
@@ -29,6 +30,9 @@ pub struct Cli {
     /// takes several: repeat it.
     #[arg(long = "server", value_name = "URL", global = true, env = "LODESTAR_SERVER", action = clap::ArgAction::Append)]
     servers: Vec<String>,
+    /// The secret of an ACL token, sent as `Authorization: Bearer`.
+    #[arg(long, value_name = "SECRET", global = true, env = "LODESTAR_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -135,6 +139,26 @@ enum Command {
         #[command(subcommand)]
         command: bench::BenchCommand,
     },
+    /// ACL tokens: create (the secret is shown once), list, read, revoke.
+    Token {
+        #[command(subcommand)]
+        command: acl::TokenCommand,
+    },
+    /// ACL policies: verbs over kinds and namespaces.
+    Policy {
+        #[command(subcommand)]
+        command: acl::PolicyCommand,
+    },
+    /// ACL roles: policies for tokens and client-certificate identities.
+    Role {
+        #[command(subcommand)]
+        command: acl::RoleCommand,
+    },
+    /// ACL setup (`bootstrap`: the first management token).
+    Acl {
+        #[command(subcommand)]
+        command: acl::AclCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -161,7 +185,7 @@ enum ClusterCommand {
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum Output {
+pub(crate) enum Output {
     Yaml,
     Json,
     Wide,
@@ -231,8 +255,15 @@ impl ServerArgs {
     }
 }
 
+/// The token client commands send: `--token`, else `LODESTAR_TOKEN`
+/// (clap reads both into the flag). The one place the CLI picks its
+/// credential.
+pub fn credential(flag: Option<String>) -> Option<String> {
+    flag.map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
+}
+
 pub async fn run(cli: Cli) -> Result<()> {
-    let Cli { servers, command } = cli;
+    let Cli { servers, token, command } = cli;
     let command = match command {
         Command::Bench { command } => return bench::run(command, servers).await,
         other => other,
@@ -240,7 +271,7 @@ pub async fn run(cli: Cli) -> Result<()> {
     if servers.len() > 1 {
         bail!("--server given {} times; this command talks to one replica", servers.len());
     }
-    let client = Client::new(servers.into_iter().next());
+    let client = Client::new(servers.into_iter().next()).with_token(credential(token));
     match command {
         Command::Server(args) => {
             let config = args.into_config()?;
@@ -274,6 +305,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Bootstrap(args) => bootstrap::run(&client, args).await,
         Command::Bench { .. } => unreachable!("handled above"),
         Command::Snapshot { command } => snapshot::run(&client, command).await,
+        Command::Token { command } => acl::token(&client, command).await,
+        Command::Policy { command } => acl::policy(&client, command).await,
+        Command::Role { command } => acl::role(&client, command).await,
+        Command::Acl { command } => acl::acl(&client, command).await,
     }
 }
 
@@ -356,7 +391,9 @@ async fn apply(client: &Client, files: &[String], namespace: Option<&str>) -> Re
         bail!("no resources found in {}", files.join(", "));
     }
     if let Some(ns) = namespace {
-        for d in &mut docs {
+        // Cluster-scoped kinds (policies, roles) have no namespace to set.
+        let scoped = |d: &Value| d["kind"].as_str().and_then(Kind::from_kind_field).is_none_or(|k| !k.is_cluster_scoped());
+        for d in docs.iter_mut().filter(|d| scoped(d)) {
             if let Some(meta) = d.get_mut("metadata").and_then(Value::as_object_mut) {
                 meta.entry("namespace").or_insert_with(|| json!(ns));
             }
@@ -408,6 +445,7 @@ async fn get(
 ) -> Result<()> {
     let kind = parse_kind(kind)?;
     let selector = filter.selector;
+    let namespace = if kind.is_cluster_scoped() { Some(kind.default_namespace()) } else { namespace };
     let consistency = stale.then_some("stale");
     let items: Vec<Value> = match name {
         Some(name) => {
