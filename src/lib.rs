@@ -20,6 +20,8 @@
 //! - [`api`]: REST (axum) and gRPC (tonic) client APIs, thin, one error map each.
 //! - [`adapters`]: sources outside the API (a watched directory) fed into the store.
 //! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
+//! - [`tls`]: TLS on the ports: the generated CA and certificates,
+//!   reloadable rustls configurations, the accept path, dialling peers.
 //! - [`server`]: starts a replica's ports and shuts it down.
 //! - [`config`]: server settings (TOML + flags).
 //! - [`cli`]: the `lodestar` command line (client commands and benchmarks).
@@ -43,6 +45,7 @@ pub mod server;
 // require; boxing it in our helpers would only add conversions.
 #[allow(clippy::result_large_err)]
 pub mod store;
+pub mod tls;
 pub mod translate;
 pub mod xds;
 

@@ -29,6 +29,17 @@ pub struct Cli {
     /// takes several: repeat it.
     #[arg(long = "server", value_name = "URL", global = true, env = "LODESTAR_SERVER", action = clap::ArgAction::Append)]
     servers: Vec<String>,
+    /// Client config (server, CA, token), as `lodestar server` writes it on
+    /// first start; default ~/.config/lodestar/client.toml, else
+    /// ./lodestar-data/client.toml.
+    #[arg(long = "client-config", value_name = "FILE", global = true, env = "LODESTAR_CONFIG")]
+    client_config: Option<PathBuf>,
+    /// CA bundle (PEM) to check the server's certificate against.
+    #[arg(long, value_name = "FILE", global = true, env = "LODESTAR_CACERT")]
+    ca_file: Option<PathBuf>,
+    /// API token (default: the client config's).
+    #[arg(long, global = true, env = "LODESTAR_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -232,7 +243,7 @@ impl ServerArgs {
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
-    let Cli { servers, command } = cli;
+    let Cli { servers, client_config, ca_file, token, command } = cli;
     let command = match command {
         Command::Bench { command } => return bench::run(command, servers).await,
         other => other,
@@ -240,12 +251,14 @@ pub async fn run(cli: Cli) -> Result<()> {
     if servers.len() > 1 {
         bail!("--server given {} times; this command talks to one replica", servers.len());
     }
-    let client = Client::new(servers.into_iter().next());
+    if let Command::Server(args) = command {
+        let config = args.into_config()?;
+        return crate::server::run(config, crate::server::shutdown_signal()).await;
+    }
+    let access = client::Access::resolve(servers.into_iter().next(), client_config, ca_file, token)?;
+    let client = access.client(None)?;
     match command {
-        Command::Server(args) => {
-            let config = args.into_config()?;
-            crate::server::run(config, crate::server::shutdown_signal()).await
-        }
+        Command::Server(_) => unreachable!("handled above"),
         Command::Apply { files, namespace, wait: w, timeout } => {
             let revision = apply(&client, &files, namespace.as_deref()).await?;
             if w {
@@ -271,7 +284,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::ProxyConfig { kind, proxy: p, output } => proxy::config(&client, kind, &p, output == Some(Output::Json)).await,
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,
-        Command::Bootstrap(args) => bootstrap::run(&client, args).await,
+        Command::Bootstrap(args) => bootstrap::run(&client, access.ca_pem.as_deref(), args).await,
         Command::Bench { .. } => unreachable!("handled above"),
         Command::Snapshot { command } => snapshot::run(&client, command).await,
     }
