@@ -1,17 +1,13 @@
 //! The `lodestar` command line: `server`, the kubectl-style client commands,
-//! cluster management, backups (`snapshot`), and benchmarks. Client commands
+//! cluster management and backups (`snapshot`). Client commands
 //! use the REST API of whichever replica `--server` (or `LODESTAR_SERVER`)
 //! names.
 
-pub mod adsclient;
-mod bench;
 mod bootstrap;
-pub mod churn;
-mod client;
+pub mod client;
 mod proxy;
 mod registry;
 mod snapshot;
-pub mod xdsbench;
 
 use crate::config::{Member, ServerConfig};
 use crate::model::documents::parse_documents;
@@ -25,8 +21,7 @@ use std::path::{Path, PathBuf};
 #[derive(Parser)]
 #[command(name = "lodestar", version, about = "Lodestar: an Envoy control plane for Istio traffic rules, without Kubernetes")]
 pub struct Cli {
-    /// API URL of any replica (default http://127.0.0.1:8470). `bench churn`
-    /// takes several: repeat it.
+    /// API URL of any replica (default http://127.0.0.1:8470).
     #[arg(long = "server", value_name = "URL", global = true, env = "LODESTAR_SERVER", action = clap::ArgAction::Append)]
     servers: Vec<String>,
     /// Client config (server, CA, token), as `lodestar server` writes it on
@@ -141,11 +136,6 @@ enum Command {
         #[command(subcommand)]
         command: snapshot::SnapshotCommand,
     },
-    /// Benchmarks against a running cluster.
-    Bench {
-        #[command(subcommand)]
-        command: bench::BenchCommand,
-    },
 }
 
 #[derive(Subcommand)]
@@ -244,10 +234,6 @@ impl ServerArgs {
 
 pub async fn run(cli: Cli) -> Result<()> {
     let Cli { servers, client_config, ca_file, token, command } = cli;
-    let command = match command {
-        Command::Bench { command } => return bench::run(command, servers).await,
-        other => other,
-    };
     if servers.len() > 1 {
         bail!("--server given {} times; this command talks to one replica", servers.len());
     }
@@ -285,7 +271,6 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,
         Command::Bootstrap(args) => bootstrap::run(&client, access.ca_pem.as_deref(), args).await,
-        Command::Bench { .. } => unreachable!("handled above"),
         Command::Snapshot { command } => snapshot::run(&client, command).await,
     }
 }

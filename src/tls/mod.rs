@@ -89,6 +89,41 @@ pub fn roots_from_pem(path: &Path) -> Result<RootCertStore, TlsError> {
     Ok(roots)
 }
 
+/// A root store of the certificates in PEM text.
+pub fn roots_from_pem_text(pem: &str) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        let cert = cert.map_err(|e| TlsError::Config(format!("the CA bundle: {e}")))?;
+        roots.add(cert).map_err(|e| TlsError::Config(format!("the CA bundle: not a usable CA certificate: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Config("the CA bundle holds no certificate".into()));
+    }
+    Ok(roots)
+}
+
+/// How clients (the bench, tests) dial a replica's gRPC port at `target`:
+/// `http://` is plaintext; `https://`, or a bare `HOST:PORT` when `tls` is
+/// set, is TLS with `tls`, the certificate checked for the target's host
+/// (a replica's certificate carries its IPs). Never plaintext for https.
+pub fn dial(target: &str, tls: Option<Arc<ClientConfig>>) -> Result<(tonic::transport::Endpoint, PeerConnector), TlsError> {
+    let (secure, addr) = match target.split_once("://") {
+        Some(("https", rest)) => (true, rest),
+        Some(("http", rest)) => (false, rest),
+        Some((scheme, _)) => return Err(TlsError::Config(format!("{target}: unknown scheme {scheme:?}"))),
+        None => (tls.is_some(), target),
+    };
+    let addr = addr.trim_end_matches('/');
+    let source = match (secure, tls) {
+        (true, Some(config)) => Some(Arc::new(ClientTlsSource::Fixed(config))),
+        (true, None) => return Err(TlsError::Config(format!("{target}: TLS needs the cluster's CA (a client config or a CA file)"))),
+        (false, _) => None,
+    };
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).map_err(|e| TlsError::Config(format!("{target}: {e}")))?;
+    Ok((endpoint, PeerConnector::new(source, host)?))
+}
+
 /// The client side of a TLS connection trusting `roots`, with an optional
 /// client certificate (chain file, key file). HTTP/2 by ALPN.
 pub fn client_config(roots: RootCertStore, identity: Option<(&Path, &Path)>) -> Result<ClientConfig, TlsError> {

@@ -15,6 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lodestar");
+/// The load generators' binary (`src/bin/lodestar-bench`).
+pub const BENCH_BIN: &str = env!("CARGO_BIN_EXE_lodestar-bench");
 
 /// The cluster CA of this test process: every replica a test starts gets
 /// its certificate from it (`tls_ca_file`, `tls_ca_key_file`), and every
@@ -433,4 +435,35 @@ pub async fn get_json(http: &reqwest::Client, url: &str) -> (u16, Value) {
 pub fn cli(server: &str, args: &[&str]) -> (bool, String, String) {
     let out = cli_command().arg("--server").arg(server).args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Run `lodestar-bench --server SERVER ARGS...` and return its stdout
+/// (echoed for the test's log), after checking that it succeeded and
+/// printed its command line.
+pub async fn bench(server: &str, args: &[&str]) -> String {
+    let out = tokio::process::Command::new(BENCH_BIN).arg("--server").arg(server).args(args).output().await.unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    println!("{stdout}");
+    let what = format!("lodestar-bench {}", args.first().copied().unwrap_or_default());
+    assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
+    let command = format!(" {}", args.join(" "));
+    assert!(
+        stdout.lines().any(|l| l.starts_with("command: ") && l.contains("lodestar-bench") && l.contains(&command)),
+        "{what} prints its command line:\n{stdout}"
+    );
+    stdout
+}
+
+/// The `result:` lines of a bench's output, as key → value maps.
+pub fn results(out: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("result: "))
+        .map(|l| l.split_whitespace().map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).expect("key=value")).collect())
+        .collect()
+}
+
+/// A `result:` value that must be a number.
+pub fn number(r: &std::collections::BTreeMap<String, String>, key: &str) -> f64 {
+    let v = r.get(key).unwrap_or_else(|| panic!("no {key} in {r:?}"));
+    v.parse().unwrap_or_else(|_| panic!("{key}={v} is not a number"))
 }
