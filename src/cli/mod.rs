@@ -136,6 +136,31 @@ enum Command {
         #[command(subcommand)]
         command: snapshot::SnapshotCommand,
     },
+    /// Certificates: a cluster CA for the members of a new cluster.
+    Tls {
+        #[command(subcommand)]
+        command: TlsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TlsCommand {
+    /// Create a cluster CA (ca.pem, and ca-key.pem readable by its owner
+    /// only) in DIR, once. Give every member tls_ca_file = DIR/ca.pem and
+    /// tls_ca_key_file = DIR/ca-key.pem: each issues its own certificate
+    /// from it on first start.
+    Ca {
+        #[command(subcommand)]
+        command: CaCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CaCommand {
+    Create {
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -237,14 +262,22 @@ pub async fn run(cli: Cli) -> Result<()> {
     if servers.len() > 1 {
         bail!("--server given {} times; this command talks to one replica", servers.len());
     }
-    if let Command::Server(args) = command {
-        let config = args.into_config()?;
-        return crate::server::run(config, crate::server::shutdown_signal()).await;
+    match command {
+        Command::Server(args) => {
+            let config = args.into_config()?;
+            return crate::server::run(config, crate::server::shutdown_signal()).await;
+        }
+        Command::Tls { command: TlsCommand::Ca { command: CaCommand::Create { dir } } } => {
+            crate::tls::pki::create_ca_dir(&dir, "Lodestar cluster CA")?;
+            println!("created a cluster CA in {} (ca.pem, ca-key.pem)", dir.display());
+            return Ok(());
+        }
+        _ => {}
     }
     let access = client::Access::resolve(servers.into_iter().next(), client_config, ca_file, token)?;
     let client = access.client(None)?;
     match command {
-        Command::Server(_) => unreachable!("handled above"),
+        Command::Server(_) | Command::Tls { .. } => unreachable!("handled above"),
         Command::Apply { files, namespace, wait: w, timeout } => {
             let revision = apply(&client, &files, namespace.as_deref()).await?;
             if w {

@@ -52,11 +52,15 @@ pub fn tls_toml() -> String {
 
 /// An HTTP client that trusts the test CA (and only it).
 pub fn http() -> reqwest::Client {
+    http_builder().build().unwrap()
+}
+
+pub fn http_builder() -> reqwest::ClientBuilder {
     let mut b = reqwest::Client::builder();
     for cert in reqwest::Certificate::from_pem_bundle(test_ca().ca_pem.as_bytes()).unwrap() {
         b = b.add_root_certificate(cert);
     }
-    b.build().unwrap()
+    b
 }
 
 /// The `lodestar` CLI, set up to trust the test CA.
@@ -441,7 +445,8 @@ pub fn cli(server: &str, args: &[&str]) -> (bool, String, String) {
 /// (echoed for the test's log), after checking that it succeeded and
 /// printed its command line.
 pub async fn bench(server: &str, args: &[&str]) -> String {
-    let out = tokio::process::Command::new(BENCH_BIN).arg("--server").arg(server).args(args).output().await.unwrap();
+    let out =
+        tokio::process::Command::new(BENCH_BIN).env("LODESTAR_CONFIG", &test_ca().client_config).arg("--server").arg(server).args(args).output().await.unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     println!("{stdout}");
     let what = format!("lodestar-bench {}", args.first().copied().unwrap_or_default());
