@@ -1,7 +1,7 @@
 //! The in-memory write path, per write, without IO or the network:
 //!
 //! - `validate`: what the replica a client talks to does with one ~1 KiB
-//!   VirtualService as `lodestar bench write` sends it over gRPC: parse the
+//!   VirtualService as `lodestar-bench write` sends it over gRPC: parse the
 //!   JSON text, then `api::apply_txn` (structure, typed validation,
 //!   canonical text).
 //! - `apply_publish`: what every replica's state machine does with it:
@@ -24,7 +24,7 @@ fn objects() -> usize {
     std::env::var("LODESTAR_BENCH_OBJECTS").ok().and_then(|v| v.parse().ok()).unwrap_or(4096)
 }
 
-/// The document `lodestar bench write` sends (1 KiB of padding).
+/// The document `lodestar-bench write` sends (1 KiB of padding).
 fn doc(i: usize, seq: u64) -> Value {
     json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
         "metadata": {"name": format!("bench-64-{}-{}", i / 64, i % 64), "namespace": "bench",

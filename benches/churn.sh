@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Endpoint-churn benchmark: a three-node Lodestar cluster on 127.0.0.1 and
-# `lodestar bench churn` against it: simulated proxies (one real ADS stream
+# `lodestar-bench churn` against it: simulated proxies (one real ADS stream
 # each) spread over the three xDS ports, instances registered and deleted
 # through all three API ports, the replicas' CPU sampled from /proc.
 #
-#   benches/churn.sh [BENCH CHURN FLAGS...]
+#   benches/churn.sh [CHURN FLAGS...]   (flags of `lodestar-bench churn`)
 #
-# With no flags, bench churn's defaults: 100 proxies (delta), 20 services x
+# With no flags, churn's defaults: 100 proxies (delta), 20 services x
 # 3 instances, 1000 changes/s for 10 s, 32 writers. For example:
 #
 #   benches/churn.sh --protocol sotw --proxies 500 --rate 200
@@ -65,11 +65,12 @@ wait_ok() {
 }
 
 # (a) build
-echo "# building lodestar (release)" >&2
-timeout 3600 cargo build --release --quiet --bin lodestar
-# A copy: a concurrent build must not swap the binary under the benchmark.
-cp "$ROOT/target/release/lodestar" "$WORK/lodestar"
+echo "# building lodestar and lodestar-bench (release)" >&2
+timeout 3600 cargo build --release --quiet --bin lodestar --bin lodestar-bench
+# Copies: a concurrent build must not swap a binary under the benchmark.
+cp "$ROOT/target/release/lodestar" "$ROOT/target/release/lodestar-bench" "$WORK/"
 LODESTAR=$WORK/lodestar
+BENCH=$WORK/lodestar-bench
 
 # (b) three replicas
 API=() RAFT=() XDS=()
@@ -92,7 +93,7 @@ for n in 1 2 3; do
     wait_ok "http://${API[n - 1]}/readyz" 60 || { tail -20 "$WORK/lodestar-$n.log" >&2; die "lodestar $n not ready within 60s"; }
 done
 LEADER=$(curl -s --max-time 2 "http://${API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
-echo "# cluster ready (leader: node ${LEADER:-?}); running bench churn" >&2
+echo "# cluster ready (leader: node ${LEADER:-?}); running lodestar-bench churn" >&2
 
 # (c) the bench. CPU of everything else on the machine, to tell whether
 # something competed for it: busy jiffies of the whole machine minus the
@@ -109,7 +110,7 @@ ARGS=()
 for n in 1 2 3; do ARGS+=(--server "http://${API[n - 1]}" --xds "${XDS[n - 1]}" --pid "${PIDS[n - 1]}"); done
 busy0=$(machine_busy) ours0=$(ours) t0=$(date +%s%N)
 rc=0
-timeout "$LIMIT" "$LODESTAR" bench churn "${ARGS[@]}" "$@" >"$WORK/bench.out" 2>"$WORK/bench.err" || rc=$?
+timeout "$LIMIT" "$BENCH" churn "${ARGS[@]}" "$@" >"$WORK/bench.out" 2>"$WORK/bench.err" || rc=$?
 other=$(awk -v b="$(($(machine_busy) - busy0))" -v o="$(($(ours) - ours0))" -v ns="$(($(date +%s%N) - t0))" -v hz="$(getconf CLK_TCK)" -v n="$(nproc)" \
     'BEGIN { x = 100 * (b - o) / (ns / 1e9 * hz * n); printf "%.0f", x < 0 ? 0 : x }')
 
@@ -120,8 +121,8 @@ echo "replica pids: node 1 = ${PIDS[0]}, node 2 = ${PIDS[1]}, node 3 = ${PIDS[2]
 cat "$WORK/bench.out"
 echo "other processes on the machine used ${other}% of it during the bench$([ "$other" -ge 15 ] && echo ': numbers are disturbed')"
 if [ "$rc" = 124 ]; then
-    die "bench churn did not finish within ${LIMIT}s"
+    die "lodestar-bench churn did not finish within ${LIMIT}s"
 elif [ "$rc" != 0 ]; then
     cat "$WORK/bench.err" >&2
-    die "bench churn reported a problem (exit $rc)"
+    die "lodestar-bench churn reported a problem (exit $rc)"
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Write benchmark: Lodestar vs etcd, each a three-node cluster on loopback,
-# same machine, same client (`lodestar bench write`), same concurrency, same
+# same machine, same client (`lodestar-bench write`), same concurrency, same
 # ~1 KiB values. Every write is checked acknowledged (Lodestar: a revision
 # and a change; etcd: a revision in the Put response header).
 #
@@ -69,11 +69,12 @@ wait_ok() {
 }
 
 # (a) build
-echo "# building lodestar (release)" >&2
-timeout 3600 cargo build --release --quiet --bin lodestar
-# A copy: a concurrent build must not swap the binary under the benchmark.
-cp "$ROOT/target/release/lodestar" "$WORK/lodestar"
+echo "# building lodestar and lodestar-bench (release)" >&2
+timeout 3600 cargo build --release --quiet --bin lodestar --bin lodestar-bench
+# Copies: a concurrent build must not swap a binary under the benchmark.
+cp "$ROOT/target/release/lodestar" "$ROOT/target/release/lodestar-bench" "$WORK/"
 LODESTAR=$WORK/lodestar
+BENCH=$WORK/lodestar-bench
 
 if ! command -v etcd >/dev/null; then
     [ "$(id -u)" = 0 ] || die "etcd not found; install Debian's etcd-server"
@@ -171,7 +172,7 @@ CORES=$(nproc)
 bench() {
     local target=$1 servers=$2 round=$3 clients=$4 out busy0 ours0 t0 other
     busy0=$(machine_busy) ours0=$(ours) t0=$(date +%s%N)
-    out=$(timeout $((SECS + 120)) "$LODESTAR" bench write --target "$target" --api "$API" --servers "${servers%,}" \
+    out=$(timeout $((SECS + 120)) "$BENCH" write --target "$target" --api "$API" --servers "${servers%,}" \
         --clients "$clients" --seconds "$SECS" --size "$SIZE" 2>"$WORK/bench-$target.err") || {
         cat "$WORK/bench-$target.err" >&2
         echo "$out" >&2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# xDS push-engine benchmark: `lodestar bench xds` against a three-node
+# xDS push-engine benchmark: `lodestar-bench xds` against a three-node
 # Lodestar cluster on 127.0.0.1 (release build), a fresh cluster for each
 # scenario so that one scenario's memory does not show in the next:
 #
@@ -16,8 +16,8 @@
 #   memory       2000 proxies over the three replicas with the same mesh:
 #                each replica's RSS (target <= 300 MB)
 #
-#   benches/xds.sh                          every scenario, bench xds defaults
-#   benches/xds.sh SCENARIO [FLAGS...]      one scenario, extra bench xds flags
+#   benches/xds.sh                          every scenario, default flags
+#   benches/xds.sh SCENARIO [FLAGS...]      one scenario, extra `lodestar-bench xds` flags
 #   benches/xds.sh fanout --proxies 500,2000 --repeat 3
 #
 # The replicas run with stream rebalancing and the maximum stream age off
@@ -32,9 +32,11 @@
 #   BENCH_LOAD_WAIT=300      average is at most this, waiting at most this
 #                            many seconds over the whole run
 #   BENCH_KEEP=1           keep the temp dir (data and logs) after the run
-#   BENCH_BINARY=PATH      run this lodestar binary instead of building the
-#                            tree (A/B runs: alternate two builds, since the
-#                            machine's speed drifts between sittings)
+#   BENCH_BINARY=PATH      run the replicas from this lodestar binary instead
+#                            of the tree's (A/B runs: alternate two builds,
+#                            since the machine's speed drifts between
+#                            sittings); the client is always the tree's
+#                            lodestar-bench, so both are measured alike
 #
 # Needs: cargo, curl. Every step is bounded in time; every process started
 # here is killed on exit. Exits non-zero when a scenario reports a problem
@@ -108,16 +110,20 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 [ "$(ulimit -n)" = unlimited ] || [ "$(ulimit -n)" -ge 12000 ] || echo "# warning: only $(ulimit -n) file descriptors allowed" >&2
 
 # (a) build
-echo "# building lodestar (release)" >&2
 if [ -n "${BENCH_BINARY:-}" ]; then
+    echo "# building lodestar-bench (release)" >&2
+    timeout 3600 nice -n 10 cargo build --release --quiet --bin lodestar-bench
     # A given build, e.g. an older commit's, to compare with in one sitting.
     cp "$BENCH_BINARY" "$WORK/lodestar"
 else
-    timeout 3600 nice -n 10 cargo build --release --quiet --bin lodestar
-    # A copy: a concurrent build must not swap the binary under the benchmark.
+    echo "# building lodestar and lodestar-bench (release)" >&2
+    timeout 3600 nice -n 10 cargo build --release --quiet --bin lodestar --bin lodestar-bench
     cp "$ROOT/target/release/lodestar" "$WORK/lodestar"
 fi
+# Copies: a concurrent build must not swap a binary under the benchmark.
+cp "$ROOT/target/release/lodestar-bench" "$WORK/lodestar-bench"
 LODESTAR=$WORK/lodestar
+BENCH=$WORK/lodestar-bench
 
 API=() RAFT=() XDS=()
 for n in 1 2 3; do
@@ -200,7 +206,7 @@ for scenario in "${SCENARIOS[@]}"; do
     fi
     busy0=$(machine_busy) ours0=$(ours) t0=$(date +%s%N)
     rc=0
-    timeout "$LIMIT" "$LODESTAR" bench xds "${ARGS[@]}" "$@" >"$WORK/$scenario.out" 2>"$WORK/$scenario.err" || rc=$?
+    timeout "$LIMIT" "$BENCH" xds "${ARGS[@]}" "$@" >"$WORK/$scenario.out" 2>"$WORK/$scenario.err" || rc=$?
     secs=$(awk -v ns="$(($(date +%s%N) - t0))" 'BEGIN { printf "%.0f", ns / 1e9 }')
     other=$(awk -v b="$(($(machine_busy) - busy0))" -v o="$(($(ours) - ours0))" -v ns="$(($(date +%s%N) - t0))" -v hz="$(getconf CLK_TCK)" -v n="$(nproc)" \
         'BEGIN { x = 100 * (b - o) / (ns / 1e9 * hz * n); printf "%.0f", x < 0 ? 0 : x }')
@@ -211,7 +217,7 @@ for scenario in "${SCENARIOS[@]}"; do
     cat "$WORK/$scenario.out"
     echo "took ${secs}s; other processes on the machine used ${other}% of it meanwhile$([ "$other" -ge 15 ] && echo ': numbers are disturbed')"
     if [ "$rc" = 124 ]; then
-        echo "FAILED: bench xds --scenario $scenario did not finish within ${LIMIT}s"
+        echo "FAILED: lodestar-bench xds --scenario $scenario did not finish within ${LIMIT}s"
         FAILED+=("$scenario")
     elif [ "$rc" != 0 ]; then
         sed 's/^/stderr: /' "$WORK/$scenario.err"

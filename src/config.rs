@@ -98,6 +98,34 @@ pub struct ServerConfig {
     /// Where the audit log (JSON lines) goes when ACLs are on; unset or
     /// empty: stderr.
     pub audit_log: Option<PathBuf>,
+    /// Plaintext on every port, no client certificates, no credentials:
+    /// for experiments only (logged loudly at startup).
+    pub insecure: bool,
+    /// This replica's certificate chain and key (PEM). Unset: generated on
+    /// first start in `<data_dir>/tls/` from the CA.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// The CA bundle peers' and clients' certificates are checked against.
+    /// Unset: `<data_dir>/tls/ca.pem`.
+    pub tls_ca_file: Option<PathBuf>,
+    /// The cluster CA's key, to issue this replica's certificate on first
+    /// start (with `tls_ca_file`: a CA shared by every member, from
+    /// `lodestar tls ca create`). Unset, on a single-node cluster: a new CA
+    /// is generated in `<data_dir>/tls/`.
+    pub tls_ca_key_file: Option<PathBuf>,
+    /// More names or IPs for the generated certificate (besides its
+    /// member name, localhost and the addresses it listens on).
+    pub tls_hosts: Vec<String>,
+    /// The API requires a client certificate from the CA (as Consul's
+    /// `verify_incoming`); without it, one is accepted but not required.
+    pub verify_incoming: bool,
+    /// How often the certificate files are checked for changes (new
+    /// connections get the new files; open ones keep theirs).
+    pub tls_reload_interval_ms: u64,
+    /// Also write the CLI's client config here on first start, if no file
+    /// is there yet (as k3s writes its kubeconfig). Empty: only
+    /// `<data_dir>/client.toml`. `~` is the home directory.
+    pub user_client_config: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -138,6 +166,15 @@ impl Default for ServerConfig {
             acl_enabled: false,
             initial_management_token_file: None,
             audit_log: None,
+            insecure: false,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_ca_file: None,
+            tls_ca_key_file: None,
+            tls_hosts: Vec::new(),
+            verify_incoming: false,
+            tls_reload_interval_ms: 1000,
+            user_client_config: Some(PathBuf::from("~/.config/lodestar/client.toml")),
         }
     }
 }
@@ -164,7 +201,46 @@ impl ServerConfig {
         for (name, addr) in [("api_addr", &self.api_addr), ("raft_addr", &self.raft_addr), ("xds_addr", &self.xds_addr)] {
             addr.parse::<std::net::SocketAddr>().map_err(|e| format!("{name}: {addr:?}: {e}"))?;
         }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return Err("tls_cert_file and tls_key_file: give both or neither".into());
+        }
+        if self.insecure && self.verify_incoming {
+            return Err("verify_incoming: needs TLS, and insecure turns it off".into());
+        }
         Ok(())
+    }
+}
+
+/// What the CLI needs to reach a cluster: `client.toml`, written by a
+/// replica on first start (`<data_dir>/client.toml`, 0600) and read by the
+/// CLI (`--client-config`, `LODESTAR_CONFIG`, else `~/.config/lodestar/client.toml`).
+/// Copy it to another machine and change `server` to use it from there.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientConfig {
+    /// Any replica's API, `https://HOST:PORT`.
+    pub server: String,
+    /// The CA bundle (PEM) the server's certificate is checked against.
+    pub ca_pem: String,
+    /// A credential for the API (the admin token on first start).
+    pub token: Option<String>,
+}
+
+impl ClientConfig {
+    pub fn from_toml(text: &str) -> Result<ClientConfig, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a client config serialises")
+    }
+}
+
+/// `~/x` as the home directory's `x`.
+pub fn expand_home(path: &std::path::Path) -> PathBuf {
+    match (path.strip_prefix("~"), std::env::var_os("HOME")) {
+        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => path.to_path_buf(),
     }
 }
 

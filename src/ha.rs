@@ -144,7 +144,7 @@ pub async fn gossip(node: Arc<Node>, ha: Arc<HaState>, mut shutdown: watch::Rece
         let membership = m.membership_config.membership().clone();
         let asks = membership.nodes().filter(|(id, _)| **id != node.id).map(|(id, info)| {
             let (peers, addr, id) = (node.peers.clone(), info.raft_addr.clone(), *id);
-            async move { (id, peers.status(&addr, Duration::from_millis(500)).await.ok()) }
+            async move { (id, peers.status(id, &addr, Duration::from_millis(500)).await.ok()) }
         });
         let answers = futures::future::join_all(asks).await;
         let now = Instant::now();

@@ -23,10 +23,15 @@
 //!   permission check (pure) and the audit log.
 //! - [`adapters`]: sources outside the API (a watched directory) fed into the store.
 //! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
+//! - [`tls`]: TLS on the ports: the generated CA and certificates,
+//!   reloadable rustls configurations, the accept path, dialling peers.
 //! - [`server`]: starts a replica's ports and shuts it down.
 //! - [`config`]: server settings (TOML + flags).
-//! - [`cli`]: the `lodestar` command line (client commands and benchmarks).
+//! - [`cli`]: the `lodestar` command line (the replica and client commands).
 //! - [`error`]: the one error vocabulary.
+//!
+//! The load generators are a separate binary, `lodestar-bench`
+//! (`src/bin/lodestar-bench/`), a client of this library's public API.
 
 pub mod adapters;
 pub mod api;
@@ -47,6 +52,7 @@ pub mod server;
 // require; boxing it in our helpers would only add conversions.
 #[allow(clippy::result_large_err)]
 pub mod store;
+pub mod tls;
 pub mod translate;
 pub mod xds;
 
@@ -57,10 +63,5 @@ pub mod proto {
     }
     pub mod peer {
         tonic::include_proto!("lodestar.peer.v1");
-    }
-    /// The slice of etcd's v3 API (`KV.Put`) that `lodestar bench write
-    /// --target etcd` uses to compare against etcd. Client only.
-    pub mod etcd {
-        tonic::include_proto!("etcdserverpb");
     }
 }

@@ -23,6 +23,9 @@ use crate::proto::peer::Payload;
 use crate::replica::Replica;
 use crate::store::codec;
 use crate::store::types::{NodeId, NodeInfo, TypeConfig};
+use crate::tls::conn::ConnInfo;
+use crate::tls::pki::member_name;
+use crate::tls::{ClientTlsSource, PeerConnector, Tls};
 use futures::future::BoxFuture;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -47,32 +50,43 @@ enum Method {
     Status,
 }
 
-/// One lazily connected channel per peer address, shared by raft and
-/// forwarding.
-#[derive(Clone, Default)]
+/// One lazily connected channel per peer (member id and address), shared
+/// by raft and forwarding. With TLS, a channel accepts only a certificate
+/// that names the member it is for: a valid certificate of member 2 at
+/// member 3's address is refused.
+#[derive(Clone)]
 pub struct PeerClients {
-    channels: Arc<Mutex<HashMap<String, Channel>>>,
+    tls: Option<Arc<ClientTlsSource>>,
+    channels: Arc<Mutex<HashMap<(NodeId, String), Channel>>>,
 }
 
 impl PeerClients {
-    fn channel(&self, addr: &str) -> Result<Channel, PeerError> {
+    /// `tls`: this replica's configuration (its certificate as the client
+    /// certificate, the CA as roots); None for plaintext (`insecure`).
+    pub fn new(tls: Option<Arc<Tls>>) -> PeerClients {
+        PeerClients { tls: tls.map(|t| Arc::new(ClientTlsSource::Replica(t))), channels: Default::default() }
+    }
+
+    fn channel(&self, id: NodeId, addr: &str) -> Result<Channel, PeerError> {
         let mut map = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = map.get(addr) {
+        let key = (id, addr.to_string());
+        if let Some(c) = map.get(&key) {
             return Ok(c.clone());
         }
+        let unreachable = |msg: String| PeerError::Unreachable { addr: addr.into(), msg };
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| PeerError::Unreachable { addr: addr.into(), msg: e.to_string() })?
+            .map_err(|e| unreachable(e.to_string()))?
             .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5));
-        let channel = endpoint.connect_lazy();
-        map.insert(addr.to_string(), channel.clone());
+        let connector = PeerConnector::new(self.tls.clone(), &member_name(id)).map_err(|e| unreachable(e.to_string()))?;
+        let channel = endpoint.connect_with_connector_lazy(connector);
+        map.insert(key, channel.clone());
         Ok(channel)
     }
 
-    async fn call(&self, addr: &str, method: Method, data: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, PeerError> {
-        let mut client = RaftPeerClient::new(self.channel(addr)?).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
+    async fn call(&self, id: NodeId, addr: &str, method: Method, data: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, PeerError> {
+        let mut client = RaftPeerClient::new(self.channel(id, addr)?).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
         let mut req = Request::new(Payload { data });
         req.set_timeout(timeout);
         let res = match method {
@@ -85,19 +99,32 @@ impl PeerClients {
         res.map(|r| r.into_inner().data).map_err(|s| status_error(addr, &s))
     }
 
-    async fn typed<Req: Serialize, Resp: DeserializeOwned>(&self, addr: &str, method: Method, req: &Req, timeout: Duration) -> Result<Resp, PeerError> {
-        let bytes = self.call(addr, method, codec::encode(req), timeout).await?;
+    async fn typed<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        id: NodeId,
+        addr: &str,
+        method: Method,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, PeerError> {
+        let bytes = self.call(id, addr, method, codec::encode(req), timeout).await?;
         decode_reply(addr, &bytes)
     }
 }
 
 impl Transport for PeerClients {
-    fn forward<'a>(&'a self, addr: &'a str, req: &'a ForwardRequest, timeout: Duration) -> BoxFuture<'a, Result<Result<ForwardReply, Error>, PeerError>> {
-        Box::pin(self.typed(addr, Method::Forward, req, timeout))
+    fn forward<'a>(
+        &'a self,
+        id: NodeId,
+        addr: &'a str,
+        req: &'a ForwardRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Result<ForwardReply, Error>, PeerError>> {
+        Box::pin(self.typed(id, addr, Method::Forward, req, timeout))
     }
 
-    fn status<'a>(&'a self, addr: &'a str, timeout: Duration) -> BoxFuture<'a, Result<NodeStatus, PeerError>> {
-        Box::pin(self.typed(addr, Method::Status, &(), timeout))
+    fn status<'a>(&'a self, id: NodeId, addr: &'a str, timeout: Duration) -> BoxFuture<'a, Result<NodeStatus, PeerError>> {
+        Box::pin(self.typed(id, addr, Method::Status, &(), timeout))
     }
 }
 
@@ -125,7 +152,7 @@ impl PeerError {
 }
 
 /// openraft's view of the network.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct NetworkFactory {
     pub clients: PeerClients,
 }
@@ -166,8 +193,9 @@ impl PeerConn {
         if let Some(stream) = &self.append {
             stream.tx.send(Payload { data }).await.map_err(|_| closed(&self.addr))?;
         } else {
-            let mut client =
-                RaftPeerClient::new(self.clients.channel(&self.addr)?).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
+            let mut client = RaftPeerClient::new(self.clients.channel(self.target, &self.addr)?)
+                .max_decoding_message_size(MAX_PEER_MESSAGE)
+                .max_encoding_message_size(MAX_PEER_MESSAGE);
             let (tx, rx) = tokio::sync::mpsc::channel(1);
             let call = client.append_entries_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
             // The first request goes with the call: the server answers the
@@ -197,7 +225,8 @@ impl PeerConn {
         T: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let reply: Result<T, RaftError<NodeId, E>> = self.clients.typed(&self.addr, method, req, option.hard_ttl()).await.map_err(PeerError::into_rpc)?;
+        let reply: Result<T, RaftError<NodeId, E>> =
+            self.clients.typed(self.target, &self.addr, method, req, option.hard_ttl()).await.map_err(PeerError::into_rpc)?;
         reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
@@ -246,11 +275,13 @@ pub struct PeerService {
     /// Becomes true when the replica shuts down: AppendEntries streams end
     /// then, so that they do not hold up the server's graceful shutdown.
     stop: tokio::sync::watch::Receiver<bool>,
+    /// Mutual TLS: every call must come with a certificate naming a member.
+    tls: bool,
 }
 
 impl PeerService {
-    pub fn server(replica: &Arc<Replica>, stop: tokio::sync::watch::Receiver<bool>) -> RaftPeerServer<PeerService> {
-        RaftPeerServer::new(PeerService { replica: Arc::downgrade(replica), stop })
+    pub fn server(replica: &Arc<Replica>, stop: tokio::sync::watch::Receiver<bool>, tls: bool) -> RaftPeerServer<PeerService> {
+        RaftPeerServer::new(PeerService { replica: Arc::downgrade(replica), stop, tls })
             .max_decoding_message_size(MAX_PEER_MESSAGE)
             .max_encoding_message_size(MAX_PEER_MESSAGE)
     }
@@ -261,6 +292,34 @@ impl PeerService {
 
     fn raft(&self) -> Result<crate::store::types::Raft, Status> {
         Ok(self.replica()?.node.raft.clone())
+    }
+
+    /// Who is calling: with TLS, the member its certificate names (the
+    /// handshake already checked the CA; the CA may also sign certificates
+    /// that name no member, and those are refused here). None without TLS.
+    fn caller<T>(&self, req: &Request<T>) -> Result<Option<NodeId>, Status> {
+        if !self.tls {
+            return Ok(None);
+        }
+        let cert = req.extensions().get::<ConnInfo>().and_then(|c| c.cert.clone());
+        match cert.as_deref().map(|c| (c.member(), c)) {
+            Some((Some(id), _)) => Ok(Some(id)),
+            Some((None, c)) => Err(Status::permission_denied(format!("the raft port is for members: the certificate of {} names none", c.identity()))),
+            None => Err(Status::unauthenticated("the raft port requires a member's client certificate")),
+        }
+    }
+}
+
+/// A raft message speaks for the member in its vote (the leader or
+/// candidate); with TLS (`caller` set), that must be the member the
+/// caller's certificate names.
+fn check_sender(caller: Option<NodeId>, claimed: Option<NodeId>) -> Result<(), Status> {
+    match caller {
+        Some(cert) if claimed != Some(cert) => {
+            tracing::warn!(cert, ?claimed, "raft: refused a message whose sender is not the member its certificate names");
+            Err(Status::permission_denied(format!("the certificate names member {cert}, the message claims member {claimed:?}")))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -287,13 +346,15 @@ fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
 #[tonic::async_trait]
 impl RaftPeer for PeerService {
     async fn append_entries(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let rpc: AppendEntriesRequest<TypeConfig> = decode_req(req)?;
+        let rpc: AppendEntriesRequest<TypeConfig> = decode_payload(req.get_ref())?;
+        check_sender(self.caller(&req)?, rpc.vote.leader_id().voted_for())?;
         reply(&self.raft()?.append_entries(rpc).await)
     }
 
     type AppendEntriesStreamStream = tokio_stream::wrappers::ReceiverStream<Result<Payload, Status>>;
 
     async fn append_entries_stream(&self, req: Request<tonic::Streaming<Payload>>) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
+        let caller = self.caller(&req)?;
         let replica = self.replica.clone();
         let mut stop = self.stop.clone();
         let mut requests = req.into_inner();
@@ -309,7 +370,9 @@ impl RaftPeer for PeerService {
                     },
                     _ = stop.wait_for(|s| *s) => return,
                 };
-                let answer = match (decode_payload::<AppendEntriesRequest<TypeConfig>>(&p), live(&replica)) {
+                let rpc =
+                    decode_payload::<AppendEntriesRequest<TypeConfig>>(&p).and_then(|rpc| check_sender(caller, rpc.vote.leader_id().voted_for()).map(|_| rpc));
+                let answer = match (rpc, live(&replica)) {
                     (Ok(rpc), Ok(replica)) => Ok(payload(&replica.node.raft.append_entries(rpc).await)),
                     (Err(e), _) | (_, Err(e)) => Err(e),
                 };
@@ -323,21 +386,25 @@ impl RaftPeer for PeerService {
     }
 
     async fn install_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let rpc: InstallSnapshotRequest<TypeConfig> = decode_req(req)?;
+        let rpc: InstallSnapshotRequest<TypeConfig> = decode_payload(req.get_ref())?;
+        check_sender(self.caller(&req)?, rpc.vote.leader_id().voted_for())?;
         reply(&self.raft()?.install_snapshot(rpc).await)
     }
 
     async fn vote(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let rpc: VoteRequest<NodeId> = decode_req(req)?;
+        let rpc: VoteRequest<NodeId> = decode_payload(req.get_ref())?;
+        check_sender(self.caller(&req)?, rpc.vote.leader_id().voted_for())?;
         reply(&self.raft()?.vote(rpc).await)
     }
 
     async fn forward(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        self.caller(&req)?;
         let fwd: ForwardRequest = decode_req(req)?;
         reply(&self.replica()?.handle_peer(fwd).await)
     }
 
-    async fn status(&self, _req: Request<Payload>) -> Result<Response<Payload>, Status> {
+    async fn status(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        self.caller(&req)?;
         reply(&self.replica()?.local_status())
     }
 }

@@ -59,7 +59,7 @@ impl Replica {
             async move {
                 let (status, error) = match local {
                     Some(s) => (Some(s), None),
-                    None => match self.node.peers.status(&info.raft_addr, Duration::from_millis(1000)).await {
+                    None => match self.node.peers.status(id, &info.raft_addr, Duration::from_millis(1000)).await {
                         Ok(s) => (Some(s), None),
                         Err(e) => (None, Some(e.to_string())),
                     },
@@ -116,7 +116,7 @@ impl Replica {
                 if id == self.node.id {
                     return Ok(self.local_convergence(revision));
                 }
-                match self.node.peers.forward(&info.raft_addr, &ForwardRequest::Convergence(revision), Duration::from_secs(1)).await {
+                match self.node.peers.forward(id, &info.raft_addr, &ForwardRequest::Convergence(revision), Duration::from_secs(1)).await {
                     Ok(Ok(ForwardReply::Convergence(r))) => Ok(r),
                     Ok(Ok(_)) => Err(format!("replica {id}: unexpected reply")),
                     Ok(Err(e)) => Err(format!("replica {id}: {e}")),

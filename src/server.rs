@@ -10,9 +10,10 @@ use crate::replica::Replica;
 use crate::store::log_store::LogStore;
 use crate::store::state_machine::StateMachine;
 use crate::store::types::{NodeId, NodeInfo, Raft};
+use crate::tls::conn::{ConnInfo, Incoming};
+use crate::tls::Port;
 use crate::xds::resources::Generator;
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use openraft::error::{InitializeError, RaftError};
 use openraft::SnapshotPolicy;
 use std::collections::BTreeMap;
@@ -21,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 /// How long in-flight requests and streams get to finish on shutdown.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -57,9 +57,27 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let db = crate::store::open_db(&config.data_dir)
         .with_context(|| format!("opening the store in {} (is another replica using it?)", config.data_dir.display()))?;
 
+    // TLS first: a replica that cannot serve TLS must not start plaintext.
+    let tls = if config.insecure {
+        tracing::warn!("INSECURE MODE: every port is plaintext and open, with no client certificates and no credentials. Anyone who can reach the API port can rewrite the mesh; anyone who can reach the raft port can speak as a peer. For experiments only.");
+        None
+    } else {
+        let files = crate::tls::bootstrap::ensure_files(&config)?;
+        let tls = crate::tls::Tls::load(files, config.verify_incoming).context("loading the TLS certificate files")?;
+        tracing::info!(serial = tls.serial(), cert = %tls.files().cert.display(), ca = %tls.files().ca.display(), "TLS on every port");
+        for path in crate::tls::bootstrap::write_client_config(&config, tls.files(), None)? {
+            tracing::info!(
+                path = %path.display(),
+                "first start: wrote the CLI's client config (server, CA); `lodestar` on this machine uses it. From another machine: copy it there, \
+                 set `server` to an address of this replica, and pass it with --client-config or LODESTAR_CONFIG"
+            );
+        }
+        Some(tls)
+    };
+
     let log_store = LogStore::open(&db)?;
     let (state_machine, reader) = StateMachine::open(&db, config.history_revisions)?;
-    let network = NetworkFactory::default();
+    let network = NetworkFactory { clients: crate::peer::PeerClients::new(tls.clone()) };
     let peers = network.clients.clone();
     let raft = Raft::new(config.id, Arc::new(raft_config(&config)?), network, log_store, state_machine).await?;
     let node = Node::new(config.clone(), raft.clone(), reader, Arc::new(peers));
@@ -72,6 +90,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let xds_listener = TcpListener::bind(&config.xds_addr).await.with_context(|| format!("binding the xDS port {}", config.xds_addr))?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let mut background_tls = None;
     let xds_stop = stop_rx.clone();
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -80,26 +99,29 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         }
     };
 
+    // Every port accepts through `tls::conn::Incoming` (TLS handshakes
+    // off the accept loop, TCP_NODELAY set: tonic ignores its builder's
+    // nodelay with an incoming stream, and replies would wait on Nagle).
+    let with_tls = |port| tls.clone().map(|t| (t, port));
+    let raft_incoming = Incoming::new(raft_listener, with_tls(Port::Raft))?;
+    let api_incoming = Incoming::new(api_listener, with_tls(Port::Api))?;
+    let xds_incoming = Incoming::new(xds_listener, with_tls(Port::Xds))?;
+    if let Some(tls) = &tls {
+        background_tls = Some(tokio::spawn(tls.clone().watch(Duration::from_millis(config.tls_reload_interval_ms.max(100)), stop_tx.subscribe())));
+    }
+
     let peer_server = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(PeerService::server(&replica, stop_tx.subscribe()))
-            // With an incoming stream, tonic ignores the builder's tcp_nodelay:
-            // set it here, or raft replies and forwarded writes wait on Nagle.
-            .serve_with_incoming_shutdown(TcpIncoming::from(raft_listener).with_nodelay(Some(true)), stopped()),
+            .add_service(PeerService::server(&replica, stop_tx.subscribe(), tls.is_some()))
+            .serve_with_incoming_shutdown(raft_incoming.into_stream(), stopped()),
     );
 
     let app = rest::router(replica.clone())
         .merge(tonic::service::Routes::new(GrpcApi::server(replica.clone())).into_axum_router())
         .layer(axum::middleware::from_fn(rest::track));
     let api_stopped = stopped();
-    // TCP_NODELAY: a gRPC reply is several small writes (headers, data,
-    // trailers); with Nagle they wait for the client's delayed ACK (~40 ms).
-    let api_listener = api_listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY on an API connection: {e}");
-        }
-    });
-    let api_server = tokio::spawn(async move { axum::serve(api_listener, app).with_graceful_shutdown(api_stopped).await });
+    let app = app.into_make_service_with_connect_info::<ConnInfo>();
+    let api_server = tokio::spawn(async move { axum::serve(api_incoming, app).with_graceful_shutdown(api_stopped).await });
 
     // ADS for Envoys, from this replica's own applied state.
     let options = crate::xds::server::ServeOptions {
@@ -110,7 +132,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
-    let xds_server = tokio::spawn(crate::xds::server::serve(xds_listener, pushed, generator, replica.sync.clone(), options, xds_stop));
+    let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
     let mut background = vec![
         tokio::spawn(crate::ha::freshness(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
@@ -146,6 +168,9 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
             let _ = b.await;
         }
         let _ = prober.await;
+        if let Some(t) = background_tls {
+            let _ = t.await;
+        }
         if let Some(a) = adapter {
             let _ = a.await;
         }

@@ -7,11 +7,9 @@
 mod common;
 
 use common::*;
-use lodestar::proto::api::lodestar_client::LodestarClient;
 use lodestar::proto::api::{AddNodeRequest, ApplyItem, ApplyRequest, ClusterStatusRequest, CreateTokenRequest, DeleteRequest, ListRequest, ResourceRef};
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The initial management token every replica is given (a file).
@@ -41,7 +39,7 @@ fn client(token: Option<&str>) -> reqwest::Client {
     if let Some(t) = token {
         headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
     }
-    reqwest::Client::builder().default_headers(headers).timeout(Duration::from_secs(15)).build().unwrap()
+    http_builder().default_headers(headers).timeout(Duration::from_secs(15)).build().unwrap()
 }
 
 async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
@@ -126,7 +124,7 @@ async fn without_a_token_every_replica_answers_401() {
         let ready = anon.get(format!("{api}/readyz")).send().await.unwrap().status().as_u16();
         assert!(ready == 200 || ready == 503, "readyz answers without a token: {ready}");
         // gRPC: UNAUTHENTICATED without metadata.
-        let mut grpc = LodestarClient::connect(api.clone()).await.unwrap();
+        let mut grpc = grpc_api(&api);
         let e = grpc.apply(grpc_req(apply_req(&[vs("x", "default", "v1")]), None)).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
         let e = grpc.list(grpc_req(ListRequest { kind: "vs".into(), ..Default::default() }, Some("nope"))).await.unwrap_err();
@@ -182,7 +180,7 @@ async fn a_read_only_token_cannot_apply_delete_or_change_membership() {
     denied(status, &body, "lacks admin on the cluster");
 
     // The same over gRPC.
-    let mut grpc = LodestarClient::connect(api.clone()).await.unwrap();
+    let mut grpc = grpc_api(&api);
     let e = grpc.apply(grpc_req(apply_req(&[vs("y", "ro", "v1")]), Some(&secret))).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied);
     assert!(e.message().contains("write on virtualservices in namespace ro"), "{}", e.message());
@@ -248,7 +246,7 @@ async fn a_namespace_token_is_refused_outside_it_and_a_mixed_apply_stores_nothin
     assert_eq!(send(a.get(format!("{api}/v1/resources/vs?namespace=a"))).await.0, 200);
     assert_eq!(send(a.get(format!("{api}/v1/watch?namespace=b"))).await.0, 403);
     // Over gRPC, the same mixed apply.
-    let mut grpc = LodestarClient::connect(api.clone()).await.unwrap();
+    let mut grpc = grpc_api(&api);
     let e = grpc.apply(grpc_req(apply_req(&[vs("z", "a", "v1"), vs("z", "b", "v1")]), Some(&secret))).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied);
     let (_, list) = send(c.http.get(format!("{api}/v1/resources/vs?namespace=a"))).await;
@@ -331,7 +329,7 @@ async fn an_expired_token_is_refused() {
 }
 
 fn cli_with(server: &str, token: Option<&str>, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = cli_command();
     cmd.arg("--server").arg(server).args(args).env_remove("LODESTAR_TOKEN");
     if let Some(t) = token {
         cmd.env("LODESTAR_TOKEN", t);
@@ -372,7 +370,7 @@ async fn bootstrap_cli_and_token_objects() {
     let (accessor, secret) = (field(&out, "AccessorID:").to_string(), field(&out, "SecretID:").to_string());
     assert_ne!(field(&out, "Expires:"), "never");
     // The --token flag works as well as the environment.
-    let (ok, out, err) = Command::new(BIN)
+    let (ok, out, err) = cli_command()
         .args(["--server", &api, "--token", &secret, "apply", "-f", "-"])
         .env_remove("LODESTAR_TOKEN")
         .stdin(std::process::Stdio::piped())
@@ -404,7 +402,7 @@ async fn bootstrap_cli_and_token_objects() {
     for item in list["items"].as_array().unwrap() {
         assert!(item["spec"].get("secretHash").is_none(), "{item}");
     }
-    let mut grpc = LodestarClient::connect(api.clone()).await.unwrap();
+    let mut grpc = grpc_api(&api);
     let l = grpc.list(grpc_req(ListRequest { kind: "tokens".into(), ..Default::default() }, Some(&boot))).await.unwrap().into_inner();
     assert!(!l.resources_json.is_empty() && l.resources_json.iter().all(|j| !j.contains("secretHash") && !j.contains("sha256:")));
 
@@ -538,4 +536,53 @@ async fn the_audit_log_records_writes_and_refusals_and_no_secret_leaks() {
             assert!(!text.contains(&hash), "{what} contains a secret's hash");
         }
     }
+}
+
+/// A client certificate from the test CA naming `uri` (a URI SAN).
+fn client_cert(uri: &str) -> reqwest::Identity {
+    use rcgen::{CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, SanType};
+    let ca = test_ca();
+    let ca_key = KeyPair::from_pem(&std::fs::read_to_string(&ca.ca_key_file).unwrap()).unwrap();
+    let issuer = Issuer::from_ca_cert_pem(&ca.ca_pem, ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params.distinguished_name.push(DnType::CommonName, "acl-test-client");
+    params.subject_alt_names = vec![SanType::URI(uri.try_into().unwrap())];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    reqwest::Identity::from_pem(format!("{}{}", cert.pem(), key.serialize_pem()).as_bytes()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_identity_gets_the_policies_of_its_roles() {
+    let c = secure_cluster(1).await;
+    let api = c.replica(1).api();
+    let policy = json!({"apiVersion": "acl.lodestar.io/v1", "kind": "Policy", "metadata": {"name": "team-a"},
+                        "spec": {"rules": [{"verbs": ["read", "write"], "kinds": ["*"], "namespaces": ["a"]}]}});
+    let role = json!({"apiVersion": "acl.lodestar.io/v1", "kind": "Role", "metadata": {"name": "ci"},
+                      "spec": {"policies": ["team-a"], "identities": ["spiffe://test.lodestar/ci"]}});
+    let (status, body) = apply(&c.http, &api, vec![policy, role]).await;
+    assert_eq!(status, 200, "{body}");
+
+    let ci = http_builder().identity(client_cert("spiffe://test.lodestar/ci")).build().unwrap();
+    let (status, body) = apply(&ci, &api, vec![vs("by-cert", "a", "v1")]).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = apply(&ci, &api, vec![vs("by-cert", "b", "v1")]).await;
+    assert_eq!(status, 403, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("certificate identity \"spiffe://test.lodestar/ci\" lacks write on virtualservices in namespace b"), "{msg}");
+    audit_line(&c.replica(1).dir.join("audit.log"), |l| l["who"] == "identity:spiffe://test.lodestar/ci" && l["outcome"] == "ok").await;
+
+    // An identity no role lists is authenticated, and allowed nothing.
+    let other = http_builder().identity(client_cert("spiffe://test.lodestar/other")).build().unwrap();
+    let (status, body) = apply(&other, &api, vec![vs("x", "a", "v1")]).await;
+    assert_eq!(status, 403, "{body}");
+    // A bearer token sent with a certificate decides.
+    let with_bad_token = http_builder()
+        .identity(client_cert("spiffe://test.lodestar/ci"))
+        .default_headers([(reqwest::header::AUTHORIZATION, "Bearer not-a-token".parse().unwrap())].into_iter().collect())
+        .build()
+        .unwrap();
+    assert_eq!(apply(&with_bad_token, &api, vec![vs("x", "a", "v1")]).await.0, 401);
 }

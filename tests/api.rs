@@ -5,7 +5,6 @@ mod common;
 
 use common::*;
 use futures::StreamExt;
-use lodestar::proto::api::lodestar_client::LodestarClient;
 use lodestar::proto::api::{ApplyItem, ApplyRequest, GetRequest, WatchRequest};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -81,7 +80,7 @@ async fn bad_input_is_400_naming_the_field() {
     let api = c.replica(1).api();
     let post = |body: String, ct: &'static str| {
         // A fresh connection each: the server closes one whose body it refused unread.
-        let http = reqwest::Client::new();
+        let http = common::http();
         let url = format!("{api}/v1/apply");
         async move {
             let r = http.post(url).header("content-type", ct).body(body).send().await.unwrap();
@@ -188,7 +187,7 @@ async fn watch_replays_then_follows() {
     assert_eq!((e["revision"].as_u64(), e["object"]["metadata"]["name"].as_str()), (Some(live_rev), Some("live")));
 
     // gRPC: same replay from revision 0 (everything), filtered by kind.
-    let mut grpc = LodestarClient::connect(api.clone()).await.unwrap();
+    let mut grpc = common::grpc_api(&api);
     let mut stream = grpc.watch(WatchRequest { from_revision: Some(0), kind: "vs".into(), namespace: "watch".into() }).await.unwrap().into_inner();
     let mut seen = Vec::new();
     while seen.len() < 7 {
@@ -203,7 +202,7 @@ async fn watch_replays_then_follows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_api_and_errors() {
     let c = Cluster::start(1, "").await;
-    let mut grpc = LodestarClient::connect(c.replica(1).api()).await.unwrap();
+    let mut grpc = common::grpc_api(&c.replica(1).api());
     let ok = grpc
         .apply(ApplyRequest { items: vec![ApplyItem { resource_json: vs("g", "grpc", "v1").to_string(), expected_revision: None }] })
         .await
@@ -375,7 +374,7 @@ async fn deep_validation_names_spec_fields() {
     assert_eq!(status, 400, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("htpp"), "{body}");
 
-    let mut grpc = LodestarClient::connect(api.clone()).await.unwrap();
+    let mut grpc = common::grpc_api(&api);
     let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad.to_string(), expected_revision: None }] }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("resources[0].spec.http"), "{}", err.message());

@@ -5,12 +5,10 @@
 mod common;
 
 use common::*;
-use lodestar::proto::api::lodestar_client::LodestarClient;
 use lodestar::proto::api::SnapshotRequest;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 /// Every kind a backup must carry: Istio's and the registry's.
@@ -75,7 +73,7 @@ spec: {service: productpage, address: 127.0.11.1, port: 19080}
 "#;
 
 fn lodestar(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN).args(args).output().unwrap();
+    let out = common::cli_command().args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -155,7 +153,7 @@ async fn backup_restores_into_a_new_cluster() {
     assert!(out.contains(&format!("revision:  {revision}")) && out.contains("checksum ok") && out.contains("Instance"), "{out}");
 
     // The gRPC equivalent serves the same state.
-    let mut grpc = LodestarClient::connect(api.clone()).await.unwrap();
+    let mut grpc = common::grpc_api(&api);
     let mut stream = grpc.snapshot(SnapshotRequest { consistency: 0 }).await.unwrap().into_inner();
     let mut bytes = Vec::new();
     while let Some(chunk) = stream.message().await.unwrap() {

@@ -1,53 +1,49 @@
-//! `lodestar bench churn` end to end, with tiny numbers, against a replica
+//! `lodestar-bench churn` end to end, with tiny numbers, against a replica
 //! process: every change is acknowledged and reaches every simulated
-//! proxy, and at the end each proxy's endpoints are the store's instances
-//! (read here through the REST API, not from the bench). No timing checks.
+//! proxy, and at the end every proxy's endpoints are the store's instances
+//! (as the bench compares them; the store is also read here through the
+//! REST API, not from the bench). No timing checks.
 
 mod common;
 
-use lodestar::cli::churn::{self, ChurnArgs, ChurnReport, PORT};
+use common::{number, results};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 
-async fn run(args: &[&str], api: &str) -> ChurnReport {
-    let mut a = ChurnArgs::from_args(args).expect("churn flags");
-    a.servers = vec![api.to_string()];
-    let report = churn::run(a).await.expect("the churn bench runs");
-    report.print();
-    report
+/// Run the bench; its one `result:` line and its whole output.
+async fn run(api: &str, args: &[&str]) -> (BTreeMap<String, String>, String) {
+    let mut all = vec!["churn"];
+    all.extend(args);
+    let out = common::bench(api, &all).await;
+    let mut res = results(&out);
+    assert_eq!(res.len(), 1, "{out}");
+    (res.remove(0), out)
 }
 
-/// The store's instances, as the proxies' EDS clusters should have them.
-async fn store(cluster: &common::Cluster, api: &str) -> BTreeMap<String, BTreeSet<SocketAddr>> {
+/// The store's instances: service → addresses.
+async fn store(cluster: &common::Cluster, api: &str) -> BTreeMap<String, BTreeSet<String>> {
     let (status, body) = common::get_json(&cluster.http, &format!("{api}/v1/resources/instances?namespace=default")).await;
     assert_eq!(status, 200, "{body}");
-    let mut out: BTreeMap<String, BTreeSet<SocketAddr>> = BTreeMap::new();
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for i in body["items"].as_array().unwrap() {
-        let service = i["spec"]["service"].as_str().unwrap();
-        let addr: SocketAddr = format!("{}:{PORT}", i["spec"]["address"].as_str().unwrap()).parse().unwrap();
-        out.entry(format!("outbound|{PORT}||{service}.default.svc.cluster.local")).or_default().insert(addr);
+        out.entry(i["spec"]["service"].as_str().unwrap().to_string()).or_default().insert(i["spec"]["address"].as_str().unwrap().to_string());
     }
     out
 }
 
-fn check(report: &ChurnReport, want: &BTreeMap<String, BTreeSet<SocketAddr>>) {
-    assert!(report.attempted > 10, "the churn made changes: {}", report.attempted);
-    assert_eq!((report.acknowledged, report.failed), (report.attempted, 0), "first error: {:?}", report.first_error);
-    assert!(report.registers > 0 && report.deletes > 0);
-    assert_eq!(report.not_converged, 0, "every acknowledged change reached every proxy");
-    assert_eq!(report.propagation.count as u64, report.acknowledged);
-    assert_eq!(report.proxy_errors, 0, "{:?}", report.first_proxy_error);
-    assert_eq!(report.final_endpoints.len(), 5);
+fn check(r: &BTreeMap<String, String>, out: &str, want: &BTreeMap<String, BTreeSet<String>>) {
+    let n = |k: &str| number(r, k);
+    assert!(n("attempted") > 10.0, "the churn made changes: {out}");
+    assert_eq!((n("acknowledged"), n("failed")), (n("attempted"), 0.0), "every change acknowledged: {out}");
+    assert!(n("registers") > 0.0 && n("deletes") > 0.0, "{out}");
+    assert_eq!(n("not_converged"), 0.0, "every acknowledged change reached every proxy: {out}");
+    assert_eq!(n("propagated"), n("acknowledged"), "{out}");
+    assert_eq!(n("proxy_errors"), 0.0, "{out}");
     assert_eq!(want.len(), 2, "two services with instances: {want:?}");
-    for (i, view) in report.final_endpoints.iter().enumerate() {
-        let have: BTreeMap<String, BTreeSet<SocketAddr>> =
-            view.iter().filter(|(_, a)| !a.is_empty()).map(|(c, a)| (c.clone(), a.iter().copied().collect())).collect();
-        assert_eq!(&have, want, "proxy bench-{i} ends with the store's instances");
-    }
-    assert_eq!(report.mismatched_proxies, 0, "{:?}", report.first_mismatch);
-    let (eds, _) = report.received.of(lodestar::xds::resources::ResourceType::Endpoint);
-    assert!(eds >= 5, "the proxies received EDS during the churn");
+    let instances: usize = want.values().map(BTreeSet::len).sum();
+    assert_eq!(n("store_instances"), instances as f64, "the bench compared with the store's instances: {want:?}\n{out}");
+    assert_eq!((n("proxies"), n("matching_proxies")), (5.0, 5.0), "every proxy ends with the store's instances: {out}");
+    assert!(n("eds_responses") >= 5.0, "the proxies received EDS during the churn: {out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,17 +56,16 @@ async fn churn_bench_converges_and_proxies_match_the_store() {
 
     let mut delta: Vec<&str> = tiny.to_vec();
     delta.extend(["--protocol", "delta", "--xds", &xds]);
-    let report = run(&delta, &api).await;
-    check(&report, &store(&cluster, &api).await);
-    let cpu = &report.cpu[0];
-    assert!(cpu.pid.is_some() && cpu.error.is_none() && cpu.churn_pct.is_some(), "{cpu:?}");
+    let (report, out) = run(&api, &delta).await;
+    check(&report, &out, &store(&cluster, &api).await);
+    number(&report, "replica_cpu_pct"); // the replica's CPU was read from /proc
 
     // Again, state of the world, xDS addresses from the cluster: the first
     // run's instances are replaced.
     let mut sotw: Vec<&str> = tiny.to_vec();
     sotw.extend(["--protocol", "sotw"]);
-    let report = run(&sotw, &api).await;
-    check(&report, &store(&cluster, &api).await);
+    let (report, out) = run(&api, &sotw).await;
+    check(&report, &out, &store(&cluster, &api).await);
     let names: BTreeSet<String> = common::get_json(&cluster.http, &format!("{api}/v1/resources/instances?namespace=default")).await.1["items"]
         .as_array()
         .unwrap()

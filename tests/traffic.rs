@@ -755,12 +755,7 @@ async fn ingress_gateway_routes_to_a_mesh_service() {
     // Applied with the CLI this time.
     let file = fx.tmp.path().join("gateway.yaml");
     std::fs::write(&file, &yaml).unwrap();
-    let out = std::process::Command::new(common::BIN)
-        .args(["--server", &fx.api(1), "apply", "-f"])
-        .arg(&file)
-        .env_remove("LODESTAR_SERVER")
-        .output()
-        .expect("lodestar apply");
+    let out = common::cli_command().args(["--server", &fx.api(1), "apply", "-f"]).arg(&file).env_remove("LODESTAR_SERVER").output().expect("lodestar apply");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "lodestar apply: {stderr}");
     let rev: u64 = stderr.lines().find_map(|l| l.strip_prefix("revision ")).and_then(|v| v.trim().parse().ok()).expect("revision in the CLI output");

@@ -84,20 +84,16 @@ impl InProcess {
             heartbeat_ms: 50,
             election_timeout_min_ms: 200,
             election_timeout_max_ms: 400,
+            tls_ca_file: Some(common::test_ca().ca_file.clone()),
+            tls_ca_key_file: Some(common::test_ca().ca_key_file.clone()),
+            user_client_config: None,
             ..Default::default()
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(lodestar::server::run_with(config, generator, async move {
             let _ = stopped.await;
         }));
-        let r = InProcess {
-            api: format!("http://{ip}:7000"),
-            xds: format!("{ip}:7002"),
-            http: reqwest::Client::new(),
-            stop: Some(stop),
-            task: Some(task),
-            _dir: dir,
-        };
+        let r = InProcess { api: format!("https://{ip}:7000"), xds: format!("{ip}:7002"), http: common::http(), stop: Some(stop), task: Some(task), _dir: dir };
         let deadline = Instant::now() + BOUND;
         loop {
             let ready = r.http.get(format!("{}/readyz", r.api)).timeout(Duration::from_secs(2)).send().await;
@@ -397,8 +393,7 @@ fn dnames(r: &DeltaDiscoveryResponse) -> Vec<String> {
 }
 
 async fn channel(xds: &str) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{xds}")).unwrap().connect().await.expect("connect to the xDS port");
-    AggregatedDiscoveryServiceClient::new(ch)
+    AggregatedDiscoveryServiceClient::new(common::grpc_channel(1, xds))
 }
 
 struct Client<Req, Resp> {

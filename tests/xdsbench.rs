@@ -1,37 +1,15 @@
-//! `lodestar bench xds` end to end through the CLI, with tiny numbers,
-//! against a replica process: the convergence and idle scenarios succeed
-//! and print their figures (the `result:` lines parse). No timing checks.
+//! `lodestar-bench xds` end to end, with tiny numbers, against a replica
+//! process: the convergence and idle scenarios succeed and print their
+//! figures (the `result:` lines parse). No timing checks.
 
 mod common;
 
-use std::collections::BTreeMap;
+use common::{number, results};
 
-/// The `result:` lines of a run's output, as key → value maps.
-fn results(out: &str) -> Vec<BTreeMap<String, String>> {
-    out.lines()
-        .filter_map(|l| l.strip_prefix("result: "))
-        .map(|l| l.split_whitespace().map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).expect("key=value")).collect())
-        .collect()
-}
-
-fn number(r: &BTreeMap<String, String>, key: &str) -> f64 {
-    let v = r.get(key).unwrap_or_else(|| panic!("no {key} in {r:?}"));
-    v.parse().unwrap_or_else(|_| panic!("{key}={v} is not a number"))
-}
-
-async fn bench(api: &str, args: Vec<String>) -> String {
-    let api = api.to_string();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        let mut all = vec!["bench".to_string(), "xds".to_string()];
-        all.extend(args);
-        common::cli(&api, &all.iter().map(String::as_str).collect::<Vec<_>>())
-    })
-    .await
-    .unwrap();
-    println!("{out}");
-    assert!(ok, "bench xds failed:\n{out}\n{err}");
-    assert!(out.lines().any(|l| l.starts_with("command: ") && l.contains("bench xds")), "the command line is printed:\n{out}");
-    out
+async fn bench(api: &str, args: &[&str]) -> String {
+    let mut all = vec!["xds"];
+    all.extend(args);
+    common::bench(api, &all).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,10 +18,9 @@ async fn xds_bench_convergence_and_idle_succeed_and_print_figures() {
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
     let pid = r.child.as_ref().unwrap().id().to_string();
-    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
 
     // xDS addresses asked from the cluster.
-    let out = bench(&api, s(&["--scenario", "convergence", "--proxies", "10", "--services", "20", "--repeat", "2", "--pid", &pid])).await;
+    let out = bench(&api, &["--scenario", "convergence", "--proxies", "10", "--services", "20", "--repeat", "2", "--pid", &pid]).await;
     let res = results(&out);
     assert_eq!(res.len(), 1, "{out}");
     let c = &res[0];
@@ -59,7 +36,7 @@ async fn xds_bench_convergence_and_idle_succeed_and_print_figures() {
 
     let out = bench(
         &api,
-        s(&["--scenario", "idle", "--proxies", "50", "--services", "20", "--xds", &xds, "--pid", &pid, "--hold", "0", "--streams-per-connection", "10"]),
+        &["--scenario", "idle", "--proxies", "50", "--services", "20", "--xds", &xds, "--pid", &pid, "--hold", "0", "--streams-per-connection", "10"],
     )
     .await;
     let res = results(&out);

@@ -45,7 +45,9 @@ impl GrpcApi {
     fn caller<T>(&self, req: &Request<T>, method: &str) -> Result<Caller, Status> {
         let acl = &self.replica.acl;
         let op = format!("/lodestar.api.v1.Lodestar/{method}");
-        let mut creds = Credentials { bearer: None, peer: req.extensions().get::<PeerIdentity>().cloned() };
+        let ext = req.extensions();
+        let conn = ext.get::<axum::extract::ConnectInfo<crate::tls::conn::ConnInfo>>().map(|c| &c.0).or_else(|| ext.get::<crate::tls::conn::ConnInfo>());
+        let mut creds = Credentials { bearer: None, peer: super::peer_identity(conn, ext.get::<PeerIdentity>()) };
         if let (Some(v), true) = (req.metadata().get("authorization"), acl.enabled) {
             let malformed = || status_of(Caller::refuse(acl, &op, "malformed authorization metadata: expected `Bearer <secret>`"));
             creds.bearer = Some(v.to_str().ok().and_then(|v| parse_bearer(v).ok()).ok_or_else(malformed)?);

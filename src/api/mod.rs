@@ -12,7 +12,7 @@ pub mod rest;
 
 use crate::auth::audit::AuditEvent;
 use crate::auth::token::{self, Minted, NewToken};
-use crate::auth::{Acl, AclIndex, Credentials, Permission, Principal, Target, Verb};
+use crate::auth::{Acl, AclIndex, Credentials, PeerIdentity, Permission, Principal, Target, Verb};
 use crate::error::{Code, Error, FieldError, Result};
 use crate::model::acl::GLOBAL_MANAGEMENT;
 use crate::model::kinds::CLUSTER_NAMESPACE;
@@ -25,6 +25,13 @@ use crate::store::Applied;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::Arc;
+
+/// The verified client-certificate identity of a request: the one the TLS
+/// layer found on its connection (`ConnInfo`, in the request's extensions;
+/// its first URI SAN, else DNS SAN), or a `PeerIdentity` put there directly.
+pub fn peer_identity(conn: Option<&crate::tls::conn::ConnInfo>, explicit: Option<&PeerIdentity>) -> Option<PeerIdentity> {
+    conn.and_then(|c| c.cert.as_ref()).map(|c| PeerIdentity(c.identity())).or_else(|| explicit.cloned())
+}
 
 /// Who is asking, once authenticated; checks each permission a request
 /// needs and writes the audit log. With ACLs off every check passes and

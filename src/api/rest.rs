@@ -73,7 +73,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Caller> {
         let acl = parts.extensions.get::<Arc<Acl>>().cloned().ok_or_else(|| Error::internal("the router has no ACL state"))?;
         let op = format!("{} {}", parts.method, parts.extensions.get::<axum::extract::MatchedPath>().map_or(parts.uri.path(), |p| p.as_str()));
-        let mut creds = Credentials { bearer: None, peer: parts.extensions.get::<PeerIdentity>().cloned() };
+        let conn = parts.extensions.get::<axum::extract::ConnectInfo<crate::tls::conn::ConnInfo>>().map(|c| &c.0);
+        let mut creds = Credentials { bearer: None, peer: super::peer_identity(conn, parts.extensions.get::<PeerIdentity>()) };
         if let (Some(v), true) = (parts.headers.get(header::AUTHORIZATION), acl.enabled) {
             let malformed = || Caller::refuse(&acl, &op, "malformed Authorization header: expected `Bearer <secret>`");
             creds.bearer = Some(v.to_str().ok().and_then(|v| parse_bearer(v).ok()).ok_or_else(malformed)?);

@@ -8,6 +8,10 @@
 //!   stream, and Envoy reconnects (with backoff) to the next one round-robin.
 //! - HTTP/2 is explicit on `xds-grpc`: without it Envoy silently never
 //!   connects to a gRPC server.
+//! - TLS to the xDS port whenever the CLI has the cluster's CA (from its
+//!   client config or `--ca-file`): the CA is inlined, and the server's
+//!   certificate must name a member (`member-<id>.lodestar`), so a proxy
+//!   talks to no one else the CA may have signed.
 //!
 //! It is a config file, not xDS, so it is plain JSON built with serde_json.
 
@@ -71,9 +75,9 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     }
 }
 
-pub async fn run(client: &Client, args: BootstrapArgs) -> Result<()> {
+pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> Result<()> {
     let servers = if args.xds_servers.is_empty() { member_xds_addrs(client).await? } else { args.xds_servers.clone() };
-    let doc = bootstrap(&args, &servers)?;
+    let doc = bootstrap(&args, &servers, ca_pem)?;
     match args.output {
         Format::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
         Format::Yaml => print!("{}", yaml_serde::to_string(&doc)?),
@@ -113,8 +117,9 @@ fn socket_address(host: &str, port: u16) -> Value {
     json!({"socket_address": {"address": host, "port_value": port}})
 }
 
-/// The bootstrap document for `args`, connecting to `xds_servers`.
-pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String]) -> Result<Value> {
+/// The bootstrap document for `args`, connecting to `xds_servers`, over
+/// TLS checked against `ca_pem` when given.
+pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&str>) -> Result<Value> {
     let kind = match args.node_type {
         NodeType::Sidecar => ProxyKind::Sidecar,
         NodeType::Router => ProxyKind::Router,
@@ -153,6 +158,21 @@ pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String]) -> Result<Value> 
     });
     if !all_ips {
         xds_cluster["dns_lookup_family"] = json!("V4_PREFERRED");
+    }
+    if let Some(ca) = ca_pem {
+        xds_cluster["transport_socket"] = json!({
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "common_tls_context": {
+                    "alpn_protocols": ["h2"],
+                    "validation_context": {
+                        "trusted_ca": {"inline_string": ca},
+                        "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"safe_regex": {"regex": r"^member-[0-9]+\.lodestar$"}}}]
+                    }
+                }
+            }
+        });
     }
 
     Ok(json!({
@@ -202,7 +222,7 @@ mod tests {
     #[test]
     fn sidecar_with_every_replica() {
         let a = args(&["--name", "reviews-v2", "--namespace", "bookinfo", "--ip", "127.0.0.7", "--label", "app=reviews", "--label", "version=v2"]);
-        let b = bootstrap(&a, &["127.0.0.1:8472".into(), "127.0.0.2:8472".into()]).unwrap();
+        let b = bootstrap(&a, &["127.0.0.1:8472".into(), "127.0.0.2:8472".into()], None).unwrap();
         assert_eq!(b["node"]["id"], "sidecar~127.0.0.7~reviews-v2.bookinfo~bookinfo.svc.cluster.local");
         assert_eq!(b["node"]["cluster"], "reviews-v2.bookinfo");
         assert_eq!(b["node"]["metadata"]["LABELS"]["version"], "v2");
@@ -223,21 +243,24 @@ mod tests {
     #[test]
     fn router_delta_and_names() {
         let a = args(&["--name", "ingress", "--namespace", "istio-system", "--node-type", "router", "--delta", "--domain-suffix", "example.org"]);
-        let b = bootstrap(&a, &["localhost:8472".into(), "[::1]:8472".into()]).unwrap();
+        let b = bootstrap(&a, &["localhost:8472".into(), "[::1]:8472".into()], Some("CA PEM")).unwrap();
         assert_eq!(b["node"]["id"], "router~127.0.0.1~ingress.istio-system~istio-system.svc.example.org");
         assert_eq!(b["dynamic_resources"]["ads_config"]["api_type"], "DELTA_GRPC");
         let cluster = &b["static_resources"]["clusters"][0];
         assert_eq!(cluster["type"], "STRICT_DNS");
         assert_eq!(cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][1]["endpoint"]["address"]["socket_address"]["address"], "::1");
+        let tls = &cluster["transport_socket"]["typed_config"]["common_tls_context"];
+        assert_eq!(tls["validation_context"]["trusted_ca"]["inline_string"], "CA PEM");
+        assert_eq!(tls["alpn_protocols"][0], "h2");
     }
 
     #[test]
     fn bad_input_is_named() {
         let a = args(&["--name", "x", "--ip", "not-an-ip"]);
-        assert!(bootstrap(&a, &["127.0.0.1:1".into()]).unwrap_err().to_string().contains("not-an-ip"));
+        assert!(bootstrap(&a, &["127.0.0.1:1".into()], None).unwrap_err().to_string().contains("not-an-ip"));
         let a = args(&["--name", "x"]);
-        assert!(bootstrap(&a, &["127.0.0.1".into()]).unwrap_err().to_string().contains("HOST:PORT"));
-        assert!(bootstrap(&a, &[]).is_err());
+        assert!(bootstrap(&a, &["127.0.0.1".into()], None).unwrap_err().to_string().contains("HOST:PORT"));
+        assert!(bootstrap(&a, &[], None).is_err());
         assert!(parse_label("novalue").is_err());
     }
 }

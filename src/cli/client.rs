@@ -1,47 +1,115 @@
 //! A small REST client for the CLI, with server errors rendered for people.
 
-use crate::config::DEFAULT_SERVER_URL;
-use anyhow::{anyhow, Result};
+use crate::config::{expand_home, ClientConfig, DEFAULT_SERVER_URL};
+use anyhow::{anyhow, Context, Result};
 use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// How the CLI reaches a cluster: `--server`, `--ca-file` and `--token`
+/// (or their environment variables) over the client config file
+/// (`--client-config`, `LODESTAR_CONFIG`, else `~/.config/lodestar/client.toml`,
+/// else `./lodestar-data/client.toml`: what `lodestar server` writes on
+/// its first start).
+#[derive(Clone, Default)]
+pub struct Access {
+    pub server: Option<String>,
+    /// The CA bundle (PEM) servers' certificates are checked against.
+    pub ca_pem: Option<String>,
+    pub token: Option<String>,
+}
+
+/// Where the CLI looks for its client config when none is named.
+pub fn default_config_paths() -> Vec<PathBuf> {
+    vec![expand_home(Path::new("~/.config/lodestar/client.toml")), PathBuf::from("./lodestar-data/client.toml")]
+}
+
+impl Access {
+    pub fn resolve(server: Option<String>, config: Option<PathBuf>, ca_file: Option<PathBuf>, token: Option<String>) -> Result<Access> {
+        let file = match config {
+            Some(path) => Some(read_client_config(&path)?),
+            None => default_config_paths().into_iter().find(|p| p.exists()).map(|p| read_client_config(&p)).transpose()?,
+        }
+        .unwrap_or_default();
+        let ca_pem = match ca_file {
+            Some(path) => Some(std::fs::read_to_string(&path).with_context(|| format!("reading the CA file {}", path.display()))?),
+            None => Some(file.ca_pem).filter(|p| !p.is_empty()),
+        };
+        Ok(Access { server: server.or(Some(file.server).filter(|s| !s.is_empty())), ca_pem, token: token.or(file.token) })
+    }
+
+    /// A REST client for `server` (default: this access's server).
+    pub fn client(&self, server: Option<&str>) -> Result<Client> {
+        let base = server.map(str::to_string).or_else(|| self.server.clone()).unwrap_or_else(|| DEFAULT_SERVER_URL.to_string());
+        let base = base.trim_end_matches('/').to_string();
+        // A bare address: TLS unless there is no CA to check it with.
+        let base = if base.contains("://") {
+            base
+        } else if self.ca_pem.is_some() {
+            format!("https://{base}")
+        } else {
+            format!("http://{base}")
+        };
+        Ok(Client { base, http: self.http()?, token: self.token.clone() })
+    }
+
+    /// An HTTP client trusting the CA (and only it) when there is one.
+    pub fn http(&self) -> Result<reqwest::Client> {
+        let mut builder = reqwest::Client::builder().tcp_nodelay(true);
+        if let Some(pem) = &self.ca_pem {
+            for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes()).context("the CA bundle")? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        Ok(builder.build()?)
+    }
+}
+
+fn read_client_config(path: &Path) -> Result<ClientConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the client config {}", path.display()))?;
+    ClientConfig::from_toml(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+}
 
 pub struct Client {
     base: String,
     http: reqwest::Client,
-    /// Sent as `Authorization: Bearer` with every request (ACLs).
     token: Option<String>,
 }
 
 impl Client {
-    pub fn new(server: Option<String>) -> Client {
-        let base = server.unwrap_or_else(|| DEFAULT_SERVER_URL.to_string()).trim_end_matches('/').to_string();
-        let base = if base.contains("://") { base } else { format!("http://{base}") };
-        Client { base, http: reqwest::Client::new(), token: None }
-    }
-
-    /// The same client, sending this token (`cli::credential`).
-    pub fn with_token(mut self, token: Option<String>) -> Client {
-        self.token = token;
-        self
-    }
-
-    /// A client for another replica, with the same credential.
-    pub fn at(&self, server: String) -> Client {
-        Client::new(Some(server)).with_token(self.token.clone())
-    }
-
-    fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.token {
-            Some(t) => req.bearer_auth(t),
-            None => req,
-        }
+    /// Another replica, reached the same way.
+    pub fn with_server(&self, server: &str) -> Client {
+        let scheme = self.base.split("://").next().unwrap_or("https");
+        let base = if server.contains("://") { server.trim_end_matches('/').to_string() } else { format!("{scheme}://{server}") };
+        Client { base, http: self.http.clone(), token: self.token.clone() }
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
 
+    /// Every request carries the token, if there is one.
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let req = self.http.request(method, self.url(path));
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
+        // reqwest puts the TLS cause (an unknown CA, a name mismatch) in
+        // the source chain, not in the top message.
+        let mut msg = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            msg = format!("{msg}: {s}");
+            source = s.source();
+        }
+        anyhow!("cannot reach {}: {msg}", self.base)
+    }
+
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value> {
-        let resp = self.authed(req).send().await.map_err(|e| anyhow!("cannot reach {}: {e}", self.base))?;
+        let resp = req.send().await.map_err(|e| self.unreachable(e))?;
         let status = resp.status();
         let text = resp.text().await?;
         let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
@@ -52,11 +120,11 @@ impl Client {
     }
 
     pub async fn get(&self, path: &str) -> Result<Value> {
-        self.send(self.http.get(self.url(path))).await
+        self.send(self.request(reqwest::Method::GET, path)).await
     }
     /// GET a binary body (a backup file).
     pub async fn get_bytes(&self, path: &str) -> Result<Vec<u8>> {
-        let resp = self.authed(self.http.get(self.url(path))).send().await.map_err(|e| anyhow!("cannot reach {}: {e}", self.base))?;
+        let resp = self.request(reqwest::Method::GET, path).send().await.map_err(|e| self.unreachable(e))?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(|e| anyhow!("reading the answer of {}: {e}", self.base))?;
         if status.is_success() {
@@ -68,16 +136,16 @@ impl Client {
     }
     /// GET, whatever the status: (status, JSON body).
     pub async fn get_any(&self, path: &str) -> Result<(u16, Value)> {
-        let resp = self.authed(self.http.get(self.url(path))).send().await.map_err(|e| anyhow!("cannot reach {}: {e}", self.base))?;
+        let resp = self.request(reqwest::Method::GET, path).send().await.map_err(|e| self.unreachable(e))?;
         let status = resp.status().as_u16();
         let text = resp.text().await?;
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
     }
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        self.send(self.http.post(self.url(path)).json(body)).await
+        self.send(self.request(reqwest::Method::POST, path).json(body)).await
     }
     pub async fn delete(&self, path: &str) -> Result<Value> {
-        self.send(self.http.delete(self.url(path))).await
+        self.send(self.request(reqwest::Method::DELETE, path)).await
     }
 }
 

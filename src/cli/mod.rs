@@ -1,18 +1,14 @@
 //! The `lodestar` command line: `server`, the kubectl-style client commands,
-//! cluster management, backups (`snapshot`), and benchmarks. Client commands
+//! cluster management and backups (`snapshot`). Client commands
 //! use the REST API of whichever replica `--server` (or `LODESTAR_SERVER`)
-//! names, with the token `credential` picks.
+//! names, with the credential `client::Access` picks.
 
 mod acl;
-pub mod adsclient;
-mod bench;
 mod bootstrap;
-pub mod churn;
-mod client;
+pub mod client;
 mod proxy;
 mod registry;
 mod snapshot;
-pub mod xdsbench;
 
 use crate::config::{Member, ServerConfig};
 use crate::model::documents::parse_documents;
@@ -26,12 +22,19 @@ use std::path::{Path, PathBuf};
 #[derive(Parser)]
 #[command(name = "lodestar", version, about = "Lodestar: an Envoy control plane for Istio traffic rules, without Kubernetes")]
 pub struct Cli {
-    /// API URL of any replica (default http://127.0.0.1:8470). `bench churn`
-    /// takes several: repeat it.
+    /// API URL of any replica (default http://127.0.0.1:8470).
     #[arg(long = "server", value_name = "URL", global = true, env = "LODESTAR_SERVER", action = clap::ArgAction::Append)]
     servers: Vec<String>,
-    /// The secret of an ACL token, sent as `Authorization: Bearer`.
-    #[arg(long, value_name = "SECRET", global = true, env = "LODESTAR_TOKEN", hide_env_values = true)]
+    /// Client config (server, CA, token), as `lodestar server` writes it on
+    /// first start; default ~/.config/lodestar/client.toml, else
+    /// ./lodestar-data/client.toml.
+    #[arg(long = "client-config", value_name = "FILE", global = true, env = "LODESTAR_CONFIG")]
+    client_config: Option<PathBuf>,
+    /// CA bundle (PEM) to check the server's certificate against.
+    #[arg(long, value_name = "FILE", global = true, env = "LODESTAR_CACERT")]
+    ca_file: Option<PathBuf>,
+    /// API token (default: the client config's).
+    #[arg(long, global = true, env = "LODESTAR_TOKEN", hide_env_values = true)]
     token: Option<String>,
     #[command(subcommand)]
     command: Command,
@@ -134,10 +137,50 @@ enum Command {
         #[command(subcommand)]
         command: snapshot::SnapshotCommand,
     },
-    /// Benchmarks against a running cluster.
-    Bench {
+    /// Certificates: a cluster CA for the members of a new cluster.
+    Tls {
         #[command(subcommand)]
-        command: bench::BenchCommand,
+        command: TlsCommand,
+    },
+    /// ACL tokens: create (the secret is shown once), list, read, revoke.
+    Token {
+        #[command(subcommand)]
+        command: acl::TokenCommand,
+    },
+    /// ACL policies: verbs over kinds and namespaces.
+    Policy {
+        #[command(subcommand)]
+        command: acl::PolicyCommand,
+    },
+    /// ACL roles: policies for tokens and client-certificate identities.
+    Role {
+        #[command(subcommand)]
+        command: acl::RoleCommand,
+    },
+    /// ACL setup (`bootstrap`: the first management token).
+    Acl {
+        #[command(subcommand)]
+        command: acl::AclCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TlsCommand {
+    /// Create a cluster CA (ca.pem, and ca-key.pem readable by its owner
+    /// only) in DIR, once. Give every member tls_ca_file = DIR/ca.pem and
+    /// tls_ca_key_file = DIR/ca-key.pem: each issues its own certificate
+    /// from it on first start.
+    Ca {
+        #[command(subcommand)]
+        command: CaCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CaCommand {
+    Create {
+        #[arg(long)]
+        dir: PathBuf,
     },
     /// ACL tokens: create (the secret is shown once), list, read, revoke.
     Token {
@@ -255,28 +298,27 @@ impl ServerArgs {
     }
 }
 
-/// The token client commands send: `--token`, else `LODESTAR_TOKEN`
-/// (clap reads both into the flag). The one place the CLI picks its
-/// credential.
-pub fn credential(flag: Option<String>) -> Option<String> {
-    flag.map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
-}
-
 pub async fn run(cli: Cli) -> Result<()> {
-    let Cli { servers, token, command } = cli;
-    let command = match command {
-        Command::Bench { command } => return bench::run(command, servers).await,
-        other => other,
-    };
+    let Cli { servers, client_config, ca_file, token, command } = cli;
     if servers.len() > 1 {
         bail!("--server given {} times; this command talks to one replica", servers.len());
     }
-    let client = Client::new(servers.into_iter().next()).with_token(credential(token));
     match command {
         Command::Server(args) => {
             let config = args.into_config()?;
-            crate::server::run(config, crate::server::shutdown_signal()).await
+            return crate::server::run(config, crate::server::shutdown_signal()).await;
         }
+        Command::Tls { command: TlsCommand::Ca { command: CaCommand::Create { dir } } } => {
+            crate::tls::pki::create_ca_dir(&dir, "Lodestar cluster CA")?;
+            println!("created a cluster CA in {} (ca.pem, ca-key.pem)", dir.display());
+            return Ok(());
+        }
+        _ => {}
+    }
+    let access = client::Access::resolve(servers.into_iter().next(), client_config, ca_file, token)?;
+    let client = access.client(None)?;
+    match command {
+        Command::Server(_) | Command::Tls { .. } => unreachable!("handled above"),
         Command::Apply { files, namespace, wait: w, timeout } => {
             let revision = apply(&client, &files, namespace.as_deref()).await?;
             if w {
@@ -302,8 +344,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::ProxyConfig { kind, proxy: p, output } => proxy::config(&client, kind, &p, output == Some(Output::Json)).await,
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,
-        Command::Bootstrap(args) => bootstrap::run(&client, args).await,
-        Command::Bench { .. } => unreachable!("handled above"),
+        Command::Bootstrap(args) => bootstrap::run(&client, access.ca_pem.as_deref(), args).await,
         Command::Snapshot { command } => snapshot::run(&client, command).await,
         Command::Token { command } => acl::token(&client, command).await,
         Command::Policy { command } => acl::policy(&client, command).await,

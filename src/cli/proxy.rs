@@ -18,7 +18,7 @@ pub enum ConfigType {
 async fn members(client: &Client) -> Result<Vec<(u64, Client)>> {
     let status = client.get("/v1/cluster").await?;
     let members = status["members"].as_array().ok_or_else(|| anyhow!("no members in the cluster status"))?;
-    Ok(members.iter().filter_map(|m| Some((m["id"].as_u64()?, client.at(m["info"]["api_addr"].as_str()?.to_string())))).collect())
+    Ok(members.iter().filter_map(|m| Some((m["id"].as_u64()?, client.with_server(m["info"]["api_addr"].as_str()?)))).collect())
 }
 
 /// One type's state on a stream, as istioctl shows it.

@@ -187,9 +187,9 @@ impl Node {
                     Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => self.wait_for_change(deadline).await,
                     Err(e) => return fail(batch, Error::unavailable(format!("raft: {e}"))),
                 },
-                Some((_, info)) => {
+                Some((leader, info)) => {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    match self.peers.forward(&info.raft_addr, &ForwardRequest::Write(cmd), left).await {
+                    match self.peers.forward(leader, &info.raft_addr, &ForwardRequest::Write(cmd), left).await {
                         Ok(Ok(ForwardReply::Write(results))) => return deliver(batch, Ok(results)),
                         Ok(Ok(_)) => self.wait_for_change(deadline).await,
                         Ok(Err(e)) => return fail(batch, e),
@@ -247,9 +247,9 @@ impl Node {
     pub async fn route(&self, req: &ForwardRequest, deadline: Instant) -> Result<Routed> {
         match self.leader() {
             Some((id, _)) if id == self.id => Ok(Routed::Here),
-            Some((_, info)) => {
+            Some((leader, info)) => {
                 let left = deadline.saturating_duration_since(Instant::now());
-                match self.peers.forward(&info.raft_addr, req, left).await {
+                match self.peers.forward(leader, &info.raft_addr, req, left).await {
                     Ok(Ok(ForwardReply::NotLeader(_))) | Err(PeerError::Unreachable { .. }) => Ok(Routed::Retry),
                     Ok(Ok(reply)) => Ok(Routed::Reply(reply)),
                     Ok(Err(e)) => Err(e),
@@ -374,7 +374,7 @@ impl Node {
             }
             let reply = match self.leader() {
                 Some((id, _)) if id == self.id => self.handle_forward(req.clone()).await?,
-                Some((_, info)) => match self.peers.forward(&info.raft_addr, &req, Duration::from_secs(60)).await {
+                Some((leader, info)) => match self.peers.forward(leader, &info.raft_addr, &req, Duration::from_secs(60)).await {
                     Ok(r) => r?,
                     Err(PeerError::Unreachable { .. }) => ForwardReply::NotLeader(None),
                     Err(e) => return Err(Error::unavailable(e.to_string())),

@@ -4,6 +4,7 @@
 
 use super::messages::{ForwardReply, ForwardRequest, NodeStatus};
 use crate::error::Error;
+use crate::store::types::NodeId;
 use futures::future::BoxFuture;
 use std::time::Duration;
 
@@ -18,12 +19,19 @@ pub enum PeerError {
     Failed { addr: String, msg: String },
 }
 
-/// Calls to another replica, by its raft address.
+/// Calls to another replica: member `id` at its raft address (with TLS, the
+/// transport checks that the peer's certificate names that member).
 pub trait Transport: Send + Sync + 'static {
     /// Send a request to another replica's node; the reply is that
     /// replica's answer (its own errors inside, transport errors outside).
-    fn forward<'a>(&'a self, addr: &'a str, req: &'a ForwardRequest, timeout: Duration) -> BoxFuture<'a, Result<Result<ForwardReply, Error>, PeerError>>;
+    fn forward<'a>(
+        &'a self,
+        id: NodeId,
+        addr: &'a str,
+        req: &'a ForwardRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Result<ForwardReply, Error>, PeerError>>;
 
     /// Another replica's status (`replica::Replica::local_status`).
-    fn status<'a>(&'a self, addr: &'a str, timeout: Duration) -> BoxFuture<'a, Result<NodeStatus, PeerError>>;
+    fn status<'a>(&'a self, id: NodeId, addr: &'a str, timeout: Duration) -> BoxFuture<'a, Result<NodeStatus, PeerError>>;
 }

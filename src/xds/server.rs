@@ -35,9 +35,7 @@ use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tonic::transport::server::TcpIncoming;
 use tonic::{Response, Status};
 
 /// Responses queued per stream before the stream task waits for the
@@ -102,7 +100,7 @@ impl Default for ServeOptions {
 /// `applied` is the store's applied-state channel
 /// (`StoreReader::subscribe_applied`); tests may drive one by hand.
 pub async fn serve(
-    listener: TcpListener,
+    incoming: crate::tls::conn::Incoming,
     applied: watch::Receiver<Arc<Applied>>,
     generator: Arc<dyn Generator>,
     registry: SyncRegistry,
@@ -111,12 +109,12 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let service = AdsService::new(applied, generator, registry, options, shutdown.clone());
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(service.into_server())
-        // With an incoming stream tonic ignores the builder's tcp_nodelay.
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), stopped(shutdown))
+        // `Incoming` sets TCP_NODELAY (tonic ignores its builder's with an
+        // incoming stream) and does the TLS handshakes.
+        .serve_with_incoming_shutdown(incoming.into_stream(), stopped(shutdown))
         .await
 }
 

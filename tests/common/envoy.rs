@@ -12,7 +12,6 @@
 //! panics.
 #![allow(dead_code)]
 
-use super::BIN;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -81,7 +80,7 @@ impl EnvoyOptions {
 
 /// Run `lodestar bootstrap` and return its YAML.
 pub fn bootstrap_yaml(o: &EnvoyOptions) -> String {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = super::cli_command();
     cmd.arg("bootstrap")
         .args(["--name", &o.name, "--namespace", &o.namespace, "--ip", &o.ip, "--node-type", &o.node_type])
         .args(["--admin-port", &o.admin_port.to_string()]);

@@ -33,7 +33,7 @@ impl Fixture {
     pub async fn start(replicas: u64) -> Fixture {
         super::envoy::envoy_binary();
         let cluster = Cluster::start(replicas, "").await;
-        let client = reqwest::Client::builder().no_proxy().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+        let client = super::http_builder().no_proxy().redirect(reqwest::redirect::Policy::none()).build().unwrap();
         Fixture { cluster, prefix: loopback_prefix(), tmp: tempfile::tempdir().unwrap(), client }
     }
 

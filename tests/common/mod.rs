@@ -15,6 +15,78 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lodestar");
+/// The load generators' binary (`src/bin/lodestar-bench`).
+pub const BENCH_BIN: &str = env!("CARGO_BIN_EXE_lodestar-bench");
+
+/// The cluster CA of this test process: every replica a test starts gets
+/// its certificate from it (`tls_ca_file`, `tls_ca_key_file`), and every
+/// client trusts it. Also a client config holding it, for the CLI.
+pub struct TestCa {
+    pub dir: PathBuf,
+    pub ca_file: PathBuf,
+    pub ca_key_file: PathBuf,
+    pub client_config: PathBuf,
+    pub ca_pem: String,
+}
+
+pub fn test_ca() -> &'static TestCa {
+    static CA: std::sync::OnceLock<TestCa> = std::sync::OnceLock::new();
+    CA.get_or_init(|| {
+        let dir = tempfile::Builder::new().prefix("lodestar-test-ca").tempdir().unwrap().keep();
+        lodestar::tls::pki::create_ca_dir(&dir, "Lodestar test CA").unwrap();
+        let ca_file = dir.join(lodestar::tls::pki::CA_CERT);
+        let ca_pem = std::fs::read_to_string(&ca_file).unwrap();
+        let client_config = dir.join("client.toml");
+        let config = lodestar::config::ClientConfig { server: String::new(), ca_pem: ca_pem.clone(), token: None };
+        std::fs::write(&client_config, config.to_toml()).unwrap();
+        TestCa { ca_key_file: dir.join(lodestar::tls::pki::CA_KEY), ca_file, client_config, ca_pem, dir }
+    })
+}
+
+/// The settings that put a replica on the test CA (and keep it from
+/// writing a client config into the home directory).
+pub fn tls_toml() -> String {
+    let ca = test_ca();
+    format!("tls_ca_file = {:?}\ntls_ca_key_file = {:?}\nuser_client_config = \"\"\n", ca.ca_file, ca.ca_key_file)
+}
+
+/// An HTTP client that trusts the test CA (and only it).
+pub fn http() -> reqwest::Client {
+    http_builder().build().unwrap()
+}
+
+pub fn http_builder() -> reqwest::ClientBuilder {
+    let mut b = reqwest::Client::builder();
+    for cert in reqwest::Certificate::from_pem_bundle(test_ca().ca_pem.as_bytes()).unwrap() {
+        b = b.add_root_certificate(cert);
+    }
+    b
+}
+
+/// The `lodestar` CLI, set up to trust the test CA.
+pub fn cli_command() -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("LODESTAR_CONFIG", &test_ca().client_config);
+    cmd
+}
+
+/// The gRPC client API of the replica whose REST API is `api_url`
+/// (`https://127.A.B.N:PORT`: member N).
+pub fn grpc_api(api_url: &str) -> lodestar::proto::api::lodestar_client::LodestarClient<tonic::transport::Channel> {
+    let addr = api_url.trim_start_matches("https://");
+    let id = addr.split(':').next().and_then(|ip| ip.rsplit('.').next()).and_then(|n| n.parse().ok()).expect("a test replica's API URL");
+    lodestar::proto::api::lodestar_client::LodestarClient::new(grpc_channel(id, addr))
+}
+
+/// A gRPC channel to member `id`'s xDS or API port at `addr`, over TLS
+/// checked against the test CA (the certificate must name that member).
+pub fn grpc_channel(id: u64, addr: &str) -> tonic::transport::Channel {
+    let roots = lodestar::tls::roots_from_pem(&test_ca().ca_file).unwrap();
+    let config = lodestar::tls::client_config(roots, None).unwrap();
+    let source = std::sync::Arc::new(lodestar::tls::ClientTlsSource::Fixed(std::sync::Arc::new(config)));
+    let connector = lodestar::tls::PeerConnector::new(Some(source), &lodestar::tls::pki::member_name(id)).unwrap();
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_with_connector_lazy(connector)
+}
 
 pub struct Replica {
     pub id: u64,
@@ -32,7 +104,7 @@ impl Replica {
     }
 
     pub fn api(&self) -> String {
-        format!("http://{}:7000", self.ip)
+        format!("https://{}:7000", self.ip)
     }
     pub fn api_addr(&self) -> String {
         format!("{}:7000", self.ip)
@@ -130,7 +202,7 @@ impl Cluster {
             })
             .collect();
         let members: Vec<String> = replicas.iter().map(|r| r.member_flag()).collect();
-        Cluster { tmp, replicas, http: reqwest::Client::new(), prefix, members }
+        Cluster { tmp, replicas, http: http(), prefix, members }
     }
 
     /// The `--initial-member` flags of the founding replicas.
@@ -312,7 +384,8 @@ fn unsafe_sigterm(pid: u32) {
 fn spawn(r: &mut Replica, members: &[String]) {
     std::fs::create_dir_all(&r.dir).unwrap();
     let config = r.dir.join("lodestar.toml");
-    std::fs::write(&config, format!("heartbeat_ms = 100\nelection_timeout_min_ms = 600\nelection_timeout_max_ms = 1200\n{}\n", r.extra_toml)).unwrap();
+    std::fs::write(&config, format!("heartbeat_ms = 100\nelection_timeout_min_ms = 600\nelection_timeout_max_ms = 1200\n{}{}\n", tls_toml(), r.extra_toml))
+        .unwrap();
     let log = std::fs::OpenOptions::new().create(true).append(true).open(r.dir.join("replica.log")).unwrap();
     let mut cmd = Command::new(BIN);
     cmd.arg("server")
@@ -364,6 +437,38 @@ pub async fn get_json(http: &reqwest::Client, url: &str) -> (u16, Value) {
 
 /// Run the `lodestar` CLI against `server`: (success, stdout, stderr).
 pub fn cli(server: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN).arg("--server").arg(server).args(args).output().unwrap();
+    let out = cli_command().arg("--server").arg(server).args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Run `lodestar-bench --server SERVER ARGS...` and return its stdout
+/// (echoed for the test's log), after checking that it succeeded and
+/// printed its command line.
+pub async fn bench(server: &str, args: &[&str]) -> String {
+    let out =
+        tokio::process::Command::new(BENCH_BIN).env("LODESTAR_CONFIG", &test_ca().client_config).arg("--server").arg(server).args(args).output().await.unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    println!("{stdout}");
+    let what = format!("lodestar-bench {}", args.first().copied().unwrap_or_default());
+    assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
+    let command = format!(" {}", args.join(" "));
+    assert!(
+        stdout.lines().any(|l| l.starts_with("command: ") && l.contains("lodestar-bench") && l.contains(&command)),
+        "{what} prints its command line:\n{stdout}"
+    );
+    stdout
+}
+
+/// The `result:` lines of a bench's output, as key → value maps.
+pub fn results(out: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("result: "))
+        .map(|l| l.split_whitespace().map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).expect("key=value")).collect())
+        .collect()
+}
+
+/// A `result:` value that must be a number.
+pub fn number(r: &std::collections::BTreeMap<String, String>, key: &str) -> f64 {
+    let v = r.get(key).unwrap_or_else(|| panic!("no {key} in {r:?}"));
+    v.parse().unwrap_or_else(|_| panic!("{key}={v} is not a number"))
 }

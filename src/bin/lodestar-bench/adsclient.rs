@@ -15,16 +15,15 @@
 //! config (CDS, LDS, and every EDS and RDS resource they call for); its
 //! EDS and RDS subscriptions; and, per EDS cluster, the endpoint
 //! addresses it currently has. Each response is reported to an
-//! [`Observer`] (arrival and ACK times, type, size, version, the
-//! resources' encoded bytes, and for EDS which addresses each cluster
-//! gained and lost); observers aggregate across proxies.
+//! [`Observer`] (ACK time, type, version, the resources' encoded bytes,
+//! and for EDS which addresses each cluster gained and lost); observers
+//! aggregate across proxies.
 //!
 //! Each proxy opens its own HTTP/2 connection, as Envoy does, unless its
 //! spec carries a shared [`Channel`] ([`connect_all_shared`]: many
 //! streams per connection, so that tens of thousands of streams need only
 //! hundreds of sockets).
 
-use crate::xds::resources::ResourceType;
 use anyhow::{anyhow, Context, Result};
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{ClusterDiscoveryType, DiscoveryType};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -35,6 +34,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource};
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
+use lodestar::xds::resources::ResourceType;
 use prost::{Message, Name};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -112,13 +112,9 @@ pub struct EndpointChange {
 pub struct Update<'a> {
     pub proxy: usize,
     pub kind: ResourceType,
-    /// When the response arrived.
-    pub received: Instant,
     /// When its ACK, and the subscription changes it caused, were handed
     /// to the request stream.
     pub acked: Instant,
-    /// The response's encoded (protobuf) size.
-    pub bytes: usize,
     /// `version_info` (SotW) or `system_version_info` (delta).
     pub version: &'a str,
     /// The encoded (protobuf) bytes of each resource the response carries.
@@ -183,12 +179,11 @@ pub struct Proxy {
     task: JoinHandle<BTreeMap<String, Addrs>>,
 }
 
-/// A stopped proxy: its final endpoints (EDS cluster → addresses) and counts.
+/// A stopped proxy: its final endpoints (EDS cluster → addresses).
 #[derive(Debug, Clone)]
 pub struct Final {
     pub index: usize,
     pub endpoints: BTreeMap<String, Addrs>,
-    pub counts: Counts,
     /// Set when the stream had ended (server gone, stream error) or the
     /// task could not be stopped cleanly.
     pub error: Option<String>,
@@ -268,7 +263,6 @@ impl Proxy {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
-        let counts = self.counts();
         let (endpoints, stop_error) = match tokio::time::timeout(STOP_TIMEOUT, &mut self.task).await {
             Ok(Ok(endpoints)) => (endpoints, None),
             Ok(Err(e)) => (BTreeMap::new(), Some(format!("the stream task failed: {e}"))),
@@ -277,15 +271,13 @@ impl Proxy {
                 (BTreeMap::new(), Some(format!("the stream task did not stop within {STOP_TIMEOUT:?}")))
             }
         };
-        Final { index: self.index, endpoints, counts, error: self.error().or(stop_error) }
+        Final { index: self.index, endpoints, error: self.error().or(stop_error) }
     }
 }
 
 /// One HTTP/2 connection to an xDS address, HOST:PORT or a URL.
 pub async fn connect_channel(xds: &str) -> Result<Channel> {
-    let url = if xds.contains("://") { xds.to_string() } else { format!("http://{xds}") };
-    let channel = tonic::transport::Endpoint::from_shared(url)?.tcp_nodelay(true).connect_timeout(OPEN_TIMEOUT).connect().await?;
-    Ok(channel)
+    crate::grpc(xds, OPEN_TIMEOUT).await
 }
 
 /// Connect `specs`, each proxy on its own connection, at most `parallel`
@@ -432,7 +424,6 @@ impl<V: Variant> State<V> {
                     break;
                 }
             };
-            let received = Instant::now();
             let bytes = resp.encoded_len();
             changes.clear();
             let Some((kind, version)) = self.variant.on_response(&mut self.view, &resp, &mut changes) else { continue };
@@ -444,7 +435,7 @@ impl<V: Variant> State<V> {
             self.shared.responses[kind as usize].fetch_add(1, Ordering::Relaxed);
             self.shared.bytes[kind as usize].fetch_add(bytes as u64, Ordering::Relaxed);
             let resources = V::resources(&resp);
-            self.observer.update(&Update { proxy: self.index, kind, received, acked, bytes, version: &version, resources: &resources, endpoints: &changes });
+            self.observer.update(&Update { proxy: self.index, kind, acked, version: &version, resources: &resources, endpoints: &changes });
         }
         self.view.endpoints
     }

@@ -1,8 +1,8 @@
-//! `lodestar bench churn`: endpoint churn under simulated Envoys.
+//! `lodestar-bench churn`: endpoint churn under simulated Envoys.
 //!
 //! Setup: S registry Services (`churn-0` ..), I Instances each, all
 //! labelled `bench.lodestar.io/churn=true` (leftovers of an earlier run are
-//! deleted first); then P simulated proxies ([`super::adsclient`]) connect,
+//! deleted first); then P simulated proxies ([`crate::adsclient`]) connect,
 //! spread over the xDS addresses, and the bench waits until every proxy has
 //! every initial endpoint.
 //!
@@ -35,12 +35,12 @@
 //!
 //! Finally the proxies' endpoints are compared with the store's instances.
 
-use super::adsclient::{self, Counts, Observer, Protocol, Proxy, ProxySpec, Update};
-use crate::proto::api::lodestar_client::LodestarClient;
-use crate::proto::api::{ApplyItem, ApplyRequest, ClusterStatusRequest, DeleteRequest, ListRequest, ResourceRef};
-use crate::xds::resources::ResourceType;
+use crate::adsclient::{self, Counts, Observer, Protocol, Proxy, ProxySpec, Update};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{value_parser, Args};
+use lodestar::proto::api::lodestar_client::LodestarClient;
+use lodestar::proto::api::{ApplyItem, ApplyRequest, ClusterStatusRequest, DeleteRequest, ListRequest, ResourceRef};
+use lodestar::xds::resources::ResourceType;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -103,14 +103,6 @@ pub struct ChurnArgs {
     /// Seconds to wait after the churn for changes to reach every proxy.
     #[arg(long, default_value_t = 10, value_parser = value_parser!(u64).range(1..=600))]
     pub drain: u64,
-}
-
-impl ChurnArgs {
-    /// Parse `bench churn` flags (and `--server`), e.g. for tests.
-    pub fn from_args<I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(args: I) -> Result<ChurnArgs, clap::Error> {
-        let (servers, a) = super::bench::parse_standalone::<ChurnArgs, _, _>("churn", args)?;
-        Ok(ChurnArgs { servers, ..a })
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -369,7 +361,7 @@ struct Written {
     first_error: Option<String>,
 }
 
-pub(super) fn status_text(s: tonic::Status) -> anyhow::Error {
+pub(crate) fn status_text(s: tonic::Status) -> anyhow::Error {
     anyhow!("{}: {}", s.code(), s.message())
 }
 
@@ -447,23 +439,9 @@ impl Churn {
 // ---------------------------------------------------------------------------
 // API helpers.
 
-fn base_url(server: &str) -> String {
-    let s = server.trim_end_matches('/');
-    if s.contains("://") {
-        s.to_string()
-    } else {
-        format!("http://{s}")
-    }
-}
-
-pub(super) async fn api_client(server: &str) -> Result<LodestarClient<Channel>> {
-    let base = base_url(server);
-    let ch = Channel::from_shared(base.clone())?
-        .tcp_nodelay(true)
-        .connect_timeout(WRITE_TIMEOUT)
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {base}"))?;
+pub(crate) async fn api_client(server: &str) -> Result<LodestarClient<Channel>> {
+    let base = crate::base_url(server);
+    let ch = crate::grpc(&base, WRITE_TIMEOUT).await.with_context(|| format!("connecting to {base}"))?;
     Ok(LodestarClient::new(ch).max_decoding_message_size(256 * 1024 * 1024))
 }
 
@@ -474,7 +452,8 @@ async fn list_labelled(client: &mut LodestarClient<Channel>, kind: &str) -> Resu
     r.resources_json.iter().map(|j| serde_json::from_str(j).context("a listed resource is not JSON")).collect()
 }
 
-async fn apply_all(client: &mut LodestarClient<Channel>, docs: Vec<Value>) -> Result<u64> {
+/// Apply `docs`, SETUP_CHUNK per request; the highest revision answered.
+pub(crate) async fn apply_all(client: &mut LodestarClient<Channel>, docs: &[Value]) -> Result<u64> {
     let mut revision = 0;
     for chunk in docs.chunks(SETUP_CHUNK) {
         let items = chunk.iter().map(|d| ApplyItem { resource_json: d.to_string(), expected_revision: None }).collect();
@@ -518,7 +497,7 @@ async fn store_endpoints(client: &mut LodestarClient<Channel>, services: u32) ->
 // CPU.
 
 /// utime + stime of a process, in clock ticks.
-pub(super) fn cpu_ticks(pid: u32) -> Result<u64> {
+pub(crate) fn cpu_ticks(pid: u32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("reading /proc/{pid}/stat"))?;
     // The command name (field 2) is in parentheses and may hold anything.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).ok_or_else(|| anyhow!("/proc/{pid}/stat: unexpected format"))?;
@@ -529,7 +508,7 @@ pub(super) fn cpu_ticks(pid: u32) -> Result<u64> {
 }
 
 /// Clock ticks per second (AT_CLKTCK from the auxiliary vector; 100 if unreadable).
-pub(super) fn clock_ticks() -> u64 {
+pub(crate) fn clock_ticks() -> u64 {
     const AT_CLKTCK: u64 = 17;
     let Ok(auxv) = std::fs::read("/proc/self/auxv") else { return 100 };
     auxv.chunks_exact(16)
@@ -585,7 +564,7 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    pub(super) fn of(mut us: Vec<u64>) -> Percentiles {
+    pub(crate) fn of(mut us: Vec<u64>) -> Percentiles {
         us.sort_unstable();
         let at = |p: f64| if us.is_empty() { 0.0 } else { us[((us.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0 };
         let mean = if us.is_empty() { 0.0 } else { us.iter().sum::<u64>() as f64 / us.len() as f64 / 1000.0 };
@@ -644,7 +623,7 @@ pub struct ChurnReport {
 
 pub async fn run(args: ChurnArgs) -> Result<ChurnReport> {
     let ChurnArgs { servers, xds, proxies, services, instances, rate, duration, concurrency, protocol, pids, drain } = args;
-    let servers = if servers.is_empty() { vec![crate::config::DEFAULT_SERVER_URL.to_string()] } else { servers };
+    let servers = if servers.is_empty() { vec![lodestar::config::DEFAULT_SERVER_URL.to_string()] } else { servers };
     let duration = Duration::from_secs(duration);
     let max_changes = rate as u64 * duration.as_secs();
     if max_changes > MAX_CHANGES {
@@ -662,7 +641,7 @@ pub async fn run(args: ChurnArgs) -> Result<ChurnReport> {
     // Setup: leftovers out, services and initial instances in.
     let stale: Vec<String> = list_labelled(&mut admin, "Instance").await?.iter().map(name_of).collect();
     let mut setup_revision = delete_all(&mut admin, "Instance", stale).await.context("deleting the instances of an earlier run")?;
-    setup_revision = setup_revision.max(apply_all(&mut admin, (0..services).map(service_doc).collect()).await.context("applying the services")?);
+    setup_revision = setup_revision.max(apply_all(&mut admin, &(0..services).map(service_doc).collect::<Vec<_>>()).await.context("applying the services")?);
     let wanted: BTreeSet<String> = (0..services).map(service_name).collect();
     let extra: Vec<String> = list_labelled(&mut admin, "Service").await?.iter().map(name_of).filter(|n| !wanted.contains(n)).collect();
     setup_revision = setup_revision.max(delete_all(&mut admin, "Service", extra).await.context("deleting the services of an earlier run")?);
@@ -676,7 +655,7 @@ pub async fn run(args: ChurnArgs) -> Result<ChurnReport> {
             docs.push(instance_doc(s, n));
         }
     }
-    setup_revision = setup_revision.max(apply_all(&mut admin, docs).await.context("applying the initial instances")?);
+    setup_revision = setup_revision.max(apply_all(&mut admin, &docs).await.context("applying the initial instances")?);
 
     // Proxies: connect, then wait until each has every initial endpoint.
     let tracker = Arc::new(Tracker::new(proxies, services));
@@ -814,7 +793,7 @@ pub async fn run(args: ChurnArgs) -> Result<ChurnReport> {
 }
 
 /// Every member's xDS address, from the cluster status.
-pub(super) async fn member_xds(client: &mut LodestarClient<Channel>) -> Result<Vec<String>> {
+pub(crate) async fn member_xds(client: &mut LodestarClient<Channel>) -> Result<Vec<String>> {
     let r = tokio::time::timeout(WRITE_TIMEOUT, client.cluster_status(ClusterStatusRequest {}))
         .await
         .map_err(|_| anyhow!("cluster status: no answer"))?
@@ -862,7 +841,7 @@ fn mismatch(view: &BTreeMap<String, Vec<SocketAddr>>, store: &BTreeMap<u32, BTre
 // ---------------------------------------------------------------------------
 // Output.
 
-pub(super) fn mib(bytes: f64) -> String {
+pub(crate) fn mib(bytes: f64) -> String {
     format!("{:.2} MiB", bytes / (1024.0 * 1024.0))
 }
 
@@ -873,7 +852,7 @@ impl ChurnReport {
             Protocol::Sotw => "sotw",
         };
         println!(
-            "# lodestar bench churn: {} proxies ({proto}) over xDS {}; {} services x {} instances; target {}/s for {}s, {} writers (gRPC) to {}",
+            "# lodestar-bench churn: {} proxies ({proto}) over xDS {}; {} services x {} instances; target {}/s for {}s, {} writers (gRPC) to {}",
             self.proxies,
             self.xds.join(","),
             self.services,
@@ -883,14 +862,14 @@ impl ChurnReport {
             self.concurrency,
             self.servers.join(",")
         );
+        println!("command: {}", crate::command_line());
         println!("setup: revision {}, every proxy had every initial endpoint after {:.2}s", self.setup_revision, self.setup_sync.as_secs_f64());
         println!(
             "changes: attempted {} ({} registers, {} deletes), acknowledged {}, failed {}, not converged {}, superseded registers {}",
             self.attempted, self.registers, self.deletes, self.acknowledged, self.failed, self.not_converged, self.superseded
         );
-        let secs = self.elapsed.as_secs_f64();
-        let sustained = if secs > 0.0 { self.acknowledged as f64 / secs } else { 0.0 };
-        println!("sustained: {sustained:.0} changes/s ({} acknowledged in {secs:.2}s)", self.acknowledged);
+        let sustained = self.sustained();
+        println!("sustained: {sustained:.0} changes/s ({} acknowledged in {:.2}s)", self.acknowledged, self.elapsed.as_secs_f64());
         if sustained < 0.9 * self.rate as f64 && self.write_latency.mean > 0.0 {
             println!(
                 "  below the target: {} writers at a mean write latency of {:.1} ms allow ~{:.0} changes/s (raise --concurrency, unless the cluster is the limit)",
@@ -934,12 +913,7 @@ impl ChurnReport {
             let err = c.error.as_ref().map(|e| format!("  ({e})")).unwrap_or_default();
             println!("cpu, % of one core: {who:<28} churn {:>6}   churn+drain {:>6}{err}", pct(c.churn_pct), pct(c.with_drain_pct));
         }
-        let instances: usize = self.store_endpoints.values().map(BTreeSet::len).sum();
-        println!(
-            "final: {} of {} proxies' endpoints match the store's {instances} instances",
-            self.final_endpoints.len() - self.mismatched_proxies.min(self.final_endpoints.len()),
-            self.proxies
-        );
+        println!("final: {} of {} proxies' endpoints match the store's {} instances", self.matching_proxies(), self.proxies, self.store_instances());
         if let Some(e) = &self.first_error {
             println!("first write error: {e}");
         }
@@ -949,6 +923,63 @@ impl ChurnReport {
         if let Some(m) = &self.first_mismatch {
             println!("first mismatch: {m}");
         }
+        println!("result: {}", self.result().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
+    }
+
+    /// Acknowledged changes per second of churn.
+    fn sustained(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 {
+            self.acknowledged as f64 / secs
+        } else {
+            0.0
+        }
+    }
+
+    /// Proxies whose endpoints matched the store's at the end.
+    fn matching_proxies(&self) -> usize {
+        self.final_endpoints.len() - self.mismatched_proxies.min(self.final_endpoints.len())
+    }
+
+    fn store_instances(&self) -> usize {
+        self.store_endpoints.values().map(BTreeSet::len).sum()
+    }
+
+    /// The `result:` line's key=value pairs, for scripts: the figures above
+    /// (CPU: % of one core during the churn, replicas in `--pid` order, `?` when
+    /// unreadable, `-` when none).
+    fn result(&self) -> Vec<(&'static str, String)> {
+        let ms = |v: f64| format!("{v:.2}");
+        let cpu = |c: &CpuUsage| c.churn_pct.map_or("?".to_string(), |v| format!("{v:.0}"));
+        let list = |cs: Vec<&CpuUsage>| if cs.is_empty() { "-".to_string() } else { cs.into_iter().map(cpu).collect::<Vec<_>>().join(",") };
+        let (replicas, client): (Vec<&CpuUsage>, Vec<&CpuUsage>) = self.cpu.iter().partition(|c| c.pid.is_some());
+        vec![
+            ("proxies", self.proxies.to_string()),
+            ("attempted", self.attempted.to_string()),
+            ("registers", self.registers.to_string()),
+            ("deletes", self.deletes.to_string()),
+            ("acknowledged", self.acknowledged.to_string()),
+            ("failed", self.failed.to_string()),
+            ("not_converged", self.not_converged.to_string()),
+            ("superseded", self.superseded.to_string()),
+            ("changes_per_s", format!("{:.0}", self.sustained())),
+            ("write_p50_ms", ms(self.write_latency.p50)),
+            ("write_p99_ms", ms(self.write_latency.p99)),
+            ("propagated", self.propagation.count.to_string()),
+            ("propagation_p50_ms", ms(self.propagation.p50)),
+            ("propagation_p99_ms", ms(self.propagation.p99)),
+            ("propagation_max_ms", ms(self.propagation.max)),
+            ("eds_responses", self.received.of(ResourceType::Endpoint).0.to_string()),
+            (
+                "other_responses",
+                [ResourceType::Cluster, ResourceType::Listener, ResourceType::Route].map(|t| self.received.of(t).0).iter().sum::<u64>().to_string(),
+            ),
+            ("proxy_errors", self.proxy_errors.to_string()),
+            ("matching_proxies", self.matching_proxies().to_string()),
+            ("store_instances", self.store_instances().to_string()),
+            ("replica_cpu_pct", list(replicas)),
+            ("client_cpu_pct", list(client)),
+        ]
     }
 
     /// Ok when every change was acknowledged and reached every proxy and
@@ -991,11 +1022,30 @@ mod tests {
 
     #[test]
     fn args_have_defaults_and_bounds() {
-        let a = ChurnArgs::from_args(["--server", "http://127.0.0.1:1", "--server", "127.0.0.1:2"]).unwrap();
+        let Ok(crate::Command::Churn(a)) = crate::parse(["churn", "--server", "http://127.0.0.1:1", "--server", "127.0.0.1:2"]) else { panic!("churn flags") };
         assert_eq!((a.proxies, a.services, a.instances, a.rate, a.duration, a.concurrency, a.drain), (100, 20, 3, 1000, 10, 32, 10));
         assert_eq!((a.servers.len(), a.protocol), (2, Protocol::Delta));
-        assert!(ChurnArgs::from_args(["--proxies", "0"]).is_err());
-        assert!(ChurnArgs::from_args(["--duration", "100000"]).is_err());
+        assert!(crate::parse(["churn", "--proxies", "0"]).is_err());
+        assert!(crate::parse(["churn", "--duration", "100000"]).is_err());
+    }
+
+    #[test]
+    fn final_endpoints_are_compared_per_churned_service() {
+        let sa = |n: u32| SocketAddr::new(IpAddr::V4(address(n)), PORT);
+        let store: BTreeMap<u32, BTreeSet<SocketAddr>> = [(0, BTreeSet::from([sa(1), sa(2)])), (1, BTreeSet::from([sa(3)]))].into();
+        let view = |per_service: &[&[u32]]| -> BTreeMap<String, Vec<SocketAddr>> {
+            let cluster = |s: usize| format!("outbound|{PORT}||{}.{NAMESPACE}.svc.cluster.local", service_name(s as u32));
+            per_service.iter().enumerate().map(|(s, ns)| (cluster(s), ns.iter().copied().map(sa).collect())).collect()
+        };
+        assert_eq!(mismatch(&view(&[&[2, 1], &[3]]), &store, 2), None);
+        let mut other = view(&[&[1, 2], &[3]]);
+        other.insert(format!("outbound|{PORT}||other.{NAMESPACE}.svc.cluster.local"), vec![sa(9)]);
+        assert_eq!(mismatch(&other, &store, 2), None, "clusters of other services do not count");
+        let m = mismatch(&view(&[&[1], &[3]]), &store, 2).expect("an endpoint missing");
+        assert!(m.starts_with("churn-0: 1 endpoints, store 2; missing [127.64.0.2:8080]"), "{m}");
+        let m = mismatch(&view(&[&[1, 2], &[3, 4]]), &store, 2).expect("an endpoint too many");
+        assert!(m.starts_with("churn-1:") && m.ends_with("extra [127.64.0.4:8080]"), "{m}");
+        assert!(mismatch(&view(&[&[1, 2]]), &store, 2).is_some(), "a service's cluster missing");
     }
 
     fn change(op: Op, n: u32, revision: u64, start: Instant) -> Change {
@@ -1010,7 +1060,7 @@ mod tests {
             removed: removed.iter().map(sa).collect(),
         };
         let v = version.to_string();
-        t.update(&Update { proxy, kind: ResourceType::Endpoint, received: at, acked: at, bytes: 1, version: &v, resources: &[], endpoints: &[ch] });
+        t.update(&Update { proxy, kind: ResourceType::Endpoint, acked: at, version: &v, resources: &[], endpoints: &[ch] });
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! `lodestar bench xds`: the push engine, measured with simulated Envoys
-//! ([`super::adsclient`]: one real ADS stream per proxy, ACKing everything).
+//! `lodestar-bench xds`: the push engine, measured with simulated Envoys
+//! ([`crate::adsclient`]: one real ADS stream per proxy, ACKing everything).
 //!
 //! The mesh (every scenario): `--services` registry Services `svc-N` plus
 //! one shared service `web`, in namespace `xdsbench`, each with one port
@@ -41,13 +41,13 @@
 //! The last lines of every scenario are `result:` lines of `key=value`
 //! pairs (numbers, or yes/no), for scripts.
 
-use super::adsclient::{self, Counts, Observer, Protocol, Proxy, ProxySpec, Update};
-use super::churn::{api_client, clock_ticks, cpu_ticks, member_xds, mib, status_text, Percentiles};
-use crate::proto::api::lodestar_client::LodestarClient;
-use crate::proto::api::{ApplyItem, ApplyRequest, ClusterStatusRequest, DeleteRequest, ListRequest, ResourceRef};
-use crate::xds::resources::ResourceType;
+use crate::adsclient::{self, Counts, Observer, Protocol, Proxy, ProxySpec, Update};
+use crate::churn::{api_client, apply_all, clock_ticks, cpu_ticks, member_xds, mib, status_text, Percentiles};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{value_parser, Args};
+use lodestar::proto::api::lodestar_client::LodestarClient;
+use lodestar::proto::api::{ApplyItem, ApplyRequest, ClusterStatusRequest, DeleteRequest, ListRequest, ResourceRef};
+use lodestar::xds::resources::ResourceType;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -167,14 +167,6 @@ pub struct XdsArgs {
     /// Seconds the streams stay idle before RSS is read (idle, memory).
     #[arg(long, default_value_t = 3, value_parser = value_parser!(u64).range(0..=600))]
     pub hold: u64,
-}
-
-impl XdsArgs {
-    /// Parse `bench xds` flags (and `--server`), e.g. for tests.
-    pub fn from_args<I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(args: I) -> Result<XdsArgs, clap::Error> {
-        let (servers, a) = super::bench::parse_standalone::<XdsArgs, _, _>("xds", args)?;
-        Ok(XdsArgs { servers, ..a })
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -342,17 +334,6 @@ async fn list_labelled(client: &mut LodestarClient<Channel>, kind: &str) -> Resu
         .collect()
 }
 
-async fn apply_docs(client: &mut LodestarClient<Channel>, docs: &[Value]) -> Result<u64> {
-    let mut revision = 0;
-    for chunk in docs.chunks(SETUP_CHUNK) {
-        let items = chunk.iter().map(|d| ApplyItem { resource_json: d.to_string(), expected_revision: None }).collect();
-        let r =
-            tokio::time::timeout(WRITE_TIMEOUT, client.apply(ApplyRequest { items })).await.map_err(|_| anyhow!("apply: no answer"))?.map_err(status_text)?;
-        revision = revision.max(r.into_inner().revision);
-    }
-    Ok(revision)
-}
-
 async fn delete_refs(client: &mut LodestarClient<Channel>, kind: &str, refs: &[(String, String)]) -> Result<u64> {
     let mut revision = 0;
     for chunk in refs.chunks(SETUP_CHUNK) {
@@ -374,7 +355,7 @@ async fn setup(client: &mut LodestarClient<Channel>, plan: &Plan, mark: &str) ->
         (s(&d["kind"]), s(&d["metadata"]["namespace"]), s(&d["metadata"]["name"]))
     };
     let wanted: BTreeSet<(String, String, String)> = docs.iter().map(key).collect();
-    let mut revision = apply_docs(client, &docs).await.context("applying the mesh")?;
+    let mut revision = apply_all(client, &docs).await.context("applying the mesh")?;
     for kind in ["VirtualService", "Sidecar", "Instance", "Service"] {
         let extra: Vec<(String, String)> =
             list_labelled(client, kind).await?.into_iter().filter(|(ns, n)| !wanted.contains(&(kind.to_string(), ns.clone(), n.clone()))).collect();
@@ -820,20 +801,6 @@ fn yes(b: bool) -> &'static str {
     }
 }
 
-/// The command line, quoted for a POSIX shell.
-fn command_line() -> String {
-    std::env::args()
-        .map(|a| {
-            if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c)) {
-                a
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 impl Report {
     pub fn print(&self) {
         for l in self.header.iter().chain(&self.lines) {
@@ -868,7 +835,7 @@ fn latency_table(lines: &mut Vec<String>, rows: &[(&str, Percentiles)]) {
 // The run.
 
 pub async fn run(args: XdsArgs) -> Result<Report> {
-    let servers = if args.servers.is_empty() { vec![crate::config::DEFAULT_SERVER_URL.to_string()] } else { args.servers.clone() };
+    let servers = if args.servers.is_empty() { vec![lodestar::config::DEFAULT_SERVER_URL.to_string()] } else { args.servers.clone() };
     let proxies = if args.proxies.is_empty() { args.scenario.default_proxies() } else { args.proxies.clone() };
     if args.scenario != Scenario::Fanout && proxies.len() != 1 {
         bail!("--proxies: {} takes one number", args.scenario.name());
@@ -901,14 +868,14 @@ pub async fn run(args: XdsArgs) -> Result<Report> {
     };
     let counts_text = proxies.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     report.header.push(format!(
-        "# lodestar bench xds: scenario {}; {counts_text} proxies ({proto}, {per_connection} {} per HTTP/2 connection) over xDS {}; writes via {}",
+        "# lodestar-bench xds: scenario {}; {counts_text} proxies ({proto}, {per_connection} {} per HTTP/2 connection) over xDS {}; writes via {}",
         args.scenario.name(),
         if per_connection == 1 { "stream" } else { "streams" },
         xds.join(","),
         servers.join(",")
     ));
     report.header.push(format!("# mesh: {}", plan.describe()));
-    report.header.push(format!("command: {}", command_line()));
+    report.header.push(format!("command: {}", crate::command_line()));
     let b = Bench { args: &args, plan, xds, clients, tracker, per_connection, run_id };
 
     let setup_start = Instant::now();
@@ -1164,14 +1131,15 @@ mod tests {
 
     #[test]
     fn args_have_defaults_and_bounds() {
-        let a = XdsArgs::from_args(["--scenario", "convergence", "--server", "http://127.0.0.1:1"]).unwrap();
+        let Ok(crate::Command::Xds(a)) = crate::parse(["xds", "--scenario", "convergence", "--server", "http://127.0.0.1:1"]) else { panic!("xds flags") };
+        assert_eq!(a.servers, ["http://127.0.0.1:1"]);
         assert_eq!((a.services, a.sidecar_hosts, a.namespaces, a.web_percent, a.repeat), (1000, 20, 100, 100, 5));
         assert!(a.proxies.is_empty() && a.streams_per_connection.is_none());
-        let a = XdsArgs::from_args(["--scenario", "fanout", "--proxies", "1000,5000"]).unwrap();
+        let Ok(crate::Command::Xds(a)) = crate::parse(["xds", "--scenario", "fanout", "--proxies", "1000,5000"]) else { panic!("xds flags") };
         assert_eq!(a.proxies, vec![1000, 5000]);
-        assert!(XdsArgs::from_args(["--scenario", "idle", "--proxies", "0"]).is_err());
-        assert!(XdsArgs::from_args(["--proxies", "10"]).is_err(), "the scenario is required");
-        assert!(XdsArgs::from_args(["--scenario", "memory", "--web-percent", "101"]).is_err());
+        assert!(crate::parse(["xds", "--scenario", "idle", "--proxies", "0"]).is_err());
+        assert!(crate::parse(["xds", "--proxies", "10"]).is_err(), "the scenario is required");
+        assert!(crate::parse(["xds", "--scenario", "memory", "--web-percent", "101"]).is_err());
     }
 
     fn plan(services: u32, hosts: u32, namespaces: u32, web_percent: u32) -> Plan {
@@ -1195,8 +1163,8 @@ mod tests {
         assert_eq!(docs.len(), 11 + 17 + 4 + 1);
         for d in docs {
             let what = d.to_string();
-            let r = crate::model::parse_resource(d, "default").unwrap_or_else(|e| panic!("{what}: {e:?}"));
-            crate::model::validate_spec(&r).unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            let r = lodestar::model::parse_resource(d, "default").unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            lodestar::model::validate_spec(&r).unwrap_or_else(|e| panic!("{what}: {e:?}"));
         }
         let spec = p.spec(6, &["a:1".into(), "b:2".into()], Protocol::Delta);
         assert_eq!((spec.xds.as_str(), spec.namespace.as_str(), spec.ip.to_string()), ("a:1", "xdsbench-p2", "127.200.0.7".into()));
@@ -1208,7 +1176,7 @@ mod tests {
         t.arm(Target::route("run-1"));
         let at = Instant::now();
         let up = |proxy, kind, resources: &[&[u8]], endpoints: &[adsclient::EndpointChange]| {
-            t.update(&Update { proxy, kind, received: at, acked: at, bytes: 1, version: "7", resources, endpoints });
+            t.update(&Update { proxy, kind, acked: at, version: "7", resources, endpoints });
         };
         up(0, ResourceType::Route, &[b"xx run-0 yy"], &[]);
         assert!(t.at(0).is_none());

@@ -1,4 +1,4 @@
-//! `lodestar bench write`: concurrent ~1 KiB writes against a running
+//! `lodestar-bench write`: concurrent ~1 KiB writes against a running
 //! cluster, at several client counts, each level bounded in time and count.
 //! Every write is checked: it must be acknowledged with a revision and
 //! report a change. Prints writes/s and latency percentiles.
@@ -7,51 +7,47 @@
 //! over gRPC, the value being the same ~1 KiB document) for comparison: a
 //! Put counts as acknowledged when its response header carries a revision.
 
-use crate::proto::api::lodestar_client::LodestarClient;
-use crate::proto::api::{ApplyItem, ApplyRequest};
-use crate::proto::etcd::kv_client::KvClient;
-use crate::proto::etcd::PutRequest;
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
+use etcd::kv_client::KvClient;
+use etcd::PutRequest;
+use lodestar::proto::api::lodestar_client::LodestarClient;
+use lodestar::proto::api::{ApplyItem, ApplyRequest};
 use serde_json::json;
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// Concurrent writes of ~SIZE-byte resources; prints writes/s, p50, p99.
-    Write {
-        /// API URLs of the replicas; clients are spread across them.
-        #[arg(long, value_delimiter = ',', default_value = crate::config::DEFAULT_SERVER_URL)]
-        servers: Vec<String>,
-        /// Concurrency levels to run, one after another.
-        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
-        clients: Vec<usize>,
-        /// Seconds per level.
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
-        /// Stop a level after this many writes even if time is left.
-        #[arg(long, default_value_t = 1_000_000)]
-        max_writes: u64,
-        /// Approximate size of each resource in bytes.
-        #[arg(long, default_value_t = 1024)]
-        size: usize,
-        /// Lodestar's client API to use (ignored for etcd, which is gRPC).
-        #[arg(long, value_enum, default_value_t = Api::Grpc)]
-        api: Api,
-        /// What `--servers` are: Lodestar API URLs, or etcd client URLs
-        /// (e.g. http://127.0.0.1:2379).
-        #[arg(long, value_enum, default_value_t = Target::Lodestar)]
-        target: Target,
-    },
-    /// Endpoint churn: simulated proxies on ADS streams while instances
-    /// register and deregister; prints changes/s and the time until every
-    /// proxy has each change. API URLs: the global --server, repeatable.
-    Churn(super::churn::ChurnArgs),
-    /// The xDS push engine: convergence of one VirtualService write over
-    /// scoped proxies, EDS fan-out, RSS per idle stream, replica memory.
-    /// API URLs: the global --server, repeatable.
-    Xds(super::xdsbench::XdsArgs),
+/// The slice of etcd's v3 API (`KV.Put`) that `--target etcd` uses, compiled
+/// by build.rs from `proto/bench/etcd_kv.proto`. Client only.
+mod etcd {
+    tonic::include_proto!("etcdserverpb");
+}
+
+/// `write`'s flags (its servers are `--servers`, not the global `--server`).
+#[derive(Args)]
+pub struct WriteArgs {
+    /// API URLs of the replicas; clients are spread across them.
+    #[arg(long, value_delimiter = ',', default_value = lodestar::config::DEFAULT_SERVER_URL)]
+    servers: Vec<String>,
+    /// Concurrency levels to run, one after another.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    clients: Vec<usize>,
+    /// Seconds per level.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Stop a level after this many writes even if time is left.
+    #[arg(long, default_value_t = 1_000_000)]
+    max_writes: u64,
+    /// Approximate size of each resource in bytes.
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+    /// Lodestar's client API to use (ignored for etcd, which is gRPC).
+    #[arg(long, value_enum, default_value_t = Api::Grpc)]
+    api: Api,
+    /// What `--servers` are: Lodestar API URLs, or etcd client URLs
+    /// (e.g. http://127.0.0.1:2379).
+    #[arg(long, value_enum, default_value_t = Target::Lodestar)]
+    target: Target,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -66,28 +62,8 @@ pub enum Api {
     Rest,
 }
 
-/// `servers`: the global `--server` values (`bench write` has its own `--servers`).
-pub async fn run(cmd: BenchCommand, servers: Vec<String>) -> Result<()> {
-    match cmd {
-        BenchCommand::Write { servers, clients, seconds, max_writes, size, api, target } => {
-            write(servers, clients, seconds, max_writes, size, api, target).await
-        }
-        BenchCommand::Churn(mut args) => {
-            args.servers = servers;
-            let report = super::churn::run(args).await?;
-            report.print();
-            report.verdict()
-        }
-        BenchCommand::Xds(mut args) => {
-            args.servers = servers;
-            let report = super::xdsbench::run(args).await?;
-            report.print();
-            report.verdict()
-        }
-    }
-}
-
-async fn write(servers: Vec<String>, clients: Vec<usize>, seconds: u64, max_writes: u64, size: usize, api: Api, target: Target) -> Result<()> {
+pub async fn run(args: WriteArgs) -> Result<()> {
+    let WriteArgs { servers, clients, seconds, max_writes, size, api, target } = args;
     if servers.is_empty() || clients.is_empty() {
         bail!("need at least one server and one concurrency level");
     }
@@ -95,7 +71,7 @@ async fn write(servers: Vec<String>, clients: Vec<usize>, seconds: u64, max_writ
         Target::Lodestar => format!("api={api:?}"),
         Target::Etcd => "api=etcd-v3-grpc".to_string(),
     };
-    println!("# lodestar bench write: target={target:?}, {size}-byte resources, {seconds}s per level, {proto}, servers={}", servers.join(","));
+    println!("# lodestar-bench write: target={target:?}, {size}-byte resources, {seconds}s per level, {proto}, servers={}", servers.join(","));
     println!("{:>8} {:>9} {:>10} {:>9} {:>9} {:>9} {:>7}", "clients", "writes", "writes/s", "p50_ms", "p99_ms", "max_ms", "errors");
     let mut failed = 0;
     for (level, &n) in clients.iter().enumerate() {
@@ -201,12 +177,16 @@ impl Conn {
 
 /// One connection per client: a gRPC channel is one HTTP/2 connection.
 async fn connect(server: &str, api: Api, target: Target) -> Result<Conn> {
-    let base = if server.contains("://") { server.trim_end_matches('/').to_string() } else { format!("http://{server}") };
-    let grpc = || async { anyhow::Ok(Channel::from_shared(base.clone())?.tcp_nodelay(true).connect().await?) };
+    let base = match target {
+        // etcd as benches/write.sh runs it: its own URL, as given.
+        Target::Etcd if !server.contains("://") => format!("http://{server}"),
+        _ => crate::base_url(server),
+    };
+    let grpc = || crate::grpc(&base, Duration::from_secs(10));
     Ok(match (target, api) {
         (Target::Etcd, _) => Conn::Etcd(KvClient::new(grpc().await.with_context(|| format!("connecting to etcd at {base}"))?)),
         (Target::Lodestar, Api::Grpc) => Conn::Grpc(LodestarClient::new(grpc().await.with_context(|| format!("connecting to {base}"))?)),
-        (Target::Lodestar, Api::Rest) => Conn::Rest(reqwest::Client::builder().tcp_nodelay(true).build()?, base),
+        (Target::Lodestar, Api::Rest) => Conn::Rest(crate::http()?, base),
     })
 }
 
@@ -268,25 +248,4 @@ async fn run_level(
     result.writes = result.latencies_us.len() as u64;
     result.latencies_us.sort_unstable();
     Ok(result)
-}
-
-/// A bench subcommand's flags with the global `--server`s, parsed on their
-/// own (tests drive the benches in process this way).
-#[derive(Parser)]
-struct Standalone<A: Args> {
-    #[arg(long = "server")]
-    servers: Vec<String>,
-    #[command(flatten)]
-    args: A,
-}
-
-/// Parse `args` as the flags of bench subcommand `name`: the servers and
-/// the subcommand's own flags.
-pub(super) fn parse_standalone<A: Args, I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(
-    name: &str,
-    args: I,
-) -> Result<(Vec<String>, A), clap::Error> {
-    let argv = std::iter::once(std::ffi::OsString::from(name)).chain(args.into_iter().map(Into::into));
-    let s = Standalone::<A>::try_parse_from(argv)?;
-    Ok((s.servers, s.args))
 }
