@@ -193,7 +193,8 @@ async fn replaced_certificate_files_are_served_without_a_restart() {
 
     // Rotate: a new certificate for the same member from the same CA.
     let ca = test_ca();
-    let (cert, key) = lodestar::tls::pki::issue_member(&ca.ca_pem, &std::fs::read_to_string(&ca.ca_key_file).unwrap(), leader, &[r.ip.clone()]).unwrap();
+    let (cert, key) =
+        lodestar::tls::pki::issue_member(&ca.ca_pem, &std::fs::read_to_string(&ca.ca_key_file).unwrap(), leader, std::slice::from_ref(&r.ip)).unwrap();
     let dir = r.data_dir().join("tls");
     lodestar::tls::pki::write_file(&dir.join("server-key.pem"), &key, true).unwrap();
     lodestar::tls::pki::write_file(&dir.join("server.pem"), &cert, false).unwrap();
