@@ -36,7 +36,7 @@ pub fn router(node: Arc<Node>, sync: SyncRegistry) -> Router {
         .route("/debug/registryz", get(registryz))
         .route("/debug/configz", get(configz))
         .route("/debug/push_status", get(push_status))
-        .route("/metrics", get(|| async { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::metrics().render()) }))
+        .route("/metrics", get(|| async { ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::metrics().render()) }))
         .route("/v1/watch", get(watch_changes))
         .route("/v1/snapshot", get(snapshot))
         .route("/v1/cluster", get(cluster_status))
