@@ -47,7 +47,7 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/v1/registry/services", get(registry_services))
         .route("/debug/registryz", get(registryz))
         .route("/debug/configz", get(configz))
-        .route("/metrics", get(|| async { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::metrics().render()) }))
+        .route("/metrics", get(|| async { ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::metrics().render()) }))
         .route("/v1/watch", get(watch_changes))
         .route("/v1/snapshot", get(snapshot))
         .route("/healthz", get(|| async { "ok\n" }))
