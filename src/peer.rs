@@ -1,4 +1,5 @@
-//! Raft peer traffic over tonic, on the raft port. TRUSTED PEERS ONLY.
+//! Raft peer traffic over tonic, on the raft port: members only (mutual
+//! TLS; each message must come from the member its certificate names).
 //!
 //! - [`PeerClients`] / [`PeerConn`]: outbound. openraft's `RaftNetwork`,
 //!   and `node::Transport` (`forward`: writes, membership changes and
