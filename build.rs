@@ -29,6 +29,7 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
         "envoy/extensions/filters/http/cors/v3/cors.proto",
         "envoy/extensions/upstreams/http/v3/http_protocol_options.proto",
         "envoy/extensions/transport_sockets/tls/v3/tls.proto",
+        "envoy/extensions/filters/listener/tls_inspector/v3/tls_inspector.proto",
         "envoy/extensions/retry/host/previous_hosts/v3/previous_hosts.proto",
     ];
     let root = envoy_types_proto_dir()?;

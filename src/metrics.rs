@@ -1,54 +1,78 @@
-//! Prometheus metrics (`GET /metrics`, text format 0.0.4). Names follow
-//! Istio's where the meaning matches, so pilot dashboards carry over:
-//! `pilot_xds`, `pilot_xds_pushes`, `pilot_total_xds_rejects`,
-//! `pilot_debounce_time`, `pilot_xds_push_time`, `pilot_proxy_convergence_time`.
+//! Prometheus metrics (`GET /metrics`). Names follow Istio's where the
+//! meaning matches, so pilot dashboards carry over: `pilot_xds`,
+//! `pilot_xds_pushes`, `pilot_total_xds_rejects`, `pilot_debounce_time`,
+//! `pilot_xds_push_time`, `pilot_proxy_convergence_time`.
 //! Raft, write and API metrics are `lodestar_*`.
 //!
-//! One process-wide registry ([`metrics`]), lock-free on the hot paths
-//! (atomics; labelled families take a lock only to find their series).
+//! One process-wide set ([`metrics`]) whose members are registered in a
+//! `prometheus-client` [`Registry`]; that crate writes the exposition (HELP
+//! and TYPE lines, label escaping, histogram buckets). We serve it as the
+//! Prometheus text format 0.0.4 ([`CONTENT_TYPE`]), not OpenMetrics:
+//! OpenMetrics names a counter's samples `<name>_total`, and Istio's counters
+//! (`pilot_xds_pushes`, `pilot_total_xds_rejects`, `pilot_push_triggers`)
+//! have no such suffix. So our [`Counter`] is encoded under the name it is
+//! registered with, which is the name of its samples, as in 0.0.4; the rest
+//! of what prometheus-client writes is valid 0.0.4 as it is.
+//!
+//! Lock-free on the hot paths: counters and gauges are atomics, and
+//! [`Histogram`] is ours, an atomic per bucket (prometheus-client's takes a
+//! mutex per observation). A labelled [`Family`] takes a read lock to find
+//! its series (a write lock the first time a series is seen).
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-#[derive(Default)]
-pub struct Counter(AtomicU64);
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::{family, MetricType, TypedMetric};
+use prometheus_client::registry::{Metric, Registry};
+
+pub use prometheus_client::metrics::gauge::Gauge;
+
+/// What `/metrics` is served as: the format [`Metrics::render`] writes.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
+
+/// A counter whose samples carry the name it is registered under
+/// (prometheus-client's own would append `_total`; see the module doc).
+#[derive(Clone, Debug, Default)]
+pub struct Counter(prometheus_client::metrics::counter::Counter);
 
 impl Counter {
     pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-    pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
+        self.0.inc();
     }
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.get()
     }
 }
 
-#[derive(Default)]
-pub struct Gauge(AtomicI64);
+impl TypedMetric for Counter {
+    const TYPE: MetricType = MetricType::Counter;
+}
 
-impl Gauge {
-    pub fn set(&self, v: i64) {
-        self.0.store(v, Ordering::Relaxed);
+impl EncodeMetric for Counter {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        // A gauge's sample is the bare name: what 0.0.4 has for a counter.
+        encoder.encode_gauge(&self.get())
     }
-    pub fn add(&self, v: i64) {
-        self.0.fetch_add(v, Ordering::Relaxed);
-    }
-    pub fn get(&self) -> i64 {
-        self.0.load(Ordering::Relaxed)
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
     }
 }
 
 /// Seconds, with fixed buckets.
-pub struct Histogram {
+#[derive(Clone, Debug)]
+pub struct Histogram(Arc<Buckets>);
+
+#[derive(Debug)]
+struct Buckets {
     bounds: &'static [f64],
-    counts: Vec<AtomicU64>,
+    /// Observations per bucket, not cumulative: one per bound, then the
+    /// overflow (`+Inf`) bucket. Their total is the count, so `_count` and
+    /// `le="+Inf"` agree even when a scrape races an observation.
+    counts: Box<[AtomicU64]>,
     sum_micros: AtomicU64,
-    count: AtomicU64,
 }
 
 /// 10 µs … 1 s: one state machine apply call.
@@ -65,64 +89,73 @@ impl Default for Histogram {
 
 impl Histogram {
     pub fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram { bounds, counts: (0..bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum_micros: AtomicU64::new(0), count: AtomicU64::new(0) }
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Histogram(Arc::new(Buckets { bounds, counts, sum_micros: AtomicU64::new(0) }))
     }
 
     pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        if let Some(i) = self.bounds.iter().position(|b| secs <= *b) {
-            self.counts[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.sum_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            cumulative += c.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
-        }
-        let count = self.count();
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
-        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
-        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count{braces} {count}");
+        let h = &self.0;
+        let i = h.bounds.iter().position(|b| secs <= *b).unwrap_or(h.bounds.len());
+        h.counts[i].fetch_add(1, Ordering::Relaxed);
+        h.sum_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 }
 
-/// A metric with one set of label values per series.
+impl TypedMetric for Histogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        let h = &self.0;
+        let buckets: Vec<(f64, u64)> = h.bounds.iter().copied().chain([f64::INFINITY]).zip(h.counts.iter().map(|c| c.load(Ordering::Relaxed))).collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        encoder.encode_histogram::<NoLabelSet>(h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6, count, &buckets, None)
+    }
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// A metric with one series per set of label values.
+#[derive(Debug)]
 pub struct Family<M> {
     label_names: &'static [&'static str],
-    series: Mutex<BTreeMap<Vec<String>, Arc<M>>>,
+    series: family::Family<Vec<(&'static str, String)>, M>,
 }
 
-impl<M: Default> Family<M> {
+impl<M> Clone for Family<M> {
+    fn clone(&self) -> Self {
+        Family { label_names: self.label_names, series: self.series.clone() }
+    }
+}
+
+impl<M: Default + Clone> Family<M> {
     fn new(label_names: &'static [&'static str]) -> Self {
-        Family { label_names, series: Mutex::new(BTreeMap::new()) }
+        Family { label_names, series: family::Family::default() }
     }
 
-    pub fn with(&self, values: &[&str]) -> Arc<M> {
-        let key: Vec<String> = values.iter().map(|v| v.to_string()).collect();
-        self.series.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().clone()
-    }
-
-    fn each(&self, mut f: impl FnMut(String, &M)) {
-        let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        for (values, m) in series.iter() {
-            let labels = self.label_names.iter().zip(values).map(|(n, v)| format!("{n}=\"{}\"", escape(v))).collect::<Vec<_>>().join(",");
-            f(labels, m);
-        }
+    /// The series for `values`, given in the order of the label names: a
+    /// handle on it, not the family's lock guard, which would deadlock a
+    /// caller that holds one while it asks for a series not seen yet.
+    pub fn with(&self, values: &[&str]) -> M {
+        let labels = self.label_names.iter().zip(values).map(|(n, v)| (*n, v.to_string())).collect();
+        self.series.get_or_create(&labels).clone()
     }
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+impl<M: EncodeMetric + TypedMetric> EncodeMetric for Family<M> {
+    fn encode(&self, encoder: MetricEncoder) -> fmt::Result {
+        self.series.encode(encoder)
+    }
+    fn metric_type(&self) -> MetricType {
+        M::TYPE
+    }
+    // `is_empty` stays the default (false): prometheus-client's family
+    // leaves out the HELP and TYPE of a family with no series yet; ours keeps
+    // them, so `/metrics` names every metric from the start (dashboards are
+    // checked against it).
 }
 
 pub struct Metrics {
@@ -153,96 +186,72 @@ pub struct Metrics {
     // ACLs.
     pub acl_refusals: Family<Counter>,
     pub audit_dropped: Counter,
+    registry: Registry,
+}
+
+/// Registers `metric` as `name` (its samples' name; a histogram's, before
+/// `_bucket`, `_sum`, `_count`) and gives it back. prometheus-client ends
+/// `help` with a period.
+fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 pub fn metrics() -> &'static Metrics {
     static M: OnceLock<Metrics> = OnceLock::new();
-    M.get_or_init(|| Metrics {
-        xds_connected: Gauge::default(),
-        xds_pushes: Family::new(&["type"]),
-        xds_rejects: Family::new(&["type"]),
-        debounce_time: Histogram::default(),
-        push_time: Family::new(&["type"]),
-        convergence_time: Histogram::default(),
-        push_triggers: Counter::default(),
-        streams_shed: Counter::default(),
-        streams_refused: Family::new(&["reason"]),
-        raft_term: Gauge::default(),
-        raft_last_log_index: Gauge::default(),
-        raft_commit_index: Gauge::default(),
-        raft_applied_index: Gauge::default(),
-        raft_apply_duration: Histogram::new(APPLY_BUCKETS),
-        raft_is_leader: Gauge::default(),
-        raft_leader_changes: Counter::default(),
-        store_revision: Gauge::default(),
-        write_duration: Histogram::default(),
-        writes: Family::new(&["result"]),
-        api_requests: Family::new(&["method", "route", "code"]),
-        api_duration: Family::new(&["method", "route"]),
-        acl_refusals: Family::new(&["reason"]),
-        audit_dropped: Counter::default(),
+    M.get_or_init(|| {
+        let r = &mut Registry::default();
+        Metrics {
+            xds_connected: register(r, "pilot_xds", "Connected xDS streams on this replica", Gauge::default()),
+            xds_pushes: register(r, "pilot_xds_pushes", "xDS responses sent, by type (cds, eds, lds, rds)", Family::new(&["type"])),
+            xds_rejects: register(r, "pilot_total_xds_rejects", "xDS responses the proxies rejected (NACKs), by type", Family::new(&["type"])),
+            debounce_time: register(r, "pilot_debounce_time", "Seconds from the first change held by the debouncer to its push", Histogram::default()),
+            push_time: register(r, "pilot_xds_push_time", "Seconds to generate and queue one proxy's push, by type", Family::new(&["type"])),
+            convergence_time: register(r, "pilot_proxy_convergence_time", "Seconds from a revision's push to a proxy ACKing it", Histogram::default()),
+            push_triggers: register(r, "pilot_push_triggers", "Revisions pushed to the proxies (after debouncing)", Counter::default()),
+            streams_shed: register(r, "lodestar_xds_streams_shed_total", "Streams closed to rebalance or at their maximum age", Counter::default()),
+            streams_refused: register(r, "lodestar_xds_streams_refused_total", "Streams refused: not ready, or behind the proxy", Family::new(&["reason"])),
+            raft_term: register(r, "lodestar_raft_term", "Current raft term", Gauge::default()),
+            raft_last_log_index: register(r, "lodestar_raft_last_log_index", "Index of the last raft log entry here", Gauge::default()),
+            raft_commit_index: register(
+                r,
+                "lodestar_raft_commit_index",
+                "Highest raft log index known committed here (the leader's quorum match; a follower's applied index)",
+                Gauge::default(),
+            ),
+            raft_applied_index: register(r, "lodestar_raft_applied_index", "Index of the last raft log entry applied here", Gauge::default()),
+            raft_apply_duration: register(
+                r,
+                "lodestar_raft_apply_duration_seconds",
+                "Seconds the state machine took to apply one group of committed entries",
+                Histogram::new(APPLY_BUCKETS),
+            ),
+            raft_is_leader: register(r, "lodestar_raft_is_leader", "1 on the leader", Gauge::default()),
+            raft_leader_changes: register(r, "lodestar_raft_leader_changes_total", "Leader changes seen by this replica", Counter::default()),
+            store_revision: register(r, "lodestar_store_revision", "The store revision applied here", Gauge::default()),
+            write_duration: register(r, "lodestar_write_duration_seconds", "Seconds from a write's arrival to its commit and apply", Histogram::default()),
+            writes: register(r, "lodestar_writes_total", "Write transactions, by result (ok, or the error code)", Family::new(&["result"])),
+            api_requests: register(r, "lodestar_api_requests_total", "API requests, by method, route and status", Family::new(&["method", "route", "code"])),
+            api_duration: register(r, "lodestar_api_request_duration_seconds", "API request latency", Family::new(&["method", "route"])),
+            acl_refusals: register(
+                r,
+                "lodestar_acl_refusals_total",
+                "API requests refused by ACLs, by reason (unauthenticated, denied)",
+                Family::new(&["reason"]),
+            ),
+            audit_dropped: register(r, "lodestar_audit_dropped_total", "Audit log lines dropped because the writer fell behind", Counter::default()),
+            registry: std::mem::take(r),
+        }
     })
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-fn counter_family(out: &mut String, name: &str, help: &str, f: &Family<Counter>) {
-    header(out, name, "counter", help);
-    f.each(|labels, c| {
-        let _ = writeln!(out, "{name}{{{labels}}} {}", c.get());
-    });
-}
-
-fn histogram_family(out: &mut String, name: &str, help: &str, f: &Family<Histogram>) {
-    header(out, name, "histogram", help);
-    f.each(|labels, h| h.render(out, name, &labels));
-}
-
-fn single(out: &mut String, name: &str, kind: &str, help: &str, v: impl std::fmt::Display) {
-    header(out, name, kind, help);
-    let _ = writeln!(out, "{name} {v}");
-}
-
 impl Metrics {
-    /// The text exposition.
+    /// The exposition, in the format of [`CONTENT_TYPE`].
     pub fn render(&self) -> String {
-        let mut o = String::with_capacity(8 * 1024);
-        single(&mut o, "pilot_xds", "gauge", "Connected xDS streams on this replica.", self.xds_connected.get());
-        counter_family(&mut o, "pilot_xds_pushes", "xDS responses sent, by type (cds, eds, lds, rds).", &self.xds_pushes);
-        counter_family(&mut o, "pilot_total_xds_rejects", "xDS responses the proxies rejected (NACKs), by type.", &self.xds_rejects);
-        header(&mut o, "pilot_debounce_time", "histogram", "Seconds from the first change held by the debouncer to its push.");
-        self.debounce_time.render(&mut o, "pilot_debounce_time", "");
-        histogram_family(&mut o, "pilot_xds_push_time", "Seconds to generate and queue one proxy's push, by type.", &self.push_time);
-        header(&mut o, "pilot_proxy_convergence_time", "histogram", "Seconds from a revision's push to a proxy ACKing it.");
-        self.convergence_time.render(&mut o, "pilot_proxy_convergence_time", "");
-        single(&mut o, "pilot_push_triggers", "counter", "Revisions pushed to the proxies (after debouncing).", self.push_triggers.get());
-        single(&mut o, "lodestar_xds_streams_shed_total", "counter", "Streams closed to rebalance or at their maximum age.", self.streams_shed.get());
-        counter_family(&mut o, "lodestar_xds_streams_refused_total", "Streams refused: not ready, or behind the proxy.", &self.streams_refused);
-        single(&mut o, "lodestar_raft_term", "gauge", "Current raft term.", self.raft_term.get());
-        single(&mut o, "lodestar_raft_last_log_index", "gauge", "Index of the last raft log entry here.", self.raft_last_log_index.get());
-        single(
-            &mut o,
-            "lodestar_raft_commit_index",
-            "gauge",
-            "Highest raft log index known committed here (the leader's quorum match; a follower's applied index).",
-            self.raft_commit_index.get(),
-        );
-        single(&mut o, "lodestar_raft_applied_index", "gauge", "Index of the last raft log entry applied here.", self.raft_applied_index.get());
-        header(&mut o, "lodestar_raft_apply_duration_seconds", "histogram", "Seconds the state machine took to apply one group of committed entries.");
-        self.raft_apply_duration.render(&mut o, "lodestar_raft_apply_duration_seconds", "");
-        single(&mut o, "lodestar_raft_is_leader", "gauge", "1 on the leader.", self.raft_is_leader.get());
-        single(&mut o, "lodestar_raft_leader_changes_total", "counter", "Leader changes seen by this replica.", self.raft_leader_changes.get());
-        single(&mut o, "lodestar_store_revision", "gauge", "The store revision applied here.", self.store_revision.get());
-        header(&mut o, "lodestar_write_duration_seconds", "histogram", "Seconds from a write's arrival to its commit and apply.");
-        self.write_duration.render(&mut o, "lodestar_write_duration_seconds", "");
-        counter_family(&mut o, "lodestar_writes_total", "Write transactions, by result (ok, or the error code).", &self.writes);
-        counter_family(&mut o, "lodestar_api_requests_total", "API requests, by method, route and status.", &self.api_requests);
-        histogram_family(&mut o, "lodestar_api_request_duration_seconds", "API request latency.", &self.api_duration);
-        counter_family(&mut o, "lodestar_acl_refusals_total", "API requests refused by ACLs, by reason (unauthenticated, denied).", &self.acl_refusals);
-        single(&mut o, "lodestar_audit_dropped_total", "counter", "Audit log lines dropped because the writer fell behind.", self.audit_dropped.get());
-        o
+        let mut out = String::with_capacity(8 * 1024);
+        // encode_registry, not encode: OpenMetrics' `# EOF` is no part of 0.0.4.
+        prometheus_client::encoding::text::encode_registry(&mut out, &self.registry).expect("our metrics encode into a String without error");
+        out
     }
 }
 
@@ -251,19 +260,66 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_the_exposition_format() {
-        let m = metrics();
-        m.xds_pushes.with(&["eds"]).inc();
-        m.debounce_time.observe(Duration::from_millis(3));
-        let h = Histogram::new(&[0.01, 0.1]);
+    fn histograms_encode_cumulative_buckets_sum_and_count() {
+        let mut r = Registry::default();
+        let h = register(&mut r, "x", "A histogram", Histogram::new(&[0.01, 0.1]));
         h.observe(Duration::from_millis(5));
         h.observe(Duration::from_millis(50));
+        h.observe(Duration::from_millis(500));
         let mut out = String::new();
-        h.render(&mut out, "x", "");
-        assert!(out.contains("x_bucket{le=\"0.01\"} 1\nx_bucket{le=\"0.1\"} 2\nx_bucket{le=\"+Inf\"} 2\nx_sum 0.055\nx_count 2\n"), "{out}");
+        prometheus_client::encoding::text::encode_registry(&mut out, &r).unwrap();
+        assert_eq!(
+            out,
+            "# HELP x A histogram.\n# TYPE x histogram\nx_sum 0.555\nx_count 3\nx_bucket{le=\"0.01\"} 1\nx_bucket{le=\"0.1\"} 2\nx_bucket{le=\"+Inf\"} 3\n"
+        );
+    }
+
+    /// Every series keeps the name it had when this module wrote the text
+    /// itself: counters with or without `_total` alike, and a family with
+    /// no series yet still has its HELP and TYPE.
+    #[test]
+    fn exports_every_metric_under_its_name_and_type() {
+        let m = metrics();
+        m.xds_pushes.with(&["eds"]).inc();
+        m.writes.with(&["ok"]).inc();
+        m.raft_leader_changes.inc();
+        m.debounce_time.observe(Duration::from_millis(3));
         let text = m.render();
-        assert!(text.contains("# TYPE pilot_xds_pushes counter\n"), "{text}");
-        assert!(text.contains("pilot_xds_pushes{type=\"eds\"} "), "{text}");
+        let types: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).collect();
+        assert_eq!(
+            types,
+            [
+                "pilot_xds gauge",
+                "pilot_xds_pushes counter",
+                "pilot_total_xds_rejects counter",
+                "pilot_debounce_time histogram",
+                "pilot_xds_push_time histogram",
+                "pilot_proxy_convergence_time histogram",
+                "pilot_push_triggers counter",
+                "lodestar_xds_streams_shed_total counter",
+                "lodestar_xds_streams_refused_total counter",
+                "lodestar_raft_term gauge",
+                "lodestar_raft_last_log_index gauge",
+                "lodestar_raft_commit_index gauge",
+                "lodestar_raft_applied_index gauge",
+                "lodestar_raft_apply_duration_seconds histogram",
+                "lodestar_raft_is_leader gauge",
+                "lodestar_raft_leader_changes_total counter",
+                "lodestar_store_revision gauge",
+                "lodestar_write_duration_seconds histogram",
+                "lodestar_writes_total counter",
+                "lodestar_api_requests_total counter",
+                "lodestar_api_request_duration_seconds histogram",
+                "lodestar_acl_refusals_total counter",
+                "lodestar_audit_dropped_total counter",
+            ]
+        );
+        for sample in
+            ["pilot_xds_pushes{type=\"eds\"} ", "lodestar_writes_total{result=\"ok\"} ", "lodestar_raft_leader_changes_total ", "pilot_debounce_time_count "]
+        {
+            assert!(text.contains(sample), "no {sample:?} in\n{text}");
+        }
+        assert!(!text.contains("# EOF"), "{text}");
     }
 
     /// Every metric the Grafana dashboard in ops/ queries is one we export.

@@ -1,4 +1,5 @@
-//! Raft peer traffic over tonic, on the raft port. TRUSTED PEERS ONLY.
+//! Raft peer traffic over tonic, on the raft port: members only (mutual
+//! TLS; each message must come from the member its certificate names).
 //!
 //! - [`PeerClients`] / [`PeerConn`]: outbound. openraft's `RaftNetwork`,
 //!   and `node::Transport` (`forward`: writes, membership changes and
@@ -317,7 +318,8 @@ fn check_sender(caller: Option<NodeId>, claimed: Option<NodeId>) -> Result<(), S
     match caller {
         Some(cert) if claimed != Some(cert) => {
             tracing::warn!(cert, ?claimed, "raft: refused a message whose sender is not the member its certificate names");
-            Err(Status::permission_denied(format!("the certificate names member {cert}, the message claims member {claimed:?}")))
+            let claimed = claimed.map_or_else(|| "none".to_string(), |c| c.to_string());
+            Err(Status::permission_denied(format!("the certificate names member {cert}, the message claims member {claimed}")))
         }
         _ => Ok(()),
     }

@@ -747,6 +747,16 @@ spec:
   - route: [{destination: {host: productpage}}]
 "#;
 
+/// An ingress gateway (router, `istio: ingressgateway`) at `.2`, in sync
+/// at `revision`.
+async fn ingress_gateway(fx: &Fixture, revision: u64) -> Proxy {
+    let mut o = EnvoyOptions::new("ingressgateway", &fx.ip(2));
+    o.namespace = "istio-system".into();
+    o.node_type = "router".into();
+    o.labels = vec![("istio".into(), "ingressgateway".into())];
+    fx.proxy(o, 1, revision).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingress_gateway_routes_to_a_mesh_service() {
     let fx = Fixture::start(1).await;
@@ -760,11 +770,7 @@ async fn ingress_gateway_routes_to_a_mesh_service() {
     assert!(out.status.success(), "lodestar apply: {stderr}");
     let rev: u64 = stderr.lines().find_map(|l| l.strip_prefix("revision ")).and_then(|v| v.trim().parse().ok()).expect("revision in the CLI output");
 
-    let mut o = EnvoyOptions::new("ingressgateway", &fx.ip(2));
-    o.namespace = "istio-system".into();
-    o.node_type = "router".into();
-    o.labels = vec![("istio".into(), "ingressgateway".into())];
-    let p = fx.proxy(o, 1, rev).await;
+    let p = ingress_gateway(&fx, rev).await;
     let url = p.url(8080, "/productpage");
     wait_for(&fx.client, &url, "bookinfo.example.test", &[], "ingress answers", |r| r.status == 200).await;
 
@@ -780,6 +786,186 @@ async fn ingress_gateway_routes_to_a_mesh_service() {
     // A router gets gateway listeners only: nothing on the service port.
     assert!(send(&fx.client, &p.url(9080, "/productpage"), "productpage", &[]).await.is_err());
     p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// 13: gateway TLS: HTTPS terminated with certificate files, never plaintext.
+
+/// Istio's secure ingress with files: `shop` over SIMPLE TLS, `partners`
+/// over MUTUAL TLS (client certificates from the test CA, with the
+/// partner's SPIFFE name), both on 8443 (a filter chain each, chosen by
+/// SNI), and plain HTTP on 8080 redirecting to HTTPS. On 9443,
+/// `partners` over OPTIONAL_MUTUAL, pinned to TLS 1.2 and one cipher.
+const GATEWAY_TLS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: shop-gateway, namespace: default}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: [shop.example.test]
+    tls: {httpsRedirect: true}
+  - port: {number: 8443, name: https, protocol: HTTPS}
+    hosts: [shop.example.test]
+    tls: {mode: SIMPLE, serverCertificate: CERTS/gateway.pem, privateKey: CERTS/gateway-key.pem}
+  - port: {number: 8443, name: https-partners, protocol: HTTPS}
+    hosts: [partners.example.test]
+    tls:
+      mode: MUTUAL
+      serverCertificate: CERTS/gateway.pem
+      privateKey: CERTS/gateway-key.pem
+      caCertificates: CERTS/ca.pem
+      subjectAltNames: [spiffe://partners.example.test/client]
+  - port: {number: 9443, name: https-optional, protocol: HTTPS}
+    hosts: [partners.example.test]
+    tls:
+      mode: OPTIONAL_MUTUAL
+      serverCertificate: CERTS/gateway.pem
+      privateKey: CERTS/gateway-key.pem
+      caCertificates: CERTS/ca.pem
+      minProtocolVersion: TLSV1_2
+      maxProtocolVersion: TLSV1_2
+      cipherSuites: [ECDHE-ECDSA-AES128-GCM-SHA256]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: shop, namespace: default}
+spec:
+  hosts: [shop.example.test]
+  gateways: [shop-gateway]
+  http:
+  - route: [{destination: {host: shop, port: {number: 9080}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: partners, namespace: default}
+spec:
+  hosts: [partners.example.test]
+  gateways: [shop-gateway]
+  http:
+  - route: [{destination: {host: partner-api, port: {number: 9080}}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_terminates_tls_simple_and_mutual() {
+    use common::tls::{Ca, TlsClient};
+    let fx = Fixture::start(1).await;
+    let shop = fx.upstream(11, "shop").await;
+    let partner_api = fx.upstream(12, "partner-api").await;
+
+    // The gateway's certificate and the partner's client certificate come
+    // from the test CA; a stranger has one from the same CA under another
+    // name, an impostor one from another CA under the partner's name.
+    let certs = fx.tmp.path().join("certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    let ca = Ca::new("lodestar test CA");
+    ca.write(&certs, "ca");
+    ca.server(&["shop.example.test", "partners.example.test"]).write(&certs, "gateway");
+    let partner = ca.client("spiffe://partners.example.test/client");
+    let stranger = ca.client("spiffe://elsewhere.example.test/client");
+    let other_ca = Ca::new("another CA");
+    let impostor = other_ca.client("spiffe://partners.example.test/client");
+
+    let gateway = GATEWAY_TLS.replace("CERTS", certs.to_str().unwrap());
+    let yaml = format!("{}---{}---{gateway}", single_service("shop", 9080, &shop), single_service("partner-api", 9080, &partner_api));
+    let rev = fx.apply(&yaml).await;
+    // In sync at `rev`, nothing NACKed.
+    let p = ingress_gateway(&fx, rev).await;
+    let tls_port: std::net::SocketAddr = format!("{}:8443", p.ip).parse().unwrap();
+
+    // SIMPLE: the gateway's certificate, verified against the test CA.
+    let shop_client = TlsClient { ca: &ca, server_name: "shop.example.test", certificate: None, alpn: &["http/1.1"] };
+    let deadline = Instant::now() + BOUND;
+    let reply = loop {
+        match shop_client.get(tls_port, "shop.example.test", "/products").await {
+            Ok(r) if r.status == 200 => break r,
+            other if Instant::now() > deadline => panic!("shop over TLS: {other:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    assert_eq!((reply.body.as_str(), reply.alpn.as_deref()), ("shop", Some("http/1.1")));
+    assert_eq!(shop.requests().last().map(|q| q.path.clone()).as_deref(), Some("/products"));
+    // HTTP/2 is offered too.
+    let h2 = TlsClient { alpn: &["h2", "http/1.1"], ..shop_client };
+    assert_eq!(h2.handshake(tls_port).await.unwrap().as_deref(), Some("h2"));
+    // A client trusting another CA rejects the gateway's certificate.
+    let doubting = TlsClient { ca: &other_ca, server_name: "shop.example.test", certificate: None, alpn: &[] };
+    let e = doubting.get(tls_port, "shop.example.test", "/").await.expect_err("certificate from an untrusted CA");
+    assert!(e.contains("certificate"), "{e}");
+
+    // Plaintext to the TLS port gets no answer.
+    let plain = send(&fx.client, &format!("http://{tls_port}/products"), "shop.example.test", &[]).await;
+    assert!(plain.is_err(), "plaintext HTTP to the TLS port was answered: {plain:?}");
+
+    // MUTUAL (chosen by SNI): no client certificate, a certificate with
+    // another name, or one from another CA are refused; the partner's is
+    // accepted, and its identity goes upstream.
+    let partners = |certificate| TlsClient { ca: &ca, server_name: "partners.example.test", certificate, alpn: &["http/1.1"] };
+    for (who, cert) in [("no certificate", None), ("another name", Some(&stranger)), ("another CA", Some(&impostor))] {
+        let r = partners(cert).get(tls_port, "partners.example.test", "/orders").await;
+        assert!(r.is_err(), "client with {who} was let in: {r:?}");
+    }
+    assert!(partner_api.requests().is_empty(), "a refused client reached the upstream");
+    let reply = partners(Some(&partner)).get(tls_port, "partners.example.test", "/orders").await.expect("partner with its certificate");
+    assert_eq!((reply.status, reply.body.as_str()), (200, "partner-api"));
+    let xfcc = partner_api.requests().last().and_then(|q| q.headers.get("x-forwarded-client-cert").cloned()).unwrap_or_default();
+    assert!(xfcc.contains("URI=spiffe://partners.example.test/client"), "x-forwarded-client-cert: {xfcc:?}");
+    // Envoy refused each for the reason meant.
+    let stats = p.envoy.stats().await;
+    let ssl = |stat: &str| stats.iter().filter(|(k, _)| k.starts_with("listener.") && k.ends_with(&format!(".ssl.{stat}"))).map(|(_, v)| v).sum::<u64>();
+    assert!(ssl("fail_verify_no_cert") >= 1 && ssl("fail_verify_san") >= 1 && ssl("fail_verify_error") >= 1, "ssl stats: {stats:?}");
+
+    // OPTIONAL_MUTUAL: a client certificate is validated if given, not
+    // required; TLS 1.2 only, as configured.
+    let optional_port: std::net::SocketAddr = format!("{}:9443", p.ip).parse().unwrap();
+    let before = partner_api.requests().len();
+    for (who, cert) in [("no certificate", None), ("the partner's", Some(&partner))] {
+        let r = partners(cert).get(optional_port, "partners.example.test", "/orders").await.unwrap_or_else(|e| panic!("optional mutual, {who}: {e}"));
+        assert_eq!((r.status, r.body.as_str(), r.version.as_deref()), (200, "partner-api", Some("TLSv1_2")), "{who}");
+    }
+    let seen = partner_api.requests();
+    assert_eq!(seen.len(), before + 2);
+    assert!(!seen[before].headers.contains_key("x-forwarded-client-cert") && seen[before + 1].headers.contains_key("x-forwarded-client-cert"), "{seen:?}");
+    let r = partners(Some(&impostor)).get(optional_port, "partners.example.test", "/orders").await;
+    assert!(r.is_err(), "optional mutual let in a certificate from another CA: {r:?}");
+
+    // Plain HTTP on 8080 redirects to HTTPS.
+    let r = get(&fx.client, &p.url(8080, "/products"), "shop.example.test", &[]).await;
+    assert_eq!((r.status, r.header("location")), (301, Some("https://shop.example.test/products")));
+    p.envoy.assert_no_rejections().await;
+
+    // What Lodestar cannot serve as asked is refused at apply time, naming
+    // the field: Istio's secure ingress with a secret, mesh mTLS upstream.
+    let refused = r#"
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: secret-gateway, namespace: default}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 443, name: https, protocol: HTTPS}
+    hosts: [shop.example.test]
+    tls: {mode: SIMPLE, credentialName: shop-credential}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: shop, namespace: default}
+spec:
+  host: shop
+  trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}
+"#;
+    let r = fx.client.post(format!("{}/v1/apply", fx.api(1))).header("content-type", "application/yaml").body(refused).send().await.unwrap();
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(status, 400, "{body:#}");
+    let fields = body["error"]["fields"].as_array().cloned().unwrap_or_default();
+    for field in ["spec.servers[0].tls.credentialName", "spec.trafficPolicy.tls.mode"] {
+        let named = fields
+            .iter()
+            .any(|f| f["field"].as_str().is_some_and(|x| x.ends_with(field)) && f["reason"].as_str().is_some_and(|x| x.contains("not supported yet")));
+        assert!(named, "{field} not named as not supported: {body:#}");
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -337,7 +337,7 @@ async fn syncz(State(sync): State<SyncRegistry>, caller: Caller) -> Result<Json<
 
 async fn metrics(caller: Caller) -> Result<Response> {
     caller.authorize(Verb::Read, [Target::Cluster])?;
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::metrics().render()).into_response())
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::metrics().render()).into_response())
 }
 
 /// Create a token (`admin` on the cluster); the answer holds its secret,

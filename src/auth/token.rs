@@ -10,10 +10,12 @@ use crate::model::acl::{format_rfc3339, hex, TokenSpec, TokenType, HASH_PREFIX, 
 use crate::model::kinds::{ACL_GROUP, CLUSTER_NAMESPACE};
 use rand::RngCore;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 pub fn hash_secret(secret: &str) -> [u8; 32] {
-    Sha256::digest(secret.as_bytes()).into()
+    let d = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
 }
 
 /// The hash as a Token stores it: `sha256:<hex>`.

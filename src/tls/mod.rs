@@ -152,7 +152,7 @@ struct Configs {
 pub struct Tls {
     files: TlsFiles,
     verify_incoming: bool,
-    current: RwLock<(Arc<Configs>, Vec<Option<(SystemTime, u64)>>)>,
+    current: RwLock<(Arc<Configs>, Stamps)>,
 }
 
 impl Tls {
@@ -230,7 +230,10 @@ impl Tls {
     }
 }
 
-fn stamps(files: &TlsFiles) -> Vec<Option<(SystemTime, u64)>> {
+/// What the files looked like when read: modification time and size each.
+type Stamps = Vec<Option<(SystemTime, u64)>>;
+
+fn stamps(files: &TlsFiles) -> Stamps {
     [&files.ca, &files.cert, &files.key].iter().map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len())))).collect()
 }
 

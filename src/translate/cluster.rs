@@ -3,7 +3,7 @@
 
 use super::util::{ads_config_source, any, duration, istio_duration};
 use crate::mesh::{Health, Instance, Resolution, Service, ServicePort};
-use crate::model::istio::destination_rule::{ClientTlsMode, ConnectionPoolSettings, LoadBalancerSettings, OutlierDetection, SimpleLb, TrafficPolicy};
+use crate::model::istio::destination_rule::{ConnectionPoolSettings, LoadBalancerSettings, OutlierDetection, SimpleLb, TrafficPolicy};
 use crate::model::istio::DestinationRule;
 use envoy_types::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
@@ -11,13 +11,9 @@ use envoy_types::pb::envoy::config::cluster::v3::{
     CircuitBreakers, Cluster, OutlierDetection as EnvoyOutlier,
 };
 use envoy_types::pb::envoy::config::core::v3::{
-    address, socket_address::PortSpecifier, transport_socket, Address, DataSource, HealthStatus, Http2ProtocolOptions, HttpProtocolOptions as CoreHttpOptions,
-    Locality, SocketAddress, TransportSocket,
+    address, socket_address::PortSpecifier, Address, HealthStatus, Http2ProtocolOptions, HttpProtocolOptions as CoreHttpOptions, Locality, SocketAddress,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints};
-use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    common_tls_context::ValidationContextType, CertificateValidationContext, CommonTlsContext, TlsCertificate, UpstreamTlsContext,
-};
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     http_protocol_options::{explicit_http_config::ProtocolConfig, ExplicitHttpConfig, UpstreamProtocolOptions},
     HttpProtocolOptions,
@@ -113,32 +109,10 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
     if let Some(od) = &policy.outlier_detection {
         apply_outlier(&mut c, od);
     }
-    if let Some(tls) = &policy.tls {
-        if matches!(tls.mode, Some(ClientTlsMode::Simple) | Some(ClientTlsMode::Mutual)) {
-            let validation = tls
-                .ca_certificates
-                .as_ref()
-                .map(|ca| ValidationContextType::ValidationContext(CertificateValidationContext { trusted_ca: Some(file(ca)), ..Default::default() }));
-            let certs = match (&tls.client_certificate, &tls.private_key) {
-                (Some(cert), Some(key)) if tls.mode == Some(ClientTlsMode::Mutual) => {
-                    vec![TlsCertificate { certificate_chain: Some(file(cert)), private_key: Some(file(key)), ..Default::default() }]
-                }
-                _ => Vec::new(),
-            };
-            let ctx = UpstreamTlsContext {
-                sni: tls.sni.clone().unwrap_or_default(),
-                common_tls_context: Some(CommonTlsContext { tls_certificates: certs, validation_context_type: validation, ..Default::default() }),
-                ..Default::default()
-            };
-            c.transport_socket =
-                Some(TransportSocket { name: "envoy.transport_sockets.tls".into(), config_type: Some(transport_socket::ConfigType::TypedConfig(any(&ctx))) });
-        }
+    if let Some(ctx) = policy.tls.as_ref().and_then(super::tls::upstream) {
+        c.transport_socket = Some(super::tls::transport_socket(&ctx));
     }
     Some(c)
-}
-
-fn file(path: &str) -> DataSource {
-    DataSource { specifier: Some(envoy_types::pb::envoy::config::core::v3::data_source::Specifier::Filename(path.to_string())), ..Default::default() }
 }
 
 fn apply_lb(c: &mut Cluster, lb: Option<&LoadBalancerSettings>) {

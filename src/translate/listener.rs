@@ -1,26 +1,30 @@
 //! Listeners: HTTP connection managers (RDS) or TCP proxies on the
 //! addresses planned in `scope`, inbound listeners for Sidecar ingress, and
-//! gateway listeners.
+//! gateway listeners (plain HTTP, or HTTPS with a TLS filter chain per
+//! server).
 
 use super::cluster::socket_address;
 use super::route::{http_filter_names, CORS_FILTER, FAULT_FILTER};
 use super::util::{ads_config_source, any};
-use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, Listener};
+use envoy_types::pb::envoy::config::listener::v3::{filter, listener_filter, Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter};
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
 use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::{CodecType, RouteSpecifier},
+    http_connection_manager::{CodecType, ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails},
     http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
     tcp_proxy::{weighted_cluster::ClusterWeight, ClusterSpecifier, WeightedCluster},
     TcpProxy,
 };
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
 
 pub const HCM: &str = "envoy.filters.network.http_connection_manager";
 pub const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
+pub const TLS_INSPECTOR: &str = "envoy.filters.listener.tls_inspector";
 
 /// RDS by name, or an inline route table (inbound listeners).
 pub enum Routes {
@@ -68,6 +72,57 @@ pub fn tcp_listener(name: &str, ip: &str, port: u32, clusters: Vec<(String, u32)
     };
     let tcp = TcpProxy { stat_prefix: name.to_string(), cluster_specifier: Some(cluster_specifier), ..Default::default() };
     listener(name, ip, port, Filter { name: TCP_PROXY.into(), config_type: Some(filter::ConfigType::TypedConfig(any(&tcp))) })
+}
+
+/// One filter chain of an HTTPS listener: TLS terminated with `tls`, then
+/// HTTP routed by the route table `route`. `server_names` (SNI) choose the
+/// chain when a port has several; empty matches any.
+pub struct TlsChain {
+    pub server_names: Vec<String>,
+    pub tls: DownstreamTlsContext,
+    pub route: String,
+}
+
+/// An HTTPS listener: a filter chain per TLS server. Nothing on it speaks
+/// plaintext: a connection that does not complete a TLS handshake with one
+/// of the chains is closed.
+pub fn https_listener(name: &str, ip: &str, port: u32, chains: Vec<TlsChain>) -> Listener {
+    // SNI is read from the ClientHello by the TLS inspector, and only
+    // needed to choose between chains.
+    let listener_filters = if chains.iter().any(|c| !c.server_names.is_empty()) {
+        vec![ListenerFilter {
+            name: TLS_INSPECTOR.into(),
+            config_type: Some(listener_filter::ConfigType::TypedConfig(any(&TlsInspector::default()))),
+            ..Default::default()
+        }]
+    } else {
+        Vec::new()
+    };
+    let filter_chains = chains
+        .into_iter()
+        .map(|c| {
+            let mut hcm = http_connection_manager(&c.route, Routes::Rds(c.route.clone()));
+            // As Istio's gateways: the client certificate of a mutual TLS
+            // connection goes upstream in x-forwarded-client-cert, and a
+            // client's own header is never passed on.
+            hcm.forward_client_cert_details = ForwardClientCertDetails::SanitizeSet as i32;
+            hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
+                subject: Some(envoy_types::pb::google::protobuf::BoolValue { value: true }),
+                cert: true,
+                dns: true,
+                uri: true,
+                ..Default::default()
+            });
+            FilterChain {
+                name: c.route,
+                filter_chain_match: (!c.server_names.is_empty()).then(|| FilterChainMatch { server_names: c.server_names, ..Default::default() }),
+                filters: vec![Filter { name: HCM.into(), config_type: Some(filter::ConfigType::TypedConfig(any(&hcm))) }],
+                transport_socket: Some(super::tls::transport_socket(&c.tls)),
+                ..Default::default()
+            }
+        })
+        .collect();
+    Listener { name: name.to_string(), address: Some(socket_address(ip, port)), filter_chains, listener_filters, ..Default::default() }
 }
 
 fn listener(name: &str, ip: &str, port: u32, filter: Filter) -> Listener {

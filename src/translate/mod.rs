@@ -7,18 +7,21 @@
 //! - `route`: VirtualService → routes.
 //! - `cluster`: services + DestinationRules → clusters and endpoints.
 //! - `listener`: HTTP/TCP listeners.
+//! - `gateway`: Gateway servers → gateway listeners and route tables.
+//! - `tls`: TLS contexts (gateway termination, DestinationRule origination).
 
 pub mod cluster;
 pub mod encode;
+pub mod gateway;
 pub mod intern;
 pub mod listener;
 pub mod route;
 pub mod scope;
+pub mod tls;
 pub mod util;
 
 use crate::mesh::{Config, Mesh, MeshConfig, Service};
-use crate::model::istio::gateway::Server;
-use crate::model::istio::{host_matches, resolve_short_name, DestinationRule};
+use crate::model::istio::{resolve_short_name, DestinationRule};
 use crate::model::proxy::{ProxyIdentity, ProxyKind};
 use crate::store::state::Objects;
 use crate::store::Applied;
@@ -147,7 +150,7 @@ fn translate_with_parts(mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&Clust
     let mut rds = BTreeMap::new();
     match proxy.kind {
         ProxyKind::Sidecar => sidecar(&mut cfg, &mut rds, mesh, proxy, cache),
-        ProxyKind::Router => gateway(&mut cfg, mesh, proxy, cache),
+        ProxyKind::Router => gateway::translate(&mut cfg, mesh, proxy, cache),
     }
     (cfg, rds)
 }
@@ -322,66 +325,6 @@ fn tcp_destinations(ctx: &RouteCtx, svc: &Service) -> Vec<(String, u32)> {
         }
     }
     vec![(outbound_cluster_name(ctx.port, "", &svc.hostname), 1)]
-}
-
-/// Gateway proxies: a listener per server port of every Gateway whose
-/// selector matches the proxy; routes from VirtualServices bound to them.
-fn gateway(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) {
-    let suffix = &mesh.config.domain_suffix;
-    let gateways: Vec<_> =
-        mesh.gateways.iter().filter(|g| !g.spec.selector.is_empty() && g.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v))).collect();
-    // port → (gateway name, server) pairs
-    let mut ports: BTreeMap<u32, Vec<(String, &Server)>> = BTreeMap::new();
-    for g in &gateways {
-        for s in &g.spec.servers {
-            ports.entry(s.port.number()).or_default().push((format!("{}/{}", g.key.namespace, g.key.name), s));
-        }
-    }
-    let all: BTreeMap<String, Arc<Service>> = scope::visible_services(mesh, proxy).map(|s| (s.hostname.clone(), s.clone())).collect();
-    for (port, servers) in ports {
-        let route_name = format!("http.{port}");
-        let mut vhosts: BTreeMap<String, VirtualHost> = BTreeMap::new();
-        for (gw, server) in &servers {
-            let ctx = RouteCtx { mesh, proxy, port, gateway: Some(gw) };
-            let gw_ns = gw.split('/').next().unwrap_or("");
-            for vs in mesh.virtual_services.iter().filter(|vs| ctx.vs_applies(vs)) {
-                for h in &vs.spec.hosts {
-                    let host = resolve_short_name(h, &vs.key.namespace, suffix);
-                    let admitted = server.hosts.iter().any(|sh| {
-                        let (ns, pat) = sh.split_once('/').unwrap_or(("*", sh));
-                        (ns == "*" || ns == vs.key.namespace || (ns == "." && vs.key.namespace == gw_ns))
-                            && (host_matches(pat, &host) || host_matches(&host, pat))
-                    });
-                    if !admitted || vhosts.contains_key(&host) {
-                        continue;
-                    }
-                    let routes = route::http_routes(&ctx, vs, None);
-                    let require_tls = server.tls.as_ref().is_some_and(|t| t.https_redirect == Some(true));
-                    vhosts.insert(
-                        host.clone(),
-                        VirtualHost {
-                            name: format!("{host}:{port}"),
-                            domains: vec![host.clone(), format!("{host}:{port}")],
-                            routes,
-                            require_tls: if require_tls { 1 } else { 0 },
-                            ..Default::default()
-                        },
-                    );
-                }
-            }
-        }
-        let rc = RouteConfiguration {
-            name: route_name.clone(),
-            virtual_hosts: vhosts.into_values().collect(),
-            validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }),
-            ..Default::default()
-        };
-        cfg.insert(ResourceType::Route, route_resource(&rc));
-        let bind = servers.iter().find_map(|(_, s)| s.bind.clone()).filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
-        let l = listener::http_listener(&format!("{bind}_{port}"), &bind, port, Routes::Rds(route_name));
-        cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
-    }
-    add_service_clusters(cfg, mesh, proxy, &all, cache);
 }
 
 /// What the translator remembers of a proxy's last translation.

@@ -178,7 +178,7 @@ impl SyncRegistry {
             closing: None,
         };
         self.streams().insert(stream, status);
-        crate::metrics::metrics().xds_connected.add(1);
+        crate::metrics::metrics().xds_connected.inc();
         let close = Arc::new(tokio::sync::Notify::new());
         self.inner.closers.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, close.clone());
         StreamHandle { registry: self.clone(), stream, close }
@@ -320,7 +320,7 @@ impl StreamHandle {
 
 impl Drop for StreamHandle {
     fn drop(&mut self) {
-        crate::metrics::metrics().xds_connected.add(-1);
+        crate::metrics::metrics().xds_connected.dec();
         self.registry.inner.closers.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.stream);
         self.registry.inner.configs.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.stream);
         self.registry.streams().remove(&self.stream);

@@ -8,6 +8,7 @@
 pub mod envoy;
 pub mod forward;
 pub mod mesh;
+pub mod tls;
 
 use serde_json::{json, Value};
 use std::path::PathBuf;

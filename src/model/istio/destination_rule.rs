@@ -856,8 +856,35 @@ impl ClientTlsSettings {
                 r.error(&at.field("privateKey"), "private key required for mutual tls");
             }
         }
-        r.ignored_if(self.credential_name.is_some(), &at.field("credentialName"));
-        r.ignored_if(self.ca_crl.is_some(), &at.field("caCrl"));
+        let originates = matches!(mode, ClientTlsMode::Simple | ClientTlsMode::Mutual);
+        if mode == ClientTlsMode::IstioMutual {
+            r.unsupported_one(&at.field("mode"), "tls mode ISTIO_MUTUAL", "Lodestar has no mesh certificate authority: use MUTUAL with certificate files");
+        }
+        if originates {
+            if self.credential_name.is_some() {
+                r.unsupported_one(
+                    &at.field("credentialName"),
+                    "credentialName",
+                    "Lodestar has no secret store: give clientCertificate, privateKey and caCertificates as file paths on the proxy's host",
+                );
+            }
+            // Envoy checks names (and revocation) only on a certificate it
+            // validated against a CA; Lodestar does not assume the system's
+            // CA bundle is where Envoy runs.
+            let no_ca = self.ca_certificates.as_deref().is_none_or(str::is_empty) && self.credential_name.is_none();
+            if no_ca && !self.subject_alt_names.is_empty() {
+                r.error(&at.field("subjectAltNames"), "subjectAltNames need caCertificates to verify the server's certificate against");
+            }
+            if no_ca && self.ca_crl.is_some() {
+                r.error(&at.field("caCrl"), "caCrl needs caCertificates to verify the server's certificate against");
+            }
+            if no_ca && self.insecure_skip_verify != Some(true) && self.credential_name.is_none() {
+                r.warn(at, "without caCertificates the server's certificate is not verified; set caCertificates, or insecureSkipVerify: true to say so");
+            }
+        } else {
+            r.ignored_if(self.credential_name.is_some(), &at.field("credentialName"));
+            r.ignored_if(self.ca_crl.is_some(), &at.field("caCrl"));
+        }
     }
 }
 
@@ -940,6 +967,33 @@ mod tests {
         let e = errors(json!({"host": "r", "trafficPolicy": {"tls": {"mode": "MUTUAL"}}}));
         assert!(has(&e, "spec.trafficPolicy.tls.clientCertificate", "required"), "{e:?}");
         assert!(has(&e, "spec.trafficPolicy.tls.privateKey", "required"), "{e:?}");
+    }
+
+    #[test]
+    fn tls_origination_checks() {
+        let e = errors(
+            json!({"host": "r", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}, "portLevelSettings": [{"port": {"number": 80}, "tls": {"mode": "ISTIO_MUTUAL"}}]},
+            "subsets": [{"name": "a", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}}]}),
+        );
+        for field in ["spec.trafficPolicy.tls.mode", "spec.trafficPolicy.portLevelSettings[0].tls.mode", "spec.subsets[0].trafficPolicy.tls.mode"] {
+            assert!(has(&e, field, "ISTIO_MUTUAL is not supported yet"), "{field}: {e:?}");
+        }
+        let e = errors(json!({"host": "r", "trafficPolicy": {"tls": {"mode": "SIMPLE", "credentialName": "c", "subjectAltNames": ["r.example.com"]}}}));
+        assert!(has(&e, "spec.trafficPolicy.tls.credentialName", "not supported yet"), "{e:?}");
+        let e = errors(json!({"host": "r", "trafficPolicy": {"tls": {"mode": "SIMPLE", "subjectAltNames": ["r.example.com"], "caCrl": "/crl.pem"}}}));
+        assert!(has(&e, "spec.trafficPolicy.tls.subjectAltNames", "need caCertificates"), "{e:?}");
+        assert!(has(&e, "spec.trafficPolicy.tls.caCrl", "needs caCertificates"), "{e:?}");
+        // Verified, or explicitly not: no warning; else one.
+        let ok = validate(
+            "DestinationRule",
+            &json!({"host": "r", "trafficPolicy": {"tls": {"mode": "SIMPLE", "caCertificates": "/ca.pem", "subjectAltNames": ["r"]}}}),
+        )
+        .unwrap();
+        assert!(ok.warnings().is_empty(), "{:?}", ok.warnings());
+        let ok = validate("DestinationRule", &json!({"host": "r", "trafficPolicy": {"tls": {"mode": "SIMPLE", "insecureSkipVerify": true}}})).unwrap();
+        assert!(ok.warnings().is_empty(), "{:?}", ok.warnings());
+        let unverified = validate("DestinationRule", &json!({"host": "r", "trafficPolicy": {"tls": {"mode": "SIMPLE", "sni": "r"}}})).unwrap();
+        assert!(unverified.warnings().iter().any(|w| w.contains("not verified")), "{:?}", unverified.warnings());
     }
 
     #[test]

@@ -115,6 +115,32 @@ impl ServerTlsSettings {
     fn has_credential_name(&self) -> bool {
         self.credential_name.is_some() || !self.credential_names.is_empty()
     }
+
+    /// Whether the proxy terminates TLS (and so needs certificates).
+    pub fn terminates(&self) -> bool {
+        matches!(self.mode(), ServerTlsMode::Simple | ServerTlsMode::Mutual | ServerTlsMode::OptionalMutual)
+    }
+
+    /// Whether clients are asked for a certificate, validated against
+    /// `caCertificates` (required only with `MUTUAL`).
+    pub fn verifies_clients(&self) -> bool {
+        matches!(self.mode(), ServerTlsMode::Mutual | ServerTlsMode::OptionalMutual)
+    }
+
+    /// The cipher suites given to Envoy: as Istio does, names Envoy does
+    /// not know and repeats are dropped (validation warns about both).
+    pub fn cipher_suites(&self) -> Vec<&str> {
+        let mut seen = BTreeSet::new();
+        self.cipher_suites.iter().map(String::as_str).filter(|c| known_cipher_suite(c) && seen.insert(*c)).collect()
+    }
+}
+
+/// A cipher suite Envoy (BoringSSL) knows by name, `ALL`, or an expression
+/// starting with an operator (`-`, `+`, `!`, `[`), which is BoringSSL
+/// syntax we pass on without parsing (as Istio does).
+fn known_cipher_suite(cipher: &str) -> bool {
+    let is_expression = !cipher.starts_with(|c: char| c.is_alphanumeric());
+    is_expression || cipher == "ALL" || CIPHER_SUITES.contains(&cipher)
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,7 +166,8 @@ pub enum ServerTlsMode {
     OptionalMutual,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// In Envoy's order (`TlsParameters.TlsProtocol`), so versions compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum TlsProtocol {
     #[serde(rename = "TLS_AUTO")]
     TlsAuto,
@@ -267,7 +294,63 @@ impl Server {
                 _ => {}
             }
         }
+        if let Some(protocol) = protocol {
+            self.check_translatable(protocol, at, r);
+        }
         r.ignored_if(self.default_endpoint.is_some(), &at.field("defaultEndpoint"));
+    }
+
+    /// Gateways serve HTTP, and HTTPS terminated with certificate files.
+    /// Anything else would be served as something the user did not ask
+    /// for (a TCP port as HTTP, TLS as plaintext), so it is refused.
+    fn check_translatable(&self, protocol: Protocol, at: &Path, r: &mut Report) {
+        if protocol == Protocol::Tls {
+            r.unsupported_one(
+                &at.field("port").field("protocol"),
+                "protocol TLS on a gateway",
+                "use HTTPS with tls.mode SIMPLE or MUTUAL to terminate TLS and route HTTP",
+            );
+            return;
+        }
+        if !protocol.is_http() && protocol != Protocol::Https {
+            r.unsupported_one(&at.field("port").field("protocol"), &format!("protocol {} on a gateway", self.port.protocol), "gateways serve HTTP and HTTPS");
+            return;
+        }
+        let Some(tls) = &self.tls else { return };
+        let tls_at = at.field("tls");
+        match tls.mode() {
+            mode @ (ServerTlsMode::Passthrough | ServerTlsMode::AutoPassthrough) if protocol == Protocol::Https => {
+                let name = if mode == ServerTlsMode::Passthrough { "PASSTHROUGH" } else { "AUTO_PASSTHROUGH" };
+                r.unsupported_one(&tls_at.field("mode"), &format!("tls mode {name}"), "terminate TLS with SIMPLE or MUTUAL");
+            }
+            ServerTlsMode::IstioMutual => r.unsupported_one(
+                &tls_at.field("mode"),
+                "tls mode ISTIO_MUTUAL",
+                "Lodestar has no mesh certificate authority: use MUTUAL with certificate files",
+            ),
+            _ => {}
+        }
+        let no_secrets = "Lodestar has no secret store: give serverCertificate and privateKey (and caCertificates) as file paths on the gateway's host";
+        if tls.credential_name.is_some() {
+            r.unsupported_one(&tls_at.field("credentialName"), "credentialName", no_secrets);
+        }
+        if !tls.credential_names.is_empty() {
+            r.unsupported_one(&tls_at.field("credentialNames"), "credentialNames", no_secrets);
+        }
+        if tls.ca_cert_credential_name.is_some() {
+            r.unsupported_one(
+                &tls_at.field("caCertCredentialName"),
+                "caCertCredentialName",
+                "Lodestar has no secret store: give caCertificates as a file path",
+            );
+        }
+        let certs_at = tls_at.field("tlsCertificates");
+        for (i, cert) in tls.tls_certificates.iter().enumerate() {
+            if cert.ca_certificates.is_some() {
+                r.unsupported_one(&certs_at.index(i).field("caCertificates"), "caCertificates per certificate", "use tls.caCertificates");
+            }
+        }
+        r.ignored_if(tls.insecure_skip_verify.is_some(), &tls_at.field("insecureSkipVerify"));
     }
 }
 
@@ -280,13 +363,40 @@ impl ServerTlsSettings {
         let mut seen = BTreeSet::new();
         let ciphers_at = at.field("cipherSuites");
         for (i, cipher) in self.cipher_suites.iter().enumerate() {
-            // Expressions starting with an operator (`-`, `+`, `!`, `[`) are
-            // BoringSSL syntax we do not parse.
-            let is_expression = !cipher.starts_with(|c: char| c.is_alphanumeric());
-            if !is_expression && cipher != "ALL" && !CIPHER_SUITES.contains(&cipher.as_str()) {
+            if !known_cipher_suite(cipher) {
                 r.warn(&ciphers_at.index(i), format!("ignoring invalid cipher suite {cipher:?}"));
             } else if !seen.insert(cipher.as_str()) {
                 r.warn(&ciphers_at.index(i), format!("ignoring duplicate cipher suite {cipher:?}"));
+            }
+        }
+        if let (Some(min), Some(max)) = (self.min_protocol_version, self.max_protocol_version) {
+            if min != TlsProtocol::TlsAuto && max != TlsProtocol::TlsAuto && min > max {
+                r.error(&at.field("minProtocolVersion"), format!("minProtocolVersion {min:?} is above maxProtocolVersion {max:?}"));
+            }
+        }
+        // Envoy refuses the listener over a malformed pin.
+        let spki_at = at.field("verifyCertificateSpki");
+        for (i, spki) in self.verify_certificate_spki.iter().enumerate() {
+            if !is_base64_sha256(spki) {
+                r.error(&spki_at.index(i), format!("{spki:?} is not a base64-encoded SHA-256 hash (44 characters)"));
+            }
+        }
+        let hash_at = at.field("verifyCertificateHash");
+        for (i, hash) in self.verify_certificate_hash.iter().enumerate() {
+            if !is_hex_sha256(hash) {
+                r.error(&hash_at.index(i), format!("{hash:?} is not a hex-encoded SHA-256 hash (64 hex digits, optionally colon-separated)"));
+            }
+        }
+        if mode == ServerTlsMode::Simple {
+            // SIMPLE asks no client for a certificate: nothing to verify.
+            let client_checks = [
+                ("caCertificates", self.ca_certificates.is_some()),
+                ("subjectAltNames", !self.subject_alt_names.is_empty()),
+                ("verifyCertificateSpki", !self.verify_certificate_spki.is_empty()),
+                ("verifyCertificateHash", !self.verify_certificate_hash.is_empty()),
+            ];
+            for (field, _) in client_checks.iter().filter(|(_, set)| *set) {
+                r.warn(&at.field(field), "has no effect with SIMPLE TLS (clients are not asked for a certificate); use MUTUAL or OPTIONAL_MUTUAL");
             }
         }
 
@@ -362,6 +472,17 @@ impl ServerTlsSettings {
     }
 }
 
+/// 32 bytes in standard base64: 43 characters and one `=` of padding.
+fn is_base64_sha256(s: &str) -> bool {
+    s.len() == 44 && s.ends_with('=') && s.as_bytes()[..43].iter().all(|b| b.is_ascii_alphanumeric() || *b == b'+' || *b == b'/')
+}
+
+/// 32 bytes in hex, optionally with colons between the bytes (`AB:CD:...`).
+fn is_hex_sha256(s: &str) -> bool {
+    let digits: Vec<u8> = s.bytes().filter(|b| *b != b':').collect();
+    digits.len() == 64 && digits.iter().all(u8::is_ascii_hexdigit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::validate::{validate, FieldError};
@@ -382,7 +503,7 @@ mod tests {
             "servers": [
                 {"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"], "tls": {"httpsRedirect": true}},
                 {"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "hosts": ["bookinfo/*.example.com"],
-                 "tls": {"mode": "SIMPLE", "credentialName": "example-cert"}}
+                 "tls": {"mode": "SIMPLE", "serverCertificate": "/etc/certs/tls.crt", "privateKey": "/etc/certs/tls.key"}}
             ]
         });
         let validated = validate("Gateway", &spec).unwrap();
@@ -427,6 +548,46 @@ mod tests {
         assert!(validate("Gateway", &spec).is_ok());
         let e = errors(json!({"servers": [{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "bind": "not-an-ip", "hosts": ["*"]}]}));
         assert!(has(&e, "spec.servers[0].bind", "not a valid IP"), "{e:?}");
+    }
+
+    #[test]
+    fn what_gateways_cannot_serve_is_refused_not_served_otherwise() {
+        let e = errors(json!({"servers": [
+            {"port": {"number": 443, "name": "a", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialName": "a-cert"}},
+            {"port": {"number": 443, "name": "b", "protocol": "HTTPS"}, "hosts": ["b.example.com"], "tls": {"mode": "PASSTHROUGH"}},
+            {"port": {"number": 443, "name": "c", "protocol": "HTTPS"}, "hosts": ["c.example.com"], "tls": {"mode": "AUTO_PASSTHROUGH"}},
+            {"port": {"number": 15443, "name": "d", "protocol": "HTTPS"}, "hosts": ["*.local"], "tls": {"mode": "ISTIO_MUTUAL"}},
+            {"port": {"number": 31400, "name": "e", "protocol": "TCP"}, "hosts": ["*"]},
+            {"port": {"number": 8443, "name": "f", "protocol": "TLS"}, "hosts": ["f.example.com"], "tls": {"mode": "PASSTHROUGH"}}
+        ]}));
+        assert!(has(&e, "spec.servers[0].tls.credentialName", "credentialName is not supported yet"), "{e:?}");
+        assert!(has(&e, "spec.servers[1].tls.mode", "PASSTHROUGH is not supported yet"), "{e:?}");
+        assert!(has(&e, "spec.servers[2].tls.mode", "AUTO_PASSTHROUGH is not supported yet"), "{e:?}");
+        assert!(has(&e, "spec.servers[3].tls.mode", "ISTIO_MUTUAL is not supported yet"), "{e:?}");
+        assert!(has(&e, "spec.servers[4].port.protocol", "protocol TCP on a gateway is not supported yet"), "{e:?}");
+        assert!(has(&e, "spec.servers[5].port.protocol", "protocol TLS on a gateway is not supported yet"), "{e:?}");
+        assert!(e.iter().all(|e| !e.reason.contains("invalid")), "{e:?}");
+    }
+
+    #[test]
+    fn terminated_tls_is_accepted() {
+        let spec = json!({"servers": [
+            {"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"], "tls": {"httpsRedirect": true}},
+            {"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+             "tls": {"mode": "SIMPLE", "serverCertificate": "/c.pem", "privateKey": "/k.pem", "minProtocolVersion": "TLSV1_2", "maxProtocolVersion": "TLSV1_3"}},
+            {"port": {"number": 8443, "name": "mtls", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+             "tls": {"mode": "MUTUAL", "serverCertificate": "/c.pem", "privateKey": "/k.pem", "caCertificates": "/ca.pem", "subjectAltNames": ["client.example.com"],
+                     "verifyCertificateHash": ["DF:6F:F7:2F:E9:11:65:21:26:8F:64:71:58:E4:5A:22:8D:3B:81:2E:11:CD:A3:9A:CA:6E:59:F0:E4:E3:B2:03"]}},
+            {"port": {"number": 9443, "name": "optional", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+             "tls": {"mode": "OPTIONAL_MUTUAL", "tlsCertificates": [{"serverCertificate": "/rsa.pem", "privateKey": "/rsa.key"}, {"serverCertificate": "/ec.pem", "privateKey": "/ec.key"}], "caCertificates": "/ca.pem"}}
+        ]});
+        let validated = validate("Gateway", &spec).unwrap();
+        assert!(validated.warnings().is_empty(), "{:?}", validated.warnings());
+        // SIMPLE asks clients for no certificate: client checks are noted as idle.
+        let spec = json!({"servers": [{"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+            "tls": {"mode": "SIMPLE", "serverCertificate": "/c.pem", "privateKey": "/k.pem", "caCertificates": "/ca.pem"}}]});
+        let validated = validate("Gateway", &spec).unwrap();
+        assert!(validated.warnings().iter().any(|w| w.starts_with("spec.servers[0].tls.caCertificates: has no effect")), "{:?}", validated.warnings());
     }
 
     #[test]

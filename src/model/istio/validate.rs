@@ -353,6 +353,11 @@ impl Report {
         self.error(at, format!("{what} are not supported yet"));
     }
 
+    /// [`Report::unsupported`] for one thing, with what to do instead.
+    pub(super) fn unsupported_one(&mut self, at: &Path, what: &str, instead: &str) {
+        self.error(at, format!("{what} is not supported yet; {instead}"));
+    }
+
     #[cfg(test)]
     pub(super) fn into_parts(self) -> (Vec<FieldError>, Vec<String>) {
         (self.errors, self.warnings)

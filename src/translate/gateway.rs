@@ -1,0 +1,188 @@
+//! Gateway proxies (Pilot's gateway merging and listener building): a
+//! listener per server port of every Gateway whose selector matches the
+//! proxy, with routes from the VirtualServices bound to those gateways.
+//!
+//! A port serves either plain HTTP or HTTPS: whichever its first server
+//! (oldest Gateway first) asks for; a later server asking for the other is
+//! left out, as Pilot does.
+//! - Plain HTTP servers share one route table, `http.PORT`.
+//! - Each HTTPS server terminates TLS in its own filter chain with its own
+//!   route table, `https.PORT.PORT_NAME.GATEWAY.NAMESPACE`, holding only
+//!   its hosts. When a port has several, the chain is chosen by SNI among
+//!   the servers' hosts; a server naming a host an earlier one on the port
+//!   has is left out (Envoy refuses two chains matching the same name).
+//!   A lone server matches any SNI (or none), so clients that send no SNI
+//!   (by IP address) reach it.
+//!
+//! Servers Lodestar cannot serve (TCP, TLS passthrough, ISTIO_MUTUAL,
+//! certificates by `credentialName`) are refused by validation; one stored
+//! before that gets no listener here, never a plaintext one.
+
+use super::listener::{self, Routes, TlsChain};
+use super::route::{self, RouteCtx};
+use super::{add_service_clusters, route_resource, scope, ClusterCache};
+use crate::mesh::{Mesh, Service};
+use crate::model::istio::common::Protocol;
+use crate::model::istio::gateway::Server;
+use crate::model::istio::{host_matches, resolve_short_name};
+use crate::model::proxy::ProxyIdentity;
+use crate::xds::resources::{ProxyConfig, ResourceType, XdsResource};
+use envoy_types::pb::envoy::config::route::v3::{virtual_host::TlsRequirementType, RouteConfiguration, VirtualHost};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// A server of a Gateway that applies to the proxy.
+struct GatewayServer<'a> {
+    /// `namespace/name` of its Gateway.
+    gateway: String,
+    server: &'a Server,
+}
+
+impl GatewayServer<'_> {
+    fn namespace(&self) -> &str {
+        self.gateway.split('/').next().unwrap_or("")
+    }
+
+    fn name(&self) -> &str {
+        self.gateway.split('/').nth(1).unwrap_or("")
+    }
+
+    /// Whether the server exposes `host` (of a VirtualService in `vs_ns`):
+    /// `[namespace/]host` entries, where `*/` is any namespace and `./`
+    /// the Gateway's own.
+    fn admits(&self, host: &str, vs_ns: &str) -> bool {
+        self.server.hosts.iter().any(|sh| {
+            let (ns, pattern) = sh.split_once('/').unwrap_or(("*", sh));
+            (ns == "*" || ns == vs_ns || (ns == "." && vs_ns == self.namespace())) && (host_matches(pattern, host) || host_matches(host, pattern))
+        })
+    }
+
+    /// The server's hosts without their namespaces, sorted and unique:
+    /// the SNI names of its filter chain.
+    fn sni_hosts(&self) -> Vec<String> {
+        let hosts: BTreeSet<&str> = self.server.hosts.iter().map(|h| h.split_once('/').map_or(h.as_str(), |(_, host)| host)).collect();
+        hosts.into_iter().map(String::from).collect()
+    }
+
+    fn https_redirect(&self) -> bool {
+        self.server.tls.as_ref().is_some_and(|t| t.https_redirect == Some(true))
+    }
+}
+
+/// What a server is served as; `None` for what Lodestar cannot serve.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Serves {
+    Http,
+    Https,
+}
+
+fn serves(server: &Server) -> Option<Serves> {
+    let protocol = Protocol::parse(&server.port.protocol)?;
+    if protocol.is_http() {
+        return Some(Serves::Http);
+    }
+    let tls = server.tls.as_ref()?;
+    let files = tls.credential_name.is_none() && tls.credential_names.is_empty() && tls.ca_cert_credential_name.is_none();
+    (protocol == Protocol::Https && tls.terminates() && files).then_some(Serves::Https)
+}
+
+/// The servers on one port.
+struct PortPlan<'a> {
+    serves: Serves,
+    servers: Vec<GatewayServer<'a>>,
+    /// HTTPS: every SNI host a server on the port has.
+    sni_hosts: BTreeSet<String>,
+}
+
+pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) {
+    let mut ports: BTreeMap<u32, PortPlan> = BTreeMap::new();
+    let selected = mesh.gateways.iter().filter(|g| !g.spec.selector.is_empty() && g.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)));
+    for g in selected {
+        for server in &g.spec.servers {
+            let Some(kind) = serves(server) else { continue };
+            let s = GatewayServer { gateway: format!("{}/{}", g.key.namespace, g.key.name), server };
+            let plan = ports.entry(server.port.number()).or_insert_with(|| PortPlan { serves: kind, servers: Vec::new(), sni_hosts: BTreeSet::new() });
+            if plan.serves != kind {
+                continue;
+            }
+            if kind == Serves::Https {
+                let hosts = s.sni_hosts();
+                if hosts.iter().any(|h| plan.sni_hosts.contains(h)) {
+                    continue;
+                }
+                plan.sni_hosts.extend(hosts);
+            }
+            plan.servers.push(s);
+        }
+    }
+
+    for (port, plan) in ports {
+        let bind = plan.servers.iter().find_map(|s| s.server.bind.clone()).filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
+        let name = format!("{bind}_{port}");
+        let l = match plan.serves {
+            Serves::Http => {
+                let route_name = format!("http.{port}");
+                cfg.insert(ResourceType::Route, route_resource(&route_table(&route_name, port, &plan.servers, mesh, proxy)));
+                listener::http_listener(&name, &bind, port, Routes::Rds(route_name))
+            }
+            Serves::Https => {
+                let several = plan.servers.len() > 1;
+                let chains = plan
+                    .servers
+                    .iter()
+                    .filter_map(|s| {
+                        let tls = s.server.tls.as_ref()?;
+                        let route_name = format!("https.{port}.{}.{}.{}", s.server.port.name, s.name(), s.namespace());
+                        cfg.insert(ResourceType::Route, route_resource(&route_table(&route_name, port, std::slice::from_ref(s), mesh, proxy)));
+                        // `*` is every name: the chain then matches on none.
+                        let hosts = s.sni_hosts();
+                        let server_names = if several && !hosts.iter().any(|h| h == "*") { hosts } else { Vec::new() };
+                        Some(TlsChain { server_names, tls: super::tls::downstream(tls), route: route_name })
+                    })
+                    .collect();
+                listener::https_listener(&name, &bind, port, chains)
+            }
+        };
+        cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+    }
+    let all: BTreeMap<String, Arc<Service>> = scope::visible_services(mesh, proxy).map(|s| (s.hostname.clone(), s.clone())).collect();
+    add_service_clusters(cfg, mesh, proxy, &all, cache);
+}
+
+/// The virtual hosts of `servers` on `port`: a host of each VirtualService
+/// bound to a server's Gateway, if the server admits it (the first
+/// VirtualService naming a host wins). A server with `httpsRedirect`
+/// redirects every host it has, with or without a VirtualService.
+fn route_table(name: &str, port: u32, servers: &[GatewayServer], mesh: &Mesh, proxy: &ProxyIdentity) -> RouteConfiguration {
+    let suffix = &mesh.config.domain_suffix;
+    let vhost = |host: &str, routes, redirect: bool| VirtualHost {
+        name: format!("{host}:{port}"),
+        domains: vec![host.to_string(), format!("{host}:{port}")],
+        routes,
+        require_tls: if redirect { TlsRequirementType::All as i32 } else { TlsRequirementType::None as i32 },
+        ..Default::default()
+    };
+    let mut vhosts: BTreeMap<String, VirtualHost> = BTreeMap::new();
+    for s in servers {
+        let ctx = RouteCtx { mesh, proxy, port, gateway: Some(&s.gateway) };
+        for vs in mesh.virtual_services.iter().filter(|vs| ctx.vs_applies(vs)) {
+            for h in &vs.spec.hosts {
+                let host = resolve_short_name(h, &vs.key.namespace, suffix);
+                if s.admits(&host, &vs.key.namespace) && !vhosts.contains_key(&host) {
+                    vhosts.insert(host.clone(), vhost(&host, route::http_routes(&ctx, vs, None), s.https_redirect()));
+                }
+            }
+        }
+        if s.https_redirect() {
+            for host in s.sni_hosts() {
+                vhosts.entry(host.clone()).or_insert_with(|| vhost(&host, Vec::new(), true)).require_tls = TlsRequirementType::All as i32;
+            }
+        }
+    }
+    RouteConfiguration {
+        name: name.to_string(),
+        virtual_hosts: vhosts.into_values().collect(),
+        validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }),
+        ..Default::default()
+    }
+}

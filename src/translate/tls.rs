@@ -1,0 +1,178 @@
+//! TLS contexts: a gateway server's (downstream: the proxy terminates TLS)
+//! and a DestinationRule's (upstream: the proxy originates TLS).
+//! Certificates, keys and CA bundles are file paths on the proxy's host,
+//! read by Envoy itself: Lodestar has no secret store, so no SDS.
+
+use super::util::any;
+use crate::model::istio::destination_rule::{ClientTlsMode, ClientTlsSettings};
+use crate::model::istio::gateway::{ServerTlsMode, ServerTlsSettings, TlsProtocol};
+use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, transport_socket, DataSource, TransportSocket};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType, tls_parameters, CertificateValidationContext, CommonTlsContext,
+    DownstreamTlsContext, SubjectAltNameMatcher, TlsCertificate, TlsParameters, UpstreamTlsContext,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
+use envoy_types::pb::google::protobuf::BoolValue;
+use prost::{Message, Name};
+
+pub const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
+
+/// What an HTTPS server offers in ALPN: HTTP/2 first, as Istio does.
+const ALPN_HTTP: [&str; 2] = ["h2", "http/1.1"];
+
+pub fn transport_socket<M: Message + Name>(context: &M) -> TransportSocket {
+    TransportSocket { name: TLS_TRANSPORT_SOCKET.into(), config_type: Some(transport_socket::ConfigType::TypedConfig(any(context))) }
+}
+
+pub fn file(path: &str) -> DataSource {
+    DataSource { specifier: Some(Specifier::Filename(path.to_string())), ..Default::default() }
+}
+
+/// A gateway server terminating TLS (`SIMPLE`, `MUTUAL`, `OPTIONAL_MUTUAL`;
+/// validation refuses the other modes on gateways). `MUTUAL` requires a
+/// client certificate; `OPTIONAL_MUTUAL` asks for one and validates it if
+/// given; `SIMPLE` asks for none.
+pub fn downstream(tls: &ServerTlsSettings) -> DownstreamTlsContext {
+    let pair = |cert: Option<&String>, key: Option<&String>| TlsCertificate {
+        certificate_chain: cert.map(|c| file(c)),
+        private_key: key.map(|k| file(k)),
+        ..Default::default()
+    };
+    let tls_certificates = if tls.tls_certificates.is_empty() {
+        vec![pair(tls.server_certificate.as_ref(), tls.private_key.as_ref())]
+    } else {
+        tls.tls_certificates.iter().map(|c| pair(c.server_certificate.as_ref(), c.private_key.as_ref())).collect()
+    };
+    let validation = tls.verifies_clients().then(|| CertificateValidationContext {
+        trusted_ca: tls.ca_certificates.as_deref().map(file),
+        crl: tls.ca_crl.as_deref().map(file),
+        match_typed_subject_alt_names: san_matchers(&tls.subject_alt_names),
+        verify_certificate_spki: tls.verify_certificate_spki.clone(),
+        verify_certificate_hash: tls.verify_certificate_hash.clone(),
+        ..Default::default()
+    });
+    DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_params: tls_params(tls),
+            tls_certificates,
+            alpn_protocols: ALPN_HTTP.iter().map(|p| p.to_string()).collect(),
+            validation_context_type: validation.map(ValidationContextType::ValidationContext),
+            ..Default::default()
+        }),
+        require_client_certificate: Some(BoolValue { value: tls.mode() == ServerTlsMode::Mutual }),
+        ..Default::default()
+    }
+}
+
+/// Protocol versions and cipher suites, if the server sets any (Envoy's
+/// defaults otherwise: TLS 1.2 to 1.3, BoringSSL's ciphers).
+fn tls_params(tls: &ServerTlsSettings) -> Option<TlsParameters> {
+    let version = |v: Option<TlsProtocol>| {
+        (match v {
+            None | Some(TlsProtocol::TlsAuto) => tls_parameters::TlsProtocol::TlsAuto,
+            Some(TlsProtocol::TlsV1_0) => tls_parameters::TlsProtocol::TlSv10,
+            Some(TlsProtocol::TlsV1_1) => tls_parameters::TlsProtocol::TlSv11,
+            Some(TlsProtocol::TlsV1_2) => tls_parameters::TlsProtocol::TlSv12,
+            Some(TlsProtocol::TlsV1_3) => tls_parameters::TlsProtocol::TlSv13,
+        }) as i32
+    };
+    let params = TlsParameters {
+        tls_minimum_protocol_version: version(tls.min_protocol_version),
+        tls_maximum_protocol_version: version(tls.max_protocol_version),
+        cipher_suites: tls.cipher_suites().into_iter().map(String::from).collect(),
+        ..Default::default()
+    };
+    (params != TlsParameters::default()).then_some(params)
+}
+
+/// A DestinationRule's TLS origination (`SIMPLE`, `MUTUAL`); `None` for
+/// `DISABLE` (validation refuses `ISTIO_MUTUAL`). The server's certificate
+/// is verified against `caCertificates` if given (with `subjectAltNames`
+/// and `caCrl`, which validation allows only with a CA).
+pub fn upstream(tls: &ClientTlsSettings) -> Option<UpstreamTlsContext> {
+    let mode = tls.mode?;
+    if !matches!(mode, ClientTlsMode::Simple | ClientTlsMode::Mutual) {
+        return None;
+    }
+    let validation = tls.ca_certificates.as_deref().map(|ca| {
+        ValidationContextType::ValidationContext(CertificateValidationContext {
+            trusted_ca: Some(file(ca)),
+            crl: tls.ca_crl.as_deref().map(file),
+            match_typed_subject_alt_names: san_matchers(&tls.subject_alt_names),
+            ..Default::default()
+        })
+    });
+    let tls_certificates = match (&tls.client_certificate, &tls.private_key) {
+        (Some(cert), Some(key)) if mode == ClientTlsMode::Mutual => {
+            vec![TlsCertificate { certificate_chain: Some(file(cert)), private_key: Some(file(key)), ..Default::default() }]
+        }
+        _ => Vec::new(),
+    };
+    Some(UpstreamTlsContext {
+        sni: tls.sni.clone().unwrap_or_default(),
+        common_tls_context: Some(CommonTlsContext { tls_certificates, validation_context_type: validation, ..Default::default() }),
+        ..Default::default()
+    })
+}
+
+/// Istio's `subjectAltNames` are untyped strings; Envoy's typed matchers
+/// name the SAN type, told here by the form: an IP address, a URI
+/// (`spiffe://...`: has a scheme), an email address, else a DNS name.
+pub fn san_matchers(names: &[String]) -> Vec<SubjectAltNameMatcher> {
+    names
+        .iter()
+        .map(|name| {
+            let san_type = if name.parse::<std::net::IpAddr>().is_ok() {
+                SanType::IpAddress
+            } else if name.contains(':') {
+                SanType::Uri
+            } else if name.contains('@') {
+                SanType::Email
+            } else {
+                SanType::Dns
+            };
+            SubjectAltNameMatcher {
+                san_type: san_type as i32,
+                matcher: Some(StringMatcher { match_pattern: Some(MatchPattern::Exact(name.clone())), ignore_case: false }),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn san_types_follow_the_form() {
+        let names = ["gw.example.com", "spiffe://example.org/ns/a/sa/b", "10.0.0.1", "::1", "ops@example.com"].map(String::from);
+        let types: Vec<i32> = san_matchers(&names).iter().map(|m| m.san_type).collect();
+        assert_eq!(types, [SanType::Dns, SanType::Uri, SanType::IpAddress, SanType::IpAddress, SanType::Email].map(|t| t as i32));
+    }
+
+    #[test]
+    fn mutual_requires_and_validates_client_certificates() {
+        let tls: ServerTlsSettings = serde_json::from_value(serde_json::json!({
+            "mode": "MUTUAL", "serverCertificate": "/c.pem", "privateKey": "/k.pem", "caCertificates": "/ca.pem",
+            "subjectAltNames": ["client.example.com"], "minProtocolVersion": "TLSV1_3", "cipherSuites": ["BOGUS", "AES128-SHA", "AES128-SHA"]
+        }))
+        .unwrap();
+        let ctx = downstream(&tls);
+        assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: true }));
+        let common = ctx.common_tls_context.unwrap();
+        let Some(ValidationContextType::ValidationContext(v)) = common.validation_context_type else { panic!("no validation context") };
+        assert_eq!(v.trusted_ca, Some(file("/ca.pem")));
+        assert_eq!(v.match_typed_subject_alt_names.len(), 1);
+        let params = common.tls_params.unwrap();
+        assert_eq!(params.tls_minimum_protocol_version, tls_parameters::TlsProtocol::TlSv13 as i32);
+        assert_eq!(params.cipher_suites, ["AES128-SHA"]);
+
+        let simple: ServerTlsSettings =
+            serde_json::from_value(serde_json::json!({"mode": "SIMPLE", "serverCertificate": "/c.pem", "privateKey": "/k.pem"})).unwrap();
+        let ctx = downstream(&simple);
+        assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: false }));
+        let common = ctx.common_tls_context.unwrap();
+        assert!(common.validation_context_type.is_none() && common.tls_params.is_none());
+    }
+}

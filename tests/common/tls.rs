@@ -1,0 +1,152 @@
+//! TLS for end-to-end tests: certificate authorities and certificates
+//! generated in the test (rcgen), written as PEM files for Envoy to read,
+//! and a client (rustls) that trusts only the test CA, sends SNI, offers a
+//! client certificate if given one, and speaks HTTP/1.1 over the
+//! connection.
+#![allow(dead_code)]
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A certificate authority.
+pub struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    der: CertificateDer<'static>,
+    pub pem: String,
+}
+
+/// A certificate with its key.
+pub struct Leaf {
+    pub cert_pem: String,
+    pub key_pem: String,
+    der: CertificateDer<'static>,
+    key_der: Vec<u8>,
+}
+
+impl Ca {
+    pub fn new(name: &str) -> Ca {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        let cert = params.self_signed(&key).unwrap();
+        Ca { pem: cert.pem(), der: cert.der().clone(), issuer: Issuer::new(params, key) }
+    }
+
+    /// A server certificate for DNS names.
+    pub fn server(&self, names: &[&str]) -> Leaf {
+        let sans = names.iter().map(|n| SanType::DnsName((*n).try_into().unwrap())).collect();
+        self.leaf(names[0], sans, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate naming the client by URI (a SPIFFE id, say).
+    pub fn client(&self, uri: &str) -> Leaf {
+        self.leaf("client", vec![SanType::URI(uri.try_into().unwrap())], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    fn leaf(&self, common_name: &str, sans: Vec<SanType>, usage: ExtendedKeyUsagePurpose) -> Leaf {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        params.subject_alt_names = sans;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Leaf { cert_pem: cert.pem(), key_pem: key.serialize_pem(), der: cert.der().clone(), key_der: key.serialize_der() }
+    }
+
+    /// Write the CA's certificate to `dir/NAME.pem`.
+    pub fn write(&self, dir: &Path, name: &str) -> PathBuf {
+        let path = dir.join(format!("{name}.pem"));
+        std::fs::write(&path, &self.pem).unwrap();
+        path
+    }
+}
+
+impl Leaf {
+    /// Write `dir/NAME.pem` and `dir/NAME-key.pem`; their paths.
+    pub fn write(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+        let cert = dir.join(format!("{name}.pem"));
+        let key = dir.join(format!("{name}-key.pem"));
+        std::fs::write(&cert, &self.cert_pem).unwrap();
+        std::fs::write(&key, &self.key_pem).unwrap();
+        (cert, key)
+    }
+}
+
+/// An answer over TLS: the status, the body, the application protocol the
+/// server chose (ALPN) and the TLS version.
+#[derive(Debug)]
+pub struct TlsReply {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+    pub alpn: Option<String>,
+    /// `TLSv1_2`, `TLSv1_3`.
+    pub version: Option<String>,
+}
+
+/// Who connects: the CA it trusts (only that one), the server name it
+/// sends (SNI) and expects the certificate to be valid for, its own
+/// certificate if it offers one, and the application protocols it offers.
+pub struct TlsClient<'a> {
+    pub ca: &'a Ca,
+    pub server_name: &'a str,
+    pub certificate: Option<&'a Leaf>,
+    pub alpn: &'a [&'a str],
+}
+
+impl TlsClient<'_> {
+    async fn connect(&self, addr: SocketAddr) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.ca.der.clone()).map_err(|e| format!("test CA: {e}"))?;
+        let builder = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots);
+        let mut config = match self.certificate {
+            Some(leaf) => {
+                let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf.key_der.clone()));
+                builder.with_client_auth_cert(vec![leaf.der.clone()], key).map_err(|e| format!("client certificate: {e}"))?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = self.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let name = ServerName::try_from(self.server_name.to_string()).map_err(|e| format!("server name: {e}"))?;
+        let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+        connector.connect(name, tcp).await.map_err(|e| format!("TLS handshake with {addr} ({}): {e}", self.server_name))
+    }
+
+    /// A handshake only: the protocol the server chose (ALPN).
+    pub async fn handshake(&self, addr: SocketAddr) -> Result<Option<String>, String> {
+        let tls = tokio::time::timeout(Duration::from_secs(10), self.connect(addr)).await.map_err(|_| format!("{addr}: handshake timed out"))??;
+        Ok(tls.get_ref().1.alpn_protocol().map(|p| String::from_utf8_lossy(p).into_owned()))
+    }
+
+    /// `GET path` with `Host: host` over HTTP/1.1 on a new connection. Any
+    /// failure (handshake, certificate, refused client, closed
+    /// connection) is an `Err` saying where.
+    pub async fn get(&self, addr: SocketAddr, host: &str, path: &str) -> Result<TlsReply, String> {
+        let exchange = async {
+            let mut tls = self.connect(addr).await?;
+            let alpn = tls.get_ref().1.alpn_protocol().map(|p| String::from_utf8_lossy(p).into_owned());
+            let version = tls.get_ref().1.protocol_version().map(|v| format!("{v:?}"));
+            let request = format!("GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n");
+            tls.write_all(request.as_bytes()).await.map_err(|e| format!("send: {e}"))?;
+            let mut raw = Vec::new();
+            // A server that refuses the client's certificate says so after
+            // the client's side of a TLS 1.3 handshake is done: on reading.
+            tls.read_to_end(&mut raw).await.map_err(|e| format!("read from {addr} ({}): {e}", self.server_name))?;
+            let text = String::from_utf8_lossy(&raw).into_owned();
+            let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no HTTP answer from {addr} ({}): {text:?}", self.server_name))?;
+            let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| format!("bad status line: {head:?}"))?;
+            Ok(TlsReply { status, head: head.to_string(), body: body.to_string(), alpn, version })
+        };
+        tokio::time::timeout(Duration::from_secs(10), exchange).await.map_err(|_| format!("{addr} ({}): timed out", self.server_name))?
+    }
+}

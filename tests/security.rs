@@ -1,0 +1,224 @@
+//! Secure by default, end to end: real replica processes with the TLS they
+//! set up on their own, real handshakes. Plaintext is refused on every
+//! port; the raft port takes only members, each speaking for itself; a
+//! certificate replaced on disk is served to new connections while open
+//! streams and the raft leader carry on.
+
+mod common;
+
+use common::{test_ca, Cluster};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use lodestar::proto::peer::raft_peer_client::RaftPeerClient;
+use lodestar::proto::peer::Payload;
+use lodestar::tls::conn::PeerCert;
+use lodestar::tls::{client_config, roots_from_pem, ClientTlsSource, PeerConnector};
+use serde_json::json;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+
+/// A channel over TLS trusting the test CA, presenting `identity` (cert,
+/// key files) if given, expecting the server to be `server_name`.
+fn tls_channel(addr: &str, server_name: &str, identity: Option<(&Path, &Path)>) -> tonic::transport::Channel {
+    let roots = roots_from_pem(&test_ca().ca_file).unwrap();
+    let config = Arc::new(client_config(roots, identity).unwrap());
+    let connector = PeerConnector::new(Some(Arc::new(ClientTlsSource::Fixed(config))), server_name).unwrap();
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_with_connector_lazy(connector)
+}
+
+fn plaintext_channel(addr: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_lazy()
+}
+
+/// The serial of the certificate `addr` serves to a new connection.
+async fn served_serial(addr: &str) -> String {
+    let roots = roots_from_pem(&test_ca().ca_file).unwrap();
+    let config = Arc::new(client_config(roots, None).unwrap());
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let host = addr.rsplit_once(':').unwrap().0.to_string();
+    let name = rustls::pki_types::ServerName::try_from(host).unwrap();
+    let tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.expect("TLS handshake");
+    let cert = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+    PeerCert::parse(&cert).unwrap().serial
+}
+
+/// A client certificate from the test CA naming `dns` (written into `dir`).
+fn client_cert(dir: &Path, dns: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let ca = test_ca();
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(&ca.ca_key_file).unwrap()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.ca_pem, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec![dns.to_string()]).unwrap();
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (c, k) = (dir.join(format!("{dns}.pem")), dir.join(format!("{dns}-key.pem")));
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (c, k)
+}
+
+fn status_payload() -> Payload {
+    Payload { data: lodestar::store::codec::encode(&()) }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plaintext_and_strangers_are_refused_on_every_port() {
+    let c = Cluster::start(1, "").await;
+    let r = c.replica(1);
+
+    // TLS with the cluster's CA works (as `curl --cacert ca.pem` does).
+    let ok = c.http.get(format!("{}/readyz", r.api())).send().await.expect("https with the CA");
+    assert!(ok.status().is_success());
+
+    // Plain HTTP to the API port: no answer, the handshake fails.
+    let plain = reqwest::Client::new().get(format!("http://{}/readyz", r.api_addr())).timeout(Duration::from_secs(5)).send().await;
+    assert!(plain.is_err(), "plaintext HTTP answered: {plain:?}");
+    // A client that does not trust the cluster's CA refuses the server.
+    let stranger = reqwest::Client::builder().build().unwrap().get(format!("{}/readyz", r.api())).timeout(Duration::from_secs(5)).send().await;
+    let err = format!("{:?}", stranger.expect_err("a client without the CA must not connect"));
+    assert!(err.contains("UnknownIssuer") || err.contains("certificate"), "{err}");
+
+    // Plaintext gRPC: the xDS port and the raft port.
+    let mut xds = AggregatedDiscoveryServiceClient::new(plaintext_channel(&r.xds_addr()));
+    let req = DiscoveryRequest {
+        node: Some(Node { id: "sidecar~127.0.0.9~x.default~default.svc.cluster.local".into(), ..Default::default() }),
+        type_url: CLUSTER_TYPE.into(),
+        ..Default::default()
+    };
+    assert!(xds.stream_aggregated_resources(futures::stream::iter(vec![req])).await.is_err(), "plaintext xDS was served");
+    let mut raft = RaftPeerClient::new(plaintext_channel(&r.raft_addr()));
+    assert!(raft.status(status_payload()).await.is_err(), "plaintext raft was served");
+
+    // The raft port over TLS but without a client certificate: refused at
+    // the handshake. With a certificate from the CA that names no member:
+    // refused by the raft service, which says why.
+    let member = lodestar::tls::pki::member_name(1);
+    let mut raft = RaftPeerClient::new(tls_channel(&r.raft_addr(), &member, None));
+    assert!(raft.status(status_payload()).await.is_err(), "raft served a client without a certificate");
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = client_cert(dir.path(), "someone.example");
+    let mut raft = RaftPeerClient::new(tls_channel(&r.raft_addr(), &member, Some((&cert, &key))));
+    let err = raft.status(status_payload()).await.expect_err("a non-member certificate on the raft port");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("names none"), "{err:?}");
+
+    // Dialling member 1 but expecting member 2's name fails: a replica's
+    // certificate names its own member only.
+    let mut wrong = RaftPeerClient::new(tls_channel(&r.raft_addr(), &lodestar::tls::pki::member_name(2), None));
+    assert!(wrong.status(status_payload()).await.is_err());
+}
+
+/// A replica restarted with another member's (valid) certificate speaks
+/// for a member it is not: its peers refuse it both ways, and the cluster
+/// keeps its leader and term.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_with_another_members_certificate_is_refused() {
+    let mut c = Cluster::start(3, "").await;
+    let leader = c.wait_for_leader(Duration::from_secs(20)).await;
+    let victim = (1..=3).find(|id| *id != leader).unwrap();
+    let donor = (1..=3).find(|id| *id != leader && *id != victim).unwrap();
+    let term = c.status(leader).await.unwrap()["term"].as_u64().unwrap();
+
+    c.stop(victim);
+    let tls = |id: u64| c.replica(id).data_dir().join("tls");
+    for f in ["server.pem", "server-key.pem"] {
+        std::fs::copy(tls(donor).join(f), tls(victim).join(f)).unwrap();
+    }
+    c.restart(victim);
+
+    // Writes keep committing through the leader meanwhile, for longer than
+    // several election timeouts of the impostor.
+    let api = c.replica(leader).api();
+    let mut last = 0;
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut i = 0;
+    while Instant::now() < until {
+        let (status, body) = common::apply(&c.http, &api, vec![common::vs("w", "default", &format!("v{i}"))]).await;
+        assert_eq!(status, 200, "{body}");
+        last = body["revision"].as_u64().unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let now = c.status(leader).await.unwrap();
+    assert_eq!((now["leader"].as_u64(), now["term"].as_u64()), (Some(leader), Some(term)), "the leader changed: {now}");
+
+    // Nobody takes the impostor for the member it claims: the leader
+    // cannot reach it as that member (the handshake fails on the name), and
+    // neither can a client of its API (its certificate names another
+    // member's address).
+    let r = c.replica(victim);
+    let cluster = c.status(leader).await.unwrap();
+    let member = cluster["members"].as_array().unwrap().iter().find(|m| m["id"].as_u64() == Some(victim)).unwrap().clone();
+    assert!(member["status"].is_null() && member["error"].is_string(), "the leader reached the impostor: {member}");
+    let api = c.http.get(format!("{}/v1/node", r.api())).send().await;
+    assert!(format!("{:?}", api.expect_err("the impostor's API")).contains("NotValidForName"));
+    let _ = last;
+    let refused = c.replica(donor).log() + &c.replica(leader).log() + &r.log();
+    assert!(
+        refused.contains(&format!("the certificate names member {donor}, the message claims member {victim}")) || refused.contains("NotValidForName"),
+        "no refusal in the logs"
+    );
+}
+
+/// Certificate files replaced on disk: new handshakes get the new
+/// certificate; an open xDS stream keeps being pushed to; raft keeps its
+/// leader and term.
+#[tokio::test(flavor = "multi_thread")]
+async fn replaced_certificate_files_are_served_without_a_restart() {
+    let c = Cluster::start(3, "tls_reload_interval_ms = 200").await;
+    let leader = c.wait_for_leader(Duration::from_secs(20)).await;
+    let term = c.status(leader).await.unwrap()["term"].as_u64().unwrap();
+    let r = c.replica(leader);
+    let before = served_serial(&r.api_addr()).await;
+
+    // An open ADS stream to the leader, with its first response.
+    let mut xds = AggregatedDiscoveryServiceClient::new(common::grpc_channel(leader, &r.xds_addr()));
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let node = Node { id: "sidecar~127.0.0.9~rot.default~default.svc.cluster.local".into(), ..Default::default() };
+    tx.send(DiscoveryRequest { node: Some(node), type_url: CLUSTER_TYPE.into(), ..Default::default() }).await.unwrap();
+    let mut stream = xds.stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.unwrap().unwrap().unwrap();
+    tx.send(DiscoveryRequest {
+        type_url: CLUSTER_TYPE.into(),
+        version_info: first.version_info.clone(),
+        response_nonce: first.nonce.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    // Rotate: a new certificate for the same member from the same CA.
+    let ca = test_ca();
+    let (cert, key) =
+        lodestar::tls::pki::issue_member(&ca.ca_pem, &std::fs::read_to_string(&ca.ca_key_file).unwrap(), leader, std::slice::from_ref(&r.ip)).unwrap();
+    let dir = r.data_dir().join("tls");
+    lodestar::tls::pki::write_file(&dir.join("server-key.pem"), &key, true).unwrap();
+    lodestar::tls::pki::write_file(&dir.join("server.pem"), &cert, false).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let s = served_serial(&r.api_addr()).await;
+        if s != before {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the new certificate was not served within 10s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(served_serial(&r.xds_addr()).await, after);
+
+    // The open stream is still pushed to: a new service means new clusters.
+    let svc = json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": "rotated", "namespace": "default"}, "spec": {"ports": [{"name": "http", "number": 9080}]}});
+    let (status, body) = common::apply(&c.http, &r.api(), vec![svc]).await;
+    assert_eq!(status, 200, "{body}");
+    let pushed = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.expect("a push on the open stream").unwrap().unwrap();
+    assert_ne!(pushed.version_info, first.version_info);
+    assert!(pushed.resources.len() > first.resources.len(), "the new service's clusters were pushed");
+
+    // Raft: same leader, same term; the write reached every replica.
+    let now = c.status(leader).await.unwrap();
+    assert_eq!((now["leader"].as_u64(), now["term"].as_u64()), (Some(leader), Some(term)), "{now}");
+    c.wait_for_revision(body["revision"].as_u64().unwrap(), Duration::from_secs(10)).await;
+}
