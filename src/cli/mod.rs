@@ -182,26 +182,6 @@ enum CaCommand {
         #[arg(long)]
         dir: PathBuf,
     },
-    /// ACL tokens: create (the secret is shown once), list, read, revoke.
-    Token {
-        #[command(subcommand)]
-        command: acl::TokenCommand,
-    },
-    /// ACL policies: verbs over kinds and namespaces.
-    Policy {
-        #[command(subcommand)]
-        command: acl::PolicyCommand,
-    },
-    /// ACL roles: policies for tokens and client-certificate identities.
-    Role {
-        #[command(subcommand)]
-        command: acl::RoleCommand,
-    },
-    /// ACL setup (`bootstrap`: the first management token).
-    Acl {
-        #[command(subcommand)]
-        command: acl::AclCommand,
-    },
 }
 
 #[derive(Subcommand)]
