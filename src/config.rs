@@ -89,6 +89,15 @@ pub struct ServerConfig {
     /// Adaptive debounce window: isolated changes are pushed at once,
     /// bursts at most once per window (see `xds::push`). 0: every revision.
     pub push_debounce_ms: u64,
+    /// Enforce ACLs on the API: every request but `/healthz` and `/readyz`
+    /// needs a token or client certificate allowed to do what it asks.
+    pub acl_enabled: bool,
+    /// A file holding a secret that is a management token on this replica
+    /// (Consul's `initial_management`); give every replica the same file.
+    pub initial_management_token_file: Option<PathBuf>,
+    /// Where the audit log (JSON lines) goes when ACLs are on; unset or
+    /// empty: stderr.
+    pub audit_log: Option<PathBuf>,
     /// Plaintext on every port, no client certificates, no credentials:
     /// for experiments only (logged loudly at startup).
     pub insecure: bool,
@@ -154,6 +163,9 @@ impl Default for ServerConfig {
             group_commit_wait_us: 5_000,
             domain_suffix: "cluster.local".into(),
             root_namespace: "istio-system".into(),
+            acl_enabled: false,
+            initial_management_token_file: None,
+            audit_log: None,
             insecure: false,
             tls_cert_file: None,
             tls_key_file: None,

@@ -23,6 +23,11 @@ pub enum Code {
     Unavailable,
     /// A bug or a storage failure.
     Internal,
+    /// No credential, or one that is unknown, expired or revoked (ACLs).
+    Unauthenticated,
+    /// A valid credential that lacks a permission the request needs; the
+    /// message names it (ACLs).
+    PermissionDenied,
 }
 
 impl Code {
@@ -34,6 +39,8 @@ impl Code {
             Code::Compacted => 410,
             Code::Unavailable => 503,
             Code::Internal => 500,
+            Code::Unauthenticated => 401,
+            Code::PermissionDenied => 403,
         }
     }
 
@@ -45,6 +52,8 @@ impl Code {
             Code::Compacted => "Compacted",
             Code::Unavailable => "Unavailable",
             Code::Internal => "Internal",
+            Code::Unauthenticated => "Unauthenticated",
+            Code::PermissionDenied => "PermissionDenied",
         }
     }
 }
@@ -123,5 +132,11 @@ impl Error {
     }
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(Code::Internal, message)
+    }
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(Code::Unauthenticated, message)
+    }
+    pub fn permission_denied(message: impl Into<String>) -> Self {
+        Self::new(Code::PermissionDenied, message)
     }
 }

@@ -17,7 +17,10 @@
 //!   proxies).
 //! - [`peer`]: raft peer RPCs and forwarding over tonic (trusted peers
 //!   only); implements `node::Transport`.
-//! - [`api`]: REST (axum) and gRPC (tonic) client APIs, thin, one error map each.
+//! - [`api`]: REST (axum) and gRPC (tonic) client APIs, thin, one error map
+//!   each, one authorization check for both.
+//! - [`auth`]: ACLs: tokens, policies, roles, certificate identities; the
+//!   permission check (pure) and the audit log.
 //! - [`adapters`]: sources outside the API (a watched directory) fed into the store.
 //! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
 //! - [`tls`]: TLS on the ports: the generated CA and certificates,
@@ -32,6 +35,7 @@
 
 pub mod adapters;
 pub mod api;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod error;

@@ -183,6 +183,9 @@ pub struct Metrics {
     // The API.
     pub api_requests: Family<Counter>,
     pub api_duration: Family<Histogram>,
+    // ACLs.
+    pub acl_refusals: Family<Counter>,
+    pub audit_dropped: Counter,
     registry: Registry,
 }
 
@@ -230,6 +233,13 @@ pub fn metrics() -> &'static Metrics {
             writes: register(r, "lodestar_writes_total", "Write transactions, by result (ok, or the error code)", Family::new(&["result"])),
             api_requests: register(r, "lodestar_api_requests_total", "API requests, by method, route and status", Family::new(&["method", "route", "code"])),
             api_duration: register(r, "lodestar_api_request_duration_seconds", "API request latency", Family::new(&["method", "route"])),
+            acl_refusals: register(
+                r,
+                "lodestar_acl_refusals_total",
+                "API requests refused by ACLs, by reason (unauthenticated, denied)",
+                Family::new(&["reason"]),
+            ),
+            audit_dropped: register(r, "lodestar_audit_dropped_total", "Audit log lines dropped because the writer fell behind", Counter::default()),
             registry: std::mem::take(r),
         }
     })
@@ -300,6 +310,8 @@ mod tests {
                 "lodestar_writes_total counter",
                 "lodestar_api_requests_total counter",
                 "lodestar_api_request_duration_seconds histogram",
+                "lodestar_acl_refusals_total counter",
+                "lodestar_audit_dropped_total counter",
             ]
         );
         for sample in

@@ -10,6 +10,7 @@
 //! one of them: a replica's status, the requests peers send for the
 //! helpers (heartbeats, proxy convergence), waiting for proxies.
 
+use crate::auth::Acl;
 use crate::error::Result;
 use crate::ha::HaState;
 use crate::health::{Checks, Heartbeats};
@@ -30,11 +31,13 @@ pub struct Replica {
     pub checks: Checks,
     /// Connected xDS streams and their sync state (`/debug/syncz`).
     pub sync: SyncRegistry,
+    /// Who may use the API, and the audit log (`auth`).
+    pub acl: Arc<Acl>,
 }
 
 impl Replica {
-    pub fn new(node: Arc<Node>) -> Arc<Replica> {
-        Arc::new(Replica { node, ha: Default::default(), heartbeats: Default::default(), checks: Default::default(), sync: Default::default() })
+    pub fn new(node: Arc<Node>, acl: Arc<Acl>) -> Arc<Replica> {
+        Arc::new(Replica { node, ha: Default::default(), heartbeats: Default::default(), checks: Default::default(), sync: Default::default(), acl })
     }
 
     /// Ready to serve (see `ha`).

@@ -1,7 +1,10 @@
 //! The gRPC client API (`proto/lodestar/api/v1/api.proto`) and the error →
-//! gRPC status mapping. Same operations and semantics as REST.
+//! gRPC status mapping. Same operations, semantics and authorization as
+//! REST: each method first makes its [`Caller`] from the metadata
+//! `authorization: Bearer <secret>` and the request's [`PeerIdentity`].
 
-use super::{ApplyItem, DeleteItem};
+use super::{ApplyItem, Caller, DeleteItem};
+use crate::auth::{parse_bearer, Credentials, PeerIdentity, Target, Verb};
 use crate::error::{Code, Error};
 use crate::node::{ClusterStatus, Consistency};
 use crate::proto::api::lodestar_server::{Lodestar, LodestarServer};
@@ -22,6 +25,8 @@ pub fn status_of(e: Error) -> Status {
         Code::Compacted => tonic::Code::OutOfRange,
         Code::Unavailable => tonic::Code::Unavailable,
         Code::Internal => tonic::Code::Internal,
+        Code::Unauthenticated => tonic::Code::Unauthenticated,
+        Code::PermissionDenied => tonic::Code::PermissionDenied,
     };
     Status::new(code, e.message)
 }
@@ -34,6 +39,20 @@ impl GrpcApi {
     pub fn server(replica: Arc<Replica>) -> LodestarServer<GrpcApi> {
         let limit = replica.node.config.max_body_bytes;
         LodestarServer::new(GrpcApi { replica }).max_decoding_message_size(limit)
+    }
+
+    /// The caller of `method`, authenticated (UNAUTHENTICATED otherwise).
+    fn caller<T>(&self, req: &Request<T>, method: &str) -> Result<Caller, Status> {
+        let acl = &self.replica.acl;
+        let op = format!("/lodestar.api.v1.Lodestar/{method}");
+        let ext = req.extensions();
+        let conn = ext.get::<axum::extract::ConnectInfo<crate::tls::conn::ConnInfo>>().map(|c| &c.0).or_else(|| ext.get::<crate::tls::conn::ConnInfo>());
+        let mut creds = Credentials { bearer: None, peer: super::peer_identity(conn, ext.get::<PeerIdentity>()) };
+        if let (Some(v), true) = (req.metadata().get("authorization"), acl.enabled) {
+            let malformed = || status_of(Caller::refuse(acl, &op, "malformed authorization metadata: expected `Bearer <secret>`"));
+            creds.bearer = Some(v.to_str().ok().and_then(|v| parse_bearer(v).ok()).ok_or_else(malformed)?);
+        }
+        Caller::authenticate(acl, &creds, &op).map_err(status_of)
     }
 }
 
@@ -91,6 +110,10 @@ fn cluster_response(s: ClusterStatus) -> ClusterStatusResponse {
     }
 }
 
+fn token_response(t: super::TokenCreated) -> CreateTokenResponse {
+    CreateTokenResponse { accessor_id: t.accessor_id, secret: t.secret, expires_at: t.expires_at.unwrap_or_default(), revision: t.revision }
+}
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotChunk, Status>> + Send>>;
 
@@ -100,6 +123,7 @@ const SNAPSHOT_CHUNK: usize = 1024 * 1024;
 #[tonic::async_trait]
 impl Lodestar for GrpcApi {
     async fn apply(&self, req: Request<ApplyRequest>) -> Result<Response<WriteResponse>, Status> {
+        let caller = self.caller(&req, "Apply")?;
         let items = req
             .into_inner()
             .items
@@ -113,11 +137,13 @@ impl Lodestar for GrpcApi {
             .collect::<Result<Vec<_>, Error>>()
             .map_err(status_of)?;
         let (txn, warnings) = super::apply_txn(items).map_err(status_of)?;
-        let ok = self.replica.node.write(txn).await.map_err(status_of)?;
+        caller.authorize_txn(Verb::Write, &txn).map_err(status_of)?;
+        let ok = caller.write(&self.replica.node, Verb::Write, txn).await.map_err(status_of)?;
         Ok(Response::new(write_response(ok, warnings)))
     }
 
     async fn delete(&self, req: Request<DeleteRequest>) -> Result<Response<WriteResponse>, Status> {
+        let caller = self.caller(&req, "Delete")?;
         let items = req
             .into_inner()
             .items
@@ -125,19 +151,23 @@ impl Lodestar for GrpcApi {
             .map(|r| DeleteItem { kind: r.kind, namespace: Some(r.namespace), name: r.name, expected_revision: r.expected_revision })
             .collect();
         let txn = super::delete_txn(items, false).map_err(status_of)?;
-        let ok = self.replica.node.write(txn).await.map_err(status_of)?;
+        caller.authorize_txn(Verb::Delete, &txn).map_err(status_of)?;
+        let ok = caller.write(&self.replica.node, Verb::Delete, txn).await.map_err(status_of)?;
         Ok(Response::new(write_response(ok, Vec::new())))
     }
 
     async fn get(&self, req: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let caller = self.caller(&req, "Get")?;
         let r = req.into_inner();
         let key = super::key_of(&r.kind, Some(&r.namespace), &r.name).map_err(status_of)?;
+        caller.authorize(Verb::Read, [Target::key(&key)]).map_err(status_of)?;
         let applied = self.replica.node.read(consistency(r.consistency)).await.map_err(status_of)?;
         let obj = super::get(&applied, &key).map_err(status_of)?;
         Ok(Response::new(GetResponse { revision: applied.revision(), resource_json: crate::model::json_text(&obj.to_json()) }))
     }
 
     async fn wait(&self, req: Request<WaitRequest>) -> Result<Response<WaitResponse>, Status> {
+        self.caller(&req, "Wait")?.authorize(Verb::Read, [Target::Cluster]).map_err(status_of)?;
         let r = req.into_inner();
         let timeout = std::time::Duration::from_millis(if r.timeout_ms == 0 { 30_000 } else { r.timeout_ms });
         let w = self.replica.wait_for_proxies(r.revision, timeout).await;
@@ -153,15 +183,19 @@ impl Lodestar for GrpcApi {
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        let caller = self.caller(&req, "Heartbeat")?;
         let r = req.into_inner();
         let key = super::heartbeat_key(&r.kind, &r.namespace, &r.name).map_err(status_of)?;
+        caller.authorize(Verb::Write, [Target::key(&key)]).map_err(status_of)?;
         let ttl = self.replica.heartbeat(key).await.map_err(status_of)?;
         Ok(Response::new(HeartbeatResponse { ttl_seconds: ttl.as_secs_f64() }))
     }
 
     async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let caller = self.caller(&req, "List")?;
         let r = req.into_inner();
         let kind = super::parse_kind(&r.kind).map_err(status_of)?;
+        caller.authorize(Verb::Read, [Target::kind(kind, Some(&r.namespace))]).map_err(status_of)?;
         let selector = super::parse_selector(Some(&r.label_selector)).map_err(status_of)?;
         let applied = self.replica.node.read(consistency(r.consistency)).await.map_err(status_of)?;
         let items = super::list(&applied, kind, Some(&r.namespace), &selector);
@@ -171,9 +205,11 @@ impl Lodestar for GrpcApi {
     type WatchStream = WatchStream;
 
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        let caller = self.caller(&req, "Watch")?;
         let r = req.into_inner();
         let kind = if r.kind.is_empty() { None } else { Some(super::parse_kind(&r.kind).map_err(status_of)?) };
-        let filter = WatchFilter { kind, namespace: Some(r.namespace).filter(|n| !n.is_empty()) };
+        let mut filter = WatchFilter { kind, namespace: Some(r.namespace).filter(|n| !n.is_empty()), skip_acl: false };
+        caller.authorize_watch(&mut filter).map_err(status_of)?;
         let stream = watch(self.replica.node.reader.clone(), r.from_revision, filter).map(|item| {
             item.map(|e| WatchEvent {
                 revision: e.revision,
@@ -188,19 +224,25 @@ impl Lodestar for GrpcApi {
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn cluster_status(&self, _req: Request<ClusterStatusRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
+    async fn cluster_status(&self, req: Request<ClusterStatusRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
+        self.caller(&req, "ClusterStatus")?.authorize(Verb::Read, [Target::Cluster]).map_err(status_of)?;
         Ok(Response::new(cluster_response(self.replica.cluster_status().await)))
     }
 
     async fn add_node(&self, req: Request<AddNodeRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
+        let caller = self.caller(&req, "AddNode")?;
+        caller.authorize(Verb::Admin, [Target::Cluster]).map_err(status_of)?;
         let r = req.into_inner();
-        self.replica.node.add_node(r.id, NodeInfo { raft_addr: r.raft_addr, api_addr: r.api_addr, xds_addr: r.xds_addr }).await.map_err(status_of)?;
+        let result = self.replica.node.add_node(r.id, NodeInfo { raft_addr: r.raft_addr, api_addr: r.api_addr, xds_addr: r.xds_addr }).await;
+        caller.audit_result(Verb::Admin, vec![format!("members/{}", r.id)], result.as_ref().map(|_| None));
+        result.map_err(status_of)?;
         Ok(Response::new(cluster_response(self.replica.cluster_status().await)))
     }
 
     type SnapshotStream = SnapshotStream;
 
     async fn snapshot(&self, req: Request<SnapshotRequest>) -> Result<Response<SnapshotStream>, Status> {
+        self.caller(&req, "Snapshot")?.authorize(Verb::Admin, [Target::Cluster]).map_err(status_of)?;
         let backup = self.replica.node.backup(consistency(req.into_inner().consistency)).await.map_err(status_of)?;
         let revision = backup.revision;
         let chunks: Vec<Result<SnapshotChunk, Status>> =
@@ -209,7 +251,28 @@ impl Lodestar for GrpcApi {
     }
 
     async fn remove_node(&self, req: Request<RemoveNodeRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
-        self.replica.node.remove_node(req.into_inner().id).await.map_err(status_of)?;
+        let caller = self.caller(&req, "RemoveNode")?;
+        caller.authorize(Verb::Admin, [Target::Cluster]).map_err(status_of)?;
+        let id = req.into_inner().id;
+        let result = self.replica.node.remove_node(id).await;
+        caller.audit_result(Verb::Admin, vec![format!("members/{id}")], result.as_ref().map(|_| None));
+        result.map_err(status_of)?;
         Ok(Response::new(cluster_response(self.replica.cluster_status().await)))
+    }
+
+    async fn create_token(&self, req: Request<CreateTokenRequest>) -> Result<Response<CreateTokenResponse>, Status> {
+        let caller = self.caller(&req, "CreateToken")?;
+        let r = req.into_inner();
+        let ttl = Some(r.ttl).filter(|t| !t.is_empty());
+        let description = Some(r.description).filter(|d| !d.is_empty());
+        let created = super::create_token(&caller, &self.replica, super::TokenRequest { description, policies: r.policies, roles: r.roles, ttl })
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(token_response(created)))
+    }
+
+    async fn acl_bootstrap(&self, _req: Request<AclBootstrapRequest>) -> Result<Response<CreateTokenResponse>, Status> {
+        let created = super::acl_bootstrap(&self.replica, "/lodestar.api.v1.Lodestar/AclBootstrap").await.map_err(status_of)?;
+        Ok(Response::new(token_response(created)))
     }
 }

@@ -1,17 +1,287 @@
 //! Client-facing APIs. `rest` (axum) and `grpc` (tonic) are thin: both turn
 //! requests into the calls below and [`Node`](crate::node::Node) methods,
 //! and map [`Error`] codes to statuses in one function each.
+//!
+//! Both authorize through [`Caller`]: authenticated first (401 before the
+//! body is even read), then authorized for every resource the request
+//! touches, on the replica that received it, before anything is proposed
+//! to raft. The apply path never sees a token.
 
 pub mod grpc;
 pub mod rest;
 
-use crate::error::{Error, FieldError, Result};
-use crate::model::{self, Kind, ResourceKey, Selector, StoredObject, DEFAULT_NAMESPACE};
+use crate::auth::audit::AuditEvent;
+use crate::auth::token::{self, Minted, NewToken};
+use crate::auth::{Acl, AclIndex, Credentials, PeerIdentity, Permission, Principal, Target, Verb};
+use crate::error::{Code, Error, FieldError, Result};
+use crate::model::acl::GLOBAL_MANAGEMENT;
+use crate::model::kinds::CLUSTER_NAMESPACE;
+use crate::model::{self, Kind, ResourceKey, Selector, StoredObject};
+use crate::node::{Consistency, Node};
+use crate::replica::Replica;
 use crate::store::types::{ItemResult, Op, Txn, TxnOk};
+use crate::store::watch::WatchFilter;
 use crate::store::Applied;
-use serde::Serialize;
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 use std::sync::Arc;
+
+/// The verified client-certificate identity of a request: the one the TLS
+/// layer found on its connection (`ConnInfo`, in the request's extensions;
+/// its first URI SAN, else DNS SAN), or a `PeerIdentity` put there directly.
+pub fn peer_identity(conn: Option<&crate::tls::conn::ConnInfo>, explicit: Option<&PeerIdentity>) -> Option<PeerIdentity> {
+    conn.and_then(|c| c.cert.as_ref()).map(|c| PeerIdentity(c.identity())).or_else(|| explicit.cloned())
+}
+
+/// Who is asking, once authenticated; checks each permission a request
+/// needs and writes the audit log. With ACLs off every check passes and
+/// nothing is audited.
+pub struct Caller {
+    acl: Arc<Acl>,
+    principal: Principal,
+    /// The route or gRPC method, for the audit log.
+    op: String,
+}
+
+impl Caller {
+    /// 401 (audited) unless the credentials stand for a principal now.
+    pub fn authenticate(acl: &Arc<Acl>, creds: &Credentials, op: &str) -> Result<Caller> {
+        match acl.authenticate(creds) {
+            Ok(principal) => Ok(Caller { acl: acl.clone(), principal, op: op.to_string() }),
+            Err(r) => {
+                crate::metrics::metrics().acl_refusals.with(&["unauthenticated"]).inc();
+                acl.audit(AuditEvent { reason: Some(r.reason.clone()), ..AuditEvent::new(r.who, op, "unauthenticated") });
+                Err(Error::unauthenticated(r.reason))
+            }
+        }
+    }
+
+    /// A request whose credentials could not even be read (a malformed
+    /// `Authorization`): 401, audited.
+    pub fn refuse(acl: &Arc<Acl>, op: &str, reason: &str) -> Error {
+        crate::metrics::metrics().acl_refusals.with(&["unauthenticated"]).inc();
+        acl.audit(AuditEvent { reason: Some(reason.into()), ..AuditEvent::new("anonymous".into(), op, "unauthenticated") });
+        Error::unauthenticated(reason)
+    }
+
+    /// `verb` on every target, or 403 naming what is missing (audited).
+    pub fn authorize(&self, verb: Verb, targets: impl IntoIterator<Item = Target>) -> Result<()> {
+        let needed: Vec<Permission> = targets.into_iter().map(|t| Permission::new(verb, t)).collect();
+        self.check(Some(verb), needed, |missing| missing.iter().map(|p| p.to_string()).collect())
+    }
+
+    /// `watch` on every kind the filter lets through. A watch of every kind
+    /// leaves the ACL objects out unless the caller may see them (`admin`
+    /// on the cluster): `*` never covers them, and a reader's unfiltered
+    /// watch is not refused for their sake.
+    pub fn authorize_watch(&self, filter: &mut WatchFilter) -> Result<()> {
+        if filter.kind.is_none() && self.acl.enabled && !self.principal.allows(&Permission::new(Verb::Admin, Target::Cluster)) {
+            filter.skip_acl = true;
+        }
+        self.authorize(Verb::Watch, watch_targets(filter))
+    }
+
+    /// Everything a transaction touches: write for a put, delete for a
+    /// delete (and for the instances a deleted Lease takes with it).
+    pub fn authorize_txn(&self, verb: Verb, txn: &Txn) -> Result<()> {
+        let mut needed = Vec::with_capacity(txn.ops.len());
+        for op in &txn.ops {
+            let key = op.key();
+            match op {
+                Op::Delete { .. } => {
+                    needed.push(Permission::new(Verb::Delete, Target::key(key)));
+                    if key.kind == Kind::Lease {
+                        needed.push(Permission::new(Verb::Delete, Target::kind(Kind::Instance, Some(&key.namespace))));
+                    }
+                }
+                Op::Put { .. } | Op::SetStatus { .. } => needed.push(Permission::new(Verb::Write, Target::key(key))),
+            }
+        }
+        self.check(Some(verb), needed, |_| keys(txn))
+    }
+
+    fn check(&self, verb: Option<Verb>, needed: Vec<Permission>, resources: impl FnOnce(&[Permission]) -> Vec<String>) -> Result<()> {
+        if !self.acl.enabled {
+            return Ok(());
+        }
+        let Err(missing) = self.principal.check(needed) else { return Ok(()) };
+        let lacks = missing.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
+        let message = format!("permission denied: {} lacks {lacks}", self.principal.who);
+        crate::metrics::metrics().acl_refusals.with(&["denied"]).inc();
+        let event = AuditEvent::new(self.principal.who.audit_name(), &self.op, "denied");
+        self.acl.audit(AuditEvent { verb: verb.map(Verb::as_str), resources: resources(&missing), reason: Some(format!("lacks {lacks}")), ..event });
+        Err(Error::permission_denied(message))
+    }
+
+    /// Propose an authorized transaction; audit its outcome.
+    pub async fn write(&self, node: &Node, verb: Verb, txn: Txn) -> Result<TxnOk> {
+        let resources = if self.acl.enabled { keys(&txn) } else { Vec::new() };
+        let result = node.write(txn).await;
+        self.audit_result(verb, resources, result.as_ref().map(|ok| Some(ok.revision)));
+        result
+    }
+
+    /// Audit an allowed operation that is not a store write (membership).
+    pub fn audit_result(&self, verb: Verb, resources: Vec<String>, result: Result<Option<u64>, &Error>) {
+        if !self.acl.enabled {
+            return;
+        }
+        self.acl
+            .audit(outcome(AuditEvent { verb: Some(verb.as_str()), resources, ..AuditEvent::new(self.principal.who.audit_name(), &self.op, "ok") }, result));
+    }
+}
+
+/// The event with the outcome of an allowed operation: its revision, or
+/// why it failed.
+fn outcome(event: AuditEvent, result: Result<Option<u64>, &Error>) -> AuditEvent {
+    match result {
+        Ok(revision) => AuditEvent { revision, ..event },
+        Err(e) => AuditEvent { outcome: "failed", reason: Some(format!("{}: {}", e.code.as_str(), e.message)), ..event },
+    }
+}
+
+fn keys(txn: &Txn) -> Vec<String> {
+    txn.ops.iter().map(|o| o.key().to_string()).collect()
+}
+
+/// What a watch with this filter touches: every kind it may deliver.
+fn watch_targets(filter: &WatchFilter) -> Vec<Target> {
+    let namespace = filter.namespace.as_deref().filter(|n| !n.is_empty());
+    let kinds: Vec<Kind> = filter.kind.map_or_else(|| Kind::ALL.to_vec(), |k| vec![k]);
+    kinds
+        .into_iter()
+        .filter(|k| !(filter.skip_acl && k.is_acl()))
+        // Cluster-scoped objects are all in one namespace: another filter excludes them.
+        .filter(|k| !(k.is_cluster_scoped() && namespace.is_some_and(|n| n != CLUSTER_NAMESPACE)))
+        .map(|k| Target::kind(k, namespace))
+        .collect()
+}
+
+/// `POST /v1/acl/tokens` / gRPC `CreateToken`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TokenRequest {
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub policies: Vec<String>,
+    #[serde(default)]
+    pub roles: Vec<String>,
+    /// A duration (`1h`, `30m`); none: never expires.
+    #[serde(default)]
+    pub ttl: Option<String>,
+}
+
+/// A token just created. The secret appears here and nowhere else, ever.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenCreated {
+    pub accessor_id: String,
+    pub secret: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    pub revision: u64,
+}
+
+impl TokenCreated {
+    fn new(m: Minted, revision: u64) -> TokenCreated {
+        TokenCreated { accessor_id: m.accessor, secret: m.secret, expires_at: m.expires_at, revision }
+    }
+}
+
+/// Check a token request against the ACL objects (its policies and roles
+/// must exist) and build the transaction that stores the new token.
+pub fn token_txn(req: TokenRequest, index: &AclIndex) -> Result<(Txn, Minted)> {
+    let mut errors = Vec::new();
+    if req.policies.is_empty() && req.roles.is_empty() {
+        errors.push(FieldError::new("policies", "a token needs at least one policy or role"));
+    }
+    for (i, p) in req.policies.iter().enumerate() {
+        if !index.has_policy(p) {
+            errors.push(FieldError::new(format!("policies[{i}]"), format!("policy {p:?} not found")));
+        }
+    }
+    for (i, r) in req.roles.iter().enumerate() {
+        if !index.has_role(r) {
+            errors.push(FieldError::new(format!("roles[{i}]"), format!("role {r:?} not found")));
+        }
+    }
+    if req.description.as_ref().is_some_and(|d| d.len() > 1024) {
+        errors.push(FieldError::new("description", "at most 1024 bytes"));
+    }
+    let ttl_secs = match req.ttl.as_deref().filter(|t| !t.is_empty()) {
+        None => None,
+        Some(t) => match model::istio::duration::parse_duration(t) {
+            Ok(d) if d.as_secs() >= 1 => Some(d.as_secs()),
+            Ok(_) => {
+                errors.push(FieldError::new("ttl", "must be at least 1s"));
+                None
+            }
+            Err(e) => {
+                errors.push(FieldError::new("ttl", e));
+                None
+            }
+        },
+    };
+    if !errors.is_empty() {
+        return Err(Error::invalid_fields(errors));
+    }
+    let minted = token::mint(NewToken { description: req.description, policies: req.policies, roles: req.roles, ttl_secs }, crate::auth::acl::unix_now());
+    let op = create_op(minted.document.clone())?;
+    Ok((Txn { ops: vec![op] }, minted))
+}
+
+/// A create-only put of a document the server wrote, validated like any
+/// other so that what is stored always passes its own checks.
+fn create_op(doc: Value) -> Result<Op> {
+    let res = model::parse_resource(doc, model::DEFAULT_NAMESPACE).map_err(|e| Error::internal(format!("a generated ACL object is invalid: {e:?}")))?;
+    model::validate_spec(&res).map_err(|e| Error::internal(format!("a generated ACL object is invalid: {e:?}")))?;
+    Ok(Op::Put { body: model::json_text(&res.body).into(), key: res.key, expected_revision: Some(0) })
+}
+
+/// `POST /v1/acl/tokens` and gRPC `CreateToken`: needs `admin` on the cluster.
+/// Policies and roles are checked at a linearizable read, so one created
+/// through any replica just before is found.
+pub async fn create_token(caller: &Caller, replica: &Replica, req: TokenRequest) -> Result<TokenCreated> {
+    caller.authorize(Verb::Admin, [Target::Cluster])?;
+    let applied = replica.node.read(Consistency::Linearizable).await?;
+    let (txn, minted) = token_txn(req, &replica.acl.index_at(&applied))?;
+    let ok = caller.write(&replica.node, Verb::Write, txn).await?;
+    Ok(TokenCreated::new(minted, ok.revision))
+}
+
+/// `POST /v1/acl/bootstrap` and gRPC `AclBootstrap`: no credentials
+/// needed. Creates the `global-management` policy and a token holding it,
+/// once: refused (409) when the store holds any token, and, for two racing
+/// bootstraps, by the policy's create-only precondition.
+pub async fn acl_bootstrap(replica: &Replica, op: &str) -> Result<TokenCreated> {
+    let acl = &replica.acl;
+    let done = || Error::conflict("ACLs are bootstrapped already: the store holds tokens or the global-management policy");
+    let applied = replica.node.read(Consistency::Linearizable).await?;
+    let event = AuditEvent { verb: Some(Verb::Admin.as_str()), ..AuditEvent::new("anonymous".into(), op, "ok") };
+    if acl.index_at(&applied).has_tokens() {
+        acl.audit(AuditEvent { outcome: "denied", reason: Some("bootstrapped already".into()), ..event });
+        return Err(done());
+    }
+    let policy = json!({
+        "apiVersion": "acl.lodestar.io/v1", "kind": "Policy",
+        "metadata": {"name": GLOBAL_MANAGEMENT, "namespace": CLUSTER_NAMESPACE},
+        "spec": {"description": "Every verb on everything (created by acl bootstrap).", "rules": [{"verbs": ["admin"], "kinds": ["*"], "namespaces": ["*"]}]},
+    });
+    let minted = token::mint(
+        NewToken { description: Some("Bootstrap management token".into()), policies: vec![GLOBAL_MANAGEMENT.into()], ..Default::default() },
+        crate::auth::acl::unix_now(),
+    );
+    let txn = Txn { ops: vec![create_op(policy)?, create_op(minted.document.clone())?] };
+    let event = AuditEvent { resources: keys(&txn), ..event };
+    let result = replica.node.write(txn).await;
+    acl.audit(outcome(event, result.as_ref().map(|ok| Some(ok.revision))));
+    match result {
+        Ok(ok) => Ok(TokenCreated::new(minted, ok.revision)),
+        Err(e) if e.code == Code::Conflict => Err(done()),
+        Err(e) => Err(e),
+    }
+}
 
 /// One resource to apply, with an optional optimistic-concurrency check.
 #[derive(Debug, Clone)]
@@ -32,8 +302,12 @@ pub fn apply_txn(items: Vec<ApplyItem>) -> Result<(Txn, Vec<String>)> {
     let mut seen = std::collections::BTreeSet::new();
     for (i, item) in items.into_iter().enumerate() {
         let path = format!("resources[{i}]");
-        match model::parse_resource(item.resource, DEFAULT_NAMESPACE) {
+        match model::parse_resource(item.resource, model::DEFAULT_NAMESPACE) {
             Err(errs) => errors.extend(errs.into_iter().map(|e| e.under(&path))),
+            Ok(res) if res.key.kind == Kind::Token => errors.push(FieldError::new(
+                format!("{path}.kind"),
+                "tokens cannot be applied: create them with `lodestar token create` (POST /v1/acl/tokens), which generates the secret",
+            )),
             Ok(res) => {
                 match model::validate_spec(&res) {
                     Err(errs) => errors.extend(errs.into_iter().map(|e| e.under(&path))),
@@ -108,7 +382,10 @@ pub fn parse_kind(kind: &str) -> Result<Kind> {
 
 pub fn key_of(kind: &str, namespace: Option<&str>, name: &str) -> Result<ResourceKey> {
     let kind = parse_kind(kind)?;
-    let namespace = namespace.filter(|n| !n.is_empty()).unwrap_or(DEFAULT_NAMESPACE);
+    let namespace = namespace.filter(|n| !n.is_empty()).unwrap_or(kind.default_namespace());
+    if kind.is_cluster_scoped() && namespace != CLUSTER_NAMESPACE {
+        return Err(Error::field("namespace", format!("{} are cluster-scoped: leave the namespace out (it is always {CLUSTER_NAMESPACE})", kind.plural())));
+    }
     model::resource::check_dns_label(namespace).map_err(|r| Error::field("namespace", r))?;
     model::resource::check_dns_subdomain(name).map_err(|r| Error::field("name", r))?;
     Ok(ResourceKey::new(kind, namespace, name))

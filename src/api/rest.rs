@@ -1,7 +1,13 @@
 //! The REST API (`/v1/...`), health endpoints, and the error → HTTP mapping.
+//!
+//! Every route but `/healthz` and `/readyz` takes a [`Caller`] (the
+//! request's credentials, authenticated before anything else is extracted)
+//! and authorizes what it touches; the verb of each route is in the README
+//! ("Tokens and policies").
 
-use super::{ApplyItem, DeleteItem, WriteResult};
-use crate::error::{Error, Result};
+use super::{ApplyItem, Caller, DeleteItem, WriteResult};
+use crate::auth::{parse_bearer, Acl, Credentials, PeerIdentity, Target, Verb};
+use crate::error::{Code, Error, Result};
 use crate::model::documents::parse_documents;
 use crate::node::{ClusterStatus, Consistency, Node};
 use crate::replica::Replica;
@@ -9,7 +15,7 @@ use crate::store::types::NodeInfo;
 use crate::store::watch::{watch, WatchFilter};
 use crate::xds::status::{SyncRegistry, SyncStatus};
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -38,6 +44,8 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/v1/cluster/members", post(add_member))
         .route("/v1/cluster/members/{id}", delete(remove_member))
         .route("/readyz", get(readyz))
+        .route("/v1/acl/tokens", post(create_token))
+        .route("/v1/acl/bootstrap", post(acl_bootstrap))
         .with_state(replica.clone());
     Router::new()
         .route("/v1/apply", post(apply))
@@ -47,19 +55,41 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/v1/registry/services", get(registry_services))
         .route("/debug/registryz", get(registryz))
         .route("/debug/configz", get(configz))
-        .route("/metrics", get(|| async { ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::metrics().render()) }))
+        .route("/metrics", get(metrics))
         .route("/v1/watch", get(watch_changes))
         .route("/v1/snapshot", get(snapshot))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(replica.node.clone())
         .merge(helpers)
         .merge(debug)
+        .layer(axum::Extension(replica.acl.clone()))
+}
+
+/// The caller of a request: its bearer token and client-certificate
+/// identity, authenticated (401 when that fails) before the handler runs.
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Caller> {
+        let acl = parts.extensions.get::<Arc<Acl>>().cloned().ok_or_else(|| Error::internal("the router has no ACL state"))?;
+        let op = format!("{} {}", parts.method, parts.extensions.get::<axum::extract::MatchedPath>().map_or(parts.uri.path(), |p| p.as_str()));
+        let conn = parts.extensions.get::<axum::extract::ConnectInfo<crate::tls::conn::ConnInfo>>().map(|c| &c.0);
+        let mut creds = Credentials { bearer: None, peer: super::peer_identity(conn, parts.extensions.get::<PeerIdentity>()) };
+        if let (Some(v), true) = (parts.headers.get(header::AUTHORIZATION), acl.enabled) {
+            let malformed = || Caller::refuse(&acl, &op, "malformed Authorization header: expected `Bearer <secret>`");
+            creds.bearer = Some(v.to_str().ok().and_then(|v| parse_bearer(v).ok()).ok_or_else(malformed)?);
+        }
+        Caller::authenticate(&acl, &creds, &op)
+    }
 }
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = json!({"error": {"code": self.code.as_str(), "message": self.message, "fields": self.fields}});
+        if self.code == Code::Unauthenticated {
+            return (status, [(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))], Json(body)).into_response();
+        }
         (status, Json(body)).into_response()
     }
 }
@@ -102,7 +132,7 @@ fn revision_headers(revision: u64) -> [(header::HeaderName, HeaderValue); 1] {
     [(header::HeaderName::from_static(REVISION_HEADER), HeaderValue::from(revision))]
 }
 
-async fn apply(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) -> Result<Response> {
+async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response> {
     let bytes = read_body(&node, body).await?;
     let (docs, _) = documents(&headers, &bytes)?;
     // `{"resource": {...}, "expectedRevision": N}` wraps a resource with a
@@ -122,7 +152,8 @@ async fn apply(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) ->
         })
         .collect::<Result<Vec<_>>>()?;
     let (txn, warnings) = super::apply_txn(items)?;
-    let ok = node.write(txn).await?;
+    caller.authorize_txn(Verb::Write, &txn)?;
+    let ok = caller.write(&node, Verb::Write, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
 }
 
@@ -142,7 +173,7 @@ struct DeleteQuery {
     expected_revision: Option<u64>,
 }
 
-async fn delete_many(State(node): State<Arc<Node>>, Query(q): Query<DeleteQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+async fn delete_many(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<DeleteQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
     let bytes = read_body(&node, body).await?;
     let (docs, envelope) = documents(&headers, &bytes)?;
     let ignore = q.ignore_not_found.or_else(|| envelope.get("ignoreNotFound").and_then(Value::as_bool)).unwrap_or(false);
@@ -157,17 +188,22 @@ async fn delete_many(State(node): State<Arc<Node>>, Query(q): Query<DeleteQuery>
     } else {
         super::delete_items_from_documents(docs)?
     };
-    let ok = node.write(super::delete_txn(items, ignore)?).await?;
+    let txn = super::delete_txn(items, ignore)?;
+    caller.authorize_txn(Verb::Delete, &txn)?;
+    let ok = caller.write(&node, Verb::Delete, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, Vec::new()))).into_response())
 }
 
 async fn delete_one(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Path((kind, namespace, name)): Path<(String, String, String)>,
     Query(q): Query<DeleteQuery>,
 ) -> Result<Response> {
     let item = DeleteItem { kind, namespace: Some(namespace), name, expected_revision: q.expected_revision };
-    let ok = node.write(super::delete_txn(vec![item], q.ignore_not_found.unwrap_or(false))?).await?;
+    let txn = super::delete_txn(vec![item], q.ignore_not_found.unwrap_or(false))?;
+    caller.authorize_txn(Verb::Delete, &txn)?;
+    let ok = caller.write(&node, Verb::Delete, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, Vec::new()))).into_response())
 }
 
@@ -187,8 +223,9 @@ fn consistency(q: Option<&str>) -> Result<Consistency> {
     }
 }
 
-async fn list(State(node): State<Arc<Node>>, Path(kind): Path<String>, Query(q): Query<ReadQuery>) -> Result<Response> {
+async fn list(State(node): State<Arc<Node>>, caller: Caller, Path(kind): Path<String>, Query(q): Query<ReadQuery>) -> Result<Response> {
     let kind = super::parse_kind(&kind)?;
+    caller.authorize(Verb::Read, [Target::kind(kind, q.namespace.as_deref())])?;
     let selector = super::parse_selector(q.label_selector.as_deref())?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
     let items: Vec<Value> = super::list(&applied, kind, q.namespace.as_deref(), &selector).iter().map(|o| o.to_json()).collect();
@@ -196,8 +233,14 @@ async fn list(State(node): State<Arc<Node>>, Path(kind): Path<String>, Query(q):
     Ok((revision_headers(revision), Json(json!({"revision": revision, "items": items}))).into_response())
 }
 
-async fn get_one(State(node): State<Arc<Node>>, Path((kind, namespace, name)): Path<(String, String, String)>, Query(q): Query<ReadQuery>) -> Result<Response> {
+async fn get_one(
+    State(node): State<Arc<Node>>,
+    caller: Caller,
+    Path((kind, namespace, name)): Path<(String, String, String)>,
+    Query(q): Query<ReadQuery>,
+) -> Result<Response> {
     let key = super::key_of(&kind, Some(&namespace), &name)?;
+    caller.authorize(Verb::Read, [Target::key(&key)])?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
     let obj = super::get(&applied, &key)?;
     Ok((revision_headers(applied.revision()), Json(obj.to_json())).into_response())
@@ -212,8 +255,10 @@ struct WatchQuery {
 }
 
 /// Newline-delimited JSON events, one per line, until the client hangs up.
-async fn watch_changes(State(node): State<Arc<Node>>, Query(q): Query<WatchQuery>) -> Result<Response> {
-    let filter = WatchFilter { kind: q.kind.as_deref().map(super::parse_kind).transpose()?, namespace: q.namespace.filter(|n| !n.is_empty()) };
+async fn watch_changes(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<WatchQuery>) -> Result<Response> {
+    let mut filter =
+        WatchFilter { kind: q.kind.as_deref().map(super::parse_kind).transpose()?, namespace: q.namespace.filter(|n| !n.is_empty()), skip_acl: false };
+    caller.authorize_watch(&mut filter)?;
     let stream = watch(node.reader.clone(), q.from_revision, filter).map(|item| {
         let line = match item {
             Ok(e) => json!({"revision": e.revision, "type": e.kind.as_str(), "object": e.object.to_json()}),
@@ -226,7 +271,9 @@ async fn watch_changes(State(node): State<Arc<Node>>, Query(q): Query<WatchQuery
 
 /// A backup file of the applied state at one revision (`lodestar snapshot
 /// save`); linearizable unless `?consistency=stale`.
-async fn snapshot(State(node): State<Arc<Node>>, Query(q): Query<ReadQuery>) -> Result<Response> {
+async fn snapshot(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<ReadQuery>) -> Result<Response> {
+    // Every object, token hashes included: the management privilege.
+    caller.authorize(Verb::Admin, [Target::Cluster])?;
     let backup = node.backup(consistency(q.consistency.as_deref())?).await?;
     let disposition = format!("attachment; filename=\"lodestar-{}.snapshot\"", backup.revision);
     let headers = [
@@ -238,12 +285,14 @@ async fn snapshot(State(node): State<Arc<Node>>, Query(q): Query<ReadQuery>) -> 
 }
 
 /// This replica alone: id, raft state, term, leader, applied index, revision.
-async fn node_status(State(replica): State<Arc<Replica>>) -> Json<crate::node::NodeStatus> {
-    Json(replica.local_status())
+async fn node_status(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Json<crate::node::NodeStatus>> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
+    Ok(Json(replica.local_status()))
 }
 
-async fn cluster_status(State(replica): State<Arc<Replica>>) -> Json<ClusterStatus> {
-    Json(replica.cluster_status().await)
+async fn cluster_status(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Json<ClusterStatus>> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
+    Ok(Json(replica.cluster_status().await))
 }
 
 #[derive(Deserialize)]
@@ -255,15 +304,21 @@ struct AddMember {
     xds_addr: String,
 }
 
-async fn add_member(State(replica): State<Arc<Replica>>, body: Body) -> Result<Json<ClusterStatus>> {
+async fn add_member(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Json<ClusterStatus>> {
+    caller.authorize(Verb::Admin, [Target::Cluster])?;
     let bytes = read_body(&replica.node, body).await?;
     let m: AddMember = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
-    replica.node.add_node(m.id, NodeInfo { raft_addr: m.raft_addr, api_addr: m.api_addr, xds_addr: m.xds_addr }).await?;
+    let result = replica.node.add_node(m.id, NodeInfo { raft_addr: m.raft_addr, api_addr: m.api_addr, xds_addr: m.xds_addr }).await;
+    caller.audit_result(Verb::Admin, vec![format!("members/{}", m.id)], result.as_ref().map(|_| None));
+    result?;
     Ok(Json(replica.cluster_status().await))
 }
 
-async fn remove_member(State(replica): State<Arc<Replica>>, Path(id): Path<u64>) -> Result<Json<ClusterStatus>> {
-    replica.node.remove_node(id).await?;
+async fn remove_member(State(replica): State<Arc<Replica>>, caller: Caller, Path(id): Path<u64>) -> Result<Json<ClusterStatus>> {
+    caller.authorize(Verb::Admin, [Target::Cluster])?;
+    let result = replica.node.remove_node(id).await;
+    caller.audit_result(Verb::Admin, vec![format!("members/{id}")], result.as_ref().map(|_| None));
+    result?;
     Ok(Json(replica.cluster_status().await))
 }
 
@@ -275,13 +330,33 @@ async fn readyz(State(replica): State<Arc<Replica>>) -> Response {
 }
 
 /// Every connected proxy on this replica and how far it is in sync.
-async fn syncz(State(sync): State<SyncRegistry>) -> Json<SyncStatus> {
-    Json(sync.snapshot())
+async fn syncz(State(sync): State<SyncRegistry>, caller: Caller) -> Result<Json<SyncStatus>> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
+    Ok(Json(sync.snapshot()))
+}
+
+async fn metrics(caller: Caller) -> Result<Response> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::metrics().render()).into_response())
+}
+
+/// Create a token (`admin` on the cluster); the answer holds its secret,
+/// shown this once.
+async fn create_token(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Response> {
+    let bytes = read_body(&replica.node, body).await?;
+    let req: super::TokenRequest = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
+    Ok(Json(super::create_token(&caller, &replica, req).await?).into_response())
+}
+
+/// The first management token, once; needs no credentials.
+async fn acl_bootstrap(State(replica): State<Arc<Replica>>) -> Result<Response> {
+    Ok(Json(super::acl_bootstrap(&replica, "POST /v1/acl/bootstrap").await?).into_response())
 }
 
 /// Renew an Instance's TTL or a Lease (keepalive).
-async fn heartbeat(State(replica): State<Arc<Replica>>, Path((kind, namespace, name)): Path<(String, String, String)>) -> Result<Response> {
+async fn heartbeat(State(replica): State<Arc<Replica>>, caller: Caller, Path((kind, namespace, name)): Path<(String, String, String)>) -> Result<Response> {
     let key = super::heartbeat_key(&kind, &namespace, &name)?;
+    caller.authorize(Verb::Write, [Target::key(&key)])?;
     let ttl = replica.heartbeat(key).await?;
     Ok(Json(json!({"ttlSeconds": ttl.as_secs_f64()})).into_response())
 }
@@ -292,13 +367,16 @@ struct NamespaceQuery {
     consistency: Option<String>,
 }
 
-async fn registry_services(State(node): State<Arc<Node>>, Query(q): Query<NamespaceQuery>) -> Result<Response> {
+async fn registry_services(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<NamespaceQuery>) -> Result<Response> {
+    let ns = q.namespace.as_deref();
+    caller.authorize(Verb::Read, [Target::kind(crate::model::Kind::Service, ns), Target::kind(crate::model::Kind::Instance, ns)])?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
     Ok(Json(json!({"revision": applied.revision(), "services": super::registry_services(&applied, &node.config, q.namespace.as_deref())})).into_response())
 }
 
-async fn debug_checks(State(replica): State<Arc<Replica>>) -> Response {
-    Json(replica.checks.view(replica.node.id)).into_response()
+async fn debug_checks(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Response> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
+    Ok(Json(replica.checks.view(replica.node.id)).into_response())
 }
 
 /// Request metrics (`lodestar_api_requests_total`, `..._duration_seconds`)
@@ -329,7 +407,8 @@ struct WaitQuery {
 /// Until every connected proxy (on every replica) has ACKed `revision` or
 /// newer: 200 with the report; 409 if a proxy rejected it (the NACKs are
 /// listed); 503 if the timeout passed first (the pending proxies listed).
-async fn wait_for_proxies(State(replica): State<Arc<Replica>>, Query(q): Query<WaitQuery>) -> Result<Response> {
+async fn wait_for_proxies(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<WaitQuery>) -> Result<Response> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
     let timeout = match q.timeout.as_deref() {
         None => std::time::Duration::from_secs(30),
         Some(t) => crate::model::istio::duration::parse_duration(t).map_err(|e| Error::field("timeout", e))?,
@@ -355,7 +434,8 @@ struct ConfigDumpQuery {
 }
 
 /// The config this replica serves a connected proxy, as proto-JSON.
-async fn config_dump(State(sync): State<SyncRegistry>, Query(q): Query<ConfigDumpQuery>) -> Result<Response> {
+async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q): Query<ConfigDumpQuery>) -> Result<Response> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
     use crate::xds::resources::ResourceType;
     let config = sync.config_of(&q.proxy_id).ok_or_else(|| Error::not_found(format!("proxy {:?} is not connected to this replica", q.proxy_id)))?;
     let wanted = match q.kind.as_deref() {
@@ -391,7 +471,8 @@ async fn config_dump(State(sync): State<SyncRegistry>, Query(q): Query<ConfigDum
 
 /// The registry as translation sees it: every service with its ports and
 /// instances (health, locality, weight), at the local revision.
-async fn registryz(State(node): State<Arc<Node>>) -> Response {
+async fn registryz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Response> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
     let applied = node.reader.current();
     let mesh = crate::mesh::Mesh::build(&applied, Arc::new(node.config.mesh_config()));
     let services: Vec<Value> = mesh
@@ -407,11 +488,12 @@ async fn registryz(State(node): State<Arc<Node>>) -> Response {
             })
         })
         .collect();
-    Json(json!({"revision": applied.revision(), "services": services, "skipped": mesh.skipped.iter().map(|(k, why)| json!({"resource": k.to_string(), "reason": why})).collect::<Vec<_>>()})).into_response()
+    Ok(Json(json!({"revision": applied.revision(), "services": services, "skipped": mesh.skipped.iter().map(|(k, why)| json!({"resource": k.to_string(), "reason": why})).collect::<Vec<_>>()})).into_response())
 }
 
 /// Every traffic rule at the local revision (kind, namespace, name, revisions).
-async fn configz(State(node): State<Arc<Node>>) -> Response {
+async fn configz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Response> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
     let applied = node.reader.current();
     let items: Vec<Value> = applied
         .state
@@ -420,11 +502,12 @@ async fn configz(State(node): State<Arc<Node>>) -> Response {
         .filter(|o| o.key.kind.group() == crate::model::kinds::ISTIO_GROUP)
         .map(|o| json!({"kind": o.key.kind.name(), "namespace": o.key.namespace, "name": o.key.name, "creationRevision": o.create_revision, "modRevision": o.mod_revision}))
         .collect();
-    Json(json!({"revision": applied.revision(), "configs": items})).into_response()
+    Ok(Json(json!({"revision": applied.revision(), "configs": items})).into_response())
 }
 
 /// The push engine: what was pushed, to how many, how the streams stand.
-async fn push_status(State(replica): State<Arc<Replica>>) -> Response {
+async fn push_status(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Response> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
     let (m, node) = (crate::metrics::metrics(), &replica.node);
     let snapshot = replica.sync.snapshot();
     let mut by_revision: std::collections::BTreeMap<u64, usize> = std::collections::BTreeMap::new();
@@ -432,7 +515,7 @@ async fn push_status(State(replica): State<Arc<Replica>>) -> Response {
         *by_revision.entry(p.revision.unwrap_or(0)).or_default() += 1;
     }
     let pushes: serde_json::Map<String, Value> = ["cds", "eds", "lds", "rds"].iter().map(|t| (t.to_string(), json!(m.xds_pushes.with(&[t]).get()))).collect();
-    Json(json!({
+    Ok(Json(json!({
         "appliedRevision": node.reader.current().revision(),
         "debounceMs": node.config.push_debounce_ms,
         "pushTriggers": m.push_triggers.get(),
@@ -441,5 +524,5 @@ async fn push_status(State(replica): State<Arc<Replica>>) -> Response {
         "proxiesByRevision": by_revision,
         "streamsShed": m.streams_shed.get(),
     }))
-    .into_response()
+    .into_response())
 }

@@ -1,8 +1,9 @@
 //! The `lodestar` command line: `server`, the kubectl-style client commands,
 //! cluster management and backups (`snapshot`). Client commands
 //! use the REST API of whichever replica `--server` (or `LODESTAR_SERVER`)
-//! names.
+//! names, with the credential `client::Access` picks.
 
+mod acl;
 mod bootstrap;
 pub mod client;
 mod proxy;
@@ -141,6 +142,26 @@ enum Command {
         #[command(subcommand)]
         command: TlsCommand,
     },
+    /// ACL tokens: create (the secret is shown once), list, read, revoke.
+    Token {
+        #[command(subcommand)]
+        command: acl::TokenCommand,
+    },
+    /// ACL policies: verbs over kinds and namespaces.
+    Policy {
+        #[command(subcommand)]
+        command: acl::PolicyCommand,
+    },
+    /// ACL roles: policies for tokens and client-certificate identities.
+    Role {
+        #[command(subcommand)]
+        command: acl::RoleCommand,
+    },
+    /// ACL setup (`bootstrap`: the first management token).
+    Acl {
+        #[command(subcommand)]
+        command: acl::AclCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -187,7 +208,7 @@ enum ClusterCommand {
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum Output {
+pub(crate) enum Output {
     Yaml,
     Json,
     Wide,
@@ -305,6 +326,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Cluster { command } => cluster(&client, command).await,
         Command::Bootstrap(args) => bootstrap::run(&client, access.ca_pem.as_deref(), args).await,
         Command::Snapshot { command } => snapshot::run(&client, command).await,
+        Command::Token { command } => acl::token(&client, command).await,
+        Command::Policy { command } => acl::policy(&client, command).await,
+        Command::Role { command } => acl::role(&client, command).await,
+        Command::Acl { command } => acl::acl(&client, command).await,
     }
 }
 
@@ -387,7 +412,9 @@ async fn apply(client: &Client, files: &[String], namespace: Option<&str>) -> Re
         bail!("no resources found in {}", files.join(", "));
     }
     if let Some(ns) = namespace {
-        for d in &mut docs {
+        // Cluster-scoped kinds (policies, roles) have no namespace to set.
+        let scoped = |d: &Value| d["kind"].as_str().and_then(Kind::from_kind_field).is_none_or(|k| !k.is_cluster_scoped());
+        for d in docs.iter_mut().filter(|d| scoped(d)) {
             if let Some(meta) = d.get_mut("metadata").and_then(Value::as_object_mut) {
                 meta.entry("namespace").or_insert_with(|| json!(ns));
             }
@@ -439,6 +466,7 @@ async fn get(
 ) -> Result<()> {
     let kind = parse_kind(kind)?;
     let selector = filter.selector;
+    let namespace = if kind.is_cluster_scoped() { Some(kind.default_namespace()) } else { namespace };
     let consistency = stale.then_some("stale");
     let items: Vec<Value> = match name {
         Some(name) => {

@@ -200,13 +200,18 @@ impl Mesh {
 
     /// The mesh at `applied`'s revision from the mesh at the revision of
     /// `prev_objects`, when the changes in between touch only traffic rules
-    /// (VirtualService, DestinationRule, Gateway, Sidecar): services are
+    /// (VirtualService, DestinationRule, Gateway, Sidecar; ACL objects are
+    /// no part of the mesh and are skipped): services are
     /// shared, only the changed rules are re-read. `None` when something
     /// else changed (then `build` it).
     pub fn update_rules(&self, prev_objects: &crate::store::state::Objects, applied: &Applied) -> Option<Mesh> {
         let mut changed: Vec<(&ResourceKey, Option<&Arc<StoredObject>>)> = Vec::new();
         for d in prev_objects.diff(&applied.state.objects) {
             let (key, now) = (d.key(), d.after());
+            // Tokens, policies and roles are no part of the mesh.
+            if key.kind.is_acl() {
+                continue;
+            }
             if !matches!(key.kind, Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar) {
                 return None;
             }
@@ -426,7 +431,7 @@ impl Mesh {
                 TypedSpec::Istio(Validated::WorkloadEntry { spec, .. }) => workloads.push((obj.clone(), spec.as_ref().clone())),
                 TypedSpec::Service(s) => declared.push((obj.clone(), s.clone())),
                 TypedSpec::Instance(i) => instances.push((obj.clone(), i.clone())),
-                TypedSpec::Lease(_) => {}
+                TypedSpec::Lease(_) | TypedSpec::Acl(_) => {}
             }
         }
         mesh.virtual_services.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));

@@ -20,10 +20,23 @@ pub enum Kind {
     Instance,
     /// Registry: a lease that owns instances and expires without keepalives.
     Lease,
+    /// ACL: rules granting verbs over kinds and namespaces (`model::acl`).
+    Policy,
+    /// ACL: a named set of policies, bound to tokens and to client
+    /// certificate identities.
+    Role,
+    /// ACL: a credential's accessor id, policies, roles, expiry and the
+    /// SHA-256 of its secret. Created only by the token API.
+    Token,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
 pub const REGISTRY_GROUP: &str = "registry.lodestar.io";
+pub const ACL_GROUP: &str = "acl.lodestar.io";
+
+/// Where cluster-scoped kinds (the ACL kinds) are stored: every key has a
+/// namespace, and theirs is always this one. Input may leave it out.
+pub const CLUSTER_NAMESPACE: &str = "lodestar-system";
 
 struct KindInfo {
     kind: Kind,
@@ -36,6 +49,7 @@ struct KindInfo {
 
 const ISTIO_VERSIONS: &[&str] = &["v1alpha3", "v1beta1", "v1"];
 const REGISTRY_VERSIONS: &[&str] = &["v1"];
+const ACL_VERSIONS: &[&str] = &["v1"];
 
 const KINDS: &[KindInfo] = &[
     KindInfo { kind: Kind::VirtualService, name: "VirtualService", plural: "virtualservices", short: &["vs"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
@@ -47,10 +61,13 @@ const KINDS: &[KindInfo] = &[
     KindInfo { kind: Kind::Service, name: "Service", plural: "services", short: &["svc"], group: REGISTRY_GROUP, versions: REGISTRY_VERSIONS },
     KindInfo { kind: Kind::Instance, name: "Instance", plural: "instances", short: &["inst"], group: REGISTRY_GROUP, versions: REGISTRY_VERSIONS },
     KindInfo { kind: Kind::Lease, name: "Lease", plural: "leases", short: &[], group: REGISTRY_GROUP, versions: REGISTRY_VERSIONS },
+    KindInfo { kind: Kind::Policy, name: "Policy", plural: "policies", short: &[], group: ACL_GROUP, versions: ACL_VERSIONS },
+    KindInfo { kind: Kind::Role, name: "Role", plural: "roles", short: &[], group: ACL_GROUP, versions: ACL_VERSIONS },
+    KindInfo { kind: Kind::Token, name: "Token", plural: "tokens", short: &[], group: ACL_GROUP, versions: ACL_VERSIONS },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 12] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -60,6 +77,9 @@ impl Kind {
         Kind::Service,
         Kind::Instance,
         Kind::Lease,
+        Kind::Policy,
+        Kind::Role,
+        Kind::Token,
     ];
 
     fn info(self) -> &'static KindInfo {
@@ -111,6 +131,27 @@ impl Kind {
         self.group() == ISTIO_GROUP
     }
 
+    /// Tokens, policies and roles: what authorization reads. They never
+    /// affect translation, and every verb on them needs `admin` on the
+    /// cluster (see `auth`).
+    pub fn is_acl(self) -> bool {
+        self.group() == ACL_GROUP
+    }
+
+    /// Kinds whose objects all live in [`CLUSTER_NAMESPACE`].
+    pub fn is_cluster_scoped(self) -> bool {
+        self.is_acl()
+    }
+
+    /// Where an object of this kind lives when the input names no namespace.
+    pub fn default_namespace(self) -> &'static str {
+        if self.is_cluster_scoped() {
+            CLUSTER_NAMESPACE
+        } else {
+            super::DEFAULT_NAMESPACE
+        }
+    }
+
     /// Names accepted on the command line, for error messages.
     pub fn cli_names_help() -> String {
         KINDS
@@ -158,6 +199,9 @@ mod tests {
             ("we", Kind::WorkloadEntry),
             ("svc", Kind::Service),
             ("instances", Kind::Instance),
+            ("policy", Kind::Policy),
+            ("roles", Kind::Role),
+            ("Token", Kind::Token),
         ] {
             assert_eq!(Kind::from_cli_name(name), Some(kind), "{name}");
         }

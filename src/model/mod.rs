@@ -1,9 +1,10 @@
 //! The domain model: kinds, resources, keys, selectors, typed specs and
-//! their validation, proxy identity.
+//! their validation (Istio, registry, ACL), proxy identity.
 //!
 //! Invariant: this module is pure. It knows nothing of sled, openraft, tonic
 //! or axum; everything here is testable with plain values.
 
+pub mod acl;
 pub mod documents;
 pub mod istio;
 pub mod kinds;
@@ -27,6 +28,8 @@ pub enum TypedSpec {
     Service(registry::ServiceSpec),
     Instance(registry::InstanceSpec),
     Lease(registry::LeaseSpec),
+    /// Policy, Role or Token: read by `auth`, never by translation.
+    Acl(acl::AclSpec),
 }
 
 /// Kind-specific validation of a resource that passed the structural checks.
@@ -45,6 +48,7 @@ fn typed_spec(kind: Kind, spec: &Value) -> Result<TypedSpec, Vec<FieldError>> {
         Kind::Service => registry::validate_service(spec).map(TypedSpec::Service),
         Kind::Instance => registry::validate_instance(spec).map(TypedSpec::Instance),
         Kind::Lease => registry::validate_lease(spec).map(TypedSpec::Lease),
+        Kind::Policy | Kind::Role | Kind::Token => acl::validate(kind, spec).map(TypedSpec::Acl),
         istio_kind => istio::validate(istio_kind.name(), spec)
             .map(TypedSpec::Istio)
             .map_err(|errs| errs.into_iter().map(|e| FieldError::new(e.field, e.reason)).collect()),

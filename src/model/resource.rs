@@ -255,8 +255,15 @@ impl StoredObject {
     }
 
     /// The object as clients see it: the body plus the server's metadata.
+    /// A Token's secret hash is left out: every read path (get, list,
+    /// watch, REST and gRPC) renders objects here, and none may show it.
     pub fn to_json(&self) -> Value {
         let mut out = self.body().clone();
+        if self.key.kind == Kind::Token {
+            if let Some(spec) = out.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.remove(super::acl::SECRET_HASH_FIELD);
+            }
+        }
         if let Some(meta) = out.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.insert("resourceVersion".into(), Value::String(self.mod_revision.to_string()));
             meta.insert("creationRevision".into(), Value::from(self.create_revision));
@@ -332,12 +339,20 @@ pub fn parse_resource(value: Value, default_namespace: &str) -> Result<NewResour
     }
 
     let mut key = None;
+    // Cluster-scoped kinds (ACL) always live in one namespace.
+    let cluster_scoped = kind.filter(|k| k.is_cluster_scoped());
+    let default_namespace = cluster_scoped.map_or(default_namespace, |k| k.default_namespace());
     match obj.get_mut("metadata") {
         None => errors.push(FieldError::new("metadata", "required")),
         Some(Value::Object(meta)) => {
             if let Some((name, namespace)) = check_metadata(meta, default_namespace, &mut errors) {
-                if let Some(kind) = kind {
-                    key = Some(ResourceKey { kind, namespace: namespace.into(), name: name.into() });
+                match (kind, cluster_scoped) {
+                    (Some(k), Some(_)) if namespace != default_namespace => errors.push(FieldError::new(
+                        "metadata.namespace",
+                        format!("{k} is cluster-scoped: leave the namespace out (it is always {default_namespace})"),
+                    )),
+                    (Some(kind), _) => key = Some(ResourceKey { kind, namespace: namespace.into(), name: name.into() }),
+                    (None, _) => {}
                 }
             }
         }

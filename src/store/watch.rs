@@ -19,11 +19,15 @@ use tokio::sync::broadcast::error::RecvError;
 pub struct WatchFilter {
     pub kind: Option<Kind>,
     pub namespace: Option<String>,
+    /// Leave out tokens, policies and roles (a watch of every kind by a
+    /// caller that may not see them).
+    pub skip_acl: bool,
 }
 
 impl WatchFilter {
     pub fn matches(&self, e: &Event) -> bool {
-        self.kind.is_none_or(|k| k == e.object.key.kind) && self.namespace.as_ref().is_none_or(|ns| *ns == e.object.key.namespace)
+        let kind = e.object.key.kind;
+        self.kind.is_none_or(|k| k == kind) && self.namespace.as_ref().is_none_or(|ns| *ns == e.object.key.namespace) && !(self.skip_acl && kind.is_acl())
     }
 }
 

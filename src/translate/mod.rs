@@ -508,6 +508,7 @@ impl Translator {
             let ns = &o.key.namespace;
             Some(match (o.key.kind, o.typed().ok()?.as_ref()) {
                 (Kind::Lease, _) => Vec::new(),
+                (k, _) if k.is_acl() => Vec::new(),
                 (_, TypedSpec::Instance(i)) => vec![crate::mesh::instance_hostname(i, ns, suffix)],
                 (_, TypedSpec::Service(svc)) => vec![svc.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", o.key.name))],
                 (_, TypedSpec::Istio(Validated::VirtualService { spec, .. })) => spec.hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).collect(),

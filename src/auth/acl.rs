@@ -1,0 +1,106 @@
+//! A replica's ACL state at run time: whether ACLs are on, the hash of the
+//! initial management token, the index of the ACL objects at the applied
+//! revision, and the audit log.
+//!
+//! Tokens are looked up in this replica's applied state: no raft round
+//! trip. A token deleted (revoked) at revision R is refused here as soon as
+//! this replica has applied R.
+
+use super::audit::{AuditEvent, AuditLog};
+use super::index::AclIndex;
+use super::{Credentials, Principal, Refusal};
+use crate::config::ServerConfig;
+use crate::model::{Kind, ResourceKey, StoredObject};
+use crate::store::state_machine::StoreReader;
+use crate::store::Applied;
+use std::sync::{Arc, Mutex};
+
+pub struct Acl {
+    /// `acl_enabled`: off, every request is anonymous and allowed.
+    pub enabled: bool,
+    /// This replica's id, for the audit log.
+    replica: u64,
+    management: Option<[u8; 32]>,
+    reader: StoreReader,
+    /// The index and the revision it was last found current at.
+    cache: Mutex<(u64, Arc<AclIndex>)>,
+    audit: Option<AuditLog>,
+}
+
+/// Secrets shorter than this are refused in `initial_management_token_file`.
+const MIN_SECRET_LEN: usize = 16;
+
+impl Acl {
+    /// From the configuration: reads the initial management token file and
+    /// starts the audit log writer (both only when ACLs are on).
+    pub fn start(config: &ServerConfig, reader: StoreReader) -> Result<Arc<Acl>, String> {
+        let mut management = None;
+        let mut audit = None;
+        if config.acl_enabled {
+            if let Some(path) = &config.initial_management_token_file {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("initial_management_token_file {}: {e}", path.display()))?;
+                let secret = text.trim();
+                if secret.len() < MIN_SECRET_LEN {
+                    return Err(format!("initial_management_token_file {}: the token must be at least {MIN_SECRET_LEN} characters", path.display()));
+                }
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+                        tracing::warn!(file = %path.display(), "initial_management_token_file is readable by other users");
+                    }
+                }
+                management = Some(super::token::hash_secret(secret));
+            }
+            let path = config.audit_log.as_deref().filter(|p| !p.as_os_str().is_empty());
+            audit = Some(AuditLog::start(path).map_err(|e| format!("audit_log {}: {e}", path.map_or("stderr".into(), |p| p.display().to_string())))?);
+        }
+        let applied = reader.current();
+        let index = Arc::new(AclIndex::build(acl_objects(&applied).cloned()));
+        Ok(Arc::new(Acl { enabled: config.acl_enabled, replica: config.id, management, reader, cache: Mutex::new((applied.revision(), index)), audit }))
+    }
+
+    /// The index at `applied`: the cached one while the ACL objects are
+    /// the same allocations (most revisions change none), else rebuilt.
+    pub fn index_at(&self, applied: &Applied) -> Arc<AclIndex> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.0 != applied.revision() {
+            if !cache.1.built_from(acl_objects(applied)) {
+                cache.1 = Arc::new(AclIndex::build(acl_objects(applied).cloned()));
+            }
+            cache.0 = applied.revision();
+        }
+        cache.1.clone()
+    }
+
+    /// The index at this replica's applied revision.
+    pub fn index(&self) -> Arc<AclIndex> {
+        self.index_at(&self.reader.current())
+    }
+
+    /// Who the credentials stand for, now, at the applied revision.
+    pub fn authenticate(&self, creds: &Credentials) -> Result<Principal, Refusal> {
+        if !self.enabled {
+            return Ok(Principal::anonymous());
+        }
+        super::authenticate(&self.index(), self.management.as_ref(), creds, unix_now())
+    }
+
+    /// Queue an audit event (ACLs on only).
+    pub fn audit(&self, mut event: AuditEvent) {
+        if let Some(a) = &self.audit {
+            event.replica = self.replica;
+            a.record(event);
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The ACL objects of a revision, in key order (the ACL kinds sort after
+/// every other kind but those added after them).
+fn acl_objects(applied: &Applied) -> impl Iterator<Item = &Arc<StoredObject>> + '_ {
+    applied.state.objects.range(ResourceKey::new(Kind::Policy, "", "")..).take_while(|(k, _)| k.kind.is_acl()).map(|(_, o)| o)
+}

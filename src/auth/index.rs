@@ -1,0 +1,103 @@
+//! The ACL objects of one revision, indexed for authentication: tokens by
+//! the SHA-256 of their secret, policies and roles by name, roles by the
+//! certificate identities they list. Built from the objects alone (pure);
+//! `acl::Acl` keeps one per replica and rebuilds it when they change.
+
+use crate::model::acl::{AclSpec, Policy, RoleSpec};
+use crate::model::{StoredObject, TypedSpec};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A stored token, as authentication needs it.
+#[derive(Debug, Clone)]
+pub struct TokenEntry {
+    pub accessor: String,
+    pub expires_at: Option<u64>,
+    pub policies: Vec<String>,
+    pub roles: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct AclIndex {
+    /// The objects this was built from, in key order: an index is current
+    /// for a revision whose ACL objects are these very objects.
+    objects: Vec<Arc<StoredObject>>,
+    tokens: HashMap<[u8; 32], TokenEntry>,
+    policies: HashMap<String, Arc<Policy>>,
+    roles: HashMap<String, RoleSpec>,
+    identities: HashMap<String, Vec<String>>,
+}
+
+impl AclIndex {
+    /// From the ACL objects of one revision. Objects that fail their
+    /// validation (data from an incompatible version) grant nothing.
+    pub fn build(objects: impl Iterator<Item = Arc<StoredObject>>) -> AclIndex {
+        let mut idx = AclIndex::default();
+        for obj in objects {
+            let name = obj.key.name.to_string();
+            match obj.typed().map(|t| t.as_ref()) {
+                Ok(TypedSpec::Acl(AclSpec::Policy(p))) => {
+                    idx.policies.insert(name, Arc::new(p.clone()));
+                }
+                Ok(TypedSpec::Acl(AclSpec::Role(r))) => {
+                    for id in &r.identities {
+                        idx.identities.entry(id.clone()).or_default().push(name.clone());
+                    }
+                    idx.roles.insert(name, r.clone());
+                }
+                Ok(TypedSpec::Acl(AclSpec::Token(t))) => {
+                    let entry = TokenEntry { accessor: name, expires_at: t.expires_at, policies: t.spec.policies.clone(), roles: t.spec.roles.clone() };
+                    idx.tokens.insert(t.secret_hash, entry);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(object = %obj.key, error = e, "an ACL object that does not validate grants nothing"),
+            }
+            idx.objects.push(obj);
+        }
+        idx
+    }
+
+    /// Whether these are the objects the index was built from (the same
+    /// allocations: an unchanged object is shared between revisions).
+    pub fn built_from<'a>(&self, mut objects: impl Iterator<Item = &'a Arc<StoredObject>>) -> bool {
+        self.objects.iter().all(|o| objects.next().is_some_and(|n| Arc::ptr_eq(o, n))) && objects.next().is_none()
+    }
+
+    pub fn token(&self, hash: &[u8; 32]) -> Option<&TokenEntry> {
+        self.tokens.get(hash)
+    }
+
+    pub fn has_tokens(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+
+    pub fn has_policy(&self, name: &str) -> bool {
+        self.policies.contains_key(name)
+    }
+
+    pub fn has_role(&self, name: &str) -> bool {
+        self.roles.contains_key(name)
+    }
+
+    /// A token's policies and its roles' policies (names that resolve to
+    /// nothing grant nothing).
+    pub fn token_policies(&self, t: &TokenEntry) -> Vec<Arc<Policy>> {
+        self.resolve(t.policies.iter().chain(t.roles.iter().filter_map(|r| self.roles.get(r)).flat_map(|r| &r.policies)))
+    }
+
+    /// The policies of every role that lists this certificate identity.
+    pub fn identity_policies(&self, identity: &str) -> Vec<Arc<Policy>> {
+        let roles = self.identities.get(identity).into_iter().flatten().filter_map(|r| self.roles.get(r));
+        self.resolve(roles.flat_map(|r| &r.policies))
+    }
+
+    fn resolve<'a>(&self, names: impl Iterator<Item = &'a String>) -> Vec<Arc<Policy>> {
+        let mut out: Vec<Arc<Policy>> = Vec::new();
+        for p in names.filter_map(|n| self.policies.get(n)) {
+            if !out.iter().any(|o| Arc::ptr_eq(o, p)) {
+                out.push(p.clone());
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,364 @@
+//! Authorization: who is asking ([`Principal`]) and whether they may do a
+//! [`Verb`] to what the request touches ([`Target`]).
+//!
+//! The pure part (this file, `token`, `index`) knows nothing of axum, tonic
+//! or sled: a request's [`Credentials`] and the ACL objects of one applied
+//! revision ([`AclIndex`]) give a principal or a [`Refusal`]; a principal
+//! and a list of permissions give `Ok` or the permissions it lacks. The
+//! runtime part (`acl`: the cached index, the management credential;
+//! `audit`: the audit log writer) is what the API holds.
+//!
+//! Principals:
+//! - a **token** (`Authorization: Bearer <secret>` on REST, metadata
+//!   `authorization: Bearer <secret>` on gRPC): found by the SHA-256 of the
+//!   secret among the Token objects; its policies plus its roles' policies.
+//! - a verified **client-certificate identity** ([`PeerIdentity`], put in
+//!   the request's extensions by the TLS layer): the policies of every Role
+//!   that lists the identity in `spec.identities`. A bearer token, when
+//!   present, takes precedence.
+//! - the **initial management token** (`initial_management_token_file`):
+//!   every permission.
+//!
+//! Permissions: `verb` on a kind in a namespace, or on the cluster
+//! (membership, backups, ACL objects, metrics and debug endpoints), which a
+//! rule grants only when it covers every kind in every namespace. `admin`
+//! implies every verb. The ACL kinds are never matched by `kinds: ["*"]`:
+//! every verb on them needs `admin` on the cluster, since a principal that
+//! can write policies can grant itself anything.
+
+pub mod acl;
+pub mod audit;
+pub mod index;
+pub mod token;
+
+pub use crate::model::acl::Verb;
+pub use acl::Acl;
+pub use index::AclIndex;
+
+use crate::model::acl::Policy;
+use crate::model::{Kind, ResourceKey};
+use std::fmt;
+use std::sync::Arc;
+
+/// The verified identity of a client certificate (a SPIFFE id or subject
+/// name), as the TLS layer puts it into a request's extensions.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PeerIdentity(pub String);
+
+/// What a request presents. The secret is only ever hashed.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    pub bearer: Option<String>,
+    pub peer: Option<PeerIdentity>,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials").field("bearer", &self.bearer.as_ref().map(|_| "<redacted>")).field("peer", &self.peer).finish()
+    }
+}
+
+/// The secret of an `Authorization: Bearer <secret>` value. Anything else
+/// is an error message (which never quotes the value).
+pub fn parse_bearer(value: &str) -> Result<String, &'static str> {
+    let (scheme, secret) = value.trim().split_once(' ').ok_or("malformed authorization: expected `Bearer <secret>`")?;
+    let secret = secret.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || secret.is_empty() {
+        return Err("malformed authorization: expected `Bearer <secret>`");
+    }
+    Ok(secret.to_string())
+}
+
+/// Which namespaces a request touches of a kind.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    Namespace(String),
+    /// Every namespace (a list or watch across namespaces).
+    All,
+}
+
+/// What a permission is on.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Target {
+    Resource {
+        kind: Kind,
+        scope: Scope,
+    },
+    /// The cluster as a whole.
+    Cluster,
+}
+
+impl Target {
+    /// Objects of `kind` in `namespace` (`None` or empty: every namespace).
+    pub fn kind(kind: Kind, namespace: Option<&str>) -> Target {
+        match namespace.filter(|n| !n.is_empty()) {
+            Some(n) => Target::Resource { kind, scope: Scope::Namespace(n.to_string()) },
+            None => Target::Resource { kind, scope: Scope::All },
+        }
+    }
+    pub fn key(key: &ResourceKey) -> Target {
+        Target::kind(key.kind, Some(&key.namespace))
+    }
+}
+
+/// A verb on a target. ACL kinds become `admin` on the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Permission {
+    pub verb: Verb,
+    pub target: Target,
+}
+
+impl Permission {
+    pub fn new(verb: Verb, target: Target) -> Permission {
+        match target {
+            Target::Resource { kind, .. } if kind.is_acl() => Permission { verb: Verb::Admin, target: Target::Cluster },
+            target => Permission { verb, target },
+        }
+    }
+}
+
+impl fmt::Display for Permission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.target {
+            Target::Cluster => write!(f, "{} on the cluster", self.verb),
+            Target::Resource { kind, scope: Scope::Namespace(n) } => write!(f, "{} on {} in namespace {n}", self.verb, kind.plural()),
+            Target::Resource { kind, scope: Scope::All } => write!(f, "{} on {} in every namespace", self.verb, kind.plural()),
+        }
+    }
+}
+
+/// Who a principal is, as the audit log and error messages name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Who {
+    /// ACLs are off: every request is this.
+    Anonymous,
+    /// The initial management token (from `initial_management_token_file`).
+    InitialManagement,
+    /// A stored token, by accessor id.
+    Token(String),
+    /// A client certificate's identity.
+    Identity(String),
+}
+
+impl Who {
+    /// `token:<accessor>`, `identity:<name>`, `initial-management`, `anonymous`.
+    pub fn audit_name(&self) -> String {
+        match self {
+            Who::Anonymous => "anonymous".into(),
+            Who::InitialManagement => "initial-management".into(),
+            Who::Token(a) => format!("token:{a}"),
+            Who::Identity(i) => format!("identity:{i}"),
+        }
+    }
+}
+
+impl fmt::Display for Who {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Who::Anonymous => f.write_str("anonymous"),
+            Who::InitialManagement => f.write_str("the initial management token"),
+            Who::Token(a) => write!(f, "token {a}"),
+            Who::Identity(i) => write!(f, "certificate identity {i:?}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Grants {
+    All,
+    Policies(Vec<Arc<Policy>>),
+}
+
+/// An authenticated caller and what it may do.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub who: Who,
+    grants: Grants,
+}
+
+impl Principal {
+    /// Everything allowed: ACLs off.
+    pub fn anonymous() -> Principal {
+        Principal { who: Who::Anonymous, grants: Grants::All }
+    }
+
+    pub fn allows(&self, p: &Permission) -> bool {
+        let policies = match &self.grants {
+            Grants::All => return true,
+            Grants::Policies(p) => p,
+        };
+        policies.iter().flat_map(|pol| &pol.rules).any(|r| {
+            r.verbs.allows(p.verb)
+                && match &p.target {
+                    Target::Cluster => r.covers_everything(),
+                    Target::Resource { kind, scope } => {
+                        r.kinds.as_ref().is_none_or(|k| k.contains(kind))
+                            && match scope {
+                                Scope::Namespace(n) => r.namespaces.iter().any(|pat| pat.matches(n)),
+                                Scope::All => r.namespaces.contains(&crate::model::acl::NamePattern::Any),
+                            }
+                    }
+                }
+        })
+    }
+
+    /// `Ok`, or every distinct permission it lacks, in order.
+    pub fn check(&self, needed: impl IntoIterator<Item = Permission>) -> Result<(), Vec<Permission>> {
+        let mut missing: Vec<Permission> = needed.into_iter().filter(|p| !self.allows(p)).collect();
+        missing.sort();
+        missing.dedup();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(missing)
+        }
+    }
+}
+
+/// Why a request is not authenticated (HTTP 401). `who` is what is known
+/// of the caller: an expired token's accessor, never a secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub who: String,
+    pub reason: String,
+}
+
+/// The principal a request's credentials stand for at one revision of the
+/// ACL objects, `now` in unix seconds.
+pub fn authenticate(index: &AclIndex, management: Option<&[u8; 32]>, creds: &Credentials, now: u64) -> Result<Principal, Refusal> {
+    if let Some(secret) = &creds.bearer {
+        let hash = token::hash_secret(secret);
+        if management == Some(&hash) {
+            return Ok(Principal { who: Who::InitialManagement, grants: Grants::All });
+        }
+        let Some(t) = index.token(&hash) else {
+            return Err(Refusal { who: "unknown-token".into(), reason: "the token is not valid: unknown or revoked".into() });
+        };
+        if t.expires_at.is_some_and(|e| e <= now) {
+            let at = crate::model::acl::format_rfc3339(t.expires_at.unwrap_or_default());
+            return Err(Refusal { who: Who::Token(t.accessor.clone()).audit_name(), reason: format!("token {} expired at {at}", t.accessor) });
+        }
+        return Ok(Principal { who: Who::Token(t.accessor.clone()), grants: Grants::Policies(index.token_policies(t)) });
+    }
+    if let Some(PeerIdentity(id)) = &creds.peer {
+        return Ok(Principal { who: Who::Identity(id.clone()), grants: Grants::Policies(index.identity_policies(id)) });
+    }
+    Err(Refusal {
+        who: Who::Anonymous.audit_name(),
+        reason: "authentication required: send a token (Authorization: Bearer <secret>) or a client certificate".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{json_text, parse_resource, StoredObject};
+    use serde_json::{json, Value};
+
+    fn object(doc: Value) -> Arc<StoredObject> {
+        let r = parse_resource(doc, "default").unwrap();
+        crate::model::validate_spec(&r).unwrap();
+        Arc::new(StoredObject::from_text(r.key, 1, 1, 1, json_text(&r.body).into()))
+    }
+    fn policy(name: &str, rules: Value) -> Arc<StoredObject> {
+        object(json!({"apiVersion": "acl.lodestar.io/v1", "kind": "Policy", "metadata": {"name": name}, "spec": {"rules": rules}}))
+    }
+    fn token(accessor: &str, secret: &str, spec: Value) -> Arc<StoredObject> {
+        let mut spec = spec;
+        spec["secretHash"] = json!(token::hash_text(secret));
+        object(json!({"apiVersion": "acl.lodestar.io/v1", "kind": "Token", "metadata": {"name": accessor}, "spec": spec}))
+    }
+    fn bearer(s: &str) -> Credentials {
+        Credentials { bearer: Some(s.into()), peer: None }
+    }
+    fn w(kind: Kind, ns: &str) -> Permission {
+        Permission::new(Verb::Write, Target::kind(kind, Some(ns)))
+    }
+
+    fn index() -> AclIndex {
+        AclIndex::build(
+            [
+                policy("team-a", json!([{"verbs": ["read", "write"], "kinds": ["*"], "namespaces": ["a", "a-*"]}])),
+                policy("reader", json!([{"verbs": ["read", "watch"], "kinds": ["*"], "namespaces": ["*"]}])),
+                policy("admin", json!([{"verbs": ["admin"], "kinds": ["*"], "namespaces": ["*"]}])),
+                object(json!({"apiVersion": "acl.lodestar.io/v1", "kind": "Role", "metadata": {"name": "ci"},
+                              "spec": {"policies": ["team-a"], "identities": ["spiffe://x/ci"]}})),
+                token("t-a", "secret-a", json!({"policies": ["team-a"]})),
+                token("t-r", "secret-r", json!({"roles": [], "policies": ["reader"]})),
+                token("t-old", "secret-old", json!({"policies": ["admin"], "expiresAt": "2020-01-01T00:00:00Z"})),
+                token("t-ci", "secret-ci", json!({"roles": ["ci", "missing"]})),
+            ]
+            .into_iter(),
+        )
+    }
+
+    #[test]
+    fn namespaces_kinds_and_verbs() {
+        let idx = index();
+        let now = 1_800_000_000;
+        let a = authenticate(&idx, None, &bearer("secret-a"), now).unwrap();
+        assert_eq!(a.who, Who::Token("t-a".into()));
+        assert!(a.allows(&w(Kind::VirtualService, "a")) && a.allows(&w(Kind::Instance, "a-2")));
+        // An atomic write touching b is refused whole, naming what is missing.
+        let missing = a.check([w(Kind::VirtualService, "a"), w(Kind::VirtualService, "b"), w(Kind::DestinationRule, "b")]).unwrap_err();
+        assert_eq!(
+            missing.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            ["write on virtualservices in namespace b", "write on destinationrules in namespace b"]
+        );
+        assert!(!a.allows(&Permission::new(Verb::Delete, Target::kind(Kind::VirtualService, Some("a")))));
+        assert!(!a.allows(&Permission::new(Verb::Read, Target::kind(Kind::VirtualService, None))), "every namespace needs *");
+        assert!(!a.allows(&Permission::new(Verb::Read, Target::Cluster)));
+
+        let r = authenticate(&idx, None, &bearer("secret-r"), now).unwrap();
+        assert!(r.allows(&Permission::new(Verb::Read, Target::kind(Kind::Gateway, None))));
+        assert!(r.allows(&Permission::new(Verb::Read, Target::Cluster)), "a rule over everything covers the cluster");
+        assert!(!r.allows(&w(Kind::VirtualService, "a")));
+        // ACL kinds are not in "*": reading tokens is admin on the cluster.
+        let p = Permission::new(Verb::Read, Target::kind(Kind::Token, None));
+        assert_eq!(p.to_string(), "admin on the cluster");
+        assert!(!r.allows(&p));
+    }
+
+    #[test]
+    fn refusals() {
+        let idx = index();
+        let now = 1_800_000_000;
+        let e = authenticate(&idx, None, &Credentials::default(), now).unwrap_err();
+        assert_eq!(e.who, "anonymous");
+        let e = authenticate(&idx, None, &bearer("nope"), now).unwrap_err();
+        assert!(e.reason.contains("unknown or revoked") && !e.reason.contains("nope"), "{e:?}");
+        let e = authenticate(&idx, None, &bearer("secret-old"), now).unwrap_err();
+        assert_eq!(e.who, "token:t-old");
+        assert!(e.reason.contains("expired at 2020-01-01T00:00:00Z"), "{e:?}");
+        // Before its expiry it was an admin.
+        assert!(authenticate(&idx, None, &bearer("secret-old"), 1_500_000_000).unwrap().allows(&Permission::new(Verb::Admin, Target::Cluster)));
+    }
+
+    #[test]
+    fn management_roles_and_identities() {
+        let idx = index();
+        let m = token::hash_secret("the-file-secret");
+        let p = authenticate(&idx, Some(&m), &bearer("the-file-secret"), 0).unwrap();
+        assert_eq!(p.who, Who::InitialManagement);
+        assert!(p.allows(&Permission::new(Verb::Admin, Target::Cluster)));
+        // A token through a role (a missing role grants nothing, and is no error).
+        let ci = authenticate(&idx, None, &bearer("secret-ci"), 0).unwrap();
+        assert!(ci.allows(&w(Kind::Service, "a")) && !ci.allows(&w(Kind::Service, "b")));
+        // A certificate identity through the roles that list it.
+        let id = Credentials { bearer: None, peer: Some(PeerIdentity("spiffe://x/ci".into())) };
+        let p = authenticate(&idx, None, &id, 0).unwrap();
+        assert_eq!(p.who.audit_name(), "identity:spiffe://x/ci");
+        assert!(p.allows(&w(Kind::Service, "a")));
+        let nobody = Credentials { bearer: None, peer: Some(PeerIdentity("CN=nobody".into())) };
+        assert!(!authenticate(&idx, None, &nobody, 0).unwrap().allows(&Permission::new(Verb::Read, Target::kind(Kind::Service, Some("a")))));
+    }
+
+    #[test]
+    fn bearer_header() {
+        assert_eq!(parse_bearer("Bearer abc").as_deref(), Ok("abc"));
+        assert_eq!(parse_bearer("bearer  abc ").as_deref(), Ok("abc"));
+        assert!(parse_bearer("Basic abc").is_err());
+        assert!(parse_bearer("abc").is_err());
+        assert!(!format!("{:?}", bearer("s3cr3t")).contains("s3cr3t"));
+    }
+}

@@ -1,0 +1,250 @@
+//! `lodestar token|policy|role|acl ...`: ACL management. Policies and roles
+//! are ordinary resources (`lodestar apply -f` works too); tokens are made
+//! by the server (`POST /v1/acl/tokens`), which shows the secret once.
+
+use super::client::Client;
+use super::{print_rows, query, Output};
+use crate::model::kinds::{ACL_GROUP, CLUSTER_NAMESPACE};
+use anyhow::{anyhow, bail, Result};
+use clap::Subcommand;
+use serde_json::{json, Value};
+
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// Create a token. Prints its accessor id and its secret, which is
+    /// shown this once (the store keeps only its hash).
+    Create {
+        #[arg(long)]
+        description: Option<String>,
+        /// A policy it holds; repeat for more.
+        #[arg(long = "policy")]
+        policies: Vec<String>,
+        /// A role it holds; repeat for more.
+        #[arg(long = "role")]
+        roles: Vec<String>,
+        /// Lifetime, e.g. 1h or 30m (default: never expires).
+        #[arg(long)]
+        ttl: Option<String>,
+        #[arg(short, long, value_enum)]
+        output: Option<Output>,
+    },
+    /// Every token: accessor id, description, policies, roles, expiry.
+    List,
+    /// One token, by accessor id.
+    Read {
+        accessor: String,
+        #[arg(short, long, value_enum)]
+        output: Option<Output>,
+    },
+    /// Delete a token: every replica refuses it once it applied the delete.
+    Revoke { accessor: String },
+}
+
+#[derive(Subcommand)]
+pub enum PolicyCommand {
+    /// Create a policy from rules VERBS:KINDS:NAMESPACES, each a comma list,
+    /// e.g. `--rule read,watch:*:*` or `--rule write,delete:vs,dr:team-a,team-a-*`.
+    Create {
+        name: String,
+        #[arg(long)]
+        description: Option<String>,
+        /// One rule; repeat for more.
+        #[arg(long = "rule", required = true)]
+        rules: Vec<String>,
+    },
+    #[command(flatten)]
+    Object(ObjectCommand),
+}
+
+/// What policies and roles both answer.
+#[derive(Subcommand)]
+pub enum ObjectCommand {
+    List,
+    Read {
+        name: String,
+        #[arg(short, long, value_enum)]
+        output: Option<Output>,
+    },
+    Delete {
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum RoleCommand {
+    /// Create a role: policies, and the client-certificate identities that
+    /// hold it.
+    Create {
+        name: String,
+        #[arg(long)]
+        description: Option<String>,
+        #[arg(long = "policy", required = true)]
+        policies: Vec<String>,
+        /// A client-certificate identity (SPIFFE id or subject name); repeat.
+        #[arg(long = "identity")]
+        identities: Vec<String>,
+    },
+    #[command(flatten)]
+    Object(ObjectCommand),
+}
+
+#[derive(Subcommand)]
+pub enum AclCommand {
+    /// Create the first management token (policy global-management), once.
+    /// Needs no token; refused once the store holds any token.
+    Bootstrap {
+        #[arg(short, long, value_enum)]
+        output: Option<Output>,
+    },
+}
+
+pub async fn token(client: &Client, command: TokenCommand) -> Result<()> {
+    match command {
+        TokenCommand::Create { description, policies, roles, ttl, output } => {
+            let body = json!({"description": description, "policies": policies, "roles": roles, "ttl": ttl});
+            print_created(&client.post("/v1/acl/tokens", &body).await?, output)
+        }
+        TokenCommand::List => {
+            let row = |t: &Value| {
+                let spec = &t["spec"];
+                vec![name(t), s(&spec["description"]), joined(&spec["policies"]), joined(&spec["roles"]), s(&spec["expiresAt"])]
+            };
+            object(client, "tokens", ObjectCommand::List, &["ACCESSOR", "DESCRIPTION", "POLICIES", "ROLES", "EXPIRES"], row).await
+        }
+        TokenCommand::Read { accessor, output } => read(client, "tokens", &accessor, output).await,
+        TokenCommand::Revoke { accessor } => delete(client, "tokens", &accessor).await,
+    }
+}
+
+pub async fn policy(client: &Client, command: PolicyCommand) -> Result<()> {
+    match command {
+        PolicyCommand::Create { name, description, rules } => {
+            let rules = rules.iter().map(|r| parse_rule(r)).collect::<Result<Vec<_>>>()?;
+            create(client, "Policy", &name, json!({"description": description, "rules": rules})).await
+        }
+        PolicyCommand::Object(c) => {
+            let row = |p: &Value| {
+                let rules = p["spec"]["rules"].as_array().into_iter().flatten();
+                let rules: Vec<String> = rules.map(|r| format!("{}:{}:{}", joined(&r["verbs"]), joined(&r["kinds"]), joined(&r["namespaces"]))).collect();
+                vec![name(p), s(&p["spec"]["description"]), rules.join(" ")]
+            };
+            object(client, "policies", c, &["NAME", "DESCRIPTION", "RULES"], row).await
+        }
+    }
+}
+
+pub async fn role(client: &Client, command: RoleCommand) -> Result<()> {
+    match command {
+        RoleCommand::Create { name, description, policies, identities } => {
+            create(client, "Role", &name, json!({"description": description, "policies": policies, "identities": identities})).await
+        }
+        RoleCommand::Object(c) => {
+            let row = |r: &Value| vec![name(r), s(&r["spec"]["description"]), joined(&r["spec"]["policies"]), joined(&r["spec"]["identities"])];
+            object(client, "roles", c, &["NAME", "DESCRIPTION", "POLICIES", "IDENTITIES"], row).await
+        }
+    }
+}
+
+/// list (a table of `header` and `row`), read or delete.
+async fn object(client: &Client, plural: &str, command: ObjectCommand, header: &[&str], row: impl Fn(&Value) -> Vec<String>) -> Result<()> {
+    match command {
+        ObjectCommand::List => {
+            let mut rows = vec![header.iter().map(|h| h.to_string()).collect()];
+            rows.extend(list(client, plural).await?.iter().map(row));
+            print_list(rows)
+        }
+        ObjectCommand::Read { name, output } => read(client, plural, &name, output).await,
+        ObjectCommand::Delete { name } => delete(client, plural, &name).await,
+    }
+}
+
+pub async fn acl(client: &Client, command: AclCommand) -> Result<()> {
+    match command {
+        AclCommand::Bootstrap { output } => print_created(&client.post("/v1/acl/bootstrap", &json!({})).await?, output),
+    }
+}
+
+/// `VERBS:KINDS:NAMESPACES`, each a comma-separated list.
+fn parse_rule(rule: &str) -> Result<Value> {
+    let parts: Vec<&str> = rule.split(':').collect();
+    let [verbs, kinds, namespaces] = parts.as_slice() else {
+        bail!("--rule {rule:?}: expected VERBS:KINDS:NAMESPACES, e.g. read,watch:*:team-a");
+    };
+    let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect::<Vec<_>>();
+    Ok(json!({"verbs": list(verbs), "kinds": list(kinds), "namespaces": list(namespaces)}))
+}
+
+/// Create-only: an existing object of that name is a conflict, not replaced.
+async fn create(client: &Client, kind: &str, name: &str, mut spec: Value) -> Result<()> {
+    if let Some(m) = spec.as_object_mut() {
+        m.retain(|_, v| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty()));
+    }
+    let doc = json!({"apiVersion": format!("{ACL_GROUP}/v1"), "kind": kind, "metadata": {"name": name}, "spec": spec});
+    let result = client.post("/v1/apply", &json!({"resources": [{"resource": doc, "expectedRevision": 0}]})).await?;
+    super::print_write_result(&result);
+    Ok(())
+}
+
+async fn list(client: &Client, plural: &str) -> Result<Vec<Value>> {
+    let list = client.get(&format!("/v1/resources/{plural}{}", query(&[("namespace", Some(CLUSTER_NAMESPACE))]))).await?;
+    Ok(list["items"].as_array().cloned().unwrap_or_default())
+}
+
+async fn read(client: &Client, plural: &str, name: &str, output: Option<Output>) -> Result<()> {
+    let obj = client.get(&format!("/v1/resources/{plural}/{CLUSTER_NAMESPACE}/{name}")).await?;
+    match output {
+        Some(Output::Json) => println!("{}", serde_json::to_string_pretty(&obj)?),
+        _ => print!("{}", yaml_serde::to_string(&obj)?),
+    }
+    Ok(())
+}
+
+async fn delete(client: &Client, plural: &str, name: &str) -> Result<()> {
+    let result = client.delete(&format!("/v1/resources/{plural}/{CLUSTER_NAMESPACE}/{name}")).await?;
+    super::print_write_result(&result);
+    Ok(())
+}
+
+fn print_created(t: &Value, output: Option<Output>) -> Result<()> {
+    if output == Some(Output::Json) {
+        println!("{}", serde_json::to_string_pretty(t)?);
+        return Ok(());
+    }
+    let field = |k: &str| t[k].as_str().map(String::from).ok_or_else(|| anyhow!("the server's answer has no {k}"));
+    println!("AccessorID:  {}", field("accessorId")?);
+    println!("SecretID:    {}", field("secret")?);
+    println!("Expires:     {}", t["expiresAt"].as_str().unwrap_or("never"));
+    eprintln!("The secret is shown this once: keep it now (the store holds only its hash).");
+    Ok(())
+}
+
+fn print_list(rows: Vec<Vec<String>>) -> Result<()> {
+    if rows.len() == 1 {
+        eprintln!("No resources found.");
+    } else {
+        print_rows(rows);
+    }
+    Ok(())
+}
+
+fn s(v: &Value) -> String {
+    v.as_str().unwrap_or("").to_string()
+}
+
+fn name(o: &Value) -> String {
+    s(&o["metadata"]["name"])
+}
+
+fn joined(v: &Value) -> String {
+    v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rules() {
+        let r = super::parse_rule("read,watch:vs,dr:a,b-*").unwrap();
+        assert_eq!(r, serde_json::json!({"verbs": ["read", "watch"], "kinds": ["vs", "dr"], "namespaces": ["a", "b-*"]}));
+        assert!(super::parse_rule("read:*").is_err());
+    }
+}

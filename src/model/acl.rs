@@ -1,0 +1,491 @@
+//! ACL kinds (`acl.lodestar.io/v1`): `Policy`, `Role`, `Token`, their specs
+//! and validation (every error with its field path). Cluster-scoped: they
+//! all live in [`CLUSTER_NAMESPACE`](super::kinds::CLUSTER_NAMESPACE).
+//! What they allow at request time is `auth`'s business; this module only
+//! says what a valid one looks like.
+//!
+//! ```yaml
+//! apiVersion: acl.lodestar.io/v1
+//! kind: Policy
+//! metadata: {name: team-a}
+//! spec:
+//!   rules:
+//!   - verbs: [read, watch, write, delete]   # read | write | delete | watch | admin | *
+//!     kinds: ["*"]                          # kind names (vs, VirtualService, ...) or *
+//!     namespaces: [team-a, "team-a-*"]      # names, prefixes ending in *, or *
+//! ---
+//! apiVersion: acl.lodestar.io/v1
+//! kind: Role
+//! metadata: {name: deployer}
+//! spec:
+//!   policies: [team-a]
+//!   identities: ["spiffe://example.org/ci"]  # client-certificate identities
+//! ```
+
+use super::kinds::Kind;
+use super::resource::check_dns_subdomain;
+use crate::error::FieldError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::fmt;
+
+/// The field of a Token's spec that holds the SHA-256 of its secret. Left
+/// out of every rendering of the object (`StoredObject::to_json`).
+pub const SECRET_HASH_FIELD: &str = "secretHash";
+/// The policy `acl bootstrap` creates: every verb on everything.
+pub const GLOBAL_MANAGEMENT: &str = "global-management";
+/// How a secret hash is written: `sha256:` and 64 lowercase hex digits.
+pub const HASH_PREFIX: &str = "sha256:";
+
+/// What a request does to what it touches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verb {
+    Read,
+    Write,
+    Delete,
+    Watch,
+    /// Implies every other verb; on the cluster, the management privilege.
+    Admin,
+}
+
+impl Verb {
+    pub const ALL: [Verb; 5] = [Verb::Read, Verb::Write, Verb::Delete, Verb::Watch, Verb::Admin];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Read => "read",
+            Verb::Write => "write",
+            Verb::Delete => "delete",
+            Verb::Watch => "watch",
+            Verb::Admin => "admin",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+impl fmt::Display for Verb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A set of verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Verbs(u8);
+
+impl Verbs {
+    pub fn all() -> Verbs {
+        Verbs(Verb::ALL.iter().fold(0, |b, v| b | v.bit()))
+    }
+    pub fn with(self, v: Verb) -> Verbs {
+        Verbs(self.0 | v.bit())
+    }
+    /// `admin` implies every verb.
+    pub fn allows(self, v: Verb) -> bool {
+        self.0 & (v.bit() | Verb::Admin.bit()) != 0
+    }
+}
+
+/// A namespace pattern of a rule: `*`, a prefix ending in `*`, or a name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NamePattern {
+    Any,
+    Prefix(String),
+    Exact(String),
+}
+
+impl NamePattern {
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            NamePattern::Any => true,
+            NamePattern::Prefix(p) => name.starts_with(p.as_str()),
+            NamePattern::Exact(n) => n == name,
+        }
+    }
+}
+
+/// One rule of a policy, validated: these verbs on these kinds (`None`:
+/// every kind but the ACL kinds) in these namespaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub verbs: Verbs,
+    pub kinds: Option<BTreeSet<Kind>>,
+    pub namespaces: Vec<NamePattern>,
+}
+
+impl Rule {
+    /// Every kind in every namespace: what makes a rule count for the
+    /// cluster as a whole (membership, backups, ACLs, metrics).
+    pub fn covers_everything(&self) -> bool {
+        self.kinds.is_none() && self.namespaces.contains(&NamePattern::Any)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RuleSpec {
+    pub verbs: Vec<String>,
+    pub kinds: Vec<String>,
+    pub namespaces: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PolicySpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub rules: Vec<RuleSpec>,
+}
+
+/// A validated policy: its rules, ready to evaluate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RoleSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub policies: Vec<String>,
+    /// Verified client-certificate identities (exact strings, e.g. a SPIFFE
+    /// id or a subject common name) that hold this role.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<String>,
+}
+
+/// What a token is for. Only API tokens exist today; workload join tokens
+/// (`join`: namespace/service account, uses, source CIDRs) and Envoy proxy
+/// tokens for the xDS port (`proxy`: namespace, service, node) are planned
+/// as further variants with their own optional fields in `TokenSpec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenType {
+    /// A client of the API (REST, gRPC, the CLI).
+    #[default]
+    Client,
+}
+
+/// A Token as stored. The object's name is the accessor id (shown, safe to
+/// log); the secret itself is never stored, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TokenSpec {
+    #[serde(rename = "type", default)]
+    pub token_type: TokenType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<String>,
+    /// RFC 3339 UTC, set by the replica that created it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    /// RFC 3339 UTC; none: never expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// `sha256:` + 64 hex digits.
+    pub secret_hash: String,
+}
+
+/// A validated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Token {
+    pub spec: TokenSpec,
+    /// Unix seconds.
+    pub expires_at: Option<u64>,
+    pub secret_hash: [u8; 32],
+}
+
+/// A validated ACL object's spec.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AclSpec {
+    Policy(Policy),
+    Role(RoleSpec),
+    Token(Token),
+}
+
+pub fn validate(kind: Kind, spec: &serde_json::Value) -> Result<AclSpec, Vec<FieldError>> {
+    match kind {
+        Kind::Policy => validate_policy(&super::parse_spec(spec)?).map(AclSpec::Policy),
+        Kind::Role => validate_role(&super::parse_spec(spec)?).map(AclSpec::Role),
+        Kind::Token => validate_token(super::parse_spec(spec)?).map(AclSpec::Token),
+        other => Err(vec![FieldError::new("kind", format!("{other} is not an ACL kind"))]),
+    }
+}
+
+pub fn validate_policy(spec: &PolicySpec) -> Result<Policy, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    if spec.rules.is_empty() {
+        errors.push(FieldError::new("spec.rules", "a policy needs at least one rule"));
+    }
+    let mut rules = Vec::new();
+    for (i, r) in spec.rules.iter().enumerate() {
+        let path = format!("spec.rules[{i}]");
+        let mut verbs = Verbs::default();
+        for (j, v) in r.verbs.iter().enumerate() {
+            match v.as_str() {
+                "*" => verbs = Verbs::all(),
+                v => match Verb::ALL.iter().find(|x| x.as_str() == v) {
+                    Some(x) => verbs = verbs.with(*x),
+                    None => errors
+                        .push(FieldError::new(format!("{path}.verbs[{j}]"), format!("unknown verb {v:?}; expected read, write, delete, watch, admin or *"))),
+                },
+            }
+        }
+        let mut kinds = Some(BTreeSet::new());
+        for (j, k) in r.kinds.iter().enumerate() {
+            if k == "*" {
+                kinds = None;
+                continue;
+            }
+            match Kind::from_cli_name(k) {
+                Some(kind) if kind.is_acl() => errors.push(FieldError::new(
+                    format!("{path}.kinds[{j}]"),
+                    format!("{kind} objects are governed by admin on the cluster: a rule with verbs [admin], kinds [\"*\"] and namespaces [\"*\"]"),
+                )),
+                Some(kind) => {
+                    if let Some(set) = kinds.as_mut() {
+                        set.insert(kind);
+                    }
+                }
+                None => errors.push(FieldError::new(format!("{path}.kinds[{j}]"), format!("unknown kind {k:?}; known kinds: {}", Kind::cli_names_help()))),
+            }
+        }
+        let mut namespaces = Vec::new();
+        for (j, n) in r.namespaces.iter().enumerate() {
+            match parse_name_pattern(n) {
+                Ok(p) => namespaces.push(p),
+                Err(e) => errors.push(FieldError::new(format!("{path}.namespaces[{j}]"), e)),
+            }
+        }
+        for (field, empty) in [("verbs", r.verbs.is_empty()), ("kinds", r.kinds.is_empty()), ("namespaces", r.namespaces.is_empty())] {
+            if empty {
+                errors.push(FieldError::new(format!("{path}.{field}"), "required: at least one (\"*\" for all)"));
+            }
+        }
+        rules.push(Rule { verbs, kinds, namespaces });
+    }
+    if errors.is_empty() {
+        Ok(Policy { rules })
+    } else {
+        Err(errors)
+    }
+}
+
+fn parse_name_pattern(n: &str) -> Result<NamePattern, String> {
+    if n == "*" {
+        return Ok(NamePattern::Any);
+    }
+    if let Some(prefix) = n.strip_suffix('*') {
+        let ok = !prefix.is_empty() && prefix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') && !prefix.starts_with('-');
+        return if ok {
+            Ok(NamePattern::Prefix(prefix.to_string()))
+        } else {
+            Err(format!("{n:?}: a wildcard is *, or a namespace prefix (lower case alphanumerics and '-') followed by *"))
+        };
+    }
+    super::resource::check_dns_label(n)?;
+    Ok(NamePattern::Exact(n.to_string()))
+}
+
+fn check_names(field: &str, names: &[String], errors: &mut Vec<FieldError>) {
+    for (i, n) in names.iter().enumerate() {
+        if let Err(e) = check_dns_subdomain(n) {
+            errors.push(FieldError::new(format!("{field}[{i}]"), e));
+        }
+    }
+}
+
+pub fn validate_role(spec: &RoleSpec) -> Result<RoleSpec, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    if spec.policies.is_empty() {
+        errors.push(FieldError::new("spec.policies", "a role needs at least one policy"));
+    }
+    check_names("spec.policies", &spec.policies, &mut errors);
+    for (i, id) in spec.identities.iter().enumerate() {
+        if id.is_empty() || id.len() > 1024 || id.chars().any(char::is_control) {
+            errors.push(FieldError::new(format!("spec.identities[{i}]"), "must be 1 to 1024 characters, none of them control characters"));
+        }
+    }
+    if errors.is_empty() {
+        Ok(spec.clone())
+    } else {
+        Err(errors)
+    }
+}
+
+pub fn validate_token(spec: TokenSpec) -> Result<Token, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    if spec.policies.is_empty() && spec.roles.is_empty() {
+        errors.push(FieldError::new("spec.policies", "a token needs at least one policy or role"));
+    }
+    check_names("spec.policies", &spec.policies, &mut errors);
+    check_names("spec.roles", &spec.roles, &mut errors);
+    let mut expires_at = None;
+    for (field, value) in [("spec.createdAt", &spec.created_at), ("spec.expiresAt", &spec.expires_at)] {
+        if let Some(v) = value {
+            match parse_rfc3339(v) {
+                Ok(t) if field == "spec.expiresAt" => expires_at = Some(t),
+                Ok(_) => {}
+                Err(e) => errors.push(FieldError::new(field, e)),
+            }
+        }
+    }
+    let hash = spec.secret_hash.strip_prefix(HASH_PREFIX).and_then(parse_hex32);
+    if hash.is_none() {
+        // Never echo the value: it is a secret's hash.
+        errors.push(FieldError::new(format!("spec.{SECRET_HASH_FIELD}"), format!("expected {HASH_PREFIX} and 64 lowercase hex digits")));
+    }
+    match (errors.is_empty(), hash) {
+        (true, Some(secret_hash)) => Ok(Token { spec, expires_at, secret_hash }),
+        _ => Err(errors),
+    }
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+// Civil dates (proleptic Gregorian, UTC), after Howard Hinnant's
+// days_from_civil / civil_from_days.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// `2026-11-23T10:00:00Z` for unix seconds.
+pub fn format_rfc3339(secs: u64) -> String {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// Unix seconds of a UTC RFC 3339 time (`Z`; fractions of a second ignored).
+pub fn parse_rfc3339(s: &str) -> Result<u64, String> {
+    let err = || format!("{s:?}: expected an RFC 3339 UTC time, e.g. 2026-01-31T12:00:00Z");
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' || !s.ends_with('Z') {
+        return Err(err());
+    }
+    let frac = &s[19..s.len() - 1];
+    if !(frac.is_empty() || (frac.starts_with('.') && frac.len() > 1 && frac[1..].bytes().all(|c| c.is_ascii_digit()))) {
+        return Err(err());
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r).filter(|t| t.bytes().all(|c| c.is_ascii_digit())).and_then(|t| t.parse::<i64>().ok()).ok_or_else(err);
+    let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 || y < 1970 {
+        return Err(err());
+    }
+    let days = days_from_civil(y, mo, d);
+    if civil_from_days(days) != (y, mo, d) {
+        return Err(err());
+    }
+    Ok((days * 86_400 + h * 3600 + mi * 60 + se) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn times_round_trip() {
+        assert_eq!(format_rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(format_rfc3339(1_795_000_000), "2026-11-18T11:06:40Z");
+        for t in [0, 951_782_400, 1_795_000_000, 4_102_444_799] {
+            assert_eq!(parse_rfc3339(&format_rfc3339(t)), Ok(t));
+        }
+        assert_eq!(parse_rfc3339("2026-11-18T11:06:40.250Z"), Ok(1_795_000_000));
+        for bad in ["2026-02-30T00:00:00Z", "2026-11-18 07:06:40Z", "2026-11-18T07:06:40+01:00", "x", "2026-13-01T00:00:00Z"] {
+            assert!(parse_rfc3339(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn policy_errors_name_the_field() {
+        let spec = json!({"rules": [{"verbs": ["read", "wrte"], "kinds": ["vs", "pods", "Token"], "namespaces": ["a", "b-*", "-*", "B"]}, {"verbs": [], "kinds": ["*"], "namespaces": ["*"]}]});
+        let errs = match validate(Kind::Policy, &spec) {
+            Err(e) => e,
+            Ok(p) => panic!("{p:?}"),
+        };
+        let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.rules[0].verbs[1]",
+                "spec.rules[0].kinds[1]",
+                "spec.rules[0].kinds[2]",
+                "spec.rules[0].namespaces[2]",
+                "spec.rules[0].namespaces[3]",
+                "spec.rules[1].verbs"
+            ]
+        );
+        assert!(validate(Kind::Policy, &json!({"rules": [{"verbs": ["read"], "kinds": ["*"], "namespaces": ["*"]}], "extra": 1})).is_err());
+    }
+
+    #[test]
+    fn rules_compile() {
+        let Ok(AclSpec::Policy(p)) = validate(
+            Kind::Policy,
+            &json!({"rules": [{"verbs": ["*"], "kinds": ["*"], "namespaces": ["*"]}, {"verbs": ["read"], "kinds": ["vs", "dr"], "namespaces": ["team-*"]}]}),
+        ) else {
+            panic!()
+        };
+        assert!(p.rules[0].covers_everything() && p.rules[0].verbs.allows(Verb::Delete));
+        assert!(!p.rules[1].covers_everything());
+        assert!(p.rules[1].verbs.allows(Verb::Read) && !p.rules[1].verbs.allows(Verb::Write));
+        assert!(p.rules[1].namespaces[0].matches("team-x") && !p.rules[1].namespaces[0].matches("other"));
+        assert_eq!(p.rules[1].kinds.as_ref().map(|k| k.len()), Some(2));
+    }
+
+    #[test]
+    fn tokens() {
+        let hash = format!("{HASH_PREFIX}{}", "ab".repeat(32));
+        let ok = json!({"policies": ["p"], "expiresAt": "2030-01-01T00:00:00Z", "secretHash": hash});
+        let Ok(AclSpec::Token(t)) = validate(Kind::Token, &ok) else { panic!() };
+        assert_eq!(t.expires_at, Some(1_893_456_000));
+        assert_eq!(t.secret_hash, [0xab; 32]);
+        let errs = validate(Kind::Token, &json!({"secretHash": "md5:x"})).unwrap_err();
+        assert_eq!(errs.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(), ["spec.policies", "spec.secretHash"]);
+        assert!(!errs.iter().any(|e| e.reason.contains("md5:x")));
+        let errs = validate(Kind::Token, &json!({"type": "join", "policies": ["p"], "secretHash": hash})).unwrap_err();
+        assert_eq!(errs[0].field, "spec.type");
+    }
+}
