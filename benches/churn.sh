@@ -58,7 +58,7 @@ die() { echo "error: $*" >&2; exit 1; }
 wait_ok() {
     local url=$1 limit=$2 i
     for i in $(seq $((limit * 10))); do
-        [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)" = 200 ] && return 0
+        [ "$(curl -s --cacert "$WORK/ca/ca.pem" -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)" = 200 ] && return 0
         sleep 0.1
     done
     return 1
@@ -71,6 +71,11 @@ timeout 3600 cargo build --release --quiet --bin lodestar --bin lodestar-bench
 cp "$ROOT/target/release/lodestar" "$ROOT/target/release/lodestar-bench" "$WORK/"
 LODESTAR=$WORK/lodestar
 BENCH=$WORK/lodestar-bench
+# Secure by default: one cluster CA for the three replicas (each issues its
+# own certificate from it), trusted by curl and by lodestar-bench.
+"$LODESTAR" tls ca create --dir "$WORK/ca" >/dev/null
+printf 'tls_ca_file = "%s"\ntls_ca_key_file = "%s"\nuser_client_config = ""\n' "$WORK/ca/ca.pem" "$WORK/ca/ca-key.pem" >>"$WORK/tls.toml"
+export LODESTAR_CACERT=$WORK/ca/ca.pem
 
 # (b) three replicas
 API=() RAFT=() XDS=()
@@ -84,15 +89,15 @@ for n in 1 2 3; do
     MEMBERS+=(--initial-member "$n=${RAFT[n - 1]},${API[n - 1]},${XDS[n - 1]}")
 done
 for n in 1 2 3; do
-    RUST_LOG=warn "$LODESTAR" server --id "$n" --data-dir "$WORK/lodestar-$n" \
+    RUST_LOG=warn "$LODESTAR" server --config "$WORK/tls.toml" --id "$n" --data-dir "$WORK/lodestar-$n" \
         --api-addr "${API[n - 1]}" --raft-addr "${RAFT[n - 1]}" --xds-addr "${XDS[n - 1]}" \
         "${MEMBERS[@]}" >"$WORK/lodestar-$n.log" 2>&1 &
     PIDS+=($!)
 done
 for n in 1 2 3; do
-    wait_ok "http://${API[n - 1]}/readyz" 60 || { tail -20 "$WORK/lodestar-$n.log" >&2; die "lodestar $n not ready within 60s"; }
+    wait_ok "https://${API[n - 1]}/readyz" 60 || { tail -20 "$WORK/lodestar-$n.log" >&2; die "lodestar $n not ready within 60s"; }
 done
-LEADER=$(curl -s --max-time 2 "http://${API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
+LEADER=$(curl -s --cacert "$WORK/ca/ca.pem" --max-time 2 "https://${API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
 echo "# cluster ready (leader: node ${LEADER:-?}); running lodestar-bench churn" >&2
 
 # (c) the bench. CPU of everything else on the machine, to tell whether
@@ -107,7 +112,7 @@ ours() {
     echo $((sum + $(awk '{ print $16 + $17 }' /proc/$$/stat)))
 }
 ARGS=()
-for n in 1 2 3; do ARGS+=(--server "http://${API[n - 1]}" --xds "${XDS[n - 1]}" --pid "${PIDS[n - 1]}"); done
+for n in 1 2 3; do ARGS+=(--server "https://${API[n - 1]}" --xds "${XDS[n - 1]}" --pid "${PIDS[n - 1]}"); done
 busy0=$(machine_busy) ours0=$(ours) t0=$(date +%s%N)
 rc=0
 timeout "$LIMIT" "$BENCH" churn "${ARGS[@]}" "$@" >"$WORK/bench.out" 2>"$WORK/bench.err" || rc=$?

@@ -62,7 +62,7 @@ die() { echo "error: $*" >&2; exit 1; }
 wait_ok() {
     local url=$1 limit=$2 i
     for i in $(seq $((limit * 10))); do
-        [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)" = 200 ] && return 0
+        [ "$(curl -s --cacert "$WORK/ca/ca.pem" -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)" = 200 ] && return 0
         sleep 0.1
     done
     return 1
@@ -75,6 +75,11 @@ timeout 3600 cargo build --release --quiet --bin lodestar --bin lodestar-bench
 cp "$ROOT/target/release/lodestar" "$ROOT/target/release/lodestar-bench" "$WORK/"
 LODESTAR=$WORK/lodestar
 BENCH=$WORK/lodestar-bench
+# Secure by default: one cluster CA for the three replicas (each issues its
+# own certificate from it), trusted by curl and by lodestar-bench.
+"$LODESTAR" tls ca create --dir "$WORK/ca" >/dev/null
+printf 'tls_ca_file = "%s"\ntls_ca_key_file = "%s"\nuser_client_config = ""\n' "$WORK/ca/ca.pem" "$WORK/ca/ca-key.pem" >>"$WORK/tls.toml"
+export LODESTAR_CACERT=$WORK/ca/ca.pem
 
 if ! command -v etcd >/dev/null; then
     [ "$(id -u)" = 0 ] || die "etcd not found; install Debian's etcd-server"
@@ -96,7 +101,7 @@ for n in 1 2 3; do
     MEMBERS+=(--initial-member "$n=${L_RAFT[n - 1]},${L_API[n - 1]},${L_XDS[n - 1]}")
 done
 for n in 1 2 3; do
-    RUST_LOG=warn "$LODESTAR" server --id "$n" --data-dir "$WORK/lodestar-$n" \
+    RUST_LOG=warn "$LODESTAR" server --config "$WORK/tls.toml" --id "$n" --data-dir "$WORK/lodestar-$n" \
         --api-addr "${L_API[n - 1]}" --raft-addr "${L_RAFT[n - 1]}" --xds-addr "${L_XDS[n - 1]}" \
         "${MEMBERS[@]}" >"$WORK/lodestar-$n.log" 2>&1 &
     PIDS+=($!)
@@ -119,7 +124,7 @@ for n in 1 2 3; do
 done
 
 for n in 1 2 3; do
-    wait_ok "http://${L_API[n - 1]}/readyz" 60 || { tail -20 "$WORK/lodestar-$n.log" >&2; die "lodestar $n not ready within 60s"; }
+    wait_ok "https://${L_API[n - 1]}/readyz" 60 || { tail -20 "$WORK/lodestar-$n.log" >&2; die "lodestar $n not ready within 60s"; }
     wait_ok "${E_CLIENT[n - 1]}/health" 60 || { tail -20 "$WORK/etcd-$n.log" >&2; die "etcd $n not healthy within 60s"; }
 done
 echo "# both clusters ready; $ROUNDS rounds x {$LEVELS} clients x ${SECS}s, lodestar and etcd alternating" >&2
@@ -128,7 +133,7 @@ echo "# both clusters ready; $ROUNDS rounds x {$LEVELS} clients x ${SECS}s, lode
 # listed, and pays the hop to the leader when that is a follower. Both
 # systems list their leader first, so a single client writes to the leader
 # on both (clients are spread round robin, so 16 and 64 are unaffected).
-L_LEADER=$(curl -s --max-time 2 "http://${L_API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
+L_LEADER=$(curl -s --cacert "$WORK/ca/ca.pem" --max-time 2 "https://${L_API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
 E_LEADER=
 for n in 1 2 3; do
     st=$(curl -s --max-time 2 -X POST -d '{}' "${E_CLIENT[n - 1]}/v3/maintenance/status" || true)
@@ -145,7 +150,7 @@ leader_first() {
     [ -n "$first" ] && printf '%s,' "${all[first - 1]}"
     for i in "${!all[@]}"; do [ "$((i + 1))" = "$first" ] || printf '%s,' "${all[i]}"; done
 }
-L_SERVERS=$(leader_first "$L_LEADER" "${L_API[@]/#/http://}")
+L_SERVERS=$(leader_first "$L_LEADER" "${L_API[@]/#/https://}")
 E_SERVERS=$(leader_first "$E_LEADER" "${E_CLIENT[@]}")
 
 # (d) alternate: every level on Lodestar then etcd, round after round.

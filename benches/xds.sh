@@ -89,7 +89,7 @@ die() { echo "error: $*" >&2; exit 1; }
 wait_ok() {
     local url=$1 limit=$2 i
     for i in $(seq $((limit * 10))); do
-        [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)" = 200 ] && return 0
+        [ "$(curl -s --cacert "$WORK/ca/ca.pem" -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)" = 200 ] && return 0
         sleep 0.1
     done
     return 1
@@ -113,7 +113,8 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 if [ -n "${BENCH_BINARY:-}" ]; then
     echo "# building lodestar-bench (release)" >&2
     timeout 3600 nice -n 10 cargo build --release --quiet --bin lodestar-bench
-    # A given build, e.g. an older commit's, to compare with in one sitting.
+    # A given build, e.g. an older commit's, to compare with in one sitting
+    # (one with TLS by default: `lodestar tls ca create` and the tls_* settings).
     cp "$BENCH_BINARY" "$WORK/lodestar"
 else
     echo "# building lodestar and lodestar-bench (release)" >&2
@@ -124,6 +125,11 @@ fi
 cp "$ROOT/target/release/lodestar-bench" "$WORK/lodestar-bench"
 LODESTAR=$WORK/lodestar
 BENCH=$WORK/lodestar-bench
+# Secure by default: one cluster CA for the three replicas (each issues its
+# own certificate from it), trusted by curl and by lodestar-bench.
+"$LODESTAR" tls ca create --dir "$WORK/ca" >/dev/null
+printf 'tls_ca_file = "%s"\ntls_ca_key_file = "%s"\nuser_client_config = ""\n' "$WORK/ca/ca.pem" "$WORK/ca/ca-key.pem" >>"$WORK/tls.toml"
+export LODESTAR_CACERT=$WORK/ca/ca.pem
 
 API=() RAFT=() XDS=()
 for n in 1 2 3; do
@@ -135,7 +141,7 @@ MEMBERS=()
 for n in 1 2 3; do
     MEMBERS+=(--initial-member "$n=${RAFT[n - 1]},${API[n - 1]},${XDS[n - 1]}")
 done
-cat >"$WORK/replica.toml" <<'TOML'
+cat "$WORK/tls.toml" - >"$WORK/replica.toml" <<'TOML'
 xds_rebalance_interval_ms = 0
 xds_max_stream_age_s = 0
 TOML
@@ -151,9 +157,9 @@ start_cluster() {
         PIDS+=($!)
     done
     for n in 1 2 3; do
-        wait_ok "http://${API[n - 1]}/readyz" 60 || { tail -20 "$dir/lodestar-$n.log" >&2; die "lodestar $n not ready within 60s"; }
+        wait_ok "https://${API[n - 1]}/readyz" 60 || { tail -20 "$dir/lodestar-$n.log" >&2; die "lodestar $n not ready within 60s"; }
     done
-    LEADER=$(curl -s --max-time 2 "http://${API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
+    LEADER=$(curl -s --cacert "$WORK/ca/ca.pem" --max-time 2 "https://${API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
 }
 
 # Wait (bounded over the whole run) until the 1-minute load is at most MAX_LOAD.
@@ -194,7 +200,7 @@ for scenario in "${SCENARIOS[@]}"; do
     echo "# scenario $scenario: starting a fresh cluster" >&2
     start_cluster "$scenario"
     ARGS=(--scenario "$scenario")
-    for n in 1 2 3; do ARGS+=(--server "http://${API[n - 1]}"); done
+    for n in 1 2 3; do ARGS+=(--server "https://${API[n - 1]}"); done
     if [ "$scenario" = idle ]; then
         # One replica: a follower (the leader also does the raft work).
         f=0
