@@ -52,6 +52,9 @@ pub async fn run(config: ServerConfig, shutdown: impl Future<Output = ()> + Send
 /// Run a replica with the given xDS generator (tests serve their own).
 pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    let mut config = config;
+    // The management credential for the client config (see `tls::bootstrap`).
+    let token = if config.acl_enabled && !config.insecure { crate::tls::bootstrap::ensure_management_token(&mut config)? } else { None };
     let config = Arc::new(config);
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     let db = crate::store::open_db(&config.data_dir)
@@ -65,10 +68,10 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         let files = crate::tls::bootstrap::ensure_files(&config)?;
         let tls = crate::tls::Tls::load(files, config.verify_incoming).context("loading the TLS certificate files")?;
         tracing::info!(serial = tls.serial(), cert = %tls.files().cert.display(), ca = %tls.files().ca.display(), "TLS on every port");
-        for path in crate::tls::bootstrap::write_client_config(&config, tls.files(), None)? {
+        for path in crate::tls::bootstrap::write_client_config(&config, tls.files(), token)? {
             tracing::info!(
                 path = %path.display(),
-                "first start: wrote the CLI's client config (server, CA); `lodestar` on this machine uses it. From another machine: copy it there, \
+                "first start: wrote the CLI's client config (server, CA, and the management token with ACLs on; 0600); `lodestar` on this machine uses it. From another machine: copy it there, \
                  set `server` to an address of this replica, and pass it with --client-config or LODESTAR_CONFIG"
             );
         }

@@ -222,3 +222,45 @@ async fn replaced_certificate_files_are_served_without_a_restart() {
     assert_eq!((now["leader"].as_u64(), now["term"].as_u64()), (Some(leader), Some(term)), "{now}");
     c.wait_for_revision(body["revision"].as_u64().unwrap(), Duration::from_secs(10)).await;
 }
+
+/// With ACLs on, a single replica's first start generates the management
+/// token (0600) and puts it in the client config it writes: the CLI with
+/// that config works, a request without the token gets 401, and the
+/// secret is nowhere in the replica's log.
+#[tokio::test(flavor = "multi_thread")]
+async fn first_start_with_acls_writes_a_working_admin_client_config() {
+    let mut c = Cluster::prepare(1, "acl_enabled = true");
+    c.spawn_all();
+    // The probes stay open: wait on /readyz (the status needs a token).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.http.get(format!("{}/readyz", c.replica(1).api())).send().await.is_ok_and(|r| r.status().is_success()) {
+        assert!(Instant::now() < deadline, "not ready within 20s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = c.replica(1);
+    let token_file = r.data_dir().join("management.token");
+    let secret = std::fs::read_to_string(&token_file).expect("the generated management token").trim().to_string();
+    assert!(secret.len() >= 32, "a long random secret");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o077, 0, "the token file is its owner's only");
+    }
+    let client_config = r.data_dir().join("client.toml");
+    let config = lodestar::config::ClientConfig::from_toml(&std::fs::read_to_string(&client_config).unwrap()).unwrap();
+    assert_eq!(config.token.as_deref(), Some(secret.as_str()));
+    assert_eq!(config.server, r.api());
+
+    // No token: 401, even with the CA.
+    let (status, _) = common::get_json(&c.http, &format!("{}/v1/resources/vs", r.api())).await;
+    assert_eq!(status, 401);
+    // The CLI with the written client config alone: server, CA and token.
+    let out = std::process::Command::new(common::BIN)
+        .env_remove("LODESTAR_SERVER")
+        .env("LODESTAR_CONFIG", &client_config)
+        .args(["get", "vs", "-A"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!r.log().contains(&secret), "the secret reached the log");
+}

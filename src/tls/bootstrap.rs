@@ -89,3 +89,28 @@ pub fn write_client_config(config: &ServerConfig, files: &TlsFiles, token: Optio
     }
     Ok(written)
 }
+
+/// With ACLs on, the management credential the client config carries: the
+/// secret in `initial_management_token_file` when one is given (every
+/// member of a cluster gets the same file, as they share a CA); else, on a
+/// single-node cluster, one generated on first start into
+/// `<data_dir>/management.token` (0600), which `initial_management_token_file`
+/// then names. A cluster of several members generates none (they would not
+/// agree): give them a file, or use `lodestar acl bootstrap`.
+pub fn ensure_management_token(config: &mut ServerConfig) -> Result<Option<String>, PkiError> {
+    if let Some(path) = &config.initial_management_token_file {
+        return Ok(Some(pki::read_file(path)?.trim().to_string()));
+    }
+    if config.initial_members.len() > 1 || config.join {
+        return Ok(None);
+    }
+    let path = config.data_dir.join("management.token");
+    if !path.exists() {
+        let secret: String = rand::random::<[u8; 32]>().iter().map(|b| format!("{b:02x}")).collect();
+        pki::write_file(&path, &format!("{secret}\n"), true)?;
+        tracing::info!(file = %path.display(), "generated the management token (first start); the client config carries it");
+    }
+    let secret = pki::read_file(&path)?.trim().to_string();
+    config.initial_management_token_file = Some(path);
+    Ok(Some(secret))
+}

@@ -213,11 +213,16 @@ impl Cluster {
 
     /// Start every replica that is not running and wait for a leader.
     pub async fn launch(&mut self) {
+        self.spawn_all();
+        self.wait_for_leader(Duration::from_secs(20)).await;
+    }
+
+    /// Start every replica that is not running; do not wait.
+    pub fn spawn_all(&mut self) {
         let members = self.members.clone();
         for r in self.replicas.iter_mut().filter(|r| r.child.is_none()) {
             spawn(r, if r.join { &[] } else { &members });
         }
-        self.wait_for_leader(Duration::from_secs(20)).await;
     }
 
     pub fn replica(&self, id: u64) -> &Replica {
