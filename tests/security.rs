@@ -6,29 +6,20 @@
 
 mod common;
 
-use common::{test_ca, Cluster};
+use common::{test_ca, tls_channel, Cluster};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use lodestar::proto::peer::raft_peer_client::RaftPeerClient;
 use lodestar::proto::peer::Payload;
 use lodestar::tls::conn::PeerCert;
-use lodestar::tls::{client_config, roots_from_pem, ClientTlsSource, PeerConnector};
+use lodestar::tls::{client_config, roots_from_pem};
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-
-/// A channel over TLS trusting the test CA, presenting `identity` (cert,
-/// key files) if given, expecting the server to be `server_name`.
-fn tls_channel(addr: &str, server_name: &str, identity: Option<(&Path, &Path)>) -> tonic::transport::Channel {
-    let roots = roots_from_pem(&test_ca().ca_file).unwrap();
-    let config = Arc::new(client_config(roots, identity).unwrap());
-    let connector = PeerConnector::new(Some(Arc::new(ClientTlsSource::Fixed(config))), server_name).unwrap();
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_with_connector_lazy(connector)
-}
 
 fn plaintext_channel(addr: &str) -> tonic::transport::Channel {
     tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_lazy()
@@ -59,6 +50,26 @@ fn client_cert(dir: &Path, dns: &str) -> (std::path::PathBuf, std::path::PathBuf
     std::fs::write(&c, cert.pem()).unwrap();
     std::fs::write(&k, key.serialize_pem()).unwrap();
     (c, k)
+}
+
+/// The leader and its term once they have held for a second: a cluster
+/// just started (on a loaded machine) may still hold a second election,
+/// which must not be taken for one the test caused.
+async fn settled_leader(c: &Cluster) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = None;
+    loop {
+        let leader = c.wait_for_leader(Duration::from_secs(20)).await;
+        let term = c.status(leader).await.and_then(|s| s["term"].as_u64());
+        if let Some(term) = term {
+            if last == Some((leader, term)) {
+                return (leader, term);
+            }
+            last = Some((leader, term));
+        }
+        assert!(Instant::now() < deadline, "no stable leader within 30s");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 fn status_payload() -> Payload {
@@ -118,10 +129,9 @@ async fn plaintext_and_strangers_are_refused_on_every_port() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_member_with_another_members_certificate_is_refused() {
     let mut c = Cluster::start(3, "").await;
-    let leader = c.wait_for_leader(Duration::from_secs(20)).await;
+    let (leader, term) = settled_leader(&c).await;
     let victim = (1..=3).find(|id| *id != leader).unwrap();
     let donor = (1..=3).find(|id| *id != leader && *id != victim).unwrap();
-    let term = c.status(leader).await.unwrap()["term"].as_u64().unwrap();
 
     c.stop(victim);
     let tls = |id: u64| c.replica(id).data_dir().join("tls");
@@ -170,8 +180,7 @@ async fn a_member_with_another_members_certificate_is_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn replaced_certificate_files_are_served_without_a_restart() {
     let c = Cluster::start(3, "tls_reload_interval_ms = 200").await;
-    let leader = c.wait_for_leader(Duration::from_secs(20)).await;
-    let term = c.status(leader).await.unwrap()["term"].as_u64().unwrap();
+    let (leader, term) = settled_leader(&c).await;
     let r = c.replica(leader);
     let before = served_serial(&r.api_addr()).await;
 

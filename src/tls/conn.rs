@@ -54,6 +54,11 @@ impl PeerCert {
         Some(PeerCert { dns_names, uris, serial: cert.raw_serial_as_string() })
     }
 
+    /// The leaf certificate the other side of a handshake presented.
+    pub fn of(session: &rustls::CommonState) -> Option<Arc<PeerCert>> {
+        session.peer_certificates().and_then(|c| c.first()).and_then(|c| PeerCert::parse(c)).map(Arc::new)
+    }
+
     /// How audit lines and errors name it: its first URI or DNS name.
     pub fn identity(&self) -> String {
         self.uris.first().or(self.dns_names.first()).cloned().unwrap_or_else(|| format!("certificate {}", self.serial))
@@ -185,7 +190,7 @@ async fn accept_loop(listener: TcpListener, tls: Option<(Arc<Tls>, Port)>, tx: m
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config(port));
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
-                    let cert = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(|c| PeerCert::parse(c)).map(Arc::new);
+                    let cert = PeerCert::of(stream.get_ref().1);
                     let _ = tx.send(Conn::Tls(Box::new(stream.into()), ConnInfo { remote, cert })).await;
                 }
                 // Plaintext to a TLS port, an unknown CA, a port scan: the

@@ -327,7 +327,7 @@ impl tonic::codegen::Service<tonic::codegen::http::Uri> for PeerConnector {
                 None => conn::Conn::Plain(tcp, conn::ConnInfo { remote, cert: None }),
                 Some(tls) => {
                     let stream = tokio_rustls::TlsConnector::from(tls.config()).connect(server_name, tcp).await?;
-                    let cert = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(|c| conn::PeerCert::parse(c)).map(Arc::new);
+                    let cert = conn::PeerCert::of(stream.get_ref().1);
                     conn::Conn::Tls(Box::new(stream.into()), conn::ConnInfo { remote, cert })
                 }
             };

@@ -82,10 +82,16 @@ pub fn grpc_api(api_url: &str) -> lodestar::proto::api::lodestar_client::Lodesta
 /// A gRPC channel to member `id`'s xDS or API port at `addr`, over TLS
 /// checked against the test CA (the certificate must name that member).
 pub fn grpc_channel(id: u64, addr: &str) -> tonic::transport::Channel {
+    tls_channel(addr, &lodestar::tls::pki::member_name(id), None)
+}
+
+/// A channel over TLS trusting the test CA, presenting `identity` (cert,
+/// key files) if given, expecting the server to be `server_name`.
+pub fn tls_channel(addr: &str, server_name: &str, identity: Option<(&std::path::Path, &std::path::Path)>) -> tonic::transport::Channel {
     let roots = lodestar::tls::roots_from_pem(&test_ca().ca_file).unwrap();
-    let config = lodestar::tls::client_config(roots, None).unwrap();
-    let source = std::sync::Arc::new(lodestar::tls::ClientTlsSource::Fixed(std::sync::Arc::new(config)));
-    let connector = lodestar::tls::PeerConnector::new(Some(source), &lodestar::tls::pki::member_name(id)).unwrap();
+    let config = std::sync::Arc::new(lodestar::tls::client_config(roots, identity).unwrap());
+    let source = std::sync::Arc::new(lodestar::tls::ClientTlsSource::Fixed(config));
+    let connector = lodestar::tls::PeerConnector::new(Some(source), server_name).unwrap();
     tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_with_connector_lazy(connector)
 }
 
