@@ -80,6 +80,12 @@ BENCH=$WORK/lodestar-bench
 "$LODESTAR" tls ca create --dir "$WORK/ca" >/dev/null
 printf 'tls_ca_file = "%s"\ntls_ca_key_file = "%s"\nuser_client_config = ""\n' "$WORK/ca/ca.pem" "$WORK/ca/ca-key.pem" >>"$WORK/tls.toml"
 export LODESTAR_CACERT=$WORK/ca/ca.pem
+# ACLs are on by default: one management token for the replicas, sent by
+# curl and by lodestar-bench (LODESTAR_TOKEN).
+(umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$WORK/ca/management.token")
+printf 'initial_management_token_file = "%s"\n' "$WORK/ca/management.token" >>"$WORK/tls.toml"
+LODESTAR_TOKEN=$(cat "$WORK/ca/management.token")
+export LODESTAR_TOKEN
 
 if ! command -v etcd >/dev/null; then
     [ "$(id -u)" = 0 ] || die "etcd not found; install Debian's etcd-server"
@@ -133,7 +139,7 @@ echo "# both clusters ready; $ROUNDS rounds x {$LEVELS} clients x ${SECS}s, lode
 # listed, and pays the hop to the leader when that is a follower. Both
 # systems list their leader first, so a single client writes to the leader
 # on both (clients are spread round robin, so 16 and 64 are unaffected).
-L_LEADER=$(curl -s --cacert "$WORK/ca/ca.pem" --max-time 2 "https://${L_API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
+L_LEADER=$(curl -s --cacert "$WORK/ca/ca.pem" -H "Authorization: Bearer $LODESTAR_TOKEN" --max-time 2 "https://${L_API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
 E_LEADER=
 for n in 1 2 3; do
     st=$(curl -s --max-time 2 -X POST -d '{}' "${E_CLIENT[n - 1]}/v3/maintenance/status" || true)

@@ -130,6 +130,12 @@ BENCH=$WORK/lodestar-bench
 "$LODESTAR" tls ca create --dir "$WORK/ca" >/dev/null
 printf 'tls_ca_file = "%s"\ntls_ca_key_file = "%s"\nuser_client_config = ""\n' "$WORK/ca/ca.pem" "$WORK/ca/ca-key.pem" >>"$WORK/tls.toml"
 export LODESTAR_CACERT=$WORK/ca/ca.pem
+# ACLs are on by default: one management token for the replicas, sent by
+# curl and by lodestar-bench (LODESTAR_TOKEN).
+(umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$WORK/ca/management.token")
+printf 'initial_management_token_file = "%s"\n' "$WORK/ca/management.token" >>"$WORK/tls.toml"
+LODESTAR_TOKEN=$(cat "$WORK/ca/management.token")
+export LODESTAR_TOKEN
 
 API=() RAFT=() XDS=()
 for n in 1 2 3; do
@@ -159,7 +165,7 @@ start_cluster() {
     for n in 1 2 3; do
         wait_ok "https://${API[n - 1]}/readyz" 60 || { tail -20 "$dir/lodestar-$n.log" >&2; die "lodestar $n not ready within 60s"; }
     done
-    LEADER=$(curl -s --cacert "$WORK/ca/ca.pem" --max-time 2 "https://${API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
+    LEADER=$(curl -s --cacert "$WORK/ca/ca.pem" -H "Authorization: Bearer $LODESTAR_TOKEN" --max-time 2 "https://${API[0]}/v1/node" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
 }
 
 # Wait (bounded over the whole run) until the 1-minute load is at most MAX_LOAD.

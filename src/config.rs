@@ -89,8 +89,10 @@ pub struct ServerConfig {
     /// Adaptive debounce window: isolated changes are pushed at once,
     /// bursts at most once per window (see `xds::push`). 0: every revision.
     pub push_debounce_ms: u64,
-    /// Enforce ACLs on the API: every request but `/healthz` and `/readyz`
-    /// needs a token or client certificate allowed to do what it asks.
+    /// Enforce ACLs (the default): every API request but `/healthz` and
+    /// `/readyz` needs a token or client certificate allowed to do what it
+    /// asks, and every xDS stream a proxy credential for the identity it
+    /// claims. `insecure` turns them off too.
     pub acl_enabled: bool,
     /// A file holding a secret that is a management token on this replica
     /// (Consul's `initial_management`); give every replica the same file.
@@ -101,6 +103,10 @@ pub struct ServerConfig {
     /// Plaintext on every port, no client certificates, no credentials:
     /// for experiments only (logged loudly at startup).
     pub insecure: bool,
+    /// Also serve `/metrics` and `/debug/*` (read-only) on this address,
+    /// plaintext and without a token: for a Prometheus or an operator on
+    /// the same host. Must be a loopback address.
+    pub metrics_addr: Option<String>,
     /// This replica's certificate chain and key (PEM). Unset: generated on
     /// first start in `<data_dir>/tls/` from the CA.
     pub tls_cert_file: Option<PathBuf>,
@@ -129,6 +135,11 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// Whether ACLs are enforced: on unless turned off or `insecure`.
+    pub fn acls_on(&self) -> bool {
+        self.acl_enabled && !self.insecure
+    }
+
     /// The mesh-wide settings translation reads.
     pub fn mesh_config(&self) -> crate::mesh::MeshConfig {
         crate::mesh::MeshConfig { domain_suffix: self.domain_suffix.clone(), root_namespace: self.root_namespace.clone() }
@@ -163,10 +174,11 @@ impl Default for ServerConfig {
             group_commit_wait_us: 5_000,
             domain_suffix: "cluster.local".into(),
             root_namespace: "istio-system".into(),
-            acl_enabled: false,
+            acl_enabled: true,
             initial_management_token_file: None,
             audit_log: None,
             insecure: false,
+            metrics_addr: None,
             tls_cert_file: None,
             tls_key_file: None,
             tls_ca_file: None,
@@ -203,6 +215,12 @@ impl ServerConfig {
         }
         if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
             return Err("tls_cert_file and tls_key_file: give both or neither".into());
+        }
+        if let Some(addr) = &self.metrics_addr {
+            let a: std::net::SocketAddr = addr.parse().map_err(|e| format!("metrics_addr: {addr:?}: {e}"))?;
+            if !a.ip().is_loopback() {
+                return Err(format!("metrics_addr: {addr:?} is not a loopback address; it serves metrics and debug output without credentials, so it may only be reached from this host"));
+            }
         }
         if self.insecure && self.verify_incoming {
             return Err("verify_incoming: needs TLS, and insecure turns it off".into());

@@ -54,7 +54,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let mut config = config;
     // The management credential for the client config (see `tls::bootstrap`).
-    let token = if config.acl_enabled && !config.insecure { crate::tls::bootstrap::ensure_management_token(&mut config)? } else { None };
+    let token = if config.acls_on() { crate::tls::bootstrap::ensure_management_token(&mut config)? } else { None };
     let config = Arc::new(config);
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     let db = crate::store::open_db(&config.data_dir)
@@ -125,6 +125,18 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let api_stopped = stopped();
     let app = app.into_make_service_with_connect_info::<ConnInfo>();
     let api_server = tokio::spawn(async move { axum::serve(api_incoming, app).with_graceful_shutdown(api_stopped).await });
+    // /metrics and /debug/* on a local address, if one is set (loopback
+    // only: `ServerConfig::validate`), plaintext and without credentials.
+    let observer = match &config.metrics_addr {
+        None => None,
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await.with_context(|| format!("binding metrics_addr {addr}"))?;
+            tracing::info!(addr = %addr, "serving /metrics and /debug/* on the local observer address (no TLS, no token)");
+            let app = rest::observer_router(replica.clone());
+            let done = stopped();
+            Some(tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(done).await }))
+        }
+    };
 
     // ADS for Envoys, from this replica's own applied state.
     let options = crate::xds::server::ServeOptions {
@@ -132,6 +144,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         max_stream_age: (config.xds_max_stream_age_s > 0).then(|| Duration::from_secs(config.xds_max_stream_age_s)),
         fence_timeout: Duration::from_millis(config.xds_fence_timeout_ms),
         latest: Some(node.reader.subscribe_applied()),
+        acl: Some(replica.acl.clone()),
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
@@ -176,6 +189,9 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         }
         if let Some(a) = adapter {
             let _ = a.await;
+        }
+        if let Some(o) = observer {
+            let _ = o.await;
         }
     })
     .await;

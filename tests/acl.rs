@@ -12,24 +12,15 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// The initial management token every replica is given (a file).
-const MGMT: &str = "test-initial-management-secret-7f3a9c";
-
-/// `n` replicas with ACLs on, the management token file, and an audit log
-/// each (`<replica dir>/audit.log`); `c.http` sends the management token.
+/// `n` replicas as every test gets them (ACLs on by default, the
+/// harness's management token file), with an audit log each
+/// (`<replica dir>/audit.log`); `c.http` sends the management token.
 async fn secure_cluster(n: u64) -> Cluster {
     let mut c = Cluster::prepare(n, "");
-    let file = c.tmp.path().join("management.token");
-    std::fs::write(&file, format!("{MGMT}\n")).unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
     for r in &mut c.replicas {
-        r.extra_toml = format!("acl_enabled = true\ninitial_management_token_file = {:?}\naudit_log = {:?}\n", file, r.dir.join("audit.log"));
+        r.extra_toml = format!("audit_log = {:?}\n", r.dir.join("audit.log"));
     }
-    c.http = client(Some(MGMT));
+    c.http = client(Some(management_token()));
     c.launch().await;
     c
 }
@@ -39,7 +30,7 @@ fn client(token: Option<&str>) -> reqwest::Client {
     if let Some(t) = token {
         headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
     }
-    http_builder().default_headers(headers).timeout(Duration::from_secs(15)).build().unwrap()
+    anonymous_http_builder().default_headers(headers).timeout(Duration::from_secs(15)).build().unwrap()
 }
 
 async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
@@ -124,7 +115,7 @@ async fn without_a_token_every_replica_answers_401() {
         let ready = anon.get(format!("{api}/readyz")).send().await.unwrap().status().as_u16();
         assert!(ready == 200 || ready == 503, "readyz answers without a token: {ready}");
         // gRPC: UNAUTHENTICATED without metadata.
-        let mut grpc = grpc_api(&api);
+        let mut grpc = grpc_api_as(&api, None);
         let e = grpc.apply(grpc_req(apply_req(&[vs("x", "default", "v1")]), None)).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
         let e = grpc.list(grpc_req(ListRequest { kind: "vs".into(), ..Default::default() }, Some("nope"))).await.unwrap_err();
@@ -134,7 +125,7 @@ async fn without_a_token_every_replica_answers_401() {
         // With the management token from the file, every replica answers.
         let (status, body) = send(c.http.get(format!("{api}/v1/resources/vs"))).await;
         assert_eq!(status, 200, "{body}");
-        grpc.list(grpc_req(ListRequest { kind: "vs".into(), ..Default::default() }, Some(MGMT))).await.unwrap();
+        grpc.list(grpc_req(ListRequest { kind: "vs".into(), ..Default::default() }, Some(management_token()))).await.unwrap();
     }
 }
 
@@ -180,7 +171,7 @@ async fn a_read_only_token_cannot_apply_delete_or_change_membership() {
     denied(status, &body, "lacks admin on the cluster");
 
     // The same over gRPC.
-    let mut grpc = grpc_api(&api);
+    let mut grpc = grpc_api_as(&api, None);
     let e = grpc.apply(grpc_req(apply_req(&[vs("y", "ro", "v1")]), Some(&secret))).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied);
     assert!(e.message().contains("write on virtualservices in namespace ro"), "{}", e.message());
@@ -246,7 +237,7 @@ async fn a_namespace_token_is_refused_outside_it_and_a_mixed_apply_stores_nothin
     assert_eq!(send(a.get(format!("{api}/v1/resources/vs?namespace=a"))).await.0, 200);
     assert_eq!(send(a.get(format!("{api}/v1/watch?namespace=b"))).await.0, 403);
     // Over gRPC, the same mixed apply.
-    let mut grpc = grpc_api(&api);
+    let mut grpc = grpc_api_as(&api, None);
     let e = grpc.apply(grpc_req(apply_req(&[vs("z", "a", "v1"), vs("z", "b", "v1")]), Some(&secret))).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied);
     let (_, list) = send(c.http.get(format!("{api}/v1/resources/vs?namespace=a"))).await;
@@ -331,9 +322,10 @@ async fn an_expired_token_is_refused() {
 fn cli_with(server: &str, token: Option<&str>, args: &[&str]) -> (bool, String, String) {
     let mut cmd = cli_command();
     cmd.arg("--server").arg(server).args(args).env_remove("LODESTAR_TOKEN");
-    if let Some(t) = token {
-        cmd.env("LODESTAR_TOKEN", t);
-    }
+    match token {
+        Some(t) => cmd.env("LODESTAR_TOKEN", t),
+        None => cmd.env("LODESTAR_CONFIG", &test_ca().anonymous_client_config),
+    };
     let out = cmd.output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
@@ -402,7 +394,7 @@ async fn bootstrap_cli_and_token_objects() {
     for item in list["items"].as_array().unwrap() {
         assert!(item["spec"].get("secretHash").is_none(), "{item}");
     }
-    let mut grpc = grpc_api(&api);
+    let mut grpc = grpc_api_as(&api, None);
     let l = grpc.list(grpc_req(ListRequest { kind: "tokens".into(), ..Default::default() }, Some(&boot))).await.unwrap().into_inner();
     assert!(!l.resources_json.is_empty() && l.resources_json.iter().all(|j| !j.contains("secretHash") && !j.contains("sha256:")));
 
@@ -459,7 +451,7 @@ async fn leak_surfaces(c: &Cluster) -> Vec<(String, Vec<u8>)> {
         out.push((format!("replica {} token list", r.id), resp.bytes().await.unwrap().to_vec()));
     }
     let backup = c.tmp.path().join("backup.snapshot");
-    let (ok, o, e) = cli_with(&c.replica(1).api(), Some(MGMT), &["snapshot", "save", backup.to_str().unwrap()]);
+    let (ok, o, e) = cli_with(&c.replica(1).api(), Some(management_token()), &["snapshot", "save", backup.to_str().unwrap()]);
     assert!(ok, "{o}{e}");
     out.push(("backup file".into(), std::fs::read(&backup).unwrap()));
     out
@@ -529,7 +521,7 @@ async fn the_audit_log_records_writes_and_refusals_and_no_secret_leaks() {
     let hash = lodestar::auth::token::hash_text(&secret);
     for (what, bytes) in leak_surfaces(&c).await {
         let text = String::from_utf8_lossy(&bytes);
-        for s in [secret.as_str(), MGMT, "wrong-secret-value"] {
+        for s in [secret.as_str(), management_token(), "wrong-secret-value"] {
             assert!(!text.contains(s), "{what} contains a secret");
         }
         if what != "backup file" {
@@ -565,7 +557,7 @@ async fn a_client_certificate_identity_gets_the_policies_of_its_roles() {
     let (status, body) = apply(&c.http, &api, vec![policy, role]).await;
     assert_eq!(status, 200, "{body}");
 
-    let ci = http_builder().identity(client_cert("spiffe://test.lodestar/ci")).build().unwrap();
+    let ci = anonymous_http_builder().identity(client_cert("spiffe://test.lodestar/ci")).build().unwrap();
     let (status, body) = apply(&ci, &api, vec![vs("by-cert", "a", "v1")]).await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = apply(&ci, &api, vec![vs("by-cert", "b", "v1")]).await;
@@ -575,11 +567,11 @@ async fn a_client_certificate_identity_gets_the_policies_of_its_roles() {
     audit_line(&c.replica(1).dir.join("audit.log"), |l| l["who"] == "identity:spiffe://test.lodestar/ci" && l["outcome"] == "ok").await;
 
     // An identity no role lists is authenticated, and allowed nothing.
-    let other = http_builder().identity(client_cert("spiffe://test.lodestar/other")).build().unwrap();
+    let other = anonymous_http_builder().identity(client_cert("spiffe://test.lodestar/other")).build().unwrap();
     let (status, body) = apply(&other, &api, vec![vs("x", "a", "v1")]).await;
     assert_eq!(status, 403, "{body}");
     // A bearer token sent with a certificate decides.
-    let with_bad_token = http_builder()
+    let with_bad_token = anonymous_http_builder()
         .identity(client_cert("spiffe://test.lodestar/ci"))
         .default_headers([(reqwest::header::AUTHORIZATION, "Bearer not-a-token".parse().unwrap())].into_iter().collect())
         .build()

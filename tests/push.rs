@@ -7,7 +7,6 @@ mod common;
 use common::envoy::EnvoyOptions;
 use common::mesh::*;
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use serde_json::Value;
@@ -138,7 +137,7 @@ async fn a_client_that_never_reads_does_not_hold_back_the_others() {
     let good = fx.sidecar("good", 1, 1, false, rev).await;
 
     // The stalled stream: one request, never a read.
-    let mut client = AggregatedDiscoveryServiceClient::new(common::grpc_channel(1, &fx.cluster.replica(1).xds_addr()));
+    let mut client = common::ads_client(1, &fx.cluster.replica(1).xds_addr());
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(DiscoveryRequest {
         node: Some(node("sidecar~127.0.0.77~stalled.default~default.svc.cluster.local")),
@@ -200,7 +199,7 @@ async fn wait_returns_when_every_proxy_acked_and_reports_nacks() {
     }
 
     // A proxy that rejects what it is sent.
-    let mut client = AggregatedDiscoveryServiceClient::new(common::grpc_channel(3, &fx.cluster.replica(3).xds_addr()));
+    let mut client = common::ads_client(3, &fx.cluster.replica(3).xds_addr());
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let bad_id = "sidecar~127.0.0.78~rejecter.default~default.svc.cluster.local";
     tx.send(DiscoveryRequest { node: Some(node(bad_id)), type_url: CLUSTER_TYPE.into(), ..Default::default() }).await.unwrap();

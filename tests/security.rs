@@ -185,7 +185,7 @@ async fn replaced_certificate_files_are_served_without_a_restart() {
     let before = served_serial(&r.api_addr()).await;
 
     // An open ADS stream to the leader, with its first response.
-    let mut xds = AggregatedDiscoveryServiceClient::new(common::grpc_channel(leader, &r.xds_addr()));
+    let mut xds = common::ads_client(leader, &r.xds_addr());
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let node = Node { id: "sidecar~127.0.0.9~rot.default~default.svc.cluster.local".into(), ..Default::default() };
     tx.send(DiscoveryRequest { node: Some(node), type_url: CLUSTER_TYPE.into(), ..Default::default() }).await.unwrap();
@@ -238,7 +238,11 @@ async fn replaced_certificate_files_are_served_without_a_restart() {
 /// secret is nowhere in the replica's log.
 #[tokio::test(flavor = "multi_thread")]
 async fn first_start_with_acls_writes_a_working_admin_client_config() {
-    let mut c = Cluster::prepare(1, "acl_enabled = true");
+    // ACLs are on by default; without the harness's token file the
+    // replica generates its own.
+    let mut c = Cluster::prepare(1, "");
+    c.replicas[0].management_token = false;
+    c.http = common::anonymous_http_builder().build().unwrap();
     c.spawn_all();
     // The probes stay open: wait on /readyz (the status needs a token).
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -272,4 +276,114 @@ async fn first_start_with_acls_writes_a_working_admin_client_config() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!r.log().contains(&secret), "the secret reached the log");
+}
+
+/// The xDS port takes a proxy only with a credential for the identity it
+/// claims: real Envoys from `lodestar bootstrap --proxy-token-file`, one
+/// per replica, each served with a proxy token bound to namespace `shop`;
+/// an Envoy with that token claiming namespace `bank`, and one with no
+/// credential, are refused (PERMISSION_DENIED, UNAUTHENTICATED), which
+/// `/debug/syncz` and the metrics show, and neither is translated for.
+/// Metrics and debug output need a token on the API port, and are served
+/// without one only on the local `metrics_addr`.
+#[tokio::test(flavor = "multi_thread")]
+async fn proxies_need_a_token_for_the_identity_they_claim() {
+    use common::envoy::{Envoy, EnvoyOptions};
+    let mut c = Cluster::prepare(3, "");
+    for r in &mut c.replicas {
+        r.extra_toml = format!("metrics_addr = \"{}:7009\"\n", r.ip);
+    }
+    c.launch().await;
+    let api = c.replica(1).api();
+    let prefix = c.replica(1).ip.rsplit_once('.').unwrap().0.to_string();
+    let dir = tempfile::tempdir().unwrap();
+
+    // A proxy token for namespace shop, through the CLI.
+    let (ok, out, err) = common::cli(&api, &["token", "create", "--proxy", "shop", "--description", "shop proxies"]);
+    assert!(ok, "{out}{err}");
+    let secret = out.lines().find_map(|l| l.strip_prefix("SecretID:")).expect("the secret").trim().to_string();
+    let token_file = dir.path().join("shop.token");
+    std::fs::write(&token_file, format!("{secret}\n")).unwrap();
+    // It grants nothing on the API.
+    let proxy_api = common::anonymous_http_builder()
+        .default_headers([(reqwest::header::AUTHORIZATION, format!("Bearer {secret}").parse().unwrap())].into_iter().collect())
+        .build()
+        .unwrap();
+    assert_eq!(common::get_json(&proxy_api, &format!("{api}/v1/resources/vs?namespace=shop")).await.0, 403);
+
+    // One Envoy per replica, each dialling only that replica.
+    let connected = |e: &std::collections::BTreeMap<String, u64>| e.get("control_plane.connected_state") == Some(&1);
+    let mut envoys = Vec::new();
+    for r in &c.replicas {
+        let mut o = EnvoyOptions::new(&format!("web-{}", r.id), &format!("{prefix}.{}", 20 + r.id));
+        o.namespace = "shop".into();
+        o.xds_servers = vec![r.xds_addr()];
+        o.proxy_token_file = Some(token_file.clone());
+        let mut e = Envoy::start(&dir.path().join(format!("envoy-{}", r.id)), o);
+        e.wait_ready(Duration::from_secs(30)).await;
+        e.wait_for_stats("connected to its replica", Duration::from_secs(30), connected).await;
+        envoys.push(e);
+    }
+    for r in &c.replicas {
+        let (_, syncz) = common::get_json(&c.http, &format!("{}/debug/syncz", r.api())).await;
+        let id = format!("sidecar~{prefix}.{}~web-{}.shop~shop.svc.cluster.local", 20 + r.id, r.id);
+        assert!(syncz["proxies"].as_array().unwrap().iter().any(|p| p["id"] == id.as_str()), "replica {} serves {id}: {syncz}", r.id);
+    }
+
+    // The shop token claiming namespace bank; and no credential at all.
+    let r1 = c.replica(1);
+    let mut bank = EnvoyOptions::new("teller", &format!("{prefix}.31"));
+    bank.namespace = "bank".into();
+    bank.xds_servers = vec![r1.xds_addr()];
+    bank.proxy_token_file = Some(token_file.clone());
+    let mut bank = Envoy::start(&dir.path().join("envoy-bank"), bank);
+    let mut anon = EnvoyOptions::new("nobody", &format!("{prefix}.32"));
+    anon.xds_servers = vec![r1.xds_addr()];
+    anon.proxy_token_file = None;
+    let mut anon = Envoy::start(&dir.path().join("envoy-anon"), anon);
+    // (They never become ready: Envoy waits for its first config.)
+
+    // The local observer address: no TLS, no token.
+    let observer = reqwest::Client::new();
+    let local = format!("http://{}:7009", r1.ip);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let syncz = loop {
+        let syncz: serde_json::Value = observer.get(format!("{local}/debug/syncz")).send().await.unwrap().json().await.unwrap();
+        let refused = syncz["refused"].as_array().unwrap();
+        let by = |code: &str, pred: &dyn Fn(&serde_json::Value) -> bool| refused.iter().any(|x| x["code"] == code && pred(x));
+        let denied = by("permission_denied", &|x| {
+            x["proxy"].as_str().is_some_and(|p| p.contains("teller.bank")) && x["reason"].as_str().is_some_and(|m| m.contains("bound to proxy identity shop"))
+        });
+        let unauthenticated = by("unauthenticated", &|x| x["who"] == "anonymous");
+        if denied && unauthenticated {
+            break syncz;
+        }
+        assert!(Instant::now() < deadline, "refusals not shown in /debug/syncz: {syncz}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Neither was served, or translated for.
+    let listed = |needle: &str| syncz["proxies"].as_array().unwrap().iter().any(|p| p["id"].as_str().is_some_and(|id| id.contains(needle)));
+    assert!(!listed("teller.bank") && !listed("nobody."), "{syncz}");
+    let disconnected = |e: &std::collections::BTreeMap<String, u64>| e.get("control_plane.connected_state") == Some(&0);
+    bank.wait_for_stats("not connected", Duration::from_secs(10), disconnected).await;
+    anon.wait_for_stats("not connected", Duration::from_secs(10), disconnected).await;
+    let metrics = observer.get(format!("{local}/metrics")).send().await.unwrap().text().await.unwrap();
+    for reason in ["permission_denied", "unauthenticated"] {
+        let line = metrics.lines().find(|l| l.starts_with(&format!("lodestar_xds_streams_refused_total{{reason=\"{reason}\"}}")));
+        let n: f64 = line.and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        assert!(n >= 1.0, "{reason}: {line:?}");
+    }
+    assert!(!metrics.contains(&secret), "the secret is in the metrics");
+    // The observer address serves nothing else; the API port wants a token.
+    assert_eq!(observer.get(format!("{local}/v1/resources/vs")).send().await.unwrap().status().as_u16(), 404);
+    let anonymous = common::anonymous_http_builder().build().unwrap();
+    for path in ["/metrics", "/debug/syncz", "/debug/configz"] {
+        assert_eq!(common::get_json(&anonymous, &format!("{}{path}", r1.api())).await.0, 401, "{path} without a token");
+        assert_eq!(c.http.get(format!("{}{path}", r1.api())).send().await.unwrap().status().as_u16(), 200, "{path} with the management token");
+    }
+    for e in envoys.iter_mut().chain([&mut bank, &mut anon]) {
+        e.stop();
+    }
+    let log = r1.log();
+    assert!(!log.contains(&secret), "the proxy token reached the replica's log");
 }

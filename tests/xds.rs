@@ -27,7 +27,6 @@ use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router as Rou
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::RouteSpecifier, http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
@@ -86,6 +85,7 @@ impl InProcess {
             election_timeout_max_ms: 400,
             tls_ca_file: Some(common::test_ca().ca_file.clone()),
             tls_ca_key_file: Some(common::test_ca().ca_key_file.clone()),
+            initial_management_token_file: Some(common::test_ca().token_file.clone()),
             user_client_config: None,
             ..Default::default()
         };
@@ -392,8 +392,8 @@ fn dnames(r: &DeltaDiscoveryResponse) -> Vec<String> {
         .collect()
 }
 
-async fn channel(xds: &str) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
-    AggregatedDiscoveryServiceClient::new(common::grpc_channel(1, xds))
+async fn channel(xds: &str) -> common::AdsClient {
+    common::ads_client(1, xds)
 }
 
 struct Client<Req, Resp> {

@@ -14,7 +14,7 @@ use crate::auth::audit::AuditEvent;
 use crate::auth::token::{self, Minted, NewToken};
 use crate::auth::{Acl, AclIndex, Credentials, PeerIdentity, Permission, Principal, Target, Verb};
 use crate::error::{Code, Error, FieldError, Result};
-use crate::model::acl::GLOBAL_MANAGEMENT;
+use crate::model::acl::{ProxyBinding, GLOBAL_MANAGEMENT};
 use crate::model::kinds::CLUSTER_NAMESPACE;
 use crate::model::{self, Kind, ResourceKey, Selector, StoredObject};
 use crate::node::{Consistency, Node};
@@ -170,6 +170,9 @@ pub struct TokenRequest {
     /// A duration (`1h`, `30m`); none: never expires.
     #[serde(default)]
     pub ttl: Option<String>,
+    /// `NAMESPACE` or `NAMESPACE/NAME`: a proxy token for the xDS port.
+    #[serde(default)]
+    pub proxy: Option<String>,
 }
 
 /// A token just created. The secret appears here and nowhere else, ever.
@@ -193,8 +196,16 @@ impl TokenCreated {
 /// must exist) and build the transaction that stores the new token.
 pub fn token_txn(req: TokenRequest, index: &AclIndex) -> Result<(Txn, Minted)> {
     let mut errors = Vec::new();
-    if req.policies.is_empty() && req.roles.is_empty() {
-        errors.push(FieldError::new("policies", "a token needs at least one policy or role"));
+    let proxy = match req.proxy.as_deref().filter(|p| !p.is_empty()).map(ProxyBinding::parse) {
+        None => None,
+        Some(Ok(b)) => Some(b),
+        Some(Err(e)) => {
+            errors.push(FieldError::new("proxy", e));
+            None
+        }
+    };
+    if req.policies.is_empty() && req.roles.is_empty() && req.proxy.is_none() {
+        errors.push(FieldError::new("policies", "a token needs at least one policy or role (or a proxy identity)"));
     }
     for (i, p) in req.policies.iter().enumerate() {
         if !index.has_policy(p) {
@@ -226,7 +237,8 @@ pub fn token_txn(req: TokenRequest, index: &AclIndex) -> Result<(Txn, Minted)> {
     if !errors.is_empty() {
         return Err(Error::invalid_fields(errors));
     }
-    let minted = token::mint(NewToken { description: req.description, policies: req.policies, roles: req.roles, ttl_secs }, crate::auth::acl::unix_now());
+    let minted =
+        token::mint(NewToken { description: req.description, policies: req.policies, roles: req.roles, ttl_secs, proxy }, crate::auth::acl::unix_now());
     let op = create_op(minted.document.clone())?;
     Ok((Txn { ops: vec![op] }, minted))
 }

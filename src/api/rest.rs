@@ -33,12 +33,9 @@ pub const OBJECTS_HEADER: &str = "x-lodestar-objects";
 /// those about the replica's helpers (status, readiness, heartbeats,
 /// proxies) take the `Replica`.
 pub fn router(replica: Arc<Replica>) -> Router {
-    let debug = Router::new().route("/debug/syncz", get(syncz)).route("/debug/config_dump", get(config_dump)).with_state(replica.sync.clone());
     let helpers = Router::new()
         .route("/v1/resources/{kind}/{namespace}/{name}/heartbeat", post(heartbeat))
         .route("/v1/wait", get(wait_for_proxies))
-        .route("/debug/checks", get(debug_checks))
-        .route("/debug/push_status", get(push_status))
         .route("/v1/cluster", get(cluster_status))
         .route("/v1/node", get(node_status))
         .route("/v1/cluster/members", post(add_member))
@@ -53,16 +50,31 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/v1/resources/{kind}", get(list))
         .route("/v1/resources/{kind}/{namespace}/{name}", get(get_one).delete(delete_one))
         .route("/v1/registry/services", get(registry_services))
-        .route("/debug/registryz", get(registryz))
-        .route("/debug/configz", get(configz))
-        .route("/metrics", get(metrics))
         .route("/v1/watch", get(watch_changes))
         .route("/v1/snapshot", get(snapshot))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(replica.node.clone())
         .merge(helpers)
-        .merge(debug)
+        .merge(observe(&replica))
         .layer(axum::Extension(replica.acl.clone()))
+}
+
+/// `/metrics` and `/debug/*`: read-only, `read` on the cluster on the API
+/// port.
+fn observe(replica: &Arc<Replica>) -> Router {
+    let sync = Router::new().route("/debug/syncz", get(syncz)).route("/debug/config_dump", get(config_dump)).with_state(replica.sync.clone());
+    let node = Router::new()
+        .route("/debug/registryz", get(registryz))
+        .route("/debug/configz", get(configz))
+        .route("/metrics", get(metrics))
+        .with_state(replica.node.clone());
+    Router::new().route("/debug/checks", get(debug_checks)).route("/debug/push_status", get(push_status)).with_state(replica.clone()).merge(sync).merge(node)
+}
+
+/// The same read-only routes for the local observer address
+/// (`metrics_addr`, loopback only): plaintext, no token.
+pub fn observer_router(replica: Arc<Replica>) -> Router {
+    observe(&replica).layer(axum::Extension(replica.acl.observer()))
 }
 
 /// The caller of a request: its bearer token and client-certificate

@@ -23,6 +23,7 @@ pub struct Acl {
     management: Option<[u8; 32]>,
     reader: StoreReader,
     /// The index and the revision it was last found current at.
+    /// (An observer's is never used.)
     cache: Mutex<(u64, Arc<AclIndex>)>,
     audit: Option<AuditLog>,
 }
@@ -36,7 +37,7 @@ impl Acl {
     pub fn start(config: &ServerConfig, reader: StoreReader) -> Result<Arc<Acl>, String> {
         let mut management = None;
         let mut audit = None;
-        if config.acl_enabled {
+        if config.acls_on() {
             if let Some(path) = &config.initial_management_token_file {
                 let text = std::fs::read_to_string(path).map_err(|e| format!("initial_management_token_file {}: {e}", path.display()))?;
                 let secret = text.trim();
@@ -57,7 +58,20 @@ impl Acl {
         }
         let applied = reader.current();
         let index = Arc::new(AclIndex::build(acl_objects(&applied).cloned()));
-        Ok(Arc::new(Acl { enabled: config.acl_enabled, replica: config.id, management, reader, cache: Mutex::new((applied.revision(), index)), audit }))
+        Ok(Arc::new(Acl { enabled: config.acls_on(), replica: config.id, management, reader, cache: Mutex::new((applied.revision(), index)), audit }))
+    }
+
+    /// For the local observer address (`metrics_addr`), which serves only
+    /// read-only routes: everyone is allowed, nothing is audited.
+    pub fn observer(&self) -> Arc<Acl> {
+        Arc::new(Acl {
+            enabled: false,
+            replica: self.replica,
+            management: None,
+            reader: self.reader.clone(),
+            cache: Mutex::new((0, Arc::default())),
+            audit: None,
+        })
     }
 
     /// The index at `applied`: the cached one while the ACL objects are

@@ -3,7 +3,7 @@
 //! certificate identities they list. Built from the objects alone (pure);
 //! `acl::Acl` keeps one per replica and rebuilds it when they change.
 
-use crate::model::acl::{AclSpec, Policy, RoleSpec};
+use crate::model::acl::{AclSpec, Policy, ProxyBinding, RoleSpec};
 use crate::model::{StoredObject, TypedSpec};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +15,8 @@ pub struct TokenEntry {
     pub expires_at: Option<u64>,
     pub policies: Vec<String>,
     pub roles: Vec<String>,
+    /// A proxy token's identity.
+    pub proxy: Option<ProxyBinding>,
 }
 
 #[derive(Debug, Default)]
@@ -46,7 +48,13 @@ impl AclIndex {
                     idx.roles.insert(name, r.clone());
                 }
                 Ok(TypedSpec::Acl(AclSpec::Token(t))) => {
-                    let entry = TokenEntry { accessor: name, expires_at: t.expires_at, policies: t.spec.policies.clone(), roles: t.spec.roles.clone() };
+                    let entry = TokenEntry {
+                        accessor: name,
+                        expires_at: t.expires_at,
+                        policies: t.spec.policies.clone(),
+                        roles: t.spec.roles.clone(),
+                        proxy: t.spec.proxy.clone(),
+                    };
                     idx.tokens.insert(t.secret_hash, entry);
                 }
                 Ok(_) => {}

@@ -35,7 +35,7 @@ pub use crate::model::acl::Verb;
 pub use acl::Acl;
 pub use index::AclIndex;
 
-use crate::model::acl::Policy;
+use crate::model::acl::{Policy, ProxyBinding};
 use crate::model::{Kind, ResourceKey};
 use std::fmt;
 use std::sync::Arc;
@@ -174,12 +174,35 @@ enum Grants {
 pub struct Principal {
     pub who: Who,
     grants: Grants,
+    /// A proxy token's identity on the xDS port.
+    proxy: Option<ProxyBinding>,
 }
 
 impl Principal {
     /// Everything allowed: ACLs off.
     pub fn anonymous() -> Principal {
-        Principal { who: Who::Anonymous, grants: Grants::All }
+        Principal { who: Who::Anonymous, grants: Grants::All, proxy: None }
+    }
+
+    /// Whether this principal may be the proxy that claims `namespace` and
+    /// workload `name` on the xDS port: a proxy token bound to it; a
+    /// client certificate whose SPIFFE id is in that namespace; or anyone
+    /// with `admin` on the cluster (ACLs off, management tokens). The
+    /// error says why not.
+    pub fn may_be_proxy(&self, namespace: &str, name: &str) -> Result<(), String> {
+        let claims = format!("the proxy claims {namespace}/{name}");
+        if let Some(b) = &self.proxy {
+            return if b.admits(namespace, name) { Ok(()) } else { Err(format!("{} is bound to proxy identity {b}; {claims}", self.who)) };
+        }
+        if self.allows(&Permission::new(Verb::Admin, Target::Cluster)) {
+            return Ok(());
+        }
+        if let Who::Identity(id) = &self.who {
+            if let Some(ns) = spiffe_namespace(id) {
+                return if ns == namespace { Ok(()) } else { Err(format!("{} is in namespace {ns}; {claims}", self.who)) };
+            }
+        }
+        Err(format!("{} is not a proxy credential (a proxy token, or a workload certificate with a SPIFFE id); {claims}", self.who))
     }
 
     pub fn allows(&self, p: &Permission) -> bool {
@@ -215,6 +238,16 @@ impl Principal {
     }
 }
 
+/// The namespace of a SPIFFE id in Istio's form
+/// (`spiffe://TRUST-DOMAIN/ns/NAMESPACE/sa/SERVICE-ACCOUNT`).
+pub fn spiffe_namespace(id: &str) -> Option<&str> {
+    let path = id.strip_prefix("spiffe://")?.split_once('/')?.1;
+    match path.split('/').collect::<Vec<_>>().as_slice() {
+        ["ns", ns, "sa", sa] if !ns.is_empty() && !sa.is_empty() => Some(ns),
+        _ => None,
+    }
+}
+
 /// Why a request is not authenticated (HTTP 401). `who` is what is known
 /// of the caller: an expired token's accessor, never a secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -229,7 +262,7 @@ pub fn authenticate(index: &AclIndex, management: Option<&[u8; 32]>, creds: &Cre
     if let Some(secret) = &creds.bearer {
         let hash = token::hash_secret(secret);
         if management == Some(&hash) {
-            return Ok(Principal { who: Who::InitialManagement, grants: Grants::All });
+            return Ok(Principal { who: Who::InitialManagement, grants: Grants::All, proxy: None });
         }
         let Some(t) = index.token(&hash) else {
             return Err(Refusal { who: "unknown-token".into(), reason: "the token is not valid: unknown or revoked".into() });
@@ -238,10 +271,10 @@ pub fn authenticate(index: &AclIndex, management: Option<&[u8; 32]>, creds: &Cre
             let at = crate::model::acl::format_rfc3339(t.expires_at.unwrap_or_default());
             return Err(Refusal { who: Who::Token(t.accessor.clone()).audit_name(), reason: format!("token {} expired at {at}", t.accessor) });
         }
-        return Ok(Principal { who: Who::Token(t.accessor.clone()), grants: Grants::Policies(index.token_policies(t)) });
+        return Ok(Principal { who: Who::Token(t.accessor.clone()), grants: Grants::Policies(index.token_policies(t)), proxy: t.proxy.clone() });
     }
     if let Some(PeerIdentity(id)) = &creds.peer {
-        return Ok(Principal { who: Who::Identity(id.clone()), grants: Grants::Policies(index.identity_policies(id)) });
+        return Ok(Principal { who: Who::Identity(id.clone()), grants: Grants::Policies(index.identity_policies(id)), proxy: None });
     }
     Err(Refusal {
         who: Who::Anonymous.audit_name(),
@@ -351,6 +384,42 @@ mod tests {
         assert!(p.allows(&w(Kind::Service, "a")));
         let nobody = Credentials { bearer: None, peer: Some(PeerIdentity("CN=nobody".into())) };
         assert!(!authenticate(&idx, None, &nobody, 0).unwrap().allows(&Permission::new(Verb::Read, Target::kind(Kind::Service, Some("a")))));
+    }
+
+    #[test]
+    fn proxy_identities() {
+        let idx = AclIndex::build(
+            [
+                policy("admin", json!([{"verbs": ["admin"], "kinds": ["*"], "namespaces": ["*"]}])),
+                token("t-ns", "secret-ns", json!({"type": "proxy", "proxy": {"namespace": "shop"}})),
+                token("t-wl", "secret-wl", json!({"type": "proxy", "proxy": {"namespace": "shop", "name": "cart"}})),
+                token("t-admin", "secret-admin", json!({"policies": ["admin"]})),
+                token("t-a", "secret-a", json!({"policies": ["admin"], "expiresAt": "2020-01-01T00:00:00Z"})),
+            ]
+            .into_iter(),
+        );
+        let ns = authenticate(&idx, None, &bearer("secret-ns"), 0).unwrap();
+        assert!(ns.may_be_proxy("shop", "cart").is_ok() && ns.may_be_proxy("shop", "web").is_ok());
+        let e = ns.may_be_proxy("bank", "cart").unwrap_err();
+        assert!(e.contains("bound to proxy identity shop") && e.contains("claims bank/cart"), "{e}");
+        // A proxy token grants nothing on the API.
+        assert!(!ns.allows(&Permission::new(Verb::Read, Target::kind(Kind::Service, Some("shop")))));
+        let wl = authenticate(&idx, None, &bearer("secret-wl"), 0).unwrap();
+        assert!(wl.may_be_proxy("shop", "cart").is_ok() && wl.may_be_proxy("shop", "web").is_err());
+        assert!(authenticate(&idx, None, &bearer("secret-admin"), 0).unwrap().may_be_proxy("any", "thing").is_ok());
+        let cert = |id: &str| authenticate(&idx, None, &Credentials { bearer: None, peer: Some(PeerIdentity(id.into())) }, 0).unwrap();
+        assert!(cert("spiffe://cluster.local/ns/shop/sa/cart").may_be_proxy("shop", "x").is_ok());
+        assert!(cert("spiffe://cluster.local/ns/shop/sa/cart").may_be_proxy("bank", "x").is_err());
+        assert!(cert("member-1.lodestar").may_be_proxy("shop", "x").is_err());
+        assert_eq!(spiffe_namespace("spiffe://td/ns/a/sa/b"), Some("a"));
+        assert_eq!(spiffe_namespace("spiffe://td/ns//sa/b"), None);
+        assert_eq!(spiffe_namespace("spiffe://td/x/a/sa/b"), None);
+        // The model refuses a proxy token without an identity, and a client token with one.
+        let bad = |spec: Value| crate::model::acl::validate(Kind::Token, &spec).unwrap_err()[0].field.clone();
+        let h = token::hash_text("x");
+        assert_eq!(bad(json!({"type": "proxy", "secretHash": h})), "spec.proxy");
+        assert_eq!(bad(json!({"policies": ["p"], "proxy": {"namespace": "a"}, "secretHash": h})), "spec.proxy");
+        assert_eq!(bad(json!({"type": "proxy", "proxy": {"namespace": "Bad_NS"}, "secretHash": h})), "spec.proxy");
     }
 
     #[test]

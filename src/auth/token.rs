@@ -6,7 +6,7 @@
 //! byte by byte against a secret: timing can at most tell something about
 //! a hash, which does not help find a preimage.
 
-use crate::model::acl::{format_rfc3339, hex, TokenSpec, TokenType, HASH_PREFIX, SECRET_HASH_FIELD};
+use crate::model::acl::{format_rfc3339, hex, ProxyBinding, TokenSpec, TokenType, HASH_PREFIX, SECRET_HASH_FIELD};
 use crate::model::kinds::{ACL_GROUP, CLUSTER_NAMESPACE};
 use rand::RngCore;
 use serde_json::{json, Value};
@@ -49,6 +49,8 @@ pub struct NewToken {
     pub roles: Vec<String>,
     /// Lifetime in seconds; none: never expires.
     pub ttl_secs: Option<u64>,
+    /// A proxy token's identity; none: a client token.
+    pub proxy: Option<ProxyBinding>,
 }
 
 /// A token just made: the object to store and the secret to show once.
@@ -71,10 +73,11 @@ pub fn mint(req: NewToken, now: u64) -> Minted {
     let (accessor, secret) = (new_accessor(), new_secret());
     let expires_at = req.ttl_secs.map(|t| format_rfc3339(now.saturating_add(t)));
     let spec = TokenSpec {
-        token_type: TokenType::Client,
+        token_type: if req.proxy.is_some() { TokenType::Proxy } else { TokenType::Client },
         description: req.description,
         policies: req.policies,
         roles: req.roles,
+        proxy: req.proxy,
         created_at: Some(format_rfc3339(now)),
         expires_at: expires_at.clone(),
         secret_hash: hash_text(&secret),

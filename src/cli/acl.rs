@@ -25,6 +25,11 @@ pub enum TokenCommand {
         /// Lifetime, e.g. 1h or 30m (default: never expires).
         #[arg(long)]
         ttl: Option<String>,
+        /// A proxy token for the xDS port, bound to NAMESPACE or
+        /// NAMESPACE/NAME: an Envoy presenting it may only claim that
+        /// namespace (and workload name). Needs no policy.
+        #[arg(long, value_name = "NAMESPACE[/NAME]")]
+        proxy: Option<String>,
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
@@ -100,16 +105,16 @@ pub enum AclCommand {
 
 pub async fn token(client: &Client, command: TokenCommand) -> Result<()> {
     match command {
-        TokenCommand::Create { description, policies, roles, ttl, output } => {
-            let body = json!({"description": description, "policies": policies, "roles": roles, "ttl": ttl});
+        TokenCommand::Create { description, policies, roles, ttl, proxy, output } => {
+            let body = json!({"description": description, "policies": policies, "roles": roles, "ttl": ttl, "proxy": proxy});
             print_created(&client.post("/v1/acl/tokens", &body).await?, output)
         }
         TokenCommand::List => {
             let row = |t: &Value| {
                 let spec = &t["spec"];
-                vec![name(t), s(&spec["description"]), joined(&spec["policies"]), joined(&spec["roles"]), s(&spec["expiresAt"])]
+                vec![name(t), s(&spec["description"]), joined(&spec["policies"]), joined(&spec["roles"]), proxy_of(spec), s(&spec["expiresAt"])]
             };
-            object(client, "tokens", ObjectCommand::List, &["ACCESSOR", "DESCRIPTION", "POLICIES", "ROLES", "EXPIRES"], row).await
+            object(client, "tokens", ObjectCommand::List, &["ACCESSOR", "DESCRIPTION", "POLICIES", "ROLES", "PROXY", "EXPIRES"], row).await
         }
         TokenCommand::Read { accessor, output } => read(client, "tokens", &accessor, output).await,
         TokenCommand::Revoke { accessor } => delete(client, "tokens", &accessor).await,
@@ -237,6 +242,15 @@ fn name(o: &Value) -> String {
 
 fn joined(v: &Value) -> String {
     v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default()
+}
+
+/// A proxy token's identity, `NAMESPACE[/NAME]`.
+fn proxy_of(spec: &Value) -> String {
+    match (spec["proxy"]["namespace"].as_str(), spec["proxy"]["name"].as_str()) {
+        (Some(ns), Some(n)) => format!("{ns}/{n}"),
+        (Some(ns), None) => ns.to_string(),
+        _ => String::new(),
+    }
 }
 
 #[cfg(test)]

@@ -52,6 +52,12 @@ pub struct BootstrapArgs {
     /// Use incremental xDS (DELTA_GRPC) instead of state of the world.
     #[arg(long)]
     pub delta: bool,
+    /// A file holding this proxy's token (`lodestar token create --proxy
+    /// NAMESPACE[/NAME]`), sent on the xDS stream as gRPC metadata
+    /// `authorization: Bearer <secret>`. The bootstrap then holds the
+    /// secret: keep it readable by Envoy only.
+    #[arg(long, env = "LODESTAR_PROXY_TOKEN_FILE")]
+    pub proxy_token_file: Option<std::path::PathBuf>,
     #[arg(short, long, value_enum, default_value = "yaml")]
     pub output: Format,
 }
@@ -76,8 +82,19 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 }
 
 pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> Result<()> {
+    let token = match &args.proxy_token_file {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("--proxy-token-file {}", path.display()))?;
+            let t = text.trim().to_string();
+            if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                bail!("--proxy-token-file {}: expected one token (no spaces)", path.display());
+            }
+            Some(t)
+        }
+    };
     let servers = if args.xds_servers.is_empty() { member_xds_addrs(client).await? } else { args.xds_servers.clone() };
-    let doc = bootstrap(&args, &servers, ca_pem)?;
+    let doc = bootstrap(&args, &servers, ca_pem, token.as_deref())?;
     match args.output {
         Format::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
         Format::Yaml => print!("{}", yaml_serde::to_string(&doc)?),
@@ -118,8 +135,9 @@ fn socket_address(host: &str, port: u16) -> Value {
 }
 
 /// The bootstrap document for `args`, connecting to `xds_servers`, over
-/// TLS checked against `ca_pem` when given.
-pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&str>) -> Result<Value> {
+/// TLS checked against `ca_pem` when given, presenting `token` (a proxy
+/// token's secret) when given.
+pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&str>, token: Option<&str>) -> Result<Value> {
     let kind = match args.node_type {
         NodeType::Sidecar => ProxyKind::Sidecar,
         NodeType::Router => ProxyKind::Router,
@@ -175,6 +193,21 @@ pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&s
         });
     }
 
+    let mut grpc_service = json!({
+        "envoy_grpc": {
+            "cluster_name": XDS_CLUSTER,
+            // Reconnect fast after a replica fails (Envoy's default
+            // backs off to 30s); each attempt picks the next replica.
+            "retry_policy": {"retry_back_off": {"base_interval": "0.25s", "max_interval": "5s"}}
+        }
+    });
+    if let Some(t) = token {
+        if ca_pem.is_none() {
+            bail!("a proxy token is only sent over TLS: the bootstrap has no CA (pass --ca-file or a client config)");
+        }
+        grpc_service["initial_metadata"] = json!([{"key": "authorization", "value": format!("Bearer {t}")}]);
+    }
+
     Ok(json!({
         "node": {
             "id": node_id,
@@ -188,14 +221,7 @@ pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&s
                 "api_type": if args.delta { "DELTA_GRPC" } else { "GRPC" },
                 "transport_api_version": "V3",
                 "set_node_on_first_message_only": true,
-                "grpc_services": [{
-                    "envoy_grpc": {
-                        "cluster_name": XDS_CLUSTER,
-                        // Reconnect fast after a replica fails (Envoy's default
-                        // backs off to 30s); each attempt picks the next replica.
-                        "retry_policy": {"retry_back_off": {"base_interval": "0.25s", "max_interval": "5s"}}
-                    }
-                }]
+                "grpc_services": [grpc_service]
             },
             "cds_config": {"ads": {}, "resource_api_version": "V3"},
             "lds_config": {"ads": {}, "resource_api_version": "V3"}
@@ -222,7 +248,7 @@ mod tests {
     #[test]
     fn sidecar_with_every_replica() {
         let a = args(&["--name", "reviews-v2", "--namespace", "bookinfo", "--ip", "127.0.0.7", "--label", "app=reviews", "--label", "version=v2"]);
-        let b = bootstrap(&a, &["127.0.0.1:8472".into(), "127.0.0.2:8472".into()], None).unwrap();
+        let b = bootstrap(&a, &["127.0.0.1:8472".into(), "127.0.0.2:8472".into()], None, None).unwrap();
         assert_eq!(b["node"]["id"], "sidecar~127.0.0.7~reviews-v2.bookinfo~bookinfo.svc.cluster.local");
         assert_eq!(b["node"]["cluster"], "reviews-v2.bookinfo");
         assert_eq!(b["node"]["metadata"]["LABELS"]["version"], "v2");
@@ -243,7 +269,9 @@ mod tests {
     #[test]
     fn router_delta_and_names() {
         let a = args(&["--name", "ingress", "--namespace", "istio-system", "--node-type", "router", "--delta", "--domain-suffix", "example.org"]);
-        let b = bootstrap(&a, &["localhost:8472".into(), "[::1]:8472".into()], Some("CA PEM")).unwrap();
+        let b = bootstrap(&a, &["localhost:8472".into(), "[::1]:8472".into()], Some("CA PEM"), Some("s3cr3t")).unwrap();
+        let grpc = &b["dynamic_resources"]["ads_config"]["grpc_services"][0];
+        assert_eq!(grpc["initial_metadata"][0], json!({"key": "authorization", "value": "Bearer s3cr3t"}));
         assert_eq!(b["node"]["id"], "router~127.0.0.1~ingress.istio-system~istio-system.svc.example.org");
         assert_eq!(b["dynamic_resources"]["ads_config"]["api_type"], "DELTA_GRPC");
         let cluster = &b["static_resources"]["clusters"][0];
@@ -257,10 +285,12 @@ mod tests {
     #[test]
     fn bad_input_is_named() {
         let a = args(&["--name", "x", "--ip", "not-an-ip"]);
-        assert!(bootstrap(&a, &["127.0.0.1:1".into()], None).unwrap_err().to_string().contains("not-an-ip"));
+        assert!(bootstrap(&a, &["127.0.0.1:1".into()], None, None).unwrap_err().to_string().contains("not-an-ip"));
         let a = args(&["--name", "x"]);
-        assert!(bootstrap(&a, &["127.0.0.1".into()], None).unwrap_err().to_string().contains("HOST:PORT"));
-        assert!(bootstrap(&a, &[], None).is_err());
+        assert!(bootstrap(&a, &["127.0.0.1".into()], None, None).unwrap_err().to_string().contains("HOST:PORT"));
+        assert!(bootstrap(&a, &[], None, None).is_err());
+        // Never a token over plaintext.
+        assert!(bootstrap(&a, &["127.0.0.1:1".into()], None, Some("t")).unwrap_err().to_string().contains("only sent over TLS"));
         assert!(parse_label("novalue").is_err());
     }
 }

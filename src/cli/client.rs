@@ -54,15 +54,65 @@ impl Access {
 
     /// An HTTP client trusting the CA (and only it) when there is one.
     pub fn http(&self) -> Result<reqwest::Client> {
+        Ok(self.http_builder()?.build()?)
+    }
+
+    /// An HTTP client that also sends the token (if any) on every request.
+    pub fn http_with_token(&self) -> Result<reqwest::Client> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(t) = &self.token {
+            let mut v =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| anyhow!("the token has characters a header cannot carry"))?;
+            v.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
+        Ok(self.http_builder()?.default_headers(headers).build()?)
+    }
+
+    /// The gRPC interceptor that sends the token (if any).
+    pub fn bearer(&self) -> Result<Bearer> {
+        Bearer::new(self.token.as_deref())
+    }
+
+    fn http_builder(&self) -> Result<reqwest::ClientBuilder> {
         let mut builder = reqwest::Client::builder().tcp_nodelay(true);
         if let Some(pem) = &self.ca_pem {
             for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes()).context("the CA bundle")? {
                 builder = builder.add_root_certificate(cert);
             }
         }
-        Ok(builder.build()?)
+        Ok(builder)
     }
 }
+
+/// Adds `authorization: Bearer <token>` to every gRPC request that carries
+/// none (marked sensitive: HTTP/2 never indexes it).
+#[derive(Clone, Default)]
+pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl Bearer {
+    pub fn new(token: Option<&str>) -> Result<Bearer> {
+        let Some(t) = token else { return Ok(Bearer(None)) };
+        let mut v: tonic::metadata::AsciiMetadataValue =
+            format!("Bearer {t}").parse().map_err(|_| anyhow!("the token has characters a header cannot carry"))?;
+        v.set_sensitive(true);
+        Ok(Bearer(Some(v)))
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            if !req.metadata().contains_key("authorization") {
+                req.metadata_mut().insert("authorization", v.clone());
+            }
+        }
+        Ok(req)
+    }
+}
+
+/// The gRPC client API, sending a token.
+pub type ApiClient = crate::proto::api::lodestar_client::LodestarClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>>;
 
 fn read_client_config(path: &Path) -> Result<ClientConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading the client config {}", path.display()))?;

@@ -241,6 +241,14 @@ pub struct ServerArgs {
     /// Keep the store in step with this directory of YAML/JSON resources.
     #[arg(long)]
     watch_dir: Option<PathBuf>,
+    /// Plaintext on every port, no credentials: anyone who can reach a
+    /// port can do anything. For experiments only (logged loudly).
+    #[arg(long)]
+    insecure: bool,
+    /// Serve /metrics and /debug/* also here, without TLS or a token
+    /// (a loopback address only), e.g. for a local Prometheus.
+    #[arg(long)]
+    metrics_addr: Option<String>,
 }
 
 impl ServerArgs {
@@ -271,6 +279,10 @@ impl ServerArgs {
             c.initial_members = self.initial_members;
         }
         c.join |= self.join;
+        c.insecure |= self.insecure;
+        if self.metrics_addr.is_some() {
+            c.metrics_addr = self.metrics_addr;
+        }
         if self.watch_dir.is_some() {
             c.watch_dir = self.watch_dir;
         }

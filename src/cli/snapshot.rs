@@ -132,6 +132,8 @@ async fn restore(args: RestoreArgs) -> Result<()> {
         initial_members: args.initial_members,
         join: false,
         watch_dir: None,
+        insecure: false,
+        metrics_addr: None,
     };
     let config = server.into_config()?;
     config.validate().map_err(|e| anyhow!("invalid configuration: {e}"))?;

@@ -169,6 +169,55 @@ pub enum TokenType {
     /// A client of the API (REST, gRPC, the CLI).
     #[default]
     Client,
+    /// An Envoy on the xDS port, bound to the identity in `proxy`.
+    Proxy,
+}
+
+/// The identity a proxy token stands for on the xDS port: a proxy whose
+/// node claims another namespace (or, when set, another workload name) is
+/// refused. The namespace is the proxy's own (`NAME.NAMESPACE` in its
+/// node id, or its `NAMESPACE` metadata).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProxyBinding {
+    pub namespace: String,
+    /// The workload name (`NAME` in the node id or metadata); none: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ProxyBinding {
+    /// `NS` or `NS/NAME`.
+    pub fn parse(s: &str) -> Result<ProxyBinding, String> {
+        let (ns, name) = match s.split_once('/') {
+            Some((ns, name)) => (ns, Some(name.to_string())),
+            None => (s, None),
+        };
+        let b = ProxyBinding { namespace: ns.to_string(), name };
+        b.check().map(|_| b)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        super::resource::check_dns_label(&self.namespace).map_err(|e| format!("namespace {:?}: {e}", self.namespace))?;
+        if let Some(n) = &self.name {
+            check_dns_subdomain(n).map_err(|e| format!("name {n:?}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a proxy claiming `namespace` and workload `name` is this.
+    pub fn admits(&self, namespace: &str, name: &str) -> bool {
+        self.namespace == namespace && self.name.as_deref().is_none_or(|n| n == name)
+    }
+}
+
+impl std::fmt::Display for ProxyBinding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.name {
+            Some(n) => write!(f, "{}/{n}", self.namespace),
+            None => f.write_str(&self.namespace),
+        }
+    }
 }
 
 /// A Token as stored. The object's name is the accessor id (shown, safe to
@@ -184,6 +233,9 @@ pub struct TokenSpec {
     pub policies: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roles: Vec<String>,
+    /// A proxy token's identity (type `proxy` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyBinding>,
     /// RFC 3339 UTC, set by the replica that created it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<String>,
@@ -323,8 +375,18 @@ pub fn validate_role(spec: &RoleSpec) -> Result<RoleSpec, Vec<FieldError>> {
 
 pub fn validate_token(spec: TokenSpec) -> Result<Token, Vec<FieldError>> {
     let mut errors = Vec::new();
-    if spec.policies.is_empty() && spec.roles.is_empty() {
-        errors.push(FieldError::new("spec.policies", "a token needs at least one policy or role"));
+    match (spec.token_type, &spec.proxy) {
+        (TokenType::Client, Some(_)) => errors.push(FieldError::new("spec.proxy", "only a token of type proxy is bound to a proxy identity")),
+        (TokenType::Client, None) if spec.policies.is_empty() && spec.roles.is_empty() => {
+            errors.push(FieldError::new("spec.policies", "a token needs at least one policy or role"))
+        }
+        (TokenType::Proxy, None) => errors.push(FieldError::new("spec.proxy", "a proxy token needs the identity it stands for (namespace, optionally name)")),
+        (TokenType::Proxy, Some(b)) => {
+            if let Err(e) = b.check() {
+                errors.push(FieldError::new("spec.proxy", e));
+            }
+        }
+        _ => {}
     }
     check_names("spec.policies", &spec.policies, &mut errors);
     check_names("spec.roles", &spec.roles, &mut errors);

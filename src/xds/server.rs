@@ -23,7 +23,7 @@
 
 use super::delta::DeltaStream;
 use super::resources::{Generator, ProxyConfig, ResourceType};
-use super::service::Requests;
+use super::service::{Requests, StreamCaller};
 use super::session::Received;
 use super::sotw::SotwStream;
 use super::status::{Protocol, StreamHandle, SyncRegistry};
@@ -36,7 +36,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
-use tonic::{Response, Status};
+use tonic::{Code, Response, Status};
 
 /// Responses queued per stream before the stream task waits for the
 /// client to read. Small: a slow proxy should coalesce revisions, not queue.
@@ -86,11 +86,13 @@ pub struct ServeOptions {
     /// The store's newest applied state, when `applied` (what is pushed) is
     /// debounced: new streams and catching up read this one.
     pub latest: Option<watch::Receiver<Arc<Applied>>>,
+    /// Who may open a stream as which proxy; `None`: anyone, as anything.
+    pub acl: Option<Arc<crate::auth::Acl>>,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { fence: Arc::new(AlwaysCurrent), max_stream_age: None, fence_timeout: Duration::from_secs(5), latest: None }
+        ServeOptions { fence: Arc::new(AlwaysCurrent), max_stream_age: None, fence_timeout: Duration::from_secs(5), latest: None, acl: None }
     }
 }
 
@@ -154,12 +156,19 @@ impl AdsService {
 
     /// Read the first request, identify the proxy, generate its config and
     /// start the stream task.
-    async fn open<V: Variant>(&self, mut inbound: Requests<V::Req>) -> Result<Response<Outbound<V::Resp>>, Status> {
+    async fn open<V: Variant>(&self, caller: StreamCaller, mut inbound: Requests<V::Req>) -> Result<Response<Outbound<V::Resp>>, Status> {
+        // Credentials first: an unauthenticated stream is refused before
+        // its first request is read, and costs no translation.
+        let principal = self.authenticate(&caller)?;
         let first = tokio::select! {
             m = inbound.message() => m?.ok_or_else(|| Status::invalid_argument("the stream closed before its first request"))?,
             _ = stopped(self.shared.shutdown.clone()) => return Err(Status::unavailable("the server is shutting down")),
         };
         let identity = Arc::new(identity(V::node(&first))?);
+        // The identity it claims must be one its credential is for.
+        if let Err(why) = principal.may_be_proxy(&identity.namespace, &identity.name) {
+            return Err(self.refuse(&caller, &principal.who.audit_name(), Some(&identity.id), Code::PermissionDenied, why));
+        }
         // Admission: a replica that is not ready (starting, or cut off from
         // the quorum) opens no stream; the Envoy keeps its config and
         // reconnects, to another replica as its bootstrap rotates.
@@ -219,13 +228,49 @@ impl<R> futures::Stream for Outbound<R> {
 
 impl AdsService {
     /// `StreamAggregatedResources`: a state-of-the-world stream.
-    pub(super) async fn sotw(&self, inbound: Requests<DiscoveryRequest>) -> Result<Response<Outbound<DiscoveryResponse>>, Status> {
-        self.open::<SotwStream>(inbound).await
+    pub(super) async fn sotw(&self, caller: StreamCaller, inbound: Requests<DiscoveryRequest>) -> Result<Response<Outbound<DiscoveryResponse>>, Status> {
+        self.open::<SotwStream>(caller, inbound).await
     }
 
     /// `DeltaAggregatedResources`: an incremental stream.
-    pub(super) async fn delta(&self, inbound: Requests<DeltaDiscoveryRequest>) -> Result<Response<Outbound<DeltaDiscoveryResponse>>, Status> {
-        self.open::<DeltaStream>(inbound).await
+    pub(super) async fn delta(
+        &self,
+        caller: StreamCaller,
+        inbound: Requests<DeltaDiscoveryRequest>,
+    ) -> Result<Response<Outbound<DeltaDiscoveryResponse>>, Status> {
+        self.open::<DeltaStream>(caller, inbound).await
+    }
+
+    /// The principal a stream's credentials stand for (anyone, as
+    /// anything, without ACLs), or UNAUTHENTICATED.
+    fn authenticate(&self, caller: &StreamCaller) -> Result<crate::auth::Principal, Status> {
+        let Some(acl) = &self.shared.options.acl else { return Ok(crate::auth::Principal::anonymous()) };
+        let bearer = match &caller.bearer {
+            Ok(b) => b.clone(),
+            Err(why) => return Err(self.refuse(caller, "anonymous", None, Code::Unauthenticated, why.to_string())),
+        };
+        let creds = crate::auth::Credentials { bearer, peer: caller.peer.clone() };
+        acl.authenticate(&creds).map_err(|r| {
+            let reason = format!("{}: a proxy sends a proxy token (gRPC metadata authorization: Bearer <secret>) or a workload certificate", r.reason);
+            self.refuse(caller, &r.who, None, Code::Unauthenticated, reason)
+        })
+    }
+
+    /// Count, remember (`/debug/syncz`), audit and log a refused stream.
+    fn refuse(&self, caller: &StreamCaller, who: &str, proxy: Option<&str>, code: Code, reason: String) -> Status {
+        let label = if code == Code::Unauthenticated { "unauthenticated" } else { "permission_denied" };
+        crate::metrics::metrics().streams_refused.with(&[label]).inc();
+        let remote = caller.remote.map(|r| r.to_string());
+        tracing::warn!(remote = remote.as_deref().unwrap_or("-"), proxy = proxy.unwrap_or("-"), who, reason = %reason, "xDS stream refused");
+        if let Some(acl) = &self.shared.options.acl {
+            let mut event = crate::auth::audit::AuditEvent::new(who.to_string(), "xDS stream", "denied");
+            event.resources = proxy.map(|p| vec![format!("proxy/{p}")]).unwrap_or_default();
+            event.reason = Some(reason.clone());
+            acl.audit(event);
+        }
+        let refused = super::status::Refused { at_ms: 0, remote, proxy: proxy.map(str::to_string), who: who.to_string(), code: label, reason: reason.clone() };
+        self.shared.registry.refuse(refused);
+        Status::new(code, reason)
     }
 }
 

@@ -202,6 +202,24 @@ fn trailers(status: &Status) -> http::HeaderMap {
     map
 }
 
+/// What a stream presents: the `authorization` metadata (`Bearer
+/// <secret>`; a malformed value is kept as an error, never quoted), the
+/// client certificate's identity, and the remote address.
+pub(super) struct StreamCaller {
+    pub bearer: Result<Option<String>, &'static str>,
+    pub peer: Option<crate::auth::PeerIdentity>,
+    pub remote: Option<std::net::SocketAddr>,
+}
+
+fn caller<B>(req: &http::Request<B>) -> StreamCaller {
+    let conn = req.extensions().get::<crate::tls::conn::ConnInfo>();
+    let bearer = match req.headers().get(http::header::AUTHORIZATION) {
+        None => Ok(None),
+        Some(v) => v.to_str().map_err(|_| "malformed authorization: expected `Bearer <secret>`").and_then(crate::auth::parse_bearer).map(Some),
+    };
+    StreamCaller { bearer, peer: conn.and_then(|c| c.cert.as_ref()).map(|c| crate::auth::PeerIdentity(c.identity())), remote: conn.map(|c| c.remote) }
+}
+
 impl<B> Service<http::Request<B>> for AdsServer
 where
     B: Body + Send + 'static,
@@ -217,9 +235,10 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let svc = self.0.clone();
+        let caller = caller(&req);
         match req.uri().path().strip_prefix("/envoy.service.discovery.v3.AggregatedDiscoveryService/") {
-            Some("StreamAggregatedResources") => Box::pin(async move { Ok(response(svc.sotw(Requests::new(req.into_body())).await)) }),
-            Some("DeltaAggregatedResources") => Box::pin(async move { Ok(response(svc.delta(Requests::new(req.into_body())).await)) }),
+            Some("StreamAggregatedResources") => Box::pin(async move { Ok(response(svc.sotw(caller, Requests::new(req.into_body())).await)) }),
+            Some("DeltaAggregatedResources") => Box::pin(async move { Ok(response(svc.delta(caller, Requests::new(req.into_body())).await)) }),
             _ => Box::pin(async move { Ok(Status::unimplemented(format!("{SERVICE} has no method {}", req.uri().path())).into_http()) }),
         }
     }

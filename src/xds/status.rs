@@ -26,6 +26,28 @@ struct Inner {
     closers: Mutex<BTreeMap<u64, Arc<tokio::sync::Notify>>>,
     /// Per stream: the config it serves (`/debug/config_dump`).
     configs: Mutex<BTreeMap<u64, Arc<super::resources::ProxyConfig>>>,
+    /// The last streams refused for their credentials, newest last.
+    refused: Mutex<std::collections::VecDeque<Refused>>,
+}
+
+/// Refused streams kept for `/debug/syncz`.
+const REFUSED_KEPT: usize = 32;
+
+/// A stream refused for its credentials (unauthenticated, or a proxy
+/// claiming an identity its credential is not for).
+#[derive(Debug, Clone, Serialize)]
+pub struct Refused {
+    /// Unix milliseconds.
+    pub at_ms: u64,
+    pub remote: Option<String>,
+    /// The node id it claimed; none when refused before its first request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
+    /// `token:<accessor>`, `identity:<id>`, `anonymous`, `unknown-token`.
+    pub who: String,
+    /// `unauthenticated` or `permission_denied`.
+    pub code: &'static str,
+    pub reason: String,
 }
 
 /// Which ADS variant a stream speaks.
@@ -102,6 +124,8 @@ pub struct Nack {
 #[derive(Debug, Clone, Serialize)]
 pub struct SyncStatus {
     pub proxies: Vec<ProxyStatus>,
+    /// The last streams refused for their credentials (at most 32).
+    pub refused: Vec<Refused>,
 }
 
 /// Where one proxy stands with respect to a revision.
@@ -211,7 +235,18 @@ impl SyncRegistry {
     pub fn snapshot(&self) -> SyncStatus {
         let mut proxies: Vec<ProxyStatus> = self.streams().values().cloned().collect();
         proxies.sort_by(|a, b| (&a.id, a.stream).cmp(&(&b.id, b.stream)));
-        SyncStatus { proxies }
+        let refused = self.inner.refused.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
+        SyncStatus { proxies, refused }
+    }
+
+    /// Remember a refused stream (the last few are kept).
+    pub fn refuse(&self, mut r: Refused) {
+        r.at_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let mut q = self.inner.refused.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() == REFUSED_KEPT {
+            q.pop_front();
+        }
+        q.push_back(r);
     }
 
     /// The config a connected proxy is served (its newest stream's), by

@@ -55,6 +55,10 @@ pub struct EnvoyOptions {
     pub xds_servers: Vec<String>,
     /// `--server`, for the member lookup.
     pub server_api: Option<String>,
+    /// `--proxy-token-file`: the proxy's credential on the xDS port. By
+    /// default the harness's management token (which may be any proxy);
+    /// tests of proxy tokens set their own.
+    pub proxy_token_file: Option<PathBuf>,
 }
 
 impl EnvoyOptions {
@@ -69,6 +73,7 @@ impl EnvoyOptions {
             delta: false,
             xds_servers: Vec::new(),
             server_api: None,
+            proxy_token_file: Some(super::test_ca().token_file.clone()),
         }
     }
 
@@ -95,6 +100,9 @@ pub fn bootstrap_yaml(o: &EnvoyOptions) -> String {
     }
     if let Some(api) = &o.server_api {
         cmd.arg("--server").arg(api);
+    }
+    if let Some(f) = &o.proxy_token_file {
+        cmd.arg("--proxy-token-file").arg(f);
     }
     let out = cmd.output().expect("run lodestar bootstrap");
     assert!(out.status.success(), "lodestar bootstrap failed: {}", String::from_utf8_lossy(&out.stderr));

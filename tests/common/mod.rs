@@ -28,6 +28,14 @@ pub struct TestCa {
     pub ca_key_file: PathBuf,
     pub client_config: PathBuf,
     pub ca_pem: String,
+    /// The management token every replica is given
+    /// (`initial_management_token_file`): ACLs are on by default, and the
+    /// harness's clients, the CLI's client config, lodestar-bench and the
+    /// Envoys (as their proxy credential) send it.
+    pub token: String,
+    pub token_file: PathBuf,
+    /// A client config with the CA and no token.
+    pub anonymous_client_config: PathBuf,
 }
 
 pub fn test_ca() -> &'static TestCa {
@@ -37,10 +45,15 @@ pub fn test_ca() -> &'static TestCa {
         lodestar::tls::pki::create_ca_dir(&dir, "Lodestar test CA").unwrap();
         let ca_file = dir.join(lodestar::tls::pki::CA_CERT);
         let ca_pem = std::fs::read_to_string(&ca_file).unwrap();
+        let token: String = (0..4).map(|_| format!("{:016x}", rand_u64())).collect();
+        let token_file = dir.join("management.token");
+        lodestar::tls::pki::write_file(&token_file, &format!("{token}\n"), true).unwrap();
         let client_config = dir.join("client.toml");
-        let config = lodestar::config::ClientConfig { server: String::new(), ca_pem: ca_pem.clone(), token: None };
+        let config = lodestar::config::ClientConfig { server: String::new(), ca_pem: ca_pem.clone(), token: Some(token.clone()) };
         std::fs::write(&client_config, config.to_toml()).unwrap();
-        TestCa { ca_key_file: dir.join(lodestar::tls::pki::CA_KEY), ca_file, client_config, ca_pem, dir }
+        let anonymous_client_config = dir.join("anonymous-client.toml");
+        std::fs::write(&anonymous_client_config, lodestar::config::ClientConfig { token: None, ..config }.to_toml()).unwrap();
+        TestCa { ca_key_file: dir.join(lodestar::tls::pki::CA_KEY), ca_file, client_config, ca_pem, dir, token, token_file, anonymous_client_config }
     })
 }
 
@@ -51,12 +64,33 @@ pub fn tls_toml() -> String {
     format!("tls_ca_file = {:?}\ntls_ca_key_file = {:?}\nuser_client_config = \"\"\n", ca.ca_file, ca.ca_key_file)
 }
 
-/// An HTTP client that trusts the test CA (and only it).
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+    h.finish()
+}
+
+/// The management token (see [`TestCa`]).
+pub fn management_token() -> &'static str {
+    &test_ca().token
+}
+
+/// An HTTP client that trusts the test CA (and only it) and sends the
+/// management token.
 pub fn http() -> reqwest::Client {
     http_builder().build().unwrap()
 }
 
+/// [`http`]'s builder.
 pub fn http_builder() -> reqwest::ClientBuilder {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {}", management_token()).parse().unwrap());
+    anonymous_http_builder().default_headers(headers)
+}
+
+/// A client that trusts the test CA and sends no credential.
+pub fn anonymous_http_builder() -> reqwest::ClientBuilder {
     let mut b = reqwest::Client::builder();
     for cert in reqwest::Certificate::from_pem_bundle(test_ca().ca_pem.as_bytes()).unwrap() {
         b = b.add_root_certificate(cert);
@@ -72,11 +106,36 @@ pub fn cli_command() -> Command {
 }
 
 /// The gRPC client API of the replica whose REST API is `api_url`
-/// (`https://127.A.B.N:PORT`: member N).
-pub fn grpc_api(api_url: &str) -> lodestar::proto::api::lodestar_client::LodestarClient<tonic::transport::Channel> {
+/// (`https://127.A.B.N:PORT`: member N), sending the management token.
+pub fn grpc_api(api_url: &str) -> lodestar::cli::client::ApiClient {
+    grpc_api_as(api_url, Some(management_token()))
+}
+
+/// The same, sending `token` on requests that carry no `authorization`.
+pub fn grpc_api_as(api_url: &str, token: Option<&str>) -> lodestar::cli::client::ApiClient {
     let addr = api_url.trim_start_matches("https://");
     let id = addr.split(':').next().and_then(|ip| ip.rsplit('.').next()).and_then(|n| n.parse().ok()).expect("a test replica's API URL");
-    lodestar::proto::api::lodestar_client::LodestarClient::new(grpc_channel(id, addr))
+    let bearer = lodestar::cli::client::Bearer::new(token).unwrap();
+    lodestar::proto::api::lodestar_client::LodestarClient::with_interceptor(grpc_channel(id, addr), bearer)
+}
+
+/// An ADS client of member `id`'s xDS port at `addr`, sending the
+/// management token (which may open a stream as any proxy).
+pub type AdsClient = envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, lodestar::cli::client::Bearer>,
+>;
+
+pub fn ads_client(id: u64, addr: &str) -> AdsClient {
+    ads_client_as(id, addr, Some(management_token()))
+}
+
+/// The same, sending `token` (none: no credential).
+pub fn ads_client_as(id: u64, addr: &str, token: Option<&str>) -> AdsClient {
+    let bearer = lodestar::cli::client::Bearer::new(token).unwrap();
+    envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient::with_interceptor(
+        grpc_channel(id, addr),
+        bearer,
+    )
 }
 
 /// A gRPC channel to member `id`'s xDS or API port at `addr`, over TLS
@@ -102,6 +161,8 @@ pub struct Replica {
     pub child: Option<Child>,
     /// Appended to the replica's config file (takes effect on restart).
     pub extra_toml: String,
+    /// Give it the harness's management token file (default true).
+    pub management_token: bool,
     join: bool,
 }
 
@@ -205,6 +266,7 @@ impl Cluster {
                 dir: tmp.path().join(format!("r{id}")),
                 child: None,
                 extra_toml: extra_toml.to_string(),
+                management_token: true,
                 join: false,
             })
             .collect();
@@ -247,6 +309,7 @@ impl Cluster {
             dir: self.tmp.path().join(format!("r{id}")),
             child: None,
             extra_toml: extra_toml.to_string(),
+            management_token: true,
             join: true,
         };
         spawn(&mut r, &[]);
@@ -396,8 +459,12 @@ fn unsafe_sigterm(pid: u32) {
 fn spawn(r: &mut Replica, members: &[String]) {
     std::fs::create_dir_all(&r.dir).unwrap();
     let config = r.dir.join("lodestar.toml");
-    std::fs::write(&config, format!("heartbeat_ms = 100\nelection_timeout_min_ms = 600\nelection_timeout_max_ms = 1200\n{}{}\n", tls_toml(), r.extra_toml))
-        .unwrap();
+    let token = if r.management_token { format!("initial_management_token_file = {:?}\n", test_ca().token_file) } else { String::new() };
+    std::fs::write(
+        &config,
+        format!("heartbeat_ms = 100\nelection_timeout_min_ms = 600\nelection_timeout_max_ms = 1200\n{}{token}{}\n", tls_toml(), r.extra_toml),
+    )
+    .unwrap();
     let log = std::fs::OpenOptions::new().create(true).append(true).open(r.dir.join("replica.log")).unwrap();
     let mut cmd = Command::new(BIN);
     cmd.arg("server")

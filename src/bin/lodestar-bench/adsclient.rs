@@ -206,7 +206,9 @@ impl Proxy {
             Some(c) => c,
             None => connect_channel(&spec.xds).await?,
         };
-        let mut client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
+        let mut client = AggregatedDiscoveryServiceClient::with_interceptor(channel, crate::bearer()?)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
         let shared = Arc::new(Shared::default());
         let (stop, stopped) = oneshot::channel();
         let index = spec.index;

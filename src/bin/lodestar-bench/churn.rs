@@ -38,6 +38,7 @@
 use crate::adsclient::{self, Counts, Observer, Protocol, Proxy, ProxySpec, Update};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{value_parser, Args};
+use lodestar::cli::client::ApiClient;
 use lodestar::proto::api::lodestar_client::LodestarClient;
 use lodestar::proto::api::{ApplyItem, ApplyRequest, ClusterStatusRequest, DeleteRequest, ListRequest, ResourceRef};
 use lodestar::xds::resources::ResourceType;
@@ -47,7 +48,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tonic::transport::Channel;
 
 /// Every resource the bench writes carries this label (value `true`).
 pub const LABEL: &str = "bench.lodestar.io/churn";
@@ -365,7 +365,7 @@ pub(crate) fn status_text(s: tonic::Status) -> anyhow::Error {
     anyhow!("{}: {}", s.code(), s.message())
 }
 
-async fn register(client: &mut LodestarClient<Channel>, s: u32, n: u32) -> Result<u64> {
+async fn register(client: &mut ApiClient, s: u32, n: u32) -> Result<u64> {
     // expectedRevision 0: it must not exist yet.
     let item = ApplyItem { resource_json: instance_doc(s, n).to_string(), expected_revision: Some(0) };
     let r = client.apply(ApplyRequest { items: vec![item] }).await.map_err(status_text)?.into_inner();
@@ -375,7 +375,7 @@ async fn register(client: &mut LodestarClient<Channel>, s: u32, n: u32) -> Resul
     }
 }
 
-async fn delete(client: &mut LodestarClient<Channel>, s: u32, n: u32) -> Result<u64> {
+async fn delete(client: &mut ApiClient, s: u32, n: u32) -> Result<u64> {
     let item = ResourceRef { kind: "Instance".into(), namespace: NAMESPACE.into(), name: instance_name(s, n), expected_revision: None };
     let r = client.delete(DeleteRequest { items: vec![item] }).await.map_err(status_text)?.into_inner();
     match r.items.first().map(|i| i.action.as_str()) {
@@ -402,7 +402,7 @@ impl Churn {
         (Op::Register, s, self.next_n.fetch_add(1, Ordering::Relaxed))
     }
 
-    async fn writer(self: Arc<Self>, mut client: LodestarClient<Channel>) -> Written {
+    async fn writer(self: Arc<Self>, mut client: ApiClient) -> Written {
         let mut out = Written::default();
         while self.pacer.take(self.deadline).await {
             let k = self.seq.fetch_add(1, Ordering::Relaxed);
@@ -439,21 +439,21 @@ impl Churn {
 // ---------------------------------------------------------------------------
 // API helpers.
 
-pub(crate) async fn api_client(server: &str) -> Result<LodestarClient<Channel>> {
+pub(crate) async fn api_client(server: &str) -> Result<ApiClient> {
     let base = crate::base_url(server);
     let ch = crate::grpc(&base, WRITE_TIMEOUT).await.with_context(|| format!("connecting to {base}"))?;
-    Ok(LodestarClient::new(ch).max_decoding_message_size(256 * 1024 * 1024))
+    Ok(LodestarClient::with_interceptor(ch, crate::bearer()?).max_decoding_message_size(256 * 1024 * 1024))
 }
 
 /// Names of the bench's resources of `kind` in the store.
-async fn list_labelled(client: &mut LodestarClient<Channel>, kind: &str) -> Result<Vec<Value>> {
+async fn list_labelled(client: &mut ApiClient, kind: &str) -> Result<Vec<Value>> {
     let req = ListRequest { kind: kind.into(), namespace: NAMESPACE.into(), label_selector: format!("{LABEL}=true"), consistency: 0 };
     let r = tokio::time::timeout(WRITE_TIMEOUT, client.list(req)).await.map_err(|_| anyhow!("list {kind}: no answer"))?.map_err(status_text)?.into_inner();
     r.resources_json.iter().map(|j| serde_json::from_str(j).context("a listed resource is not JSON")).collect()
 }
 
 /// Apply `docs`, SETUP_CHUNK per request; the highest revision answered.
-pub(crate) async fn apply_all(client: &mut LodestarClient<Channel>, docs: &[Value]) -> Result<u64> {
+pub(crate) async fn apply_all(client: &mut ApiClient, docs: &[Value]) -> Result<u64> {
     let mut revision = 0;
     for chunk in docs.chunks(SETUP_CHUNK) {
         let items = chunk.iter().map(|d| ApplyItem { resource_json: d.to_string(), expected_revision: None }).collect();
@@ -464,7 +464,7 @@ pub(crate) async fn apply_all(client: &mut LodestarClient<Channel>, docs: &[Valu
     Ok(revision)
 }
 
-async fn delete_all(client: &mut LodestarClient<Channel>, kind: &str, names: Vec<String>) -> Result<u64> {
+async fn delete_all(client: &mut ApiClient, kind: &str, names: Vec<String>) -> Result<u64> {
     let mut revision = 0;
     for chunk in names.chunks(SETUP_CHUNK) {
         let items = chunk.iter().map(|n| ResourceRef { kind: kind.into(), namespace: NAMESPACE.into(), name: n.clone(), expected_revision: None }).collect();
@@ -482,7 +482,7 @@ fn name_of(doc: &Value) -> String {
 }
 
 /// The store's bench instances: churned cluster → endpoint addresses.
-async fn store_endpoints(client: &mut LodestarClient<Channel>, services: u32) -> Result<BTreeMap<u32, BTreeSet<SocketAddr>>> {
+async fn store_endpoints(client: &mut ApiClient, services: u32) -> Result<BTreeMap<u32, BTreeSet<SocketAddr>>> {
     let mut out: BTreeMap<u32, BTreeSet<SocketAddr>> = (0..services).map(|s| (s, BTreeSet::new())).collect();
     for doc in list_labelled(client, "Instance").await? {
         let svc = doc["spec"]["service"].as_str().unwrap_or_default();
@@ -793,7 +793,7 @@ pub async fn run(args: ChurnArgs) -> Result<ChurnReport> {
 }
 
 /// Every member's xDS address, from the cluster status.
-pub(crate) async fn member_xds(client: &mut LodestarClient<Channel>) -> Result<Vec<String>> {
+pub(crate) async fn member_xds(client: &mut ApiClient) -> Result<Vec<String>> {
     let r = tokio::time::timeout(WRITE_TIMEOUT, client.cluster_status(ClusterStatusRequest {}))
         .await
         .map_err(|_| anyhow!("cluster status: no answer"))?

@@ -95,7 +95,8 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let result = match lodestar::cli::client::Access::resolve(None, cli.client_config.clone(), cli.ca_file.clone(), None) {
+    let token = std::env::var("LODESTAR_TOKEN").ok().filter(|t| !t.is_empty());
+    let result = match lodestar::cli::client::Access::resolve(None, cli.client_config.clone(), cli.ca_file.clone(), token) {
         Ok(access) => {
             let _ = ACCESS.set(access);
             run(cli.into_command()).await
@@ -109,7 +110,8 @@ async fn main() {
 }
 
 /// How this run reaches the replicas, as the CLI does: the cluster's CA
-/// from `--ca-file`, `LODESTAR_CACERT` or the client config.
+/// from `--ca-file`, `LODESTAR_CACERT` or the client config; the token from
+/// `LODESTAR_TOKEN` or the client config.
 static ACCESS: std::sync::OnceLock<lodestar::cli::client::Access> = std::sync::OnceLock::new();
 
 fn tls() -> anyhow::Result<Option<std::sync::Arc<rustls::ClientConfig>>> {
@@ -125,9 +127,15 @@ async fn grpc(target: &str, timeout: std::time::Duration) -> anyhow::Result<toni
     Ok(endpoint.connect_timeout(timeout).connect_with_connector(connector).await?)
 }
 
-/// An HTTP client trusting the cluster's CA, if known.
+/// An HTTP client trusting the cluster's CA, if known, and sending the
+/// token (`LODESTAR_TOKEN` or the client config's), if any.
 fn http() -> anyhow::Result<reqwest::Client> {
-    ACCESS.get().cloned().unwrap_or_default().http()
+    ACCESS.get().cloned().unwrap_or_default().http_with_token()
+}
+
+/// The gRPC interceptor sending the same token.
+fn bearer() -> anyhow::Result<lodestar::cli::client::Bearer> {
+    ACCESS.get().cloned().unwrap_or_default().bearer()
 }
 
 /// A replica's URL: a bare address is https when the CA is known.

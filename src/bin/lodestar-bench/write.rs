@@ -11,6 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use etcd::kv_client::KvClient;
 use etcd::PutRequest;
+use lodestar::cli::client::ApiClient;
 use lodestar::proto::api::lodestar_client::LodestarClient;
 use lodestar::proto::api::{ApplyItem, ApplyRequest};
 use serde_json::json;
@@ -133,7 +134,7 @@ fn resource(client: usize, seq: u64, level: usize, size: usize, run: u64) -> ser
 }
 
 enum Conn {
-    Grpc(LodestarClient<Channel>),
+    Grpc(ApiClient),
     Rest(reqwest::Client, String),
     Etcd(KvClient<Channel>),
 }
@@ -185,7 +186,9 @@ async fn connect(server: &str, api: Api, target: Target) -> Result<Conn> {
     let grpc = || crate::grpc(&base, Duration::from_secs(10));
     Ok(match (target, api) {
         (Target::Etcd, _) => Conn::Etcd(KvClient::new(grpc().await.with_context(|| format!("connecting to etcd at {base}"))?)),
-        (Target::Lodestar, Api::Grpc) => Conn::Grpc(LodestarClient::new(grpc().await.with_context(|| format!("connecting to {base}"))?)),
+        (Target::Lodestar, Api::Grpc) => {
+            Conn::Grpc(LodestarClient::with_interceptor(grpc().await.with_context(|| format!("connecting to {base}"))?, crate::bearer()?))
+        }
         (Target::Lodestar, Api::Rest) => Conn::Rest(crate::http()?, base),
     })
 }

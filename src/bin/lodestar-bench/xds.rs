@@ -45,7 +45,7 @@ use crate::adsclient::{self, Counts, Observer, Protocol, Proxy, ProxySpec, Updat
 use crate::churn::{api_client, apply_all, clock_ticks, cpu_ticks, member_xds, mib, status_text, Percentiles};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{value_parser, Args};
-use lodestar::proto::api::lodestar_client::LodestarClient;
+use lodestar::cli::client::ApiClient;
 use lodestar::proto::api::{ApplyItem, ApplyRequest, ClusterStatusRequest, DeleteRequest, ListRequest, ResourceRef};
 use lodestar::xds::resources::ResourceType;
 use serde_json::{json, Value};
@@ -54,7 +54,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
-use tonic::transport::Channel;
 
 /// Every resource the bench writes carries this label (value `true`).
 pub const LABEL: &str = "bench.lodestar.io/xds";
@@ -321,7 +320,7 @@ impl Plan {
 // API helpers.
 
 /// The bench's resources of `kind` in every namespace: (namespace, name).
-async fn list_labelled(client: &mut LodestarClient<Channel>, kind: &str) -> Result<Vec<(String, String)>> {
+async fn list_labelled(client: &mut ApiClient, kind: &str) -> Result<Vec<(String, String)>> {
     let req = ListRequest { kind: kind.into(), namespace: String::new(), label_selector: format!("{LABEL}=true"), consistency: 0 };
     let r = tokio::time::timeout(WRITE_TIMEOUT, client.list(req)).await.map_err(|_| anyhow!("list {kind}: no answer"))?.map_err(status_text)?.into_inner();
     r.resources_json
@@ -334,7 +333,7 @@ async fn list_labelled(client: &mut LodestarClient<Channel>, kind: &str) -> Resu
         .collect()
 }
 
-async fn delete_refs(client: &mut LodestarClient<Channel>, kind: &str, refs: &[(String, String)]) -> Result<u64> {
+async fn delete_refs(client: &mut ApiClient, kind: &str, refs: &[(String, String)]) -> Result<u64> {
     let mut revision = 0;
     for chunk in refs.chunks(SETUP_CHUNK) {
         let items = chunk.iter().map(|(ns, n)| ResourceRef { kind: kind.into(), namespace: ns.clone(), name: n.clone(), expected_revision: None }).collect();
@@ -348,7 +347,7 @@ async fn delete_refs(client: &mut LodestarClient<Channel>, kind: &str, refs: &[(
 }
 
 /// Apply the mesh and delete the bench's other resources; the revision after.
-async fn setup(client: &mut LodestarClient<Channel>, plan: &Plan, mark: &str) -> Result<u64> {
+async fn setup(client: &mut ApiClient, plan: &Plan, mark: &str) -> Result<u64> {
     let docs = plan.docs(mark);
     let key = |d: &Value| {
         let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
@@ -365,7 +364,7 @@ async fn setup(client: &mut LodestarClient<Channel>, plan: &Plan, mark: &str) ->
 }
 
 /// Wait until every member has applied `revision`.
-async fn wait_applied(client: &mut LodestarClient<Channel>, revision: u64) -> Result<()> {
+async fn wait_applied(client: &mut ApiClient, revision: u64) -> Result<()> {
     let start = Instant::now();
     loop {
         let r = tokio::time::timeout(WRITE_TIMEOUT, client.cluster_status(ClusterStatusRequest {})).await;
@@ -503,7 +502,7 @@ struct Bench<'a> {
     plan: Plan,
     xds: Vec<String>,
     /// One API client per `--server`: writes go round-robin.
-    clients: Vec<LodestarClient<Channel>>,
+    clients: Vec<ApiClient>,
     tracker: Arc<Tracker>,
     per_connection: u32,
     /// Unique to the run, so that the first write is a change whatever an
@@ -516,7 +515,7 @@ impl Bench<'_> {
         format!("{}-{k}", self.run_id)
     }
 
-    fn client(&self, k: u32) -> LodestarClient<Channel> {
+    fn client(&self, k: u32) -> ApiClient {
         self.clients[k as usize % self.clients.len()].clone()
     }
 }
@@ -734,7 +733,7 @@ where
     Ok(r)
 }
 
-async fn write_vs(mut client: LodestarClient<Channel>, mark: String) -> Result<u64> {
+async fn write_vs(mut client: ApiClient, mark: String) -> Result<u64> {
     let item = ApplyItem { resource_json: web_vs(&mark).to_string(), expected_revision: None };
     let r = client.apply(ApplyRequest { items: vec![item] }).await.map_err(status_text)?.into_inner();
     match r.items.first().map(|i| i.action.as_str()) {
@@ -743,7 +742,7 @@ async fn write_vs(mut client: LodestarClient<Channel>, mark: String) -> Result<u
     }
 }
 
-async fn write_endpoint(mut client: LodestarClient<Channel>, k: u32, register: bool) -> Result<u64> {
+async fn write_endpoint(mut client: ApiClient, k: u32, register: bool) -> Result<u64> {
     let (revision, action, want) = if register {
         // expectedRevision 0: it must not exist yet.
         let item = ApplyItem { resource_json: instance_doc(&fanout_name(k), WEB, fanout_addr(k)).to_string(), expected_revision: Some(0) };
