@@ -845,6 +845,14 @@ async fn revisions_arriving_during_a_push_are_coalesced() {
     for tag in ["v2", "v3", "v4"] {
         last = r.apply(vec![common::vs("a", "default", tag)]).await;
     }
+    // The debouncer hands the newest to the streams within its window
+    // (later on a loaded machine): wait for it (in this process) before
+    // the stream is let go, else it may take an older one first.
+    let deadline = Instant::now() + BOUND;
+    while lodestar::xds::push::published_at(last).is_none() {
+        assert!(Instant::now() < deadline, "revision {last} was not pushed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     gate.set(false);
     let p1 = c.recv().await;
     let p2 = c.recv().await;
