@@ -285,7 +285,8 @@ async fn first_start_with_acls_writes_a_working_admin_client_config() {
 /// credential, are refused (PERMISSION_DENIED, UNAUTHENTICATED), which
 /// `/debug/syncz` and the metrics show, and neither is translated for.
 /// Metrics and debug output need a token on the API port, and are served
-/// without one only on the local `metrics_addr`.
+/// without one only on the local `metrics_addr`. Revoking the token closes
+/// the Envoys' open streams on every replica.
 #[tokio::test(flavor = "multi_thread")]
 async fn proxies_need_a_token_for_the_identity_they_claim() {
     use common::envoy::{Envoy, EnvoyOptions};
@@ -301,6 +302,7 @@ async fn proxies_need_a_token_for_the_identity_they_claim() {
     // A proxy token for namespace shop, through the CLI.
     let (ok, out, err) = common::cli(&api, &["token", "create", "--proxy", "shop", "--description", "shop proxies"]);
     assert!(ok, "{out}{err}");
+    let created = out.clone();
     let secret = out.lines().find_map(|l| l.strip_prefix("SecretID:")).expect("the secret").trim().to_string();
     let token_file = dir.path().join("shop.token");
     std::fs::write(&token_file, format!("{secret}\n")).unwrap();
@@ -380,6 +382,25 @@ async fn proxies_need_a_token_for_the_identity_they_claim() {
     for path in ["/metrics", "/debug/syncz", "/debug/configz"] {
         assert_eq!(common::get_json(&anonymous, &format!("{}{path}", r1.api())).await.0, 401, "{path} without a token");
         assert_eq!(c.http.get(format!("{}{path}", r1.api())).send().await.unwrap().status().as_u16(), 200, "{path} with the management token");
+    }
+
+    // Revoking the token closes the open streams at the next revision (the
+    // revocation's own), on every replica; reconnecting is refused.
+    let accessor = created.lines().find_map(|l| l.strip_prefix("AccessorID:")).expect("the accessor").trim().to_string();
+    let (ok, out, err) = common::cli(&api, &["token", "revoke", &accessor]);
+    assert!(ok, "{out}{err}");
+    for e in envoys.iter_mut() {
+        e.wait_for_stats("disconnected after the revocation", Duration::from_secs(20), disconnected).await;
+    }
+    for r in &c.replicas {
+        let (_, syncz) = common::get_json(&c.http, &format!("{}/debug/syncz", r.api())).await;
+        assert!(!syncz["proxies"].as_array().unwrap().iter().any(|p| p["id"].as_str().is_some_and(|id| id.contains(".shop~"))), "{syncz}");
+        let revoked = syncz["refused"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["code"] == "unauthenticated" && x["reason"].as_str().is_some_and(|m| m.contains("unknown or revoked")));
+        assert!(revoked, "replica {}: {syncz}", r.id);
     }
     for e in envoys.iter_mut().chain([&mut bank, &mut anon]) {
         e.stop();

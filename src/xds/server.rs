@@ -159,16 +159,14 @@ impl AdsService {
     async fn open<V: Variant>(&self, caller: StreamCaller, mut inbound: Requests<V::Req>) -> Result<Response<Outbound<V::Resp>>, Status> {
         // Credentials first: an unauthenticated stream is refused before
         // its first request is read, and costs no translation.
-        let principal = self.authenticate(&caller)?;
+        let principal = authenticate(&self.shared, &caller, None)?;
         let first = tokio::select! {
             m = inbound.message() => m?.ok_or_else(|| Status::invalid_argument("the stream closed before its first request"))?,
             _ = stopped(self.shared.shutdown.clone()) => return Err(Status::unavailable("the server is shutting down")),
         };
         let identity = Arc::new(identity(V::node(&first))?);
         // The identity it claims must be one its credential is for.
-        if let Err(why) = principal.may_be_proxy(&identity.namespace, &identity.name) {
-            return Err(self.refuse(&caller, &principal.who.audit_name(), Some(&identity.id), Code::PermissionDenied, why));
-        }
+        authorize(&self.shared, &caller, &principal, &identity)?;
         // Admission: a replica that is not ready (starting, or cut off from
         // the quorum) opens no stream; the Envoy keeps its config and
         // reconnects, to another replica as its bootstrap rotates.
@@ -202,7 +200,8 @@ impl AdsService {
         tracing::info!(proxy = %identity.id, stream = handle.stream(), protocol = ?V::PROTOCOL, revision = config.revision, "xDS stream opened");
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let max_age = self.shared.options.max_stream_age.map(|a| jittered(a, handle.stream()));
-        let stream = StreamTask { shared: self.shared.clone(), identity, handle, applied, tx, config, variant: V::default(), max_age };
+        let caller = self.shared.options.acl.as_ref().filter(|a| a.enabled).map(|_| Box::new(caller));
+        let stream = StreamTask { shared: self.shared.clone(), identity, handle, applied, tx, config, variant: V::default(), max_age, caller };
         // Requests come boxed (see `Requests::message`): an async fn keeps
         // room for its arguments for the future's whole life, and an
         // Envoy's first request (its node inline) would otherwise take
@@ -210,6 +209,51 @@ impl AdsService {
         tokio::spawn(stream.run(first, inbound));
         Ok(Response::new(Outbound(rx)))
     }
+}
+
+/// The principal a stream's credentials stand for (anyone, as anything,
+/// without ACLs), or UNAUTHENTICATED. `proxy`: the node id, once known.
+fn authenticate(shared: &Shared, caller: &StreamCaller, proxy: Option<&str>) -> Result<crate::auth::Principal, Status> {
+    let Some(acl) = &shared.options.acl else { return Ok(crate::auth::Principal::anonymous()) };
+    let bearer = match &caller.bearer {
+        Ok(b) => b.clone(),
+        Err(why) => return Err(refuse(shared, caller, "anonymous", proxy, Code::Unauthenticated, why.to_string())),
+    };
+    let creds = crate::auth::Credentials { bearer, peer: caller.peer.clone() };
+    acl.authenticate(&creds).map_err(|r| {
+        let reason = format!("{}: a proxy sends a proxy token (gRPC metadata authorization: Bearer <secret>) or a workload certificate", r.reason);
+        refuse(shared, caller, &r.who, proxy, Code::Unauthenticated, reason)
+    })
+}
+
+/// PERMISSION_DENIED unless `principal` may be the proxy `identity` claims.
+fn authorize(shared: &Shared, caller: &StreamCaller, principal: &crate::auth::Principal, identity: &ProxyIdentity) -> Result<(), Status> {
+    principal
+        .may_be_proxy(&identity.namespace, &identity.name)
+        .map_err(|why| refuse(shared, caller, &principal.who.audit_name(), Some(&identity.id), Code::PermissionDenied, why))
+}
+
+/// Both, again, for an open stream.
+fn admit(shared: &Shared, caller: &StreamCaller, identity: &ProxyIdentity) -> Result<(), Status> {
+    let principal = authenticate(shared, caller, Some(&identity.id))?;
+    authorize(shared, caller, &principal, identity)
+}
+
+/// Count, remember (`/debug/syncz`), audit and log a refused stream.
+fn refuse(shared: &Shared, caller: &StreamCaller, who: &str, proxy: Option<&str>, code: Code, reason: String) -> Status {
+    let label = if code == Code::Unauthenticated { "unauthenticated" } else { "permission_denied" };
+    crate::metrics::metrics().streams_refused.with(&[label]).inc();
+    let remote = caller.remote.map(|r| r.to_string());
+    tracing::warn!(remote = remote.as_deref().unwrap_or("-"), proxy = proxy.unwrap_or("-"), who, reason = %reason, "xDS stream refused");
+    if let Some(acl) = &shared.options.acl {
+        let mut event = crate::auth::audit::AuditEvent::new(who.to_string(), "xDS stream", "denied");
+        event.resources = proxy.map(|p| vec![format!("proxy/{p}")]).unwrap_or_default();
+        event.reason = Some(reason.clone());
+        acl.audit(event);
+    }
+    let refused = super::status::Refused { at_ms: 0, remote, proxy: proxy.map(str::to_string), who: who.to_string(), code: label, reason: reason.clone() };
+    shared.registry.refuse(refused);
+    Status::new(code, reason)
 }
 
 /// A stream's queued responses. Boxed: the channel allocates its slots in
@@ -239,38 +283,6 @@ impl AdsService {
         inbound: Requests<DeltaDiscoveryRequest>,
     ) -> Result<Response<Outbound<DeltaDiscoveryResponse>>, Status> {
         self.open::<DeltaStream>(caller, inbound).await
-    }
-
-    /// The principal a stream's credentials stand for (anyone, as
-    /// anything, without ACLs), or UNAUTHENTICATED.
-    fn authenticate(&self, caller: &StreamCaller) -> Result<crate::auth::Principal, Status> {
-        let Some(acl) = &self.shared.options.acl else { return Ok(crate::auth::Principal::anonymous()) };
-        let bearer = match &caller.bearer {
-            Ok(b) => b.clone(),
-            Err(why) => return Err(self.refuse(caller, "anonymous", None, Code::Unauthenticated, why.to_string())),
-        };
-        let creds = crate::auth::Credentials { bearer, peer: caller.peer.clone() };
-        acl.authenticate(&creds).map_err(|r| {
-            let reason = format!("{}: a proxy sends a proxy token (gRPC metadata authorization: Bearer <secret>) or a workload certificate", r.reason);
-            self.refuse(caller, &r.who, None, Code::Unauthenticated, reason)
-        })
-    }
-
-    /// Count, remember (`/debug/syncz`), audit and log a refused stream.
-    fn refuse(&self, caller: &StreamCaller, who: &str, proxy: Option<&str>, code: Code, reason: String) -> Status {
-        let label = if code == Code::Unauthenticated { "unauthenticated" } else { "permission_denied" };
-        crate::metrics::metrics().streams_refused.with(&[label]).inc();
-        let remote = caller.remote.map(|r| r.to_string());
-        tracing::warn!(remote = remote.as_deref().unwrap_or("-"), proxy = proxy.unwrap_or("-"), who, reason = %reason, "xDS stream refused");
-        if let Some(acl) = &self.shared.options.acl {
-            let mut event = crate::auth::audit::AuditEvent::new(who.to_string(), "xDS stream", "denied");
-            event.resources = proxy.map(|p| vec![format!("proxy/{p}")]).unwrap_or_default();
-            event.reason = Some(reason.clone());
-            acl.audit(event);
-        }
-        let refused = super::status::Refused { at_ms: 0, remote, proxy: proxy.map(str::to_string), who: who.to_string(), code: label, reason: reason.clone() };
-        self.shared.registry.refuse(refused);
-        Status::new(code, reason)
     }
 }
 
@@ -362,12 +374,17 @@ struct StreamTask<V: Variant> {
     variant: V,
     /// When this stream closes itself (max stream age), if ever.
     max_age: Option<Duration>,
+    /// Its credentials, checked again at every new revision (ACLs on).
+    caller: Option<Box<StreamCaller>>,
 }
 
 /// Why a stream stops.
 enum End {
     Shutdown,
     ClientGone,
+    /// Its credential was revoked or expired, or no longer covers its
+    /// identity: the stream ends with this status.
+    Refused(Box<Status>),
     /// The server closes it so its Envoy reconnects (rebalancing, max age):
     /// the stream ends UNAVAILABLE with this message.
     Closed(&'static str),
@@ -391,6 +408,10 @@ impl<V: Variant> StreamTask<V> {
                 self.handle.closing(why);
                 let _ = self.tx.try_send(Err(Box::new(Status::unavailable(format!("{why}: reconnect")))));
                 why
+            }
+            End::Refused(status) => {
+                let _ = self.tx.try_send(Err(status));
+                "its credential no longer allows it"
             }
         };
         tracing::info!(proxy = %self.identity.id, stream = self.handle.stream(), why, "xDS stream closed");
@@ -507,6 +528,12 @@ impl<V: Variant> StreamTask<V> {
     async fn regenerate(&mut self, next: Arc<Applied>) -> Result<(), End> {
         if next.revision() <= self.config.revision {
             return Ok(());
+        }
+        // A token revoked or expired since the stream opened: nothing more
+        // is sent (the revocation is itself a new revision, so an open
+        // stream learns of it with the push that follows).
+        if let Some(caller) = &self.caller {
+            admit(&self.shared, caller, &self.identity).map_err(|s| End::Refused(Box::new(s)))?;
         }
         let revision = next.revision();
         let started = std::time::Instant::now();
