@@ -1178,3 +1178,78 @@ async fn destination_rule_change_under_traffic() {
         p.envoy.assert_no_rejections().await;
     }
 }
+
+// ---------------------------------------------------------------------------
+// Istio config as people write it, which Lodestar used to refuse: a port
+// with `protocol: ""`, a ServiceEntry without ports, a host in upper case,
+// a Sidecar ingress without defaultEndpoint, and a file applying the same
+// object twice (the last wins). It applies and is served.
+
+const AS_WRITTEN: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: legacy, namespace: default}
+spec:
+  hosts: [Legacy.External.test]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  ports: [{number: 8081, name: http, protocol: ""}]
+  endpoints:
+  - {address: ${legacy.ip}, ports: {http: ${legacy.port}}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: names-only, namespace: default}
+spec:
+  hosts: [names.external.test]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: legacy, namespace: default}
+spec:
+  hosts: [Legacy.External.test]
+  http:
+  - fault: {abort: {httpStatus: 418, percentage: {value: 100}}}
+    route: [{destination: {host: Legacy.External.test}}]
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: default}
+spec:
+  ingress:
+  - port: {number: ${app.port}, protocol: HTTP, name: http}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: legacy, namespace: default}
+spec:
+  hosts: [Legacy.External.test]
+  http:
+  - route: [{destination: {host: Legacy.External.test}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istio_config_as_written_applies_and_is_served() {
+    let fx = Fixture::start(1).await;
+    let legacy = fx.upstream(11, "legacy").await;
+    // The application the sidecar's ingress forwards to, on loopback at
+    // the listener's own port (no defaultEndpoint).
+    let app = Upstream::start("127.0.0.1", "productpage-app").await;
+    let rev = fx.apply(&render(AS_WRITTEN, &[("legacy", &legacy), ("app", &app)])).await;
+    let p = fx.sidecar("productpage", 2, 1, false, rev).await;
+
+    // The upper-case host, its port sniffed as HTTP from the name, routed
+    // by the second VirtualService (the first, aborting with 418, lost).
+    let url = p.url(8081, "/v1/things");
+    for host in ["Legacy.External.test", "legacy.external.test", "LEGACY.EXTERNAL.TEST:8081"] {
+        wait_for(&fx.client, &url, host, &[], &format!("{host} answers"), |r| r.status == 200).await;
+        let replies = load(&fx.client, &url, host, &[], 10, 2).await;
+        assert_eq!(tally(&replies), BTreeMap::from([("200 legacy".to_string(), 10)]), "Host {host}");
+    }
+    // The ingress listener forwards to the application.
+    let inbound = p.url(app.addr.port(), "/inbound");
+    let reply = wait_for(&fx.client, &inbound, "productpage", &[], "ingress answers", |r| r.status == 200).await;
+    assert_eq!(reply.body, "productpage-app");
+    assert_eq!(app.requests().last().map(|q| q.path.clone()).as_deref(), Some("/inbound"));
+    p.envoy.assert_no_rejections().await;
+}

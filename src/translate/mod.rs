@@ -244,8 +244,12 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
         for ing in &sc.spec.ingress {
             let port = ing.port.number();
             let bind = ing.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
-            let Some(endpoint) = ing.default_endpoint.as_deref() else { continue };
+            let endpoint = ing.default_endpoint();
             let Some((ep_ip, ep_port)) = endpoint.rsplit_once(':').and_then(|(ip, p)| Some((ip, p.parse::<u32>().ok()?))) else { continue };
+            if ep_ip == bind && ep_port == port {
+                // The proxy would forward to itself.
+                continue;
+            }
             let cluster_name = format!("inbound|{port}||");
             let c = inbound_cluster(&cluster_name, ep_ip, ep_port);
             cfg.insert(ResourceType::Cluster, XdsResource::new(cluster_name.clone(), &c));
