@@ -750,11 +750,15 @@ spec:
 /// An ingress gateway (router, `istio: ingressgateway`) at `.2`, in sync
 /// at `revision`.
 async fn ingress_gateway(fx: &Fixture, revision: u64) -> Proxy {
+    fx.proxy(ingress_gateway_options(fx), 1, revision).await
+}
+
+fn ingress_gateway_options(fx: &Fixture) -> EnvoyOptions {
     let mut o = EnvoyOptions::new("ingressgateway", &fx.ip(2));
     o.namespace = "istio-system".into();
     o.node_type = "router".into();
     o.labels = vec![("istio".into(), "ingressgateway".into())];
-    fx.proxy(o, 1, revision).await
+    o
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1251,5 +1255,233 @@ async fn istio_config_as_written_applies_and_is_served() {
     let reply = wait_for(&fx.client, &inbound, "productpage", &[], "ingress answers", |r| r.status == 200).await;
     assert_eq!(reply.body, "productpage-app");
     assert_eq!(app.requests().last().map(|q| q.path.clone()).as_deref(), Some("/inbound"));
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// TLS routing by SNI: backends terminate TLS themselves; Envoy only reads
+// the SNI name (tls_inspector) and passes the connection through.
+
+/// `${name.ip}` and `${name.port}` of TLS backends.
+fn render_tls(template: &str, upstreams: &[(&str, &common::tls::TlsUpstream)]) -> String {
+    let mut out = template.to_string();
+    for (name, u) in upstreams {
+        out = out.replace(&format!("${{{name}.ip}}"), &u.addr.ip().to_string()).replace(&format!("${{{name}.port}}"), &u.addr.port().to_string());
+    }
+    out
+}
+
+/// `n` GETs over new TLS connections (SNI `client.server_name`) to `addr`,
+/// `concurrency` at a time: answers by body, failures by "error".
+async fn tls_load(client: &common::tls::TlsClient<'_>, addr: std::net::SocketAddr, n: usize, concurrency: usize) -> BTreeMap<String, usize> {
+    use futures::StreamExt;
+    let replies: Vec<String> = futures::stream::iter(0..n)
+        .map(|_| async move {
+            match client.get(addr, client.server_name, "/").await {
+                Ok(r) if r.status == 200 => r.body,
+                Ok(r) => format!("status {}", r.status),
+                Err(e) => format!("error: {e}"),
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let mut t = BTreeMap::new();
+    for r in replies {
+        *t.entry(r).or_insert(0) += 1;
+    }
+    t
+}
+
+/// Until a TLS GET with this SNI answers 200; the body.
+async fn wait_tls(client: &common::tls::TlsClient<'_>, addr: std::net::SocketAddr) -> String {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        match client.get(addr, client.server_name, "/").await {
+            Ok(r) if r.status == 200 => return r.body,
+            other if Instant::now() > deadline => panic!("{} via {addr}: {other:?}", client.server_name),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// alpha (HTTP on 8080, TLS on 8443; v1 and v2) and beta (TLS on 8443):
+/// two TLS services on one sidecar port, told apart by SNI. alpha's
+/// VirtualService has an `http` and a `tls` section, as canary tools write
+/// them: HTTP all to v2, TLS split 75/25.
+const SNI_SIDECAR: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: alpha, namespace: default}
+spec:
+  hosts: [alpha.tls.test]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  ports: [{number: 8080, name: http, protocol: HTTP}, {number: 8443, name: tls, protocol: TLS}]
+  endpoints:
+  - {address: ${a1.ip}, ports: {http: ${a1http.port}, tls: ${a1.port}}, labels: {version: v1}}
+  - {address: ${a2.ip}, ports: {http: ${a2http.port}, tls: ${a2.port}}, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: alpha, namespace: default}
+spec:
+  host: alpha.tls.test
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: beta, namespace: default}
+spec:
+  hosts: [beta.tls.test]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  ports: [{number: 8443, name: tls, protocol: TLS}]
+  endpoints:
+  - {address: ${b.ip}, ports: {tls: ${b.port}}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: alpha, namespace: default}
+spec:
+  hosts: [alpha.tls.test]
+  http:
+  - route:
+    - {destination: {host: alpha.tls.test, subset: v2, port: {number: 8080}}}
+  tls:
+  - match:
+    - {port: 8443, sniHosts: [alpha.tls.test]}
+    route:
+    - {destination: {host: alpha.tls.test, subset: v1, port: {number: 8443}}, weight: 75}
+    - {destination: {host: alpha.tls.test, subset: v2, port: {number: 8443}}, weight: 25}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_routed_by_sni_through_a_sidecar_with_a_weighted_canary_sotw() {
+    tls_routed_by_sni(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_routed_by_sni_through_a_sidecar_with_a_weighted_canary_delta() {
+    tls_routed_by_sni(true).await;
+}
+
+async fn tls_routed_by_sni(delta: bool) {
+    use common::tls::{Ca, TlsClient, TlsUpstream};
+    const N: usize = 400;
+    let fx = Fixture::start(1).await;
+    let ca = Ca::new("backends CA");
+    let alpha_cert = ca.server(&["alpha.tls.test"]);
+    let a1 = TlsUpstream::start(&fx.ip(11), "alpha-v1", &alpha_cert).await;
+    let a2 = TlsUpstream::start(&fx.ip(12), "alpha-v2", &alpha_cert).await;
+    let b = TlsUpstream::start(&fx.ip(13), "beta", &ca.server(&["beta.tls.test"])).await;
+    let (a1http, a2http) = (fx.upstream(11, "alpha-v1-http").await, fx.upstream(12, "alpha-v2-http").await);
+    let yaml = render(&render_tls(SNI_SIDECAR, &[("a1", &a1), ("a2", &a2), ("b", &b)]), &[("a1http", &a1http), ("a2http", &a2http)]);
+    let rev = fx.apply(&yaml).await;
+    let p = fx.sidecar("productpage", 2, 1, delta, rev).await;
+    let port: std::net::SocketAddr = format!("{}:8443", p.ip).parse().unwrap();
+
+    // By SNI, each name to its own backends; the backend terminates TLS
+    // with its own certificate and sees the client's SNI.
+    let beta = TlsClient { ca: &ca, server_name: "beta.tls.test", certificate: None, alpn: &["http/1.1"] };
+    assert_eq!(wait_tls(&beta, port).await, "beta");
+    assert_eq!(tls_load(&beta, port, 20, 4).await, BTreeMap::from([("beta".to_string(), 20)]));
+    assert!(b.sni().iter().all(|s| s.as_deref() == Some("beta.tls.test")), "{:?}", b.sni());
+
+    // alpha: 75/25 between v1 and v2, per connection.
+    let alpha = TlsClient { server_name: "alpha.tls.test", ..beta };
+    wait_tls(&alpha, port).await;
+    let t = tls_load(&alpha, port, N, 8).await;
+    let v1 = t.get("alpha-v1").copied().unwrap_or(0);
+    let v2 = t.get("alpha-v2").copied().unwrap_or(0);
+    assert_eq!(v1 + v2, N, "only alpha-v1 and alpha-v2: {t:?}");
+    let share = v1 as f64 / N as f64;
+    eprintln!("TLS canary by SNI: v1 {v1}, v2 {v2} of {N} ({:.1}% v1)", share * 100.0);
+    assert!((0.68..=0.82).contains(&share), "v1 share {share:.3} not 75±7%: {t:?}");
+    assert!(a1.sni().iter().chain(a2.sni().iter()).all(|s| s.as_deref() == Some("alpha.tls.test")));
+
+    // An SNI name no service has: no chain matches, the connection is closed.
+    let stranger = TlsClient { server_name: "gamma.tls.test", ..beta };
+    assert!(stranger.get(port, "gamma.tls.test", "/").await.is_err(), "an unknown SNI name was passed through");
+
+    // The same VirtualService's http section routes HTTP on 8080.
+    let replies = load(&fx.client, &p.url(8080, "/"), "alpha.tls.test", &[], 20, 4).await;
+    assert_eq!(tally(&replies), BTreeMap::from([("200 alpha-v2-http".to_string(), 20)]));
+    assert!(a1http.requests().is_empty());
+    assert_eq!(syncz_protocol(&p).await, if delta { "delta" } else { "sotw" });
+    p.envoy.assert_no_rejections().await;
+}
+
+/// An ingress gateway passing TLS through by SNI to two backends that
+/// terminate it (Istio's "ingress gateway without TLS termination" task).
+const PASSTHROUGH_GATEWAY: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: passthrough, namespace: default}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8443, name: tls, protocol: TLS}
+    tls: {mode: PASSTHROUGH}
+    hosts: [a.passthrough.test, b.passthrough.test]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: passthrough, namespace: default}
+spec:
+  hosts: [a.passthrough.test, b.passthrough.test]
+  gateways: [passthrough]
+  tls:
+  - match: [{port: 8443, sniHosts: [a.passthrough.test]}]
+    route: [{destination: {host: backend-a.default.svc.cluster.local, port: {number: 9443}}}]
+  - match: [{port: 8443, sniHosts: [b.passthrough.test]}]
+    route: [{destination: {host: backend-b.default.svc.cluster.local}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: backend-a, namespace: default}
+spec:
+  hosts: [backend-a.default.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9443, name: tls, protocol: TLS}]
+  endpoints: [{address: ${a.ip}, ports: {tls: ${a.port}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: backend-b, namespace: default}
+spec:
+  hosts: [backend-b.default.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9443, name: tls, protocol: TLS}]
+  endpoints: [{address: ${b.ip}, ports: {tls: ${b.port}}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_passes_tls_through_by_sni() {
+    use common::tls::{Ca, TlsClient, TlsUpstream};
+    let fx = Fixture::start(1).await;
+    let ca = Ca::new("backends CA");
+    let a = TlsUpstream::start(&fx.ip(11), "backend-a", &ca.server(&["a.passthrough.test"])).await;
+    let b = TlsUpstream::start(&fx.ip(12), "backend-b", &ca.server(&["b.passthrough.test"])).await;
+    let rev = fx.apply(&render_tls(PASSTHROUGH_GATEWAY, &[("a", &a), ("b", &b)])).await;
+    // No HTTP server, so no RDS: in sync (nothing NACKed) for the rest.
+    let p = fx.proxy_of_types(ingress_gateway_options(&fx), 1, rev, &["CDS", "EDS", "LDS"]).await;
+    let port: std::net::SocketAddr = format!("{}:8443", p.ip).parse().unwrap();
+
+    // Each SNI name lands on its backend, which presents its own
+    // certificate (the client verifies it for that name).
+    for (name, identity, backend) in [("a.passthrough.test", "backend-a", &a), ("b.passthrough.test", "backend-b", &b)] {
+        let client = TlsClient { ca: &ca, server_name: name, certificate: None, alpn: &["http/1.1"] };
+        assert_eq!(wait_tls(&client, port).await, identity);
+        assert_eq!(tls_load(&client, port, 20, 4).await, BTreeMap::from([(identity.to_string(), 20)]), "{name}");
+        assert!(backend.sni().iter().all(|s| s.as_deref() == Some(name)), "{:?}", backend.sni());
+    }
+    // A name the gateway does not pass through is closed.
+    let other = TlsClient { ca: &ca, server_name: "c.passthrough.test", certificate: None, alpn: &[] };
+    assert!(other.get(port, "c.passthrough.test", "/").await.is_err());
     p.envoy.assert_no_rejections().await;
 }

@@ -58,6 +58,16 @@ impl RouteCtx<'_> {
         crate::mesh::exported_to(&vs.spec.export_to, &vs.key.namespace, &self.proxy.namespace) && self.gateways_apply(&vs.spec.gateways, &vs.key.namespace)
     }
 
+    /// Whether a `tcp` or `tls` match's proxy-side conditions hold here:
+    /// its port (if any) is this listener's, its source labels are the
+    /// proxy's, and its gateways (if any) include this one (or `mesh`).
+    /// Destination subnets and SNI hosts are matched by Envoy.
+    pub(super) fn l4_match_applies(&self, port: Option<u32>, source_labels: &BTreeMap<String, String>, gateways: &[String], vs_ns: &str) -> bool {
+        port.is_none_or(|p| p == self.port)
+            && source_labels.iter().all(|(k, v)| self.proxy.labels.get(k) == Some(v))
+            && (gateways.is_empty() || self.gateways_apply(gateways, vs_ns))
+    }
+
     fn match_applies(&self, m: &HttpMatchRequest, vs_ns: &str) -> bool {
         if m.port.is_some_and(|p| p != self.port) {
             return false;
