@@ -1485,3 +1485,106 @@ async fn gateway_passes_tls_through_by_sni() {
     assert!(other.get(port, "c.passthrough.test", "/").await.is_err());
     p.envoy.assert_no_rejections().await;
 }
+
+// ---------------------------------------------------------------------------
+// Delegation: a root VirtualService on the gateway hands /reviews to a
+// child owned by another team; a change to the child alone moves traffic.
+
+const DELEGATION: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: bookinfo-gateway, namespace: default}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: [bookinfo.example.test]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: bookinfo, namespace: default}
+spec:
+  hosts: [bookinfo.example.test]
+  gateways: [bookinfo-gateway]
+  http:
+  - match: [{uri: {prefix: /reviews}}]
+    delegate: {name: reviews, namespace: team-reviews}
+  - route: [{destination: {host: productpage.default.svc.cluster.local}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: reviews, namespace: team-reviews}
+spec:
+  hosts: [reviews.team-reviews.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  endpoints:
+  - {address: ${v1.ip}, ports: {http: ${v1.port}}, labels: {version: v1}}
+  - {address: ${v2.ip}, ports: {http: ${v2.port}}, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: team-reviews}
+spec:
+  host: reviews
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: productpage, namespace: default}
+spec:
+  hosts: [productpage.default.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  endpoints: [{address: ${pp.ip}, ports: {http: ${pp.port}}}]
+"#;
+
+fn reviews_child(subset: &str) -> String {
+    format!(
+        r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: reviews, namespace: team-reviews}}
+spec:
+  http:
+  - match: [{{uri: {{prefix: /reviews/beta}}}}]
+    route: [{{destination: {{host: reviews, subset: v2}}}}]
+  - route: [{{destination: {{host: reviews, subset: {subset}}}}}]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delegated_routes_follow_the_child() {
+    let fx = Fixture::start(1).await;
+    let (v1, v2, pp) = (fx.upstream(11, "reviews-v1").await, fx.upstream(12, "reviews-v2").await, fx.upstream(13, "productpage").await);
+    let base = render(DELEGATION, &[("v1", &v1), ("v2", &v2), ("pp", &pp)]);
+    let rev = fx.apply(&format!("{base}---{}", reviews_child("v1"))).await;
+    let p = ingress_gateway(&fx, rev).await;
+    let host = "bookinfo.example.test";
+    let at = |path: &str| p.url(8080, path);
+
+    // The child's routes under the root's /reviews, in the child's order.
+    wait_for(&fx.client, &at("/reviews/1"), host, &[], "reviews via the child", |r| r.status == 200).await;
+    assert_eq!(tally(&load(&fx.client, &at("/reviews/1"), host, &[], 20, 4).await), BTreeMap::from([("200 reviews-v1".to_string(), 20)]));
+    assert_eq!(tally(&load(&fx.client, &at("/reviews/beta/1"), host, &[], 10, 2).await), BTreeMap::from([("200 reviews-v2".to_string(), 10)]));
+    assert_eq!(get(&fx.client, &at("/other"), host, &[]).await.body, "productpage");
+
+    // Only the child changes: traffic moves.
+    let rev = fx.apply(&reviews_child("v2")).await;
+    p.wait_synced(rev).await;
+    assert_eq!(tally(&load(&fx.client, &at("/reviews/1"), host, &[], 20, 4).await), BTreeMap::from([("200 reviews-v2".to_string(), 20)]));
+
+    // The child goes: the delegating route goes with it, so /reviews falls
+    // through to the root's next route.
+    let r = fx.client.delete(format!("{}/v1/resources/vs/team-reviews/reviews", fx.api(1))).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.unwrap();
+    p.wait_synced(body["revision"].as_u64().expect("revision")).await;
+    assert_eq!(tally(&load(&fx.client, &at("/reviews/1"), host, &[], 10, 2).await), BTreeMap::from([("200 productpage".to_string(), 10)]));
+    p.envoy.assert_no_rejections().await;
+}

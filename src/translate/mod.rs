@@ -496,6 +496,8 @@ impl Translator {
                 (k, _) if k.is_acl() => Vec::new(),
                 (_, TypedSpec::Instance(i)) => vec![crate::mesh::instance_hostname(i, ns, suffix)],
                 (_, TypedSpec::Service(svc)) => vec![svc.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", o.key.name))],
+                // A delegate (no hosts) routes under whichever roots name it.
+                (_, TypedSpec::Istio(Validated::VirtualService { spec, .. })) if spec.hosts.is_empty() => return None,
                 (_, TypedSpec::Istio(Validated::VirtualService { spec, .. })) => spec.hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).collect(),
                 (_, TypedSpec::Istio(Validated::DestinationRule { spec, .. })) => vec![resolve_short_name(&spec.host, ns, suffix)],
                 (_, TypedSpec::Istio(Validated::ServiceEntry { spec, .. })) => spec.hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).collect(),
@@ -516,8 +518,9 @@ impl Translator {
             }
             let Ok(typed) = obj.typed() else { return None };
             let crate::model::TypedSpec::Istio(crate::model::istio::Validated::VirtualService { spec, .. }) = typed.as_ref() else { return None };
-            // TLS and TCP routes are listeners' filter chains, not virtual hosts.
-            if !spec.tcp.is_empty() || !spec.tls.is_empty() {
+            // TLS and TCP routes are listeners' filter chains, not virtual
+            // hosts; a delegate (no hosts) routes under whichever roots name it.
+            if !spec.tcp.is_empty() || !spec.tls.is_empty() || spec.hosts.is_empty() {
                 return None;
             }
             for h in &spec.hosts {

@@ -55,7 +55,8 @@ pub struct HttpRoute {
     pub redirect: Option<HttpRedirect>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct_response: Option<HttpDirectResponse>,
-    /// Parsed so Istio configs load, but rejected by validation.
+    /// Routes of another (host-less) VirtualService take this route's
+    /// place, under its matches (`delegate::merge_routes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delegate: Option<Delegate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -464,10 +465,23 @@ fn is_known_http_status(code: u16) -> bool {
 impl VirtualService {
     pub(super) fn check(&self, at: &Path, r: &mut Report) {
         let hosts_at = at.field("hosts");
-        // Istio allows host-less "delegate" VirtualServices; we do not
-        // support delegation, so a VirtualService without hosts routes nothing.
-        if self.hosts.is_empty() {
-            r.error(&hosts_at, "at least one host is required");
+        // Istio's ValidateVirtualService: one without hosts is a delegate
+        // (a child of a root's `delegate` route), which only has HTTP routes
+        // and binds to no gateway (its root does).
+        let is_delegate = self.hosts.is_empty();
+        if is_delegate {
+            if !self.gateways.is_empty() {
+                r.error(&at.field("gateways"), "delegate virtual service must have no gateways specified");
+            }
+            if !self.tls.is_empty() {
+                r.error(&at.field("tls"), "delegate virtual service must have no tls route specified");
+            }
+            if !self.tcp.is_empty() {
+                r.error(&at.field("tcp"), "delegate virtual service must have no tcp route specified");
+            }
+            for (i, _) in self.http.iter().enumerate().filter(|(_, h)| h.delegate.is_some()) {
+                r.error(&at.field("http").index(i).field("delegate"), "a delegate virtual service cannot delegate again (one level only)");
+            }
         }
 
         // Like Istio: a VirtualService is bound to the mesh when it names no
@@ -598,8 +612,22 @@ impl HttpRoute {
 
     /// A route does exactly one thing: forward, redirect or respond.
     fn check_actions(&self, at: &Path, r: &mut Report) {
-        if self.delegate.is_some() {
-            r.unsupported(&at.field("delegate"), "delegate virtual services");
+        // Istio's validateHTTPRouteConflict: a delegating route only
+        // delegates (the child's routes do the rest).
+        if let Some(delegate) = &self.delegate {
+            let delegate_at = at.field("delegate");
+            if delegate.name.as_deref().is_none_or(str::is_empty) {
+                r.error(&delegate_at.field("name"), "delegate name is required");
+            }
+            if let Some(ns) = delegate.namespace.as_deref().filter(|ns| !host::is_dns1123_label(ns) || ns.bytes().any(|b| b.is_ascii_uppercase())) {
+                r.error(&delegate_at.field("namespace"), format!("invalid namespace {ns:?}"));
+            }
+            for (field, set) in [("route", !self.route.is_empty()), ("redirect", self.redirect.is_some()), ("directResponse", self.direct_response.is_some())] {
+                if set {
+                    r.error(&at.field(field), format!("HTTP route cannot contain both {field} and delegate"));
+                }
+            }
+            return;
         }
         let exclusive_with = |r: &mut Report, action: &str, action_at: &Path| {
             if !self.route.is_empty() {
@@ -1126,10 +1154,26 @@ mod tests {
     }
 
     #[test]
-    fn needs_hosts_and_routes() {
+    fn needs_routes() {
         let e = errors(json!({}));
-        assert!(has(&e, "spec.hosts", "at least one host"));
         assert!(has(&e, "spec", "http, tcp or tls must be provided"));
+    }
+
+    #[test]
+    fn delegation() {
+        let root = json!({"hosts": ["bookinfo.example.com"], "gateways": ["gw"], "http": [
+            {"match": [{"uri": {"prefix": "/reviews"}}], "delegate": {"name": "reviews", "namespace": "team-a"}}]});
+        assert!(validate("VirtualService", &root).is_ok());
+        let child = json!({"http": [{"match": [{"uri": {"prefix": "/reviews/v2"}}], "route": route_to("reviews")}]});
+        assert!(validate("VirtualService", &child).is_ok());
+        let e = errors(json!({"hosts": ["r"], "http": [{"delegate": {"namespace": "Team"}, "route": route_to("r")}]}));
+        assert!(has(&e, "spec.http[0].delegate.name", "required"), "{e:?}");
+        assert!(has(&e, "spec.http[0].delegate.namespace", "invalid namespace"), "{e:?}");
+        assert!(has(&e, "spec.http[0].route", "both route and delegate"), "{e:?}");
+        let e = errors(json!({"gateways": ["gw"], "tcp": [{"route": route_to("r")}], "http": [{"delegate": {"name": "x"}}]}));
+        assert!(has(&e, "spec.gateways", "must have no gateways"), "{e:?}");
+        assert!(has(&e, "spec.tcp", "must have no tcp route"), "{e:?}");
+        assert!(has(&e, "spec.http[0].delegate", "one level only"), "{e:?}");
     }
 
     #[test]
