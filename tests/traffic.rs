@@ -1588,3 +1588,88 @@ async fn delegated_routes_follow_the_child() {
     assert_eq!(tally(&load(&fx.client, &at("/reviews/1"), host, &[], 10, 2).await), BTreeMap::from([("200 productpage".to_string(), 10)]));
     p.envoy.assert_no_rejections().await;
 }
+
+// ---------------------------------------------------------------------------
+// TCP split by weight: each connection goes to one subset (tcp_proxy
+// weighted clusters).
+
+const TCP_SPLIT: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: default}
+spec:
+  hosts: [db.tcp.test]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 5433, name: tcp-db, protocol: TCP}]
+  endpoints:
+  - {address: ${v1.ip}, ports: {tcp-db: ${v1.port}}, labels: {version: v1}}
+  - {address: ${v2.ip}, ports: {tcp-db: ${v2.port}}, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: db, namespace: default}
+spec:
+  host: db.tcp.test
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: db, namespace: default}
+spec:
+  hosts: [db.tcp.test]
+  tcp:
+  - match: [{port: 5433}]
+    route:
+    - {destination: {host: db.tcp.test, subset: v1}, weight: 80}
+    - {destination: {host: db.tcp.test, subset: v2}, weight: 20}
+"#;
+
+/// One HTTP/1.1 exchange on a new TCP connection: the body, or why not.
+async fn over_new_connection(addr: std::net::SocketAddr) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+        tcp.write_all(b"GET / HTTP/1.1\r\nhost: db.tcp.test\r\nconnection: close\r\n\r\n").await.map_err(|e| format!("send: {e}"))?;
+        let mut raw = Vec::new();
+        tcp.read_to_end(&mut raw).await.map_err(|e| format!("read: {e}"))?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).ok_or_else(|| format!("no answer: {text:?}"))
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange).await.map_err(|_| "timed out".to_string())?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_split_by_weight_over_connections() {
+    use futures::StreamExt;
+    const N: usize = 1000;
+    let fx = Fixture::start(1).await;
+    let (v1, v2) = (fx.upstream(11, "db-v1").await, fx.upstream(12, "db-v2").await);
+    let rev = fx.apply(&render(TCP_SPLIT, &[("v1", &v1), ("v2", &v2)])).await;
+    // Only a TCP port, so no RDS.
+    let p = fx.proxy_of_types(EnvoyOptions::new("app", &fx.ip(2)), 1, rev, &["CDS", "EDS", "LDS"]).await;
+    let addr: std::net::SocketAddr = format!("{}:5433", p.ip).parse().unwrap();
+    let deadline = Instant::now() + BOUND;
+    while over_new_connection(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "no answer on {addr}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let replies: Vec<String> = futures::stream::iter(0..N)
+        .map(|_| async move { over_new_connection(addr).await.unwrap_or_else(|e| format!("error: {e}")) })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    let mut t: BTreeMap<String, usize> = BTreeMap::new();
+    for r in replies {
+        *t.entry(r).or_insert(0) += 1;
+    }
+    let n1 = t.get("db-v1").copied().unwrap_or(0);
+    let n2 = t.get("db-v2").copied().unwrap_or(0);
+    assert_eq!(n1 + n2, N, "only db-v1 and db-v2: {t:?}");
+    let share = n1 as f64 / N as f64;
+    eprintln!("TCP split: v1 {n1}, v2 {n2} of {N} connections ({:.1}% v1)", share * 100.0);
+    assert!((0.75..=0.85).contains(&share), "v1 share {share:.3} not 80±5%: {t:?}");
+    p.envoy.assert_no_rejections().await;
+}
