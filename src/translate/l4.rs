@@ -20,7 +20,7 @@
 //! match wins (the order is Istio's: routes in order, VirtualServices
 //! oldest first).
 
-use super::listener::{TCP_PROXY, TLS_INSPECTOR};
+use super::listener::TCP_PROXY;
 use super::route::RouteCtx;
 use super::util::any;
 use super::{cluster::socket_address, outbound_cluster_name};
@@ -28,8 +28,7 @@ use crate::mesh::{Config, Service};
 use crate::model::istio::virtual_service::RouteDestination;
 use crate::model::istio::{resolve_short_name, VirtualService};
 use envoy_types::pb::envoy::config::core::v3::CidrRange;
-use envoy_types::pb::envoy::config::listener::v3::{filter, listener_filter, Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter};
-use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
+use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
     tcp_proxy::{weighted_cluster::ClusterWeight, ClusterSpecifier, WeightedCluster},
     TcpProxy,
@@ -73,15 +72,7 @@ impl Chains {
 
     /// The listener: a TLS inspector when a chain matches on SNI.
     pub fn listener(self, name: &str, ip: &str, port: u32) -> Listener {
-        let listener_filters = if self.chains.iter().any(|c| !c.server_names.is_empty()) {
-            vec![ListenerFilter {
-                name: TLS_INSPECTOR.into(),
-                config_type: Some(listener_filter::ConfigType::TypedConfig(any(&TlsInspector::default()))),
-                ..Default::default()
-            }]
-        } else {
-            Vec::new()
-        };
+        let listener_filters = super::listener::tls_inspector_if(self.chains.iter().any(|c| !c.server_names.is_empty()));
         let filter_chains = self.chains.into_iter().map(|c| filter_chain(name, c)).collect();
         Listener { name: name.to_string(), address: Some(socket_address(ip, port)), filter_chains, listener_filters, ..Default::default() }
     }

@@ -76,17 +76,7 @@ pub struct TlsChain {
 /// plaintext: a connection that does not complete a TLS handshake with one
 /// of the chains is closed.
 pub fn https_listener(name: &str, ip: &str, port: u32, chains: Vec<TlsChain>) -> Listener {
-    // SNI is read from the ClientHello by the TLS inspector, and only
-    // needed to choose between chains.
-    let listener_filters = if chains.iter().any(|c| !c.server_names.is_empty()) {
-        vec![ListenerFilter {
-            name: TLS_INSPECTOR.into(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(any(&TlsInspector::default()))),
-            ..Default::default()
-        }]
-    } else {
-        Vec::new()
-    };
+    let listener_filters = tls_inspector_if(chains.iter().any(|c| !c.server_names.is_empty()));
     let filter_chains = chains
         .into_iter()
         .map(|c| {
@@ -112,6 +102,19 @@ pub fn https_listener(name: &str, ip: &str, port: u32, chains: Vec<TlsChain>) ->
         })
         .collect();
     Listener { name: name.to_string(), address: Some(socket_address(ip, port)), filter_chains, listener_filters, ..Default::default() }
+}
+
+/// The TLS inspector, which reads SNI from the ClientHello: only needed
+/// (and only added) when some filter chain matches on server names.
+pub fn tls_inspector_if(needed: bool) -> Vec<ListenerFilter> {
+    if !needed {
+        return Vec::new();
+    }
+    vec![ListenerFilter {
+        name: TLS_INSPECTOR.into(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(any(&TlsInspector::default()))),
+        ..Default::default()
+    }]
 }
 
 fn listener(name: &str, ip: &str, port: u32, filter: Filter) -> Listener {
