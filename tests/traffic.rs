@@ -1673,3 +1673,84 @@ async fn tcp_split_by_weight_over_connections() {
     assert!((0.75..=0.85).contains(&share), "v1 share {share:.3} not 80±5%: {t:?}");
     p.envoy.assert_no_rejections().await;
 }
+
+// ---------------------------------------------------------------------------
+// Egress through an egress gateway, as in Istio's egress task with TLS
+// passed through: the app's sidecar sends TLS for the external host (by
+// SNI) to the egress gateway, which passes it on, by SNI, to the external
+// server. One VirtualService, bound to `mesh` and to the gateway, with a
+// `tls` route for each.
+
+const EGRESS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: external, namespace: default}
+spec:
+  hosts: [external.example.test]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  ports: [{number: 8443, name: tls, protocol: TLS}]
+  endpoints: [{address: ${ext.ip}, ports: {tls: ${ext.port}}}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {name: egressgateway, namespace: default}
+spec:
+  ports: [{name: tls, number: 8443, protocol: TLS}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: egressgateway-1, namespace: default}
+spec: {service: egressgateway, address: ${gw.ip}, port: 8443}
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: egressgateway, namespace: default}
+spec:
+  selector: {istio: egressgateway}
+  servers:
+  - port: {number: 8443, name: tls, protocol: TLS}
+    tls: {mode: PASSTHROUGH}
+    hosts: [external.example.test]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: external-through-egress, namespace: default}
+spec:
+  hosts: [external.example.test]
+  gateways: [mesh, egressgateway]
+  tls:
+  - match: [{gateways: [mesh], port: 8443, sniHosts: [external.example.test]}]
+    route: [{destination: {host: egressgateway.default.svc.cluster.local, port: {number: 8443}}}]
+  - match: [{gateways: [egressgateway], port: 8443, sniHosts: [external.example.test]}]
+    route: [{destination: {host: external.example.test, port: {number: 8443}}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_gateway_passes_tls_by_sni() {
+    use common::tls::{Ca, TlsClient, TlsUpstream};
+    let fx = Fixture::start(1).await;
+    let ca = Ca::new("external CA");
+    let ext = TlsUpstream::start(&fx.ip(11), "external", &ca.server(&["external.example.test"])).await;
+    // The gateway listens on `.3`, port 8443 (its registry instance).
+    let yaml = render_tls(EGRESS, &[("ext", &ext)]).replace("${gw.ip}", &fx.ip(3));
+    let rev = fx.apply(&yaml).await;
+    let mut o = EnvoyOptions::new("egressgateway", &fx.ip(3));
+    o.node_type = "router".into();
+    o.labels = vec![("istio".into(), "egressgateway".into())];
+    let gateway = fx.proxy_of_types(o, 1, rev, &["CDS", "EDS", "LDS"]).await;
+    let app = fx.proxy_of_types(EnvoyOptions::new("app", &fx.ip(2)), 1, rev, &["CDS", "EDS", "LDS"]).await;
+
+    let client = TlsClient { ca: &ca, server_name: "external.example.test", certificate: None, alpn: &["http/1.1"] };
+    let port: std::net::SocketAddr = format!("{}:8443", app.ip).parse().unwrap();
+    assert_eq!(wait_tls(&client, port).await, "external");
+    assert_eq!(tls_load(&client, port, 20, 4).await, BTreeMap::from([("external".to_string(), 20)]));
+    assert!(ext.sni().iter().all(|s| s.as_deref() == Some("external.example.test")), "{:?}", ext.sni());
+    // Every connection went through the gateway: the sidecar's cluster is
+    // the gateway's, the gateway's is the external host's.
+    let through_gateway = app.stat("cluster.outbound|8443||egressgateway.default.svc.cluster.local.upstream_cx_total").await;
+    let to_external = gateway.stat("cluster.outbound|8443||external.example.test.upstream_cx_total").await;
+    assert!(through_gateway >= 21 && to_external >= 21, "sidecar → gateway {through_gateway}, gateway → external {to_external}");
+    app.envoy.assert_no_rejections().await;
+    gateway.envoy.assert_no_rejections().await;
+}
