@@ -6,6 +6,13 @@
 //! - `incremental_one_vs`: a warm translator after one VirtualService
 //!   changed (a new store revision): what a push costs.
 //!
+//! - `*_half_tls`: the same mesh where every other service is a TLS
+//!   service on port 443 (no HTTP port) whose VirtualService has a `tls`
+//!   route split 80/20 by SNI: SNI filter chains instead of virtual hosts.
+//!   `incremental_one_vs_half_tls` changes an HTTP service's VirtualService
+//!   (the incremental path); `tls_vs_change_half_tls` a TLS one (listeners
+//!   change: the full path).
+//!
 //! cargo bench --bench translate   (LODESTAR_BENCH_SERVICES=2000 for another size)
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
@@ -33,17 +40,37 @@ fn vs(i: usize, split: u32) -> Value {
                        {"destination": {"host": format!("svc-{i}"), "subset": "v2"}, "weight": 100 - split}]}]}})
 }
 
-fn mesh_docs() -> Vec<Value> {
+/// A TLS service's VirtualService: SNI `svc-i` split between the subsets.
+fn tls_vs(i: usize, split: u32) -> Value {
+    let host = format!("svc-{i}.default.svc.cluster.local");
+    json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+        "metadata": {"name": format!("svc-{i}"), "namespace": "default"},
+        "spec": {"hosts": [host], "tls": [
+            {"match": [{"sniHosts": [host]}],
+             "route": [{"destination": {"host": host, "subset": "v1"}, "weight": split},
+                       {"destination": {"host": host, "subset": "v2"}, "weight": 100 - split}]}]}})
+}
+
+fn is_tls(i: usize, half_tls: bool) -> bool {
+    half_tls && i % 2 == 1
+}
+
+fn mesh_docs(half_tls: bool) -> Vec<Value> {
     let mut docs = Vec::new();
     for i in 0..services() {
+        let port = if is_tls(i, half_tls) {
+            json!({"name": "tls", "number": 443, "protocol": "TLS", "targetPort": 8443})
+        } else {
+            json!({"name": "http", "number": 80, "targetPort": 8080})
+        };
         docs.push(json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": format!("svc-{i}"), "namespace": "default"},
-            "spec": {"ports": [{"name": "http", "number": 80, "targetPort": 8080}]}}));
+            "spec": {"ports": [port]}}));
         for v in 1..=2 {
             docs.push(json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Instance",
                 "metadata": {"name": format!("svc-{i}-v{v}"), "namespace": "default", "labels": {"version": format!("v{v}")}},
                 "spec": {"service": format!("svc-{i}"), "address": format!("10.{}.{}.{v}", i / 250, i % 250), "port": 8080}}));
         }
-        docs.push(vs(i, 80));
+        docs.push(if is_tls(i, half_tls) { tls_vs(i, 80) } else { vs(i, 80) });
         docs.push(json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule", "metadata": {"name": format!("svc-{i}"), "namespace": "default"},
             "spec": {"host": format!("svc-{i}"), "subsets": [{"name": "v1", "labels": {"version": "v1"}}, {"name": "v2", "labels": {"version": "v2"}}]}}));
     }
@@ -56,9 +83,18 @@ fn put(state: &mut State, doc: Value) {
     state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.expect("applied");
 }
 
+/// A VirtualService for a weight split.
+type Change = Box<dyn Fn(u32) -> Value>;
+
 fn bench(c: &mut Criterion) {
+    bench_mesh(c, false);
+    bench_mesh(c, true);
+}
+
+fn bench_mesh(c: &mut Criterion, half_tls: bool) {
+    let suffix = if half_tls { "_half_tls" } else { "" };
     let mut state = State::default();
-    for d in mesh_docs() {
+    for d in mesh_docs(half_tls) {
         put(&mut state, d);
     }
     let base = Applied { state, ..Default::default() };
@@ -66,7 +102,7 @@ fn bench(c: &mut Criterion) {
 
     let cfg = Translator::new(MeshConfig::default()).generate(&proxy, &base).unwrap();
     eprintln!(
-        "mesh: {} services; proxy gets {} clusters, {} endpoints, {} listeners, {} routes",
+        "mesh{suffix}: {} services; proxy gets {} clusters, {} endpoints, {} listeners, {} routes",
         services(),
         cfg.of(ResourceType::Cluster).map_or(0, |m| m.len()),
         cfg.of(ResourceType::Endpoint).map_or(0, |m| m.len()),
@@ -74,26 +110,34 @@ fn bench(c: &mut Criterion) {
         cfg.of(ResourceType::Route).map_or(0, |m| m.len()),
     );
 
-    c.bench_function("mesh_build", |b| b.iter(|| lodestar::mesh::Mesh::build(&base, std::sync::Arc::new(MeshConfig::default()))));
+    c.bench_function(&format!("mesh_build{suffix}"), |b| b.iter(|| lodestar::mesh::Mesh::build(&base, std::sync::Arc::new(MeshConfig::default()))));
 
-    c.bench_function("full", |b| b.iter(|| Translator::new(MeshConfig::default()).generate(&proxy, &base).unwrap()));
+    c.bench_function(&format!("full{suffix}"), |b| b.iter(|| Translator::new(MeshConfig::default()).generate(&proxy, &base).unwrap()));
 
-    let translator = Translator::new(MeshConfig::default());
-    translator.generate(&proxy, &base).unwrap();
-    let mut current = base.state.clone();
-    let mut split = 80;
-    c.bench_function("incremental_one_vs", |b| {
-        b.iter_batched(
-            || {
-                // One VirtualService changes: the next store revision.
-                split = if split == 80 { 70 } else { 80 };
-                put(&mut current, vs(services() / 2, split));
-                Applied { state: current.clone(), ..Default::default() }
-            },
-            |next| translator.generate(&proxy, &next).unwrap(),
-            BatchSize::LargeInput,
-        )
-    });
+    // One VirtualService changes (the next store revision): an HTTP
+    // service's (svc-N/2 is even, so HTTP in both meshes), then, in the
+    // half-TLS mesh, a TLS service's.
+    let mut changes: Vec<(String, Change)> = vec![(format!("incremental_one_vs{suffix}"), Box::new(|split| vs(services() / 2 / 2 * 2, split)))];
+    if half_tls {
+        changes.push(("tls_vs_change_half_tls".to_string(), Box::new(|split| tls_vs(services() / 2 / 2 * 2 + 1, split))));
+    }
+    for (name, change) in changes {
+        let translator = Translator::new(MeshConfig::default());
+        translator.generate(&proxy, &base).unwrap();
+        let mut current = base.state.clone();
+        let mut split = 80;
+        c.bench_function(&name, |b| {
+            b.iter_batched(
+                || {
+                    split = if split == 80 { 70 } else { 80 };
+                    put(&mut current, change(split));
+                    Applied { state: current.clone(), ..Default::default() }
+                },
+                |next| translator.generate(&proxy, &next).unwrap(),
+                BatchSize::LargeInput,
+            )
+        });
+    }
 }
 
 criterion_group! {

@@ -379,3 +379,113 @@ async fn deep_validation_names_spec_fields() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("resources[0].spec.http"), "{}", err.message());
 }
+
+/// Istio config as people write it: what Istio accepts applies, what it
+/// (and Kubernetes) refuses is refused naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istio_parity_of_what_applies_and_what_is_refused() {
+    let c = Cluster::start(1, "").await;
+    let api = c.replica(1).api();
+    let post_yaml = |yaml: &'static str| {
+        let http = c.http.clone();
+        let url = format!("{api}/v1/apply");
+        async move {
+            let r = http.post(url).header("content-type", "application/yaml").body(yaml).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+
+    // One file applying the same object twice: applied in order, as
+    // kubectl does, so the last one wins; the answer warns.
+    let (status, body) = post_yaml(
+        r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: parity}
+spec:
+  hosts: [reviews]
+  http: [{route: [{destination: {host: reviews, subset: v1}}]}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: legacy, namespace: parity}
+spec:
+  hosts: [Legacy.Example.com]
+  ports: [{number: 5432, name: postgres, protocol: ""}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: names-only, namespace: parity}
+spec:
+  hosts: [names.example.com]
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: parity}
+spec:
+  ingress:
+  - port: {number: 9080, protocol: HTTP, name: http}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: parity}
+spec:
+  hosts: [reviews]
+  http: [{route: [{destination: {host: reviews, subset: v2}}]}]
+"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body:#}");
+    let items = body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 4, "one result per object: {body:#}");
+    let warnings = body["warnings"].to_string();
+    assert!(warnings.contains("resources[4]") && warnings.contains("replaces resources[0]"), "{body:#}");
+    assert!(warnings.contains("no ports"), "{body:#}");
+    let (_, vs) = get_json(&c.http, &format!("{api}/v1/resources/vs/parity/reviews")).await;
+    assert_eq!(vs["spec"]["http"][0]["route"][0]["destination"]["subset"], "v2", "{vs:#}");
+    let (_, se) = get_json(&c.http, &format!("{api}/v1/resources/se/parity/legacy")).await;
+    assert_eq!(se["spec"]["ports"][0]["protocol"], "", "stored as written: {se:#}");
+
+    // Correct refusals stay: upper-case namespaces and names (Kubernetes
+    // refuses them), host labels with '_' (Istio refuses them), each with
+    // its field; nothing of the request is stored.
+    let (status, body) = post_yaml(
+        r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: backend, namespace: nsA}
+spec:
+  hosts: [backend]
+  http: [{route: [{destination: {host: backend}}]}]
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: BACKEND, namespace: parity}
+spec:
+  host: backend
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: oauth2-proxy, namespace: parity}
+spec:
+  hosts: [OAUTH2_PROXY_SERVICE.parity.svc.cluster.local]
+  http: [{route: [{destination: {host: OAuth2-Proxy.parity.svc.cluster.local}}]}]
+"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{body:#}");
+    let fields = body["error"]["fields"].as_array().unwrap();
+    for (field, reason) in [
+        ("resources[0].metadata.namespace", "lower case"),
+        ("resources[1].metadata.name", "lower case"),
+        ("resources[2].spec.hosts[0]", "label \"OAUTH2_PROXY_SERVICE\" invalid"),
+    ] {
+        assert!(fields.iter().any(|f| f["field"] == field && f["reason"].as_str().unwrap().contains(reason)), "expected {field}: {reason} in {body:#}");
+    }
+    // Upper case in a host label is fine (DNS is case-insensitive, Istio accepts it).
+    assert!(!fields.iter().any(|f| f["field"].as_str().unwrap().contains("destination.host")), "{body:#}");
+    let (_, dr) = get_json(&c.http, &format!("{api}/v1/resources/dr/parity/BACKEND")).await;
+    assert!(dr["error"].is_object(), "{dr:#}");
+}

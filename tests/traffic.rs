@@ -750,11 +750,15 @@ spec:
 /// An ingress gateway (router, `istio: ingressgateway`) at `.2`, in sync
 /// at `revision`.
 async fn ingress_gateway(fx: &Fixture, revision: u64) -> Proxy {
+    fx.proxy(ingress_gateway_options(fx), 1, revision).await
+}
+
+fn ingress_gateway_options(fx: &Fixture) -> EnvoyOptions {
     let mut o = EnvoyOptions::new("ingressgateway", &fx.ip(2));
     o.namespace = "istio-system".into();
     o.node_type = "router".into();
     o.labels = vec![("istio".into(), "ingressgateway".into())];
-    fx.proxy(o, 1, revision).await
+    o
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1177,4 +1181,576 @@ async fn destination_rule_change_under_traffic() {
         assert!(bad.is_empty(), "{}: {} of {} requests not answered by v1: {bad:?}", p.id, bad.len(), s.len());
         p.envoy.assert_no_rejections().await;
     }
+}
+
+// ---------------------------------------------------------------------------
+// Istio config as people write it, which Lodestar used to refuse: a port
+// with `protocol: ""`, a ServiceEntry without ports, a host in upper case,
+// a Sidecar ingress without defaultEndpoint, and a file applying the same
+// object twice (the last wins). It applies and is served.
+
+const AS_WRITTEN: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: legacy, namespace: default}
+spec:
+  hosts: [Legacy.External.test]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  ports: [{number: 8081, name: http, protocol: ""}]
+  endpoints:
+  - {address: ${legacy.ip}, ports: {http: ${legacy.port}}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: names-only, namespace: default}
+spec:
+  hosts: [names.external.test]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: legacy, namespace: default}
+spec:
+  hosts: [Legacy.External.test]
+  http:
+  - fault: {abort: {httpStatus: 418, percentage: {value: 100}}}
+    route: [{destination: {host: Legacy.External.test}}]
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: default}
+spec:
+  ingress:
+  - port: {number: ${app.port}, protocol: HTTP, name: http}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: legacy, namespace: default}
+spec:
+  hosts: [Legacy.External.test]
+  http:
+  - route: [{destination: {host: Legacy.External.test}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istio_config_as_written_applies_and_is_served() {
+    let fx = Fixture::start(1).await;
+    let legacy = fx.upstream(11, "legacy").await;
+    // The application the sidecar's ingress forwards to, on loopback at
+    // the listener's own port (no defaultEndpoint).
+    let app = Upstream::start("127.0.0.1", "productpage-app").await;
+    let rev = fx.apply(&render(AS_WRITTEN, &[("legacy", &legacy), ("app", &app)])).await;
+    let p = fx.sidecar("productpage", 2, 1, false, rev).await;
+
+    // The upper-case host, its port sniffed as HTTP from the name, routed
+    // by the second VirtualService (the first, aborting with 418, lost).
+    let url = p.url(8081, "/v1/things");
+    for host in ["Legacy.External.test", "legacy.external.test", "LEGACY.EXTERNAL.TEST:8081"] {
+        wait_for(&fx.client, &url, host, &[], &format!("{host} answers"), |r| r.status == 200).await;
+        let replies = load(&fx.client, &url, host, &[], 10, 2).await;
+        assert_eq!(tally(&replies), BTreeMap::from([("200 legacy".to_string(), 10)]), "Host {host}");
+    }
+    // The ingress listener forwards to the application.
+    let inbound = p.url(app.addr.port(), "/inbound");
+    let reply = wait_for(&fx.client, &inbound, "productpage", &[], "ingress answers", |r| r.status == 200).await;
+    assert_eq!(reply.body, "productpage-app");
+    assert_eq!(app.requests().last().map(|q| q.path.clone()).as_deref(), Some("/inbound"));
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// TLS routing by SNI: backends terminate TLS themselves; Envoy only reads
+// the SNI name (tls_inspector) and passes the connection through.
+
+/// `${name.ip}` and `${name.port}` of TLS backends.
+fn render_tls(template: &str, upstreams: &[(&str, &common::tls::TlsUpstream)]) -> String {
+    let mut out = template.to_string();
+    for (name, u) in upstreams {
+        out = out.replace(&format!("${{{name}.ip}}"), &u.addr.ip().to_string()).replace(&format!("${{{name}.port}}"), &u.addr.port().to_string());
+    }
+    out
+}
+
+/// `n` GETs over new TLS connections (SNI `client.server_name`) to `addr`,
+/// `concurrency` at a time: answers by body, failures by "error".
+async fn tls_load(client: &common::tls::TlsClient<'_>, addr: std::net::SocketAddr, n: usize, concurrency: usize) -> BTreeMap<String, usize> {
+    use futures::StreamExt;
+    let replies: Vec<String> = futures::stream::iter(0..n)
+        .map(|_| async move {
+            match client.get(addr, client.server_name, "/").await {
+                Ok(r) if r.status == 200 => r.body,
+                Ok(r) => format!("status {}", r.status),
+                Err(e) => format!("error: {e}"),
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let mut t = BTreeMap::new();
+    for r in replies {
+        *t.entry(r).or_insert(0) += 1;
+    }
+    t
+}
+
+/// Until a TLS GET with this SNI answers 200; the body.
+async fn wait_tls(client: &common::tls::TlsClient<'_>, addr: std::net::SocketAddr) -> String {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        match client.get(addr, client.server_name, "/").await {
+            Ok(r) if r.status == 200 => return r.body,
+            other if Instant::now() > deadline => panic!("{} via {addr}: {other:?}", client.server_name),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// alpha (HTTP on 8080, TLS on 8443; v1 and v2) and beta (TLS on 8443):
+/// two TLS services on one sidecar port, told apart by SNI. alpha's
+/// VirtualService has an `http` and a `tls` section, as canary tools write
+/// them: HTTP all to v2, TLS split 75/25.
+const SNI_SIDECAR: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: alpha, namespace: default}
+spec:
+  hosts: [alpha.tls.test]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  ports: [{number: 8080, name: http, protocol: HTTP}, {number: 8443, name: tls, protocol: TLS}]
+  endpoints:
+  - {address: ${a1.ip}, ports: {http: ${a1http.port}, tls: ${a1.port}}, labels: {version: v1}}
+  - {address: ${a2.ip}, ports: {http: ${a2http.port}, tls: ${a2.port}}, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: alpha, namespace: default}
+spec:
+  host: alpha.tls.test
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: beta, namespace: default}
+spec:
+  hosts: [beta.tls.test]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  ports: [{number: 8443, name: tls, protocol: TLS}]
+  endpoints:
+  - {address: ${b.ip}, ports: {tls: ${b.port}}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: alpha, namespace: default}
+spec:
+  hosts: [alpha.tls.test]
+  http:
+  - route:
+    - {destination: {host: alpha.tls.test, subset: v2, port: {number: 8080}}}
+  tls:
+  - match:
+    - {port: 8443, sniHosts: [alpha.tls.test]}
+    route:
+    - {destination: {host: alpha.tls.test, subset: v1, port: {number: 8443}}, weight: 75}
+    - {destination: {host: alpha.tls.test, subset: v2, port: {number: 8443}}, weight: 25}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_routed_by_sni_through_a_sidecar_with_a_weighted_canary_sotw() {
+    tls_routed_by_sni(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_routed_by_sni_through_a_sidecar_with_a_weighted_canary_delta() {
+    tls_routed_by_sni(true).await;
+}
+
+async fn tls_routed_by_sni(delta: bool) {
+    use common::tls::{Ca, TlsClient, TlsUpstream};
+    const N: usize = 400;
+    let fx = Fixture::start(1).await;
+    let ca = Ca::new("backends CA");
+    let alpha_cert = ca.server(&["alpha.tls.test"]);
+    let a1 = TlsUpstream::start(&fx.ip(11), "alpha-v1", &alpha_cert).await;
+    let a2 = TlsUpstream::start(&fx.ip(12), "alpha-v2", &alpha_cert).await;
+    let b = TlsUpstream::start(&fx.ip(13), "beta", &ca.server(&["beta.tls.test"])).await;
+    let (a1http, a2http) = (fx.upstream(11, "alpha-v1-http").await, fx.upstream(12, "alpha-v2-http").await);
+    let yaml = render(&render_tls(SNI_SIDECAR, &[("a1", &a1), ("a2", &a2), ("b", &b)]), &[("a1http", &a1http), ("a2http", &a2http)]);
+    let rev = fx.apply(&yaml).await;
+    let p = fx.sidecar("productpage", 2, 1, delta, rev).await;
+    let port: std::net::SocketAddr = format!("{}:8443", p.ip).parse().unwrap();
+
+    // By SNI, each name to its own backends; the backend terminates TLS
+    // with its own certificate and sees the client's SNI.
+    let beta = TlsClient { ca: &ca, server_name: "beta.tls.test", certificate: None, alpn: &["http/1.1"] };
+    assert_eq!(wait_tls(&beta, port).await, "beta");
+    assert_eq!(tls_load(&beta, port, 20, 4).await, BTreeMap::from([("beta".to_string(), 20)]));
+    assert!(b.sni().iter().all(|s| s.as_deref() == Some("beta.tls.test")), "{:?}", b.sni());
+
+    // alpha: 75/25 between v1 and v2, per connection.
+    let alpha = TlsClient { server_name: "alpha.tls.test", ..beta };
+    wait_tls(&alpha, port).await;
+    let t = tls_load(&alpha, port, N, 8).await;
+    let v1 = t.get("alpha-v1").copied().unwrap_or(0);
+    let v2 = t.get("alpha-v2").copied().unwrap_or(0);
+    assert_eq!(v1 + v2, N, "only alpha-v1 and alpha-v2: {t:?}");
+    let share = v1 as f64 / N as f64;
+    eprintln!("TLS canary by SNI: v1 {v1}, v2 {v2} of {N} ({:.1}% v1)", share * 100.0);
+    assert!((0.68..=0.82).contains(&share), "v1 share {share:.3} not 75±7%: {t:?}");
+    assert!(a1.sni().iter().chain(a2.sni().iter()).all(|s| s.as_deref() == Some("alpha.tls.test")));
+
+    // An SNI name no service has: no chain matches, the connection is closed.
+    let stranger = TlsClient { server_name: "gamma.tls.test", ..beta };
+    assert!(stranger.get(port, "gamma.tls.test", "/").await.is_err(), "an unknown SNI name was passed through");
+
+    // The same VirtualService's http section routes HTTP on 8080.
+    let replies = load(&fx.client, &p.url(8080, "/"), "alpha.tls.test", &[], 20, 4).await;
+    assert_eq!(tally(&replies), BTreeMap::from([("200 alpha-v2-http".to_string(), 20)]));
+    assert!(a1http.requests().is_empty());
+    assert_eq!(syncz_protocol(&p).await, if delta { "delta" } else { "sotw" });
+    p.envoy.assert_no_rejections().await;
+}
+
+/// An ingress gateway passing TLS through by SNI to two backends that
+/// terminate it (Istio's "ingress gateway without TLS termination" task).
+const PASSTHROUGH_GATEWAY: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: passthrough, namespace: default}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8443, name: tls, protocol: TLS}
+    tls: {mode: PASSTHROUGH}
+    hosts: [a.passthrough.test, b.passthrough.test]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: passthrough, namespace: default}
+spec:
+  hosts: [a.passthrough.test, b.passthrough.test]
+  gateways: [passthrough]
+  tls:
+  - match: [{port: 8443, sniHosts: [a.passthrough.test]}]
+    route: [{destination: {host: backend-a.default.svc.cluster.local, port: {number: 9443}}}]
+  - match: [{port: 8443, sniHosts: [b.passthrough.test]}]
+    route: [{destination: {host: backend-b.default.svc.cluster.local}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: backend-a, namespace: default}
+spec:
+  hosts: [backend-a.default.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9443, name: tls, protocol: TLS}]
+  endpoints: [{address: ${a.ip}, ports: {tls: ${a.port}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: backend-b, namespace: default}
+spec:
+  hosts: [backend-b.default.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9443, name: tls, protocol: TLS}]
+  endpoints: [{address: ${b.ip}, ports: {tls: ${b.port}}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_passes_tls_through_by_sni() {
+    use common::tls::{Ca, TlsClient, TlsUpstream};
+    let fx = Fixture::start(1).await;
+    let ca = Ca::new("backends CA");
+    let a = TlsUpstream::start(&fx.ip(11), "backend-a", &ca.server(&["a.passthrough.test"])).await;
+    let b = TlsUpstream::start(&fx.ip(12), "backend-b", &ca.server(&["b.passthrough.test"])).await;
+    let rev = fx.apply(&render_tls(PASSTHROUGH_GATEWAY, &[("a", &a), ("b", &b)])).await;
+    // No HTTP server, so no RDS: in sync (nothing NACKed) for the rest.
+    let p = fx.proxy_of_types(ingress_gateway_options(&fx), 1, rev, &["CDS", "EDS", "LDS"]).await;
+    let port: std::net::SocketAddr = format!("{}:8443", p.ip).parse().unwrap();
+
+    // Each SNI name lands on its backend, which presents its own
+    // certificate (the client verifies it for that name).
+    for (name, identity, backend) in [("a.passthrough.test", "backend-a", &a), ("b.passthrough.test", "backend-b", &b)] {
+        let client = TlsClient { ca: &ca, server_name: name, certificate: None, alpn: &["http/1.1"] };
+        assert_eq!(wait_tls(&client, port).await, identity);
+        assert_eq!(tls_load(&client, port, 20, 4).await, BTreeMap::from([(identity.to_string(), 20)]), "{name}");
+        assert!(backend.sni().iter().all(|s| s.as_deref() == Some(name)), "{:?}", backend.sni());
+    }
+    // A name the gateway does not pass through is closed.
+    let other = TlsClient { ca: &ca, server_name: "c.passthrough.test", certificate: None, alpn: &[] };
+    assert!(other.get(port, "c.passthrough.test", "/").await.is_err());
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// Delegation: a root VirtualService on the gateway hands /reviews to a
+// child owned by another team; a change to the child alone moves traffic.
+
+const DELEGATION: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: bookinfo-gateway, namespace: default}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: [bookinfo.example.test]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: bookinfo, namespace: default}
+spec:
+  hosts: [bookinfo.example.test]
+  gateways: [bookinfo-gateway]
+  http:
+  - match: [{uri: {prefix: /reviews}}]
+    delegate: {name: reviews, namespace: team-reviews}
+  - route: [{destination: {host: productpage.default.svc.cluster.local}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: reviews, namespace: team-reviews}
+spec:
+  hosts: [reviews.team-reviews.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  endpoints:
+  - {address: ${v1.ip}, ports: {http: ${v1.port}}, labels: {version: v1}}
+  - {address: ${v2.ip}, ports: {http: ${v2.port}}, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: team-reviews}
+spec:
+  host: reviews
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: productpage, namespace: default}
+spec:
+  hosts: [productpage.default.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  endpoints: [{address: ${pp.ip}, ports: {http: ${pp.port}}}]
+"#;
+
+fn reviews_child(subset: &str) -> String {
+    format!(
+        r#"
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: reviews, namespace: team-reviews}}
+spec:
+  http:
+  - match: [{{uri: {{prefix: /reviews/beta}}}}]
+    route: [{{destination: {{host: reviews, subset: v2}}}}]
+  - route: [{{destination: {{host: reviews, subset: {subset}}}}}]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delegated_routes_follow_the_child() {
+    let fx = Fixture::start(1).await;
+    let (v1, v2, pp) = (fx.upstream(11, "reviews-v1").await, fx.upstream(12, "reviews-v2").await, fx.upstream(13, "productpage").await);
+    let base = render(DELEGATION, &[("v1", &v1), ("v2", &v2), ("pp", &pp)]);
+    let rev = fx.apply(&format!("{base}---{}", reviews_child("v1"))).await;
+    let p = ingress_gateway(&fx, rev).await;
+    let host = "bookinfo.example.test";
+    let at = |path: &str| p.url(8080, path);
+
+    // The child's routes under the root's /reviews, in the child's order.
+    wait_for(&fx.client, &at("/reviews/1"), host, &[], "reviews via the child", |r| r.status == 200).await;
+    assert_eq!(tally(&load(&fx.client, &at("/reviews/1"), host, &[], 20, 4).await), BTreeMap::from([("200 reviews-v1".to_string(), 20)]));
+    assert_eq!(tally(&load(&fx.client, &at("/reviews/beta/1"), host, &[], 10, 2).await), BTreeMap::from([("200 reviews-v2".to_string(), 10)]));
+    assert_eq!(get(&fx.client, &at("/other"), host, &[]).await.body, "productpage");
+
+    // Only the child changes: traffic moves.
+    let rev = fx.apply(&reviews_child("v2")).await;
+    p.wait_synced(rev).await;
+    assert_eq!(tally(&load(&fx.client, &at("/reviews/1"), host, &[], 20, 4).await), BTreeMap::from([("200 reviews-v2".to_string(), 20)]));
+
+    // The child goes: the delegating route goes with it, so /reviews falls
+    // through to the root's next route.
+    let r = fx.client.delete(format!("{}/v1/resources/vs/team-reviews/reviews", fx.api(1))).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.unwrap();
+    p.wait_synced(body["revision"].as_u64().expect("revision")).await;
+    assert_eq!(tally(&load(&fx.client, &at("/reviews/1"), host, &[], 10, 2).await), BTreeMap::from([("200 productpage".to_string(), 10)]));
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// TCP split by weight: each connection goes to one subset (tcp_proxy
+// weighted clusters).
+
+const TCP_SPLIT: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: default}
+spec:
+  hosts: [db.tcp.test]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 5433, name: tcp-db, protocol: TCP}]
+  endpoints:
+  - {address: ${v1.ip}, ports: {tcp-db: ${v1.port}}, labels: {version: v1}}
+  - {address: ${v2.ip}, ports: {tcp-db: ${v2.port}}, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: db, namespace: default}
+spec:
+  host: db.tcp.test
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: db, namespace: default}
+spec:
+  hosts: [db.tcp.test]
+  tcp:
+  - match: [{port: 5433}]
+    route:
+    - {destination: {host: db.tcp.test, subset: v1}, weight: 80}
+    - {destination: {host: db.tcp.test, subset: v2}, weight: 20}
+"#;
+
+/// One HTTP/1.1 exchange on a new TCP connection: the body, or why not.
+async fn over_new_connection(addr: std::net::SocketAddr) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+        tcp.write_all(b"GET / HTTP/1.1\r\nhost: db.tcp.test\r\nconnection: close\r\n\r\n").await.map_err(|e| format!("send: {e}"))?;
+        let mut raw = Vec::new();
+        tcp.read_to_end(&mut raw).await.map_err(|e| format!("read: {e}"))?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).ok_or_else(|| format!("no answer: {text:?}"))
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange).await.map_err(|_| "timed out".to_string())?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_split_by_weight_over_connections() {
+    use futures::StreamExt;
+    const N: usize = 1000;
+    let fx = Fixture::start(1).await;
+    let (v1, v2) = (fx.upstream(11, "db-v1").await, fx.upstream(12, "db-v2").await);
+    let rev = fx.apply(&render(TCP_SPLIT, &[("v1", &v1), ("v2", &v2)])).await;
+    // Only a TCP port, so no RDS.
+    let p = fx.proxy_of_types(EnvoyOptions::new("app", &fx.ip(2)), 1, rev, &["CDS", "EDS", "LDS"]).await;
+    let addr: std::net::SocketAddr = format!("{}:5433", p.ip).parse().unwrap();
+    let deadline = Instant::now() + BOUND;
+    while over_new_connection(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "no answer on {addr}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let replies: Vec<String> = futures::stream::iter(0..N)
+        .map(|_| async move { over_new_connection(addr).await.unwrap_or_else(|e| format!("error: {e}")) })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    let mut t: BTreeMap<String, usize> = BTreeMap::new();
+    for r in replies {
+        *t.entry(r).or_insert(0) += 1;
+    }
+    let n1 = t.get("db-v1").copied().unwrap_or(0);
+    let n2 = t.get("db-v2").copied().unwrap_or(0);
+    assert_eq!(n1 + n2, N, "only db-v1 and db-v2: {t:?}");
+    let share = n1 as f64 / N as f64;
+    eprintln!("TCP split: v1 {n1}, v2 {n2} of {N} connections ({:.1}% v1)", share * 100.0);
+    assert!((0.75..=0.85).contains(&share), "v1 share {share:.3} not 80±5%: {t:?}");
+    p.envoy.assert_no_rejections().await;
+}
+
+// ---------------------------------------------------------------------------
+// Egress through an egress gateway, as in Istio's egress task with TLS
+// passed through: the app's sidecar sends TLS for the external host (by
+// SNI) to the egress gateway, which passes it on, by SNI, to the external
+// server. One VirtualService, bound to `mesh` and to the gateway, with a
+// `tls` route for each.
+
+const EGRESS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: external, namespace: default}
+spec:
+  hosts: [external.example.test]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  ports: [{number: 8443, name: tls, protocol: TLS}]
+  endpoints: [{address: ${ext.ip}, ports: {tls: ${ext.port}}}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {name: egressgateway, namespace: default}
+spec:
+  ports: [{name: tls, number: 8443, protocol: TLS}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: egressgateway-1, namespace: default}
+spec: {service: egressgateway, address: ${gw.ip}, port: 8443}
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: egressgateway, namespace: default}
+spec:
+  selector: {istio: egressgateway}
+  servers:
+  - port: {number: 8443, name: tls, protocol: TLS}
+    tls: {mode: PASSTHROUGH}
+    hosts: [external.example.test]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: external-through-egress, namespace: default}
+spec:
+  hosts: [external.example.test]
+  gateways: [mesh, egressgateway]
+  tls:
+  - match: [{gateways: [mesh], port: 8443, sniHosts: [external.example.test]}]
+    route: [{destination: {host: egressgateway.default.svc.cluster.local, port: {number: 8443}}}]
+  - match: [{gateways: [egressgateway], port: 8443, sniHosts: [external.example.test]}]
+    route: [{destination: {host: external.example.test, port: {number: 8443}}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_gateway_passes_tls_by_sni() {
+    use common::tls::{Ca, TlsClient, TlsUpstream};
+    let fx = Fixture::start(1).await;
+    let ca = Ca::new("external CA");
+    let ext = TlsUpstream::start(&fx.ip(11), "external", &ca.server(&["external.example.test"])).await;
+    // The gateway listens on `.3`, port 8443 (its registry instance).
+    let yaml = render_tls(EGRESS, &[("ext", &ext)]).replace("${gw.ip}", &fx.ip(3));
+    let rev = fx.apply(&yaml).await;
+    let mut o = EnvoyOptions::new("egressgateway", &fx.ip(3));
+    o.node_type = "router".into();
+    o.labels = vec![("istio".into(), "egressgateway".into())];
+    let gateway = fx.proxy_of_types(o, 1, rev, &["CDS", "EDS", "LDS"]).await;
+    let app = fx.proxy_of_types(EnvoyOptions::new("app", &fx.ip(2)), 1, rev, &["CDS", "EDS", "LDS"]).await;
+
+    let client = TlsClient { ca: &ca, server_name: "external.example.test", certificate: None, alpn: &["http/1.1"] };
+    let port: std::net::SocketAddr = format!("{}:8443", app.ip).parse().unwrap();
+    assert_eq!(wait_tls(&client, port).await, "external");
+    assert_eq!(tls_load(&client, port, 20, 4).await, BTreeMap::from([("external".to_string(), 20)]));
+    assert!(ext.sni().iter().all(|s| s.as_deref() == Some("external.example.test")), "{:?}", ext.sni());
+    // Every connection went through the gateway: the sidecar's cluster is
+    // the gateway's, the gateway's is the external host's.
+    let through_gateway = app.stat("cluster.outbound|8443||egressgateway.default.svc.cluster.local.upstream_cx_total").await;
+    let to_external = gateway.stat("cluster.outbound|8443||external.example.test.upstream_cx_total").await;
+    assert!(through_gateway >= 21 && to_external >= 21, "sidecar → gateway {through_gateway}, gateway → external {to_external}");
+    app.envoy.assert_no_rejections().await;
+    gateway.envoy.assert_no_rejections().await;
 }

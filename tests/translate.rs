@@ -140,6 +140,13 @@ fn incremental_equals_full() {
         "apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {name: productpage-2, namespace: default}\nspec: {service: productpage, address: 127.0.11.2, port: 19080}\n",
         // Back to a VirtualService change after those.
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: default}\nspec:\n  hosts: [reviews]\n  http:\n  - route:\n    - destination: {host: reviews, subset: v3}\n      weight: 50\n    - destination: {host: reviews, subset: v1}\n      weight: 50\n",
+        // Delegation: the root names a child not there yet (no route), then
+        // the child arrives, then only the child changes.
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: default}\nspec:\n  hosts: [reviews]\n  http:\n  - match: [{uri: {prefix: /reviews}}]\n    delegate: {name: reviews-team, namespace: team}\n  - route:\n    - destination: {host: reviews, subset: v1}\n",
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews-team, namespace: team}\nspec:\n  http:\n  - match: [{uri: {prefix: /reviews/2}}]\n    route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v2}\n  - route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v3}\n",
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews-team, namespace: team}\nspec:\n  http:\n  - route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v2}\n",
+        // TLS routes on a VirtualService: listeners, the full path.
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: pp, namespace: default}\nspec:\n  hosts: [productpage]\n  tls:\n  - match: [{sniHosts: [productpage]}]\n    route:\n    - destination: {host: productpage}\n",
     ];
     let mut state = base.state.clone();
     for (i, yaml) in changes.iter().enumerate() {

@@ -311,7 +311,9 @@ pub fn apply_txn(items: Vec<ApplyItem>) -> Result<(Txn, Vec<String>)> {
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
     let mut ops = Vec::with_capacity(items.len());
-    let mut seen = std::collections::BTreeSet::new();
+    // Where each object's op is: an object given twice is applied as kubectl
+    // applies a file, in order, so the last document wins.
+    let mut seen: std::collections::BTreeMap<ResourceKey, (usize, usize)> = std::collections::BTreeMap::new();
     for (i, item) in items.into_iter().enumerate() {
         let path = format!("resources[{i}]");
         match model::parse_resource(item.resource, model::DEFAULT_NAMESPACE) {
@@ -325,10 +327,18 @@ pub fn apply_txn(items: Vec<ApplyItem>) -> Result<(Txn, Vec<String>)> {
                     Err(errs) => errors.extend(errs.into_iter().map(|e| e.under(&path))),
                     Ok(w) => warnings.extend(w.into_iter().map(|w| format!("{path} ({}): {w}", res.key))),
                 }
-                if !seen.insert(res.key.clone()) {
-                    errors.push(FieldError::new(format!("{path}.metadata.name"), format!("{} appears more than once in this request", res.key)));
+                let op = Op::Put { body: model::json_text(&res.body).into(), key: res.key.clone(), expected_revision: item.expected_revision };
+                match seen.get(&res.key) {
+                    Some(&(first, at)) => {
+                        warnings
+                            .push(format!("{path} ({}): replaces resources[{first}], the same object earlier in this request (the last one wins)", res.key));
+                        ops[at] = op;
+                    }
+                    None => {
+                        seen.insert(res.key, (i, ops.len()));
+                        ops.push(op);
+                    }
                 }
-                ops.push(Op::Put { body: model::json_text(&res.body).into(), key: res.key, expected_revision: item.expected_revision });
             }
         }
     }

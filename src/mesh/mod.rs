@@ -488,7 +488,7 @@ impl Mesh {
                 SeResolution::Dns | SeResolution::DnsRoundRobin => Resolution::Dns,
                 _ => Resolution::Passthrough,
             };
-            let ports: Vec<ServicePort> = se.ports.iter().map(|p| ServicePort::new(&p.name, p.number, p.protocol.as_deref(), p.target_port)).collect();
+            let ports: Vec<ServicePort> = se.ports.iter().map(|p| ServicePort::new(&p.name, p.number, p.protocol_name(), p.target_port)).collect();
             let mut insts: Vec<Instance> = se.endpoints.iter().map(|we| instance_of_workload(we, &BTreeMap::new())).collect();
             let mut sources = vec![(obj.key.clone(), obj.mod_revision)];
             if let Some(sel) = &se.workload_selector {

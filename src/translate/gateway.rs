@@ -14,16 +14,21 @@
 //!   A lone server matches any SNI (or none), so clients that send no SNI
 //!   (by IP address) reach it.
 //!
-//! Servers Lodestar cannot serve (TCP, TLS passthrough, ISTIO_MUTUAL,
-//! certificates by `credentialName`) are refused by validation; one stored
-//! before that gets no listener here, never a plaintext one.
+//! - TLS passed through (PASSTHROUGH, AUTO_PASSTHROUGH) and TCP servers
+//!   get filter chains by SNI or address (`l4`); one listener per port.
+//!
+//! Servers Lodestar cannot serve (ISTIO_MUTUAL, certificates by
+//! `credentialName`, TLS terminated then routed as TCP) are refused by
+//! validation; one stored before that gets no listener here, never a
+//! plaintext one.
 
+use super::l4::{self, Chains, L4Chain};
 use super::listener::{self, Routes, TlsChain};
 use super::route::{self, RouteCtx};
 use super::{add_service_clusters, route_resource, scope, ClusterCache};
 use crate::mesh::{Mesh, Service};
 use crate::model::istio::common::Protocol;
-use crate::model::istio::gateway::Server;
+use crate::model::istio::gateway::{Server, ServerTlsMode};
 use crate::model::istio::{host_matches, resolve_short_name};
 use crate::model::proxy::ProxyIdentity;
 use crate::xds::resources::{ProxyConfig, ResourceType, XdsResource};
@@ -74,6 +79,10 @@ impl GatewayServer<'_> {
 enum Serves {
     Http,
     Https,
+    /// TLS passed through by SNI: PASSTHROUGH and AUTO_PASSTHROUGH
+    /// servers, which may share a port.
+    Sni,
+    Tcp,
 }
 
 fn serves(server: &Server) -> Option<Serves> {
@@ -81,7 +90,12 @@ fn serves(server: &Server) -> Option<Serves> {
     if protocol.is_http() {
         return Some(Serves::Http);
     }
-    let tls = server.tls.as_ref()?;
+    let Some(tls) = server.tls.as_ref() else {
+        return (protocol.is_tcp() && !protocol.is_tls()).then_some(Serves::Tcp);
+    };
+    if matches!(tls.mode(), ServerTlsMode::Passthrough | ServerTlsMode::AutoPassthrough) {
+        return protocol.is_tls().then_some(Serves::Sni);
+    }
     let files = tls.credential_name.is_none() && tls.credential_names.is_empty() && tls.ca_cert_credential_name.is_none();
     (protocol == Protocol::Https && tls.terminates() && files).then_some(Serves::Https)
 }
@@ -142,6 +156,13 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
                     .collect();
                 listener::https_listener(&name, &bind, port, chains)
             }
+            Serves::Sni | Serves::Tcp => {
+                let chains = l4_chains(port, &plan.servers, mesh, proxy);
+                if chains.is_empty() {
+                    continue;
+                }
+                chains.listener(&name, &bind, port)
+            }
         };
         cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
     }
@@ -185,4 +206,48 @@ fn route_table(name: &str, port: u32, servers: &[GatewayServer], mesh: &Mesh, pr
         validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }),
         ..Default::default()
     }
+}
+
+/// The filter chains of the passthrough or TCP servers on `port`:
+/// PASSTHROUGH servers route by the `tls` routes of the VirtualServices
+/// bound to their Gateway (SNI hosts the server admits); AUTO_PASSTHROUGH
+/// servers by the cluster the SNI names; TCP servers by the `tcp` routes of
+/// a VirtualService bound to their Gateway whose hosts the server admits.
+fn l4_chains(port: u32, servers: &[GatewayServer], mesh: &Mesh, proxy: &ProxyIdentity) -> Chains {
+    let suffix = &mesh.config.domain_suffix;
+    let mut chains = Chains::default();
+    for s in servers {
+        let ctx = RouteCtx { mesh, proxy, port, gateway: Some(&s.gateway) };
+        match s.server.tls.as_ref().map(|t| t.mode()) {
+            Some(ServerTlsMode::AutoPassthrough) => {
+                for svc in scope::visible_services(mesh, proxy).filter(|svc| s.admits(&svc.hostname, &svc.namespace)) {
+                    let dr = super::destination_rule_for(mesh, &proxy.namespace, svc);
+                    let subsets = std::iter::once("").chain(dr.into_iter().flat_map(|d| d.spec.subsets.iter().map(|s| s.name.as_str())));
+                    for subset in subsets {
+                        for p in &svc.ports {
+                            chains.push(L4Chain {
+                                server_names: vec![l4::auto_passthrough_sni(p.number, subset, &svc.hostname)],
+                                destination_subnets: Vec::new(),
+                                clusters: vec![(super::outbound_cluster_name(p.number, subset, &svc.hostname), 1)],
+                            });
+                        }
+                    }
+                }
+            }
+            Some(_) => {
+                for vs in mesh.virtual_services.iter().filter(|vs| ctx.vs_applies(vs)) {
+                    let admit = |host: &str| s.admits(host, &vs.key.namespace);
+                    l4::tls_route_chains(&ctx, vs, &admit, &mut chains);
+                }
+            }
+            None => {
+                for vs in mesh.virtual_services.iter().filter(|vs| ctx.vs_applies(vs)) {
+                    if vs.spec.hosts.iter().any(|h| s.admits(&resolve_short_name(h, &vs.key.namespace, suffix), &vs.key.namespace)) {
+                        l4::tcp_route_chains(&ctx, vs, &[], &mut chains);
+                    }
+                }
+            }
+        }
+    }
+    chains
 }

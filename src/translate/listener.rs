@@ -16,10 +16,6 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     http_connection_manager::{CodecType, ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails},
     http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
-use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
-    tcp_proxy::{weighted_cluster::ClusterWeight, ClusterSpecifier, WeightedCluster},
-    TcpProxy,
-};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
 
 pub const HCM: &str = "envoy.filters.network.http_connection_manager";
@@ -64,14 +60,7 @@ pub fn http_listener(name: &str, ip: &str, port: u32, routes: Routes) -> Listene
 
 /// A TCP proxy to one cluster, or split across weighted clusters.
 pub fn tcp_listener(name: &str, ip: &str, port: u32, clusters: Vec<(String, u32)>) -> Listener {
-    let cluster_specifier = match clusters.as_slice() {
-        [(one, _)] => ClusterSpecifier::Cluster(one.clone()),
-        many => ClusterSpecifier::WeightedClusters(WeightedCluster {
-            clusters: many.iter().map(|(n, w)| ClusterWeight { name: n.clone(), weight: *w, ..Default::default() }).collect(),
-        }),
-    };
-    let tcp = TcpProxy { stat_prefix: name.to_string(), cluster_specifier: Some(cluster_specifier), ..Default::default() };
-    listener(name, ip, port, Filter { name: TCP_PROXY.into(), config_type: Some(filter::ConfigType::TypedConfig(any(&tcp))) })
+    listener(name, ip, port, super::l4::tcp_proxy_filter(name, &clusters))
 }
 
 /// One filter chain of an HTTPS listener: TLS terminated with `tls`, then
@@ -87,17 +76,7 @@ pub struct TlsChain {
 /// plaintext: a connection that does not complete a TLS handshake with one
 /// of the chains is closed.
 pub fn https_listener(name: &str, ip: &str, port: u32, chains: Vec<TlsChain>) -> Listener {
-    // SNI is read from the ClientHello by the TLS inspector, and only
-    // needed to choose between chains.
-    let listener_filters = if chains.iter().any(|c| !c.server_names.is_empty()) {
-        vec![ListenerFilter {
-            name: TLS_INSPECTOR.into(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(any(&TlsInspector::default()))),
-            ..Default::default()
-        }]
-    } else {
-        Vec::new()
-    };
+    let listener_filters = tls_inspector_if(chains.iter().any(|c| !c.server_names.is_empty()));
     let filter_chains = chains
         .into_iter()
         .map(|c| {
@@ -123,6 +102,19 @@ pub fn https_listener(name: &str, ip: &str, port: u32, chains: Vec<TlsChain>) ->
         })
         .collect();
     Listener { name: name.to_string(), address: Some(socket_address(ip, port)), filter_chains, listener_filters, ..Default::default() }
+}
+
+/// The TLS inspector, which reads SNI from the ClientHello: only needed
+/// (and only added) when some filter chain matches on server names.
+pub fn tls_inspector_if(needed: bool) -> Vec<ListenerFilter> {
+    if !needed {
+        return Vec::new();
+    }
+    vec![ListenerFilter {
+        name: TLS_INSPECTOR.into(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(any(&TlsInspector::default()))),
+        ..Default::default()
+    }]
 }
 
 fn listener(name: &str, ip: &str, port: u32, filter: Filter) -> Listener {

@@ -7,6 +7,7 @@
 //! - `route`: VirtualService → routes.
 //! - `cluster`: services + DestinationRules → clusters and endpoints.
 //! - `listener`: HTTP/TCP listeners.
+//! - `l4`: VirtualService `tls` and `tcp` routes → SNI/address filter chains.
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
 //! - `tls`: TLS contexts (gateway termination, DestinationRule origination).
 
@@ -14,6 +15,7 @@ pub mod cluster;
 pub mod encode;
 pub mod gateway;
 pub mod intern;
+pub mod l4;
 pub mod listener;
 pub mod route;
 pub mod scope;
@@ -229,12 +231,14 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
             rds.insert(route_name.clone(), RdsParts { port: plan.port, parts: Arc::new(parts) });
             let l = listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name));
             cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
-        } else if let Some(svc) = plan.services.values().next() {
-            // A TCP port serves one service: without iptables there is no
-            // original destination to tell services apart.
-            let clusters = tcp_destinations(&ctx, svc);
-            let l = listener::tcp_listener(&plan.listener_name(), &plan.bind, plan.port, clusters);
-            cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+        } else {
+            // TLS services are told apart by SNI; plain TCP carries no name,
+            // and without iptables there is no original destination either,
+            // so one TCP service per port (see `l4`).
+            let services: Vec<&Service> = plan.services.values().map(|s| s.as_ref()).collect();
+            if let Some(l) = l4::sidecar_listener(&ctx, &plan.listener_name(), &plan.bind, &services) {
+                cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+            }
         }
     }
     // Destinations named by routes must exist even if the egress scope does
@@ -244,8 +248,12 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
         for ing in &sc.spec.ingress {
             let port = ing.port.number();
             let bind = ing.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
-            let Some(endpoint) = ing.default_endpoint.as_deref() else { continue };
+            let endpoint = ing.default_endpoint();
             let Some((ep_ip, ep_port)) = endpoint.rsplit_once(':').and_then(|(ip, p)| Some((ip, p.parse::<u32>().ok()?))) else { continue };
+            if ep_ip == bind && ep_port == port {
+                // The proxy would forward to itself.
+                continue;
+            }
             let cluster_name = format!("inbound|{port}||");
             let c = inbound_cluster(&cluster_name, ep_ip, ep_port);
             cfg.insert(ResourceType::Cluster, XdsResource::new(cluster_name.clone(), &c));
@@ -302,29 +310,6 @@ fn inbound_cluster(name: &str, ip: &str, port: u32) -> Cluster {
         }),
         ..Default::default()
     }
-}
-
-/// A TCP service's destinations: its VirtualService `tcp` routes (first
-/// route that applies), else the service itself.
-fn tcp_destinations(ctx: &RouteCtx, svc: &Service) -> Vec<(String, u32)> {
-    let suffix = &ctx.mesh.config.domain_suffix;
-    if let Some(vs) = route::virtual_service_for(ctx, &svc.hostname) {
-        if let Some(r) = vs.spec.tcp.iter().find(|r| r.matches.is_empty() || r.matches.iter().any(|m| m.port.is_none_or(|p| p == ctx.port))) {
-            let out: Vec<(String, u32)> = r
-                .route
-                .iter()
-                .map(|d| {
-                    let host = resolve_short_name(&d.destination.host, &vs.key.namespace, suffix);
-                    let port = d.destination.port.as_ref().map_or(ctx.port, |p| p.number);
-                    (outbound_cluster_name(port, d.destination.subset.as_deref().unwrap_or(""), &host), d.weight.unwrap_or(100).max(0) as u32)
-                })
-                .collect();
-            if !out.is_empty() {
-                return out;
-            }
-        }
-    }
-    vec![(outbound_cluster_name(ctx.port, "", &svc.hostname), 1)]
 }
 
 /// What the translator remembers of a proxy's last translation.
@@ -511,6 +496,8 @@ impl Translator {
                 (k, _) if k.is_acl() => Vec::new(),
                 (_, TypedSpec::Instance(i)) => vec![crate::mesh::instance_hostname(i, ns, suffix)],
                 (_, TypedSpec::Service(svc)) => vec![svc.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", o.key.name))],
+                // A delegate (no hosts) routes under whichever roots name it.
+                (_, TypedSpec::Istio(Validated::VirtualService { spec, .. })) if spec.hosts.is_empty() => return None,
                 (_, TypedSpec::Istio(Validated::VirtualService { spec, .. })) => spec.hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).collect(),
                 (_, TypedSpec::Istio(Validated::DestinationRule { spec, .. })) => vec![resolve_short_name(&spec.host, ns, suffix)],
                 (_, TypedSpec::Istio(Validated::ServiceEntry { spec, .. })) => spec.hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).collect(),
@@ -531,7 +518,9 @@ impl Translator {
             }
             let Ok(typed) = obj.typed() else { return None };
             let crate::model::TypedSpec::Istio(crate::model::istio::Validated::VirtualService { spec, .. }) = typed.as_ref() else { return None };
-            if !spec.tcp.is_empty() {
+            // TLS and TCP routes are listeners' filter chains, not virtual
+            // hosts; a delegate (no hosts) routes under whichever roots name it.
+            if !spec.tcp.is_empty() || !spec.tls.is_empty() || spec.hosts.is_empty() {
                 return None;
             }
             for h in &spec.hosts {

@@ -4,8 +4,9 @@ use super::util::{any, fraction, header_options, istio_duration, string_matcher}
 use super::{destination_rule_for, outbound_cluster_name};
 use crate::mesh::{Config, Mesh, Service};
 use crate::model::istio::common::Destination;
+use crate::model::istio::delegate::merge_routes;
 use crate::model::istio::destination_rule::ConsistentHashLb;
-use crate::model::istio::virtual_service::{Headers, HttpMatchRequest, HttpRoute, RedirectPortSelection};
+use crate::model::istio::virtual_service::{Delegate, Headers, HttpMatchRequest, HttpRoute, RedirectPortSelection};
 use crate::model::istio::{resolve_short_name, VirtualService};
 use crate::model::proxy::ProxyIdentity;
 use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, DataSource, RuntimeFractionalPercent};
@@ -56,6 +57,16 @@ impl RouteCtx<'_> {
     /// bound to this gateway (or the mesh).
     pub fn vs_applies(&self, vs: &Config<VirtualService>) -> bool {
         crate::mesh::exported_to(&vs.spec.export_to, &vs.key.namespace, &self.proxy.namespace) && self.gateways_apply(&vs.spec.gateways, &vs.key.namespace)
+    }
+
+    /// Whether a `tcp` or `tls` match's proxy-side conditions hold here:
+    /// its port (if any) is this listener's, its source labels are the
+    /// proxy's, and its gateways (if any) include this one (or `mesh`).
+    /// Destination subnets and SNI hosts are matched by Envoy.
+    pub(super) fn l4_match_applies(&self, port: Option<u32>, source_labels: &BTreeMap<String, String>, gateways: &[String], vs_ns: &str) -> bool {
+        port.is_none_or(|p| p == self.port)
+            && source_labels.iter().all(|(k, v)| self.proxy.labels.get(k) == Some(v))
+            && (gateways.is_empty() || self.gateways_apply(gateways, vs_ns))
     }
 
     fn match_applies(&self, m: &HttpMatchRequest, vs_ns: &str) -> bool {
@@ -158,7 +169,7 @@ fn retry_policy(attempts: u32, retry_on: &str, per_try: Option<&crate::model::is
 /// Each Istio match becomes one Envoy route (matches are OR-ed).
 pub fn http_routes(ctx: &RouteCtx, vs: &Config<VirtualService>, _svc: Option<&Service>) -> Vec<Route> {
     let mut out = Vec::new();
-    for (i, r) in vs.spec.http.iter().enumerate() {
+    let mut push = |vs: &Config<VirtualService>, r: &HttpRoute, i: usize| {
         let name = r.name.clone().unwrap_or_else(|| format!("{}.{}.{i}", vs.key.namespace, vs.key.name));
         let matches: Vec<RouteMatch> = if r.matches.is_empty() {
             vec![prefix_match("/")]
@@ -168,8 +179,34 @@ pub fn http_routes(ctx: &RouteCtx, vs: &Config<VirtualService>, _svc: Option<&Se
         for m in matches {
             out.push(route(ctx, vs, r, name.clone(), m));
         }
+    };
+    for (i, r) in vs.spec.http.iter().enumerate() {
+        let Some(delegate) = &r.delegate else {
+            push(vs, r, i);
+            continue;
+        };
+        // The child's routes in its order, under this route's matches;
+        // no child (or one that is not a delegate): no route.
+        if let Some(child) = delegate_child(ctx.mesh, vs, delegate) {
+            for (j, merged) in merge_routes(r, &child.spec.http).iter().enumerate() {
+                push(child, merged, j);
+            }
+        }
     }
     out
+}
+
+/// The VirtualService a `delegate` names (in the root's namespace unless
+/// it names one): it must have no hosts (a root is never a child) and be
+/// exported to the root's namespace.
+fn delegate_child<'m>(mesh: &'m Mesh, root: &Config<VirtualService>, delegate: &Delegate) -> Option<&'m Config<VirtualService>> {
+    let name = delegate.name.as_deref()?;
+    let ns = delegate.namespace.as_deref().unwrap_or(&root.key.namespace);
+    mesh.virtual_services
+        .iter()
+        .find(|c| c.key.name == name && c.key.namespace == ns)
+        .filter(|c| c.spec.hosts.is_empty() && crate::mesh::exported_to(&c.spec.export_to, &c.key.namespace, &root.key.namespace))
+        .map(|c| c.as_ref())
 }
 
 fn route_match(m: &HttpMatchRequest) -> RouteMatch {

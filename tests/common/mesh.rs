@@ -81,14 +81,20 @@ impl Fixture {
 
     /// Start an Envoy bootstrapped (by `lodestar bootstrap`) to `replica`
     /// only, so the test knows which replica serves it.
-    pub async fn proxy(&self, mut o: EnvoyOptions, replica: u64, revision: u64) -> Proxy {
+    pub async fn proxy(&self, o: EnvoyOptions, replica: u64, revision: u64) -> Proxy {
+        self.proxy_of_types(o, replica, revision, &TYPES).await
+    }
+
+    /// As `proxy`, for a proxy that gets only `types` (a gateway with no
+    /// HTTP server has no RDS, say).
+    pub async fn proxy_of_types(&self, mut o: EnvoyOptions, replica: u64, revision: u64, types: &[&str]) -> Proxy {
         o.xds_servers = vec![self.cluster.replica(replica).xds_addr()];
         let id = o.node_id();
         let ip = o.ip.clone();
         let mut envoy = Envoy::start(&self.tmp.path().join(&o.name), o);
         envoy.wait_ready(BOUND).await;
         let p = Proxy { envoy, id, ip, api: self.api(replica), client: self.client.clone() };
-        p.wait_synced(revision).await;
+        p.wait_synced_types(revision, types).await;
         p
     }
 }
@@ -114,19 +120,24 @@ impl Proxy {
     /// ACK, so once some type is ACKed at `revision`, "all in sync" covers
     /// every response of that round.
     pub async fn wait_synced(&self, revision: u64) -> Value {
+        self.wait_synced_types(revision, &TYPES).await
+    }
+
+    /// As `wait_synced`, for the given types only.
+    pub async fn wait_synced_types(&self, revision: u64, types: &[&str]) -> Value {
         let deadline = Instant::now() + BOUND;
         loop {
             let s = syncz(&self.client, &self.api).await;
             if let Some(p) = s["proxies"].as_array().and_then(|ps| ps.iter().find(|p| p["id"] == self.id.as_str())) {
-                for t in TYPES {
+                for t in types {
                     let nack = &p["types"][t]["last_nack"];
                     assert!(nack.is_null(), "{} NACKed {t}: {nack:#}", self.id);
                 }
                 assert!(p["generate_error"].is_null(), "{}: generation failed: {}", self.id, p["generate_error"]);
                 let version = |t: &str| p["types"][t]["acked_version"].as_str().and_then(|v| v.parse::<u64>().ok());
                 let synced = p["revision"].as_u64().is_some_and(|r| r >= revision)
-                    && TYPES.iter().all(|t| p["types"][t]["in_sync"] == true)
-                    && TYPES.iter().any(|t| version(t).is_some_and(|v| v >= revision));
+                    && types.iter().all(|t| p["types"][t]["in_sync"] == true)
+                    && types.iter().any(|t| version(t).is_some_and(|v| v >= revision));
                 if synced {
                     return p.clone();
                 }

@@ -150,3 +150,63 @@ impl TlsClient<'_> {
         tokio::time::timeout(Duration::from_secs(10), exchange).await.map_err(|_| format!("{addr} ({}): timed out", self.server_name))?
     }
 }
+
+/// A TLS backend that terminates TLS itself (with `leaf`), answers any
+/// HTTP/1.1 request with its identity as the body, and closes. Records the
+/// SNI name of every connection it accepted.
+pub struct TlsUpstream {
+    pub addr: SocketAddr,
+    sni: Arc<std::sync::Mutex<Vec<Option<String>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsUpstream {
+    pub async fn start(ip: &str, identity: &str, leaf: &Leaf) -> TlsUpstream {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf.key_der.clone()));
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![leaf.der.clone()], key)
+            .unwrap();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind(format!("{ip}:0")).await.expect("bind TLS upstream");
+        let addr = listener.local_addr().unwrap();
+        let sni = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (seen, identity) = (sni.clone(), identity.to_string());
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, seen, identity) = (acceptor.clone(), seen.clone(), identity.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else { return };
+                    seen.lock().unwrap().push(tls.get_ref().1.server_name().map(String::from));
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tls.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{identity}", identity.len());
+                    let _ = tls.write_all(answer.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        TlsUpstream { addr, sni, task }
+    }
+
+    /// The SNI name of each connection accepted so far.
+    pub fn sni(&self) -> Vec<Option<String>> {
+        self.sni.lock().unwrap().clone()
+    }
+}
+
+impl Drop for TlsUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -300,35 +300,34 @@ impl Server {
         r.ignored_if(self.default_endpoint.is_some(), &at.field("defaultEndpoint"));
     }
 
-    /// Gateways serve HTTP, and HTTPS terminated with certificate files.
-    /// Anything else would be served as something the user did not ask
-    /// for (a TCP port as HTTP, TLS as plaintext), so it is refused.
+    /// Gateways serve HTTP; HTTPS terminated with certificate files; TLS
+    /// (HTTPS or TLS ports) passed through by SNI (PASSTHROUGH: the
+    /// VirtualServices' `tls` routes; AUTO_PASSTHROUGH: the SNI names the
+    /// cluster); and TCP by the `tcp` routes. Anything else would be served
+    /// as something the user did not ask for (TLS as plaintext, say), so it
+    /// is refused.
     fn check_translatable(&self, protocol: Protocol, at: &Path, r: &mut Report) {
-        if protocol == Protocol::Tls {
+        let passthrough = self.tls.as_ref().is_some_and(|t| matches!(t.mode(), ServerTlsMode::Passthrough | ServerTlsMode::AutoPassthrough));
+        if protocol == Protocol::Tls && !passthrough {
             r.unsupported_one(
-                &at.field("port").field("protocol"),
-                "protocol TLS on a gateway",
-                "use HTTPS with tls.mode SIMPLE or MUTUAL to terminate TLS and route HTTP",
+                &at.field("tls").field("mode"),
+                "terminating TLS on a TLS server (then routing TCP)",
+                "use PASSTHROUGH to route TLS by SNI, or protocol HTTPS to terminate TLS and route HTTP",
             );
             return;
         }
-        if !protocol.is_http() && protocol != Protocol::Https {
-            r.unsupported_one(&at.field("port").field("protocol"), &format!("protocol {} on a gateway", self.port.protocol), "gateways serve HTTP and HTTPS");
+        if !protocol.is_http() && !protocol.is_tcp() {
+            r.unsupported_one(
+                &at.field("port").field("protocol"),
+                &format!("protocol {} on a gateway", self.port.protocol),
+                "gateways serve HTTP, HTTPS, TLS and TCP",
+            );
             return;
         }
         let Some(tls) = &self.tls else { return };
         let tls_at = at.field("tls");
-        match tls.mode() {
-            mode @ (ServerTlsMode::Passthrough | ServerTlsMode::AutoPassthrough) if protocol == Protocol::Https => {
-                let name = if mode == ServerTlsMode::Passthrough { "PASSTHROUGH" } else { "AUTO_PASSTHROUGH" };
-                r.unsupported_one(&tls_at.field("mode"), &format!("tls mode {name}"), "terminate TLS with SIMPLE or MUTUAL");
-            }
-            ServerTlsMode::IstioMutual => r.unsupported_one(
-                &tls_at.field("mode"),
-                "tls mode ISTIO_MUTUAL",
-                "Lodestar has no mesh certificate authority: use MUTUAL with certificate files",
-            ),
-            _ => {}
+        if tls.mode() == ServerTlsMode::IstioMutual {
+            r.unsupported_one(&tls_at.field("mode"), "tls mode ISTIO_MUTUAL", "Lodestar has no mesh certificate authority: use MUTUAL with certificate files");
         }
         let no_secrets = "Lodestar has no secret store: give serverCertificate and privateKey (and caCertificates) as file paths on the gateway's host";
         if tls.credential_name.is_some() {
@@ -554,19 +553,24 @@ mod tests {
     fn what_gateways_cannot_serve_is_refused_not_served_otherwise() {
         let e = errors(json!({"servers": [
             {"port": {"number": 443, "name": "a", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialName": "a-cert"}},
-            {"port": {"number": 443, "name": "b", "protocol": "HTTPS"}, "hosts": ["b.example.com"], "tls": {"mode": "PASSTHROUGH"}},
-            {"port": {"number": 443, "name": "c", "protocol": "HTTPS"}, "hosts": ["c.example.com"], "tls": {"mode": "AUTO_PASSTHROUGH"}},
             {"port": {"number": 15443, "name": "d", "protocol": "HTTPS"}, "hosts": ["*.local"], "tls": {"mode": "ISTIO_MUTUAL"}},
-            {"port": {"number": 31400, "name": "e", "protocol": "TCP"}, "hosts": ["*"]},
-            {"port": {"number": 8443, "name": "f", "protocol": "TLS"}, "hosts": ["f.example.com"], "tls": {"mode": "PASSTHROUGH"}}
+            {"port": {"number": 8443, "name": "f", "protocol": "TLS"}, "hosts": ["f.example.com"],
+             "tls": {"mode": "SIMPLE", "serverCertificate": "/c.pem", "privateKey": "/k.pem"}},
+            {"port": {"number": 5000, "name": "g", "protocol": "UDP"}, "hosts": ["*"]}
         ]}));
         assert!(has(&e, "spec.servers[0].tls.credentialName", "credentialName is not supported yet"), "{e:?}");
-        assert!(has(&e, "spec.servers[1].tls.mode", "PASSTHROUGH is not supported yet"), "{e:?}");
-        assert!(has(&e, "spec.servers[2].tls.mode", "AUTO_PASSTHROUGH is not supported yet"), "{e:?}");
-        assert!(has(&e, "spec.servers[3].tls.mode", "ISTIO_MUTUAL is not supported yet"), "{e:?}");
-        assert!(has(&e, "spec.servers[4].port.protocol", "protocol TCP on a gateway is not supported yet"), "{e:?}");
-        assert!(has(&e, "spec.servers[5].port.protocol", "protocol TLS on a gateway is not supported yet"), "{e:?}");
+        assert!(has(&e, "spec.servers[1].tls.mode", "ISTIO_MUTUAL is not supported yet"), "{e:?}");
+        assert!(has(&e, "spec.servers[2].tls.mode", "terminating TLS on a TLS server (then routing TCP) is not supported yet"), "{e:?}");
+        assert!(has(&e, "spec.servers[3].port.protocol", "protocol UDP on a gateway is not supported yet"), "{e:?}");
         assert!(e.iter().all(|e| !e.reason.contains("invalid")), "{e:?}");
+        // Passed through by SNI, or TCP: served.
+        let ok = json!({"servers": [
+            {"port": {"number": 443, "name": "b", "protocol": "HTTPS"}, "hosts": ["b.example.com"], "tls": {"mode": "PASSTHROUGH"}},
+            {"port": {"number": 443, "name": "c", "protocol": "HTTPS"}, "hosts": ["c.example.com"], "tls": {"mode": "AUTO_PASSTHROUGH"}},
+            {"port": {"number": 31400, "name": "e", "protocol": "TCP"}, "hosts": ["*"]},
+            {"port": {"number": 8443, "name": "f", "protocol": "TLS"}, "hosts": ["f.example.com"], "tls": {"mode": "PASSTHROUGH"}}
+        ]});
+        assert!(validate("Gateway", &ok).is_ok());
     }
 
     #[test]

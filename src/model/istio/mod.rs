@@ -14,6 +14,7 @@
 //! so it can be moved into another crate as is.
 
 pub mod common;
+pub mod delegate;
 pub mod destination_rule;
 pub mod duration;
 pub mod gateway;

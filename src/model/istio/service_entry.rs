@@ -65,6 +65,19 @@ pub struct ServicePort {
     pub target_port: Option<u32>,
 }
 
+impl ServicePort {
+    /// The declared protocol; `None` when it is absent or empty (Istio
+    /// sniffs those; the service model takes them from the port name).
+    pub fn protocol(&self) -> Option<Protocol> {
+        self.protocol.as_deref().filter(|p| !p.is_empty()).and_then(Protocol::parse)
+    }
+
+    /// The protocol as written, `None` when absent or empty.
+    pub fn protocol_name(&self) -> Option<&str> {
+        self.protocol.as_deref().filter(|p| !p.is_empty())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Location {
@@ -117,8 +130,11 @@ impl ServiceEntry {
         }
 
         let ports_at = at.field("ports");
+        // Istio's ValidateServiceEntry has no "at least one port" check: an
+        // entry without ports names hosts (for a Sidecar's egress, say) but
+        // gets no listener or cluster of its own.
         if self.ports.is_empty() {
-            r.error(&ports_at, "service entry must have at least one port");
+            r.warn(&ports_at, "no ports: the hosts get no listener or cluster until a port is declared");
         }
         let mut names = BTreeSet::new();
         let mut numbers = BTreeSet::new();
@@ -141,7 +157,9 @@ impl ServiceEntry {
             if let Some(target) = port.target_port {
                 check_port(r, &port_at.field("targetPort"), target);
             }
-            if let Some(protocol) = port.protocol.as_deref().filter(|p| Protocol::parse(p).is_none()) {
+            // Istio's ValidateProtocol: an empty protocol means "sniff it"
+            // and is valid (served here from the port name, else as TCP).
+            if let Some(protocol) = port.protocol.as_deref().filter(|p| !p.is_empty() && Protocol::parse(p).is_none()) {
                 r.error(&port_at.field("protocol"), format!("unsupported protocol {protocol:?}; supported protocols are {SUPPORTED_PROTOCOLS}"));
             }
         }
@@ -199,7 +217,7 @@ impl ServiceEntry {
         // no SNI), so several hosts on one TCP port are ambiguous unless the
         // original destination address is used as is (NONE).
         if resolution != Resolution::None && self.hosts.len() > 1 {
-            let opaque = self.ports.iter().any(|p| p.protocol.as_deref().and_then(Protocol::parse).is_none_or(|proto| !proto.is_http() && !proto.is_tls()));
+            let opaque = self.ports.iter().any(|p| p.protocol().is_none_or(|proto| !proto.is_http() && !proto.is_tls()));
             if opaque {
                 r.error(&hosts_at, "multiple hosts provided with non-HTTP, non-TLS ports");
             }
@@ -235,10 +253,18 @@ mod tests {
     }
 
     #[test]
-    fn needs_hosts_and_ports() {
+    fn needs_hosts_but_not_ports() {
         let e = errors(json!({"resolution": "DNS"}));
         assert!(has(&e, "spec.hosts", "at least one host"));
-        assert!(has(&e, "spec.ports", "at least one port"));
+        assert!(!e.iter().any(|e| e.field == "spec.ports"), "{e:?}");
+        let ok = validate("ServiceEntry", &json!({"hosts": ["api.example.com"], "resolution": "DNS"})).unwrap();
+        assert!(ok.warnings().iter().any(|w| w.contains("no ports")), "{:?}", ok.warnings());
+    }
+
+    #[test]
+    fn empty_protocol_is_sniffed_not_refused() {
+        let spec = json!({"hosts": ["api.example.com"], "ports": [{"number": 8080, "name": "http", "protocol": ""}, {"number": 9000, "name": "db"}]});
+        assert!(validate("ServiceEntry", &spec).is_ok());
     }
 
     #[test]

@@ -149,6 +149,18 @@ impl Sidecar {
 }
 
 impl IngressListener {
+    /// Where the listener forwards: `defaultEndpoint`, or when it is unset
+    /// the application on loopback at the listener's port. (Istio then
+    /// forwards to the instance's own address, which iptables redirects to
+    /// the application; without traffic capture the proxy itself holds that
+    /// address and port, so the application is reached on 127.0.0.1.)
+    pub fn default_endpoint(&self) -> String {
+        match self.default_endpoint.as_deref().filter(|e| !e.is_empty()) {
+            Some(endpoint) => endpoint.to_string(),
+            None => format!("127.0.0.1:{}", self.port.number()),
+        }
+    }
+
     fn check(&self, at: &Path, r: &mut Report) {
         let port_at = at.field("port");
         check_listener_port(r, &port_at, &self.port);
@@ -158,12 +170,14 @@ impl IngressListener {
         }
 
         let endpoint_at = at.field("defaultEndpoint");
-        match &self.default_endpoint {
-            None => r.error(&endpoint_at, "defaultEndpoint is required for ingress listeners"),
-            Some(endpoint) => match endpoint.strip_prefix(UNIX_ADDRESS_PREFIX) {
+        // Istio's ValidateSidecar checks defaultEndpoint only when it is
+        // set (it is optional since Istio 1.18); unset, the application is
+        // reached on loopback at the listener's port (`default_endpoint()`).
+        if let Some(endpoint) = self.default_endpoint.as_deref().filter(|e| !e.is_empty()) {
+            match endpoint.strip_prefix(UNIX_ADDRESS_PREFIX) {
                 Some(path) => r.check(&endpoint_at, check_unix_address(path)),
                 None => r.check(&endpoint_at, check_default_endpoint(endpoint)),
-            },
+            }
         }
 
         if let Some(tls) = &self.tls {
@@ -357,7 +371,7 @@ mod tests {
             {"port": {"number": 9081, "protocol": "HTTP", "name": "http2"}, "defaultEndpoint": "10.0.0.1:8080"},
             {"port": {"number": 9082, "protocol": "HTTP", "name": "http3"}, "defaultEndpoint": "127.0.0.1:http"}
         ]}));
-        assert!(has(&e, "spec.ingress[0].defaultEndpoint", "required"), "{e:?}");
+        assert!(!e.iter().any(|e| e.field == "spec.ingress[0].defaultEndpoint"), "unset is allowed: {e:?}");
         assert!(has(&e, "spec.ingress[1].defaultEndpoint", "must be of form"), "{e:?}");
         assert!(has(&e, "spec.ingress[2].defaultEndpoint", "not a number"), "{e:?}");
         assert!(check_default_endpoint("[::1]:8080").is_ok());

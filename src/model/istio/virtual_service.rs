@@ -32,7 +32,7 @@ pub struct VirtualService {
     pub gateways: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub http: Vec<HttpRoute>,
-    /// Parsed so Istio configs load, but rejected by validation.
+    /// Routes for TLS (HTTPS, TLS) ports, by SNI.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tls: Vec<TlsRoute>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -55,7 +55,8 @@ pub struct HttpRoute {
     pub redirect: Option<HttpRedirect>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct_response: Option<HttpDirectResponse>,
-    /// Parsed so Istio configs load, but rejected by validation.
+    /// Routes of another (host-less) VirtualService take this route's
+    /// place, under its matches (`delegate::merge_routes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delegate: Option<Delegate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -464,10 +465,23 @@ fn is_known_http_status(code: u16) -> bool {
 impl VirtualService {
     pub(super) fn check(&self, at: &Path, r: &mut Report) {
         let hosts_at = at.field("hosts");
-        // Istio allows host-less "delegate" VirtualServices; we do not
-        // support delegation, so a VirtualService without hosts routes nothing.
-        if self.hosts.is_empty() {
-            r.error(&hosts_at, "at least one host is required");
+        // Istio's ValidateVirtualService: one without hosts is a delegate
+        // (a child of a root's `delegate` route), which only has HTTP routes
+        // and binds to no gateway (its root does).
+        let is_delegate = self.hosts.is_empty();
+        if is_delegate {
+            if !self.gateways.is_empty() {
+                r.error(&at.field("gateways"), "delegate virtual service must have no gateways specified");
+            }
+            if !self.tls.is_empty() {
+                r.error(&at.field("tls"), "delegate virtual service must have no tls route specified");
+            }
+            if !self.tcp.is_empty() {
+                r.error(&at.field("tcp"), "delegate virtual service must have no tcp route specified");
+            }
+            for (i, _) in self.http.iter().enumerate().filter(|(_, h)| h.delegate.is_some()) {
+                r.error(&at.field("http").index(i).field("delegate"), "a delegate virtual service cannot delegate again (one level only)");
+            }
         }
 
         // Like Istio: a VirtualService is bound to the mesh when it names no
@@ -504,8 +518,9 @@ impl VirtualService {
             route.check(&http_at.index(i), r, bound_to_mesh);
         }
         warn_unreachable(r, &http_at, self.http.iter().map(|h| h.matches.is_empty() || h.matches.iter().any(HttpMatchRequest::matches_everything)));
-        if !self.tls.is_empty() {
-            r.unsupported(&at.field("tls"), "tls routes");
+        let tls_at = at.field("tls");
+        for (i, route) in self.tls.iter().enumerate() {
+            route.check(&tls_at.index(i), r, self);
         }
         let tcp_at = at.field("tcp");
         for (i, route) in self.tcp.iter().enumerate() {
@@ -597,8 +612,22 @@ impl HttpRoute {
 
     /// A route does exactly one thing: forward, redirect or respond.
     fn check_actions(&self, at: &Path, r: &mut Report) {
-        if self.delegate.is_some() {
-            r.unsupported(&at.field("delegate"), "delegate virtual services");
+        // Istio's validateHTTPRouteConflict: a delegating route only
+        // delegates (the child's routes do the rest).
+        if let Some(delegate) = &self.delegate {
+            let delegate_at = at.field("delegate");
+            if delegate.name.as_deref().is_none_or(str::is_empty) {
+                r.error(&delegate_at.field("name"), "delegate name is required");
+            }
+            if let Some(ns) = delegate.namespace.as_deref().filter(|ns| !host::is_dns1123_label(ns) || ns.bytes().any(|b| b.is_ascii_uppercase())) {
+                r.error(&delegate_at.field("namespace"), format!("invalid namespace {ns:?}"));
+            }
+            for (field, set) in [("route", !self.route.is_empty()), ("redirect", self.redirect.is_some()), ("directResponse", self.direct_response.is_some())] {
+                if set {
+                    r.error(&at.field(field), format!("HTTP route cannot contain both {field} and delegate"));
+                }
+            }
+            return;
         }
         let exclusive_with = |r: &mut Report, action: &str, action_at: &Path| {
             if !self.route.is_empty() {
@@ -1026,31 +1055,75 @@ impl HttpRewrite {
     }
 }
 
+/// The fields TCP and TLS matches share (Istio's validateTCPMatch and the
+/// tail of validateTLSMatch).
+fn check_l4_match(r: &mut Report, m_at: &Path, destination_subnets: &[String], port: Option<u32>, source_labels: &Labels, gateways: &[String]) {
+    let subnets_at = m_at.field("destinationSubnets");
+    for (j, subnet) in destination_subnets.iter().enumerate() {
+        r.check(&subnets_at.index(j), host::check_ip_subnet(subnet));
+    }
+    if let Some(port) = port {
+        check_port(r, &m_at.field("port"), port);
+    }
+    check_labels(r, &m_at.field("sourceLabels"), source_labels);
+    check_gateway_names(r, &m_at.field("gateways"), gateways);
+}
+
+/// A route's destinations (Istio's validateRouteDestinations).
+fn check_route_destinations(r: &mut Report, route_at: &Path, route: &[RouteDestination], what: &str) {
+    if route.is_empty() {
+        r.error(route_at, format!("{what} route is required"));
+    }
+    for (i, destination) in route.iter().enumerate() {
+        destination.destination.check(&route_at.index(i).field("destination"), r);
+    }
+    check_weights(r, route_at, route.iter().map(|d| d.weight));
+}
+
 impl TcpRoute {
+    /// Istio's validateTCPRoute.
     fn check(&self, at: &Path, r: &mut Report) {
         let match_at = at.field("match");
         for (i, m) in self.matches.iter().enumerate() {
             let m_at = match_at.index(i);
-            let subnets_at = m_at.field("destinationSubnets");
-            for (j, subnet) in m.destination_subnets.iter().enumerate() {
-                r.check(&subnets_at.index(j), host::check_ip_subnet(subnet));
-            }
-            if let Some(port) = m.port {
-                check_port(r, &m_at.field("port"), port);
-            }
-            check_labels(r, &m_at.field("sourceLabels"), &m.source_labels);
-            check_gateway_names(r, &m_at.field("gateways"), &m.gateways);
+            check_l4_match(r, &m_at, &m.destination_subnets, m.port, &m.source_labels, &m.gateways);
             r.ignored_if(m.source_subnet.is_some(), &m_at.field("sourceSubnet"));
             r.ignored_if(m.source_namespace.is_some(), &m_at.field("sourceNamespace"));
         }
-        let route_at = at.field("route");
-        if self.route.is_empty() {
-            r.error(&route_at, "TCP route needs at least one destination");
+        check_route_destinations(r, &at.field("route"), &self.route, "TCP");
+    }
+}
+
+impl TlsRoute {
+    /// Istio's validateTLSRoute and validateTLSMatch: every match names SNI
+    /// hosts, each within the VirtualService's hosts.
+    fn check(&self, at: &Path, r: &mut Report, vs: &VirtualService) {
+        let match_at = at.field("match");
+        if self.matches.is_empty() {
+            r.error(&match_at, "TLS route must have at least one match condition");
         }
-        for (i, destination) in self.route.iter().enumerate() {
-            destination.destination.check(&route_at.index(i).field("destination"), r);
+        for (i, m) in self.matches.iter().enumerate() {
+            let m_at = match_at.index(i);
+            let sni_at = m_at.field("sniHosts");
+            if m.sni_hosts.is_empty() {
+                r.error(&sni_at, "TLS match must have at least one SNI host");
+            }
+            for (j, sni) in m.sni_hosts.iter().enumerate() {
+                let host_at = sni_at.index(j);
+                if let Err(e) = host::check_wildcard_domain(sni) {
+                    if host::is_ip_address(sni) {
+                        r.warn(&host_at, format!("using an IP address ({sni:?}) goes against the SNI spec and most clients do not support this"));
+                    } else {
+                        r.error(&host_at, e);
+                    }
+                } else if !vs.hosts.iter().any(|h| host::host_matches(h, sni)) {
+                    r.error(&host_at, format!("SNI host {sni:?} is not a compatible subset of any of the virtual service hosts: [{}]", vs.hosts.join(", ")));
+                }
+            }
+            check_l4_match(r, &m_at, &m.destination_subnets, m.port, &m.source_labels, &m.gateways);
+            r.ignored_if(m.source_namespace.is_some(), &m_at.field("sourceNamespace"));
         }
-        check_weights(r, &route_at, self.route.iter().map(|d| d.weight));
+        check_route_destinations(r, &at.field("route"), &self.route, "TLS");
     }
 }
 
@@ -1081,10 +1154,26 @@ mod tests {
     }
 
     #[test]
-    fn needs_hosts_and_routes() {
+    fn needs_routes() {
         let e = errors(json!({}));
-        assert!(has(&e, "spec.hosts", "at least one host"));
         assert!(has(&e, "spec", "http, tcp or tls must be provided"));
+    }
+
+    #[test]
+    fn delegation() {
+        let root = json!({"hosts": ["bookinfo.example.com"], "gateways": ["gw"], "http": [
+            {"match": [{"uri": {"prefix": "/reviews"}}], "delegate": {"name": "reviews", "namespace": "team-a"}}]});
+        assert!(validate("VirtualService", &root).is_ok());
+        let child = json!({"http": [{"match": [{"uri": {"prefix": "/reviews/v2"}}], "route": route_to("reviews")}]});
+        assert!(validate("VirtualService", &child).is_ok());
+        let e = errors(json!({"hosts": ["r"], "http": [{"delegate": {"namespace": "Team"}, "route": route_to("r")}]}));
+        assert!(has(&e, "spec.http[0].delegate.name", "required"), "{e:?}");
+        assert!(has(&e, "spec.http[0].delegate.namespace", "invalid namespace"), "{e:?}");
+        assert!(has(&e, "spec.http[0].route", "both route and delegate"), "{e:?}");
+        let e = errors(json!({"gateways": ["gw"], "tcp": [{"route": route_to("r")}], "http": [{"delegate": {"name": "x"}}]}));
+        assert!(has(&e, "spec.gateways", "must have no gateways"), "{e:?}");
+        assert!(has(&e, "spec.tcp", "must have no tcp route"), "{e:?}");
+        assert!(has(&e, "spec.http[0].delegate", "one level only"), "{e:?}");
     }
 
     #[test]
@@ -1241,13 +1330,14 @@ mod tests {
     }
 
     #[test]
-    fn tls_and_delegate_are_rejected() {
-        let e = errors(json!({"hosts": ["r"],
-            "tls": [{"match": [{"sniHosts": ["r"]}], "route": route_to("r")}],
-            "http": [{"delegate": {"name": "other"}}]
-        }));
-        assert!(has(&e, "spec.tls", "tls routes are not supported yet"), "{e:?}");
-        assert!(has(&e, "spec.http[0].delegate", "not supported yet"), "{e:?}");
+    fn tls_routes_need_sni_hosts_within_the_hosts() {
+        let ok = json!({"hosts": ["*.example.com"], "tls": [{"match": [{"sniHosts": ["a.example.com"], "port": 443}], "route": [
+            {"destination": {"host": "a"}, "weight": 75}, {"destination": {"host": "b"}, "weight": 25}]}]});
+        assert!(validate("VirtualService", &ok).is_ok());
+        let e = errors(json!({"hosts": ["r"], "tls": [{"match": [{"sniHosts": ["other"]}, {"port": 443}], "route": route_to("r")}, {"route": route_to("r")}]}));
+        assert!(has(&e, "spec.tls[0].match[0].sniHosts[0]", "not a compatible subset"), "{e:?}");
+        assert!(has(&e, "spec.tls[0].match[1].sniHosts", "at least one SNI host"), "{e:?}");
+        assert!(has(&e, "spec.tls[1].match", "at least one match condition"), "{e:?}");
     }
 
     #[test]

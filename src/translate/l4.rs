@@ -1,0 +1,208 @@
+//! TLS and TCP routing (VirtualService `tls` and `tcp` routes), after
+//! Pilot's filter chain building for non-HTTP ports: a listener of filter
+//! chains, each chosen by SNI (read by the `tls_inspector`) and/or the
+//! destination address, each a TCP proxy to one cluster or to weighted
+//! clusters. TLS is never terminated here: the backend does it.
+//!
+//! - Sidecars: a non-HTTP port gets, per TLS/HTTPS service on it, the
+//!   chains of its VirtualService's `tls` routes (SNI hosts), then a chain
+//!   for the service's own name by SNI (its `tcp` routes, else the service
+//!   itself). A plain TCP service on the port gets the chains without SNI
+//!   (its `tcp` routes, else itself). A port with a single service needs no
+//!   SNI for it: its default chain matches every connection, as before.
+//! - Gateways: PASSTHROUGH servers get the `tls` routes of the
+//!   VirtualServices bound to them (SNI hosts the server admits);
+//!   AUTO_PASSTHROUGH servers a chain per cluster, named by SNI
+//!   `outbound_.PORT_.SUBSET_.HOST` (Istio's form); TCP servers the `tcp`
+//!   routes.
+//!
+//! Envoy refuses two chains with the same match, so the first chain for a
+//! match wins (the order is Istio's: routes in order, VirtualServices
+//! oldest first).
+
+use super::listener::TCP_PROXY;
+use super::route::RouteCtx;
+use super::util::any;
+use super::{cluster::socket_address, outbound_cluster_name};
+use crate::mesh::{Config, Service};
+use crate::model::istio::virtual_service::RouteDestination;
+use crate::model::istio::{resolve_short_name, VirtualService};
+use envoy_types::pb::envoy::config::core::v3::CidrRange;
+use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, FilterChainMatch, Listener};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
+    tcp_proxy::{weighted_cluster::ClusterWeight, ClusterSpecifier, WeightedCluster},
+    TcpProxy,
+};
+use envoy_types::pb::google::protobuf::UInt32Value;
+use std::collections::BTreeSet;
+
+/// One filter chain: what it matches and where it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct L4Chain {
+    /// SNI names; empty matches any (and connections without SNI).
+    pub server_names: Vec<String>,
+    /// Destination addresses (CIDRs or IPs); empty matches any.
+    pub destination_subnets: Vec<String>,
+    /// Clusters and their weights (one: no split).
+    pub clusters: Vec<(String, u32)>,
+}
+
+/// Chains in the order they were added, without two for the same match.
+#[derive(Default)]
+pub struct Chains {
+    chains: Vec<L4Chain>,
+    seen: BTreeSet<(Vec<String>, Vec<String>)>,
+}
+
+impl Chains {
+    pub fn push(&mut self, mut chain: L4Chain) {
+        chain.server_names.sort();
+        chain.server_names.dedup();
+        chain.destination_subnets.sort();
+        chain.destination_subnets.dedup();
+        if chain.clusters.is_empty() || !self.seen.insert((chain.server_names.clone(), chain.destination_subnets.clone())) {
+            return;
+        }
+        self.chains.push(chain);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty()
+    }
+
+    /// The listener: a TLS inspector when a chain matches on SNI.
+    pub fn listener(self, name: &str, ip: &str, port: u32) -> Listener {
+        let listener_filters = super::listener::tls_inspector_if(self.chains.iter().any(|c| !c.server_names.is_empty()));
+        let filter_chains = self.chains.into_iter().map(|c| filter_chain(name, c)).collect();
+        Listener { name: name.to_string(), address: Some(socket_address(ip, port)), filter_chains, listener_filters, ..Default::default() }
+    }
+}
+
+fn filter_chain(stat_prefix: &str, c: L4Chain) -> FilterChain {
+    let matches = !c.server_names.is_empty() || !c.destination_subnets.is_empty();
+    let filter_chain_match = matches.then(|| FilterChainMatch {
+        server_names: c.server_names,
+        prefix_ranges: c.destination_subnets.iter().filter_map(|s| cidr(s)).collect(),
+        ..Default::default()
+    });
+    FilterChain { filter_chain_match, filters: vec![tcp_proxy_filter(stat_prefix, &c.clusters)], ..Default::default() }
+}
+
+/// A TCP proxy to one cluster, or split across weighted clusters.
+pub fn tcp_proxy_filter(stat_prefix: &str, clusters: &[(String, u32)]) -> Filter {
+    let cluster_specifier = match clusters {
+        [(one, _)] => ClusterSpecifier::Cluster(one.clone()),
+        many => ClusterSpecifier::WeightedClusters(WeightedCluster {
+            clusters: many.iter().map(|(n, w)| ClusterWeight { name: n.clone(), weight: *w, ..Default::default() }).collect(),
+        }),
+    };
+    let tcp = TcpProxy { stat_prefix: stat_prefix.to_string(), cluster_specifier: Some(cluster_specifier), ..Default::default() };
+    Filter { name: TCP_PROXY.into(), config_type: Some(filter::ConfigType::TypedConfig(any(&tcp))) }
+}
+
+/// `10.0.0.0/8` or a bare address (a /32 or /128).
+fn cidr(subnet: &str) -> Option<CidrRange> {
+    let (address, len) = match subnet.split_once('/') {
+        Some((a, l)) => (a, l.parse::<u32>().ok()?),
+        None => (subnet, if subnet.contains(':') { 128 } else { 32 }),
+    };
+    Some(CidrRange { address_prefix: address.to_string(), prefix_len: Some(UInt32Value { value: len }) })
+}
+
+/// A route's destinations as clusters and weights. An unweighted lone
+/// destination takes everything; in a split, an unweighted one takes
+/// nothing (Istio's weights default to 0), and Envoy wants no 0 weights.
+pub fn destinations(ctx: &RouteCtx, vs_ns: &str, route: &[RouteDestination]) -> Vec<(String, u32)> {
+    let suffix = &ctx.mesh.config.domain_suffix;
+    route
+        .iter()
+        .filter_map(|d| {
+            let weight = d.weight.unwrap_or(if route.len() == 1 { 100 } else { 0 });
+            if weight <= 0 {
+                return None;
+            }
+            let host = resolve_short_name(&d.destination.host, vs_ns, suffix);
+            // No port given: the service's only port, else the listener's.
+            let port = match &d.destination.port {
+                Some(p) => p.number,
+                None => match ctx.mesh.services.get(&host).map(|s| s.ports.as_slice()) {
+                    Some([only]) => only.number,
+                    _ => ctx.port,
+                },
+            };
+            Some((outbound_cluster_name(port, d.destination.subset.as_deref().unwrap_or(""), &host), weight as u32))
+        })
+        .collect()
+}
+
+/// The chains of a VirtualService's `tls` routes that apply here, with
+/// the SNI hosts `admit` keeps (all, on a sidecar; the server's, on a
+/// gateway).
+pub fn tls_route_chains(ctx: &RouteCtx, vs: &Config<VirtualService>, admit: &dyn Fn(&str) -> bool, out: &mut Chains) {
+    let ns = &vs.key.namespace;
+    let suffix = &ctx.mesh.config.domain_suffix;
+    for route in &vs.spec.tls {
+        let clusters = destinations(ctx, ns, &route.route);
+        for m in route.matches.iter().filter(|m| ctx.l4_match_applies(m.port, &m.source_labels, &m.gateways, ns)) {
+            let server_names: Vec<String> = m.sni_hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).filter(|h| admit(h)).collect();
+            if server_names.is_empty() {
+                continue;
+            }
+            out.push(L4Chain { server_names, destination_subnets: m.destination_subnets.clone(), clusters: clusters.clone() });
+        }
+    }
+}
+
+/// The chains of a VirtualService's `tcp` routes that apply here (a route
+/// without matches matches everything), each also matching `server_names`.
+pub fn tcp_route_chains(ctx: &RouteCtx, vs: &Config<VirtualService>, server_names: &[String], out: &mut Chains) {
+    let ns = &vs.key.namespace;
+    for route in &vs.spec.tcp {
+        let clusters = destinations(ctx, ns, &route.route);
+        if route.matches.is_empty() {
+            out.push(L4Chain { server_names: server_names.to_vec(), destination_subnets: Vec::new(), clusters });
+            continue;
+        }
+        for m in route.matches.iter().filter(|m| ctx.l4_match_applies(m.port, &m.source_labels, &m.gateways, ns)) {
+            out.push(L4Chain { server_names: server_names.to_vec(), destination_subnets: m.destination_subnets.clone(), clusters: clusters.clone() });
+        }
+    }
+}
+
+/// A sidecar's listener for a port without HTTP services (see the module
+/// documentation); `None` if nothing on it can be routed.
+pub fn sidecar_listener(ctx: &RouteCtx, name: &str, bind: &str, services: &[&Service]) -> Option<Listener> {
+    let single = services.len() == 1;
+    let mut chains = Chains::default();
+    let tls = |s: &&&Service| s.port(ctx.port).is_some_and(|p| p.protocol.is_tls());
+    for svc in services.iter().filter(tls) {
+        let vs = super::route::virtual_service_for(ctx, &svc.hostname);
+        if let Some(vs) = vs {
+            tls_route_chains(ctx, vs, &|_| true, &mut chains);
+        }
+        let names = if single { Vec::new() } else { vec![svc.hostname.clone()] };
+        if let Some(vs) = vs {
+            tcp_route_chains(ctx, vs, &names, &mut chains);
+        }
+        chains.push(L4Chain { server_names: names, destination_subnets: Vec::new(), clusters: vec![(outbound_cluster_name(ctx.port, "", &svc.hostname), 1)] });
+    }
+    // Plain TCP carries no name: one service per port (the first) is
+    // reached by connections no SNI chain takes.
+    if let Some(svc) = services.iter().find(|s| !tls(s)) {
+        if let Some(vs) = super::route::virtual_service_for(ctx, &svc.hostname) {
+            tcp_route_chains(ctx, vs, &[], &mut chains);
+        }
+        chains.push(L4Chain {
+            server_names: Vec::new(),
+            destination_subnets: Vec::new(),
+            clusters: vec![(outbound_cluster_name(ctx.port, "", &svc.hostname), 1)],
+        });
+    }
+    (!chains.is_empty()).then(|| chains.listener(name, bind, ctx.port))
+}
+
+/// The AUTO_PASSTHROUGH SNI name of a cluster (Istio's
+/// `outbound_.PORT_.SUBSET_.HOST`).
+pub fn auto_passthrough_sni(port: u32, subset: &str, host: &str) -> String {
+    format!("outbound_.{port}_.{subset}_.{host}")
+}
