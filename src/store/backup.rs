@@ -426,7 +426,20 @@ mod tests {
         let dir = tmp.path().join("n1");
         restore(&b, &dir, 1, members.clone()).await.unwrap();
 
-        let db = super::super::open_db(&dir).unwrap();
+        // sled releases its file lock when its flusher thread lets go of
+        // the store, shortly after the last handle is dropped: in the same
+        // process, opening it again may wait for that.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let db = loop {
+            match super::super::open_db(&dir) {
+                Ok(db) => break db,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("reopening the restored store: {e}"),
+            }
+        };
         let (mut sm, reader) = StateMachine::open(&db, 10).unwrap();
         let applied = reader.current();
         assert_eq!((applied.revision(), applied.compacted, applied.last_applied), (9, 9, Some(restored_log_id())));
