@@ -265,9 +265,10 @@ impl Lodestar for GrpcApi {
         let r = req.into_inner();
         let ttl = Some(r.ttl).filter(|t| !t.is_empty());
         let description = Some(r.description).filter(|d| !d.is_empty());
-        let created = super::create_token(&caller, &self.replica, super::TokenRequest { description, policies: r.policies, roles: r.roles, ttl })
-            .await
-            .map_err(status_of)?;
+        let created =
+            super::create_token(&caller, &self.replica, super::TokenRequest { description, policies: r.policies, roles: r.roles, ttl, ..Default::default() })
+                .await
+                .map_err(status_of)?;
         Ok(Response::new(token_response(created)))
     }
 

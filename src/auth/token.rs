@@ -6,7 +6,7 @@
 //! byte by byte against a secret: timing can at most tell something about
 //! a hash, which does not help find a preimage.
 
-use crate::model::acl::{format_rfc3339, hex, TokenSpec, TokenType, HASH_PREFIX, SECRET_HASH_FIELD};
+use crate::model::acl::{format_rfc3339, hex, JoinBinding, TokenSpec, TokenType, HASH_PREFIX, SECRET_HASH_FIELD};
 use crate::model::kinds::{ACL_GROUP, CLUSTER_NAMESPACE};
 use rand::RngCore;
 use serde_json::{json, Value};
@@ -49,6 +49,8 @@ pub struct NewToken {
     pub roles: Vec<String>,
     /// Lifetime in seconds; none: never expires.
     pub ttl_secs: Option<u64>,
+    /// A workload join token's binding (type `join`).
+    pub join: Option<JoinBinding>,
 }
 
 /// A token just made: the object to store and the secret to show once.
@@ -71,13 +73,14 @@ pub fn mint(req: NewToken, now: u64) -> Minted {
     let (accessor, secret) = (new_accessor(), new_secret());
     let expires_at = req.ttl_secs.map(|t| format_rfc3339(now.saturating_add(t)));
     let spec = TokenSpec {
-        token_type: TokenType::Client,
+        token_type: if req.join.is_some() { TokenType::Join } else { TokenType::Client },
         description: req.description,
         policies: req.policies,
         roles: req.roles,
         created_at: Some(format_rfc3339(now)),
         expires_at: expires_at.clone(),
         secret_hash: hash_text(&secret),
+        join: req.join,
     };
     let spec = serde_json::to_value(&spec).expect("a token spec serializes");
     debug_assert!(spec.get(SECRET_HASH_FIELD).is_some());

@@ -25,6 +25,17 @@ pub enum TokenCommand {
         /// Lifetime, e.g. 1h or 30m (default: never expires).
         #[arg(long)]
         ttl: Option<String>,
+        /// A join token instead: the workload identity NAMESPACE/SERVICE_ACCOUNT
+        /// whose first certificate it obtains from the mesh CA (`lodestar
+        /// agent --join-token`). No policies or roles.
+        #[arg(long)]
+        workload: Option<String>,
+        /// A join token's uses (default 1).
+        #[arg(long, requires = "workload")]
+        uses: Option<u64>,
+        /// A source address range the join token is accepted from; repeat.
+        #[arg(long = "cidr", requires = "workload")]
+        cidrs: Vec<String>,
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
@@ -100,8 +111,13 @@ pub enum AclCommand {
 
 pub async fn token(client: &Client, command: TokenCommand) -> Result<()> {
     match command {
-        TokenCommand::Create { description, policies, roles, ttl, output } => {
-            let body = json!({"description": description, "policies": policies, "roles": roles, "ttl": ttl});
+        TokenCommand::Create { description, policies, roles, ttl, workload, uses, cidrs, output } => {
+            let mut body = json!({"description": description, "policies": policies, "roles": roles, "ttl": ttl});
+            if workload.is_some() {
+                body["workload"] = json!(workload);
+                body["uses"] = json!(uses);
+                body["cidrs"] = json!(cidrs);
+            }
             print_created(&client.post("/v1/acl/tokens", &body).await?, output)
         }
         TokenCommand::List => {

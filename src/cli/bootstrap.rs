@@ -86,7 +86,7 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> 
 }
 
 /// Every member's xDS address, from `GET /v1/cluster`.
-async fn member_xds_addrs(client: &Client) -> Result<Vec<String>> {
+pub(super) async fn member_xds_addrs(client: &Client) -> Result<Vec<String>> {
     let status = client.get("/v1/cluster").await.context("asking the cluster for its members' xDS addresses (or pass --xds-servers)")?;
     let addrs: Vec<String> = status["members"]
         .as_array()
