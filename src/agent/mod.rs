@@ -303,10 +303,7 @@ pub async fn run(opts: AgentOptions, shutdown: impl std::future::Future<Output =
     let first = first_identity(&opts).await?;
     let (tx, rx) = watch::channel(Some(Arc::new(first.clone())));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let sds = match &opts.sds_socket {
-        Some(path) => Some(tokio::spawn(sds::serve(path.clone(), rx, stop_rx.clone()))),
-        None => None,
-    };
+    let sds = opts.sds_socket.as_ref().map(|path| tokio::spawn(sds::serve(path.clone(), rx, stop_rx.clone())));
     let renewals = renew(&opts, first, tx, stop_rx);
     tokio::pin!(renewals);
     tokio::select! {

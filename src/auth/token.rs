@@ -80,7 +80,7 @@ pub fn mint(req: NewToken, now: u64) -> Minted {
         created_at: Some(format_rfc3339(now)),
         expires_at: expires_at.clone(),
         secret_hash: hash_text(&secret),
-        join: req.join,
+        join: req.join.map(Box::new),
     };
     let spec = serde_json::to_value(&spec).expect("a token spec serializes");
     debug_assert!(spec.get(SECRET_HASH_FIELD).is_some());

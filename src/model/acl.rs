@@ -195,9 +195,9 @@ pub struct TokenSpec {
     pub expires_at: Option<String>,
     /// `sha256:` + 64 hex digits.
     pub secret_hash: String,
-    /// Type `join`: what the token obtains.
+    /// Type `join`: what the token obtains (boxed: most tokens have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub join: Option<JoinBinding>,
+    pub join: Option<Box<JoinBinding>>,
 }
 
 /// A join token's binding (`spec.join`): the workload identity it obtains
@@ -562,7 +562,7 @@ mod tests {
         assert!(j.allows("10.1.2.3".parse().unwrap()));
         assert!(j.allows("::ffff:10.1.2.3".parse().unwrap()));
         assert!(!j.allows("11.0.0.1".parse().unwrap()));
-        assert!(JoinBinding { cidrs: vec![], ..j.clone() }.allows("11.0.0.1".parse().unwrap()));
+        assert!(JoinBinding { cidrs: vec![], ..(*j).clone() }.allows("11.0.0.1".parse().unwrap()));
         let bad = json!({"type": "join", "policies": ["p"], "join": {"namespace": "Shop", "serviceAccount": "cart", "uses": 0, "cidrs": ["10.0.0.0/33"]}, "secretHash": hash});
         let errs = validate(Kind::Token, &bad).unwrap_err();
         let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
