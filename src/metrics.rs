@@ -347,6 +347,13 @@ mod tests {
                 "lodestar_api_request_duration_seconds histogram",
                 "lodestar_acl_refusals_total counter",
                 "lodestar_audit_dropped_total counter",
+                "citadel_server_csr_count counter",
+                "citadel_server_success_cert_issuance_count counter",
+                "citadel_server_authentication_failure_count counter",
+                "lodestar_ca_errors_total counter",
+                "lodestar_ca_sign_duration_seconds histogram",
+                "citadel_server_root_cert_expiry_timestamp gauge",
+                "citadel_server_cert_chain_expiry_timestamp gauge",
             ]
         );
         for sample in

@@ -25,8 +25,7 @@ pub mod service;
 use crate::error::{Error, Result};
 use crate::tls::pki::{self, PkiError};
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType, SerialNumber,
+    CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, UnixTime};
@@ -45,8 +44,6 @@ pub const CERT_CHAIN: &str = "cert-chain.pem";
 /// The root workloads trust.
 pub const ROOT_CERT: &str = "root-cert.pem";
 
-/// A generated root's lifetime (Istio's self-signed root: 10 years).
-const ROOT_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// A workload certificate starts this long before it was signed, for
 /// clocks a little behind the CA's.
 const BACKDATE: Duration = Duration::from_secs(60);
@@ -183,7 +180,7 @@ impl MeshCa {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         params.use_authority_key_identifier_extension = true;
-        params.serial_number = Some(serial());
+        params.serial_number = Some(pki::serial());
         let now = OffsetDateTime::now_utc();
         params.not_before = now - BACKDATE;
         params.not_after = now + ttl;
@@ -207,12 +204,6 @@ impl MeshCa {
     }
 }
 
-fn serial() -> SerialNumber {
-    let mut bytes: [u8; 16] = rand::random();
-    bytes[0] &= 0x7f; // positive
-    SerialNumber::from_slice(&bytes)
-}
-
 /// Create a self-signed mesh root in `dir` in Istio's layout (the root
 /// signs workloads itself, as Istio's self-signed CA does); refuses to
 /// overwrite one.
@@ -221,22 +212,11 @@ pub fn create_dir(dir: &Path, trust_domain: &str) -> std::result::Result<(), Pki
     if key_path.exists() || dir.join(CA_CERT).exists() {
         return Err(PkiError::File { path: key_path, msg: "a mesh CA already exists here; not overwriting it".into() });
     }
-    let key = KeyPair::generate()?;
-    let mut params = CertificateParams::default();
-    params.distinguished_name = DistinguishedName::new();
     // Istio's self-signed root: O=<trust domain>.
-    params.distinguished_name.push(DnType::OrganizationName, trust_domain);
-    params.distinguished_name.push(DnType::CommonName, "Lodestar mesh root CA");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    params.serial_number = Some(serial());
-    let now = OffsetDateTime::now_utc();
-    params.not_before = now - Duration::from_secs(3600);
-    params.not_after = now + ROOT_LIFETIME;
-    let cert = params.self_signed(&key)?;
-    pki::write_file(&key_path, &key.serialize_pem(), true)?;
+    let (cert, key) = pki::new_ca_named(&[(DnType::OrganizationName, trust_domain), (DnType::CommonName, "Lodestar mesh root CA")])?;
+    pki::write_file(&key_path, &key, true)?;
     for name in [CA_CERT, ROOT_CERT, CERT_CHAIN] {
-        pki::write_file(&dir.join(name), &cert.pem(), false)?;
+        pki::write_file(&dir.join(name), &cert, false)?;
     }
     Ok(())
 }
