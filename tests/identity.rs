@@ -548,3 +548,53 @@ async fn envoy_rotates_the_agents_certificate_over_sds() {
     assert_eq!(after.get("sds.default.update_rejected").copied().unwrap_or(0), 0);
     agent.kill();
 }
+
+/// `lodestar-bench csr` runs (small), renewing through every replica.
+#[tokio::test]
+async fn bench_csr_renews_through_the_replicas() {
+    let ca = tempfile::tempdir().unwrap();
+    let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
+    assert!(out.status.success());
+    let cluster = Cluster::start(2, &format!("mesh_ca_dir = {:?}\n", ca.path())).await;
+    let api = cluster.replica(1).api();
+    let (_, secret) = join_token(&api, &["--workload", "bench/agent"]);
+    let token = ca.path().join("bench.token");
+    std::fs::write(&token, &secret).unwrap();
+    let servers = cluster.replicas.iter().map(|r| r.xds_addr()).collect::<Vec<_>>().join(",");
+    let out =
+        common::bench(&api, &["csr", "--xds-servers", &servers, "--join-token-file", token.to_str().unwrap(), "--clients", "4", "--requests", "40"]).await;
+    let r = &common::results(&out)[0];
+    assert_eq!(common::number(r, "certs"), 40.0);
+    assert_eq!(common::number(r, "errors"), 0.0);
+    // Both replicas signed.
+    for id in [1, 2] {
+        assert!(metric(&cluster.replica(id).api(), "citadel_server_success_cert_issuance_count").await >= 10.0, "replica {id}");
+    }
+}
+
+/// A replica is killed: the agent keeps renewing through the others (every
+/// replica signs from the same mesh CA files; renewal needs no quorum).
+#[tokio::test]
+async fn agent_renews_through_the_other_replicas_when_one_dies() {
+    let ca = tempfile::tempdir().unwrap();
+    let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
+    assert!(out.status.success());
+    let mut cluster = Cluster::start(3, &format!("mesh_ca_dir = {:?}\n", ca.path())).await;
+    let api = cluster.replica(2).api();
+    let (_, secret) = join_token(&api, &["--workload", "shop/cart"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, token_file) = (tmp.path().join("agent"), tmp.path().join("join.token"));
+    std::fs::write(&token_file, &secret).unwrap();
+    let servers = cluster.replicas.iter().map(|r| r.xds_addr()).collect::<Vec<_>>().join(",");
+    let agent = Agent::start(&dir, &servers, Some(&token_file), &["--ttl", "6s"]);
+    let first = wait_cert(&dir, None, Duration::from_secs(20), &agent).await;
+    // The agent asks the first replica listed first: kill it.
+    cluster.kill(1);
+    let mut serial = first.serial;
+    for _ in 0..3 {
+        let next = wait_cert(&dir, Some(&serial), Duration::from_secs(15), &agent).await;
+        assert_eq!(next.uris, ["spiffe://cluster.local/ns/shop/sa/cart"]);
+        serial = next.serial;
+    }
+    assert!(agent.log().contains("renewed the certificate"));
+}
