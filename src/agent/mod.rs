@@ -237,9 +237,15 @@ pub struct AgentOptions {
 /// The first certificate: from disk when it is there and valid, else with
 /// the join token (retrying while no replica answers).
 pub async fn first_identity(opts: &AgentOptions) -> Result<Identity> {
-    if let Some(id) = Identity::load(&opts.dir).with_context(|| format!("reading the certificate in {}", opts.dir.display()))? {
-        tracing::info!(serial = %id.serial, identity = ?id.uris, "resumed from the certificate on disk");
-        return Ok(id);
+    match Identity::load(&opts.dir) {
+        Ok(Some(id)) => {
+            tracing::info!(serial = %id.serial, identity = ?id.uris, "resumed from the certificate on disk");
+            return Ok(id);
+        }
+        Ok(None) => {}
+        // E.g. a key written and its certificate not yet (a crash between
+        // the two files): start over with the join token, if there is one.
+        Err(e) => tracing::warn!(dir = %opts.dir.display(), error = %format!("{e:#}"), "the certificate on disk is unusable"),
     }
     let Some(path) = &opts.join_token_file else {
         bail!("no valid certificate in {} and no join token: give --join-token-file (lodestar token create --workload NS/SA)", opts.dir.display());
