@@ -132,6 +132,18 @@ pub struct ServerConfig {
     /// is there yet (as k3s writes its kubeconfig). Empty: only
     /// `<data_dir>/client.toml`. `~` is the home directory.
     pub user_client_config: Option<PathBuf>,
+    /// The mesh CA (workload certificates), Istio's `cacerts` layout:
+    /// ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem. The same
+    /// files on every member. Unset: `<data_dir>/mesh-ca`, generated on a
+    /// single node's first start; a cluster of several members without it
+    /// issues no workload certificates.
+    pub mesh_ca_dir: Option<PathBuf>,
+    /// The SPIFFE trust domain of workload identities.
+    pub trust_domain: String,
+    /// A workload certificate's lifetime when the request names none.
+    pub workload_cert_ttl_s: u64,
+    /// The longest lifetime a workload certificate is given.
+    pub workload_cert_max_ttl_s: u64,
 }
 
 impl ServerConfig {
@@ -187,6 +199,10 @@ impl Default for ServerConfig {
             verify_incoming: false,
             tls_reload_interval_ms: 1000,
             user_client_config: Some(PathBuf::from("~/.config/lodestar/client.toml")),
+            mesh_ca_dir: None,
+            trust_domain: "cluster.local".into(),
+            workload_cert_ttl_s: 24 * 3600,
+            workload_cert_max_ttl_s: 90 * 24 * 3600,
         }
     }
 }
@@ -221,6 +237,12 @@ impl ServerConfig {
             if !a.ip().is_loopback() {
                 return Err(format!("metrics_addr: {addr:?} is not a loopback address; it serves metrics and debug output without credentials, so it may only be reached from this host"));
             }
+        }
+        if self.workload_cert_ttl_s == 0 || self.workload_cert_max_ttl_s < self.workload_cert_ttl_s {
+            return Err("workload_cert_ttl_s, workload_cert_max_ttl_s: need 0 < workload_cert_ttl_s <= workload_cert_max_ttl_s".into());
+        }
+        if self.trust_domain.is_empty() || self.trust_domain.contains(['/', ':']) || self.trust_domain.chars().any(|c| c.is_whitespace()) {
+            return Err(format!("trust_domain: {:?} is not a trust domain (a DNS-like name, no '/' or ':')", self.trust_domain));
         }
         if self.insecure && self.verify_incoming {
             return Err("verify_incoming: needs TLS, and insecure turns it off".into());

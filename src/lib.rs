@@ -21,6 +21,10 @@
 //!   each, one authorization check for both.
 //! - [`auth`]: ACLs: tokens, policies, roles, certificate identities; the
 //!   permission check (pure) and the audit log.
+//! - [`ca`]: the mesh CA: workload certificates (SPIFFE ids), Istio's
+//!   CSR service on the xDS port, join tokens.
+//! - [`agent`]: `lodestar agent`, a workload's certificate and its SDS
+//!   server for Envoy.
 //! - [`adapters`]: sources outside the API (a watched directory) fed into the store.
 //! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
 //! - [`tls`]: TLS on the ports: the generated CA and certificates,
@@ -34,8 +38,10 @@
 //! (`src/bin/lodestar-bench/`), a client of this library's public API.
 
 pub mod adapters;
+pub mod agent;
 pub mod api;
 pub mod auth;
+pub mod ca;
 pub mod cli;
 pub mod config;
 pub mod error;
@@ -63,5 +69,9 @@ pub mod proto {
     }
     pub mod peer {
         tonic::include_proto!("lodestar.peer.v1");
+    }
+    /// Istio's certificate service (`proto/istio/v1/auth/istioca.proto`).
+    pub mod istio_ca {
+        tonic::include_proto!("istio.v1.auth");
     }
 }

@@ -186,6 +186,14 @@ pub struct Metrics {
     // ACLs.
     pub acl_refusals: Family<Counter>,
     pub audit_dropped: Counter,
+    // The mesh CA (Istio's citadel_server_* names where they match).
+    pub ca_csr: Counter,
+    pub ca_issued: Counter,
+    pub ca_auth_failures: Counter,
+    pub ca_errors: Family<Counter>,
+    pub ca_sign_duration: Histogram,
+    pub ca_root_expiry: Gauge,
+    pub ca_cert_chain_expiry: Gauge,
     registry: Registry,
 }
 
@@ -240,6 +248,33 @@ pub fn metrics() -> &'static Metrics {
                 Family::new(&["reason"]),
             ),
             audit_dropped: register(r, "lodestar_audit_dropped_total", "Audit log lines dropped because the writer fell behind", Counter::default()),
+            ca_csr: register(r, "citadel_server_csr_count", "Certificate signing requests received by the mesh CA", Counter::default()),
+            ca_issued: register(r, "citadel_server_success_cert_issuance_count", "Workload certificates issued", Counter::default()),
+            ca_auth_failures: register(
+                r,
+                "citadel_server_authentication_failure_count",
+                "Certificate requests whose caller was not authenticated",
+                Counter::default(),
+            ),
+            ca_errors: register(
+                r,
+                "lodestar_ca_errors_total",
+                "Certificate requests refused or failed, by reason (unauthenticated, denied, invalid, unavailable, internal)",
+                Family::new(&["reason"]),
+            ),
+            ca_sign_duration: register(
+                r,
+                "lodestar_ca_sign_duration_seconds",
+                "Seconds to handle one certificate request: authentication (a join token's use is a replicated write) and signing",
+                Histogram::default(),
+            ),
+            ca_root_expiry: register(r, "citadel_server_root_cert_expiry_timestamp", "Unix time the mesh CA's root expires", Gauge::default()),
+            ca_cert_chain_expiry: register(
+                r,
+                "citadel_server_cert_chain_expiry_timestamp",
+                "Unix time the mesh CA's signing certificate expires",
+                Gauge::default(),
+            ),
             registry: std::mem::take(r),
         }
     })
@@ -312,6 +347,13 @@ mod tests {
                 "lodestar_api_request_duration_seconds histogram",
                 "lodestar_acl_refusals_total counter",
                 "lodestar_audit_dropped_total counter",
+                "citadel_server_csr_count counter",
+                "citadel_server_success_cert_issuance_count counter",
+                "citadel_server_authentication_failure_count counter",
+                "lodestar_ca_errors_total counter",
+                "lodestar_ca_sign_duration_seconds histogram",
+                "citadel_server_root_cert_expiry_timestamp gauge",
+                "citadel_server_cert_chain_expiry_timestamp gauge",
             ]
         );
         for sample in

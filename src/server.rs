@@ -60,13 +60,30 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let db = crate::store::open_db(&config.data_dir)
         .with_context(|| format!("opening the store in {} (is another replica using it?)", config.data_dir.display()))?;
 
+    // The mesh CA (workload certificates): files on this replica.
+    let mesh_ca_dir = crate::ca::ensure_dir(&config)?;
+    let mesh_ca = match &mesh_ca_dir {
+        Some(dir) => {
+            let ttl = Duration::from_secs(config.workload_cert_ttl_s);
+            let ca = crate::ca::MeshCa::load(dir, &config.trust_domain, ttl, Duration::from_secs(config.workload_cert_max_ttl_s))
+                .with_context(|| format!("loading the mesh CA from {}", dir.display()))?;
+            tracing::info!(dir = %dir.display(), trust_domain = %config.trust_domain, "mesh CA: signing workload certificates on the xDS port");
+            Some(Arc::new(ca))
+        }
+        None => {
+            tracing::warn!("no mesh CA (a cluster of several members without mesh_ca_dir): no workload certificates from this replica");
+            None
+        }
+    };
+
     // TLS first: a replica that cannot serve TLS must not start plaintext.
     let tls = if config.insecure {
         tracing::warn!("INSECURE MODE: every port is plaintext and open, with no client certificates and no credentials. Anyone who can reach the API port can rewrite the mesh; anyone who can reach the raft port can speak as a peer. For experiments only.");
         None
     } else {
         let files = crate::tls::bootstrap::ensure_files(&config)?;
-        let tls = crate::tls::Tls::load(files, config.verify_incoming).context("loading the TLS certificate files")?;
+        let mesh_root = mesh_ca_dir.as_ref().map(|d| d.join(crate::ca::ROOT_CERT));
+        let tls = crate::tls::Tls::load_with_mesh_root(files, config.verify_incoming, mesh_root).context("loading the TLS certificate files")?;
         tracing::info!(serial = tls.serial(), cert = %tls.files().cert.display(), ca = %tls.files().ca.display(), "TLS on every port");
         for path in crate::tls::bootstrap::write_client_config(&config, tls.files(), token)? {
             tracing::info!(
@@ -148,7 +165,8 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
-    let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, xds_stop));
+    let ca_service = Some(crate::ca::service::CaService::server(mesh_ca, replica.clone()));
+    let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, ca_service, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
     let mut background = vec![
         tokio::spawn(crate::ha::freshness(node.clone(), replica.ha.clone(), stop_tx.subscribe())),

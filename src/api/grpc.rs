@@ -265,10 +265,11 @@ impl Lodestar for GrpcApi {
         let r = req.into_inner();
         let ttl = Some(r.ttl).filter(|t| !t.is_empty());
         let description = Some(r.description).filter(|d| !d.is_empty());
+        let proxy = Some(r.proxy).filter(|p| !p.is_empty());
         let created = super::create_token(
             &caller,
             &self.replica,
-            super::TokenRequest { description, policies: r.policies, roles: r.roles, ttl, proxy: Some(r.proxy).filter(|p| !p.is_empty()) },
+            super::TokenRequest { description, policies: r.policies, roles: r.roles, ttl, proxy, ..Default::default() },
         )
         .await
         .map_err(status_of)?;

@@ -173,6 +173,16 @@ pub struct TokenRequest {
     /// `NAMESPACE` or `NAMESPACE/NAME`: a proxy token for the xDS port.
     #[serde(default)]
     pub proxy: Option<String>,
+    /// A workload join token (mesh CA) for `NAMESPACE/SERVICE_ACCOUNT`
+    /// instead of an API token: no policies or roles.
+    #[serde(default)]
+    pub workload: Option<String>,
+    /// A join token's number of uses (default 1).
+    #[serde(default)]
+    pub uses: Option<u64>,
+    /// Source addresses a join token is accepted from; empty: any.
+    #[serde(default)]
+    pub cidrs: Vec<String>,
 }
 
 /// A token just created. The secret appears here and nowhere else, ever.
@@ -204,8 +214,12 @@ pub fn token_txn(req: TokenRequest, index: &AclIndex) -> Result<(Txn, Minted)> {
             None
         }
     };
-    if req.policies.is_empty() && req.roles.is_empty() && req.proxy.is_none() {
-        errors.push(FieldError::new("policies", "a token needs at least one policy or role (or a proxy identity)"));
+    let join = join_binding(&req, &mut errors);
+    if proxy.is_some() && join.is_some() {
+        errors.push(FieldError::new("proxy", "a token is a proxy token or a join token (workload), not both"));
+    }
+    if join.is_none() && req.policies.is_empty() && req.roles.is_empty() && req.proxy.is_none() {
+        errors.push(FieldError::new("policies", "a token needs at least one policy or role (or a proxy identity, or a workload)"));
     }
     for (i, p) in req.policies.iter().enumerate() {
         if !index.has_policy(p) {
@@ -238,9 +252,33 @@ pub fn token_txn(req: TokenRequest, index: &AclIndex) -> Result<(Txn, Minted)> {
         return Err(Error::invalid_fields(errors));
     }
     let minted =
-        token::mint(NewToken { description: req.description, policies: req.policies, roles: req.roles, ttl_secs, proxy }, crate::auth::acl::unix_now());
+        token::mint(NewToken { description: req.description, policies: req.policies, roles: req.roles, ttl_secs, proxy, join }, crate::auth::acl::unix_now());
     let op = create_op(minted.document.clone())?;
     Ok((Txn { ops: vec![op] }, minted))
+}
+
+/// A join token's binding from the request (`workload`, `uses`, `cidrs`),
+/// its errors added to `errors`.
+fn join_binding(req: &TokenRequest, errors: &mut Vec<FieldError>) -> Option<model::acl::JoinBinding> {
+    let Some(workload) = &req.workload else {
+        if req.uses.is_some() || !req.cidrs.is_empty() {
+            errors.push(FieldError::new("workload", "uses and cidrs belong to a join token: give its workload (NAMESPACE/SERVICE_ACCOUNT)"));
+        }
+        return None;
+    };
+    if !req.policies.is_empty() || !req.roles.is_empty() {
+        errors.push(FieldError::new("policies", "a join token (workload) grants no API permissions: give no policies or roles"));
+    }
+    let id = crate::ca::WorkloadId::parse(workload).map_err(|e| errors.push(FieldError::new("workload", e))).ok()?;
+    if req.uses == Some(0) {
+        errors.push(FieldError::new("uses", "must be at least 1"));
+    }
+    for (i, c) in req.cidrs.iter().enumerate() {
+        if let Err(e) = c.parse::<ipnet::IpNet>() {
+            errors.push(FieldError::new(format!("cidrs[{i}]"), format!("{c:?}: {e} (expected a CIDR such as 10.0.0.0/8)")));
+        }
+    }
+    Some(model::acl::JoinBinding { namespace: id.namespace, service_account: id.service_account, uses: Some(req.uses.unwrap_or(1)), cidrs: req.cidrs.clone() })
 }
 
 /// A create-only put of a document the server wrote, validated like any

@@ -28,6 +28,8 @@ pub struct AclIndex {
     policies: HashMap<String, Arc<Policy>>,
     roles: HashMap<String, RoleSpec>,
     identities: HashMap<String, Vec<String>>,
+    /// Workload join tokens (mesh CA), by hash: never API credentials.
+    join_tokens: HashMap<[u8; 32], Arc<StoredObject>>,
 }
 
 impl AclIndex {
@@ -46,6 +48,9 @@ impl AclIndex {
                         idx.identities.entry(id.clone()).or_default().push(name.clone());
                     }
                     idx.roles.insert(name, r.clone());
+                }
+                Ok(TypedSpec::Acl(AclSpec::Token(t))) if t.spec.join.is_some() => {
+                    idx.join_tokens.insert(t.secret_hash, obj.clone());
                 }
                 Ok(TypedSpec::Acl(AclSpec::Token(t))) => {
                     let entry = TokenEntry {
@@ -73,6 +78,12 @@ impl AclIndex {
 
     pub fn token(&self, hash: &[u8; 32]) -> Option<&TokenEntry> {
         self.tokens.get(hash)
+    }
+
+    /// A workload join token by the hash of its secret: the stored object
+    /// (its spec and `status.used`, and the revision a use is written at).
+    pub fn join_token(&self, hash: &[u8; 32]) -> Option<&Arc<StoredObject>> {
+        self.join_tokens.get(hash)
     }
 
     pub fn has_tokens(&self) -> bool {

@@ -6,7 +6,7 @@
 //! byte by byte against a secret: timing can at most tell something about
 //! a hash, which does not help find a preimage.
 
-use crate::model::acl::{format_rfc3339, hex, ProxyBinding, TokenSpec, TokenType, HASH_PREFIX, SECRET_HASH_FIELD};
+use crate::model::acl::{format_rfc3339, hex, JoinBinding, ProxyBinding, TokenSpec, TokenType, HASH_PREFIX, SECRET_HASH_FIELD};
 use crate::model::kinds::{ACL_GROUP, CLUSTER_NAMESPACE};
 use rand::RngCore;
 use serde_json::{json, Value};
@@ -51,6 +51,8 @@ pub struct NewToken {
     pub ttl_secs: Option<u64>,
     /// A proxy token's identity; none: a client token.
     pub proxy: Option<ProxyBinding>,
+    /// A workload join token's binding (type `join`).
+    pub join: Option<JoinBinding>,
 }
 
 /// A token just made: the object to store and the secret to show once.
@@ -73,7 +75,11 @@ pub fn mint(req: NewToken, now: u64) -> Minted {
     let (accessor, secret) = (new_accessor(), new_secret());
     let expires_at = req.ttl_secs.map(|t| format_rfc3339(now.saturating_add(t)));
     let spec = TokenSpec {
-        token_type: if req.proxy.is_some() { TokenType::Proxy } else { TokenType::Client },
+        token_type: match (&req.proxy, &req.join) {
+            (Some(_), _) => TokenType::Proxy,
+            (None, Some(_)) => TokenType::Join,
+            (None, None) => TokenType::Client,
+        },
         description: req.description,
         policies: req.policies,
         roles: req.roles,
@@ -81,6 +87,7 @@ pub fn mint(req: NewToken, now: u64) -> Minted {
         created_at: Some(format_rfc3339(now)),
         expires_at: expires_at.clone(),
         secret_hash: hash_text(&secret),
+        join: req.join.map(Box::new),
     };
     let spec = serde_json::to_value(&spec).expect("a token spec serializes");
     debug_assert!(spec.get(SECRET_HASH_FIELD).is_some());

@@ -28,8 +28,19 @@ pub enum TokenCommand {
         /// A proxy token for the xDS port, bound to NAMESPACE or
         /// NAMESPACE/NAME: an Envoy presenting it may only claim that
         /// namespace (and workload name). Needs no policy.
-        #[arg(long, value_name = "NAMESPACE[/NAME]")]
+        #[arg(long, value_name = "NAMESPACE[/NAME]", conflicts_with = "workload")]
         proxy: Option<String>,
+        /// A join token instead: the workload identity NAMESPACE/SERVICE_ACCOUNT
+        /// whose first certificate it obtains from the mesh CA (`lodestar
+        /// agent --join-token`). No policies or roles.
+        #[arg(long)]
+        workload: Option<String>,
+        /// A join token's uses (default 1).
+        #[arg(long, requires = "workload")]
+        uses: Option<u64>,
+        /// A source address range the join token is accepted from; repeat.
+        #[arg(long = "cidr", requires = "workload")]
+        cidrs: Vec<String>,
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
@@ -105,8 +116,13 @@ pub enum AclCommand {
 
 pub async fn token(client: &Client, command: TokenCommand) -> Result<()> {
     match command {
-        TokenCommand::Create { description, policies, roles, ttl, proxy, output } => {
-            let body = json!({"description": description, "policies": policies, "roles": roles, "ttl": ttl, "proxy": proxy});
+        TokenCommand::Create { description, policies, roles, ttl, proxy, workload, uses, cidrs, output } => {
+            let mut body = json!({"description": description, "policies": policies, "roles": roles, "ttl": ttl, "proxy": proxy});
+            if workload.is_some() {
+                body["workload"] = json!(workload);
+                body["uses"] = json!(uses);
+                body["cidrs"] = json!(cidrs);
+            }
             print_created(&client.post("/v1/acl/tokens", &body).await?, output)
         }
         TokenCommand::List => {

@@ -82,17 +82,7 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 }
 
 pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> Result<()> {
-    let token = match &args.proxy_token_file {
-        None => None,
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("--proxy-token-file {}", path.display()))?;
-            let t = text.trim().to_string();
-            if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                bail!("--proxy-token-file {}: expected one token (no spaces)", path.display());
-            }
-            Some(t)
-        }
-    };
+    let token = proxy_token(&args)?;
     let servers = if args.xds_servers.is_empty() { member_xds_addrs(client).await? } else { args.xds_servers.clone() };
     let doc = bootstrap(&args, &servers, ca_pem, token.as_deref())?;
     match args.output {
@@ -102,8 +92,19 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> 
     Ok(())
 }
 
+/// The secret in `--proxy-token-file`, if given.
+pub fn proxy_token(args: &BootstrapArgs) -> Result<Option<String>> {
+    let Some(path) = &args.proxy_token_file else { return Ok(None) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("--proxy-token-file {}", path.display()))?;
+    let t = text.trim().to_string();
+    if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        bail!("--proxy-token-file {}: expected one token (no spaces)", path.display());
+    }
+    Ok(Some(t))
+}
+
 /// Every member's xDS address, from `GET /v1/cluster`.
-async fn member_xds_addrs(client: &Client) -> Result<Vec<String>> {
+pub(super) async fn member_xds_addrs(client: &Client) -> Result<Vec<String>> {
     let status = client.get("/v1/cluster").await.context("asking the cluster for its members' xDS addresses (or pass --xds-servers)")?;
     let addrs: Vec<String> = status["members"]
         .as_array()

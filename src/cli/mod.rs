@@ -4,6 +4,7 @@
 //! names, with the credential `client::Access` picks.
 
 mod acl;
+mod agent;
 mod bootstrap;
 pub mod client;
 mod proxy;
@@ -131,6 +132,10 @@ enum Command {
     },
     /// Print an Envoy bootstrap (YAML or JSON) that connects to the replicas' xDS ports.
     Bootstrap(bootstrap::BootstrapArgs),
+    /// A workload's identity on its host: its key, its certificate from the
+    /// mesh CA (first with a join token, then renewed with itself), SDS for
+    /// its Envoy (secrets default and ROOTCA on a Unix socket).
+    Agent(agent::AgentArgs),
     /// Backups: save one from a running cluster, restore one into a new
     /// cluster's data directory, check a file.
     Snapshot {
@@ -181,6 +186,14 @@ enum CaCommand {
     Create {
         #[arg(long)]
         dir: PathBuf,
+        /// The mesh CA instead, for workload certificates, in Istio's
+        /// cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem,
+        /// root-cert.pem): give every member mesh_ca_dir = DIR.
+        #[arg(long)]
+        mesh: bool,
+        /// The mesh CA's trust domain (its root names it, as Istio's does).
+        #[arg(long, default_value = "cluster.local", requires = "mesh")]
+        trust_domain: String,
     },
 }
 
@@ -300,7 +313,16 @@ pub async fn run(cli: Cli) -> Result<()> {
             let config = args.into_config()?;
             return crate::server::run(config, crate::server::shutdown_signal()).await;
         }
-        Command::Tls { command: TlsCommand::Ca { command: CaCommand::Create { dir } } } => {
+        Command::Tls { command: TlsCommand::Ca { command: CaCommand::Create { dir, mesh: true, trust_domain } } } => {
+            crate::ca::create_dir(&dir, &trust_domain)?;
+            println!(
+                "created a mesh CA in {} (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); give every member mesh_ca_dir = {:?}",
+                dir.display(),
+                dir
+            );
+            return Ok(());
+        }
+        Command::Tls { command: TlsCommand::Ca { command: CaCommand::Create { dir, .. } } } => {
             crate::tls::pki::create_ca_dir(&dir, "Lodestar cluster CA")?;
             println!("created a cluster CA in {} (ca.pem, ca-key.pem)", dir.display());
             return Ok(());
@@ -337,6 +359,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,
         Command::Bootstrap(args) => bootstrap::run(&client, access.ca_pem.as_deref(), args).await,
+        Command::Agent(args) => agent::run(&client, access.ca_pem.as_deref(), args).await,
         Command::Snapshot { command } => snapshot::run(&client, command).await,
         Command::Token { command } => acl::token(&client, command).await,
         Command::Policy { command } => acl::policy(&client, command).await,

@@ -171,6 +171,9 @@ pub enum TokenType {
     Client,
     /// An Envoy on the xDS port, bound to the identity in `proxy`.
     Proxy,
+    /// A workload's first certificate from the mesh CA (`spec.join`); no
+    /// use on the API.
+    Join,
 }
 
 /// The identity a proxy token stands for on the xDS port: a proxy whose
@@ -244,6 +247,65 @@ pub struct TokenSpec {
     pub expires_at: Option<String>,
     /// `sha256:` + 64 hex digits.
     pub secret_hash: String,
+    /// Type `join`: what the token obtains (boxed: most tokens have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join: Option<Box<JoinBinding>>,
+}
+
+/// A join token's binding (`spec.join`): the workload identity it obtains
+/// a certificate for, how many times, and from where. Uses are counted in
+/// the token's `status.used`, written by the replica that accepts a use
+/// with the token's revision as its precondition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct JoinBinding {
+    pub namespace: String,
+    pub service_account: String,
+    /// How many certificates it obtains; none: any number until it expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uses: Option<u64>,
+    /// Source addresses it is accepted from (CIDRs); empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cidrs: Vec<String>,
+}
+
+impl JoinBinding {
+    /// Whether `ip` is one of the allowed sources (the CIDRs validated).
+    pub fn allows(&self, ip: std::net::IpAddr) -> bool {
+        // IPv4 clients on a dual-stack socket arrive as ::ffff:a.b.c.d.
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        self.cidrs.is_empty() || self.cidrs.iter().filter_map(|c| c.parse::<ipnet::IpNet>().ok()).any(|n| n.contains(&ip))
+    }
+}
+
+fn validate_join(spec: &TokenSpec, errors: &mut Vec<FieldError>) {
+    match (spec.token_type, &spec.join) {
+        (TokenType::Join, None) => errors.push(FieldError::new("spec.join", "required for a join token: namespace and serviceAccount")),
+        (TokenType::Client | TokenType::Proxy, Some(_)) => errors.push(FieldError::new("spec.join", "only a token of type join has one")),
+        (TokenType::Client | TokenType::Proxy, None) => {}
+        (TokenType::Join, Some(j)) => {
+            if !spec.policies.is_empty() || !spec.roles.is_empty() {
+                errors.push(FieldError::new("spec.policies", "a join token grants no API permissions: no policies or roles"));
+            }
+            if let Err(e) = super::resource::check_dns_label(&j.namespace) {
+                errors.push(FieldError::new("spec.join.namespace", e));
+            }
+            if let Err(e) = check_dns_subdomain(&j.service_account) {
+                errors.push(FieldError::new("spec.join.serviceAccount", e));
+            }
+            if j.uses == Some(0) {
+                errors.push(FieldError::new("spec.join.uses", "must be at least 1 (omit it for any number)"));
+            }
+            for (i, c) in j.cidrs.iter().enumerate() {
+                if let Err(e) = c.parse::<ipnet::IpNet>() {
+                    errors.push(FieldError::new(format!("spec.join.cidrs[{i}]"), format!("{c:?}: {e} (expected a CIDR such as 10.0.0.0/8)")));
+                }
+            }
+        }
+    }
 }
 
 /// A validated token.
@@ -376,18 +438,19 @@ pub fn validate_role(spec: &RoleSpec) -> Result<RoleSpec, Vec<FieldError>> {
 pub fn validate_token(spec: TokenSpec) -> Result<Token, Vec<FieldError>> {
     let mut errors = Vec::new();
     match (spec.token_type, &spec.proxy) {
-        (TokenType::Client, Some(_)) => errors.push(FieldError::new("spec.proxy", "only a token of type proxy is bound to a proxy identity")),
-        (TokenType::Client, None) if spec.policies.is_empty() && spec.roles.is_empty() => {
-            errors.push(FieldError::new("spec.policies", "a token needs at least one policy or role"))
-        }
         (TokenType::Proxy, None) => errors.push(FieldError::new("spec.proxy", "a proxy token needs the identity it stands for (namespace, optionally name)")),
         (TokenType::Proxy, Some(b)) => {
             if let Err(e) = b.check() {
                 errors.push(FieldError::new("spec.proxy", e));
             }
         }
+        (_, Some(_)) => errors.push(FieldError::new("spec.proxy", "only a token of type proxy is bound to a proxy identity")),
+        (TokenType::Client, None) if spec.policies.is_empty() && spec.roles.is_empty() => {
+            errors.push(FieldError::new("spec.policies", "a token needs at least one policy or role"))
+        }
         _ => {}
     }
+    validate_join(&spec, &mut errors);
     check_names("spec.policies", &spec.policies, &mut errors);
     check_names("spec.roles", &spec.roles, &mut errors);
     let mut expires_at = None;
@@ -547,7 +610,28 @@ mod tests {
         let errs = validate(Kind::Token, &json!({"secretHash": "md5:x"})).unwrap_err();
         assert_eq!(errs.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(), ["spec.policies", "spec.secretHash"]);
         assert!(!errs.iter().any(|e| e.reason.contains("md5:x")));
-        let errs = validate(Kind::Token, &json!({"type": "join", "policies": ["p"], "secretHash": hash})).unwrap_err();
+        let errs = validate(Kind::Token, &json!({"type": "bogus", "policies": ["p"], "secretHash": hash})).unwrap_err();
         assert_eq!(errs[0].field, "spec.type");
+    }
+
+    #[test]
+    fn join_tokens() {
+        let hash = format!("{HASH_PREFIX}{}", "ab".repeat(32));
+        let ok =
+            json!({"type": "join", "join": {"namespace": "shop", "serviceAccount": "cart", "uses": 2, "cidrs": ["10.0.0.0/8", "::1/128"]}, "secretHash": hash});
+        let Ok(AclSpec::Token(t)) = validate(Kind::Token, &ok) else { panic!() };
+        let j = t.spec.join.unwrap();
+        assert!(j.allows("10.1.2.3".parse().unwrap()));
+        assert!(j.allows("::ffff:10.1.2.3".parse().unwrap()));
+        assert!(!j.allows("11.0.0.1".parse().unwrap()));
+        assert!(JoinBinding { cidrs: vec![], ..(*j).clone() }.allows("11.0.0.1".parse().unwrap()));
+        let bad = json!({"type": "join", "policies": ["p"], "join": {"namespace": "Shop", "serviceAccount": "cart", "uses": 0, "cidrs": ["10.0.0.0/33"]}, "secretHash": hash});
+        let errs = validate(Kind::Token, &bad).unwrap_err();
+        let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["spec.policies", "spec.join.namespace", "spec.join.uses", "spec.join.cidrs[0]"]);
+        let errs = validate(Kind::Token, &json!({"type": "join", "secretHash": hash})).unwrap_err();
+        assert_eq!(errs[0].field, "spec.join");
+        let errs = validate(Kind::Token, &json!({"policies": ["p"], "join": {"namespace": "a", "serviceAccount": "b"}, "secretHash": hash})).unwrap_err();
+        assert_eq!(errs[0].field, "spec.join");
     }
 }

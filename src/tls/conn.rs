@@ -31,6 +31,9 @@ pub struct PeerCert {
     pub uris: Vec<String>,
     /// The certificate's serial, hex.
     pub serial: String,
+    /// The chain as presented, leaf first (the mesh CA checks a renewing
+    /// workload's against its own root).
+    pub chain: Vec<rustls::pki_types::CertificateDer<'static>>,
 }
 
 impl PeerCert {
@@ -51,12 +54,15 @@ impl PeerCert {
                 }
             }
         }
-        Some(PeerCert { dns_names, uris, serial: cert.raw_serial_as_string() })
+        Some(PeerCert { dns_names, uris, serial: cert.raw_serial_as_string(), chain: vec![rustls::pki_types::CertificateDer::from(der.to_vec())] })
     }
 
     /// The leaf certificate the other side of a handshake presented.
     pub fn of(session: &rustls::CommonState) -> Option<Arc<PeerCert>> {
-        session.peer_certificates().and_then(|c| c.first()).and_then(|c| PeerCert::parse(c)).map(Arc::new)
+        let chain = session.peer_certificates()?;
+        let mut cert = PeerCert::parse(chain.first()?)?;
+        cert.chain = chain.iter().map(|c| c.clone().into_owned()).collect();
+        Some(Arc::new(cert))
     }
 
     /// How audit lines and errors name it: its first URI or DNS name.

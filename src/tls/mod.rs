@@ -152,6 +152,9 @@ struct Configs {
 pub struct Tls {
     files: TlsFiles,
     verify_incoming: bool,
+    /// The mesh CA's root (`ca`): the xDS port also accepts workload
+    /// certificates from it, for the CSR service's renewals.
+    mesh_root: Option<PathBuf>,
     current: RwLock<(Arc<Configs>, Stamps)>,
 }
 
@@ -159,9 +162,15 @@ impl Tls {
     /// Read the files and build every configuration; `verify_incoming`
     /// makes the API require a client certificate.
     pub fn load(files: TlsFiles, verify_incoming: bool) -> Result<Arc<Tls>, TlsError> {
-        let stamps = stamps(&files);
-        let configs = build(&files, verify_incoming)?;
-        Ok(Arc::new(Tls { files, verify_incoming, current: RwLock::new((Arc::new(configs), stamps)) }))
+        Tls::load_with_mesh_root(files, verify_incoming, None)
+    }
+
+    /// As [`Tls::load`], the xDS port also trusting client certificates
+    /// from the mesh CA root in `mesh_root` (a PEM file).
+    pub fn load_with_mesh_root(files: TlsFiles, verify_incoming: bool, mesh_root: Option<PathBuf>) -> Result<Arc<Tls>, TlsError> {
+        let stamps = stamps(&files, mesh_root.as_deref());
+        let configs = build(&files, verify_incoming, mesh_root.as_deref())?;
+        Ok(Arc::new(Tls { files, verify_incoming, mesh_root, current: RwLock::new((Arc::new(configs), stamps)) }))
     }
 
     fn current(&self) -> Arc<Configs> {
@@ -197,11 +206,11 @@ impl Tls {
     /// certificate yet) fails here; the old configuration stays, and the
     /// next check tries again.
     pub fn reload_if_changed(&self) -> Result<bool, TlsError> {
-        let now = stamps(&self.files);
+        let now = stamps(&self.files, self.mesh_root.as_deref());
         if self.current.read().unwrap_or_else(|p| p.into_inner()).1 == now {
             return Ok(false);
         }
-        let configs = build(&self.files, self.verify_incoming)?;
+        let configs = build(&self.files, self.verify_incoming, self.mesh_root.as_deref())?;
         let serial = configs.serial.clone();
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = (Arc::new(configs), now);
         tracing::info!(serial, cert = %self.files.cert.display(), "TLS: reloaded the certificate files");
@@ -233,16 +242,28 @@ impl Tls {
 /// What the files looked like when read: modification time and size each.
 type Stamps = Vec<Option<(SystemTime, u64)>>;
 
-fn stamps(files: &TlsFiles) -> Stamps {
-    [&files.ca, &files.cert, &files.key].iter().map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len())))).collect()
+fn stamps(files: &TlsFiles, mesh_root: Option<&Path>) -> Stamps {
+    [files.ca.as_path(), files.cert.as_path(), files.key.as_path()]
+        .into_iter()
+        .chain(mesh_root)
+        .map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len()))))
+        .collect()
 }
 
-fn build(files: &TlsFiles, verify_incoming: bool) -> Result<Configs, TlsError> {
+fn build(files: &TlsFiles, verify_incoming: bool, mesh_root: Option<&Path>) -> Result<Configs, TlsError> {
     let roots = Arc::new(roots_from_pem(&files.ca)?);
+    // xDS clients may show a workload certificate of the mesh CA instead.
+    let mut xds_roots = (*roots).clone();
+    if let Some(path) = mesh_root {
+        for cert in read_certs(path)? {
+            xds_roots.add(cert).map_err(|e| file_err(path, format!("not a usable CA certificate: {e}")))?;
+        }
+    }
+    let xds_roots = Arc::new(xds_roots);
     let chain = read_certs(&files.cert)?;
     let serial = conn::PeerCert::parse(&chain[0]).map(|c| c.serial).unwrap_or_default();
     let key = read_key(&files.key)?;
-    let server = |client_auth: ClientAuth, alpn: &[&[u8]]| -> Result<Arc<ServerConfig>, TlsError> {
+    let server = |roots: &Arc<RootCertStore>, client_auth: ClientAuth, alpn: &[&[u8]]| -> Result<Arc<ServerConfig>, TlsError> {
         let verifier = WebPkiClientVerifier::builder(roots.clone());
         let verifier = match client_auth {
             ClientAuth::Required => verifier.build(),
@@ -260,9 +281,9 @@ fn build(files: &TlsFiles, verify_incoming: bool) -> Result<Configs, TlsError> {
     let client = client_config((*roots).clone(), Some((&files.cert, &files.key)))?;
     Ok(Configs {
         // REST clients speak HTTP/1.1 or 2; gRPC clients 2.
-        api: server(api_auth, &[b"h2", b"http/1.1"])?,
-        xds: server(ClientAuth::Optional, &[b"h2"])?,
-        raft: server(ClientAuth::Required, &[b"h2"])?,
+        api: server(&roots, api_auth, &[b"h2", b"http/1.1"])?,
+        xds: server(&xds_roots, ClientAuth::Optional, &[b"h2"])?,
+        raft: server(&roots, ClientAuth::Required, &[b"h2"])?,
         client: Arc::new(client),
         serial,
     })

@@ -49,7 +49,8 @@ fn file_err(path: &Path, e: impl std::fmt::Display) -> PkiError {
     PkiError::File { path: path.to_path_buf(), msg: e.to_string() }
 }
 
-fn serial() -> SerialNumber {
+/// A random positive 128-bit serial.
+pub fn serial() -> SerialNumber {
     let mut bytes: [u8; 16] = rand::random();
     bytes[0] &= 0x7f; // positive
     SerialNumber::from_slice(&bytes)
@@ -64,11 +65,17 @@ fn validity(params: &mut CertificateParams, lifetime: Duration) {
 
 /// A new self-signed CA: (certificate PEM, key PEM).
 pub fn new_ca(common_name: &str) -> Result<(String, String), PkiError> {
+    new_ca_named(&[(DnType::CommonName, common_name), (DnType::OrganizationName, "Lodestar")])
+}
+
+/// A new self-signed CA (10 years) with this subject: (certificate PEM, key PEM).
+pub fn new_ca_named(subject: &[(DnType, &str)]) -> Result<(String, String), PkiError> {
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::default();
     params.distinguished_name = DistinguishedName::new();
-    params.distinguished_name.push(DnType::CommonName, common_name);
-    params.distinguished_name.push(DnType::OrganizationName, "Lodestar");
+    for (t, v) in subject {
+        params.distinguished_name.push(t.clone(), *v);
+    }
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     params.serial_number = Some(serial());

@@ -107,6 +107,7 @@ pub async fn serve(
     generator: Arc<dyn Generator>,
     registry: SyncRegistry,
     options: ServeOptions,
+    ca: Option<crate::proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer<crate::ca::service::CaService>>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
     let service = AdsService::new(applied, generator, registry, options, shutdown.clone());
@@ -114,6 +115,8 @@ pub async fn serve(
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(service.into_server())
+        // Istio's CSR service shares the port, as on istiod (see `ca`).
+        .add_optional_service(ca)
         // `Incoming` sets TCP_NODELAY (tonic ignores its builder's with an
         // incoming stream) and does the TLS handshakes.
         .serve_with_incoming_shutdown(incoming.into_stream(), stopped(shutdown))

@@ -12,12 +12,15 @@
 //! - [`xds`]: `xds`, the push engine: convergence, EDS fan-out, RSS per idle
 //!   stream, replica memory.
 //! - [`adsclient`]: the simulated Envoy `churn` and `xds` run on.
+//! - [`csr`]: `csr`, the mesh CA: certificates per second through the
+//!   replicas' xDS ports, as agents renewing.
 //!
 //! `churn` and `xds` print their command line (`command:`) and end with
 //! `result:` lines of `key=value` pairs, for scripts and tests.
 
 mod adsclient;
 mod churn;
+mod csr;
 mod write;
 mod xds;
 
@@ -59,6 +62,9 @@ enum Command {
     /// scoped proxies, EDS fan-out, RSS per idle stream, replica memory.
     /// API URLs: the global --server, repeatable.
     Xds(xds::XdsArgs),
+    /// The mesh CA: concurrent certificate renewals (a key, a CSR, a TLS
+    /// connection each) over the replicas' xDS ports; certs/s, p50, p99.
+    Csr(csr::CsrArgs),
 }
 
 impl Cli {
@@ -75,6 +81,7 @@ impl Cli {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Write(args) => write::run(args).await,
+        Command::Csr(args) => csr::run(args).await,
         Command::Churn(args) => {
             let report = churn::run(args).await?;
             report.print();

@@ -1,0 +1,360 @@
+//! `lodestar agent`: a workload's identity on its host, as Istio's
+//! pilot-agent keeps one.
+//!
+//! - The key is generated here (P-256) and never leaves the host: only a
+//!   CSR goes to the mesh CA (Istio's `CreateCertificate` on a replica's
+//!   xDS port, `ca::service`).
+//! - The first certificate is obtained with a join token; every renewal
+//!   authenticates with the current certificate as the TLS client
+//!   certificate, never with the token again, so the token can be gone.
+//! - Key and certificate are written to a directory (0600 files in a 0700
+//!   directory: `key.pem`, `cert-chain.pem`, `root-cert.pem`, Istio's
+//!   names), and a restarted agent resumes from them while the certificate
+//!   is valid.
+//! - Renewal at about half the certificate's remaining life, with jitter
+//!   (0.45–0.55), so that agents started together spread out; failures are
+//!   retried with backoff, across the replicas given.
+//! - [`sds`]: the certificate goes to Envoy over SDS on a Unix socket
+//!   (secret names `default` and `ROOTCA`), so a rotation changes no
+//!   listener or cluster.
+
+pub mod sds;
+
+use crate::proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient;
+use crate::proto::istio_ca::IstioCertificateRequest;
+use crate::tls::pki;
+use anyhow::{anyhow, bail, Context, Result};
+use rcgen::{CertificateParams, KeyPair, PublicKeyData};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
+
+/// Files in the agent's directory (Istio's names).
+pub const KEY_FILE: &str = "key.pem";
+pub const CHAIN_FILE: &str = "cert-chain.pem";
+pub const ROOT_FILE: &str = "root-cert.pem";
+
+/// One request to one replica gives up after this long.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Retry backoff bounds.
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// A workload certificate with its key.
+#[derive(Clone)]
+pub struct Identity {
+    pub key_pem: String,
+    /// The leaf and intermediates, PEM.
+    pub chain_pem: String,
+    pub root_pem: String,
+    /// The leaf's serial, hex (as `openssl x509 -serial`, lower case).
+    pub serial: String,
+    /// The leaf's URIs (its SPIFFE id).
+    pub uris: Vec<String>,
+    /// Unix seconds.
+    pub not_after: i64,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity").field("serial", &self.serial).field("uris", &self.uris).field("not_after", &self.not_after).finish()
+    }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+impl Identity {
+    /// From a CA's answer (leaf first, root last) and the key it was for:
+    /// the leaf must carry this key.
+    fn from_answer(key: &KeyPair, chain: &[String]) -> Result<Identity> {
+        let (root, rest) = chain.split_last().ok_or_else(|| anyhow!("the CA answered an empty certificate chain"))?;
+        if rest.is_empty() {
+            bail!("the CA answered only one certificate; expected the leaf and the root");
+        }
+        let identity =
+            Identity { key_pem: key.serialize_pem(), chain_pem: rest.concat(), root_pem: root.clone(), serial: String::new(), uris: Vec::new(), not_after: 0 };
+        identity.checked()
+    }
+
+    /// Fill in what the leaf says, checking that it carries the key.
+    fn checked(mut self) -> Result<Identity> {
+        let leaf = CertificateDer::pem_slice_iter(self.chain_pem.as_bytes()).next().ok_or_else(|| anyhow!("no certificate in the chain"))??;
+        let (_, cert) = x509_parser::parse_x509_certificate(&leaf).map_err(|e| anyhow!("the certificate does not parse: {e}"))?;
+        let key = KeyPair::from_pem(&self.key_pem).context("the private key")?;
+        if cert.public_key().raw != key.subject_public_key_info().as_slice() {
+            bail!("the certificate is not for this key");
+        }
+        let peer = crate::tls::conn::PeerCert::parse(&leaf).ok_or_else(|| anyhow!("the certificate does not parse"))?;
+        self.serial = peer.serial.to_lowercase();
+        self.uris = peer.uris;
+        self.not_after = cert.validity().not_after.timestamp();
+        Ok(self)
+    }
+
+    /// The key and chain as a rustls client identity (renewals).
+    fn client_auth(&self) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+        let certs = CertificateDer::pem_slice_iter(self.chain_pem.as_bytes()).collect::<Result<Vec<_>, _>>().map_err(|e| anyhow!("the chain: {e}"))?;
+        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).map_err(|e| anyhow!("the key: {e}"))?;
+        Ok((certs, key))
+    }
+
+    /// Load from `dir`, if the files are there, agree, and the certificate
+    /// has not expired.
+    pub fn load(dir: &Path) -> Result<Option<Identity>> {
+        let paths = [dir.join(KEY_FILE), dir.join(CHAIN_FILE), dir.join(ROOT_FILE)];
+        if !paths.iter().all(|p| p.exists()) {
+            return Ok(None);
+        }
+        let [key_pem, chain_pem, root_pem] = paths.map(|p| pki::read_file(&p));
+        let identity =
+            Identity { key_pem: key_pem?, chain_pem: chain_pem?, root_pem: root_pem?, serial: String::new(), uris: Vec::new(), not_after: 0 }.checked()?;
+        Ok((identity.not_after > unix_now()).then_some(identity))
+    }
+
+    /// Write to `dir` (0700), every file 0600 and replaced atomically; the
+    /// chain last, so a chain on disk always has its key there.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_context(|| format!("chmod {}", dir.display()))?;
+        }
+        pki::write_file(&dir.join(ROOT_FILE), &self.root_pem, true)?;
+        pki::write_file(&dir.join(KEY_FILE), &self.key_pem, true)?;
+        pki::write_file(&dir.join(CHAIN_FILE), &self.chain_pem, true)?;
+        Ok(())
+    }
+
+    /// When to renew, seen at `now`: at 45–55% of the remaining life.
+    pub fn renew_at(&self, now: i64) -> i64 {
+        let remaining = (self.not_after - now).max(0) as f64;
+        now + (remaining * rand::Rng::gen_range(&mut rand::thread_rng(), 0.45..0.55)) as i64
+    }
+}
+
+/// How the agent reaches the mesh CA.
+#[derive(Clone)]
+pub struct CaClient {
+    /// Replicas' xDS addresses, HOST:PORT, tried in turn.
+    pub servers: Vec<String>,
+    /// The cluster CA replicas' certificates are checked against; None:
+    /// plaintext (an `insecure` cluster).
+    pub cluster_ca_pem: Option<String>,
+    /// The lifetime asked for; None: the CA's default.
+    pub ttl: Option<Duration>,
+}
+
+impl CaClient {
+    /// A new key and a certificate for it, from the first replica that
+    /// answers: with `bearer` (a join token), or `current` as the client
+    /// certificate. A refusal (the caller is not authenticated, or bad
+    /// input) is returned at once; unreachable replicas are skipped.
+    pub async fn issue(&self, bearer: Option<&str>, current: Option<&Identity>) -> Result<Identity, IssueError> {
+        let key = KeyPair::generate().map_err(|e| IssueError::Fatal(format!("generating a key: {e}")))?;
+        let csr = CertificateParams::default().serialize_request(&key).and_then(|c| c.pem()).map_err(|e| IssueError::Fatal(format!("making the CSR: {e}")))?;
+        let mut last = String::from("no xDS servers");
+        for server in &self.servers {
+            match self.ask(server, &csr, bearer, current).await {
+                Ok(chain) => return Identity::from_answer(&key, &chain).map_err(|e| IssueError::Retry(format!("{server}: {e:#}"))),
+                Err(status) if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied | tonic::Code::InvalidArgument) => {
+                    return Err(IssueError::Refused(format!("{server}: {}", status.message())));
+                }
+                Err(status) => last = format!("{server}: {}: {}", status.code(), status.message()),
+            }
+        }
+        Err(IssueError::Retry(last))
+    }
+
+    async fn ask(&self, server: &str, csr: &str, bearer: Option<&str>, current: Option<&Identity>) -> Result<Vec<String>, tonic::Status> {
+        let tls = match &self.cluster_ca_pem {
+            None => None,
+            Some(pem) => {
+                let roots = crate::tls::roots_from_pem_text(pem).map_err(|e| tonic::Status::internal(e.to_string()))?;
+                let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+                let mut config = match current {
+                    Some(id) => {
+                        let (certs, key) = id.client_auth().map_err(|e| tonic::Status::internal(format!("{e:#}")))?;
+                        builder.with_client_auth_cert(certs, key).map_err(|e| tonic::Status::internal(e.to_string()))?
+                    }
+                    None => builder.with_no_client_auth(),
+                };
+                config.alpn_protocols = vec![b"h2".to_vec()];
+                Some(Arc::new(config))
+            }
+        };
+        let target = if tls.is_some() { format!("https://{server}") } else { format!("http://{server}") };
+        let (endpoint, connector) = crate::tls::dial(&target, tls).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        let channel = endpoint
+            .connect_timeout(REQUEST_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| tonic::Status::unavailable(format!("connecting: {e}")))?;
+        let mut request = tonic::Request::new(IstioCertificateRequest { csr: csr.to_string(), validity_duration: self.ttl.map_or(0, |t| t.as_secs() as i64) });
+        if let Some(secret) = bearer {
+            let value = format!("Bearer {secret}").parse().map_err(|_| tonic::Status::invalid_argument("the join token is not valid in a header"))?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(IstioCertificateServiceClient::new(channel).create_certificate(request).await?.into_inner().cert_chain)
+    }
+}
+
+#[derive(Debug)]
+pub enum IssueError {
+    /// The CA refused the caller: asking again will not help.
+    Refused(String),
+    /// No replica answered, or the answer was unusable: try again later.
+    Retry(String),
+    Fatal(String),
+}
+
+impl std::fmt::Display for IssueError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IssueError::Refused(m) => write!(f, "refused: {m}"),
+            IssueError::Retry(m) => write!(f, "no certificate yet: {m}"),
+            IssueError::Fatal(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+/// What `lodestar agent` runs with.
+pub struct AgentOptions {
+    pub ca: CaClient,
+    pub dir: PathBuf,
+    /// The join token's file, read only when there is no valid certificate
+    /// on disk.
+    pub join_token_file: Option<PathBuf>,
+    pub sds_socket: Option<PathBuf>,
+}
+
+/// The first certificate: from disk when it is there and valid, else with
+/// the join token (retrying while no replica answers).
+pub async fn first_identity(opts: &AgentOptions) -> Result<Identity> {
+    match Identity::load(&opts.dir) {
+        Ok(Some(id)) => {
+            tracing::info!(serial = %id.serial, identity = ?id.uris, "resumed from the certificate on disk");
+            return Ok(id);
+        }
+        Ok(None) => {}
+        // E.g. a key written and its certificate not yet (a crash between
+        // the two files): start over with the join token, if there is one.
+        Err(e) => tracing::warn!(dir = %opts.dir.display(), error = %format!("{e:#}"), "the certificate on disk is unusable"),
+    }
+    let Some(path) = &opts.join_token_file else {
+        bail!("no valid certificate in {} and no join token: give --join-token-file (lodestar token create --workload NS/SA)", opts.dir.display());
+    };
+    let token = std::fs::read_to_string(path).with_context(|| format!("reading the join token {}", path.display()))?.trim().to_string();
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        match opts.ca.issue(Some(&token), None).await {
+            Ok(id) => {
+                id.save(&opts.dir)?;
+                tracing::info!(serial = %id.serial, identity = ?id.uris, "obtained the first certificate with the join token");
+                return Ok(id);
+            }
+            Err(IssueError::Retry(e)) => {
+                tracing::warn!(error = %e, "first certificate: retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+            Err(e) => bail!("the join token was not accepted: {e}"),
+        }
+    }
+}
+
+/// Renew `current` at about half its life, for as long as the agent runs;
+/// each new certificate is saved and published on `tx`.
+pub async fn renew(opts: &AgentOptions, mut current: Identity, tx: watch::Sender<Option<Arc<Identity>>>, mut shutdown: watch::Receiver<bool>) {
+    let mut due = current.renew_at(unix_now());
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let wait = Duration::from_secs((due - unix_now()).max(0) as u64);
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        match opts.ca.issue(None, Some(&current)).await {
+            Ok(id) => {
+                if let Err(e) = id.save(&opts.dir) {
+                    tracing::error!(error = %format!("{e:#}"), "saving the renewed certificate");
+                }
+                tracing::info!(serial = %id.serial, previous = %current.serial, not_after = id.not_after, "renewed the certificate");
+                current = id;
+                tx.send_replace(Some(Arc::new(current.clone())));
+                due = current.renew_at(unix_now());
+                backoff = BACKOFF_MIN;
+            }
+            Err(e) => {
+                let expired = current.not_after <= unix_now();
+                tracing::warn!(error = %e, expired, "renewal failed; retrying in {backoff:?}");
+                // A refusal can be a replica that does not know the root
+                // yet, or a revoked identity: keep trying, slowly.
+                due = unix_now() + backoff.as_secs().max(1) as i64;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+/// Run the agent until `shutdown`: the first certificate, the SDS server,
+/// renewals.
+pub async fn run(opts: AgentOptions, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+    let first = first_identity(&opts).await?;
+    let (tx, rx) = watch::channel(Some(Arc::new(first.clone())));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let sds = opts.sds_socket.as_ref().map(|path| tokio::spawn(sds::serve(path.clone(), rx, stop_rx.clone())));
+    let renewals = renew(&opts, first, tx, stop_rx);
+    tokio::pin!(renewals);
+    tokio::select! {
+        _ = shutdown => {}
+        _ = &mut renewals => {}
+    }
+    let _ = stop_tx.send(true);
+    if let Some(s) = sds {
+        match s.await {
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(anyhow!("the SDS server: {e}")),
+            Ok(Ok(())) => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saves_loads_and_checks_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_dir = dir.path().join("ca");
+        crate::ca::create_dir(&ca_dir, "cluster.local").unwrap();
+        let ca = crate::ca::MeshCa::load(&ca_dir, "cluster.local", Duration::from_secs(3600), Duration::from_secs(3600)).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let csr = CertificateParams::default().serialize_request(&key).unwrap().pem().unwrap();
+        let chain = ca.sign(&csr, &crate::ca::WorkloadId::parse("a/b").unwrap(), None).unwrap();
+        let id = Identity::from_answer(&key, &chain).unwrap();
+        assert_eq!(id.uris, ["spiffe://cluster.local/ns/a/sa/b"]);
+        let out = dir.path().join("agent");
+        id.save(&out).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        for f in [KEY_FILE, CHAIN_FILE, ROOT_FILE] {
+            assert_eq!(std::fs::metadata(out.join(f)).unwrap().permissions().mode() & 0o777, 0o600, "{f}");
+        }
+        assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o700);
+        let back = Identity::load(&out).unwrap().unwrap();
+        assert_eq!(back.serial, id.serial);
+        let now = unix_now();
+        let at = back.renew_at(now);
+        assert!(at >= now + 3600 * 45 / 100 - 2 && at <= now + 3600 * 55 / 100 + 2, "{at} vs {now}");
+        // A certificate for another key is refused.
+        assert!(Identity::from_answer(&KeyPair::generate().unwrap(), &chain).is_err());
+    }
+}

@@ -1,0 +1,341 @@
+//! The mesh CA: workload certificates for Envoys and their agents, apart
+//! from the cluster CA that secures Lodestar's own ports (`tls`).
+//!
+//! Where the signing key lives: in a directory of files on every replica,
+//! Istio's `cacerts` layout ([`CA_CERT`], [`CA_KEY`], [`CERT_CHAIN`],
+//! [`ROOT_CERT`]), never in the replicated store. A single node generates a
+//! self-signed root there on its first start; the members of a cluster are
+//! all given the same directory (`lodestar tls ca create --mesh --dir DIR`,
+//! or an operator's root/intermediate), as they are given the cluster CA.
+//! So every replica can sign, and the key never crosses the network, a raft
+//! message or a backup.
+//!
+//! A workload certificate: a P-256 (or the CSR's RSA/ECDSA) public key from
+//! the CSR, and nothing else from it: the SPIFFE id
+//! `spiffe://<trust domain>/ns/<namespace>/sa/<service account>` is the
+//! caller's authenticated identity ([`WorkloadId`]), the extended key
+//! usages are serverAuth and clientAuth, the lifetime the requested one
+//! capped at the configured maximum (default 24 h).
+//!
+//! - [`service`]: Istio's `IstioCertificateService` on the xDS port, with
+//!   the join-token and certificate authentication of callers.
+
+pub mod service;
+
+use crate::error::{Error, Result};
+use crate::tls::pki::{self, PkiError};
+use rcgen::{
+    CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::danger::ClientCertVerifier;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use time::OffsetDateTime;
+
+/// The signing certificate (the root itself when self-signed).
+pub const CA_CERT: &str = "ca-cert.pem";
+/// The signing key (0600).
+pub const CA_KEY: &str = "ca-key.pem";
+/// The chain from the signing certificate up to the root.
+pub const CERT_CHAIN: &str = "cert-chain.pem";
+/// The root workloads trust.
+pub const ROOT_CERT: &str = "root-cert.pem";
+
+/// A workload certificate starts this long before it was signed, for
+/// clocks a little behind the CA's.
+const BACKDATE: Duration = Duration::from_secs(60);
+
+/// A workload's identity: a namespace and a service account.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WorkloadId {
+    pub namespace: String,
+    pub service_account: String,
+}
+
+impl WorkloadId {
+    /// `NS/SA`, both DNS labels.
+    pub fn parse(s: &str) -> std::result::Result<WorkloadId, String> {
+        let (ns, sa) = s.split_once('/').ok_or_else(|| format!("{s:?}: expected NAMESPACE/SERVICE_ACCOUNT"))?;
+        crate::model::resource::check_dns_label(ns).map_err(|e| format!("namespace {ns:?}: {e}"))?;
+        crate::model::resource::check_dns_subdomain(sa).map_err(|e| format!("service account {sa:?}: {e}"))?;
+        Ok(WorkloadId { namespace: ns.into(), service_account: sa.into() })
+    }
+
+    pub fn spiffe(&self, trust_domain: &str) -> String {
+        format!("spiffe://{trust_domain}/ns/{}/sa/{}", self.namespace, self.service_account)
+    }
+
+    /// The identity a SPIFFE id names, if it is one of `trust_domain`.
+    pub fn from_spiffe(uri: &str, trust_domain: &str) -> Option<WorkloadId> {
+        let path = uri.strip_prefix("spiffe://")?.strip_prefix(trust_domain)?.strip_prefix("/ns/")?;
+        let (ns, sa) = path.split_once("/sa/")?;
+        WorkloadId::parse(&format!("{ns}/{sa}")).ok()
+    }
+}
+
+impl std::fmt::Display for WorkloadId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.service_account)
+    }
+}
+
+/// What the CA signs with, loaded once from its directory.
+pub struct MeshCa {
+    issuer: Issuer<'static, KeyPair>,
+    /// PEMs after the leaf in every answer: the intermediates, then the root.
+    chain: Vec<String>,
+    root_pem: String,
+    /// Checks a renewing workload's certificate against the root.
+    verifier: Arc<dyn ClientCertVerifier>,
+    pub trust_domain: String,
+    pub default_ttl: Duration,
+    pub max_ttl: Duration,
+    /// Unix seconds: when the root and the signing certificate expire.
+    pub root_expiry: i64,
+    pub ca_expiry: i64,
+}
+
+fn pem_certs(path: &Path) -> std::result::Result<Vec<String>, PkiError> {
+    let text = pki::read_file(path)?;
+    let mut out = Vec::new();
+    for der in CertificateDer::pem_slice_iter(text.as_bytes()) {
+        let der = der.map_err(|e| PkiError::File { path: path.into(), msg: e.to_string() })?;
+        out.push(pem_of(&der));
+    }
+    Ok(out)
+}
+
+fn pem_of(der: &[u8]) -> String {
+    pem::encode_config(&pem::Pem::new("CERTIFICATE", der.to_vec()), pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF))
+}
+
+fn not_after(pem: &str) -> Option<i64> {
+    let der = CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
+impl MeshCa {
+    /// Load the CA in `dir` (Istio's `cacerts` layout). `cert-chain.pem`
+    /// may be missing or empty for a self-signed root.
+    pub fn load(dir: &Path, trust_domain: &str, default_ttl: Duration, max_ttl: Duration) -> std::result::Result<MeshCa, PkiError> {
+        let file_err = |p: &Path, msg: String| PkiError::File { path: p.to_path_buf(), msg };
+        let (cert_path, key_path, root_path) = (dir.join(CA_CERT), dir.join(CA_KEY), dir.join(ROOT_CERT));
+        let ca_pem = pki::read_file(&cert_path)?;
+        let key = KeyPair::from_pem(&pki::read_file(&key_path)?).map_err(|e| file_err(&key_path, format!("reading the CA key: {e}")))?;
+        let issuer = Issuer::from_ca_cert_pem(&ca_pem, key).map_err(|e| file_err(&cert_path, format!("not a CA certificate for this key: {e}")))?;
+        let roots = pem_certs(&root_path)?;
+        let root_pem = roots.first().cloned().ok_or_else(|| file_err(&root_path, "no certificate in the file".into()))?;
+        let chain_path = dir.join(CERT_CHAIN);
+        let mut chain = if chain_path.exists() { pem_certs(&chain_path)? } else { Vec::new() };
+        if chain.is_empty() {
+            chain = pem_certs(&cert_path)?;
+        }
+        // The answer ends with the root, once.
+        chain.retain(|c| *c != root_pem);
+        chain.push(root_pem.clone());
+        let store = crate::tls::roots_from_pem(&root_path).map_err(|e| file_err(&root_path, e.to_string()))?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(store)).build().map_err(|e| file_err(&root_path, e.to_string()))?;
+        let root_expiry = not_after(&root_pem).unwrap_or(0);
+        let ca_expiry = not_after(&ca_pem).unwrap_or(0);
+        Ok(MeshCa { issuer, chain, root_pem, verifier, trust_domain: trust_domain.to_string(), default_ttl, max_ttl, root_expiry, ca_expiry })
+    }
+
+    pub fn root_pem(&self) -> &str {
+        &self.root_pem
+    }
+
+    /// Parse a PEM certificate request and check its signature (proof of
+    /// the private key) and its key type. Before authentication, so that a
+    /// bad request costs no join token use.
+    pub fn parse_csr(csr_pem: &str) -> Result<CertificateSigningRequestParams> {
+        let csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| Error::field("csr", format!("not a usable PEM certificate request: {e}")))?;
+        let alg = csr.public_key.algorithm();
+        let allowed =
+            [&rcgen::PKCS_ECDSA_P256_SHA256, &rcgen::PKCS_ECDSA_P384_SHA384, &rcgen::PKCS_RSA_SHA256, &rcgen::PKCS_RSA_SHA384, &rcgen::PKCS_RSA_SHA512];
+        if !allowed.contains(&alg) {
+            return Err(Error::field("csr", format!("key algorithm {alg:?} is not accepted; use ECDSA P-256 (or P-384, or RSA)")));
+        }
+        Ok(csr)
+    }
+
+    /// Sign a certificate for `id` with the public key of `csr_pem`,
+    /// valid for `ttl` (none or zero: the default; capped at the maximum):
+    /// the PEM chain, leaf first, root last. Nothing but the key is taken
+    /// from the CSR.
+    pub fn sign(&self, csr_pem: &str, id: &WorkloadId, ttl: Option<Duration>) -> Result<Vec<String>> {
+        self.sign_parsed(&MeshCa::parse_csr(csr_pem)?, id, ttl)
+    }
+
+    pub fn sign_parsed(&self, csr: &CertificateSigningRequestParams, id: &WorkloadId, ttl: Option<Duration>) -> Result<Vec<String>> {
+        let ttl = ttl.filter(|t| !t.is_zero()).unwrap_or(self.default_ttl).min(self.max_ttl);
+        let spiffe = id.spiffe(&self.trust_domain);
+        let mut params = CertificateParams::default();
+        // Istio's workload certificates have an empty subject; the SAN is the identity.
+        params.distinguished_name = DistinguishedName::new();
+        params.subject_alt_names = vec![SanType::URI(spiffe.as_str().try_into().map_err(|e| Error::internal(format!("SPIFFE id {spiffe}: {e}")))?)];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        params.serial_number = Some(pki::serial());
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - BACKDATE;
+        params.not_after = now + ttl;
+        let cert = params.signed_by(&csr.public_key, &self.issuer).map_err(|e| Error::internal(format!("signing: {e}")))?;
+        let mut chain = Vec::with_capacity(self.chain.len() + 1);
+        chain.push(cert.pem());
+        chain.extend(self.chain.iter().cloned());
+        Ok(chain)
+    }
+
+    /// The identity of a workload certificate chain (leaf first) that this
+    /// CA's root verifies now, or why not.
+    pub fn verify_workload(&self, chain: &[CertificateDer<'static>]) -> std::result::Result<WorkloadId, String> {
+        let (leaf, intermediates) = chain.split_first().ok_or("no certificate")?;
+        self.verifier.verify_client_cert(leaf, intermediates, UnixTime::now()).map_err(|e| format!("not a current certificate of the mesh CA: {e}"))?;
+        let cert = crate::tls::conn::PeerCert::parse(leaf).ok_or("the certificate does not parse")?;
+        cert.uris
+            .iter()
+            .find_map(|u| WorkloadId::from_spiffe(u, &self.trust_domain))
+            .ok_or_else(|| format!("the certificate names no workload of trust domain {}", self.trust_domain))
+    }
+}
+
+/// Create a self-signed mesh root in `dir` in Istio's layout (the root
+/// signs workloads itself, as Istio's self-signed CA does); refuses to
+/// overwrite one.
+pub fn create_dir(dir: &Path, trust_domain: &str) -> std::result::Result<(), PkiError> {
+    let key_path = dir.join(CA_KEY);
+    if key_path.exists() || dir.join(CA_CERT).exists() {
+        return Err(PkiError::File { path: key_path, msg: "a mesh CA already exists here; not overwriting it".into() });
+    }
+    // Istio's self-signed root: O=<trust domain>.
+    let (cert, key) = pki::new_ca_named(&[(DnType::OrganizationName, trust_domain), (DnType::CommonName, "Lodestar mesh root CA")])?;
+    pki::write_file(&key_path, &key, true)?;
+    for name in [CA_CERT, ROOT_CERT, CERT_CHAIN] {
+        pki::write_file(&dir.join(name), &cert, false)?;
+    }
+    Ok(())
+}
+
+/// The mesh CA directory this replica signs from, creating it when it
+/// may: `mesh_ca_dir` as configured (it must hold a CA); else
+/// `<data_dir>/mesh-ca`, generated on a single node's first start. A
+/// cluster of several members without `mesh_ca_dir` has no mesh CA (they
+/// would not agree on one): None, and the CSR service says so.
+pub fn ensure_dir(config: &crate::config::ServerConfig) -> std::result::Result<Option<PathBuf>, PkiError> {
+    if let Some(dir) = &config.mesh_ca_dir {
+        if !dir.join(CA_KEY).exists() {
+            return Err(PkiError::File {
+                path: dir.join(CA_KEY),
+                msg: "mesh_ca_dir holds no CA: make one with `lodestar tls ca create --mesh --dir DIR` (the same for every member), or put Istio's cacerts files there".into(),
+            });
+        }
+        return Ok(Some(dir.clone()));
+    }
+    let dir = config.data_dir.join("mesh-ca");
+    if dir.join(CA_KEY).exists() {
+        return Ok(Some(dir));
+    }
+    if config.initial_members.len() > 1 || config.join {
+        return Ok(None);
+    }
+    create_dir(&dir, &config.trust_domain)?;
+    tracing::info!(dir = %dir.display(), trust_domain = %config.trust_domain, "generated a new mesh CA root (first start)");
+    Ok(Some(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::PublicKeyData;
+
+    fn ca(dir: &Path) -> MeshCa {
+        create_dir(dir, "example.org").unwrap();
+        MeshCa::load(dir, "example.org", Duration::from_secs(3600), Duration::from_secs(7200)).unwrap()
+    }
+
+    fn csr(key: &KeyPair, uri: &str) -> String {
+        let mut p = CertificateParams::default();
+        p.subject_alt_names = vec![SanType::URI(uri.try_into().unwrap())];
+        p.serialize_request(key).unwrap().pem().unwrap()
+    }
+
+    #[test]
+    fn workload_ids() {
+        let id = WorkloadId::parse("shop/cart").unwrap();
+        assert_eq!(id.spiffe("cluster.local"), "spiffe://cluster.local/ns/shop/sa/cart");
+        assert_eq!(WorkloadId::from_spiffe("spiffe://cluster.local/ns/shop/sa/cart", "cluster.local"), Some(id));
+        assert_eq!(WorkloadId::from_spiffe("spiffe://other/ns/shop/sa/cart", "cluster.local"), None);
+        assert_eq!(WorkloadId::from_spiffe("spiffe://cluster.local/ns/Shop/sa/cart", "cluster.local"), None);
+        assert!(WorkloadId::parse("shop").unwrap_err().contains("NAMESPACE/SERVICE_ACCOUNT"));
+        assert!(WorkloadId::parse("a/b/c").is_err());
+    }
+
+    #[test]
+    fn signs_the_callers_identity_whatever_the_csr_asks() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(dir.path());
+        let key = KeyPair::generate().unwrap();
+        let chain = ca
+            .sign(&csr(&key, "spiffe://example.org/ns/kube-system/sa/admin"), &WorkloadId::parse("shop/cart").unwrap(), Some(Duration::from_secs(86400)))
+            .unwrap();
+        assert_eq!(chain.len(), 2);
+        assert_eq!(chain[1], ca.root_pem());
+        let der = CertificateDer::from_pem_slice(chain[0].as_bytes()).unwrap();
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let uris: Vec<String> = cert
+            .subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::URI(u) => Some(u.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(uris, ["spiffe://example.org/ns/shop/sa/cart"]);
+        let eku = cert.extended_key_usage().unwrap().unwrap().value;
+        assert!(eku.server_auth && eku.client_auth);
+        // Capped at the maximum (2 h), plus the backdating.
+        let life = cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp();
+        assert_eq!(life, 7200 + 60);
+        assert_eq!(cert.public_key().raw, key.subject_public_key_info());
+        // Renewal: the leaf verifies against the root and names the workload.
+        assert_eq!(ca.verify_workload(&[der.into_owned()]).unwrap(), WorkloadId::parse("shop/cart").unwrap());
+    }
+
+    #[test]
+    fn refuses_bad_csrs_and_foreign_certificates() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(dir.path());
+        let id = WorkloadId::parse("a/b").unwrap();
+        let e = ca.sign("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n", &id, None).unwrap_err();
+        assert_eq!(e.code, crate::error::Code::InvalidArgument);
+        // A certificate from another CA is no workload identity.
+        let other = tempfile::tempdir().unwrap();
+        let other = super::tests::ca(other.path());
+        let chain = other.sign(&csr(&KeyPair::generate().unwrap(), "x:y"), &id, None).unwrap();
+        let der = CertificateDer::from_pem_slice(chain[0].as_bytes()).unwrap().into_owned();
+        assert!(ca.verify_workload(&[der]).unwrap_err().contains("mesh CA"));
+        assert!(create_dir(dir.path(), "example.org").is_err());
+        let key_mode = std::fs::metadata(dir.path().join(CA_KEY)).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(key_mode.permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn pem_encoding_round_trips() {
+        for n in 0..7 {
+            let data: Vec<u8> = (0..100 + n).map(|i| (i * 7) as u8).collect();
+            let pem = pem_of(&data);
+            let back = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+            assert_eq!(back.as_ref(), &data[..]);
+        }
+    }
+}

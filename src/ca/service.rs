@@ -1,0 +1,166 @@
+//! Istio's `istio.v1.auth.IstioCertificateService/CreateCertificate` on the
+//! xDS port: who the caller is decides the certificate's identity.
+//!
+//! A caller is authenticated, on the replica it reached, by
+//! - its current workload certificate, shown as its TLS client certificate
+//!   and verified against the mesh root (renewal: the identity it names), or
+//! - a join token, `authorization: Bearer <secret>`: the identity the token
+//!   is bound to, from an allowed source address, before it expires, while
+//!   it has uses left. A use is consumed by a replicated write made before
+//!   signing, conditional on the token's revision (compare-and-set): two
+//!   replicas cannot both accept the last use; the loser re-reads and sees
+//!   the token used up.
+//!
+//! Anything else is UNAUTHENTICATED. The CSR gives only its public key.
+
+use super::{MeshCa, WorkloadId};
+use crate::error::{Code, Error, Result};
+use crate::model::acl::AclSpec;
+use crate::model::TypedSpec;
+use crate::node::Consistency;
+use crate::proto::istio_ca::istio_certificate_service_server::{IstioCertificateService, IstioCertificateServiceServer};
+use crate::proto::istio_ca::{IstioCertificateRequest, IstioCertificateResponse};
+use crate::replica::Replica;
+use crate::store::types::{Op, Txn};
+use crate::tls::conn::ConnInfo;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tonic::{Request, Response, Status};
+
+/// How many times a join token's use is retried after losing a race.
+const CAS_ATTEMPTS: usize = 5;
+
+pub struct CaService {
+    /// None: this replica has no mesh CA, and says so (UNAVAILABLE)
+    /// rather than UNIMPLEMENTED.
+    ca: Option<Arc<MeshCa>>,
+    replica: Arc<Replica>,
+}
+
+impl CaService {
+    pub fn server(ca: Option<Arc<MeshCa>>, replica: Arc<Replica>) -> IstioCertificateServiceServer<CaService> {
+        if let Some(ca) = &ca {
+            let m = crate::metrics::metrics();
+            m.ca_root_expiry.set(ca.root_expiry);
+            m.ca_cert_chain_expiry.set(ca.ca_expiry);
+        }
+        IstioCertificateServiceServer::new(CaService { ca, replica })
+    }
+
+    /// The caller's identity: its workload certificate first (a renewing
+    /// workload burns no join token), else its bearer token.
+    async fn authenticate(&self, ca: &MeshCa, conn: Option<&ConnInfo>, bearer: Option<&str>) -> Result<WorkloadId> {
+        let mut why = None;
+        if let Some(cert) = conn.and_then(|c| c.cert.as_ref()) {
+            match ca.verify_workload(&cert.chain) {
+                Ok(id) => return Ok(id),
+                Err(e) => why = Some(e),
+            }
+        }
+        match (bearer, conn) {
+            (Some(secret), Some(conn)) => self.join(secret, conn).await,
+            (Some(_), None) => Err(Error::internal("no connection information for this request")),
+            (None, _) => Err(Error::unauthenticated(match why {
+                Some(e) => format!("the client certificate is no workload identity ({e}), and no join token (authorization: Bearer) was given"),
+                None => "a certificate needs a join token (authorization: Bearer) or the current workload certificate as the client certificate".into(),
+            })),
+        }
+    }
+
+    /// Accept a join token: consume a use (a replicated compare-and-set)
+    /// and give its identity.
+    async fn join(&self, secret: &str, conn: &ConnInfo) -> Result<WorkloadId> {
+        let hash = crate::auth::token::hash_secret(secret);
+        for _ in 0..CAS_ATTEMPTS {
+            // Linearizable: a token created through another replica just
+            // now is found, and a use counted anywhere is seen.
+            let applied = self.replica.node.read(Consistency::Linearizable).await?;
+            let index = self.replica.acl.index_at(&applied);
+            let Some(obj) = index.join_token(&hash).cloned() else {
+                return Err(Error::unauthenticated("unknown join token"));
+            };
+            let accessor = obj.key.name.to_string();
+            let Ok(TypedSpec::Acl(AclSpec::Token(token))) = obj.typed().map(|t| t.as_ref()) else {
+                return Err(Error::internal(format!("join token {accessor} does not validate")));
+            };
+            let Some(binding) = &token.spec.join else { return Err(Error::unauthenticated("unknown join token")) };
+            if token.expires_at.is_some_and(|t| t <= crate::auth::acl::unix_now()) {
+                return Err(Error::unauthenticated(format!("join token {accessor} expired")));
+            }
+            if !binding.allows(conn.remote.ip()) {
+                return Err(Error::permission_denied(format!("join token {accessor} is not accepted from {}", conn.remote.ip())));
+            }
+            let id = WorkloadId { namespace: binding.namespace.clone(), service_account: binding.service_account.clone() };
+            let Some(uses) = binding.uses else { return Ok(id) };
+            let used = obj.body().pointer("/status/used").and_then(serde_json::Value::as_u64).unwrap_or(0);
+            if used >= uses {
+                return Err(Error::unauthenticated(format!("join token {accessor} is used up ({used} of {uses} uses)")));
+            }
+            let op =
+                Op::SetStatus { key: obj.key.clone(), status: serde_json::json!({ "used": used + 1 }).to_string(), expected_revision: Some(obj.mod_revision) };
+            match self.replica.node.write(Txn { ops: vec![op] }).await {
+                Ok(_) => {
+                    tracing::info!(token = %accessor, workload = %id, remote = %conn.remote, used = used + 1, uses, "join token accepted");
+                    return Ok(id);
+                }
+                // Someone else wrote the token first: look again.
+                Err(e) if e.code == Code::Conflict => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::unavailable("join token: too many concurrent uses; try again"))
+    }
+
+    async fn create(&self, conn: Option<&ConnInfo>, bearer: Option<&str>, req: IstioCertificateRequest) -> Result<Vec<String>> {
+        let Some(ca) = &self.ca else {
+            return Err(Error::new(
+                Code::Unavailable,
+                "this replica has no mesh CA: give every member the same mesh_ca_dir (`lodestar tls ca create --mesh --dir DIR`)",
+            ));
+        };
+        // The request is checked first: a bad one costs no join token use.
+        let csr = MeshCa::parse_csr(&req.csr)?;
+        let ttl = u64::try_from(req.validity_duration).map_err(|_| Error::field("validity_duration", "must not be negative"))?;
+        let id = self.authenticate(ca, conn, bearer).await?;
+        let chain = ca.sign_parsed(&csr, &id, Some(Duration::from_secs(ttl)))?;
+        tracing::debug!(workload = %id, remote = ?conn.map(|c| c.remote), "issued a workload certificate");
+        Ok(chain)
+    }
+}
+
+fn reason(code: Code) -> &'static str {
+    match code {
+        Code::Unauthenticated => "unauthenticated",
+        Code::PermissionDenied => "denied",
+        Code::InvalidArgument => "invalid",
+        Code::Unavailable => "unavailable",
+        _ => "internal",
+    }
+}
+
+#[tonic::async_trait]
+impl IstioCertificateService for CaService {
+    async fn create_certificate(&self, req: Request<IstioCertificateRequest>) -> std::result::Result<Response<IstioCertificateResponse>, Status> {
+        let started = Instant::now();
+        let m = crate::metrics::metrics();
+        m.ca_csr.inc();
+        let conn = req.extensions().get::<ConnInfo>().cloned();
+        let bearer = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(|s| s.trim().to_string());
+        let result = self.create(conn.as_ref(), bearer.as_deref(), req.into_inner()).await;
+        m.ca_sign_duration.observe(started.elapsed());
+        match result {
+            Ok(cert_chain) => {
+                m.ca_issued.inc();
+                Ok(Response::new(IstioCertificateResponse { cert_chain }))
+            }
+            Err(e) => {
+                if matches!(e.code, Code::Unauthenticated | Code::PermissionDenied) {
+                    m.ca_auth_failures.inc();
+                }
+                m.ca_errors.with(&[reason(e.code)]).inc();
+                tracing::info!(remote = ?conn.map(|c| c.remote), error = %e.message, "certificate request refused");
+                Err(crate::api::grpc::status_of(e))
+            }
+        }
+    }
+}
