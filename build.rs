@@ -3,9 +3,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = ["proto/lodestar/api/v1/api.proto", "proto/lodestar/peer/v1/peer.proto", "proto/istio/v1/auth/istioca.proto"];
     let fds = protox::compile(files, ["proto"])?;
     tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
-    // etcd's KV.Put, for `lodestar-bench write --target etcd` (included by
-    // src/bin/lodestar-bench/write.rs, not by the library): client only.
-    let etcd = protox::compile(["proto/bench/etcd_kv.proto"], ["proto"])?;
+    // etcd's KV.Put and Auth.Authenticate, for `lodestar-bench write
+    // --target etcd` (included by src/bin/lodestar-bench/write.rs, not by
+    // the library): client only.
+    let etcd = protox::compile(["proto/bench/etcd_kv.proto", "proto/bench/etcd_auth.proto"], ["proto"])?;
     tonic_prost_build::configure().build_client(true).build_server(false).compile_fds(etcd)?;
     envoy_descriptors()?;
     println!("cargo:rerun-if-changed=proto");

@@ -11,10 +11,18 @@
 #                proxies: ack -> last proxy ACKed EDS, EDS bytes received
 #   idle         10000 streams on ONE replica (a follower), each on its own
 #                HTTP/2 connection as Envoys connect: its RSS per stream
-#                (target <= 32 KiB); `idle --streams-per-connection 100`
+#                (target <= 40 KiB: every stream is TLS);
+#                `idle --streams-per-connection 100`
 #                for streams sharing connections
 #   memory       2000 proxies over the three replicas with the same mesh:
 #                each replica's RSS (target <= 300 MB)
+#   failover     reconnect storm: 2000 proxies over the three replicas, all
+#                with their config; kill -9 one replica (a third of the
+#                proxies are on it); each of those reconnects to a survivor
+#                after a random delay below 500 ms (Envoy's first xDS
+#                retry): kill -> whole config again, p50/p99/max (target
+#                p99 <= 2 s). BENCH_FAILOVER_KILL=follower (default) or
+#                leader picks the victim.
 #
 #   benches/xds.sh                          every scenario, default flags
 #   benches/xds.sh SCENARIO [FLAGS...]      one scenario, extra `lodestar-bench xds` flags
@@ -26,6 +34,9 @@
 # purpose. Everything else is the default configuration.
 #
 # Environment:
+#   BENCH_ROUNDS=1         run every scenario this many times, each on a fresh
+#                            cluster (scenario after scenario, round after
+#                            round); the summary lists every round
 #   BENCH_PORT_BASE=19600  first of the 9 loopback ports used
 #   BENCH_TIMEOUT=600      seconds each scenario may take, setup included
 #   BENCH_MAX_LOAD=1.5     before each scenario, wait until the 1-minute load
@@ -45,6 +56,7 @@
 set -euo pipefail
 
 PORT=${BENCH_PORT_BASE:-19600}
+ROUNDS=${BENCH_ROUNDS:-1}
 LIMIT=${BENCH_TIMEOUT:-600}
 MAX_LOAD=${BENCH_MAX_LOAD:-1.5}
 LOAD_BUDGET=${BENCH_LOAD_WAIT:-300}
@@ -95,11 +107,11 @@ wait_ok() {
     return 1
 }
 
-SCENARIOS=(convergence fanout idle memory)
+SCENARIOS=(convergence fanout idle memory failover)
 if [ $# -gt 0 ] && [ "$1" != all ]; then
     case $1 in
-        convergence | fanout | idle | memory) SCENARIOS=("$1") ;;
-        *) die "unknown scenario $1 (convergence, fanout, idle, memory, all)" ;;
+        convergence | fanout | idle | memory | failover) SCENARIOS=("$1") ;;
+        *) die "unknown scenario $1 (convergence, fanout, idle, memory, failover, all)" ;;
     esac
 fi
 [ $# -gt 0 ] && shift
@@ -201,10 +213,12 @@ ours() {
 FAILED=()
 echo
 echo "xDS push-engine benchmark: 3 replicas on 127.0.0.1, $(nproc) cores; $("$LODESTAR" --version); bench client and replicas share the machine"
+for round in $(seq "$ROUNDS"); do
 for scenario in "${SCENARIOS[@]}"; do
+    run=$scenario-$round
     wait_load
-    echo "# scenario $scenario: starting a fresh cluster" >&2
-    start_cluster "$scenario"
+    echo "# scenario $scenario, round $round: starting a fresh cluster" >&2
+    start_cluster "$run"
     ARGS=(--scenario "$scenario")
     for n in 1 2 3; do ARGS+=(--server "https://${API[n - 1]}"); done
     if [ "$scenario" = idle ]; then
@@ -212,33 +226,50 @@ for scenario in "${SCENARIOS[@]}"; do
         f=0
         [ "${LEADER:-1}" = 1 ] && f=1
         ARGS+=(--xds "${XDS[f]}" --pid "${PIDS[f]}")
+    elif [ "$scenario" = failover ]; then
+        # Proxies round-robin over the three; the victim: the leader, or a
+        # follower (the first that is not the leader).
+        v=0
+        case ${BENCH_FAILOVER_KILL:-follower} in
+            leader) v=$((${LEADER:-1} - 1)) ;;
+            follower) [ "${LEADER:-1}" = 1 ] && v=1 ;;
+            *) die "BENCH_FAILOVER_KILL: leader or follower" ;;
+        esac
+        for n in 1 2 3; do ARGS+=(--xds "${XDS[n - 1]}"); done
+        ARGS+=(--kill "${PIDS[v]}" --kill-xds "${XDS[v]}")
+        echo "# failover: killing node $((v + 1)) (${BENCH_FAILOVER_KILL:-follower}; leader is node ${LEADER:-?})" >&2
     else
         # xDS addresses: asked from the cluster.
         for n in 1 2 3; do ARGS+=(--pid "${PIDS[n - 1]}"); done
     fi
     busy0=$(machine_busy) ours0=$(ours) t0=$(date +%s%N)
     rc=0
-    timeout "$LIMIT" "$BENCH" xds "${ARGS[@]}" "$@" >"$WORK/$scenario.out" 2>"$WORK/$scenario.err" || rc=$?
+    timeout "$LIMIT" "$BENCH" xds "${ARGS[@]}" "$@" >"$WORK/$run.out" 2>"$WORK/$run.err" || rc=$?
     secs=$(awk -v ns="$(($(date +%s%N) - t0))" 'BEGIN { printf "%.0f", ns / 1e9 }')
     other=$(awk -v b="$(($(machine_busy) - busy0))" -v o="$(($(ours) - ours0))" -v ns="$(($(date +%s%N) - t0))" -v hz="$(getconf CLK_TCK)" -v n="$(nproc)" \
         'BEGIN { x = 100 * (b - o) / (ns / 1e9 * hz * n); printf "%.0f", x < 0 ? 0 : x }')
     echo
-    echo "== scenario $scenario (leader: node ${LEADER:-?}; replica pids: node 1 = ${PIDS[0]}, node 2 = ${PIDS[1]}, node 3 = ${PIDS[2]})"
+    echo "== scenario $scenario, round $round of $ROUNDS (leader: node ${LEADER:-?}; replica pids: node 1 = ${PIDS[0]}, node 2 = ${PIDS[1]}, node 3 = ${PIDS[2]})"
     echo "script: benches/xds.sh $scenario${*:+ $*}"
     echo "1-minute load average before: $LOAD_NOW"
-    cat "$WORK/$scenario.out"
+    cat "$WORK/$run.out"
     echo "took ${secs}s; other processes on the machine used ${other}% of it meanwhile$([ "$other" -ge 15 ] && echo ': numbers are disturbed')"
     if [ "$rc" = 124 ]; then
         echo "FAILED: lodestar-bench xds --scenario $scenario did not finish within ${LIMIT}s"
-        FAILED+=("$scenario")
+        FAILED+=("$run")
     elif [ "$rc" != 0 ]; then
-        sed 's/^/stderr: /' "$WORK/$scenario.err"
-        FAILED+=("$scenario")
+        sed 's/^/stderr: /' "$WORK/$run.err"
+        FAILED+=("$run")
     fi
     stop_cluster
+done
 done
 
 echo
 echo "== summary"
-for scenario in "${SCENARIOS[@]}"; do grep -h '^result: ' "$WORK/$scenario.out" 2>/dev/null || true; done
+for scenario in "${SCENARIOS[@]}"; do
+    for round in $(seq "$ROUNDS"); do
+        grep -h '^result: ' "$WORK/$scenario-$round.out" 2>/dev/null | sed "s/^result: /result: round=$round /" || true
+    done
+done
 [ ${#FAILED[@]} = 0 ] || die "scenarios that reported a problem: ${FAILED[*]}"

@@ -41,7 +41,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
@@ -169,6 +169,13 @@ struct Shared {
     synced: AtomicBool,
     /// Why the stream ended, if it ended by itself.
     error: Mutex<Option<String>>,
+    /// When `synced` was set.
+    synced_at: std::sync::OnceLock<Instant>,
+    /// Notified once when the stream ends by itself, and once when the
+    /// proxy has its initial config (one waiter each: [`Proxy::ended`],
+    /// [`Proxy::synced_at`]).
+    ended: Notify,
+    synced_note: Notify,
 }
 
 /// A connected proxy. Its stream runs in its own task until `stop`.
@@ -258,6 +265,26 @@ impl Proxy {
     /// Why the stream ended, if it did by itself.
     pub fn error(&self) -> Option<String> {
         self.shared.error.lock().unwrap().clone()
+    }
+
+    /// Returns once the stream has ended by itself (server gone, stream
+    /// error); never if it does not. One caller at a time.
+    pub async fn ended(&self) {
+        if self.error().is_none() {
+            self.shared.ended.notified().await;
+        }
+    }
+
+    /// When the proxy had its initial config (the ACK that completed it),
+    /// waiting for it; never returns if it does not get it. One caller at
+    /// a time.
+    pub async fn synced_at(&self) -> Instant {
+        loop {
+            if let Some(t) = self.shared.synced_at.get() {
+                return *t;
+            }
+            self.shared.synced_note.notified().await;
+        }
     }
 
     /// Close the stream; the proxy's final state.
@@ -419,10 +446,12 @@ impl<V: Variant> State<V> {
                 Ok(Some(r)) => r,
                 Ok(None) => {
                     *self.shared.error.lock().unwrap() = Some("the server ended the stream".into());
+                    self.shared.ended.notify_one();
                     break;
                 }
                 Err(status) => {
                     *self.shared.error.lock().unwrap() = Some(format!("stream error: {}: {}", status.code(), status.message()));
+                    self.shared.ended.notify_one();
                     break;
                 }
             };
@@ -432,7 +461,9 @@ impl<V: Variant> State<V> {
             let acked = Instant::now();
             self.view.seen[kind as usize] = true;
             if !self.shared.synced.load(Ordering::Relaxed) && self.view.complete() {
+                let _ = self.shared.synced_at.set(acked);
                 self.shared.synced.store(true, Ordering::Relaxed);
+                self.shared.synced_note.notify_one();
             }
             self.shared.responses[kind as usize].fetch_add(1, Ordering::Relaxed);
             self.shared.bytes[kind as usize].fetch_add(bytes as u64, Ordering::Relaxed);

@@ -6,20 +6,30 @@
 //! `--target etcd` runs the same load against an etcd v3 cluster (KV.Put
 //! over gRPC, the value being the same ~1 KiB document) for comparison: a
 //! Put counts as acknowledged when its response header carries a revision.
+//! A secured etcd is spoken to as etcd's own clients do: `https://` URLs
+//! are checked against the cluster CA (`--ca-file` / `LODESTAR_CACERT`),
+//! with a client certificate (`--etcd-cert`, `--etcd-key`) for an etcd
+//! started with `--client-cert-auth`; with `--etcd-user`, each client
+//! connection calls `Auth.Authenticate` once (before the level's clock
+//! starts) and sends the token it gets as metadata `token` on every Put.
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
+use etcd::auth_client::AuthClient;
 use etcd::kv_client::KvClient;
-use etcd::PutRequest;
+use etcd::{AuthenticateRequest, PutRequest};
 use lodestar::cli::client::ApiClient;
 use lodestar::proto::api::lodestar_client::LodestarClient;
 use lodestar::proto::api::{ApplyItem, ApplyRequest};
 use serde_json::json;
 use std::time::{Duration, Instant};
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-/// The slice of etcd's v3 API (`KV.Put`) that `--target etcd` uses, compiled
-/// by build.rs from `proto/bench/etcd_kv.proto`. Client only.
+/// The slice of etcd's v3 API (`KV.Put`, `Auth.Authenticate`) that
+/// `--target etcd` uses, compiled by build.rs from `proto/bench/etcd_kv.proto`
+/// and `proto/bench/etcd_auth.proto`. Client only.
 mod etcd {
     tonic::include_proto!("etcdserverpb");
 }
@@ -49,6 +59,25 @@ pub struct WriteArgs {
     /// (e.g. http://127.0.0.1:2379).
     #[arg(long, value_enum, default_value_t = Target::Lodestar)]
     target: Target,
+    #[command(flatten)]
+    etcd: EtcdAccess,
+}
+
+/// How to reach an etcd with TLS and auth enabled (`--target etcd`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct EtcdAccess {
+    /// Client certificate (PEM) for an etcd with `--client-cert-auth`.
+    #[arg(long, value_name = "FILE", requires = "etcd_key")]
+    etcd_cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<std::path::PathBuf>,
+    /// etcd user to authenticate as (`etcdctl auth enable`d clusters).
+    #[arg(long, value_name = "NAME", requires = "etcd_password")]
+    etcd_user: Option<String>,
+    /// That user's password.
+    #[arg(long, value_name = "PASSWORD", env = "LODESTAR_BENCH_ETCD_PASSWORD", hide_env_values = true)]
+    etcd_password: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -64,19 +93,24 @@ pub enum Api {
 }
 
 pub async fn run(args: WriteArgs) -> Result<()> {
-    let WriteArgs { servers, clients, seconds, max_writes, size, api, target } = args;
+    let WriteArgs { servers, clients, seconds, max_writes, size, api, target, etcd } = args;
     if servers.is_empty() || clients.is_empty() {
         bail!("need at least one server and one concurrency level");
     }
     let proto = match target {
         Target::Lodestar => format!("api={api:?}"),
-        Target::Etcd => "api=etcd-v3-grpc".to_string(),
+        Target::Etcd => format!(
+            "api=etcd-v3-grpc, tls={}, client-cert={}, auth={}",
+            yes(servers.iter().all(|s| s.starts_with("https://"))),
+            yes(etcd.etcd_cert.is_some()),
+            etcd.etcd_user.as_deref().map_or("no".to_string(), |u| format!("user {u}"))
+        ),
     };
     println!("# lodestar-bench write: target={target:?}, {size}-byte resources, {seconds}s per level, {proto}, servers={}", servers.join(","));
     println!("{:>8} {:>9} {:>10} {:>9} {:>9} {:>9} {:>7}", "clients", "writes", "writes/s", "p50_ms", "p99_ms", "max_ms", "errors");
     let mut failed = 0;
     for (level, &n) in clients.iter().enumerate() {
-        let r = run_level(&servers, n, Duration::from_secs(seconds), max_writes, size, api, target, level).await?;
+        let r = run_level(&servers, n, Duration::from_secs(seconds), max_writes, size, api, target, &etcd, level).await?;
         println!(
             "{:>8} {:>9} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>7}",
             n,
@@ -133,10 +167,63 @@ fn resource(client: usize, seq: u64, level: usize, size: usize, run: u64) -> ser
     r
 }
 
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
 enum Conn {
     Grpc(ApiClient),
     Rest(reqwest::Client, String),
-    Etcd(KvClient<Channel>),
+    Etcd(KvClient<InterceptedService<Channel, EtcdToken>>),
+}
+
+/// Sends an etcd auth token, if there is one, as metadata `token` (what
+/// etcd's clientv3 does after `Authenticate`).
+#[derive(Clone)]
+pub struct EtcdToken(Option<AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for EtcdToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(t) = &self.0 {
+            req.metadata_mut().insert("token", t.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A gRPC channel to an etcd member: `https://` with the cluster CA and,
+/// if given, the client certificate.
+async fn etcd_channel(base: &str, access: &EtcdAccess) -> Result<Channel> {
+    let tls = match crate::ACCESS.get().and_then(|a| a.ca_pem.as_deref()) {
+        Some(pem) => {
+            let roots = lodestar::tls::roots_from_pem_text(pem)?;
+            let identity = access.etcd_cert.as_deref().zip(access.etcd_key.as_deref());
+            Some(std::sync::Arc::new(lodestar::tls::client_config(roots, identity)?))
+        }
+        None if base.starts_with("https://") => bail!("{base}: https needs the cluster CA (--ca-file or LODESTAR_CACERT)"),
+        None => None,
+    };
+    let (endpoint, connector) = lodestar::tls::dial(base, tls)?;
+    Ok(endpoint.connect_timeout(Duration::from_secs(10)).connect_with_connector(connector).await?)
+}
+
+/// `Auth.Authenticate` on `channel`: the token for later calls.
+async fn etcd_authenticate(channel: Channel, access: &EtcdAccess) -> Result<Option<AsciiMetadataValue>> {
+    let Some(name) = access.etcd_user.clone() else { return Ok(None) };
+    let password = access.etcd_password.clone().unwrap_or_default();
+    let r = AuthClient::new(channel)
+        .authenticate(AuthenticateRequest { name: name.clone(), password })
+        .await
+        .map_err(|s| anyhow!("etcd Authenticate as {name}: {}: {}", s.code(), s.message()))?
+        .into_inner();
+    if r.token.is_empty() {
+        bail!("etcd Authenticate as {name}: no token in the answer (is auth enabled?)");
+    }
+    Ok(Some(MetadataValue::try_from(r.token.as_str()).context("etcd's token is not valid metadata")?))
 }
 
 impl Conn {
@@ -177,7 +264,7 @@ impl Conn {
 }
 
 /// One connection per client: a gRPC channel is one HTTP/2 connection.
-async fn connect(server: &str, api: Api, target: Target) -> Result<Conn> {
+async fn connect(server: &str, api: Api, target: Target, etcd: &EtcdAccess) -> Result<Conn> {
     let base = match target {
         // etcd as benches/write.sh runs it: its own URL, as given.
         Target::Etcd if !server.contains("://") => format!("http://{server}"),
@@ -185,7 +272,11 @@ async fn connect(server: &str, api: Api, target: Target) -> Result<Conn> {
     };
     let grpc = || crate::grpc(&base, Duration::from_secs(10));
     Ok(match (target, api) {
-        (Target::Etcd, _) => Conn::Etcd(KvClient::new(grpc().await.with_context(|| format!("connecting to etcd at {base}"))?)),
+        (Target::Etcd, _) => {
+            let channel = etcd_channel(&base, etcd).await.with_context(|| format!("connecting to etcd at {base}"))?;
+            let token = etcd_authenticate(channel.clone(), etcd).await?;
+            Conn::Etcd(KvClient::with_interceptor(channel, EtcdToken(token)))
+        }
         (Target::Lodestar, Api::Grpc) => {
             Conn::Grpc(LodestarClient::with_interceptor(grpc().await.with_context(|| format!("connecting to {base}"))?, crate::bearer()?))
         }
@@ -202,11 +293,12 @@ async fn run_level(
     size: usize,
     api: Api,
     target: Target,
+    etcd: &EtcdAccess,
     level: usize,
 ) -> Result<LevelResult> {
     let mut conns = Vec::with_capacity(n);
     for i in 0..n {
-        conns.push(connect(&servers[i % servers.len()], api, target).await?);
+        conns.push(connect(&servers[i % servers.len()], api, target, etcd).await?);
     }
     let budget = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(max_writes));
     let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
