@@ -162,6 +162,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         fence_timeout: Duration::from_millis(config.xds_fence_timeout_ms),
         latest: Some(node.reader.subscribe_applied()),
         acl: Some(replica.acl.clone()),
+        mesh_ca: mesh_ca.clone(),
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));

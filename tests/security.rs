@@ -408,3 +408,43 @@ async fn proxies_need_a_token_for_the_identity_they_claim() {
     let log = r1.log();
     assert!(!log.contains(&secret), "the proxy token reached the replica's log");
 }
+
+/// A workload identity on the xDS port comes from the mesh CA only: a
+/// certificate from the cluster CA that carries a SPIFFE id in namespace
+/// shop is no credential for a shop proxy (UNAUTHENTICATED), while a
+/// management token on the same connection is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spiffe_id_counts_only_from_the_mesh_ca() {
+    let c = Cluster::start(1, "").await;
+    let r = c.replica(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = test_ca();
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(&ca.ca_key_file).unwrap()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.ca_pem, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names = vec![rcgen::SanType::URI("spiffe://cluster.local/ns/shop/sa/web".try_into().unwrap())];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (cert_file, key_file) = (dir.path().join("spiffe.pem"), dir.path().join("spiffe-key.pem"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+
+    let first = || DiscoveryRequest {
+        node: Some(Node { id: "sidecar~127.0.0.9~web.shop~shop.svc.cluster.local".into(), ..Default::default() }),
+        type_url: CLUSTER_TYPE.into(),
+        ..Default::default()
+    };
+    let member = lodestar::tls::pki::member_name(1);
+    let mut xds = AggregatedDiscoveryServiceClient::new(tls_channel(&r.xds_addr(), &member, Some((&cert_file, &key_file))));
+    let err = xds.stream_aggregated_resources(futures::stream::iter(vec![first()])).await.expect_err("a cluster-CA SPIFFE id as a proxy credential");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    // The same certificate with the management token: served.
+    let bearer = lodestar::cli::client::Bearer::new(Some(common::management_token())).unwrap();
+    let mut xds = AggregatedDiscoveryServiceClient::with_interceptor(tls_channel(&r.xds_addr(), &member, Some((&cert_file, &key_file))), bearer);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(first()).await.unwrap();
+    let mut stream = xds.stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await.expect("served with the token").into_inner();
+    let resp = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.expect("a response").expect("no error").expect("a message");
+    assert_eq!(resp.type_url, CLUSTER_TYPE);
+}

@@ -88,11 +88,14 @@ pub struct ServeOptions {
     pub latest: Option<watch::Receiver<Arc<Applied>>>,
     /// Who may open a stream as which proxy; `None`: anyone, as anything.
     pub acl: Option<Arc<crate::auth::Acl>>,
+    /// The mesh CA: a client certificate's SPIFFE id is a workload
+    /// identity only if this CA issued it.
+    pub mesh_ca: Option<Arc<crate::ca::MeshCa>>,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { fence: Arc::new(AlwaysCurrent), max_stream_age: None, fence_timeout: Duration::from_secs(5), latest: None, acl: None }
+        ServeOptions { fence: Arc::new(AlwaysCurrent), max_stream_age: None, fence_timeout: Duration::from_secs(5), latest: None, acl: None, mesh_ca: None }
     }
 }
 
@@ -159,7 +162,16 @@ impl AdsService {
 
     /// Read the first request, identify the proxy, generate its config and
     /// start the stream task.
-    async fn open<V: Variant>(&self, caller: StreamCaller, mut inbound: Requests<V::Req>) -> Result<Response<Outbound<V::Resp>>, Status> {
+    async fn open<V: Variant>(&self, mut caller: StreamCaller, mut inbound: Requests<V::Req>) -> Result<Response<Outbound<V::Resp>>, Status> {
+        // A SPIFFE id from a certificate the mesh CA did not issue (the
+        // cluster CA's, say) is no workload identity.
+        let chain = std::mem::take(&mut caller.chain);
+        if caller.peer.as_ref().is_some_and(|p| p.0.starts_with("spiffe://")) {
+            let verified = self.shared.options.mesh_ca.as_ref().is_some_and(|ca| ca.verify_workload(&chain).is_ok());
+            if !verified {
+                caller.peer = None;
+            }
+        }
         // Credentials first: an unauthenticated stream is refused before
         // its first request is read, and costs no translation.
         let principal = authenticate(&self.shared, &caller, None)?;

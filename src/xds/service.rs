@@ -209,6 +209,9 @@ pub(super) struct StreamCaller {
     pub bearer: Result<Option<String>, &'static str>,
     pub peer: Option<crate::auth::PeerIdentity>,
     pub remote: Option<std::net::SocketAddr>,
+    /// The client certificate chain, until the stream opens (a SPIFFE id
+    /// counts only from a certificate of the mesh CA).
+    pub chain: Vec<rustls::pki_types::CertificateDer<'static>>,
 }
 
 fn caller<B>(req: &http::Request<B>) -> StreamCaller {
@@ -217,7 +220,13 @@ fn caller<B>(req: &http::Request<B>) -> StreamCaller {
         None => Ok(None),
         Some(v) => v.to_str().map_err(|_| "malformed authorization: expected `Bearer <secret>`").and_then(crate::auth::parse_bearer).map(Some),
     };
-    StreamCaller { bearer, peer: conn.and_then(|c| c.cert.as_ref()).map(|c| crate::auth::PeerIdentity(c.identity())), remote: conn.map(|c| c.remote) }
+    let cert = conn.and_then(|c| c.cert.as_ref());
+    StreamCaller {
+        bearer,
+        peer: cert.map(|c| crate::auth::PeerIdentity(c.identity())),
+        remote: conn.map(|c| c.remote),
+        chain: cert.map(|c| c.chain.clone()).unwrap_or_default(),
+    }
 }
 
 impl<B> Service<http::Request<B>> for AdsServer
