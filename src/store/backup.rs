@@ -265,8 +265,13 @@ async fn write_restored(backup: &Backup, data_dir: &Path, members: BTreeMap<Node
     let voters: BTreeSet<NodeId> = members.keys().copied().collect();
     let membership = StoredMembership::new(Some(log_id), Membership::new(vec![voters], members));
     let objects: Objects = backup.objects.iter().cloned().collect();
-    let applied =
-        Applied { last_applied: Some(log_id), membership: membership.clone(), state: State { revision: backup.revision, objects }, compacted: backup.revision };
+    let applied = Applied {
+        last_applied: Some(log_id),
+        membership: membership.clone(),
+        state: State { revision: backup.revision, objects },
+        compacted: backup.revision,
+        dedup: Default::default(),
+    };
     let data = state_machine::snapshot_data(&applied);
     let meta = SnapshotMeta { last_log_id: Some(log_id), last_membership: membership, snapshot_id: format!("restored-{}", backup.revision) };
     // The same path as a follower installing a leader's snapshot: the
