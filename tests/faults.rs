@@ -1,9 +1,14 @@
-//! Jepsen's method on this machine: three replicas, each in its own
-//! network namespace (its own address, 198.18.0.N, on a bridge in a hub
-//! namespace; nothing routes out), clients on every replica doing blind
-//! writes, compare-and-set, deletes and linearizable reads on a few keys,
-//! while a nemesis partitions the leader (iptables inside its namespace),
-//! pauses it (SIGSTOP/SIGCONT) and kills a replica (-9, then restarts it).
+//! Jepsen's method on this machine: three (or five) replicas, each in its
+//! own network namespace (its own address, 198.18.0.N, on a bridge in a
+//! hub namespace; nothing routes out), clients on every replica doing
+//! blind writes, compare-and-set, deletes and linearizable reads on a few
+//! keys, while a nemesis injects one fault at a time and heals it: the
+//! leader cut off (iptables inside its namespace), the leader paused
+//! (SIGSTOP/SIGCONT), a replica killed (-9, then restarted), a bridge
+//! partition (two sides that do not see each other, one replica seeing
+//! both), a one-way partition (the leader hears its peers, they do not
+//! hear it), a minority with the leader split from the majority, and 20%
+//! packet loss between all replicas.
 //! Every operation is recorded with its invocation and completion time;
 //! one without an answer is indeterminate, never a failure. Then:
 //! - every key's history is linearizable (`support/linearizability.rs`), which the
@@ -37,7 +42,10 @@ use std::time::{Duration, Instant};
 
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
 const NAMESPACE: &str = "faults";
-const REPLICAS: u64 = 3;
+/// Replicas in the run: `LODESTAR_FAULT_REPLICAS`, 3 by default (up to 9).
+fn replica_count() -> u64 {
+    std::env::var("LODESTAR_FAULT_REPLICAS").ok().and_then(|s| s.parse().ok()).filter(|n| (1..=9).contains(n)).unwrap_or(3)
+}
 const CLIENTS_PER_REPLICA: usize = 2;
 /// A client gives up on an operation after this: indeterminate.
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -97,7 +105,7 @@ impl Net {
             ns_exec(&ns, &["ip", "link", "set", &inner, "up"]);
             ns_exec(&hub, &["ip", "link", "set", &outer, "master", "br0", "up"]);
         };
-        for i in 1..=REPLICAS {
+        for i in 1..=replica_count() {
             attach(format!("n{i}"), i as u32);
         }
         attach("c".into(), 100);
@@ -363,6 +371,14 @@ async fn leader(http: &reqwest::Client, replicas: &[NsReplica]) -> Option<u64> {
     None
 }
 
+/// Replica `a` and replica `b` no longer reach each other (both ways,
+/// set in `a`'s namespace).
+fn cut(net: &Net, a: u64, b: u64) {
+    let ip = format!("198.18.0.{b}");
+    ns_exec(&net.node(a), &["iptables", "-A", "INPUT", "-s", &ip, "-j", "DROP"]);
+    ns_exec(&net.node(a), &["iptables", "-A", "OUTPUT", "-d", &ip, "-j", "DROP"]);
+}
+
 fn heal(net: &Net, replicas: &mut [NsReplica], members: &[String]) {
     for r in replicas.iter_mut() {
         ns_exec(&net.node(r.id), &["iptables", "-F"]);
@@ -384,7 +400,7 @@ fn faults_three_replicas_in_namespaces() {
     let net = Net::create();
     let tmp = tempfile::Builder::new().prefix("lodestar-faults").tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    let nodes: Vec<(u64, String)> = (1..=REPLICAS).map(|id| (id, net.node(id))).collect();
+    let nodes: Vec<(u64, String)> = (1..=replica_count()).map(|id| (id, net.node(id))).collect();
     let client_ns = net.client();
     let prefix = net.prefix.clone();
     let outcome = in_netns(&client_ns, move || async move { run(nodes, dir, secs, prefix).await });
@@ -434,12 +450,12 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
             continue;
         };
         let at = run.started.elapsed();
-        let what = match round % 3 {
+        let ids: Vec<u64> = replicas.iter().map(|r| r.id).collect();
+        let others: Vec<u64> = ids.iter().copied().filter(|&id| id != l).collect();
+        let what = match round % 7 {
             0 => {
-                let ns = net.node(l);
-                for other in replicas.iter().filter(|r| r.id != l) {
-                    ns_exec(&ns, &["iptables", "-A", "INPUT", "-s", &other.ip(), "-j", "DROP"]);
-                    ns_exec(&ns, &["iptables", "-A", "OUTPUT", "-d", &other.ip(), "-j", "DROP"]);
+                for &o in &others {
+                    cut(&net, l, o);
                 }
                 format!("partition: leader {l} cut off from its peers")
             }
@@ -447,10 +463,52 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
                 replicas[l as usize - 1].signal("-STOP");
                 format!("pause: leader {l} SIGSTOPped")
             }
-            _ => {
-                let victim = 1 + rand::random::<u64>() % REPLICAS;
+            2 => {
+                let victim = 1 + rand::random::<u64>() % ids.len() as u64;
                 replicas[victim as usize - 1].kill();
                 format!("kill -9: replica {victim}{}", if victim == l { " (the leader)" } else { "" })
+            }
+            3 => {
+                // A bridge: one replica sees both sides, the sides do not
+                // see each other.
+                let bridge = ids[rand::random::<usize>() % ids.len()];
+                let rest: Vec<u64> = ids.iter().copied().filter(|&id| id != bridge).collect();
+                let (a, b) = rest.split_at(rest.len() / 2);
+                for &x in a {
+                    for &y in b {
+                        cut(&net, x, y);
+                    }
+                }
+                format!("bridge: {a:?} | {b:?}, replica {bridge} sees both")
+            }
+            4 => {
+                for &o in &others {
+                    ns_exec(&net.node(l), &["iptables", "-A", "OUTPUT", "-d", &format!("198.18.0.{o}"), "-j", "DROP"]);
+                }
+                format!("one-way: leader {l} hears its peers, they do not hear it")
+            }
+            5 => {
+                // The leader with a minority (just itself with three).
+                let size = ((ids.len() - 1) / 2).max(1);
+                let minority: Vec<u64> = std::iter::once(l).chain(others.iter().copied().take(size - 1)).collect();
+                for &x in &minority {
+                    for y in ids.iter().copied().filter(|y| !minority.contains(y)) {
+                        cut(&net, x, y);
+                    }
+                }
+                format!("split: minority {minority:?} with the leader | the rest")
+            }
+            _ => {
+                for &x in &ids {
+                    for &y in ids.iter().filter(|&&y| y != x) {
+                        let ip = format!("198.18.0.{y}");
+                        ns_exec(
+                            &net.node(x),
+                            &["iptables", "-A", "INPUT", "-s", &ip, "-m", "statistic", "--mode", "random", "--probability", "0.2", "-j", "DROP"],
+                        );
+                    }
+                }
+                "loss: 20% of packets between replicas dropped".to_string()
             }
         };
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -530,7 +588,8 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
         r.kill();
     }
     let summary = format!(
-        "result: replicas={REPLICAS} secs={secs} faults={} operations={checked} answered={} indeterminate={} final_revision={} anomalies={}\n{}",
+        "result: replicas={} secs={secs} faults={} operations={checked} answered={} indeterminate={} final_revision={} anomalies={}\n{}",
+        replicas.len(),
         faults.len(),
         h.ok,
         h.unknown,
