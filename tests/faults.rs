@@ -587,8 +587,19 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
     for r in &mut replicas {
         r.kill();
     }
+    // Availability, as the clients saw it: the longest time without an
+    // acknowledged write anywhere (during the faults).
+    let mut acked: Vec<u64> = h
+        .calls
+        .values()
+        .flatten()
+        .filter(|c| matches!(c.op, Op::Write(_, Outcome::Ok(_)) | Op::Cas { outcome: Outcome::Ok(_), .. } | Op::Delete(Outcome::Ok(_))))
+        .filter_map(|c| c.end)
+        .collect();
+    acked.sort_unstable();
+    let max_gap_ms = acked.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) / 1000;
     let summary = format!(
-        "result: replicas={} secs={secs} faults={} operations={checked} answered={} indeterminate={} final_revision={} anomalies={}\n{}",
+        "result: replicas={} secs={secs} faults={} operations={checked} answered={} indeterminate={} final_revision={} max_write_gap_ms={max_gap_ms} anomalies={}\n{}",
         replicas.len(),
         faults.len(),
         h.ok,
