@@ -78,8 +78,13 @@ impl PeerClients {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| unreachable(e.to_string()))?
             .connect_timeout(Duration::from_secs(1))
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5));
+            // A backstop for calls in flight to a peer that went silent
+            // (paused, or a partition that drops packets): the connection
+            // is declared dead within about 4 s, not left hanging until
+            // each call's deadline. (A forward to a leader that is replaced
+            // is dropped sooner: see `node`.)
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(3));
         let connector = PeerConnector::new(self.tls.clone(), &member_name(id)).map_err(|e| unreachable(e.to_string()))?;
         let channel = endpoint.connect_with_connector_lazy(connector);
         map.insert(key, channel.clone());

@@ -9,6 +9,18 @@
 //! share entries. Each transaction in a batch stays atomic on its own and
 //! gets its own revision.
 //!
+//! A batch gets a request id (`RequestId`: this replica, a number it never
+//! reuses) before its first attempt and keeps it, with the same
+//! transactions, through every retry: to the leader that was lost
+//! mid-forward, to the next one, or proposed here after this node is
+//! elected. The state machine applies an id once (`store::dedup`), so a
+//! retry never applies a write twice and gets the first attempt's results.
+//! That makes it safe to give up on a leader as soon as it is replaced:
+//! a forward (write or read-index) in flight to a leader is abandoned when
+//! the raft metrics show another leader or a new term, and sent again to
+//! the new one, instead of waiting on a connection to a replica that may
+//! never answer (paused, or cut off by a partition).
+//!
 //! Reads: `read(Linearizable)` confirms leadership with a quorum (read-index)
 //! at the leader, then waits until the local applied state has caught up
 //! with that index; `read(Stale)` returns the local applied state.
@@ -22,11 +34,12 @@ pub use transport::{PeerError, Transport};
 use crate::config::ServerConfig;
 use crate::error::{Code, Error, Result};
 use crate::store::state_machine::StoreReader;
-use crate::store::types::{Command, NodeId, NodeInfo, Raft, Response, Txn, TxnOk, TxnResult};
+use crate::store::types::{Command, Group, NodeId, NodeInfo, Raft, RequestId, Response, Txn, TxnOk, TxnResult};
 use crate::store::Applied;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState};
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -69,6 +82,8 @@ struct Pending {
     /// Forwarded by a follower: propose it here or answer NotLeader, never
     /// forward it again.
     forwarded: bool,
+    /// A forwarded group's request id (local groups get their batch's).
+    id: Option<RequestId>,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -92,12 +107,24 @@ pub struct Node {
     /// The least read index while leading in a term: (term, index). See
     /// `leader_read_index`.
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
+    /// The next request id's number (random start: see `RequestId`).
+    next_seq: AtomicU64,
 }
 
 impl Node {
     pub fn new(config: Arc<ServerConfig>, raft: Raft, reader: StoreReader, peers: Arc<dyn Transport>) -> Arc<Node> {
         let (tx, rx) = mpsc::channel(16 * 1024);
-        let node = Arc::new(Node { id: config.id, info: config.node_info(), raft, reader, config, peers, batcher: tx, read_floor: Default::default() });
+        let node = Arc::new(Node {
+            id: config.id,
+            info: config.node_info(),
+            raft,
+            reader,
+            config,
+            peers,
+            batcher: tx,
+            read_floor: Default::default(),
+            next_seq: AtomicU64::new(rand::random::<u64>() >> 1),
+        });
         let group_wait = Duration::from_micros(node.config.group_commit_wait_us);
         tokio::spawn(batcher(Arc::downgrade(&node), rx, group_wait));
         node
@@ -119,7 +146,7 @@ impl Node {
     }
 
     async fn write_once(&self, txn: Txn) -> Result<TxnOk> {
-        match self.enqueue(vec![txn], false).await {
+        match self.enqueue(vec![txn], false, None).await {
             Outcome::Committed(mut results) if results.len() == 1 => results.pop().expect("one result"),
             Outcome::Committed(results) => Err(Error::internal(format!("raft returned {} results for one transaction", results.len()))),
             Outcome::NotLeader => Err(Error::unavailable("no leader accepted the write")),
@@ -128,20 +155,53 @@ impl Node {
     }
 
     /// Queue a group of transactions for the batcher and wait for its outcome.
-    async fn enqueue(&self, txns: Vec<Txn>, forwarded: bool) -> Outcome {
+    async fn enqueue(&self, txns: Vec<Txn>, forwarded: bool, id: Option<RequestId>) -> Outcome {
         let bytes = txns.iter().flat_map(|t| &t.ops).map(op_bytes).sum();
         let (reply, rx) = oneshot::channel();
-        if self.batcher.send(Pending { txns, bytes, forwarded, reply }).await.is_err() {
+        if self.batcher.send(Pending { txns, bytes, forwarded, id, reply }).await.is_err() {
             return Outcome::Failed(Error::unavailable("shutting down"));
         }
         rx.await.unwrap_or_else(|_| Outcome::Failed(Error::unavailable("shutting down")))
     }
 
     pub fn leader(&self) -> Option<(NodeId, NodeInfo)> {
+        self.leader_in_term().map(|(id, info, _)| (id, info))
+    }
+
+    /// The leader, its address and the term this node knows it in.
+    fn leader_in_term(&self) -> Option<(NodeId, NodeInfo, u64)> {
         let m = self.raft.metrics().borrow().clone();
         let id = m.current_leader?;
         let info = m.membership_config.membership().get_node(&id)?.clone();
-        Some((id, info))
+        Some((id, info, m.current_term))
+    }
+
+    /// Resolves once `leader` is no longer this node's leader in `term`:
+    /// another leader, none (an election), or a new term. Never, while it
+    /// stays (or the raft is gone).
+    async fn leader_replaced(&self, leader: NodeId, term: u64) {
+        let mut rx = self.raft.metrics();
+        if rx.wait_for(|m| m.current_leader != Some(leader) || m.current_term != term).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Forward `req` to the leader, for at most `left`. `None` when the
+    /// leader was replaced first: the call is dropped (its answer, if one
+    /// ever comes, is not waited for) and the caller asks the new one.
+    async fn forward_to_leader(
+        &self,
+        (leader, info, term): &(NodeId, NodeInfo, u64),
+        req: &ForwardRequest,
+        left: Duration,
+    ) -> Option<std::result::Result<Result<ForwardReply>, PeerError>> {
+        tokio::select! {
+            r = self.peers.forward(*leader, &info.raft_addr, req, left) => Some(r),
+            _ = self.leader_replaced(*leader, *term) => {
+                tracing::debug!(leader, term, "the leader was replaced while a request was in flight to it: sending it to the new one");
+                None
+            }
+        }
     }
 
     /// Wait (bounded by `deadline`) until the metrics change, e.g. a leader
@@ -158,45 +218,75 @@ impl Node {
     /// retrying while there is no leader or the leader moves, until the write
     /// timeout. Forwarded groups are only ever proposed here: when this node
     /// does not lead they are answered NotLeader and their follower retries.
-    async fn run_batch(&self, mut batch: Vec<Pending>) {
+    ///
+    /// This node's own groups go as one group under one request id, fixed
+    /// with its transactions at the first attempt: every retry, wherever it
+    /// goes, is the same group, so it applies at most once.
+    async fn run_batch(&self, batch: Vec<Pending>) {
         let deadline = Instant::now() + self.write_timeout();
+        // A group whose caller is gone (client disconnected, forwarding
+        // follower gave up) is not proposed: nobody could learn its fate.
+        let (mut local, mut forwarded): (Vec<_>, Vec<_>) = batch.into_iter().filter(|p| !p.reply.is_closed()).partition(|p| !p.forwarded);
+        let local_group = (!local.is_empty()).then(|| Group {
+            id: Some(RequestId { origin: self.id, seq: self.next_seq.fetch_add(1, Ordering::Relaxed) }),
+            txns: local.iter().flat_map(|p| p.txns.iter().cloned()).collect(),
+        });
+        // Sent, and maybe delivered, at least once: the outcome of a
+        // timeout is then unknown.
+        let mut maybe_sent = false;
         loop {
             if Instant::now() >= deadline {
-                return fail(batch, Error::unavailable("no leader with a quorum within the write timeout"));
+                let e = if maybe_sent {
+                    "no leader answered within the write timeout: the write may or may not have committed"
+                } else {
+                    "no leader with a quorum within the write timeout"
+                };
+                fail(local, Error::unavailable(e));
+                return fail(forwarded, Error::unavailable(e));
             }
-            let leader = self.leader();
-            if !matches!(leader, Some((id, _)) if id == self.id) {
-                let (forwarded, local): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.forwarded);
-                for p in forwarded {
+            let leader = self.leader_in_term();
+            if !matches!(leader, Some((id, _, _)) if id == self.id) {
+                for p in forwarded.drain(..) {
                     let _ = p.reply.send(Outcome::NotLeader);
                 }
-                batch = local;
             }
-            // A group whose caller is gone (client disconnected, forwarding
-            // follower gave up) is not proposed: nobody could learn its fate.
-            batch.retain(|p| !p.reply.is_closed());
-            if batch.is_empty() {
+            forwarded.retain(|p| !p.reply.is_closed());
+            if local_group.is_none() && forwarded.is_empty() {
                 return;
             }
             // Cloned: a retry needs them again, and raft takes them by value.
-            let cmd = Command::Batch(batch.iter().flat_map(|p| p.txns.iter().cloned()).collect());
+            let groups: Vec<Group> = local_group.iter().cloned().chain(forwarded.iter().map(|p| Group { id: p.id, txns: p.txns.clone() })).collect();
             match leader {
-                Some((id, _)) if id == self.id => match self.raft.client_write(cmd).await {
-                    Ok(resp) => return deliver(batch, batch_results(resp.data)),
-                    // Not appended, or truncated away: nothing committed, so retry.
-                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => self.wait_for_change(deadline).await,
-                    Err(e) => return fail(batch, Error::unavailable(format!("raft: {e}"))),
-                },
-                Some((leader, info)) => {
+                Some((id, _, _)) if id == self.id => {
+                    maybe_sent = true;
+                    match self.raft.client_write(Command::Groups(groups)).await {
+                        Ok(resp) => {
+                            local.append(&mut forwarded);
+                            return deliver(local, batch_results(resp.data));
+                        }
+                        // Not appended, or appended and then lost with the
+                        // leadership (it may yet commit): propose again,
+                        // here or at the new leader, under the same id.
+                        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => self.wait_for_change(deadline).await,
+                        Err(e) => {
+                            local.append(&mut forwarded);
+                            return fail(local, Error::unavailable(format!("raft: {e}")));
+                        }
+                    }
+                }
+                Some(leader) => {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    match self.peers.forward(leader, &info.raft_addr, &ForwardRequest::Write(cmd), left).await {
-                        Ok(Ok(ForwardReply::Write(results))) => return deliver(batch, Ok(results)),
-                        Ok(Ok(_)) => self.wait_for_change(deadline).await,
-                        Ok(Err(e)) => return fail(batch, e),
-                        Err(PeerError::Unreachable { .. }) => self.wait_for_change(deadline).await,
-                        Err(e @ PeerError::Failed { .. }) => {
-                            let e = Error::unavailable(format!("forwarding to the leader failed, the write may or may not have committed: {e}"));
-                            return fail(batch, e);
+                    maybe_sent = true;
+                    match self.forward_to_leader(&leader, &ForwardRequest::Write(Command::Groups(groups)), left).await {
+                        None => {}
+                        Some(Ok(Ok(ForwardReply::Write(results)))) => return deliver(local, Ok(results)),
+                        Some(Ok(Ok(_))) => self.wait_for_change(deadline).await,
+                        Some(Ok(Err(e))) => return fail(local, e),
+                        // Not delivered, or the answer was lost: the same
+                        // group again is safe either way.
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, "forwarding a write to the leader: trying again");
+                            self.wait_for_change(deadline).await
                         }
                     }
                 }
@@ -244,16 +334,20 @@ impl Node {
     /// `Retry` (after waiting for a change, up to `deadline`) when there is
     /// no leader or it cannot be reached: nothing was delivered. A reply
     /// sent but lost is an error, since its effect is unknown.
+    ///
+    /// A request in flight to a leader that is replaced meanwhile is
+    /// dropped and `Retry` returned: every request routed this way may be
+    /// asked twice (read-index, heartbeats).
     pub async fn route(&self, req: &ForwardRequest, deadline: Instant) -> Result<Routed> {
-        match self.leader() {
-            Some((id, _)) if id == self.id => Ok(Routed::Here),
-            Some((leader, info)) => {
+        match self.leader_in_term() {
+            Some((id, _, _)) if id == self.id => Ok(Routed::Here),
+            Some(leader) => {
                 let left = deadline.saturating_duration_since(Instant::now());
-                match self.peers.forward(leader, &info.raft_addr, req, left).await {
-                    Ok(Ok(ForwardReply::NotLeader(_))) | Err(PeerError::Unreachable { .. }) => Ok(Routed::Retry),
-                    Ok(Ok(reply)) => Ok(Routed::Reply(reply)),
-                    Ok(Err(e)) => Err(e),
-                    Err(e) => Err(Error::unavailable(e.to_string())),
+                match self.forward_to_leader(&leader, req, left).await {
+                    None | Some(Ok(Ok(ForwardReply::NotLeader(_)))) | Some(Err(PeerError::Unreachable { .. })) => Ok(Routed::Retry),
+                    Some(Ok(Ok(reply))) => Ok(Routed::Reply(reply)),
+                    Some(Ok(Err(e))) => Err(e),
+                    Some(Err(e)) => Err(Error::unavailable(e.to_string())),
                 }
             }
             None => Ok(Routed::Retry),
@@ -317,11 +411,25 @@ impl Node {
             ForwardRequest::Write(_) if !self.is_leader() => Ok(not_leader()),
             // Joins the local queue, so it shares a raft entry with whatever
             // else is waiting, from this node's clients or other followers.
-            ForwardRequest::Write(Command::Batch(txns)) => match self.enqueue(txns, true).await {
+            ForwardRequest::Write(Command::Batch(txns)) => match self.enqueue(txns, true, None).await {
                 Outcome::Committed(results) => Ok(ForwardReply::Write(results)),
                 Outcome::NotLeader => Ok(not_leader()),
                 Outcome::Failed(e) => Err(e),
             },
+            // A replica sends one group per forward; several are served
+            // side by side, each atomic in its entry, results in order.
+            ForwardRequest::Write(Command::Groups(groups)) => {
+                let outcomes = futures::future::join_all(groups.into_iter().map(|g| self.enqueue(g.txns, true, g.id))).await;
+                let mut results = Vec::new();
+                for outcome in outcomes {
+                    match outcome {
+                        Outcome::Committed(r) => results.extend(r),
+                        Outcome::NotLeader => return Ok(not_leader()),
+                        Outcome::Failed(e) => return Err(e),
+                    }
+                }
+                Ok(ForwardReply::Write(results))
+            }
             ForwardRequest::ReadIndex => Ok(match self.leader_read_index().await? {
                 Some(i) => ForwardReply::ReadIndex(i),
                 None => not_leader(),

@@ -182,7 +182,8 @@ pub fn decode(bytes: &[u8]) -> Result<Backup, BackupError> {
     let payload = &bytes[HEADER_LEN..];
     let actual = payload.len() as u64;
     if actual < h.payload_len {
-        return Err(BackupError::Truncated { expected: HEADER_LEN as u64 + h.payload_len, actual: bytes.len() as u64 });
+        // Saturating: the header's length is whatever the file says.
+        return Err(BackupError::Truncated { expected: (HEADER_LEN as u64).saturating_add(h.payload_len), actual: bytes.len() as u64 });
     }
     if actual > h.payload_len {
         return Err(BackupError::Trailing(actual - h.payload_len));
@@ -265,8 +266,13 @@ async fn write_restored(backup: &Backup, data_dir: &Path, members: BTreeMap<Node
     let voters: BTreeSet<NodeId> = members.keys().copied().collect();
     let membership = StoredMembership::new(Some(log_id), Membership::new(vec![voters], members));
     let objects: Objects = backup.objects.iter().cloned().collect();
-    let applied =
-        Applied { last_applied: Some(log_id), membership: membership.clone(), state: State { revision: backup.revision, objects }, compacted: backup.revision };
+    let applied = Applied {
+        last_applied: Some(log_id),
+        membership: membership.clone(),
+        state: State { revision: backup.revision, objects },
+        compacted: backup.revision,
+        dedup: Default::default(),
+    };
     let data = state_machine::snapshot_data(&applied);
     let meta = SnapshotMeta { last_log_id: Some(log_id), last_membership: membership, snapshot_id: format!("restored-{}", backup.revision) };
     // The same path as a follower installing a leader's snapshot: the
@@ -388,6 +394,11 @@ mod tests {
         assert_eq!(decode(&v2).unwrap_err(), BackupError::Format(2));
         assert_eq!(decode(b"apiVersion: v1\nkind: List\n").unwrap_err(), BackupError::NotASnapshot);
         assert_eq!(decode(b"").unwrap_err(), BackupError::NotASnapshot);
+        // A length near u64::MAX in the header is truncation, not an
+        // overflow (found by fuzz/fuzz_targets/decoders.rs).
+        let mut huge = good.clone();
+        huge[17..25].copy_from_slice(&u64::MAX.to_be_bytes());
+        assert_eq!(decode(&huge).unwrap_err(), BackupError::Truncated { expected: u64::MAX, actual: good.len() as u64 });
     }
 
     #[test]

@@ -40,3 +40,24 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
         Some((&v, _)) => Err(CodecError::Version(v)),
     }
 }
+
+/// `encode(value)` followed by `trailer`'s bincode: a field added after a
+/// layout was fixed, which a decoder that predates it skips (bincode
+/// ignores trailing bytes) and [`decode_with_trailer`] reads if present.
+pub fn encode_with_trailer<T: Serialize + ?Sized, U: Serialize>(value: &T, trailer: &U) -> Vec<u8> {
+    let mut out = encode(value);
+    bincode::serialize_into(&mut out, trailer).expect("bincode serialization of a Lodestar type");
+    out
+}
+
+/// The value and its trailer (see [`encode_with_trailer`]); the trailer's
+/// default when the blob has none.
+pub fn decode_with_trailer<T: Serialize + DeserializeOwned, U: DeserializeOwned + Default>(bytes: &[u8]) -> Result<(T, U), CodecError> {
+    let value: T = decode(bytes)?;
+    let used = 1 + bincode::serialized_size(&value)? as usize;
+    let trailer = match bytes.get(used..) {
+        Some(rest) if !rest.is_empty() => bincode::deserialize(rest)?,
+        _ => U::default(),
+    };
+    Ok((value, trailer))
+}

@@ -2,6 +2,7 @@
 //!
 //! - `types`: the raft type config and the commands in the log.
 //! - `codec`: the versioned encoding of everything persisted or sent to peers.
+//! - `dedup`: applied request ids, so that a write sent twice applies once.
 //! - `state`: the pure in-memory state and transaction semantics.
 //! - `log_store`: the raft log in sled, with group-commit fsync.
 //! - `state_machine`: applies entries, persists them, publishes snapshots.
@@ -11,6 +12,7 @@
 
 pub mod backup;
 pub mod codec;
+pub mod dedup;
 pub mod log_store;
 pub mod objects;
 pub mod state;

@@ -13,6 +13,8 @@
 //!   `m/applied`               AppliedMeta             last applied log id, membership, revision
 //!   `m/objects`               u64                     the revision the `o/` objects are at
 //!                                                     (absent, as earlier versions wrote it: `m/applied`'s)
+//!   `m/dedup`                 Dedup                   applied request ids (`dedup`), as of `m/applied`
+//!                                                     (absent: none yet, or written by an earlier version)
 //! tree `snapshot`: `current` → StoredSnapshot, the last built or installed one.
 //!
 //! Write-behind, as etcd's backend batches its bbolt commits: `apply`
@@ -35,8 +37,9 @@
 //! reads look at the queue first.
 
 use super::codec;
+use super::dedup::Dedup;
 use super::state::{Event, EventType, State};
-use super::types::{Command, Entry, LogId, Response, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use super::types::{Command, Entry, Group, LogId, Response, SnapshotMeta, StorageError, StoredMembership, Txn, TxnResult, TypeConfig};
 use crate::model::{ResourceKey, StoredObject};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder};
@@ -50,6 +53,7 @@ use tokio::sync::{broadcast, watch};
 
 const APPLIED: &[u8] = b"m/applied";
 const OBJECTS_AT: &[u8] = b"m/objects";
+const DEDUP: &[u8] = b"m/dedup";
 const CURRENT_SNAPSHOT: &[u8] = b"current";
 
 /// Longest time applied state waits in memory before it is written to sled.
@@ -71,6 +75,8 @@ pub struct Applied {
     pub state: State,
     /// Watch history covers revisions `> compacted`.
     pub compacted: u64,
+    /// Request ids applied recently, with their results (`dedup`).
+    pub dedup: Dedup,
 }
 
 impl Applied {
@@ -198,6 +204,8 @@ struct Pending {
     /// events for history reads meanwhile.
     history: Vec<(u64, Vec<EventRecord>, Vec<Event>)>,
     meta: Option<AppliedMeta>,
+    /// The dedup table as of `meta`, when it changed since the last write.
+    dedup: Option<Dedup>,
     /// When the oldest queued write was queued.
     since: Option<Instant>,
 }
@@ -287,6 +295,9 @@ impl Checkpointer {
             batch.remove(item.map_err(|e| sm_err(ErrorVerb::Read, e))?.0);
         }
         batch.insert(APPLIED, codec::encode(&meta));
+        if let Some(dedup) = p.dedup.take() {
+            batch.insert(DEDUP, codec::encode(&dedup));
+        }
         self.tree.apply_batch(batch).map_err(|e| sm_err(ErrorVerb::Write, e))?;
         p.since = None;
         Ok(())
@@ -508,12 +519,16 @@ fn load_applied(tree: &sled::Tree) -> Result<(Applied, u64), StorageError> {
     if replayed != meta.revision {
         return Err(sm_err(ErrorVerb::Read, format!("objects at revision {objects_at}, history replayed to {replayed}, applied state at {}", meta.revision)));
     }
-    Ok((Applied { last_applied: meta.last_applied, membership: meta.membership, state, compacted: meta.compacted }, objects_at))
+    let dedup = match tree.get(DEDUP).map_err(|e| sm_err(ErrorVerb::Read, e))? {
+        Some(bytes) => codec::decode(&bytes).map_err(|e| sm_err(ErrorVerb::Read, e))?,
+        None => Dedup::default(),
+    };
+    Ok((Applied { last_applied: meta.last_applied, membership: meta.membership, state, compacted: meta.compacted, dedup }, objects_at))
 }
 
 /// Replace the persisted state with a snapshot body; returns the new state.
 fn write_snapshot_state(tree: &sled::Tree, data: &[u8]) -> Result<Applied, StorageError> {
-    let body: SnapshotBody = codec::decode(data).map_err(|e| snap_err(ErrorVerb::Read, e))?;
+    let (body, dedup): (SnapshotBody, Dedup) = codec::decode_with_trailer(data).map_err(|e| snap_err(ErrorVerb::Read, e))?;
     tree.clear().map_err(|e| sm_err(ErrorVerb::Write, e))?;
     let mut batch = sled::Batch::default();
     let mut state = State { revision: body.meta.revision, objects: Default::default() };
@@ -527,8 +542,11 @@ fn write_snapshot_state(tree: &sled::Tree, data: &[u8]) -> Result<Applied, Stora
     let meta = AppliedMeta { compacted: body.meta.revision, ..body.meta };
     batch.insert(APPLIED, codec::encode(&meta));
     batch.insert(OBJECTS_AT, codec::encode(&meta.revision));
+    if !dedup.is_empty() {
+        batch.insert(DEDUP, codec::encode(&dedup));
+    }
     tree.apply_batch(batch).map_err(|e| sm_err(ErrorVerb::Write, e))?;
-    Ok(Applied { last_applied: meta.last_applied, membership: meta.membership, state, compacted: meta.compacted })
+    Ok(Applied { last_applied: meta.last_applied, membership: meta.membership, state, compacted: meta.compacted, dedup })
 }
 
 impl Drop for StateMachine {
@@ -557,6 +575,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut responses = Vec::new();
         let mut all_events = Vec::new();
         let mut pending = self.checkpointer.lock();
+        let mut dedup_changed = false;
         for entry in entries {
             next.last_applied = Some(entry.log_id);
             match entry.payload {
@@ -567,21 +586,25 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
                 EntryPayload::Normal(Command::Batch(txns)) => {
                     let mut results = Vec::with_capacity(txns.len());
-                    for txn in &txns {
-                        let (result, events) = next.state.apply_txn(txn);
-                        if let Some(first) = events.first() {
-                            let records: Vec<EventRecord> = events
-                                .iter()
-                                .map(|e| EventRecord { delete: e.kind == EventType::Delete, object: ObjectRecord::from_object(&e.object) })
-                                .collect();
-                            for e in &events {
-                                let object = (e.kind == EventType::Put).then(|| e.object.clone());
-                                pending.objects.insert(object_key(&e.object.key), object);
-                            }
-                            pending.history.push((first.revision, records, events.clone()));
+                    apply_txns(&mut next, &mut pending, &mut all_events, &txns, &mut results);
+                    responses.push(Response::Batch(results));
+                }
+                EntryPayload::Normal(Command::Groups(groups)) => {
+                    let mut results = Vec::with_capacity(groups.iter().map(|g| g.txns.len()).sum());
+                    for Group { id, txns } in &groups {
+                        // Applied before: the first time's results, nothing
+                        // changes. (Same id, different size: not the same
+                        // group, so it applies; every replica agrees.)
+                        if let Some(prev) = id.and_then(|id| next.dedup.get(&id)).filter(|prev| prev.len() == txns.len()) {
+                            results.extend(prev.iter().cloned());
+                            continue;
                         }
-                        all_events.extend(events);
-                        results.push(result);
+                        let start = results.len();
+                        apply_txns(&mut next, &mut pending, &mut all_events, txns, &mut results);
+                        if let Some(id) = id {
+                            next.dedup.record(*id, entry.log_id.index, Arc::new(results[start..].to_vec()));
+                            dedup_changed = true;
+                        }
                     }
                     responses.push(Response::Batch(results));
                 }
@@ -597,6 +620,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             compacted: next.compacted,
         });
         pending.revision = next.state.revision;
+        if dedup_changed {
+            pending.dedup = Some(next.dedup.clone());
+        }
         if !pending.objects.is_empty() {
             pending.objects_since.get_or_insert_with(Instant::now);
         }
@@ -652,8 +678,30 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 }
 
+/// Apply transactions in order: results onto `results`, events queued for
+/// the checkpoint and for live watchers.
+fn apply_txns(next: &mut Applied, pending: &mut Pending, all_events: &mut Vec<Event>, txns: &[Txn], results: &mut Vec<TxnResult>) {
+    for txn in txns {
+        let (result, events) = next.state.apply_txn(txn);
+        if let Some(first) = events.first() {
+            let records: Vec<EventRecord> =
+                events.iter().map(|e| EventRecord { delete: e.kind == EventType::Delete, object: ObjectRecord::from_object(&e.object) }).collect();
+            for e in &events {
+                let object = (e.kind == EventType::Put).then(|| e.object.clone());
+                pending.objects.insert(object_key(&e.object.key), object);
+            }
+            pending.history.push((first.revision, records, events.clone()));
+        }
+        all_events.extend(events);
+        results.push(result);
+    }
+}
+
 /// The raft snapshot data of an applied state: what `build_snapshot` saves
 /// and sends, and `install_snapshot` reads (also how a backup is restored).
+/// The dedup table follows the body as a trailer: a snapshot written before
+/// it existed reads as an empty table, and an earlier version reading this
+/// one ignores it (bincode leaves trailing bytes alone).
 pub(crate) fn snapshot_data(applied: &Applied) -> Vec<u8> {
     let body = SnapshotBody {
         meta: AppliedMeta {
@@ -664,7 +712,7 @@ pub(crate) fn snapshot_data(applied: &Applied) -> Vec<u8> {
         },
         objects: applied.state.objects.values().map(|o| ObjectRecord::from_object(o)).collect(),
     };
-    codec::encode(&body)
+    codec::encode_with_trailer(&body, &applied.dedup)
 }
 
 pub struct SnapshotBuilder {
@@ -773,7 +821,7 @@ mod fixtures {
 mod checkpoint_tests {
     use super::*;
     use crate::model::Kind;
-    use crate::store::types::{Op, Txn};
+    use crate::store::types::{Op, RequestId};
     use openraft::CommittedLeaderId;
 
     fn put(i: u64, pad: usize) -> Txn {
@@ -842,6 +890,76 @@ mod checkpoint_tests {
         let first_chunk = sm.tree.scan_prefix(b"g/").next().unwrap().unwrap().0;
         assert!(chunk_range(&first_chunk).unwrap().1 > 101, "compacted chunks were removed");
         assert_eq!(replay(&reader, 102), (102..=301).collect::<Vec<_>>());
+    }
+
+    fn groups(index: u64, groups: Vec<(Option<u64>, Vec<Txn>)>) -> Entry {
+        let groups = groups.into_iter().map(|(seq, txns)| Group { id: seq.map(|seq| RequestId { origin: 2, seq }), txns }).collect();
+        Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(Command::Groups(groups)) }
+    }
+
+    /// A group applied again (a retried forward that also made it into the
+    /// log the first time) changes nothing and answers with the first
+    /// results: in the same entry, in a later one, after reopening, and on
+    /// a replica that got the state by snapshot.
+    #[tokio::test]
+    async fn a_request_id_applies_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(tmp.path().join("a")).open().unwrap();
+        let (mut sm, reader) = StateMachine::open(&db, 100).unwrap();
+        let first = sm.apply([groups(1, vec![(Some(7), vec![put(1, 10), put(2, 10)]), (None, vec![put(3, 10)])])]).await.unwrap();
+        assert_eq!(reader.current().revision(), 3);
+        // Again, twice in one entry, beside a new group: only the new one applies.
+        let again =
+            sm.apply([groups(2, vec![(Some(7), vec![put(1, 10), put(2, 10)]), (Some(8), vec![put(4, 10)]), (Some(8), vec![put(4, 10)])])]).await.unwrap();
+        assert_eq!(reader.current().revision(), 4, "only group 8 changed anything, once");
+        let (Response::Batch(first), Response::Batch(again)) = (&first[0], &again[0]) else { panic!("batch responses") };
+        assert_eq!(again[..2], first[..2], "the retry gets the first attempt's results");
+        assert_eq!(again[2], again[3]);
+        // Without an id, a group always applies.
+        sm.apply([groups(3, vec![(None, vec![put(1, 11)])])]).await.unwrap();
+        assert_eq!(reader.current().revision(), 5);
+
+        // Checkpointed and reopened: still remembered.
+        sm.checkpointer.flush().unwrap();
+        drop((sm, reader));
+        let (mut sm, reader) = StateMachine::open(&db, 100).unwrap();
+        sm.apply([groups(4, vec![(Some(7), vec![put(1, 10), put(2, 10)])])]).await.unwrap();
+        assert_eq!(reader.current().revision(), 5, "remembered across a restart");
+
+        // A replica that installs this state as a snapshot decides the same.
+        let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let db2 = sled::Config::new().path(tmp.path().join("b")).open().unwrap();
+        let (mut other, other_reader) = StateMachine::open(&db2, 100).unwrap();
+        other.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+        assert_eq!(other_reader.current().dedup, reader.current().dedup);
+        other.apply([groups(5, vec![(Some(8), vec![put(4, 10)]), (Some(9), vec![put(5, 10)])])]).await.unwrap();
+        sm.apply([groups(5, vec![(Some(8), vec![put(4, 10)]), (Some(9), vec![put(5, 10)])])]).await.unwrap();
+        assert_eq!(other_reader.current().revision(), 6);
+        assert_eq!(reader.current().revision(), 6);
+        // And after its own restart (the table came from the snapshot).
+        drop((other, other_reader));
+        let (_, other_reader) = StateMachine::open(&db2, 100).unwrap();
+        assert_eq!(other_reader.current().dedup, reader.current().dedup);
+    }
+
+    /// A snapshot written before the dedup table existed reads as an empty
+    /// table; one with a table reads back whole.
+    #[test]
+    fn snapshot_data_with_and_without_the_dedup_trailer() {
+        let mut applied = Applied::default();
+        applied.state.revision = 3;
+        let old = codec::encode(&SnapshotBody {
+            meta: AppliedMeta { last_applied: None, membership: StoredMembership::default(), revision: 3, compacted: 0 },
+            objects: Vec::new(),
+        });
+        let (body, dedup): (SnapshotBody, Dedup) = codec::decode_with_trailer(&old).unwrap();
+        assert_eq!((body.meta.revision, dedup.is_empty()), (3, true));
+        applied.dedup.record(RequestId { origin: 1, seq: 5 }, 9, Arc::new(vec![Err(crate::error::Error::invalid("x"))]));
+        let (_, dedup): (SnapshotBody, Dedup) = codec::decode_with_trailer(&snapshot_data(&applied)).unwrap();
+        assert_eq!(dedup, applied.dedup);
+        // What an earlier version reads: the body alone.
+        let body: SnapshotBody = codec::decode(&snapshot_data(&applied)).unwrap();
+        assert_eq!(body.meta.revision, 3);
     }
 
     fn delete(i: u64) -> Txn {

@@ -51,6 +51,35 @@ pub enum Command {
     /// Independent client transactions coalesced into one entry (one fsync).
     /// Each is atomic on its own and gets its own revision.
     Batch(Vec<Txn>),
+    /// As `Batch`, in groups that may carry a request id: a group whose id
+    /// the state machine has already applied is not applied again, and
+    /// answers with the results it had then (`store::dedup`). How a replica
+    /// can send a write again when it cannot tell whether the first attempt
+    /// got into the log (a leader lost mid-forward) without applying it
+    /// twice.
+    Groups(Vec<Group>),
+}
+
+/// Transactions that a replica sends (or proposes) together, under one id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    pub id: Option<RequestId>,
+    pub txns: Vec<Txn>,
+}
+
+/// Names one group of writes: the replica that first sent it and a number
+/// that replica never uses twice (a random start, then counting up, so a
+/// restart does not reuse numbers either).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RequestId {
+    pub origin: NodeId,
+    pub seq: u64,
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{:x}", self.origin, self.seq)
+    }
 }
 
 /// An atomic multi-resource write: all ops apply at one revision, or none.
