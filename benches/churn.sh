@@ -71,17 +71,9 @@ timeout 3600 cargo build --release --quiet --bin lodestar --bin lodestar-bench
 cp "$ROOT/target/release/lodestar" "$ROOT/target/release/lodestar-bench" "$WORK/"
 LODESTAR=$WORK/lodestar
 BENCH=$WORK/lodestar-bench
-# Secure by default: one cluster CA for the three replicas (each issues its
-# own certificate from it), trusted by curl and by lodestar-bench.
-"$LODESTAR" tls ca create --dir "$WORK/ca" >/dev/null
-printf 'tls_ca_file = "%s"\ntls_ca_key_file = "%s"\nuser_client_config = ""\n' "$WORK/ca/ca.pem" "$WORK/ca/ca-key.pem" >>"$WORK/tls.toml"
-export LODESTAR_CACERT=$WORK/ca/ca.pem
-# ACLs are on by default: one management token for the replicas, sent by
-# curl and by lodestar-bench (LODESTAR_TOKEN).
-(umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$WORK/ca/management.token")
-printf 'initial_management_token_file = "%s"\n' "$WORK/ca/management.token" >>"$WORK/tls.toml"
-LODESTAR_TOKEN=$(cat "$WORK/ca/management.token")
-export LODESTAR_TOKEN
+# Secure by default: the cluster CA and management token (benches/lib.sh).
+. "$ROOT/benches/lib.sh"
+secure_cluster_files "$LODESTAR" "$WORK"
 
 # (b) three replicas
 API=() RAFT=() XDS=()

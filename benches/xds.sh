@@ -137,17 +137,9 @@ fi
 cp "$ROOT/target/release/lodestar-bench" "$WORK/lodestar-bench"
 LODESTAR=$WORK/lodestar
 BENCH=$WORK/lodestar-bench
-# Secure by default: one cluster CA for the three replicas (each issues its
-# own certificate from it), trusted by curl and by lodestar-bench.
-"$LODESTAR" tls ca create --dir "$WORK/ca" >/dev/null
-printf 'tls_ca_file = "%s"\ntls_ca_key_file = "%s"\nuser_client_config = ""\n' "$WORK/ca/ca.pem" "$WORK/ca/ca-key.pem" >>"$WORK/tls.toml"
-export LODESTAR_CACERT=$WORK/ca/ca.pem
-# ACLs are on by default: one management token for the replicas, sent by
-# curl and by lodestar-bench (LODESTAR_TOKEN).
-(umask 077; od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$WORK/ca/management.token")
-printf 'initial_management_token_file = "%s"\n' "$WORK/ca/management.token" >>"$WORK/tls.toml"
-LODESTAR_TOKEN=$(cat "$WORK/ca/management.token")
-export LODESTAR_TOKEN
+# Secure by default: the cluster CA and management token (benches/lib.sh).
+. "$ROOT/benches/lib.sh"
+secure_cluster_files "$LODESTAR" "$WORK"
 
 API=() RAFT=() XDS=()
 for n in 1 2 3; do
