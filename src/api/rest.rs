@@ -511,7 +511,7 @@ async fn configz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Respon
         .state
         .objects
         .values()
-        .filter(|o| o.key.kind.group() == crate::model::kinds::ISTIO_GROUP)
+        .filter(|o| o.key.kind.is_istio())
         .map(|o| json!({"kind": o.key.kind.name(), "namespace": o.key.namespace, "name": o.key.name, "creationRevision": o.create_revision, "modRevision": o.mod_revision}))
         .collect();
     Ok(Json(json!({"revision": applied.revision(), "configs": items})).into_response())

@@ -28,9 +28,19 @@ pub enum Kind {
     /// ACL: a credential's accessor id, policies, roles, expiry and the
     /// SHA-256 of its secret. Created only by the token API.
     Token,
+    /// security.istio.io: who may call a workload (RBAC on its inbound).
+    AuthorizationPolicy,
+    /// security.istio.io: which JWTs a workload accepts (`jwt_authn`).
+    RequestAuthentication,
+    /// security.istio.io: whether a workload's inbound requires mutual TLS.
+    PeerAuthentication,
+    /// networking.istio.io: the template of instances that register
+    /// themselves (`lodestar agent`).
+    WorkloadGroup,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
+pub const SECURITY_GROUP: &str = "security.istio.io";
 pub const REGISTRY_GROUP: &str = "registry.lodestar.io";
 pub const ACL_GROUP: &str = "acl.lodestar.io";
 
@@ -48,6 +58,7 @@ struct KindInfo {
 }
 
 const ISTIO_VERSIONS: &[&str] = &["v1alpha3", "v1beta1", "v1"];
+const SECURITY_VERSIONS: &[&str] = &["v1beta1", "v1"];
 const REGISTRY_VERSIONS: &[&str] = &["v1"];
 const ACL_VERSIONS: &[&str] = &["v1"];
 
@@ -64,10 +75,35 @@ const KINDS: &[KindInfo] = &[
     KindInfo { kind: Kind::Policy, name: "Policy", plural: "policies", short: &[], group: ACL_GROUP, versions: ACL_VERSIONS },
     KindInfo { kind: Kind::Role, name: "Role", plural: "roles", short: &[], group: ACL_GROUP, versions: ACL_VERSIONS },
     KindInfo { kind: Kind::Token, name: "Token", plural: "tokens", short: &[], group: ACL_GROUP, versions: ACL_VERSIONS },
+    KindInfo {
+        kind: Kind::AuthorizationPolicy,
+        name: "AuthorizationPolicy",
+        plural: "authorizationpolicies",
+        short: &["ap"],
+        group: SECURITY_GROUP,
+        versions: SECURITY_VERSIONS,
+    },
+    KindInfo {
+        kind: Kind::RequestAuthentication,
+        name: "RequestAuthentication",
+        plural: "requestauthentications",
+        short: &["ra"],
+        group: SECURITY_GROUP,
+        versions: SECURITY_VERSIONS,
+    },
+    KindInfo {
+        kind: Kind::PeerAuthentication,
+        name: "PeerAuthentication",
+        plural: "peerauthentications",
+        short: &["pa"],
+        group: SECURITY_GROUP,
+        versions: SECURITY_VERSIONS,
+    },
+    KindInfo { kind: Kind::WorkloadGroup, name: "WorkloadGroup", plural: "workloadgroups", short: &["wg"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 16] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -80,6 +116,10 @@ impl Kind {
         Kind::Policy,
         Kind::Role,
         Kind::Token,
+        Kind::AuthorizationPolicy,
+        Kind::RequestAuthentication,
+        Kind::PeerAuthentication,
+        Kind::WorkloadGroup,
     ];
 
     fn info(self) -> &'static KindInfo {
@@ -127,8 +167,9 @@ impl Kind {
             .map(|k| k.kind)
     }
 
+    /// Istio's own kinds: `networking.istio.io` and `security.istio.io`.
     pub fn is_istio(self) -> bool {
-        self.group() == ISTIO_GROUP
+        self.group() == ISTIO_GROUP || self.group() == SECURITY_GROUP
     }
 
     /// Tokens, policies and roles: what authorization reads. They never

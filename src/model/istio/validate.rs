@@ -705,7 +705,7 @@ mod tests {
 
     #[test]
     fn unknown_kind_is_reported() {
-        let err = validate("AuthorizationPolicy", &json!({})).unwrap_err();
+        let err = validate("EnvoyFilter", &json!({})).unwrap_err();
         assert_eq!(err[0].field, "kind");
         assert!(err[0].reason.contains("unsupported kind"));
     }
