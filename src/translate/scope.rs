@@ -103,3 +103,14 @@ pub fn egress_plans(mesh: &Mesh, proxy: &ProxyIdentity, sidecar: Option<&Config<
     }
     plans.into_values().collect()
 }
+
+/// Whether a security policy (AuthorizationPolicy, RequestAuthentication,
+/// PeerAuthentication) in `policy_ns` with workload selector `match_labels`
+/// applies to `proxy`, as Istio scopes them: a policy in the root namespace
+/// applies mesh-wide (to the workloads its selector matches, in every
+/// namespace), any other to its own namespace; no selector (or an empty
+/// one) selects every workload in scope, a selector those whose labels
+/// include all of its own.
+pub fn policy_selects(policy_ns: &str, match_labels: Option<&BTreeMap<String, String>>, root_ns: &str, proxy: &ProxyIdentity) -> bool {
+    (policy_ns == root_ns || policy_ns == proxy.namespace) && match_labels.is_none_or(|l| l.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)))
+}
