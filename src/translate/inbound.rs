@@ -1,8 +1,10 @@
 //! Inbound: a Sidecar's `ingress` listeners, each forwarding to the
 //! workload's own endpoint (`defaultEndpoint`) through a static
 //! `inbound|PORT||` cluster. HTTP ports get an HTTP connection manager with
-//! an inline route table, other ports a TCP proxy.
+//! an inline route table, other ports a TCP proxy; both behind the RBAC
+//! filters of the AuthorizationPolicies that select the workload (`authz`).
 
+use super::authz::AuthzFilters;
 use super::listener::{self, Routes};
 use super::{cluster, util};
 use crate::mesh::{Config, Mesh};
@@ -15,7 +17,9 @@ use envoy_types::pb::envoy::config::route::v3::{
 };
 
 /// The inbound listeners and clusters of the Sidecar `sc` selecting `proxy`.
-pub fn sidecar_ingress(cfg: &mut ProxyConfig, _mesh: &Mesh, proxy: &ProxyIdentity, sc: &Config<Sidecar>) {
+pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, sc: &Config<Sidecar>) {
+    // The AuthorizationPolicies selecting this workload guard every port.
+    let authz = AuthzFilters::for_proxy(mesh, proxy);
     for ing in &sc.spec.ingress {
         let port = ing.port.number();
         let bind = ing.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
@@ -30,7 +34,7 @@ pub fn sidecar_ingress(cfg: &mut ProxyConfig, _mesh: &Mesh, proxy: &ProxyIdentit
         cfg.insert(ResourceType::Cluster, XdsResource::new(cluster_name.clone(), &c));
         let name = format!("{bind}_{port}");
         let is_http = crate::model::istio::common::Protocol::parse(&ing.port.protocol).is_some_and(|p| p.is_http());
-        let l = if is_http {
+        let mut l = if is_http {
             let rc = RouteConfiguration {
                 name: format!("inbound|{port}||"),
                 virtual_hosts: vec![VirtualHost {
@@ -57,6 +61,7 @@ pub fn sidecar_ingress(cfg: &mut ProxyConfig, _mesh: &Mesh, proxy: &ProxyIdentit
         } else {
             listener::tcp_listener(&name, &bind, port, vec![(cluster_name, 1)])
         };
+        authz.apply(&mut l);
         cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
     }
 }

@@ -7,11 +7,13 @@
 //! - `route`: VirtualService → routes.
 //! - `cluster`: services + DestinationRules → clusters and endpoints.
 //! - `listener`: HTTP/TCP listeners.
+//! - `authz`: AuthorizationPolicy → RBAC filters on inbound and gateway listeners.
 //! - `l4`: VirtualService `tls` and `tcp` routes → SNI/address filter chains.
 //! - `inbound`: Sidecar ingress → inbound listeners and clusters.
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
 //! - `tls`: TLS contexts (gateway termination, DestinationRule origination).
 
+pub mod authz;
 pub mod cluster;
 pub mod encode;
 pub mod gateway;
@@ -438,6 +440,14 @@ impl Translator {
                 (_, TypedSpec::Istio(Validated::VirtualService { spec, .. })) => spec.hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).collect(),
                 (_, TypedSpec::Istio(Validated::DestinationRule { spec, .. })) => vec![resolve_short_name(&spec.host, ns, suffix)],
                 (_, TypedSpec::Istio(Validated::ServiceEntry { spec, .. })) => spec.hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).collect(),
+                // A policy matters only to the workloads it selects.
+                (_, TypedSpec::Istio(Validated::AuthorizationPolicy { spec, .. })) => {
+                    let labels = spec.selector.as_ref().map(|s| &s.match_labels);
+                    if scope::policy_selects(ns, labels, &self.config.root_namespace, &prev.identity) {
+                        return None;
+                    }
+                    Vec::new()
+                }
                 _ => return None,
             })
         };
