@@ -98,6 +98,21 @@ impl Bench {
         self.proxy.wait_synced_types(rev["revision"].as_u64().unwrap(), INBOUND_TYPES).await;
     }
 
+    /// `lodestar authz check` for one case: allowed?, and what it printed.
+    fn explain(&self, port: u16, c: &Case) -> (bool, String) {
+        let source = self.fx.ip(c.from);
+        let port_s = port.to_string();
+        let mut args = vec!["authz", "check", "--proxy", "web.default", "--port", &port_s, "--source", &source, "--method", c.method, "--path", c.path];
+        args.extend(["--host", "web.default.svc.cluster.local"]);
+        let headers: Vec<String> = c.headers.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        for h in &headers {
+            args.extend(["--header", h.as_str()]);
+        }
+        let (ok, stdout, stderr) = common::cli(&self.fx.api(1), &args);
+        assert!(ok || stdout.starts_with("DENIED"), "authz check failed: {stdout}{stderr}");
+        (ok, stdout)
+    }
+
     /// Every case gets its expected status. Envoy applies an ACKed listener
     /// update on its workers just after the ACK: the first case is polled
     /// until it holds, then every case must hold at once.
@@ -120,6 +135,11 @@ impl Bench {
             }
             if s == 403 {
                 assert_eq!(body, "RBAC: access denied", "{what}: Envoy's RBAC denial");
+            }
+            // `lodestar authz check` agrees with what Envoy did.
+            let (allowed, out) = self.explain(port, c);
+            if allowed != (s == 200) {
+                wrong.push(format!("from .{} {} {} {:?}: Envoy said {s}, authz check said:\n{out}", c.from, c.method, c.path, c.headers));
             }
         }
         assert!(wrong.is_empty(), "{what}:\n{}", wrong.join("\n"));
@@ -173,6 +193,12 @@ async fn authorization_policies_decide_at_a_real_envoy() {
         ],
     )
     .await;
+    // The explanation names the deciding rule, and why the others missed.
+    let (_, out) = b.explain(8000, &case(50, "GET", "/public/secret-plans", &[], 403));
+    assert!(out.starts_with("DENIED: denied by ns[default]-policy[deny-secrets]-rule[0]"), "{out}");
+    let (_, out) = b.explain(8000, &case(51, "GET", "/public/a", &[], 403));
+    assert!(out.contains(&format!("source {} is not in {}/32", b.fx.ip(51), b.fx.ip(50))), "{out}");
+    assert!(out.contains("method \"GET\" is not \"POST\""), "{out}");
     // The TCP port: both ALLOW rules use HTTP-only fields, so on TCP they
     // match nothing (and an ALLOW selects the workload): refused. The DENY
     // rule's port does not match 9000 either way.

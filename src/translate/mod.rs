@@ -16,6 +16,7 @@
 pub mod authz;
 pub mod cluster;
 pub mod encode;
+pub mod explain;
 pub mod gateway;
 pub mod inbound;
 pub mod intern;
