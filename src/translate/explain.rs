@@ -335,14 +335,7 @@ impl Ctx<'_> {
 
     fn metadata(&self, m: Option<&MetadataMatcher>) -> Outcome {
         let Some(m) = m else { return Err("empty metadata matcher".into()) };
-        let keys: Vec<&str> = m
-            .path
-            .iter()
-            .filter_map(|s| match &s.segment {
-                Some(Segment::Key(k)) => Some(k.as_str()),
-                None => None,
-            })
-            .collect();
+        let keys: Vec<&str> = m.path.iter().filter_map(|s| s.segment.as_ref().map(|Segment::Key(k)| k.as_str())).collect();
         if m.filter != JWT_FILTER || keys.first() != Some(&super::authz::JWT_PAYLOAD_KEY) {
             return Err(format!("cannot evaluate dynamic metadata of {}", m.filter));
         }
