@@ -302,3 +302,43 @@ fn identical_output_is_shared_across_proxies() {
     }
     assert_ne!(a.of(ResourceType::Listener), b.of(ResourceType::Listener), "listeners bind each proxy's own IP");
 }
+
+/// AuthorizationPolicy changes: a policy selecting the proxy rebuilds its
+/// inbound listeners only (clusters, endpoints and routes are shared with
+/// the previous config as they are); one selecting another workload costs
+/// it nothing. Both equal a full translation.
+#[test]
+fn policy_changes_rebuild_inbound_listeners_only() {
+    use lodestar::translate::Translator;
+    use lodestar::xds::resources::Generator;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/authz-sidecar");
+    let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let proxy = ProxyIdentity::parse("sidecar~127.0.31.1~httpbin-1.foo~foo.svc.cluster.local", &json!({"LABELS": {"app": "httpbin"}})).unwrap();
+    let translator = Translator::new(MeshConfig::default());
+    let mut prev = translator.generate(&proxy, &base).unwrap();
+    let steps: Vec<(&str, bool)> = vec![
+        // Selects the proxy: its listeners change.
+        ("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: allow-reads, namespace: foo}\nspec:\n  rules: [{to: [{operation: {methods: [GET]}}]}]\n", true),
+        // Another workload's: nothing changes.
+        ("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: other-workload, namespace: foo}\nspec:\n  selector: {matchLabels: {app: other}}\n  rules: [{}]\n", false),
+        // A dry run of the proxy's own.
+        ("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: allow-reads, namespace: foo, annotations: {istio.io/dry-run: \"true\"}}\nspec:\n  rules: [{to: [{operation: {methods: [GET]}}]}]\n", true),
+    ];
+    let mut state = base.state.clone();
+    for (i, (yaml, selects)) in steps.into_iter().enumerate() {
+        let r = parse_resource(parse_documents(yaml, "change").unwrap().remove(0), "default").unwrap();
+        validate_spec(&r).unwrap();
+        state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.unwrap();
+        let applied = Applied { state: state.clone(), ..Default::default() };
+        let got = translator.generate(&proxy, &applied).unwrap();
+        let want = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), &proxy);
+        assert_eq!(render(&got), render(&want), "step {i}");
+        assert!(Arc::ptr_eq(&got.resources[&ResourceType::Cluster], &prev.resources[&ResourceType::Cluster]), "step {i}: clusters not shared");
+        if selects {
+            assert_ne!(render(&got)["LDS"], render(&prev)["LDS"], "step {i}: the listeners must change");
+        } else {
+            assert!(Arc::ptr_eq(&got.resources[&ResourceType::Listener], &prev.resources[&ResourceType::Listener]), "step {i}: listeners rebuilt");
+        }
+        prev = got;
+    }
+}

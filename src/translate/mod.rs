@@ -488,6 +488,12 @@ impl Translator {
         Some(hosts)
     }
 
+    /// Whether every change since the proxy's last translation is to an
+    /// AuthorizationPolicy.
+    fn authz_only(&self, prev: &Previous, applied: &Applied) -> bool {
+        self.changes(prev, applied).iter().all(|(key, _, _)| key.kind == crate::model::Kind::AuthorizationPolicy)
+    }
+
     /// Hosts whose endpoints changed, if every change since the proxy's last
     /// translation is to registry Instances of services that kept their
     /// shape: then only EDS changes (Pilot's incremental EDS). `None`
@@ -547,6 +553,22 @@ impl Translator {
     }
 }
 
+/// The previous config with its inbound listeners rebuilt (their RBAC
+/// filters are all an AuthorizationPolicy change can alter); clusters,
+/// endpoints, routes and outbound listeners are shared as they are.
+fn authz_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity) -> ProxyConfig {
+    let mut cfg = prev.config.clone();
+    cfg.revision = mesh.revision;
+    if let Some(sc) = scope::sidecar_for(mesh, proxy) {
+        let mut inbound = ProxyConfig::default();
+        inbound::sidecar_ingress(&mut inbound, mesh, proxy, sc);
+        for l in inbound.of(ResourceType::Listener).into_iter().flatten().map(|(_, l)| l.clone()) {
+            cfg.insert_shared(ResourceType::Listener, l);
+        }
+    }
+    cfg
+}
+
 /// The previous config with the load assignments of `hosts`' clusters
 /// rebuilt; clusters, listeners and routes are shared as they are.
 fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, hosts: &BTreeSet<String>) -> ProxyConfig {
@@ -588,6 +610,9 @@ impl Generator for Translator {
                 config.revision = applied.revision();
                 (config, p.rds.clone())
             }
+            // Only AuthorizationPolicies changed: only the inbound
+            // listeners (where the RBAC filters are) can differ.
+            (Some(p), ProxyKind::Sidecar) if self.authz_only(p, applied) => (authz_incremental(p, &mesh, proxy), p.rds.clone()),
             (Some(p), kind) => match self.endpoints_only_hosts(p, applied, &mesh) {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
                 None => match (kind, self.vs_only_hosts(p, applied)) {
