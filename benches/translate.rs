@@ -118,8 +118,11 @@ fn bench_authz(c: &mut Criterion) {
     for d in mesh_docs(false) {
         put(&mut state, d);
     }
-    put(&mut state, json!({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "client", "namespace": "default"},
-        "spec": {"workloadSelector": {"labels": {"app": "client"}}, "ingress": [{"port": {"number": 8080, "protocol": "HTTP", "name": "http"}, "defaultEndpoint": "127.0.0.1:18080"}]}}));
+    put(
+        &mut state,
+        json!({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "client", "namespace": "default"},
+        "spec": {"workloadSelector": {"labels": {"app": "client"}}, "ingress": [{"port": {"number": 8080, "protocol": "HTTP", "name": "http"}, "defaultEndpoint": "127.0.0.1:18080"}]}}),
+    );
     for i in 0..services() {
         put(&mut state, policy(i, "GET"));
     }

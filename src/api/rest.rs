@@ -167,8 +167,9 @@ async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap
             other => Ok(ApplyItem { resource: other, expected_revision: None }),
         })
         .collect::<Result<Vec<_>>>()?;
-    let (txn, warnings) = super::apply_txn(items)?;
+    let (txn, mut warnings) = super::apply_txn(items)?;
     caller.authorize_txn(Verb::Write, &txn)?;
+    warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
     let ok = caller.write(&node, Verb::Write, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
 }

@@ -487,6 +487,71 @@ impl Rule {
     }
 }
 
+/// A workload as the store knows it (a Sidecar's selector, a registry
+/// Instance, a WorkloadEntry, a Gateway's selector): enough to tell whether
+/// a policy can apply to anything.
+#[derive(Debug, Clone, Default)]
+pub struct Workload {
+    pub namespace: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Inbound ports, when known (a Sidecar's `ingress`), each with whether
+    /// it is HTTP.
+    pub ports: Vec<(u32, bool)>,
+}
+
+impl AuthorizationPolicy {
+    /// Apply-time warnings about a valid policy that cannot do what it
+    /// seems to: it selects no workload the store knows, or a rule can
+    /// never match on the inbound ports of the workloads it selects.
+    pub fn lint(&self, ns: &str, root_ns: &str, workloads: &[Workload]) -> Vec<String> {
+        let labels = self.selector.as_ref().map(|s| &s.match_labels);
+        let selected: Vec<&Workload> = workloads
+            .iter()
+            .filter(|w| (ns == root_ns || w.namespace == ns) && labels.is_none_or(|l| l.iter().all(|(k, v)| w.labels.get(k) == Some(v))))
+            .collect();
+        let mut out = Vec::new();
+        if selected.is_empty() {
+            let scope = if ns == root_ns { "in any namespace".to_string() } else { format!("in namespace {ns}") };
+            let what = labels.map_or("no workload".to_string(), |l| {
+                format!("no workload labelled {}", l.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
+            });
+            out.push(format!("spec.selector: selects nothing yet: {what} {scope} is known (Sidecar, Instance, WorkloadEntry or Gateway)"));
+            return out;
+        }
+        let ports: Vec<(u32, bool)> = selected.iter().flat_map(|w| w.ports.iter().copied()).collect();
+        if ports.is_empty() {
+            return out;
+        }
+        for (i, rule) in self.rules.iter().flatten().enumerate() {
+            let ops: Vec<&Operation> = rule.to.iter().flatten().filter_map(|t| t.operation.as_ref()).collect();
+            let listed: Vec<u32> = ops.iter().flat_map(|o| o.ports.iter()).filter_map(|p| p.parse().ok()).collect();
+            if !listed.is_empty() && !listed.iter().any(|p| ports.iter().any(|(q, _)| q == p)) {
+                let have: Vec<String> = ports.iter().map(|(p, _)| p.to_string()).collect();
+                out.push(format!("spec.rules[{i}]: can never match: the workloads it selects listen on port(s) {} only", have.join(", ")));
+                continue;
+            }
+            let http_fields = ops.iter().any(|o| {
+                !(o.hosts.is_empty()
+                    && o.not_hosts.is_empty()
+                    && o.methods.is_empty()
+                    && o.not_methods.is_empty()
+                    && o.paths.is_empty()
+                    && o.not_paths.is_empty())
+            }) || rule
+                .from
+                .iter()
+                .flatten()
+                .filter_map(|f| f.source.as_ref())
+                .any(|s| !s.request_principals.is_empty() || !s.not_request_principals.is_empty())
+                || rule.when.iter().any(|c| Attribute::parse(&c.key).is_ok_and(|a| a.http_only()));
+            if self.action() == Action::Allow && http_fields && ports.iter().all(|(_, http)| !http) {
+                out.push(format!("spec.rules[{i}]: can never match: it uses HTTP fields and the workloads it selects have TCP ports only"));
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::validate::{validate, FieldError};
@@ -559,6 +624,26 @@ mod tests {
         assert!(has(&e, "spec.targetRefs", "not supported"), "{e:?}");
         let e = errors(json!({"action": "ALLOW", "rules": [{"to": [{"operation": {"paths": ["/a*b"]}}]}]}));
         assert!(has(&e, "spec.rules[0].to[0].operation.paths[0]", "leading or a trailing"), "{e:?}");
+    }
+
+    #[test]
+    fn lint_finds_policies_that_cannot_apply() {
+        use super::{AuthorizationPolicy, Workload};
+        let web = Workload { namespace: "shop".into(), labels: [("app".into(), "web".into())].into(), ports: vec![(8080, true)] };
+        let db = Workload { namespace: "shop".into(), labels: [("app".into(), "db".into())].into(), ports: vec![(5432, false)] };
+        let p = |v: serde_json::Value| -> AuthorizationPolicy { serde_json::from_value(v).unwrap() };
+        let all = [web, db];
+        let w = p(json!({"selector": {"matchLabels": {"app": "nope"}}})).lint("shop", "istio-system", &all);
+        assert!(w[0].contains("selects nothing yet: no workload labelled app=nope in namespace shop"), "{w:?}");
+        assert!(p(json!({"rules": [{}]})).lint("shop", "istio-system", &all).is_empty());
+        let w =
+            p(json!({"selector": {"matchLabels": {"app": "web"}}, "rules": [{"to": [{"operation": {"ports": ["9090"]}}]}]})).lint("shop", "istio-system", &all);
+        assert!(w[0].contains("spec.rules[0]: can never match") && w[0].contains("8080"), "{w:?}");
+        let w =
+            p(json!({"selector": {"matchLabels": {"app": "db"}}, "rules": [{"to": [{"operation": {"methods": ["GET"]}}]}]})).lint("shop", "istio-system", &all);
+        assert!(w[0].contains("TCP ports only"), "{w:?}");
+        // Mesh-wide: any namespace.
+        assert!(p(json!({"selector": {"matchLabels": {"app": "web"}}})).lint("istio-system", "istio-system", &all).is_empty());
     }
 
     #[test]
