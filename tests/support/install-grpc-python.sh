@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the proxyless gRPC client the end-to-end tests use (Python
+# `grpcio`, pinned) into a venv under .cache/grpc-python/ in the repo
+# (gitignored), idempotently, and prints the venv's python.
+#
+#   export LODESTAR_GRPC_PYTHON="$(tests/support/install-grpc-python.sh)"
+#
+# When the venv already has the pinned version it does nothing else (no
+# pip, no network).
+set -euo pipefail
+
+VERSION="1.85.1"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+DIR="$ROOT/.cache/grpc-python"
+PY="$DIR/venv/bin/python"
+
+installed() {
+  local v
+  [ -x "$PY" ] && v="$("$PY" -c 'import grpc; print(grpc.__version__)' 2>/dev/null)" && [ "$v" = "$VERSION" ]
+}
+
+if ! installed; then
+  echo "installing grpcio==$VERSION into $DIR" >&2
+  PYTHON="${PYTHON:-python3}"
+  command -v "$PYTHON" >/dev/null || { echo "install-grpc-python: $PYTHON not found (python3 with venv and pip is required)" >&2; exit 1; }
+  if [ ! -x "$PY" ]; then
+    rm -rf "$DIR/venv"
+    "$PYTHON" -m venv "$DIR/venv" >&2
+  fi
+  "$PY" -m pip install --quiet --disable-pip-version-check "grpcio==$VERSION" >&2
+  installed || { echo "install-grpc-python: grpcio $VERSION did not install" >&2; exit 1; }
+fi
+
+echo "$PY"
