@@ -156,7 +156,11 @@ fn agent(api: &str, xds_servers: &str, dir: &Path) -> (Proc, PathBuf) {
 }
 
 /// The config: echo (v1 at .11, v2 at .12) with subsets; `x-canary: yes`
-/// goes to v2; the rest is split `v1_weight`/`100 - v1_weight`.
+/// goes to v2; `x-fault: abort` is aborted with UNAVAILABLE, `x-fault:
+/// delay` delayed 10 s under a 300 ms timeout; the rest is split
+/// `v1_weight`/`100 - v1_weight`. LB policies (least request → gRPC's
+/// round robin, ring hash), outlier detection and retries are there so a
+/// NACK of any of them would fail the test.
 fn config(ip: &dyn Fn(u8) -> String, v1_weight: u32) -> String {
     format!(
         r#"
@@ -177,9 +181,14 @@ kind: DestinationRule
 metadata: {{name: echo, namespace: shop}}
 spec:
   host: echo.shop.svc.cluster.local
+  trafficPolicy:
+    loadBalancer: {{simple: LEAST_REQUEST}}
+    outlierDetection: {{consecutive5xxErrors: 5, interval: 10s, baseEjectionTime: 30s}}
   subsets:
   - {{name: v1, labels: {{version: v1}}}}
-  - {{name: v2, labels: {{version: v2}}}}
+  - name: v2
+    labels: {{version: v2}}
+    trafficPolicy: {{loadBalancer: {{consistentHash: {{httpHeaderName: x-user}}}}}}
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -190,6 +199,16 @@ spec:
   - name: canary
     match: [{{headers: {{x-canary: {{exact: "yes"}}}}}}]
     route: [{{destination: {{host: echo, subset: v2}}}}]
+    retries: {{attempts: 2, retryOn: "unavailable,cancelled"}}
+  - name: faulty
+    match: [{{headers: {{x-fault: {{exact: abort}}}}}}]
+    fault: {{abort: {{grpcStatus: UNAVAILABLE, percentage: {{value: 100}}}}}}
+    route: [{{destination: {{host: echo, subset: v1}}}}]
+  - name: slow
+    match: [{{headers: {{x-fault: {{exact: delay}}}}}}]
+    fault: {{delay: {{fixedDelay: 10s, percentage: {{value: 100}}}}}}
+    timeout: 300ms
+    route: [{{destination: {{host: echo, subset: v1}}}}]
   - name: split
     route:
     - {{destination: {{host: echo, subset: v1}}, weight: {w1}}}
@@ -230,12 +249,16 @@ async fn grpc_streams(c: &Cluster, live: &[u64]) -> Vec<(u64, Value)> {
     out
 }
 
-/// No stream of the client NACKed anything or failed to generate.
+/// Every stream of the client ACKed every type, NACKed nothing, and
+/// generated without error.
 async fn assert_no_nacks(c: &Cluster, live: &[u64]) {
     let streams = grpc_streams(c, live).await;
     assert!(!streams.is_empty(), "no gRPC client stream on replicas {live:?}");
     for (id, p) in streams {
         assert!(p["generate_error"].is_null(), "replica {id}: {p:#}");
+        for t in ["LDS", "RDS", "CDS", "EDS"] {
+            assert!(p["types"][t]["acked_version"].is_string(), "replica {id}: the gRPC client never ACKed {t}: {p:#}");
+        }
         for (t, s) in p["types"].as_object().unwrap() {
             assert!(s["last_nack"].is_null(), "replica {id}: the gRPC client NACKed {t}: {:#}", s["last_nack"]);
         }
@@ -277,6 +300,14 @@ async fn weighted_split_and_header_route_through_lodestar() {
     // A short name the client's namespace may dial resolves too.
     let t = client.call("echo.shop:50051", "/lodestar.test.Echo/Call", &[("x-canary", "yes")], 10);
     assert_eq!(t.replies.get("v2 /lodestar.test.Echo/Call"), Some(&10), "{t:?}");
+
+    // Fault injection (gRFC A33) and the route timeout (A31, as
+    // max_stream_duration): the client sees the injected status, and the
+    // deadline the route sets.
+    let t = client.call(TARGET, "/lodestar.test.Echo/Call", &[("x-fault", "abort")], 10);
+    assert!(t.replies.is_empty() && t.errors.keys().all(|e| e.starts_with("UNAVAILABLE")) && t.errors.values().sum::<u64>() == 10, "{t:?}");
+    let t = client.call(TARGET, "/lodestar.test.Echo/Call", &[("x-fault", "delay")], 3);
+    assert!(t.replies.is_empty() && t.errors.keys().all(|e| e.starts_with("DEADLINE_EXCEEDED")) && t.errors.values().sum::<u64>() == 3, "{t:?}");
 
     // New weights reach the running client.
     apply(&c, 1, &config(&ip, 0)).await;

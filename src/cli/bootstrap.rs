@@ -281,7 +281,9 @@ pub fn grpc_bootstrap_files(args: &BootstrapArgs, xds_servers: &[String], ca_pem
             crate::tls::pki::write_file(&path, ca, false).with_context(|| format!("writing {}", path.display()))?;
             grpc_bootstrap(args, xds_servers, Some(dir))
         }
-        (Some(_), None) => bail!("--grpc: the replicas speak TLS and want a proxy credential; pass --cert-dir (a `lodestar agent --dir` with the workload certificate)"),
+        (Some(_), None) => {
+            bail!("--grpc: the replicas speak TLS and want a proxy credential; pass --cert-dir (a `lodestar agent --dir` with the workload certificate)")
+        }
         (None, Some(_)) => bail!("--grpc --cert-dir: no cluster CA to check the replicas with (pass --ca-file or a client config)"),
         (None, None) => grpc_bootstrap(args, xds_servers, None),
     }

@@ -38,8 +38,8 @@
 use super::cluster::{self, HTTP_PROTOCOL_OPTIONS};
 use super::listener::{http_connection_manager, Routes};
 use super::route::{self, RouteCtx, CORS_FILTER};
-use super::util::any;
 use super::scope;
+use super::util::any;
 use crate::mesh::{Mesh, Service};
 use crate::model::proxy::ProxyIdentity;
 use crate::xds::resources::{ProxyConfig, ResourceType, XdsResource};
@@ -76,11 +76,7 @@ pub fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
             // One API listener per name the service may be dialled by.
             let hcm = grpc_connection_manager(&name);
             for alias in domains.iter().filter(|d| d.ends_with(&format!(":{}", plan.port))) {
-                let l = Listener {
-                    name: alias.clone(),
-                    api_listener: Some(ApiListener { api_listener: Some(any(&hcm)) }),
-                    ..Default::default()
-                };
+                let l = Listener { name: alias.clone(), api_listener: Some(ApiListener { api_listener: Some(any(&hcm)) }), ..Default::default() };
                 cfg.insert(ResourceType::Listener, XdsResource::new(alias.clone(), &l));
             }
         }
@@ -146,4 +142,3 @@ fn grpc_cluster(mut c: Cluster) -> Option<Cluster> {
     c.typed_extension_protocol_options.remove(HTTP_PROTOCOL_OPTIONS);
     Some(c)
 }
-
