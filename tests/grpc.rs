@@ -222,19 +222,7 @@ spec:
 }
 
 async fn apply(c: &Cluster, replica: u64, yaml: &str) -> u64 {
-    let r = c
-        .http
-        .post(format!("{}/v1/apply", c.replica(replica).api()))
-        .header("content-type", "application/yaml")
-        .body(yaml.to_string())
-        .timeout(Duration::from_secs(15))
-        .send()
-        .await
-        .expect("apply");
-    let status = r.status().as_u16();
-    let body: Value = r.json().await.unwrap_or(Value::Null);
-    assert_eq!(status, 200, "apply: {body:#}");
-    body["revision"].as_u64().unwrap()
+    common::mesh::apply_yaml(&c.http, &c.replica(replica).api(), yaml).await
 }
 
 /// The client's streams on every live replica: (replica id, its status).
