@@ -258,8 +258,10 @@ fn prefix(c: &Cluster) -> String {
     ip[..ip.rfind('.').unwrap()].to_string()
 }
 
-/// A weighted split observed over 1,000 calls, a header-match route, and a
-/// change of weights picked up by the running client; zero NACKs.
+/// A weighted split observed over 1,000 calls, a header-match route, fault
+/// injection and a route timeout, a change of weights picked up by the
+/// running client; zero NACKs. Then a client claiming another namespace
+/// with the same certificate is refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn weighted_split_and_header_route_through_lodestar() {
     let c = Cluster::start(1, "").await;
@@ -302,6 +304,25 @@ async fn weighted_split_and_header_route_through_lodestar() {
     client.wait_for(TARGET, &[], "all to v2", |t| t.errors.is_empty() && t.replies.keys().all(|k| k.starts_with("v2 ")));
     assert_no_nacks(&c, &[1]).await;
     drop(client);
+
+    // The workload certificate of shop/client is no credential for a client
+    // claiming namespace bank: its stream is refused (PERMISSION_DENIED),
+    // so it gets no config and its calls fail.
+    let certs = dir.path().join("certs");
+    let (ok, out, err) = cli(
+        &c.replica(1).api(),
+        &["bootstrap", "--grpc", "--name", "client", "--namespace", "bank", "--xds-servers", &c.replica(1).xds_addr(), "--cert-dir", certs.to_str().unwrap()],
+    );
+    assert!(ok, "bootstrap --grpc: {err}");
+    let other = dir.path().join("bank-bootstrap.json");
+    std::fs::write(&other, out).unwrap();
+    let mut intruder = Client::start(&other, dir.path().join("intruder.log"));
+    let t = intruder.call(TARGET, "/lodestar.test.Echo/Call", &[], 3);
+    assert!(t.replies.is_empty() && t.errors.values().sum::<u64>() == 3, "{t:?}");
+    let syncz = common::mesh::syncz(&c.http, &c.replica(1).api()).await;
+    let refused =
+        syncz["refused"].as_array().unwrap().iter().any(|x| x["code"] == "permission_denied" && x["proxy"].as_str().is_some_and(|id| id.contains(".bank~")));
+    assert!(refused, "{syncz:#}");
 }
 
 /// A DNS server on loopback (UDP) that answers A queries for `name` with
