@@ -13,6 +13,8 @@ VERSION="1.85.1"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 DIR="$ROOT/.cache/grpc-python"
 PY="$DIR/venv/bin/python"
+# shellcheck source=tests/support/pip-venv.sh
+. "$ROOT/tests/support/pip-venv.sh"
 
 installed() {
   local v
@@ -20,14 +22,7 @@ installed() {
 }
 
 if ! installed; then
-  echo "installing grpcio==$VERSION into $DIR" >&2
-  PYTHON="${PYTHON:-python3}"
-  command -v "$PYTHON" >/dev/null || { echo "install-grpc-python: $PYTHON not found (python3 with venv and pip is required)" >&2; exit 1; }
-  if [ ! -x "$PY" ]; then
-    rm -rf "$DIR/venv"
-    "$PYTHON" -m venv "$DIR/venv" >&2
-  fi
-  "$PY" -m pip install --quiet --disable-pip-version-check "grpcio==$VERSION" >&2
+  pip_venv install-grpc-python "$DIR" "grpcio==$VERSION"
   installed || { echo "install-grpc-python: grpcio $VERSION did not install" >&2; exit 1; }
 fi
 
