@@ -44,6 +44,9 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: AgentArgs) -> Resu
     };
     let socket = args.sds_socket.clone().unwrap_or_else(|| args.dir.join("sds.sock"));
     let socket = if socket.is_absolute() { socket } else { std::env::current_dir()?.join(socket) };
+    if args.proxy.grpc && (args.bootstrap.is_none() || args.proxy.cert_dir.is_some()) {
+        bail!("--grpc: the agent writes a gRPC bootstrap to --bootstrap FILE, using its own --dir as the certificate directory (no --cert-dir)");
+    }
     if let (Some(path), true) = (&args.bootstrap, args.proxy.grpc) {
         // A proxyless gRPC application: its bootstrap names the files this
         // agent keeps (the workload certificate as its client certificate).
