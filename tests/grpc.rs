@@ -155,7 +155,7 @@ fn agent(api: &str, xds_servers: &str, dir: &Path) -> (Proc, PathBuf) {
     (proc, bootstrap)
 }
 
-/// The config: echo (v1 at .11, v2 at .12) with subsets; `x-canary: yes`
+/// The config: echo (v1 at .11, v2 at .12 and .13) with subsets; `x-canary: yes`
 /// goes to v2; `x-fault: abort` is aborted with UNAVAILABLE, `x-fault:
 /// delay` delayed 10 s under a 300 ms timeout; the rest is split
 /// `v1_weight`/`100 - v1_weight`. LB policies (least request → gRPC's
@@ -175,6 +175,7 @@ spec:
   endpoints:
   - {{address: {v1}, labels: {{version: v1}}}}
   - {{address: {v2}, labels: {{version: v2}}}}
+  - {{address: {v2b}, labels: {{version: v2}}}}
 ---
 apiVersion: networking.istio.io/v1
 kind: DestinationRule
@@ -216,6 +217,7 @@ spec:
 "#,
         v1 = ip(11),
         v2 = ip(12),
+        v2b = ip(13),
         w1 = v1_weight,
         w2 = 100 - v1_weight
     )
@@ -267,7 +269,7 @@ async fn weighted_split_and_header_route_through_lodestar() {
     let c = Cluster::start(1, "").await;
     let p = prefix(&c);
     let ip = |n: u8| format!("{p}.{n}");
-    let (_v1, _v2) = (server(&ip(11), "v1"), server(&ip(12), "v2"));
+    let _servers = [server(&ip(11), "v1"), server(&ip(12), "v2"), server(&ip(13), "v2-b")];
     apply(&c, 1, &config(&ip, 75)).await;
     let dir = tempfile::tempdir().unwrap();
     let (_agent, bootstrap) = agent(&c.replica(1).api(), &c.replica(1).xds_addr(), dir.path());
@@ -279,17 +281,30 @@ async fn weighted_split_and_header_route_through_lodestar() {
     let t = client.call(TARGET, "/lodestar.test.Echo/Call", &[], 1000);
     assert!(t.errors.is_empty(), "{t:?}");
     let v1 = t.replies.get(CALL).copied().unwrap_or(0);
-    let v2 = t.replies.get("v2 /lodestar.test.Echo/Call").copied().unwrap_or(0);
+    let v2: u64 = t.replies.iter().filter(|(k, _)| k.starts_with("v2")).map(|(_, n)| n).sum();
     println!("75/25 split over 1000 calls: v1 {v1}, v2 {v2}");
     assert_eq!(v1 + v2, 1000, "{t:?}");
     assert!((700..=800).contains(&v1), "v1 answered {v1} of 1000 (want 750 ± 50): {t:?}");
 
-    // The header route: all to v2, on any method.
+    // The header route: all to v2 (either of its two servers), on any method.
     let t = client.call(TARGET, "/lodestar.test.Echo/Other", &[("x-canary", "yes")], 200);
-    assert_eq!(t.replies.get("v2 /lodestar.test.Echo/Other"), Some(&200), "{t:?}");
+    assert!(t.errors.is_empty() && t.replies.keys().all(|k| k.starts_with("v2") && k.ends_with(" /lodestar.test.Echo/Other")), "{t:?}");
+    assert_eq!(t.replies.values().sum::<u64>(), 200, "{t:?}");
+    // Ring hash on x-user (the v2 subset's consistentHash, gRFC A42): each
+    // user sticks to one of the two v2 servers, and the users together use
+    // both.
+    let mut used = std::collections::BTreeSet::new();
+    // (Sixteen users on one server by chance: one run in 30,000.)
+    for i in 0..16 {
+        let user = format!("user-{i}");
+        let t = client.call(TARGET, "/lodestar.test.Echo/Call", &[("x-canary", "yes"), ("x-user", &user)], 10);
+        assert!(t.errors.is_empty() && t.replies.len() == 1, "{user} went to more than one server: {t:?}");
+        used.extend(t.replies.keys().cloned());
+    }
+    assert_eq!(used.len(), 2, "sixteen users all hashed to one server: {used:?}");
     // A short name the client's namespace may dial resolves too.
     let t = client.call("echo.shop:50051", "/lodestar.test.Echo/Call", &[("x-canary", "yes")], 10);
-    assert_eq!(t.replies.get("v2 /lodestar.test.Echo/Call"), Some(&10), "{t:?}");
+    assert!(t.errors.is_empty() && t.replies.keys().all(|k| k.starts_with("v2")) && t.replies.values().sum::<u64>() == 10, "{t:?}");
 
     // Fault injection (gRFC A33) and the route timeout (A31, as
     // max_stream_duration): the client sees the injected status, and the
@@ -301,7 +316,7 @@ async fn weighted_split_and_header_route_through_lodestar() {
 
     // New weights reach the running client.
     apply(&c, 1, &config(&ip, 0)).await;
-    client.wait_for(TARGET, &[], "all to v2", |t| t.errors.is_empty() && t.replies.keys().all(|k| k.starts_with("v2 ")));
+    client.wait_for(TARGET, &[], "all to v2", |t| t.errors.is_empty() && t.replies.keys().all(|k| k.starts_with("v2")));
     assert_no_nacks(&c, &[1]).await;
     drop(client);
 
@@ -393,7 +408,7 @@ async fn the_client_survives_the_loss_of_its_replica() {
     let mut c = Cluster::start(3, &format!("mesh_ca_dir = {:?}\ntls_hosts = [{NAME:?}]\n", mesh_ca.path())).await;
     let p = prefix(&c);
     let ip = |n: u8| format!("{p}.{n}");
-    let (_v1, _v2) = (server(&ip(11), "v1"), server(&ip(12), "v2"));
+    let _servers = [server(&ip(11), "v1"), server(&ip(12), "v2"), server(&ip(13), "v2-b")];
     apply(&c, 1, &config(&ip, 100)).await;
     let ips = c.replicas.iter().map(|r| r.ip.parse().unwrap()).collect();
     let (dns, _dns_task) = dns_server(&ip(53), NAME, ips).await;
@@ -430,7 +445,7 @@ async fn the_client_survives_the_loss_of_its_replica() {
     // reaches the running client.
     c.wait_for_leader(Duration::from_secs(20)).await;
     apply(&c, live[0], &config(&ip, 0)).await;
-    client.wait_for(TARGET, &[], "the change, from another replica", |t| t.errors.is_empty() && t.replies.keys().all(|k| k.starts_with("v2 ")));
+    client.wait_for(TARGET, &[], "the change, from another replica", |t| t.errors.is_empty() && t.replies.keys().all(|k| k.starts_with("v2")));
     let streams = grpc_streams(&c, &live).await;
     assert_eq!(streams.len(), 1, "one replica of {live:?} serves the client now: {streams:?}");
     assert_no_nacks(&c, &live).await;
