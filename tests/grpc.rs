@@ -49,9 +49,15 @@ impl Drop for Proc {
 
 /// A loopback gRPC server answering with `identity`.
 fn server(ip: &str, identity: &str) -> Proc {
+    server_with(ip, identity, &[])
+}
+
+/// The same, with more arguments (`flaky`: every other call fails).
+fn server_with(ip: &str, identity: &str, extra: &[&str]) -> Proc {
     let mut child = Command::new(python())
         .arg(support("server.py"))
         .args([ip, "50051", identity])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -227,6 +233,35 @@ async fn apply(c: &Cluster, replica: u64, yaml: &str) -> u64 {
     common::mesh::apply_yaml(&c.http, &c.replica(replica).api(), yaml).await
 }
 
+/// `flaky` (one server at .14) with `attempts` retries on `unavailable`.
+fn flaky_config(ip: &dyn Fn(u8) -> String, attempts: u32) -> String {
+    format!(
+        r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: flaky, namespace: shop}}
+spec:
+  hosts: [flaky.shop.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: 50051, name: grpc, protocol: GRPC}}]
+  endpoints: [{{address: {addr}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: flaky, namespace: shop}}
+spec:
+  hosts: [flaky]
+  http:
+  - route: [{{destination: {{host: flaky}}}}]
+    retries: {retries}
+"#,
+        addr = ip(14),
+        // Istio refuses retryOn with no attempts.
+        retries = if attempts == 0 { "{attempts: 0}".to_string() } else { format!("{{attempts: {attempts}, retryOn: unavailable}}") }
+    )
+}
+
 /// The client's streams on every live replica: (replica id, its status).
 async fn grpc_streams(c: &Cluster, live: &[u64]) -> Vec<(u64, Value)> {
     let mut out = Vec::new();
@@ -313,6 +348,21 @@ async fn weighted_split_and_header_route_through_lodestar() {
     assert!(t.replies.is_empty() && t.errors.keys().all(|e| e.starts_with("UNAVAILABLE")) && t.errors.values().sum::<u64>() == 10, "{t:?}");
     let t = client.call(TARGET, "/lodestar.test.Echo/Call", &[("x-fault", "delay")], 3);
     assert!(t.replies.is_empty() && t.errors.keys().all(|e| e.starts_with("DEADLINE_EXCEEDED")) && t.errors.values().sum::<u64>() == 3, "{t:?}");
+
+    // Retries (gRFC A44): a server failing every other call with
+    // UNAVAILABLE; no retries, and half the calls fail; three attempts on
+    // `unavailable`, and none does.
+    let _flaky = server_with(&ip(14), "flaky", &["flaky"]);
+    apply(&c, 1, &flaky_config(&ip, 0)).await;
+    let flaky = "flaky.shop.svc.cluster.local:50051";
+    let t = client.wait_for(flaky, &[], "the flaky service", |t| !t.replies.is_empty());
+    assert!(!t.errors.is_empty() && t.errors.keys().all(|e| e.starts_with("UNAVAILABLE")), "{t:?}");
+    let t = client.call(flaky, "/lodestar.test.Echo/Call", &[], 40);
+    assert_eq!((t.replies.values().sum::<u64>(), t.errors.values().sum::<u64>()), (20, 20), "{t:?}");
+    apply(&c, 1, &flaky_config(&ip, 3)).await;
+    client.wait_for(flaky, &[], "retried", |t| t.errors.is_empty());
+    let t = client.call(flaky, "/lodestar.test.Echo/Call", &[], 100);
+    assert_eq!(t.replies.get("flaky /lodestar.test.Echo/Call"), Some(&100), "{t:?}");
 
     // New weights reach the running client.
     apply(&c, 1, &config(&ip, 0)).await;
