@@ -120,10 +120,13 @@ fn incremental_equals_full() {
     let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
     // Two proxies that see the mesh the same way (they share a rebuilt
     // route table) and one whose labels differ (sourceLabels below).
-    let proxies: Vec<ProxyIdentity> = [("127.0.20.1", "productpage"), ("127.0.20.2", "productpage"), ("127.0.20.3", "details")]
+    let mut proxies: Vec<ProxyIdentity> = [("127.0.20.1", "productpage"), ("127.0.20.2", "productpage"), ("127.0.20.3", "details")]
         .iter()
         .map(|(ip, app)| ProxyIdentity::parse(&format!("sidecar~{ip}~{app}-v1.default~default.svc.cluster.local"), &json!({"LABELS": {"app": app}})).unwrap())
         .collect();
+    // And a proxyless gRPC client (its endpoint-only changes take the
+    // incremental EDS path too).
+    proxies.push(ProxyIdentity::parse("sidecar~127.0.20.4~grpc-client.default~default.svc.cluster.local", &json!({"GENERATOR": "grpc"})).unwrap());
     let translator = Translator::new(MeshConfig::default());
     for proxy in &proxies {
         translator.generate(proxy, &base).unwrap();

@@ -11,6 +11,7 @@
 //! - `l4`: VirtualService `tls` and `tcp` routes → SNI/address filter chains.
 //! - `inbound`: Sidecar ingress → inbound listeners and clusters.
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
+//! - `grpc`: proxyless gRPC clients → API listeners, routes, clusters.
 //! - `tls`: TLS contexts (gateway termination, DestinationRule origination).
 
 pub mod authz;
@@ -18,6 +19,7 @@ pub mod cluster;
 pub mod encode;
 pub mod explain;
 pub mod gateway;
+pub mod grpc;
 pub mod inbound;
 pub mod intern;
 pub mod l4;
@@ -156,6 +158,7 @@ fn translate_with_parts(mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&Clust
     match proxy.kind {
         ProxyKind::Sidecar => sidecar(&mut cfg, &mut rds, mesh, proxy, cache),
         ProxyKind::Router => gateway::translate(&mut cfg, mesh, proxy, cache),
+        ProxyKind::Grpc => grpc::translate(&mut cfg, mesh, proxy),
     }
     (cfg, rds)
 }
