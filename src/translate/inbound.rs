@@ -15,7 +15,9 @@ use envoy_types::pb::envoy::config::route::v3::{
 };
 
 /// The inbound listeners and clusters of the Sidecar `sc` selecting `proxy`.
-pub fn sidecar_ingress(cfg: &mut ProxyConfig, _mesh: &Mesh, proxy: &ProxyIdentity, sc: &Config<Sidecar>) {
+pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, sc: &Config<Sidecar>) {
+    // RequestAuthentication: the same filters on every inbound HTTP port.
+    let first = super::jwt::jwt_filters(mesh, proxy);
     for ing in &sc.spec.ingress {
         let port = ing.port.number();
         let bind = ing.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
@@ -53,7 +55,7 @@ pub fn sidecar_ingress(cfg: &mut ProxyConfig, _mesh: &Mesh, proxy: &ProxyIdentit
                 }],
                 ..Default::default()
             };
-            listener::http_listener(&name, &bind, port, Routes::Inline(Box::new(rc)))
+            listener::http_listener_with(&name, &bind, port, Routes::Inline(Box::new(rc)), &first)
         } else {
             listener::tcp_listener(&name, &bind, port, vec![(cluster_name, 1)])
         };

@@ -1,0 +1,217 @@
+//! The key sets of RequestAuthentication `jwksUri`s, fetched by each
+//! replica on its own (not replicated: every replica fetches the same
+//! URLs and, with the same answers, serves the same bytes).
+//!
+//! Translation stays pure: what was fetched is an input to it, like the
+//! store's objects (`Mesh::jwks`, read from a shared `KeyCell`). This task
+//! is the only writer:
+//!
+//! - It watches the applied store state; the URIs wanted are those named
+//!   by a RequestAuthentication rule without an inline `jwks`. A new URI is
+//!   fetched at once; one no policy names any more is dropped.
+//! - Each URI is fetched again every `refresh` (Istio's 20 minutes,
+//!   `jwks_refresh_interval_s`). A failed fetch (network, HTTP status, a
+//!   body that is not a key set Envoy can load) keeps the last good set and
+//!   is retried with backoff (1 s doubling, at most `refresh`). A URI never
+//!   fetched has no set: translation serves `translate::jwt::UNFETCHED_JWKS`,
+//!   which verifies nothing, so that issuer's tokens get 401 (fail closed).
+//! - When a set changes (first fetch, rotation, a URI dropped) the cell is
+//!   replaced and the epoch channel bumped; every xDS stream then asks its
+//!   generator again at the same revision, which re-translates only the
+//!   proxies whose config holds a changed set (`Translator::generate`), and
+//!   the streams push only resources whose versions changed.
+//!
+//! https is verified against `jwks_ca_file`, or the system's CA bundle;
+//! a redirect from https to http is refused.
+
+use crate::metrics::metrics;
+use crate::model::istio::request_authentication::check_jwks;
+use crate::model::istio::Validated;
+use crate::model::{Kind, ResourceKey, TypedSpec};
+use crate::store::state::Objects;
+use crate::store::Applied;
+use crate::translate::jwt::{FetchedKeys, KeyCell};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Istio's default `timeout` of a jwtRule's fetch.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A key set larger than this is refused (they are a few kilobytes).
+const MAX_BODY: usize = 1 << 20;
+const SYSTEM_BUNDLES: [&str; 2] = ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"];
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub refresh: Duration,
+    /// PEM bundle of CAs for https; `None`: the system's.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// The HTTP client: rustls, verifying against the given or the system
+/// roots, no https → http redirects.
+pub fn client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Client, String> {
+    let file = match ca_file {
+        Some(f) => Some(f.to_path_buf()),
+        None => SYSTEM_BUNDLES.iter().map(PathBuf::from).find(|p| p.exists()),
+    };
+    let mut builder = reqwest::Client::builder().tcp_nodelay(true).redirect(reqwest::redirect::Policy::custom(|attempt| {
+        let downgraded = attempt.previous().iter().any(|u| u.scheme() == "https") && attempt.url().scheme() != "https";
+        if downgraded {
+            attempt.error("redirect from https to plaintext http refused")
+        } else if attempt.previous().len() > 5 {
+            attempt.error("too many redirects")
+        } else {
+            attempt.follow()
+        }
+    }));
+    match file {
+        Some(f) => {
+            let pem = std::fs::read(&f).map_err(|e| format!("jwks_ca_file {}: {e}", f.display()))?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| format!("jwks_ca_file {}: {e}", f.display()))? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        None => tracing::warn!("no CA bundle for https jwksUris (set jwks_ca_file): their fetches will fail and their tokens be rejected"),
+    }
+    builder.build().map_err(|e| format!("the jwksUri HTTP client: {e}"))
+}
+
+/// One fetch: a 2xx answer whose body is a key set Envoy can load.
+pub async fn fetch(client: &reqwest::Client, uri: &str, timeout: Duration) -> Result<String, String> {
+    let mut resp = client.get(uri).timeout(timeout).send().await.map_err(|e| format!("GET {uri}: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("GET {uri}: HTTP {}", resp.status()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| format!("GET {uri}: {e}"))? {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_BODY {
+            return Err(format!("GET {uri}: the key set is larger than {MAX_BODY} bytes"));
+        }
+    }
+    let text = String::from_utf8(body).map_err(|_| format!("GET {uri}: the body is not UTF-8"))?;
+    check_jwks(&text).map_err(|e| format!("GET {uri}: not a usable key set: {e}"))?;
+    Ok(text)
+}
+
+/// The URIs the store's RequestAuthentications want fetched, with the
+/// longest `timeout` any rule naming it gives.
+pub fn wanted(objects: &Objects) -> BTreeMap<String, Duration> {
+    let mut out: BTreeMap<String, Duration> = BTreeMap::new();
+    let start = ResourceKey::new(Kind::RequestAuthentication, "", "");
+    for (_, o) in objects.range(start..).take_while(|(k, _)| k.kind == Kind::RequestAuthentication) {
+        let Ok(typed) = o.typed() else { continue };
+        let TypedSpec::Istio(Validated::RequestAuthentication { spec, .. }) = typed.as_ref() else { continue };
+        for rule in spec.jwt_rules.iter().filter(|r| r.jwks.is_none()) {
+            let Some(uri) = &rule.jwks_uri else { continue };
+            let timeout = rule.timeout.as_ref().and_then(|t| t.to_std().ok()).unwrap_or(DEFAULT_TIMEOUT);
+            let e = out.entry(uri.clone()).or_insert(timeout);
+            *e = (*e).max(timeout);
+        }
+    }
+    out
+}
+
+struct Entry {
+    timeout: Duration,
+    due: Instant,
+    failures: u32,
+}
+
+/// Start the fetcher. The returned channel's value changes whenever the
+/// key sets in `keys` do.
+pub fn spawn(
+    mut applied: watch::Receiver<Arc<Applied>>,
+    keys: Arc<KeyCell>,
+    options: Options,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(watch::Receiver<u64>, tokio::task::JoinHandle<()>), String> {
+    let client = client(options.ca_file.as_deref())?;
+    let (epoch_tx, epoch_rx) = watch::channel(0u64);
+    let task = tokio::spawn(async move {
+        let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
+        let mut sets: BTreeMap<String, Arc<str>> = BTreeMap::new();
+        let mut seen: Option<Objects> = None;
+        let publish = |sets: &BTreeMap<String, Arc<str>>| {
+            keys.set(FetchedKeys { sets: sets.clone() });
+            epoch_tx.send_modify(|e| *e += 1);
+        };
+        loop {
+            // What the store wants, when a RequestAuthentication changed.
+            let current = applied.borrow_and_update().clone();
+            let objects = &current.state.objects;
+            let touched = match &seen {
+                None => true,
+                Some(before) => before.diff(objects).any(|d| d.key().kind == Kind::RequestAuthentication),
+            };
+            if touched {
+                let want = wanted(objects);
+                entries.retain(|uri, _| want.contains_key(uri));
+                for (uri, timeout) in &want {
+                    entries.entry(uri.clone()).or_insert(Entry { timeout: *timeout, due: Instant::now(), failures: 0 }).timeout = *timeout;
+                }
+                let before = sets.len();
+                sets.retain(|uri, _| want.contains_key(uri));
+                if sets.len() != before {
+                    publish(&sets);
+                }
+                metrics().jwks_uris.set(entries.len() as i64);
+            }
+            seen = Some(objects.clone());
+            drop(current);
+
+            let next = entries.values().map(|e| e.due).min();
+            let sleep = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                changed = applied.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                _ = sleep => {}
+            }
+            let now = Instant::now();
+            let due: Vec<(String, Duration)> = entries.iter().filter(|(_, e)| e.due <= now).map(|(u, e)| (u.clone(), e.timeout)).collect();
+            let results = futures::future::join_all(due.iter().map(|(uri, timeout)| fetch(&client, uri, *timeout))).await;
+            let mut changed = false;
+            for ((uri, _), result) in due.into_iter().zip(results) {
+                let Some(entry) = entries.get_mut(&uri) else { continue };
+                match result {
+                    Ok(text) => {
+                        metrics().jwks_fetch_success.inc();
+                        entry.failures = 0;
+                        entry.due = Instant::now() + options.refresh;
+                        if sets.get(&uri).is_none_or(|old| **old != *text) {
+                            tracing::info!(uri, "jwksUri: new key set");
+                            sets.insert(uri, Arc::from(text));
+                            changed = true;
+                        }
+                    }
+                    Err(e) => {
+                        metrics().jwks_fetch_fail.inc();
+                        let backoff = Duration::from_secs(1u64 << entry.failures.min(16)).min(options.refresh);
+                        entry.failures += 1;
+                        entry.due = Instant::now() + backoff;
+                        let kept = if sets.contains_key(&uri) { "keeping the last good key set" } else { "never fetched: its tokens are rejected" };
+                        tracing::warn!(uri, error = e, retry_in = ?backoff, "jwksUri fetch failed; {kept}");
+                    }
+                }
+            }
+            if changed {
+                publish(&sets);
+            }
+        }
+    });
+    Ok((epoch_rx, task))
+}
