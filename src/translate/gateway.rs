@@ -131,7 +131,7 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
     }
 
     // RequestAuthentication: the same filters on every gateway HTTP(S) port.
-    let first = super::jwt::jwt_filters(mesh, proxy);
+    let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().collect();
     for (port, plan) in ports {
         let bind = plan.servers.iter().find_map(|s| s.server.bind.clone()).filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
         let name = format!("{bind}_{port}");

@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::config::route::v3::{
 /// The inbound listeners and clusters of the Sidecar `sc` selecting `proxy`.
 pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, sc: &Config<Sidecar>) {
     // RequestAuthentication: the same filters on every inbound HTTP port.
-    let first = super::jwt::jwt_filters(mesh, proxy);
+    let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().collect();
     for ing in &sc.spec.ingress {
         let port = ing.port.number();
         let bind = ing.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());

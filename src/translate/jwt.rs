@@ -31,10 +31,8 @@ use crate::mesh::{Config, Mesh};
 use crate::model::istio::request_authentication::JwtRule;
 use crate::model::istio::RequestAuthentication;
 use crate::model::proxy::ProxyIdentity;
-use envoy_types::pb::envoy::config::common::mutation_rules::v3::{header_mutation, HeaderMutation as HeaderOp};
 use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource};
 use envoy_types::pb::envoy::config::route::v3::{route_match::PathSpecifier, RouteMatch};
-use envoy_types::pb::envoy::extensions::filters::http::header_mutation::v3::{HeaderMutation, Mutations};
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
     jwt_provider::JwksSourceSpecifier, jwt_requirement::RequiresType, requirement_rule::RequirementType, JwtAuthentication, JwtClaimToHeader, JwtHeader,
     JwtProvider, JwtRequirement, JwtRequirementOrList, RequirementRule,
@@ -46,7 +44,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 pub const JWT_AUTHN_FILTER: &str = "envoy.filters.http.jwt_authn";
-pub const HEADER_MUTATION_FILTER: &str = "envoy.filters.http.header_mutation";
 /// Where the verified payload goes in the dynamic metadata of
 /// `JWT_AUTHN_FILTER` (the convention the RBAC translation reads).
 pub const PAYLOAD_METADATA_KEY: &str = "payload";
@@ -132,36 +129,15 @@ fn provider(mesh: &Mesh, rule: &JwtRule) -> JwtProvider {
     }
 }
 
-/// The HTTP filters RequestAuthentication puts first in `proxy`'s inbound
-/// and gateway HTTP connection managers: none if no policy with rules
-/// selects it; else a header mutation removing client-supplied copies of
-/// the headers the filter writes (`outputPayloadToHeader`,
-/// `outputClaimToHeaders`: a request without a token would otherwise pass
-/// them upstream as if verified), then `jwt_authn`.
-pub fn jwt_filters(mesh: &Mesh, proxy: &ProxyIdentity) -> Vec<HttpFilter> {
+/// The `jwt_authn` filter RequestAuthentication puts first in `proxy`'s
+/// inbound and gateway HTTP connection managers, if a policy with rules
+/// selects it. (Envoy itself removes client-supplied copies of the headers
+/// the filter writes, `outputPayloadToHeader` and `outputClaimToHeaders`,
+/// token or not: `tests/jwt.rs` checks it on the real binary.)
+pub fn jwt_filter(mesh: &Mesh, proxy: &ProxyIdentity) -> Option<HttpFilter> {
     let rules: Vec<&JwtRule> = rules_for(mesh, proxy).collect();
     if rules.is_empty() {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    let written: BTreeSet<String> = rules
-        .iter()
-        .flat_map(|r| r.output_payload_to_header.iter().cloned().chain(r.output_claim_to_headers.iter().map(|c| c.header.clone())))
-        .map(|h| h.to_ascii_lowercase())
-        .collect();
-    if !written.is_empty() {
-        let strip = HeaderMutation {
-            mutations: Some(Mutations {
-                request_mutations: written.into_iter().map(|h| HeaderOp { action: Some(header_mutation::Action::Remove(h)) }).collect(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        out.push(HttpFilter {
-            name: HEADER_MUTATION_FILTER.into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(super::util::any(&strip))),
-            ..Default::default()
-        });
+        return None;
     }
     let providers: HashMap<String, JwtProvider> = rules.iter().enumerate().map(|(i, r)| (format!("origins-{i}"), provider(mesh, r))).collect();
     let mut names: Vec<String> = providers.keys().cloned().collect();
@@ -180,13 +156,7 @@ pub fn jwt_filters(mesh: &Mesh, proxy: &ProxyIdentity) -> Vec<HttpFilter> {
         bypass_cors_preflight: true,
         ..Default::default()
     };
-    out.push(HttpFilter { name: JWT_AUTHN_FILTER.into(), config_type: Some(http_filter::ConfigType::TypedConfig(jwt_authn_any(&config))), ..Default::default() });
-    out
-}
-
-/// Just the `jwt_authn` filter, if any policy selects `proxy`.
-pub fn jwt_filter(mesh: &Mesh, proxy: &ProxyIdentity) -> Option<HttpFilter> {
-    jwt_filters(mesh, proxy).into_iter().find(|f| f.name == JWT_AUTHN_FILTER)
+    Some(HttpFilter { name: JWT_AUTHN_FILTER.into(), config_type: Some(http_filter::ConfigType::TypedConfig(jwt_authn_any(&config))), ..Default::default() })
 }
 
 /// The filter config as an `Any`, encoded deterministically: the message
