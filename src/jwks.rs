@@ -215,3 +215,94 @@ pub fn spawn(
     });
     Ok((epoch_rx, task))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const KEYS: &str = r#"{"keys":[{"kty":"EC","crv":"P-256","kid":"k","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
+
+    /// An HTTPS server on 127.0.0.1 with a certificate from a CA made
+    /// here, answering every request with `response`; the CA's PEM.
+    async fn https_server(response: String) -> (std::net::SocketAddr, String) {
+        let (ca_cert, ca_key) = crate::tls::pki::new_ca("jwks test CA").unwrap();
+        let (cert, key) = crate::tls::pki::issue_member(&ca_cert, &ca_key, 1, &["127.0.0.1".to_string()]).unwrap();
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes()).collect::<Result<_, _>>().unwrap();
+        let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            // Bounded: the tests make a handful of connections.
+            for _ in 0..16 {
+                let Ok((tcp, _)) = listener.accept().await else { return };
+                let (acceptor, response) = (acceptor.clone(), response.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else { return };
+                    let mut buf = vec![0u8; 4096];
+                    let _ = tls.read(&mut buf).await;
+                    let _ = tls.write_all(response.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        (addr, ca_cert)
+    }
+
+    fn ok(body: &str) -> String {
+        format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
+    }
+
+    #[tokio::test]
+    async fn https_is_verified_against_the_configured_ca() {
+        let (addr, ca) = https_server(ok(KEYS)).await;
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, ca).unwrap();
+        let uri = format!("https://127.0.0.1:{}/jwks.json", addr.port());
+        let trusted = client(Some(&ca_file)).unwrap();
+        assert_eq!(fetch(&trusted, &uri, DEFAULT_TIMEOUT).await.unwrap(), KEYS);
+        // Another CA (here: the system's, or none): the handshake fails.
+        let (_, other_ca) = https_server(ok(KEYS)).await;
+        let other_file = dir.path().join("other.pem");
+        std::fs::write(&other_file, other_ca).unwrap();
+        let untrusted = client(Some(&other_file)).unwrap();
+        let err = fetch(&untrusted, &uri, DEFAULT_TIMEOUT).await.unwrap_err();
+        assert!(err.starts_with(&format!("GET {uri}")), "{err}");
+    }
+
+    #[tokio::test]
+    async fn bad_answers_and_downgrades_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        // Not a key set.
+        let (addr, ca) = https_server(ok(r#"{"keys": []}"#)).await;
+        std::fs::write(&ca_file, ca).unwrap();
+        let c = client(Some(&ca_file)).unwrap();
+        let err = fetch(&c, &format!("https://127.0.0.1:{}/", addr.port()), DEFAULT_TIMEOUT).await.unwrap_err();
+        assert!(err.contains("not a usable key set"), "{err}");
+        // An error status.
+        let (addr, ca) = https_server("HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into()).await;
+        std::fs::write(&ca_file, ca).unwrap();
+        let c = client(Some(&ca_file)).unwrap();
+        let err = fetch(&c, &format!("https://127.0.0.1:{}/", addr.port()), DEFAULT_TIMEOUT).await.unwrap_err();
+        assert!(err.contains("HTTP 404"), "{err}");
+        // A redirect from https to plaintext http.
+        let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let to = format!("http://127.0.0.1:{}/jwks.json", plain.local_addr().unwrap().port());
+        let (addr, ca) = https_server(format!("HTTP/1.1 302 Found\r\nlocation: {to}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")).await;
+        std::fs::write(&ca_file, ca).unwrap();
+        let c = client(Some(&ca_file)).unwrap();
+        let err = fetch(&c, &format!("https://127.0.0.1:{}/", addr.port()), DEFAULT_TIMEOUT).await.unwrap_err();
+        assert!(err.contains("redirect"), "{err}");
+    }
+}
