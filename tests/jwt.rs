@@ -281,3 +281,72 @@ spec:
     p.wait_synced_types(rev, &["CDS", "LDS"]).await;
     p.envoy.assert_no_rejections().await;
 }
+
+/// The same filter on an ingress gateway: a policy in the root namespace
+/// selecting the gateway by label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_authn_on_an_ingress_gateway() {
+    let fx = Fixture::start(1).await;
+    let echo = fx.upstream(11, "productpage").await;
+    let signer = Signer::new("gw");
+    let yaml = format!(
+        r#"
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {{name: productpage, namespace: default}}
+spec:
+  ports: [{{name: http, number: 9080}}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {{name: productpage-1, namespace: default}}
+spec: {{service: productpage, address: {ip}, port: {port}}}
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: gw, namespace: default}}
+spec:
+  selector: {{istio: ingressgateway}}
+  servers:
+  - port: {{number: 8080, name: http, protocol: HTTP}}
+    hosts: ["*"]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: productpage, namespace: default}}
+spec:
+  hosts: ["*"]
+  gateways: [gw]
+  http:
+  - route: [{{destination: {{host: productpage, port: {{number: 9080}}}}}}]
+---
+apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: ingress, namespace: istio-system}}
+spec:
+  selector:
+    matchLabels: {{istio: ingressgateway}}
+  jwtRules:
+  - issuer: gw-issuer
+    jwks: '{jwks}'
+"#,
+        ip = echo.addr.ip(),
+        port = echo.addr.port(),
+        jwks = jwks(&[&signer]),
+    );
+    let rev = fx.apply(&yaml).await;
+    let mut o = EnvoyOptions::new("ingressgateway", &fx.ip(2));
+    o.namespace = "istio-system".into();
+    o.node_type = "router".into();
+    o.labels = vec![("istio".into(), "ingressgateway".into())];
+    let p = fx.proxy(o, 1, rev).await;
+    let url = p.url(8080, "/echo");
+    until_status(&url, &[], 200, "the gateway routes").await;
+    let good = format!("Bearer {}", signer.token(&claims("gw-issuer", "any", now() + 3600)));
+    assert_eq!(call(&url, &[("authorization", &good)]).await.0, 200, "valid token");
+    let expired = format!("Bearer {}", signer.token(&claims("gw-issuer", "any", now() - 3600)));
+    assert_eq!(call(&url, &[("authorization", &expired)]).await.0, 401, "expired token");
+    let stranger = format!("Bearer {}", Signer::new("gw").token(&claims("gw-issuer", "any", now() + 3600)));
+    assert_eq!(call(&url, &[("authorization", &stranger)]).await.0, 401, "another key, same kid");
+    p.envoy.assert_no_rejections().await;
+}
