@@ -84,9 +84,7 @@ impl KeyCell {
 /// first).
 pub fn policies_for<'a>(mesh: &'a Mesh, proxy: &'a ProxyIdentity) -> impl Iterator<Item = &'a Arc<Config<RequestAuthentication>>> + 'a {
     let root = mesh.config.root_namespace.as_str();
-    mesh.request_authentications
-        .iter()
-        .filter(move |p| policy_selects(&p.key.namespace, p.spec.selector.as_ref().map(|s| &s.match_labels), root, proxy))
+    mesh.request_authentications.iter().filter(move |p| policy_selects(&p.key.namespace, p.spec.selector.as_ref().map(|s| &s.match_labels), root, proxy))
 }
 
 fn rules_for<'a>(mesh: &'a Mesh, proxy: &'a ProxyIdentity) -> impl Iterator<Item = &'a JwtRule> + 'a {

@@ -344,8 +344,7 @@ impl Translator {
     /// Whether the fetched key sets `proxy`'s config holds are the same in
     /// `mesh` as in the mesh its previous config was translated from.
     fn same_keys(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity) -> bool {
-        Arc::ptr_eq(&prev.mesh.jwks, &mesh.jwks)
-            || jwt::fetched_uris_for(mesh, proxy).iter().all(|u| prev.mesh.jwks.sets.get(u) == mesh.jwks.sets.get(u))
+        Arc::ptr_eq(&prev.mesh.jwks, &mesh.jwks) || jwt::fetched_uris_for(mesh, proxy).iter().all(|u| prev.mesh.jwks.sets.get(u) == mesh.jwks.sets.get(u))
     }
 
     fn route_step(&self, revision: u64, before: &Arc<XdsResource>, proxy: &ProxyIdentity) -> Option<(Arc<XdsResource>, RdsParts)> {

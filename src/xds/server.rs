@@ -99,7 +99,15 @@ pub struct ServeOptions {
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { fence: Arc::new(AlwaysCurrent), max_stream_age: None, fence_timeout: Duration::from_secs(5), latest: None, acl: None, mesh_ca: None, refresh: None }
+        ServeOptions {
+            fence: Arc::new(AlwaysCurrent),
+            max_stream_age: None,
+            fence_timeout: Duration::from_secs(5),
+            latest: None,
+            acl: None,
+            mesh_ca: None,
+            refresh: None,
+        }
     }
 }
 
