@@ -168,6 +168,19 @@ spec:
   - hosts: [./*]
     captureMode: NONE
 ---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {{name: sleep, namespace: default}}
+spec:
+  workloadSelector: {{labels: {{app: sleep}}}}
+  ingress:
+  - port: {{number: 8000, protocol: HTTP, name: http}}
+    defaultEndpoint: {echo}
+    captureMode: NONE
+  egress:
+  - hosts: [./*]
+    captureMode: NONE
+---
 apiVersion: security.istio.io/v1
 kind: RequestAuthentication
 metadata: {{name: httpbin, namespace: default}}
@@ -195,6 +208,13 @@ spec:
     o.labels = vec![("app".into(), "httpbin".into())];
     let p = fx.proxy_of_types(o, 1, rev, &["CDS", "LDS"]).await;
     let url = p.url(8000, "/echo");
+    // A workload no policy selects: new keys are never pushed to it.
+    let mut o = EnvoyOptions::new("sleep", &fx.ip(3));
+    o.labels = vec![("app".into(), "sleep".into())];
+    let sleep = fx.proxy_of_types(o, 1, rev, &["CDS", "LDS"]).await;
+    assert_eq!(call(&sleep.url(8000, "/echo"), &[("authorization", "Bearer not-a-jwt")]).await.0, 200, "no jwt_authn where no policy selects");
+    const LDS_UPDATES: &str = "listener_manager.lds.update_success";
+    let sleep_updates = sleep.stat(LDS_UPDATES).await;
 
     // No token: passes, and a client's own copies of the headers the
     // filter writes never reach the upstream.
@@ -253,9 +273,12 @@ spec:
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // The issuer serves key A: fetched, pushed, accepted.
+    // The issuer serves key A: fetched, pushed (at the same revision),
+    // accepted.
+    let updates = p.stat(LDS_UPDATES).await;
     issuer_server.set(jwks(&[&remote_a]));
     until_status(&url, &[("authorization", &remote_a_header)], 200, "a token of the fetched key").await;
+    assert!(p.stat(LDS_UPDATES).await > updates, "the new keys came as a listener update");
     assert!(metric(&fx, "pilot_jwks_resolver_network_fetch_success_total").await >= 1);
 
     // Rotation to key B: picked up at the next refresh; A's tokens no
@@ -277,9 +300,12 @@ spec:
     }
     assert_eq!(call(&url, &[("authorization", &remote_b_header)]).await.0, 200, "the last good key set is kept");
 
-    // Every config was accepted.
+    // Every config was accepted; the workload without a policy got none of
+    // these pushes.
     p.wait_synced_types(rev, &["CDS", "LDS"]).await;
     p.envoy.assert_no_rejections().await;
+    assert_eq!(sleep.stat(LDS_UPDATES).await, sleep_updates, "key changes were pushed to a proxy that holds no keys");
+    sleep.envoy.assert_no_rejections().await;
 }
 
 /// The same filter on an ingress gateway: a policy in the root namespace
