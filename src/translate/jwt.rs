@@ -28,14 +28,16 @@
 use super::encode::put_sorted_message_map;
 use super::scope::policy_selects;
 use crate::mesh::{Config, Mesh};
-use crate::model::istio::request_authentication::JwtRule;
+use crate::model::istio::request_authentication::{JwtRule, DEFAULT_SPACE_DELIMITED_CLAIMS};
 use crate::model::istio::RequestAuthentication;
 use crate::model::proxy::ProxyIdentity;
 use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource};
 use envoy_types::pb::envoy::config::route::v3::{route_match::PathSpecifier, RouteMatch};
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
-    jwt_provider::JwksSourceSpecifier, jwt_requirement::RequiresType, requirement_rule::RequirementType, JwtAuthentication, JwtClaimToHeader, JwtHeader,
-    JwtProvider, JwtRequirement, JwtRequirementOrList, RequirementRule,
+    jwt_provider::{JwksSourceSpecifier, NormalizePayload},
+    jwt_requirement::RequiresType,
+    requirement_rule::RequirementType,
+    JwtAuthentication, JwtClaimToHeader, JwtHeader, JwtProvider, JwtRequirement, JwtRequirementOrList, RequirementRule,
 };
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{http_filter, HttpFilter};
 use envoy_types::pb::google::protobuf::{Any, Empty};
@@ -119,6 +121,16 @@ fn provider(mesh: &Mesh, rule: &JwtRule) -> JwtProvider {
             .iter()
             .map(|c| JwtClaimToHeader { header_name: c.header.clone(), claim_name: c.claim.clone(), ..Default::default() })
             .collect(),
+        // As Istio: `scope`, `permission` and the rule's own
+        // space-delimited claims become lists in the metadata, so that
+        // `request.auth.claims[scope]` matches one scope among several.
+        normalize_payload_in_metadata: Some(NormalizePayload {
+            space_delimited_claims: DEFAULT_SPACE_DELIMITED_CLAIMS
+                .iter()
+                .map(|c| c.to_string())
+                .chain(rule.space_delimited_claims.iter().filter(|c| !DEFAULT_SPACE_DELIMITED_CLAIMS.contains(&c.as_str())).cloned())
+                .collect(),
+        }),
         jwks_source_specifier: Some(JwksSourceSpecifier::LocalJwks(DataSource {
             specifier: Some(data_source::Specifier::InlineString(jwks_of(mesh, rule))),
             ..Default::default()

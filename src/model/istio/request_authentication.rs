@@ -60,7 +60,16 @@ pub struct JwtRule {
     /// How long fetching `jwksUri` may take (Istio's default: 5 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
+    /// Claims whose value is a space-delimited string, split into a list
+    /// for authorization (besides `scope` and `permission`, always split).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub space_delimited_claims: Vec<String>,
 }
+
+/// The claims Istio always treats as space-delimited.
+pub const DEFAULT_SPACE_DELIMITED_CLAIMS: [&str; 2] = ["scope", "permission"];
+/// Istio's CRD bound on `spaceDelimitedClaims`.
+const MAX_SPACE_DELIMITED_CLAIMS: usize = 64;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -181,6 +190,16 @@ impl JwtRule {
         if let Some(t) = &self.timeout {
             check_duration(r, &at.field("timeout"), t);
         }
+        // The CRD's schema: at most 64 names, none empty.
+        let sdc_at = at.field("spaceDelimitedClaims");
+        if self.space_delimited_claims.len() > MAX_SPACE_DELIMITED_CLAIMS {
+            r.error(&sdc_at, format!("at most {MAX_SPACE_DELIMITED_CLAIMS} claims"));
+        }
+        for (i, c) in self.space_delimited_claims.iter().enumerate() {
+            if c.is_empty() {
+                r.error(&sdc_at.index(i), "claim name must be non-empty string");
+            }
+        }
     }
 }
 
@@ -280,7 +299,7 @@ mod tests {
                 {"issuer": "a", "jwks": "{\"keys\": []}", "audiences": [""]},
                 {"issuer": "b", "jwksUri": "https:///nohost", "fromHeaders": [{"name": ""}, {"name": "bad header"}], "fromParams": [""], "fromCookies": [""]},
                 {"issuer": "c", "jwks": JWKS, "outputClaimToHeaders": [{"header": "x-a"}, {"header": "bad header", "claim": "sub"}], "outputPayloadToHeader": "x y"},
-                {"issuer": "d", "jwks": JWKS, "timeout": "0.5ms"},
+                {"issuer": "d", "jwks": JWKS, "timeout": "0.5ms", "spaceDelimitedClaims": ["roles", ""]},
                 {"issuer": "e"}
             ]
         }));
@@ -298,6 +317,7 @@ mod tests {
         assert!(has("spec.jwtRules[3].outputClaimToHeaders[1].header", "not a valid header name"), "{e:?}");
         assert!(has("spec.jwtRules[3].outputPayloadToHeader", "not a valid header name"), "{e:?}");
         assert!(has("spec.jwtRules[4].timeout", "at least 1ms"), "{e:?}");
+        assert!(has("spec.jwtRules[4].spaceDelimitedClaims[1]", "non-empty"), "{e:?}");
         assert!(has("spec.jwtRules[5].jwksUri", "one of jwksUri or jwks"), "{e:?}");
     }
 
