@@ -141,7 +141,16 @@ async fn metric(fx: &Fixture, name: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jwt_authn_on_a_real_envoy() {
+async fn jwt_authn_on_a_real_envoy_sotw() {
+    jwt_authn_on_a_real_envoy(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_authn_on_a_real_envoy_delta() {
+    jwt_authn_on_a_real_envoy(true).await;
+}
+
+async fn jwt_authn_on_a_real_envoy(delta: bool) {
     common::envoy::envoy_binary();
     // Fetch jwksUris every second, so the test sees a rotation quickly.
     let cluster = Cluster::start(1, "jwks_refresh_interval_s = 1\n").await;
@@ -206,11 +215,13 @@ spec:
     let rev = fx.apply(&yaml).await;
     let mut o = EnvoyOptions::new("httpbin", &fx.ip(2));
     o.labels = vec![("app".into(), "httpbin".into())];
+    o.delta = delta;
     let p = fx.proxy_of_types(o, 1, rev, &["CDS", "LDS"]).await;
     let url = p.url(8000, "/echo");
     // A workload no policy selects: new keys are never pushed to it.
     let mut o = EnvoyOptions::new("sleep", &fx.ip(3));
     o.labels = vec![("app".into(), "sleep".into())];
+    o.delta = delta;
     let sleep = fx.proxy_of_types(o, 1, rev, &["CDS", "LDS"]).await;
     assert_eq!(call(&sleep.url(8000, "/echo"), &[("authorization", "Bearer not-a-jwt")]).await.0, 200, "no jwt_authn where no policy selects");
     const LDS_UPDATES: &str = "listener_manager.lds.update_success";
