@@ -75,7 +75,7 @@ pub fn client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Client, Stri
                 builder = builder.add_root_certificate(cert);
             }
         }
-        None => tracing::warn!("no CA bundle for https jwksUris (set jwks_ca_file): their fetches will fail and their tokens be rejected"),
+        None => tracing::info!("no CA bundle for https jwksUris (set jwks_ca_file): fetches from https issuers will fail and their tokens be rejected"),
     }
     builder.build().map_err(|e| format!("the jwksUri HTTP client: {e}"))
 }

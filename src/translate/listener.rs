@@ -58,7 +58,7 @@ pub fn http_listener(name: &str, ip: &str, port: u32, routes: Routes) -> Listene
 }
 
 /// An HTTP listener whose filter chain starts with `first` (security
-/// filters: `jwt::jwt_filters`), then the usual ones.
+/// filters: `jwt::jwt_filter`), then the usual ones.
 pub fn http_listener_with(name: &str, ip: &str, port: u32, routes: Routes, first: &[HttpFilter]) -> Listener {
     let mut hcm = http_connection_manager(name, routes);
     prepend_filters(&mut hcm, first);
@@ -79,14 +79,15 @@ pub struct TlsChain {
     pub route: String,
 }
 
-/// An HTTPS listener: a filter chain per TLS server. Nothing on it speaks
-/// plaintext: a connection that does not complete a TLS handshake with one
-/// of the chains is closed.
 /// Put `first` at the head of an HTTP connection manager's filters.
 pub fn prepend_filters(hcm: &mut HttpConnectionManager, first: &[HttpFilter]) {
     hcm.http_filters.splice(0..0, first.iter().cloned());
 }
 
+/// An HTTPS listener: a filter chain per TLS server, each HTTP connection
+/// manager starting with `first`. Nothing on it speaks plaintext: a
+/// connection that does not complete a TLS handshake with one of the
+/// chains is closed.
 pub fn https_listener(name: &str, ip: &str, port: u32, chains: Vec<TlsChain>, first: &[HttpFilter]) -> Listener {
     let listener_filters = tls_inspector_if(chains.iter().any(|c| !c.server_names.is_empty()));
     let filter_chains = chains

@@ -221,6 +221,12 @@ impl AdsService {
         // A new stream starts from the newest applied revision, not the
         // last debounced push: it has nothing to coalesce with.
         let current = self.shared.options.latest.as_ref().map_or_else(|| applied.borrow().clone(), |l| l.borrow().clone());
+        // Fetched inputs (JWT keys) seen from here on are in the first
+        // config; a change after this mark regenerates.
+        let refresh = self.shared.options.refresh.clone().map(|mut r| {
+            r.mark_unchanged();
+            r
+        });
         let config = generate(&self.shared.generator, &identity, current, &handle)
             .await
             .map_err(|e| Status::unavailable(format!("cannot generate the configuration of {}: {e}", identity.id)))?;
@@ -228,10 +234,6 @@ impl AdsService {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let max_age = self.shared.options.max_stream_age.map(|a| jittered(a, handle.stream()));
         let caller = self.shared.options.acl.as_ref().filter(|a| a.enabled).map(|_| Box::new(caller));
-        let refresh = self.shared.options.refresh.clone().map(|mut r| {
-            r.mark_unchanged();
-            r
-        });
         let stream = StreamTask { shared: self.shared.clone(), identity, handle, applied, tx, config, variant: V::default(), max_age, caller, refresh };
         // Requests come boxed (see `Requests::message`): an async fn keeps
         // room for its arguments for the future's whole life, and an
