@@ -31,11 +31,12 @@ use crate::model::{Kind, ResourceKey, TypedSpec};
 use crate::store::state::Objects;
 use crate::store::Applied;
 use crate::translate::jwt::{FetchedKeys, KeyCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 /// Istio's default `timeout` of a jwtRule's fetch.
@@ -120,6 +121,8 @@ struct Entry {
     timeout: Duration,
     due: Instant,
     failures: u32,
+    /// A fetch is in flight.
+    fetching: bool,
 }
 
 /// Start the fetcher. The returned channel's value changes whenever the
@@ -136,6 +139,10 @@ pub fn spawn(
         let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
         let mut sets: BTreeMap<String, Arc<str>> = BTreeMap::new();
         let mut seen: Option<Objects> = None;
+        // Fetches run on their own tasks, so a slow issuer (up to its
+        // rule's timeout) holds back neither the others nor new policies.
+        let mut fetching: JoinSet<Result<String, String>> = JoinSet::new();
+        let mut fetching_uri: HashMap<tokio::task::Id, String> = HashMap::new();
         let publish = |sets: &BTreeMap<String, Arc<str>>| {
             keys.set(FetchedKeys { sets: sets.clone() });
             epoch_tx.send_modify(|e| *e += 1);
@@ -152,7 +159,7 @@ pub fn spawn(
                 let want = wanted(objects);
                 entries.retain(|uri, _| want.contains_key(uri));
                 for (uri, timeout) in &want {
-                    entries.entry(uri.clone()).or_insert(Entry { timeout: *timeout, due: Instant::now(), failures: 0 }).timeout = *timeout;
+                    entries.entry(uri.clone()).or_insert(Entry { timeout: *timeout, due: Instant::now(), failures: 0, fetching: false }).timeout = *timeout;
                 }
                 let before = sets.len();
                 sets.retain(|uri, _| want.contains_key(uri));
@@ -164,14 +171,22 @@ pub fn spawn(
             seen = Some(objects.clone());
             drop(current);
 
-            let next = entries.values().map(|e| e.due).min();
+            // Start the fetches that are due.
+            let now = Instant::now();
+            for (uri, e) in entries.iter_mut().filter(|(_, e)| e.due <= now && !e.fetching) {
+                e.fetching = true;
+                let (client, u, timeout) = (client.clone(), uri.clone(), e.timeout);
+                let handle = fetching.spawn(async move { fetch(&client, &u, timeout).await });
+                fetching_uri.insert(handle.id(), uri.clone());
+            }
+            let next = entries.values().filter(|e| !e.fetching).map(|e| e.due).min();
             let sleep = async {
                 match next {
                     Some(at) => tokio::time::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
+            let (id, result) = tokio::select! {
                 _ = shutdown.wait_for(|s| *s) => return,
                 changed = applied.changed() => {
                     if changed.is_err() {
@@ -179,37 +194,35 @@ pub fn spawn(
                     }
                     continue;
                 }
-                _ = sleep => {}
-            }
-            let now = Instant::now();
-            let due: Vec<(String, Duration)> = entries.iter().filter(|(_, e)| e.due <= now).map(|(u, e)| (u.clone(), e.timeout)).collect();
-            let results = futures::future::join_all(due.iter().map(|(uri, timeout)| fetch(&client, uri, *timeout))).await;
-            let mut changed = false;
-            for ((uri, _), result) in due.into_iter().zip(results) {
-                let Some(entry) = entries.get_mut(&uri) else { continue };
-                match result {
-                    Ok(text) => {
-                        metrics().jwks_fetch_success.inc();
-                        entry.failures = 0;
-                        entry.due = Instant::now() + options.refresh;
-                        if sets.get(&uri).is_none_or(|old| **old != *text) {
-                            tracing::info!(uri, "jwksUri: new key set");
-                            sets.insert(uri, Arc::from(text));
-                            changed = true;
-                        }
-                    }
-                    Err(e) => {
-                        metrics().jwks_fetch_fail.inc();
-                        let backoff = Duration::from_secs(1u64 << entry.failures.min(16)).min(options.refresh);
-                        entry.failures += 1;
-                        entry.due = Instant::now() + backoff;
-                        let kept = if sets.contains_key(&uri) { "keeping the last good key set" } else { "never fetched: its tokens are rejected" };
-                        tracing::warn!(uri, error = e, retry_in = ?backoff, "jwksUri fetch failed; {kept}");
+                _ = sleep => continue,
+                Some(done) = fetching.join_next_with_id(), if !fetching.is_empty() => match done {
+                    Ok((id, result)) => (id, result),
+                    Err(e) => (e.id(), Err(format!("the fetch task failed: {e}"))),
+                },
+            };
+            let Some(uri) = fetching_uri.remove(&id) else { continue };
+            // Dropped meanwhile (no policy names it any more): forget it.
+            let Some(entry) = entries.get_mut(&uri) else { continue };
+            entry.fetching = false;
+            match result {
+                Ok(text) => {
+                    metrics().jwks_fetch_success.inc();
+                    entry.failures = 0;
+                    entry.due = Instant::now() + options.refresh;
+                    if sets.get(&uri).is_none_or(|old| **old != *text) {
+                        tracing::info!(uri, "jwksUri: new key set");
+                        sets.insert(uri, Arc::from(text));
+                        publish(&sets);
                     }
                 }
-            }
-            if changed {
-                publish(&sets);
+                Err(e) => {
+                    metrics().jwks_fetch_fail.inc();
+                    let backoff = Duration::from_secs(1u64 << entry.failures.min(16)).min(options.refresh);
+                    entry.failures += 1;
+                    entry.due = Instant::now() + backoff;
+                    let kept = if sets.contains_key(&uri) { "keeping the last good key set" } else { "never fetched: its tokens are rejected" };
+                    tracing::warn!(uri, error = e, retry_in = ?backoff, "jwksUri fetch failed; {kept}");
+                }
             }
         }
     });
