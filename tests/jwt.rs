@@ -137,6 +137,26 @@ async fn until_status(url: &str, headers: &[(&str, &str)], want: u16, what: &str
     }
 }
 
+/// A Sidecar for workloads labelled `app`: inbound HTTP on 8000 to `echo`.
+fn sidecar(app: &str, echo: std::net::SocketAddr) -> String {
+    format!(
+        r#"
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {{name: {app}, namespace: default}}
+spec:
+  workloadSelector: {{labels: {{app: {app}}}}}
+  ingress:
+  - port: {{number: 8000, protocol: HTTP, name: http}}
+    defaultEndpoint: {echo}
+    captureMode: NONE
+  egress:
+  - hosts: [./*]
+    captureMode: NONE
+"#
+    )
+}
+
 async fn metric(fx: &Fixture, name: &str) -> u64 {
     let text = fx.client.get(format!("{}/metrics", fx.api(1))).send().await.unwrap().text().await.unwrap();
     text.lines().find(|l| l.split_whitespace().next() == Some(name)).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()).unwrap_or(0.0) as u64
@@ -165,33 +185,8 @@ async fn jwt_authn_on_a_real_envoy(delta: bool) {
 
     // Phase 1: the policy. The remote issuer's server answers 503 for now.
     let yaml = format!(
-        r#"
-apiVersion: networking.istio.io/v1
-kind: Sidecar
-metadata: {{name: httpbin, namespace: default}}
-spec:
-  workloadSelector: {{labels: {{app: httpbin}}}}
-  ingress:
-  - port: {{number: 8000, protocol: HTTP, name: http}}
-    defaultEndpoint: {echo}
-    captureMode: NONE
-  egress:
-  - hosts: [./*]
-    captureMode: NONE
----
-apiVersion: networking.istio.io/v1
-kind: Sidecar
-metadata: {{name: sleep, namespace: default}}
-spec:
-  workloadSelector: {{labels: {{app: sleep}}}}
-  ingress:
-  - port: {{number: 8000, protocol: HTTP, name: http}}
-    defaultEndpoint: {echo}
-    captureMode: NONE
-  egress:
-  - hosts: [./*]
-    captureMode: NONE
----
+        r#"{httpbin}---
+{sleep}---
 apiVersion: security.istio.io/v1
 kind: RequestAuthentication
 metadata: {{name: httpbin, namespace: default}}
@@ -210,7 +205,8 @@ spec:
   - issuer: remote-issuer
     jwksUri: http://{jwks_addr}/jwks.json
 "#,
-        echo = echo.addr,
+        httpbin = sidecar("httpbin", echo.addr),
+        sleep = sidecar("sleep", echo.addr),
         inline_jwks = jwks(&[&inline]),
         jwks_addr = issuer_server.addr,
     );
