@@ -13,7 +13,9 @@
 
 use crate::model::istio::common::Protocol;
 use crate::model::istio::service_entry::{Location, Resolution as SeResolution};
-use crate::model::istio::{self, AuthorizationPolicy, DestinationRule, Gateway, ServiceEntry, Sidecar, Validated, VirtualService, WorkloadEntry};
+use crate::model::istio::{
+    self, AuthorizationPolicy, DestinationRule, Gateway, RequestAuthentication, ServiceEntry, Sidecar, Validated, VirtualService, WorkloadEntry,
+};
 use crate::model::registry::{protocol_from_name, HealthState, InstanceSpec, InstanceStatus, ServiceSpec};
 use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
 use crate::store::Applied;
@@ -182,6 +184,11 @@ pub struct Mesh {
     /// DestinationRules by exact host, and wildcard ones; oldest first.
     pub dr_by_host: imbl::OrdMap<String, Vec<Arc<Config<DestinationRule>>>>,
     pub dr_wildcard: Vec<Arc<Config<DestinationRule>>>,
+    /// RequestAuthentications, oldest first.
+    pub request_authentications: Vec<Arc<Config<RequestAuthentication>>>,
+    /// Key sets fetched from `jwksUri`s (`crate::jwks`): an input of
+    /// translation that is not in the store; replaced when they change.
+    pub jwks: Arc<crate::translate::jwt::FetchedKeys>,
 }
 
 impl Mesh {
@@ -222,7 +229,10 @@ impl Mesh {
             if key.kind.is_acl() {
                 continue;
             }
-            if !matches!(key.kind, Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar | Kind::AuthorizationPolicy) {
+            if !matches!(
+                key.kind,
+                Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar | Kind::AuthorizationPolicy | Kind::RequestAuthentication
+            ) {
                 return None;
             }
             changed.push((key, now));
@@ -241,6 +251,8 @@ impl Mesh {
             vs_wildcard: self.vs_wildcard.clone(),
             dr_by_host: self.dr_by_host.clone(),
             dr_wildcard: self.dr_wildcard.clone(),
+            request_authentications: self.request_authentications.clone(),
+            jwks: self.jwks.clone(),
         };
         for (key, _) in &changed {
             if let Some(old) = self.virtual_services.iter().find(|c| c.key == **key) {
@@ -256,6 +268,7 @@ impl Mesh {
             mesh.gateways.retain(|c| c.key != *key);
             mesh.sidecars.retain(|c| c.key != *key);
             mesh.authorization_policies.retain(|c| c.key != *key);
+            mesh.request_authentications.retain(|c| c.key != *key);
             mesh.skipped.retain(|(k, _)| k != key);
             let Some(obj) = now else { continue };
             match obj.typed().map(|t| t.as_ref()) {
@@ -272,6 +285,7 @@ impl Mesh {
                 Ok(TypedSpec::Istio(Validated::Gateway { spec, .. })) => mesh.gateways.push(to_config(obj, spec.as_ref())),
                 Ok(TypedSpec::Istio(Validated::Sidecar { spec, .. })) => mesh.sidecars.push(to_config(obj, spec.as_ref())),
                 Ok(TypedSpec::Istio(Validated::AuthorizationPolicy { spec, .. })) => mesh.authorization_policies.push(authz_config(obj, spec)),
+                Ok(TypedSpec::Istio(Validated::RequestAuthentication { spec, .. })) => mesh.request_authentications.push(to_config(obj, spec.as_ref())),
                 Ok(_) => {}
                 Err(e) => mesh.skipped.push((key.clone(), e.to_string())),
             }
@@ -281,6 +295,7 @@ impl Mesh {
         mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.sidecars.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.authorization_policies.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.request_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         Some(mesh)
     }
 
@@ -454,6 +469,7 @@ impl Mesh {
                 TypedSpec::Istio(Validated::AuthorizationPolicy { spec, .. }) => mesh.authorization_policies.push(authz_config(obj, spec)),
                 TypedSpec::Istio(Validated::ServiceEntry { spec, .. }) => entries.push((obj.clone(), spec.as_ref().clone())),
                 TypedSpec::Istio(Validated::WorkloadEntry { spec, .. }) => workloads.push((obj.clone(), spec.as_ref().clone())),
+                TypedSpec::Istio(Validated::RequestAuthentication { spec, .. }) => mesh.request_authentications.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Service(s) => declared.push((obj.clone(), s.clone())),
                 TypedSpec::Instance(i) => instances.push((obj.clone(), i.clone())),
                 TypedSpec::Lease(_) | TypedSpec::Acl(_) => {}
@@ -464,6 +480,7 @@ impl Mesh {
         mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.sidecars.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.authorization_policies.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.request_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
 
         let suffix = &config.domain_suffix;
         let mut services: BTreeMap<String, Service> = BTreeMap::new();

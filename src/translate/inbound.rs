@@ -20,6 +20,8 @@ use envoy_types::pb::envoy::config::route::v3::{
 pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, sc: &Config<Sidecar>) {
     // The AuthorizationPolicies selecting this workload guard every port.
     let authz = AuthzFilters::for_proxy(mesh, proxy);
+    // RequestAuthentication: the same filters on every inbound HTTP port.
+    let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().collect();
     for ing in &sc.spec.ingress {
         let port = ing.port.number();
         let bind = ing.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
@@ -57,7 +59,7 @@ pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity
                 }],
                 ..Default::default()
             };
-            listener::http_listener(&name, &bind, port, Routes::Inline(Box::new(rc)))
+            listener::http_listener_with(&name, &bind, port, Routes::Inline(Box::new(rc)), &first)
         } else {
             listener::tcp_listener(&name, &bind, port, vec![(cluster_name, 1)])
         };

@@ -15,6 +15,7 @@ use super::destination_rule::DestinationRule;
 use super::duration::Duration;
 use super::gateway::Gateway;
 use super::host;
+use super::request_authentication::RequestAuthentication;
 use super::service_entry::ServiceEntry;
 use super::sidecar::Sidecar;
 use super::virtual_service::VirtualService;
@@ -53,6 +54,7 @@ pub enum Validated {
     Sidecar { spec: Box<Sidecar>, warnings: Vec<String> },
     WorkloadEntry { spec: Box<WorkloadEntry>, warnings: Vec<String> },
     AuthorizationPolicy { spec: Box<AuthorizationPolicy>, warnings: Vec<String> },
+    RequestAuthentication { spec: Box<RequestAuthentication>, warnings: Vec<String> },
 }
 
 impl Validated {
@@ -66,6 +68,7 @@ impl Validated {
             Validated::Sidecar { .. } => "Sidecar",
             Validated::WorkloadEntry { .. } => "WorkloadEntry",
             Validated::AuthorizationPolicy { .. } => "AuthorizationPolicy",
+            Validated::RequestAuthentication { .. } => "RequestAuthentication",
         }
     }
 
@@ -78,6 +81,7 @@ impl Validated {
             | Validated::Sidecar { warnings, .. }
             | Validated::WorkloadEntry { warnings, .. }
             | Validated::AuthorizationPolicy { warnings, .. } => warnings,
+            Validated::RequestAuthentication { warnings, .. } => warnings,
         }
     }
 
@@ -91,12 +95,14 @@ impl Validated {
             Validated::Sidecar { spec, .. } => serde_json::to_value(spec),
             Validated::WorkloadEntry { spec, .. } => serde_json::to_value(spec),
             Validated::AuthorizationPolicy { spec, .. } => serde_json::to_value(spec),
+            Validated::RequestAuthentication { spec, .. } => serde_json::to_value(spec),
         }
     }
 }
 
 /// The kinds [`validate`] understands.
-pub const KINDS: [&str; 7] = ["VirtualService", "DestinationRule", "ServiceEntry", "Gateway", "Sidecar", "WorkloadEntry", "AuthorizationPolicy"];
+pub const KINDS: [&str; 8] =
+    ["VirtualService", "DestinationRule", "ServiceEntry", "Gateway", "Sidecar", "WorkloadEntry", "AuthorizationPolicy", "RequestAuthentication"];
 
 /// Parses and validates the `spec` of a `networking.istio.io` resource of
 /// the given kind (any API version: v1alpha3, v1beta1 and v1 share one
@@ -113,6 +119,7 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Validated, Vec<FieldError>> 
         "Sidecar" => run(spec, Sidecar::check).map(|(spec, warnings)| Validated::Sidecar { spec, warnings }),
         "WorkloadEntry" => run(spec, WorkloadEntry::check).map(|(spec, warnings)| Validated::WorkloadEntry { spec, warnings }),
         "AuthorizationPolicy" => run(spec, AuthorizationPolicy::check).map(|(spec, warnings)| Validated::AuthorizationPolicy { spec, warnings }),
+        "RequestAuthentication" => run(spec, RequestAuthentication::check).map(|(spec, warnings)| Validated::RequestAuthentication { spec, warnings }),
         other => Err(vec![FieldError { field: "kind".to_string(), reason: format!("unsupported kind {other:?}; expected one of {}", KINDS.join(", ")) }]),
     }
 }
