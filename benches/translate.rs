@@ -123,11 +123,15 @@ fn bench_authz(c: &mut Criterion) {
         json!({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "client", "namespace": "default"},
         "spec": {"workloadSelector": {"labels": {"app": "client"}}, "ingress": [{"port": {"number": 8080, "protocol": "HTTP", "name": "http"}, "defaultEndpoint": "127.0.0.1:18080"}]}}),
     );
+    let proxy = ProxyIdentity::parse("sidecar~127.0.0.2~client.default~default.svc.cluster.local", &json!({"LABELS": {"app": "client"}})).unwrap();
+    // The same mesh and Sidecar without the policies: what they add.
+    let without = Applied { state: state.clone(), ..Default::default() };
+    c.bench_function("authz_full_without_policies", |b| b.iter(|| Translator::new(MeshConfig::default()).generate(&proxy, &without).unwrap()));
     for i in 0..services() {
         put(&mut state, policy(i, "GET"));
     }
     let base = Applied { state, ..Default::default() };
-    let proxy = ProxyIdentity::parse("sidecar~127.0.0.2~client.default~default.svc.cluster.local", &json!({"LABELS": {"app": "client"}})).unwrap();
+    c.bench_function("authz_mesh_build", |b| b.iter(|| lodestar::mesh::Mesh::build(&base, std::sync::Arc::new(MeshConfig::default()))));
     c.bench_function("authz_full", |b| b.iter(|| Translator::new(MeshConfig::default()).generate(&proxy, &base).unwrap()));
     for (name, which) in [("authz_one_policy_selecting", 3), ("authz_one_policy_other", services() / 2)] {
         let translator = Translator::new(MeshConfig::default());
