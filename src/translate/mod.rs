@@ -11,6 +11,8 @@
 //! - `inbound`: Sidecar ingress → inbound listeners and clusters.
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
 //! - `tls`: TLS contexts (gateway termination, DestinationRule origination).
+//! - `mtls`: mutual TLS between Envoys (PeerAuthentication, ISTIO_MUTUAL,
+//!   auto-mTLS) with the workload certificates over SDS.
 
 pub mod cluster;
 pub mod encode;
@@ -19,6 +21,7 @@ pub mod inbound;
 pub mod intern;
 pub mod l4;
 pub mod listener;
+pub mod mtls;
 pub mod route;
 pub mod scope;
 pub mod tls;
@@ -59,14 +62,16 @@ pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -
 }
 
 /// Clusters and load assignments depend only on the service, the port,
-/// the subset and the DestinationRule that applies: shared by every proxy
+/// the subset, the DestinationRule that applies, and (mutual TLS) whether
+/// the proxy has a workload certificate and the PeerAuthentications
+/// (`UpstreamMtls::fingerprint`): shared by every proxy
 /// that gets the same ones (translate once per distinct input). Keyed by
 /// the identity of the service and rule objects, which a new mesh shares
 /// when they did not change; entries hold them, so an identity is never
 /// reused while its entry lives, and `prune` drops entries no mesh uses.
 #[derive(Default)]
 pub struct ClusterCache {
-    map: Mutex<std::collections::HashMap<(usize, usize, u32, String), CachedCluster>>,
+    map: Mutex<std::collections::HashMap<(usize, usize, u32, String, u64), CachedCluster>>,
 }
 
 struct CachedCluster {
@@ -93,6 +98,8 @@ impl ClusterCache {
 
 /// Clusters and endpoints for every port of every service in `services`.
 fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, services: &BTreeMap<String, Arc<Service>>, cache: Option<&ClusterCache>) {
+    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds };
+    let fingerprint = up.fingerprint();
     for svc in services.values() {
         let dr_config = destination_rule_for(mesh, &proxy.namespace, svc);
         let dr = dr_config.map(|d| &d.spec);
@@ -103,17 +110,19 @@ fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
         for port in &svc.ports {
             for subset in &subsets {
                 let build = || {
-                    let c = cluster::cluster(svc, port, *subset, dr);
+                    let c = cluster::cluster(svc, port, *subset, dr, &up);
+                    let auto = cluster::auto_mtls(svc, port.number, *subset, dr, &up);
                     let eds = c
                         .as_ref()
                         .filter(|c| is_eds(c))
-                        .map(|c| Arc::new(XdsResource::new(c.name.clone(), &cluster::load_assignment(&c.name, svc, port, *subset, dr))));
+                        .map(|c| Arc::new(XdsResource::new(c.name.clone(), &cluster::load_assignment(&c.name, svc, port, *subset, dr, auto))));
                     (c.map(|c| Arc::new(XdsResource::new(c.name.clone(), &c))), eds)
                 };
                 let (c, eds) = match cache {
                     None => build(),
                     Some(cache) => {
-                        let key = (Arc::as_ptr(svc) as usize, dr_config.map_or(0, |d| Arc::as_ptr(d) as usize), port.number, subset.unwrap_or("").to_string());
+                        let key =
+                            (Arc::as_ptr(svc) as usize, dr_config.map_or(0, |d| Arc::as_ptr(d) as usize), port.number, subset.unwrap_or("").to_string(), fingerprint);
                         let mut map = cache.map.lock().unwrap_or_else(|p| p.into_inner());
                         let e = map.entry(key).or_insert_with(|| {
                             let (cluster, eds) = build();
@@ -496,7 +505,9 @@ impl Translator {
         }
         for h in &hosts {
             match (prev.mesh.services.get(h), mesh.services.get(h)) {
-                (Some(a), Some(b)) if a.same_shape(b) => {}
+                // The clusters expect the service's identities (mutual
+                // TLS): a change to those is a cluster change.
+                (Some(a), Some(b)) if a.same_shape(b) && a.identities() == b.identities() => {}
                 _ => return None,
             }
         }
@@ -542,6 +553,7 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
     let mut cfg = prev.config.clone();
     cfg.revision = mesh.revision;
     let Some(eds) = prev.config.of(ResourceType::Endpoint) else { return cfg };
+    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds };
     // Only the clusters of the changed hosts: their names follow from the
     // service's ports and the subsets of its DestinationRule.
     for host in hosts {
@@ -552,7 +564,8 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
             for port in &svc.ports {
                 let name = outbound_cluster_name(port.number, subset.unwrap_or(""), host);
                 if eds.contains_key(&name) {
-                    cfg.insert(ResourceType::Endpoint, XdsResource::new(name.clone(), &cluster::load_assignment(&name, svc, port, subset, dr)));
+                    let auto = cluster::auto_mtls(svc, port.number, subset, dr, &up);
+                    cfg.insert(ResourceType::Endpoint, XdsResource::new(name.clone(), &cluster::load_assignment(&name, svc, port, subset, dr, auto)));
                 }
             }
         }

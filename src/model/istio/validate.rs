@@ -15,6 +15,7 @@ use super::duration::Duration;
 use super::gateway::Gateway;
 use super::host;
 use super::service_entry::ServiceEntry;
+use super::peer_authentication::PeerAuthentication;
 use super::sidecar::Sidecar;
 use super::virtual_service::VirtualService;
 use super::workload_entry::WorkloadEntry;
@@ -51,6 +52,7 @@ pub enum Validated {
     Gateway { spec: Box<Gateway>, warnings: Vec<String> },
     Sidecar { spec: Box<Sidecar>, warnings: Vec<String> },
     WorkloadEntry { spec: Box<WorkloadEntry>, warnings: Vec<String> },
+    PeerAuthentication { spec: Box<PeerAuthentication>, warnings: Vec<String> },
 }
 
 impl Validated {
@@ -63,6 +65,7 @@ impl Validated {
             Validated::Gateway { .. } => "Gateway",
             Validated::Sidecar { .. } => "Sidecar",
             Validated::WorkloadEntry { .. } => "WorkloadEntry",
+            Validated::PeerAuthentication { .. } => "PeerAuthentication",
         }
     }
 
@@ -73,7 +76,8 @@ impl Validated {
             | Validated::ServiceEntry { warnings, .. }
             | Validated::Gateway { warnings, .. }
             | Validated::Sidecar { warnings, .. }
-            | Validated::WorkloadEntry { warnings, .. } => warnings,
+            | Validated::WorkloadEntry { warnings, .. }
+            | Validated::PeerAuthentication { warnings, .. } => warnings,
         }
     }
 
@@ -86,12 +90,13 @@ impl Validated {
             Validated::Gateway { spec, .. } => serde_json::to_value(spec),
             Validated::Sidecar { spec, .. } => serde_json::to_value(spec),
             Validated::WorkloadEntry { spec, .. } => serde_json::to_value(spec),
+            Validated::PeerAuthentication { spec, .. } => serde_json::to_value(spec),
         }
     }
 }
 
 /// The kinds [`validate`] understands.
-pub const KINDS: [&str; 6] = ["VirtualService", "DestinationRule", "ServiceEntry", "Gateway", "Sidecar", "WorkloadEntry"];
+pub const KINDS: [&str; 7] = ["VirtualService", "DestinationRule", "ServiceEntry", "Gateway", "Sidecar", "WorkloadEntry", "PeerAuthentication"];
 
 /// Parses and validates the `spec` of a `networking.istio.io` resource of
 /// the given kind (any API version: v1alpha3, v1beta1 and v1 share one
@@ -107,6 +112,7 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Validated, Vec<FieldError>> 
         "Gateway" => run(spec, Gateway::check).map(|(spec, warnings)| Validated::Gateway { spec, warnings }),
         "Sidecar" => run(spec, Sidecar::check).map(|(spec, warnings)| Validated::Sidecar { spec, warnings }),
         "WorkloadEntry" => run(spec, WorkloadEntry::check).map(|(spec, warnings)| Validated::WorkloadEntry { spec, warnings }),
+        "PeerAuthentication" => run(spec, PeerAuthentication::check).map(|(spec, warnings)| Validated::PeerAuthentication { spec, warnings }),
         other => Err(vec![FieldError { field: "kind".to_string(), reason: format!("unsupported kind {other:?}; expected one of {}", KINDS.join(", ")) }]),
     }
 }
