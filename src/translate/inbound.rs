@@ -87,8 +87,9 @@ fn inbound_listener(name: &str, bind: &str, port: u32, mode: Inbound, trust_doma
         listener_filters: listener::tls_inspector_if(inspect),
         // A client that sends nothing first (a server-first protocol) is
         // not mesh TLS: after the inspector's timeout it gets the chain
-        // for plaintext (PERMISSIVE) or none (STRICT: closed).
-        continue_on_listener_filters_timeout: mode == Inbound::Permissive,
+        // for plaintext (PERMISSIVE) or none (STRICT: closed). The same in
+        // both modes, so a flip changes filter chains only.
+        continue_on_listener_filters_timeout: inspect,
         ..Default::default()
     }
 }
