@@ -195,7 +195,14 @@ async fn tcp_roundtrip(addr: &str) -> Result<(), String> {
 /// TCP to its echo) and the two services: `reviews` (port 9080: the mesh
 /// server with identity shop/reviews, and a legacy endpoint with none) and
 /// `echo` (9090, the mesh server only).
-fn mesh_yaml(p: &str, app: &Upstream, echo: std::net::SocketAddr, legacy: &Upstream) -> String {
+fn mesh_yaml(p: &str, app: &Upstream, echo: std::net::SocketAddr, legacy: Option<&Upstream>) -> String {
+    let legacy = legacy.map_or_else(String::new, |l| {
+        format!(
+            "---\napiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {{name: reviews-legacy, namespace: shop}}\nspec: {{service: reviews, address: {}, port: {}}}\n",
+            l.addr.ip(),
+            l.addr.port()
+        )
+    });
     format!(
         r#"
 apiVersion: networking.istio.io/v1
@@ -222,12 +229,7 @@ apiVersion: registry.lodestar.io/v1
 kind: Instance
 metadata: {{name: reviews-mesh, namespace: shop, labels: {{app: reviews}}}}
 spec: {{service: reviews, address: {p}.21, port: 9080, serviceAccount: reviews}}
----
-apiVersion: registry.lodestar.io/v1
-kind: Instance
-metadata: {{name: reviews-legacy, namespace: shop}}
-spec: {{service: reviews, address: {legacy_ip}, port: {legacy_port}}}
----
+{legacy}---
 apiVersion: registry.lodestar.io/v1
 kind: Service
 metadata: {{name: echo, namespace: shop}}
@@ -240,8 +242,6 @@ metadata: {{name: echo-mesh, namespace: shop, labels: {{app: reviews}}}}
 spec: {{service: echo, address: {p}.21, port: 9090, serviceAccount: reviews}}
 "#,
         app = app.addr,
-        legacy_ip = legacy.addr.ip(),
-        legacy_port = legacy.addr.port(),
     )
 }
 
@@ -297,7 +297,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     let app = Upstream::start("127.0.0.1", "reviews-mesh").await;
     let legacy = Upstream::start(&format!("{p}.22"), "reviews-legacy").await;
     let (echo, _echo_task) = tcp_echo("127.0.0.1").await;
-    let rev = apply(&api, &mesh_yaml(&p, &app, echo, &legacy)).await;
+    let rev = apply(&api, &mesh_yaml(&p, &app, echo, Some(&legacy))).await;
 
     let tmp = tempfile::tempdir().unwrap();
     let client = workload(tmp.path(), &api, &xds, "web", &client_ip, None).await;
@@ -459,4 +459,85 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
         }
     }
     let _ = (&client.agent, &server.agent);
+}
+
+/// Rotation under open connections: short-lived certificates rotate while
+/// a raw TCP stream (echo, through both Envoys over mutual TLS) and one
+/// HTTP/2 stream (a slow answer) stay open: no reset, the served serial
+/// changes `rotations` times on both sides, and no listener or cluster
+/// changes (LDS/CDS untouched). The suite runs it with a 10 s TTL and 3
+/// rotations; `rotation_long` (ignored) is the issue's 2 min x 5.
+async fn rotation_under_open_streams(ttl_s: u64, rotations: usize) {
+    let cluster = Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (api, xds) = (r.api(), r.xds_addr());
+    let p = common::loopback_prefix();
+    let (client_ip, server_ip) = (format!("{p}.20"), format!("{p}.21"));
+    let app = Upstream::start("127.0.0.1", "reviews-mesh").await;
+    let (echo, _echo_task) = tcp_echo("127.0.0.1").await;
+    let rev = apply(&api, &mesh_yaml(&p, &app, echo, None)).await;
+    let rev = apply(&api, &peer_auth("default", "  mtls: {mode: STRICT}")).await.max(rev);
+    let tmp = tempfile::tempdir().unwrap();
+    let ttl = format!("{ttl_s}s");
+    let client = workload(tmp.path(), &api, &xds, "web", &client_ip, Some(&ttl)).await;
+    let server = workload(tmp.path(), &api, &xds, "reviews", &server_ip, Some(&ttl)).await;
+    wait_synced(&api, rev).await;
+    let watched = ["listener_manager.lds.update_success", "cluster_manager.cds.update_success", "listener_manager.lds.version", "cluster_manager.cds.version",
+        "listener_manager.listener_modified", "listener_manager.listener_in_place_updated", "cluster_manager.cluster_modified"];
+    let pick = |m: &std::collections::BTreeMap<String, u64>| watched.iter().map(|k| (k.to_string(), m.get(*k).copied())).collect::<Vec<_>>();
+    let (client_before, server_before) = (pick(&client.stats().await), pick(&server.stats().await));
+
+    // The raw TCP stream.
+    let mut tcp = tokio::net::TcpStream::connect(format!("{client_ip}:9090")).await.unwrap();
+    echo_once(&mut tcp, b"first message over the stream\n").await.unwrap();
+    // The HTTP/2 stream: HTTP/1.1 to the client's Envoy (reqwest is built
+    // without h2 here), one HTTP/2 stream between the Envoys (the port is
+    // HTTP2) over mutual TLS, answered after about half the rotations.
+    app.set_delay(Duration::from_secs(ttl_s * rotations as u64 / 2));
+    let h2 = reqwest::Client::builder().no_proxy().build().unwrap();
+    let long = {
+        let url = format!("http://{client_ip}:9080/long/echo");
+        tokio::spawn(async move { h2.get(url).header("host", "reviews.shop.svc.cluster.local").send().await.map(|r| r.status().as_u16()) })
+    };
+
+    let mut seen = vec![(client.serving_serial().await.unwrap(), server.serving_serial().await.unwrap())];
+    let deadline = Instant::now() + Duration::from_secs(ttl_s * (rotations as u64 + 3));
+    let mut messages = 1;
+    while seen.iter().map(|(_, s)| s).collect::<std::collections::BTreeSet<_>>().len() <= rotations
+        || seen.iter().map(|(c, _)| c).collect::<std::collections::BTreeSet<_>>().len() <= rotations
+    {
+        assert!(Instant::now() < deadline, "{rotations} rotations not seen within the bound: {seen:?}\n{}\n{}", client.logs(), server.logs());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        echo_once(&mut tcp, format!("message {messages}\n").as_bytes()).await.unwrap_or_else(|e| panic!("the TCP stream broke after {messages} messages: {e}"));
+        messages += 1;
+        let now = (client.serving_serial().await.unwrap_or_default(), server.serving_serial().await.unwrap_or_default());
+        if seen.last() != Some(&now) {
+            seen.push(now);
+        }
+    }
+    assert_eq!(long.await.unwrap().expect("the HTTP/2 stream was not reset"), 200);
+    echo_once(&mut tcp, b"last message\n").await.expect("the TCP stream is still open");
+    eprintln!("rotation: ttl {ttl_s}s, serials seen (client, server): {seen:?}, {messages} messages on one TCP stream");
+    // The served serial changed on both sides; nothing but secrets changed.
+    assert_eq!(pick(&client.stats().await), client_before, "client: LDS/CDS untouched by rotation");
+    assert_eq!(pick(&server.stats().await), server_before, "server: LDS/CDS untouched by rotation");
+    let cx = |m: std::collections::BTreeMap<String, u64>, k: &str| m.iter().filter(|(n, _)| n.starts_with("cluster.outbound|") && n.ends_with(k)).map(|(_, v)| *v).sum::<u64>();
+    let stats = client.stats().await;
+    assert_eq!(cx(stats.clone(), ".upstream_cx_destroy"), 0, "no upstream connection closed across rotations");
+    assert_eq!(cx(stats, ".upstream_cx_total"), 2, "one connection each for the TCP and the HTTP/2 stream");
+    let s = server.stats().await;
+    assert!(s.get("sds.default.update_success").copied().unwrap_or(0) > rotations as u64, "{:?}", s.get("sds.default.update_success"));
+    let _ = (&client.agent, &server.agent);
+}
+
+#[tokio::test]
+async fn rotation_keeps_mutual_tls_streams_open() {
+    rotation_under_open_streams(10, 3).await;
+}
+
+/// The issue's measure: a 2 minute TTL and 5 rotations (about 6 minutes).
+#[tokio::test]
+#[ignore]
+async fn rotation_long() {
+    rotation_under_open_streams(120, 5).await;
 }
