@@ -559,7 +559,7 @@ mod tests {
             {"port": {"number": 5000, "name": "g", "protocol": "UDP"}, "hosts": ["*"]}
         ]}));
         assert!(has(&e, "spec.servers[0].tls.credentialName", "credentialName is not supported yet"), "{e:?}");
-        assert!(has(&e, "spec.servers[1].tls.mode", "ISTIO_MUTUAL is not supported yet"), "{e:?}");
+        assert!(has(&e, "spec.servers[1].tls.mode", "ISTIO_MUTUAL on a gateway is not supported yet"), "{e:?}");
         assert!(has(&e, "spec.servers[2].tls.mode", "terminating TLS on a TLS server (then routing TCP) is not supported yet"), "{e:?}");
         assert!(has(&e, "spec.servers[3].port.protocol", "protocol UDP on a gateway is not supported yet"), "{e:?}");
         assert!(e.iter().all(|e| !e.reason.contains("invalid")), "{e:?}");

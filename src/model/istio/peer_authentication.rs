@@ -145,6 +145,35 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn errors(v: serde_json::Value) -> Vec<(String, String)> {
+        match super::super::validate("PeerAuthentication", &v) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.into_iter().map(|e| (e.field, e.reason)).collect(),
+        }
+    }
+
+    #[test]
+    fn validation_mirrors_istio() {
+        assert!(errors(json!({})).is_empty(), "an empty policy is valid (PERMISSIVE)");
+        assert!(errors(json!({"mtls": {"mode": "STRICT"}})).is_empty());
+        assert!(errors(json!({"selector": {"matchLabels": {"app": "a"}}, "portLevelMtls": {"8080": {"mode": "DISABLE"}}})).is_empty());
+        let e = errors(json!({"portLevelMtls": {"8080": {"mode": "DISABLE"}}}));
+        assert!(e.iter().any(|(f, r)| f == "spec.portLevelMtls" && r.contains("cannot have port level mTLS")), "{e:?}");
+        let e = errors(json!({"selector": {"matchLabels": {}}, "portLevelMtls": {"8080": {}}}));
+        assert!(e.iter().any(|(f, _)| f == "spec.portLevelMtls"), "an empty selector is no workload selector: {e:?}");
+        let e = errors(json!({"selector": {"matchLabels": {"app": "a"}}, "portLevelMtls": {}}));
+        assert!(e.iter().any(|(f, r)| f == "spec.portLevelMtls" && r.contains("at least one element")), "{e:?}");
+        let e = errors(json!({"selector": {"matchLabels": {"app": "a"}}, "portLevelMtls": {"0": {}, "70000": {}}}));
+        assert!(e.iter().any(|(f, r)| f.contains("portLevelMtls") && f.contains('0') && r.contains("port cannot be 0")), "{e:?}");
+        assert!(e.iter().any(|(f, r)| f.contains("70000") && r.contains("1..65535")), "{e:?}");
+        let e = errors(json!({"mtls": {"mode": "OPTIONAL"}}));
+        assert!(e.iter().any(|(f, _)| f == "spec.mtls.mode"), "an unknown mode is refused: {e:?}");
+        let e = errors(json!({"mtls": {"mode": "STRICT", "extra": 1}}));
+        assert!(e.iter().any(|(f, _)| f.starts_with("spec.mtls")), "an unknown field is refused: {e:?}");
+        let e = errors(json!({"selector": {"matchLabels": {"app": "*"}}}));
+        assert!(e.iter().any(|(_, r)| r.contains("wildcard")), "{e:?}");
+    }
+
     fn pa(v: serde_json::Value) -> PeerAuthentication {
         serde_json::from_value(v).unwrap()
     }
