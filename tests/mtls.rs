@@ -251,12 +251,8 @@ fn peer_auth(name: &str, body: &str) -> String {
 
 /// GET through the client's Envoy (its egress listener for reviews:9080).
 async fn via_client(client_ip: &str, path: &str) -> Result<(u16, String), String> {
-    let r = plain()
-        .get(format!("http://{client_ip}:9080{path}"))
-        .header("host", "reviews.shop.svc.cluster.local")
-        .send()
-        .await
-        .map_err(|e| format!("{e:?}"))?;
+    let r =
+        plain().get(format!("http://{client_ip}:9080{path}")).header("host", "reviews.shop.svc.cluster.local").send().await.map_err(|e| format!("{e:?}"))?;
     let status = r.status().as_u16();
     Ok((status, r.text().await.unwrap_or_default()))
 }
@@ -311,7 +307,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     // id, the legacy one no client certificate; plaintext from outside the
     // mesh is served too.
     for i in 0..20 {
-        let (status, body) = via_client(&client_ip, &"/p1/echo").await.unwrap_or_else(|e| panic!("request {i}: {e}"));
+        let (status, body) = via_client(&client_ip, "/p1/echo").await.unwrap_or_else(|e| panic!("request {i}: {e}"));
         assert_eq!(status, 200, "request {i}: {body}\n{}", dump());
     }
     let mesh_seen = xfcc(&app, "/p1/echo");
@@ -368,7 +364,9 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
 
     // 4. portLevelMtls: the workload is STRICT but its TCP port 9090 DISABLE.
     delete(&api, "peerauthentication", "default").await;
-    let rev = apply(&api, &peer_auth("reviews", "  selector: {matchLabels: {app: reviews}}\n  mtls: {mode: STRICT}\n  portLevelMtls:\n    9090: {mode: DISABLE}")).await;
+    let rev =
+        apply(&api, &peer_auth("reviews", "  selector: {matchLabels: {app: reviews}}\n  mtls: {mode: STRICT}\n  portLevelMtls:\n    9090: {mode: DISABLE}"))
+            .await;
     wait_synced(&api, rev).await;
     assert!(plain().get(format!("http://{server_ip}:9080/p4-plain")).send().await.is_err(), "9080 is STRICT");
     tcp_roundtrip(&format!("{server_ip}:9090")).await.expect("9090 is DISABLE: plaintext");
@@ -482,8 +480,15 @@ async fn rotation_under_open_streams(ttl_s: u64, rotations: usize) {
     let client = workload(tmp.path(), &api, &xds, "web", &client_ip, Some(&ttl)).await;
     let server = workload(tmp.path(), &api, &xds, "reviews", &server_ip, Some(&ttl)).await;
     wait_synced(&api, rev).await;
-    let watched = ["listener_manager.lds.update_success", "cluster_manager.cds.update_success", "listener_manager.lds.version", "cluster_manager.cds.version",
-        "listener_manager.listener_modified", "listener_manager.listener_in_place_updated", "cluster_manager.cluster_modified"];
+    let watched = [
+        "listener_manager.lds.update_success",
+        "cluster_manager.cds.update_success",
+        "listener_manager.lds.version",
+        "cluster_manager.cds.version",
+        "listener_manager.listener_modified",
+        "listener_manager.listener_in_place_updated",
+        "cluster_manager.cluster_modified",
+    ];
     let pick = |m: &std::collections::BTreeMap<String, u64>| watched.iter().map(|k| (k.to_string(), m.get(*k).copied())).collect::<Vec<_>>();
     let (client_before, server_before) = (pick(&client.stats().await), pick(&server.stats().await));
 
@@ -521,7 +526,9 @@ async fn rotation_under_open_streams(ttl_s: u64, rotations: usize) {
     // The served serial changed on both sides; nothing but secrets changed.
     assert_eq!(pick(&client.stats().await), client_before, "client: LDS/CDS untouched by rotation");
     assert_eq!(pick(&server.stats().await), server_before, "server: LDS/CDS untouched by rotation");
-    let cx = |m: std::collections::BTreeMap<String, u64>, k: &str| m.iter().filter(|(n, _)| n.starts_with("cluster.outbound|") && n.ends_with(k)).map(|(_, v)| *v).sum::<u64>();
+    let cx = |m: std::collections::BTreeMap<String, u64>, k: &str| {
+        m.iter().filter(|(n, _)| n.starts_with("cluster.outbound|") && n.ends_with(k)).map(|(_, v)| *v).sum::<u64>()
+    };
     let stats = client.stats().await;
     assert_eq!(cx(stats.clone(), ".upstream_cx_destroy"), 0, "no upstream connection closed across rotations");
     assert_eq!(cx(stats, ".upstream_cx_total"), 2, "one connection each for the TCP and the HTTP/2 stream");

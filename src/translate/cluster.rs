@@ -1,9 +1,9 @@
 //! Services and DestinationRules → Envoy clusters (CDS) and their
 //! endpoints (EDS), named as Pilot names them: `outbound|PORT|SUBSET|HOST`.
 
+use super::mtls::{self, UpstreamMtls};
 use super::util::{ads_config_source, any, duration, istio_duration};
 use crate::mesh::{Health, Instance, Resolution, Service, ServicePort};
-use super::mtls::{self, UpstreamMtls};
 use crate::model::istio::destination_rule::{ClientTlsMode, ConnectionPoolSettings, LoadBalancerSettings, OutlierDetection, SimpleLb, TrafficPolicy};
 use crate::model::istio::DestinationRule;
 use envoy_types::pb::envoy::config::cluster::v3::{
@@ -315,7 +315,6 @@ pub fn load_assignment(
                     health_status: health(i.health),
                     load_balancing_weight: Some(UInt32Value { value: i.weight.max(1) }),
                     metadata: auto.filter(|a| a.endpoint_is_mesh(i, i.port_for(port))).map(|_| mtls::mesh_endpoint_metadata()),
-                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()

@@ -71,8 +71,11 @@ pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -
 /// reused while its entry lives, and `prune` drops entries no mesh uses.
 #[derive(Default)]
 pub struct ClusterCache {
-    map: Mutex<std::collections::HashMap<(usize, usize, u32, String, u64), CachedCluster>>,
+    map: Mutex<std::collections::HashMap<ClusterKey, CachedCluster>>,
 }
+
+/// Service and rule identities, port, subset, `UpstreamMtls::fingerprint`.
+type ClusterKey = (usize, usize, u32, String, u64);
 
 struct CachedCluster {
     svc: Arc<Service>,
@@ -121,8 +124,13 @@ fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
                 let (c, eds) = match cache {
                     None => build(),
                     Some(cache) => {
-                        let key =
-                            (Arc::as_ptr(svc) as usize, dr_config.map_or(0, |d| Arc::as_ptr(d) as usize), port.number, subset.unwrap_or("").to_string(), fingerprint);
+                        let key = (
+                            Arc::as_ptr(svc) as usize,
+                            dr_config.map_or(0, |d| Arc::as_ptr(d) as usize),
+                            port.number,
+                            subset.unwrap_or("").to_string(),
+                            fingerprint,
+                        );
                         let mut map = cache.map.lock().unwrap_or_else(|p| p.into_inner());
                         let e = map.entry(key).or_insert_with(|| {
                             let (cluster, eds) = build();

@@ -63,7 +63,11 @@ fn sds(name: &str) -> SdsSecretConfig {
 }
 
 fn uri_matcher(pattern: MatchPattern) -> SubjectAltNameMatcher {
-    SubjectAltNameMatcher { san_type: SanType::Uri as i32, matcher: Some(StringMatcher { match_pattern: Some(pattern), ignore_case: false }), ..Default::default() }
+    SubjectAltNameMatcher {
+        san_type: SanType::Uri as i32,
+        matcher: Some(StringMatcher { match_pattern: Some(pattern), ignore_case: false }),
+        ..Default::default()
+    }
 }
 
 /// The workload certificate, and peers validated against the mesh root
@@ -110,8 +114,7 @@ pub fn spiffe_id(trust_domain: &str, namespace: &str, service_account: &str) -> 
 
 /// The SPIFFE ids of a service's instances that have one, sorted.
 pub fn service_identities(svc: &Service, trust_domain: &str) -> Vec<String> {
-    let ids: BTreeSet<String> =
-        svc.instances.iter().filter_map(|i| i.service_account.as_deref().map(|sa| spiffe_id(trust_domain, &i.namespace, sa))).collect();
+    let ids: BTreeSet<String> = svc.instances.iter().filter_map(|i| i.service_account.as_deref().map(|sa| spiffe_id(trust_domain, &i.namespace, sa))).collect();
     ids.into_iter().collect()
 }
 

@@ -979,7 +979,11 @@ mod tests {
             json!({"host": "r", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL", "caCertificates": "/ca.pem"}, "portLevelSettings": [{"port": {"number": 80}, "tls": {"mode": "ISTIO_MUTUAL", "clientCertificate": "/c.pem"}}]},
             "subsets": [{"name": "a", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL", "credentialName": "c"}}}]}),
         );
-        assert!(validate("DestinationRule", &json!({"host": "r", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL", "sni": "x", "subjectAltNames": ["spiffe://td/ns/a/sa/b"]}}})).is_ok());
+        assert!(validate(
+            "DestinationRule",
+            &json!({"host": "r", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL", "sni": "x", "subjectAltNames": ["spiffe://td/ns/a/sa/b"]}}})
+        )
+        .is_ok());
         for field in ["spec.trafficPolicy.tls", "spec.trafficPolicy.portLevelSettings[0].tls", "spec.subsets[0].trafficPolicy.tls"] {
             assert!(has(&e, field, "If tls mode is ISTIO_MUTUAL"), "{field}: {e:?}");
         }
