@@ -184,18 +184,21 @@ impl UpstreamMtls<'_> {
     }
 }
 
+/// `tlsMode: istio`: what marks a mesh endpoint, and what the match reads.
+fn tls_mode_istio() -> Struct {
+    Struct { fields: [("tlsMode".to_string(), Value { kind: Some(ValueKind::StringValue("istio".into())) })].into_iter().collect() }
+}
+
 /// The metadata that marks an endpoint for the mutual TLS transport socket.
 pub fn mesh_endpoint_metadata() -> Metadata {
-    let fields = [("tlsMode".to_string(), Value { kind: Some(ValueKind::StringValue("istio".into())) })].into_iter().collect();
-    Metadata { filter_metadata: [(TRANSPORT_SOCKET_MATCH.to_string(), Struct { fields })].into_iter().collect(), ..Default::default() }
+    Metadata { filter_metadata: [(TRANSPORT_SOCKET_MATCH.to_string(), tls_mode_istio())].into_iter().collect(), ..Default::default() }
 }
 
 /// The `transport_socket_matches` entry for mesh endpoints.
 pub fn mesh_socket_match(sni: &str, sans: &[String]) -> envoy_types::pb::envoy::config::cluster::v3::cluster::TransportSocketMatch {
-    let fields = [("tlsMode".to_string(), Value { kind: Some(ValueKind::StringValue("istio".into())) })].into_iter().collect();
     envoy_types::pb::envoy::config::cluster::v3::cluster::TransportSocketMatch {
         name: "tlsMode-istio".into(),
-        r#match: Some(Struct { fields }),
+        r#match: Some(tls_mode_istio()),
         transport_socket: Some(super::tls::transport_socket(&upstream(sni, sans))),
     }
 }
