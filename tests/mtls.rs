@@ -498,7 +498,9 @@ async fn rotation_under_open_streams(ttl_s: u64, rotations: usize) {
     // The HTTP/2 stream: HTTP/1.1 to the client's Envoy (reqwest is built
     // without h2 here), one HTTP/2 stream between the Envoys (the port is
     // HTTP2) over mutual TLS, answered after about half the rotations.
-    app.set_delay(Duration::from_secs(ttl_s * rotations as u64 / 2));
+    // (At most 4 minutes: Envoy ends a stream idle for 5, its default
+    // stream_idle_timeout, rotation or not.)
+    app.set_delay(Duration::from_secs((ttl_s * rotations as u64 / 2).min(240)));
     let h2 = reqwest::Client::builder().no_proxy().build().unwrap();
     let long = {
         let url = format!("http://{client_ip}:9080/long/echo");
