@@ -272,6 +272,22 @@ async fn wait_no_draining(w: &Workload) {
     }
 }
 
+/// The bytes of a TLS ClientHello offering `alpn`.
+fn client_hello(alpn: &[&str]) -> Vec<u8> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|a| a.as_bytes().to_vec()).collect();
+    let name = rustls::pki_types::ServerName::try_from("reviews.shop").unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let mut out = Vec::new();
+    conn.write_tls(&mut out).unwrap();
+    out
+}
+
 /// A TLS stat of the client's reviews cluster (whichever transport socket
 /// recorded it), summed.
 async fn reviews_ssl(w: &Workload, suffix: &str) -> u64 {
@@ -331,6 +347,15 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
         panic!("TCP through both Envoys: {e}\nclient {:?}\nserver {:?}\n{}", pick(client.stats().await), pick(server.stats().await), dump());
     }
     tcp_roundtrip(&format!("{server_ip}:9090")).await.unwrap();
+    // An app's own TLS (no mesh ALPN) is plaintext to the server's Envoy:
+    // its ClientHello reaches the echo as bytes; one offering the mesh
+    // ALPN is answered by Envoy's TLS (a ServerHello, not the echo).
+    let app_hello = client_hello(&["h2"]);
+    let mut s = tokio::net::TcpStream::connect(format!("{server_ip}:9090")).await.unwrap();
+    echo_once(&mut s, &app_hello).await.expect("an app's TLS goes to the plaintext chain under PERMISSIVE");
+    let mesh_hello = client_hello(&["istio"]);
+    let mut s = tokio::net::TcpStream::connect(format!("{server_ip}:9090")).await.unwrap();
+    assert!(echo_once(&mut s, &mesh_hello).await.is_err(), "mesh TLS is terminated by the server's Envoy");
 
     // 2. STRICT for the namespace: plaintext is refused, mutual TLS served.
     let rev = apply(&api, &peer_auth("default", "  mtls: {mode: STRICT}")).await;

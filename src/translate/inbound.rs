@@ -10,8 +10,8 @@
 //! - STRICT: a `tls_inspector` and one chain for mesh TLS (transport `tls`,
 //!   a mesh ALPN), terminating it with the workload certificate and
 //!   requiring the client's; anything else matches no chain and is closed;
-//! - PERMISSIVE: the same mesh TLS chain, byte for byte, plus a plaintext
-//!   chain for everything else. Flipping PERMISSIVE and STRICT only adds or
+//! - PERMISSIVE: the same mesh TLS chain, byte for byte, plus chains that
+//!   pass everything else to the app as is (other TLS, and plaintext). Flipping PERMISSIVE and STRICT only adds or
 //!   removes the plaintext chain, so Envoy keeps the mutual TLS
 //!   connections open (an in-place filter chain update), and the server
 //!   accepts mutual TLS in both modes before any client sends it.
@@ -75,10 +75,20 @@ fn inbound_listener(name: &str, bind: &str, port: u32, mode: Inbound, trust_doma
         ..Default::default()
     };
     let plaintext_chain = || FilterChain { name: "plaintext".into(), filters: filters(false), ..Default::default() };
+    // TLS that is not the mesh's (an app's own) goes to the app as bytes.
+    // It needs a chain of its own: Envoy picks the most specific transport
+    // protocol first and does not fall back, so TLS without a mesh ALPN
+    // would match no chain at all.
+    let app_tls_chain = || FilterChain {
+        name: "app-tls".into(),
+        filter_chain_match: Some(FilterChainMatch { transport_protocol: "tls".into(), ..Default::default() }),
+        filters: filters(false),
+        ..Default::default()
+    };
     let (filter_chains, inspect) = match mode {
         Inbound::Plaintext | Inbound::Refused => (vec![plaintext_chain()], false),
         Inbound::Strict => (vec![mtls_chain()], true),
-        Inbound::Permissive => (vec![mtls_chain(), plaintext_chain()], true),
+        Inbound::Permissive => (vec![mtls_chain(), app_tls_chain(), plaintext_chain()], true),
     };
     Listener {
         name: name.to_string(),
