@@ -32,6 +32,9 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
         "envoy/extensions/transport_sockets/tls/v3/tls.proto",
         "envoy/extensions/filters/listener/tls_inspector/v3/tls_inspector.proto",
         "envoy/extensions/retry/host/previous_hosts/v3/previous_hosts.proto",
+        "envoy/extensions/filters/http/rbac/v3/rbac.proto",
+        "envoy/extensions/filters/network/rbac/v3/rbac.proto",
+        "envoy/extensions/path/match/uri_template/v3/uri_template_match.proto",
     ];
     let root = envoy_types_proto_dir()?;
     let includes: Vec<std::path::PathBuf> = ["data-plane-api", "xds", "googleapis", "protoc-gen-validate", "cel-spec", "opentelemetry-proto", "client_model"]

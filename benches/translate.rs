@@ -13,6 +13,14 @@
 //!   (the incremental path); `tls_vs_change_half_tls` a TLS one (listeners
 //!   change: the full path).
 //!
+//! - `authz_*`: the same 1,000-service mesh (HTTP) plus 1,000
+//!   AuthorizationPolicies (three rules each; 10 select the proxy, which
+//!   has a Sidecar ingress port, the others one service's workload each):
+//!   `authz_full` from cold, `authz_one_policy_selecting` after one of the
+//!   proxy's own policies changed (its inbound listener is rebuilt),
+//!   `authz_one_policy_other` after another workload's changed (nothing to
+//!   translate).
+//!
 //! cargo bench --bench translate   (LODESTAR_BENCH_SERVICES=2000 for another size)
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
@@ -89,6 +97,55 @@ type Change = Box<dyn Fn(u32) -> Value>;
 fn bench(c: &mut Criterion) {
     bench_mesh(c, false);
     bench_mesh(c, true);
+    bench_authz(c);
+}
+
+/// Policy `i`: selects `app: svc-i` (or the proxy, `app: client`, for the
+/// first ten), three rules (sources, operations, a header condition).
+fn policy(i: usize, method: &str) -> Value {
+    let app = if i < 10 { "client".to_string() } else { format!("svc-{i}") };
+    json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": format!("policy-{i}"), "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": app}}, "rules": [
+            {"from": [{"source": {"principals": [format!("cluster.local/ns/default/sa/caller-{i}")], "ipBlocks": ["10.0.0.0/8"]}}],
+             "to": [{"operation": {"methods": [method], "paths": [format!("/api/{i}/*")]}}]},
+            {"from": [{"source": {"namespaces": ["ops"]}}], "to": [{"operation": {"ports": ["8080"]}}]},
+            {"when": [{"key": "request.headers[x-tenant]", "values": [format!("tenant-{i}")]}]}]}})
+}
+
+fn bench_authz(c: &mut Criterion) {
+    let mut state = State::default();
+    for d in mesh_docs(false) {
+        put(&mut state, d);
+    }
+    put(
+        &mut state,
+        json!({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "client", "namespace": "default"},
+        "spec": {"workloadSelector": {"labels": {"app": "client"}}, "ingress": [{"port": {"number": 8080, "protocol": "HTTP", "name": "http"}, "defaultEndpoint": "127.0.0.1:18080"}]}}),
+    );
+    for i in 0..services() {
+        put(&mut state, policy(i, "GET"));
+    }
+    let base = Applied { state, ..Default::default() };
+    let proxy = ProxyIdentity::parse("sidecar~127.0.0.2~client.default~default.svc.cluster.local", &json!({"LABELS": {"app": "client"}})).unwrap();
+    c.bench_function("authz_full", |b| b.iter(|| Translator::new(MeshConfig::default()).generate(&proxy, &base).unwrap()));
+    for (name, which) in [("authz_one_policy_selecting", 3), ("authz_one_policy_other", services() / 2)] {
+        let translator = Translator::new(MeshConfig::default());
+        translator.generate(&proxy, &base).unwrap();
+        let mut current = base.state.clone();
+        let mut post = false;
+        c.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    post = !post;
+                    put(&mut current, policy(which, if post { "POST" } else { "GET" }));
+                    Applied { state: current.clone(), ..Default::default() }
+                },
+                |next| translator.generate(&proxy, &next).unwrap(),
+                BatchSize::LargeInput,
+            )
+        });
+    }
 }
 
 fn bench_mesh(c: &mut Criterion, half_tls: bool) {

@@ -334,6 +334,10 @@ spec:
     fault:
       abort: {httpStatus: 429, percentage: {value: 100}}
     route: [{destination: {host: ratings}}]
+  - match: [{uri: {prefix: /grpc}}]
+    fault:
+      abort: {grpcStatus: UNAVAILABLE, percentage: {value: 100}}
+    route: [{destination: {host: ratings}}]
   - match: [{uri: {prefix: /slow}}]
     fault:
       delay: {fixedDelay: 500ms, percentage: {value: 100}}
@@ -363,6 +367,13 @@ async fn fault_abort_and_delay() {
     assert!(all.iter().all(|r| r.status == 429), "{:?}", tally(&all));
     assert!(u.requests().iter().all(|q| q.path != "/all"));
 
+    // A gRPC status abort: Envoy answers a gRPC request as a gRPC server
+    // would (HTTP 200, grpc-status 14, UNAVAILABLE), and the upstream sees
+    // nothing.
+    let r = get(&fx.client, &p.url(9080, "/grpc"), "ratings", &[("content-type", "application/grpc")]).await;
+    assert_eq!((r.status, r.header("grpc-status")), (200, Some("14")), "{:?}", r.headers);
+    assert!(u.requests().iter().all(|q| q.path != "/grpc"));
+
     for i in 0..3 {
         let r = get(&fx.client, &p.url(9080, &format!("/slow/{i}")), "ratings", &[]).await;
         assert_eq!((r.status, r.body.as_str()), (200, "ratings-v1"));
@@ -371,7 +382,7 @@ async fn fault_abort_and_delay() {
         assert!(r.elapsed >= Duration::from_millis(480), "delayed by the fault: {:?}", r.elapsed);
     }
     let prefix = format!("http.{}_9080.fault", p.ip);
-    assert_eq!(p.stat(&format!("{prefix}.aborts_injected")).await, (aborted + 50) as u64);
+    assert_eq!(p.stat(&format!("{prefix}.aborts_injected")).await, (aborted + 51) as u64);
     assert_eq!(p.stat(&format!("{prefix}.delays_injected")).await, 3);
     p.envoy.assert_no_rejections().await;
 }

@@ -120,10 +120,13 @@ fn incremental_equals_full() {
     let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
     // Two proxies that see the mesh the same way (they share a rebuilt
     // route table) and one whose labels differ (sourceLabels below).
-    let proxies: Vec<ProxyIdentity> = [("127.0.20.1", "productpage"), ("127.0.20.2", "productpage"), ("127.0.20.3", "details")]
+    let mut proxies: Vec<ProxyIdentity> = [("127.0.20.1", "productpage"), ("127.0.20.2", "productpage"), ("127.0.20.3", "details")]
         .iter()
         .map(|(ip, app)| ProxyIdentity::parse(&format!("sidecar~{ip}~{app}-v1.default~default.svc.cluster.local"), &json!({"LABELS": {"app": app}})).unwrap())
         .collect();
+    // And a proxyless gRPC client (its endpoint-only changes take the
+    // incremental EDS path too).
+    proxies.push(ProxyIdentity::parse("sidecar~127.0.20.4~grpc-client.default~default.svc.cluster.local", &json!({"GENERATOR": "grpc"})).unwrap());
     let translator = Translator::new(MeshConfig::default());
     for proxy in &proxies {
         translator.generate(proxy, &base).unwrap();
@@ -367,4 +370,44 @@ fn mutual_tls_follows_identities_and_policies() {
     assert_eq!(eds_of(&third).matches("tlsMode").count(), 0, "DISABLE servers get plaintext: {}", eds_of(&third));
     let l = render(&third)["LDS"]["127.0.30.1_9080"].to_string();
     assert!(!l.contains("DownstreamTlsContext"), "the proxy's own inbound is plaintext under DISABLE");
+}
+
+/// AuthorizationPolicy changes: a policy selecting the proxy rebuilds its
+/// inbound listeners only (clusters, endpoints and routes are shared with
+/// the previous config as they are); one selecting another workload costs
+/// it nothing. Both equal a full translation.
+#[test]
+fn policy_changes_rebuild_inbound_listeners_only() {
+    use lodestar::translate::Translator;
+    use lodestar::xds::resources::Generator;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/authz-sidecar");
+    let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let proxy = ProxyIdentity::parse("sidecar~127.0.31.1~httpbin-1.foo~foo.svc.cluster.local", &json!({"LABELS": {"app": "httpbin"}})).unwrap();
+    let translator = Translator::new(MeshConfig::default());
+    let mut prev = translator.generate(&proxy, &base).unwrap();
+    let steps: Vec<(&str, bool)> = vec![
+        // Selects the proxy: its listeners change.
+        ("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: allow-reads, namespace: foo}\nspec:\n  rules: [{to: [{operation: {methods: [GET]}}]}]\n", true),
+        // Another workload's: nothing changes.
+        ("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: other-workload, namespace: foo}\nspec:\n  selector: {matchLabels: {app: other}}\n  rules: [{}]\n", false),
+        // A dry run of the proxy's own.
+        ("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: allow-reads, namespace: foo, annotations: {istio.io/dry-run: \"true\"}}\nspec:\n  rules: [{to: [{operation: {methods: [GET]}}]}]\n", true),
+    ];
+    let mut state = base.state.clone();
+    for (i, (yaml, selects)) in steps.into_iter().enumerate() {
+        let r = parse_resource(parse_documents(yaml, "change").unwrap().remove(0), "default").unwrap();
+        validate_spec(&r).unwrap();
+        state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.unwrap();
+        let applied = Applied { state: state.clone(), ..Default::default() };
+        let got = translator.generate(&proxy, &applied).unwrap();
+        let want = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), &proxy);
+        assert_eq!(render(&got), render(&want), "step {i}");
+        assert!(Arc::ptr_eq(&got.resources[&ResourceType::Cluster], &prev.resources[&ResourceType::Cluster]), "step {i}: clusters not shared");
+        if selects {
+            assert_ne!(render(&got)["LDS"], render(&prev)["LDS"], "step {i}: the listeners must change");
+        } else {
+            assert!(Arc::ptr_eq(&got.resources[&ResourceType::Listener], &prev.resources[&ResourceType::Listener]), "step {i}: listeners rebuilt");
+        }
+        prev = got;
+    }
 }

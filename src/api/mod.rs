@@ -387,6 +387,65 @@ pub fn apply_txn(items: Vec<ApplyItem>) -> Result<(Txn, Vec<String>)> {
     }
 }
 
+/// Apply-time warnings for AuthorizationPolicies that cannot do what they
+/// seem to (`AuthorizationPolicy::lint`): no workload the store knows (at
+/// `applied`, or written by `txn` itself) is selected, or a rule can never
+/// match on the selected workloads' inbound ports.
+pub fn policy_warnings(txn: &Txn, applied: &crate::store::Applied, root_ns: &str) -> Vec<String> {
+    use crate::model::istio::authorization_policy::Workload;
+    use crate::model::istio::common::Protocol;
+    use crate::model::istio::Validated;
+    use crate::model::TypedSpec;
+    let puts: Vec<(ResourceKey, Value)> = txn
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Put { key, body, .. } => serde_json::from_str(body).ok().map(|v| (key.clone(), v)),
+            _ => None,
+        })
+        .collect();
+    if !puts.iter().any(|(k, _)| k.kind == Kind::AuthorizationPolicy) {
+        return Vec::new();
+    }
+    let workload = |ns: &str, body: &Value, typed: &TypedSpec| -> Option<Workload> {
+        let object_labels = || crate::model::resource::labels_of(body).into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Some(match typed {
+            TypedSpec::Istio(Validated::Sidecar { spec, .. }) => Workload {
+                namespace: ns.into(),
+                labels: spec.workload_selector.as_ref().map(|s| s.labels.clone()).unwrap_or_default(),
+                ports: spec.ingress.iter().map(|i| (i.port.number(), Protocol::parse(&i.port.protocol).is_some_and(|p| p.is_http()))).collect(),
+            },
+            TypedSpec::Istio(Validated::WorkloadEntry { spec, .. }) => Workload { namespace: ns.into(), labels: spec.labels.clone(), ports: Vec::new() },
+            TypedSpec::Istio(Validated::Gateway { spec, .. }) => Workload { namespace: ns.into(), labels: spec.selector.clone(), ports: Vec::new() },
+            TypedSpec::Instance(_) => Workload { namespace: ns.into(), labels: object_labels(), ports: Vec::new() },
+            _ => return None,
+        })
+    };
+    let mut workloads: Vec<Workload> = Vec::new();
+    for (key, obj) in applied.state.objects.iter() {
+        if matches!(key.kind, Kind::Sidecar | Kind::WorkloadEntry | Kind::Gateway | Kind::Instance) && !puts.iter().any(|(k, _)| k == key) {
+            if let Ok(t) = obj.typed() {
+                workloads.extend(workload(&key.namespace, obj.body(), t));
+            }
+        }
+    }
+    for (key, body) in &puts {
+        if matches!(key.kind, Kind::Sidecar | Kind::WorkloadEntry | Kind::Gateway | Kind::Instance) {
+            if let Ok(t) = crate::model::parse_typed(key.kind, body.get("spec").unwrap_or(&Value::Null)) {
+                workloads.extend(workload(&key.namespace, body, &t));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (key, body) in puts.iter().filter(|(k, _)| k.kind == Kind::AuthorizationPolicy) {
+        if let Ok(TypedSpec::Istio(Validated::AuthorizationPolicy { spec, .. })) = crate::model::parse_typed(key.kind, body.get("spec").unwrap_or(&Value::Null))
+        {
+            out.extend(spec.lint(&key.namespace, root_ns, &workloads).into_iter().map(|w| format!("{key}: {w}")));
+        }
+    }
+    out
+}
+
 /// A resource named for deletion.
 #[derive(Debug, Clone)]
 pub struct DeleteItem {

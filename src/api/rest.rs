@@ -62,7 +62,11 @@ pub fn router(replica: Arc<Replica>) -> Router {
 /// `/metrics` and `/debug/*`: read-only, `read` on the cluster on the API
 /// port.
 fn observe(replica: &Arc<Replica>) -> Router {
-    let sync = Router::new().route("/debug/syncz", get(syncz)).route("/debug/config_dump", get(config_dump)).with_state(replica.sync.clone());
+    let sync = Router::new()
+        .route("/debug/syncz", get(syncz))
+        .route("/debug/config_dump", get(config_dump))
+        .route("/debug/authz", axum::routing::post(authz_check))
+        .with_state(replica.sync.clone());
     let node = Router::new()
         .route("/debug/registryz", get(registryz))
         .route("/debug/configz", get(configz))
@@ -163,8 +167,9 @@ async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap
             other => Ok(ApplyItem { resource: other, expected_revision: None }),
         })
         .collect::<Result<Vec<_>>>()?;
-    let (txn, warnings) = super::apply_txn(items)?;
+    let (txn, mut warnings) = super::apply_txn(items)?;
     caller.authorize_txn(Verb::Write, &txn)?;
+    warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
     let ok = caller.write(&node, Verb::Write, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
 }
@@ -443,6 +448,23 @@ struct ConfigDumpQuery {
     /// cluster, endpoint, listener or route (default: all).
     #[serde(rename = "type")]
     kind: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct AuthzQuery {
+    #[serde(rename = "proxyID")]
+    proxy_id: String,
+}
+
+/// Why a request would be allowed or denied at a connected proxy: Envoy's
+/// RBAC evaluation replayed over the config this replica serves it
+/// (`translate::explain`). The body is the request (JSON).
+async fn authz_check(State(sync): State<SyncRegistry>, caller: Caller, Query(q): Query<AuthzQuery>, body: axum::body::Bytes) -> Result<Response> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
+    let req: crate::translate::explain::Request = serde_json::from_slice(&body).map_err(|e| Error::field("body", e.to_string()))?;
+    let config = sync.config_of(&q.proxy_id).ok_or_else(|| Error::not_found(format!("proxy {:?} is not connected to this replica", q.proxy_id)))?;
+    let explanation = crate::translate::explain::explain(&config, &req).map_err(|e| Error::field("port", e))?;
+    Ok(Json(explanation).into_response())
 }
 
 /// The config this replica serves a connected proxy, as proto-JSON.

@@ -44,7 +44,18 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: AgentArgs) -> Resu
     };
     let socket = args.sds_socket.clone().unwrap_or_else(|| args.dir.join("sds.sock"));
     let socket = if socket.is_absolute() { socket } else { std::env::current_dir()?.join(socket) };
-    if let Some(path) = &args.bootstrap {
+    if args.proxy.grpc && (args.bootstrap.is_none() || args.proxy.cert_dir.is_some()) {
+        bail!("--grpc: the agent writes a gRPC bootstrap to --bootstrap FILE, using its own --dir as the certificate directory (no --cert-dir)");
+    }
+    if let (Some(path), true) = (&args.bootstrap, args.proxy.grpc) {
+        // A proxyless gRPC application: its bootstrap names the files this
+        // agent keeps (the workload certificate as its client certificate).
+        if args.proxy.proxy_token_file.is_some() {
+            bail!("--proxy-token-file with --grpc: gRPC sends only JWTs from a bootstrap; the workload certificate is the credential");
+        }
+        let doc = bootstrap::grpc_bootstrap_files(&args.proxy, &servers, Some(ca_pem), Some(&args.dir))?;
+        crate::tls::pki::write_file(path, &serde_json::to_string_pretty(&doc)?, false).with_context(|| format!("writing the bootstrap {}", path.display()))?;
+    } else if let Some(path) = &args.bootstrap {
         // Envoy presents the workload certificate on the xDS port; a proxy
         // token, if given, is sent too.
         let mut doc = bootstrap::bootstrap(&args.proxy, &servers, Some(ca_pem), bootstrap::proxy_token(&args.proxy)?.as_deref())?;

@@ -13,6 +13,25 @@
 //!   certificate must name a member (`member-<id>.lodestar`), so a proxy
 //!   talks to no one else the CA may have signed.
 //!
+//! With `--grpc` it writes a gRPC xDS bootstrap instead (the file
+//! `GRPC_XDS_BOOTSTRAP` names, for proxyless gRPC applications; gRFC A27):
+//! `xds_servers` (one per replica, in order: gRPC falls back to the next
+//! while the one before is unreachable, but only for resources it has not
+//! received yet, A71, so a running client waits for its replica to come
+//! back; for failover give one `dns:` target naming every replica, e.g.
+//! `--xds-servers dns:///xds.example:7002`, which gRPC re-resolves and
+//! reconnects to the next address; the name must be in the replicas'
+//! certificates, `tls_hosts`), `server_features: ["xds_v3"]`,
+//! and a `node` with GENERATOR `grpc` in its metadata, which the server
+//! reads as `ProxyKind::Grpc`. Its credentials are TLS (`"type": "tls"`,
+//! A65) checked against the cluster CA, with the workload certificate of
+//! `--cert-dir` (a `lodestar agent` directory) as client certificate: the
+//! proxy credential on the xDS port. gRPC's only way to send a token from a
+//! bootstrap is `call_creds` `jwt_token_file` (A97), which takes JWTs only
+//! (the client reads its expiry), and Lodestar's proxy tokens are opaque
+//! secrets, so a proxy token is refused with `--grpc` and the mesh-CA
+//! certificate is the credential. Never `insecure` when the CLI has the CA.
+//!
 //! It is a config file, not xDS, so it is plain JSON built with serde_json.
 
 use super::client::Client;
@@ -28,7 +47,8 @@ pub const XDS_CLUSTER: &str = "xds-grpc";
 #[derive(Args, Debug, Clone)]
 pub struct BootstrapArgs {
     /// ADS servers, HOST:PORT[,HOST:PORT...]. Default: every cluster
-    /// member's xDS address, asked from --server.
+    /// member's xDS address, asked from --server. With --grpc also a gRPC
+    /// `dns:` target naming every replica (`dns:///xds.example:7002`).
     #[arg(long, value_delimiter = ',')]
     pub xds_servers: Vec<String>,
     /// sidecar, or router for a gateway.
@@ -60,6 +80,15 @@ pub struct BootstrapArgs {
     pub proxy_token_file: Option<std::path::PathBuf>,
     #[arg(short, long, value_enum, default_value = "yaml")]
     pub output: Format,
+    /// Write a gRPC xDS bootstrap (GRPC_XDS_BOOTSTRAP) for a proxyless gRPC
+    /// application instead of an Envoy one; always JSON.
+    #[arg(long)]
+    pub grpc: bool,
+    /// With --grpc: the workload certificate directory (`lodestar agent
+    /// --dir`: cert-chain.pem, key.pem), presented to the replicas as the
+    /// client's credential; the cluster CA is written there as xds-ca.pem.
+    #[arg(long)]
+    pub cert_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -84,6 +113,14 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> Result<()> {
     let token = proxy_token(&args)?;
     let servers = if args.xds_servers.is_empty() { member_xds_addrs(client).await? } else { args.xds_servers.clone() };
+    if args.grpc {
+        if token.is_some() {
+            bail!("--proxy-token-file with --grpc: gRPC clients send a bootstrap token only as a JWT (call_creds jwt_token_file, gRFC A97), and proxy tokens are not JWTs; use --cert-dir with a `lodestar agent` workload certificate");
+        }
+        let doc = grpc_bootstrap_files(&args, &servers, ca_pem, args.cert_dir.as_deref())?;
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
     let doc = bootstrap(&args, &servers, ca_pem, token.as_deref())?;
     match args.output {
         Format::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
@@ -231,6 +268,83 @@ pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&s
     }))
 }
 
+/// The CA file gRPC reads (it takes paths, not PEM), written into the
+/// certificate directory.
+pub const GRPC_CA_FILE: &str = "xds-ca.pem";
+
+/// `grpc_bootstrap`, with the cluster CA written to `cert_dir` first.
+pub fn grpc_bootstrap_files(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&str>, cert_dir: Option<&std::path::Path>) -> Result<Value> {
+    match (ca_pem, cert_dir) {
+        (Some(ca), Some(dir)) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("--cert-dir {}", dir.display()))?;
+            let path = dir.join(GRPC_CA_FILE);
+            crate::tls::pki::write_file(&path, ca, false).with_context(|| format!("writing {}", path.display()))?;
+            grpc_bootstrap(args, xds_servers, Some(dir))
+        }
+        (Some(_), None) => {
+            bail!("--grpc: the replicas speak TLS and want a proxy credential; pass --cert-dir (a `lodestar agent --dir` with the workload certificate)")
+        }
+        (None, Some(_)) => bail!("--grpc --cert-dir: no cluster CA to check the replicas with (pass --ca-file or a client config)"),
+        (None, None) => grpc_bootstrap(args, xds_servers, None),
+    }
+}
+
+/// A gRPC xDS bootstrap (see the module doc). `cert_dir`: TLS with the CA
+/// in `cert_dir/xds-ca.pem` and the workload certificate there; `None`:
+/// plaintext, for a cluster that has no TLS at all.
+pub fn grpc_bootstrap(args: &BootstrapArgs, xds_servers: &[String], cert_dir: Option<&std::path::Path>) -> Result<Value> {
+    if args.node_type != NodeType::Sidecar {
+        bail!("--grpc: a proxyless gRPC client is a sidecar-type node (not --node-type router)");
+    }
+    if args.delta {
+        bail!("--grpc: gRPC clients choose the xDS variant themselves; --delta does not apply");
+    }
+    if args.ip.parse::<IpAddr>().is_err() {
+        bail!("--ip {:?} is not an IP address", args.ip);
+    }
+    let node_id = ProxyIdentity::node_id(ProxyKind::Grpc, &args.ip, &args.name, &args.namespace, &args.domain_suffix);
+    let labels: Map<String, Value> = args.labels.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    let metadata = json!({"NAMESPACE": args.namespace, "NAME": args.name, "INSTANCE_IPS": args.ip, "LABELS": labels, "GENERATOR": "grpc"});
+    let parsed = ProxyIdentity::parse(&node_id, &metadata).map_err(|e| anyhow!("{e}"))?;
+    debug_assert_eq!(parsed.kind, ProxyKind::Grpc);
+    if xds_servers.is_empty() {
+        bail!("no xDS servers");
+    }
+    let channel_creds = match cert_dir {
+        Some(dir) => {
+            let path = |f: &str| dir.join(f).display().to_string();
+            json!([{"type": "tls", "config": {
+                "ca_certificate_file": path(GRPC_CA_FILE),
+                "certificate_file": path(crate::agent::CHAIN_FILE),
+                "private_key_file": path(crate::agent::KEY_FILE),
+                // The agent renews the certificate in place; gRPC re-reads it.
+                "refresh_interval": "60s"
+            }}])
+        }
+        None => json!([{"type": "insecure"}]),
+    };
+    let servers = xds_servers
+        .iter()
+        .map(|a| {
+            // A gRPC target URI (`dns://DNS-SERVER/NAME:PORT`, `dns:///NAME:PORT`)
+            // as is: one name for every replica, re-resolved when the
+            // connection drops; else HOST:PORT.
+            let uri = if a.starts_with("dns:") {
+                a.trim().to_string()
+            } else {
+                let (h, p) = host_port(a)?;
+                let host = if h.contains(':') { format!("[{h}]") } else { h };
+                format!("{host}:{p}")
+            };
+            Ok(json!({"server_uri": uri, "channel_creds": channel_creds.clone(), "server_features": ["xds_v3"]}))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(json!({
+        "xds_servers": servers,
+        "node": {"id": node_id, "cluster": format!("{}.{}", args.name, args.namespace), "metadata": metadata, "locality": {}}
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,6 +395,32 @@ mod tests {
         let tls = &cluster["transport_socket"]["typed_config"]["common_tls_context"];
         assert_eq!(tls["validation_context"]["trusted_ca"]["inline_string"], "CA PEM");
         assert_eq!(tls["alpn_protocols"][0], "h2");
+    }
+
+    #[test]
+    fn grpc_bootstrap_with_tls_and_every_replica() {
+        let a = args(&["--grpc", "--name", "client", "--namespace", "shop", "--ip", "127.0.0.8", "--label", "app=client"]);
+        let dir = std::path::Path::new("/var/lib/client");
+        let b = grpc_bootstrap(&a, &["127.0.0.1:7002".into(), "127.0.0.2:7002".into()], Some(dir)).unwrap();
+        let servers = b["xds_servers"].as_array().unwrap();
+        assert_eq!(servers.len(), 2);
+        assert_eq!(servers[1]["server_uri"], "127.0.0.2:7002");
+        assert_eq!(servers[0]["server_features"], json!(["xds_v3"]));
+        let dns = grpc_bootstrap(&a, &["dns:///xds.example:7002".into()], Some(dir)).unwrap();
+        assert_eq!(dns["xds_servers"][0]["server_uri"], "dns:///xds.example:7002");
+        let creds = &servers[0]["channel_creds"][0];
+        assert_eq!(creds["type"], "tls");
+        assert_eq!(creds["config"]["ca_certificate_file"], "/var/lib/client/xds-ca.pem");
+        assert_eq!(creds["config"]["certificate_file"], "/var/lib/client/cert-chain.pem");
+        assert_eq!(creds["config"]["private_key_file"], "/var/lib/client/key.pem");
+        let id = ProxyIdentity::parse(b["node"]["id"].as_str().unwrap(), &b["node"]["metadata"]).unwrap();
+        assert_eq!((id.kind, id.namespace.as_str(), id.labels["app"].as_str()), (ProxyKind::Grpc, "shop", "client"));
+        // Plaintext only for a cluster without TLS; a router or delta is refused.
+        assert_eq!(grpc_bootstrap(&a, &["127.0.0.1:7002".into()], None).unwrap()["xds_servers"][0]["channel_creds"][0]["type"], "insecure");
+        let e = grpc_bootstrap_files(&a, &["127.0.0.1:7002".into()], Some("CA"), None).unwrap_err().to_string();
+        assert!(e.contains("--cert-dir"), "{e}");
+        assert!(grpc_bootstrap(&args(&["--grpc", "--name", "g", "--node-type", "router"]), &["127.0.0.1:1".into()], None).is_err());
+        assert!(grpc_bootstrap(&args(&["--grpc", "--name", "g", "--delta"]), &["127.0.0.1:1".into()], None).is_err());
     }
 
     #[test]

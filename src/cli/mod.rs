@@ -5,6 +5,7 @@
 
 mod acl;
 mod agent;
+mod authz;
 mod bootstrap;
 pub mod client;
 mod proxy;
@@ -166,6 +167,11 @@ enum Command {
     Acl {
         #[command(subcommand)]
         command: acl::AclCommand,
+    },
+    /// Authorization: why a request is allowed or denied at a proxy.
+    Authz {
+        #[command(subcommand)]
+        command: authz::AuthzCommand,
     },
 }
 
@@ -355,6 +361,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Heartbeat(r) => registry::heartbeat(&client, "instances", &r).await,
         Command::Lease { command } => registry::lease(&client, command).await,
         Command::ProxyStatus => proxy::status(&client).await,
+        Command::Authz { command } => authz::run(&client, command).await,
         Command::ProxyConfig { kind, proxy: p, output } => proxy::config(&client, kind, &p, output == Some(Output::Json)).await,
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,

@@ -68,6 +68,21 @@ pub async fn status(client: &Client) -> Result<()> {
     Ok(())
 }
 
+/// The replica serving `proxy` (NAME.NAMESPACE or the full node id), and
+/// the proxy's node id.
+pub(super) async fn find(client: &Client, proxy: &str) -> Result<(Client, String)> {
+    for (_, member) in members(client).await? {
+        let Ok(syncz) = member.get("/debug/syncz").await else { continue };
+        // By full node id, or by the NAME.NAMESPACE part istioctl users type.
+        let id =
+            syncz["proxies"].as_array().into_iter().flatten().filter_map(|p| p["id"].as_str()).find(|id| *id == proxy || id.split('~').nth(2) == Some(proxy));
+        if let Some(id) = id {
+            return Ok((member, id.to_string()));
+        }
+    }
+    bail!("proxy {proxy:?} is not connected to any replica")
+}
+
 pub async fn config(client: &Client, kind: ConfigType, proxy: &str, json: bool) -> Result<()> {
     let t = match kind {
         ConfigType::Cluster => "cluster",
@@ -75,18 +90,7 @@ pub async fn config(client: &Client, kind: ConfigType, proxy: &str, json: bool) 
         ConfigType::Listener => "listener",
         ConfigType::Route => "route",
     };
-    let mut found = None;
-    for (_, member) in members(client).await? {
-        let Ok(syncz) = member.get("/debug/syncz").await else { continue };
-        // By full node id, or by the NAME.NAMESPACE part istioctl users type.
-        let id =
-            syncz["proxies"].as_array().into_iter().flatten().filter_map(|p| p["id"].as_str()).find(|id| *id == proxy || id.split('~').nth(2) == Some(proxy));
-        if let Some(id) = id {
-            found = Some((member, id.to_string()));
-            break;
-        }
-    }
-    let Some((member, id)) = found else { bail!("proxy {proxy:?} is not connected to any replica") };
+    let (member, id) = find(client, proxy).await?;
     let dump = member.get(&format!("/debug/config_dump?proxyID={}&type={t}", super::urlencode(&id))).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&dump)?);

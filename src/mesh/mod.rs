@@ -13,7 +13,9 @@
 
 use crate::model::istio::common::Protocol;
 use crate::model::istio::service_entry::{Location, Resolution as SeResolution};
-use crate::model::istio::{self, DestinationRule, Gateway, PeerAuthentication, ServiceEntry, Sidecar, Validated, VirtualService, WorkloadEntry};
+use crate::model::istio::{
+    self, AuthorizationPolicy, DestinationRule, Gateway, PeerAuthentication, ServiceEntry, Sidecar, Validated, VirtualService, WorkloadEntry,
+};
 use crate::model::registry::{protocol_from_name, HealthState, InstanceSpec, InstanceStatus, ServiceSpec};
 use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
 use crate::store::Applied;
@@ -37,6 +39,14 @@ impl Default for MeshConfig {
     fn default() -> Self {
         MeshConfig { domain_suffix: "cluster.local".into(), root_namespace: "istio-system".into(), trust_domain: "cluster.local".into() }
     }
+}
+
+/// An AuthorizationPolicy with its `istio.io/dry-run` annotation (Istio
+/// parses it as a boolean; anything else is not a dry run).
+#[derive(Debug, Clone)]
+pub struct Authz {
+    pub spec: AuthorizationPolicy,
+    pub dry_run: bool,
 }
 
 /// A config resource with the metadata translation needs.
@@ -178,6 +188,8 @@ pub struct Mesh {
     pub sidecars: Vec<Arc<Config<Sidecar>>>,
     /// security.istio.io PeerAuthentications, oldest first.
     pub peer_authentications: Vec<Arc<Config<PeerAuthentication>>>,
+    /// AuthorizationPolicies, oldest first.
+    pub authorization_policies: Vec<Arc<Config<Authz>>>,
     /// Objects left out, with why.
     pub skipped: Vec<(ResourceKey, String)>,
     /// VirtualServices by each exact host they name (resolved to an FQDN),
@@ -228,7 +240,7 @@ impl Mesh {
             if key.kind.is_acl() {
                 continue;
             }
-            if !matches!(key.kind, Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar) {
+            if !matches!(key.kind, Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar | Kind::AuthorizationPolicy) {
                 return None;
             }
             changed.push((key, now));
@@ -242,6 +254,7 @@ impl Mesh {
             gateways: self.gateways.clone(),
             sidecars: self.sidecars.clone(),
             peer_authentications: self.peer_authentications.clone(),
+            authorization_policies: self.authorization_policies.clone(),
             skipped: self.skipped.clone(),
             vs_by_host: self.vs_by_host.clone(),
             vs_wildcard: self.vs_wildcard.clone(),
@@ -261,6 +274,7 @@ impl Mesh {
             mesh.destination_rules.retain(|c| c.key != *key);
             mesh.gateways.retain(|c| c.key != *key);
             mesh.sidecars.retain(|c| c.key != *key);
+            mesh.authorization_policies.retain(|c| c.key != *key);
             mesh.skipped.retain(|(k, _)| k != key);
             let Some(obj) = now else { continue };
             match obj.typed().map(|t| t.as_ref()) {
@@ -276,6 +290,7 @@ impl Mesh {
                 }
                 Ok(TypedSpec::Istio(Validated::Gateway { spec, .. })) => mesh.gateways.push(to_config(obj, spec.as_ref())),
                 Ok(TypedSpec::Istio(Validated::Sidecar { spec, .. })) => mesh.sidecars.push(to_config(obj, spec.as_ref())),
+                Ok(TypedSpec::Istio(Validated::AuthorizationPolicy { spec, .. })) => mesh.authorization_policies.push(authz_config(obj, spec)),
                 Ok(_) => {}
                 Err(e) => mesh.skipped.push((key.clone(), e.to_string())),
             }
@@ -284,6 +299,7 @@ impl Mesh {
         mesh.destination_rules.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.sidecars.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.authorization_policies.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         Some(mesh)
     }
 
@@ -420,6 +436,16 @@ fn to_config<T: Clone>(o: &StoredObject, spec: &T) -> Arc<Config<T>> {
     Arc::new(Config { key: o.key.clone(), create_revision: o.create_revision, mod_revision: o.mod_revision, labels: labels_of(o), spec: spec.clone() })
 }
 
+fn authz_config(o: &StoredObject, spec: &AuthorizationPolicy) -> Arc<Config<Authz>> {
+    let dry_run = o.annotation(istio::authorization_policy::DRY_RUN_ANNOTATION).is_some_and(parse_go_bool);
+    to_config(o, &Authz { spec: spec.clone(), dry_run })
+}
+
+/// Go's `strconv.ParseBool` true values (how Istio reads the annotation).
+fn parse_go_bool(v: &str) -> bool {
+    matches!(v, "1" | "t" | "T" | "TRUE" | "true" | "True")
+}
+
 fn protocol(name: &str) -> Protocol {
     Protocol::parse(name).unwrap_or(Protocol::Tcp)
 }
@@ -445,6 +471,7 @@ impl Mesh {
                 TypedSpec::Istio(Validated::Gateway { spec, .. }) => mesh.gateways.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Istio(Validated::Sidecar { spec, .. }) => mesh.sidecars.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Istio(Validated::PeerAuthentication { spec, .. }) => mesh.peer_authentications.push(to_config(obj, spec.as_ref())),
+                TypedSpec::Istio(Validated::AuthorizationPolicy { spec, .. }) => mesh.authorization_policies.push(authz_config(obj, spec)),
                 TypedSpec::Istio(Validated::ServiceEntry { spec, .. }) => entries.push((obj.clone(), spec.as_ref().clone())),
                 TypedSpec::Istio(Validated::WorkloadEntry { spec, .. }) => workloads.push((obj.clone(), spec.as_ref().clone())),
                 TypedSpec::Service(s) => declared.push((obj.clone(), s.clone())),
@@ -457,6 +484,7 @@ impl Mesh {
         mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.sidecars.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.peer_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.authorization_policies.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
 
         let suffix = &config.domain_suffix;
         let mut services: BTreeMap<String, Service> = BTreeMap::new();

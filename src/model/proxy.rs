@@ -11,6 +11,8 @@
 //!   SDS server with the secrets `default` and `ROOTCA`: only such a proxy
 //!   is given listeners and clusters that use them (mutual TLS), since any
 //!   other would NACK them.
+//! - `node.metadata.GENERATOR = "grpc"` (Istio's marker for proxyless gRPC
+//!   clients) on a `sidecar` id makes the node a `ProxyKind::Grpc`.
 //!
 //! On bare metal there is no iptables: the proxy's IP is also the address its
 //! listeners bind to, so several Envoys on one host use distinct 127.0.0.x.
@@ -23,6 +25,11 @@ pub enum ProxyKind {
     Sidecar,
     /// A gateway proxy (Istio's `router` type), selected by Gateway resources.
     Router,
+    /// A proxyless gRPC application (its xDS client is gRPC's): a `sidecar`
+    /// node id whose metadata says `GENERATOR: grpc`, as Istio's gRPC
+    /// bootstraps do. It gets API listeners named `HOST:PORT`, not
+    /// listeners that bind (`translate::grpc`).
+    Grpc,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -55,6 +62,12 @@ impl ProxyIdentity {
             "router" => ProxyKind::Router,
             other => return Err(format!("node id {node_id:?}: type {other:?} is not sidecar or router")),
         };
+        let kind = match metadata.get("GENERATOR").and_then(Value::as_str) {
+            None | Some("") => kind,
+            Some("grpc") if kind == ProxyKind::Sidecar => ProxyKind::Grpc,
+            Some("grpc") => return Err(format!("node id {node_id:?}: metadata GENERATOR \"grpc\" (a proxyless gRPC client) needs the type sidecar")),
+            Some(other) => return Err(format!("node id {node_id:?}: metadata GENERATOR {other:?} is not supported (only \"grpc\")")),
+        };
         let (name, id_namespace) = name_ns.split_once('.').unwrap_or((name_ns, ""));
         let meta_str = |k: &str| metadata.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
         let namespace = meta_str("NAMESPACE").unwrap_or(id_namespace);
@@ -84,7 +97,7 @@ impl ProxyIdentity {
     /// The node id a bootstrap should use for this identity.
     pub fn node_id(kind: ProxyKind, ip: &str, name: &str, namespace: &str, domain_suffix: &str) -> String {
         let t = match kind {
-            ProxyKind::Sidecar => "sidecar",
+            ProxyKind::Sidecar | ProxyKind::Grpc => "sidecar",
             ProxyKind::Router => "router",
         };
         format!("{t}~{ip}~{name}.{namespace}~{namespace}.svc.{domain_suffix}")
@@ -106,6 +119,11 @@ mod tests {
             .unwrap();
         assert_eq!((g.kind, g.ip.as_str()), (ProxyKind::Router, "127.0.0.10"));
         assert!(ProxyIdentity::parse("envoy-1", &json!({})).is_err());
+        let grpc = ProxyIdentity::parse("sidecar~127.0.0.3~client.shop~shop.svc.cluster.local", &json!({"GENERATOR": "grpc"})).unwrap();
+        assert_eq!(grpc.kind, ProxyKind::Grpc);
+        let e = ProxyIdentity::parse("router~127.0.0.3~gw.shop~shop.svc.cluster.local", &json!({"GENERATOR": "grpc"})).unwrap_err();
+        assert!(e.contains("GENERATOR"), "{e}");
+        assert!(ProxyIdentity::parse("sidecar~127.0.0.3~c.shop~shop.svc.cluster.local", &json!({"GENERATOR": "xds"})).unwrap_err().contains("not supported"));
         assert!(ProxyIdentity::parse("gateway~1.2.3.4~a.b~b.svc.cluster.local", &json!({})).is_err());
         let id = ProxyIdentity::node_id(ProxyKind::Sidecar, "127.0.0.2", "a", "ns", "cluster.local");
         assert_eq!(ProxyIdentity::parse(&id, &json!({})).unwrap().namespace, "ns");

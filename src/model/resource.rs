@@ -254,6 +254,11 @@ impl StoredObject {
         self.body().get("spec").unwrap_or(&Value::Null)
     }
 
+    /// One annotation's value (`metadata.annotations[name]`).
+    pub fn annotation(&self, name: &str) -> Option<&str> {
+        self.body().get("metadata")?.get("annotations")?.get(name)?.as_str()
+    }
+
     /// The object as clients see it: the body plus the server's metadata.
     /// A Token's secret hash is left out: every read path (get, list,
     /// watch, REST and gRPC) renders objects here, and none may show it.

@@ -20,14 +20,19 @@ const VH_ROUTES: u32 = 3;
 const VH_TYPED_PER_FILTER_CONFIG: u32 = 15;
 const ROUTE_TYPED_PER_FILTER_CONFIG: u32 = 13;
 
-fn put_len_delimited(field: u32, bytes: &[u8], out: &mut Vec<u8>) {
+pub(super) fn put_len_delimited(field: u32, bytes: &[u8], out: &mut Vec<u8>) {
     encode_key(field, WireType::LengthDelimited, out);
     encode_varint(bytes.len() as u64, out);
     out.extend_from_slice(bytes);
 }
 
 fn put_sorted_map(field: u32, map: &HashMap<String, Any>, out: &mut Vec<u8>) {
-    let sorted: BTreeMap<&String, &Any> = map.iter().collect();
+    put_sorted_messages(field, map, out)
+}
+
+/// A protobuf `map<string, M>` field, entries sorted by key.
+pub(super) fn put_sorted_messages<M: Message>(field: u32, map: &HashMap<String, M>, out: &mut Vec<u8>) {
+    let sorted: BTreeMap<&String, &M> = map.iter().collect();
     for (k, v) in sorted {
         let mut entry = Vec::new();
         put_len_delimited(1, k.as_bytes(), &mut entry);

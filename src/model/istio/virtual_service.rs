@@ -433,8 +433,9 @@ const RETRY_ON_POLICIES: [&str; 16] = [
     "unavailable",
 ];
 
-/// gRPC status names accepted for `fault.abort.grpcStatus`.
-const GRPC_STATUSES: [&str; 17] = [
+/// gRPC status names accepted for `fault.abort.grpcStatus`, in code order
+/// (a name's index is its code).
+pub const GRPC_STATUSES: [&str; 17] = [
     "OK",
     "CANCELLED",
     "UNKNOWN",
@@ -912,6 +913,11 @@ impl Abort {
             r.unsupported(&at.field("http2Error"), "HTTP/2 abort faults");
         }
     }
+}
+
+/// The numeric gRPC status code of a `grpcStatus` name (validated names only).
+pub fn grpc_status_code(name: &str) -> Option<u32> {
+    GRPC_STATUSES.iter().position(|s| *s == name).map(|i| i as u32)
 }
 
 impl Delay {
