@@ -474,6 +474,46 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     assert!(seen.iter().all(|h| h.as_deref().is_some_and(|h| h.contains(CLIENT_ID))));
     assert!(xfcc(&legacy, "/p6-right/echo").is_empty(), "never plaintext to the legacy endpoint under ISTIO_MUTUAL");
 
+    // 7. Authorization on the peer's identity: under STRICT, an
+    // AuthorizationPolicy allowing the client's principal lets it in; one
+    // naming another principal turns it away at the server's Envoy (403),
+    // while the legacy endpoint (no Envoy) is untouched.
+    delete(&api, "destinationrule", "reviews").await;
+    let rev = apply(&api, &peer_auth("default", "  mtls: {mode: STRICT}")).await;
+    wait_synced(&api, rev).await;
+    let allow = |principal: &str| {
+        format!("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: reviews, namespace: shop}}\nspec:\n  selector: {{matchLabels: {{app: reviews}}}}\n  rules: [{{from: [{{source: {{principals: [\"{principal}\"]}}}}]}}]\n")
+    };
+    let rev = apply(&api, &allow("cluster.local/ns/shop/sa/web")).await;
+    wait_synced(&api, rev).await;
+    let mut statuses = std::collections::BTreeMap::new();
+    for _ in 0..10 {
+        let (status, _) = via_client(&client_ip, "/p7-allowed/echo").await.unwrap();
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), [200], "the client's principal is allowed: {statuses:?}");
+    assert!(!xfcc(&app, "/p7-allowed/echo").is_empty());
+    let rev = apply(&api, &allow("cluster.local/ns/shop/sa/someone-else")).await;
+    wait_synced(&api, rev).await;
+    // A policy change changes the chains' filters (an in-place update):
+    // connections opened under the old policy drain with it
+    // (--drain-time-s 2), new ones get the new one.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while via_client(&client_ip, "/p7-drain/echo").await.unwrap().0 != 403 {
+        assert!(Instant::now() < deadline, "the new policy never denied the client\n{}", dump());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await; // past the drain time
+    let mut statuses = std::collections::BTreeMap::new();
+    for _ in 0..10 {
+        let (status, _) = via_client(&client_ip, "/p7-denied/echo").await.unwrap();
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    assert!(statuses.contains_key(&403), "another principal only: the client is denied at the server: {statuses:?}");
+    assert!(statuses.keys().all(|s| *s == 403 || *s == 200), "{statuses:?}");
+    assert!(xfcc(&app, "/p7-denied/echo").is_empty(), "nothing denied reached the app");
+    assert_eq!(xfcc(&legacy, "/p7-denied/echo").len(), statuses.get(&200).copied().unwrap_or(0), "the 200s are the legacy endpoint's");
+
     // Zero NACKs on either Envoy through all of it.
     for w in [&client, &server] {
         let s = w.stats().await;
