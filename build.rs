@@ -28,6 +28,7 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
         "envoy/extensions/filters/http/router/v3/router.proto",
         "envoy/extensions/filters/http/fault/v3/fault.proto",
         "envoy/extensions/filters/http/cors/v3/cors.proto",
+        "envoy/extensions/filters/http/jwt_authn/v3/config.proto",
         "envoy/extensions/upstreams/http/v3/http_protocol_options.proto",
         "envoy/extensions/transport_sockets/tls/v3/tls.proto",
         "envoy/extensions/filters/listener/tls_inspector/v3/tls_inspector.proto",

@@ -144,6 +144,13 @@ pub struct ServerConfig {
     pub workload_cert_ttl_s: u64,
     /// The longest lifetime a workload certificate is given.
     pub workload_cert_max_ttl_s: u64,
+    /// How often each RequestAuthentication `jwksUri` is fetched again
+    /// (Istio's `PILOT_JWT_PUB_KEY_REFRESH_INTERVAL`, 20 minutes).
+    pub jwks_refresh_interval_s: u64,
+    /// CA certificates (PEM) that https `jwksUri` servers are verified
+    /// against. Unset: the system's bundle (`/etc/ssl/certs/ca-certificates.crt`
+    /// or `/etc/pki/tls/certs/ca-bundle.crt`).
+    pub jwks_ca_file: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -207,6 +214,8 @@ impl Default for ServerConfig {
             trust_domain: "cluster.local".into(),
             workload_cert_ttl_s: 24 * 3600,
             workload_cert_max_ttl_s: 90 * 24 * 3600,
+            jwks_refresh_interval_s: 20 * 60,
+            jwks_ca_file: None,
         }
     }
 }
@@ -241,6 +250,9 @@ impl ServerConfig {
             if !a.ip().is_loopback() {
                 return Err(format!("metrics_addr: {addr:?} is not a loopback address; it serves metrics and debug output without credentials, so it may only be reached from this host"));
             }
+        }
+        if self.jwks_refresh_interval_s == 0 {
+            return Err("jwks_refresh_interval_s: must be at least 1".into());
         }
         if self.workload_cert_ttl_s == 0 || self.workload_cert_max_ttl_s < self.workload_cert_ttl_s {
             return Err("workload_cert_ttl_s, workload_cert_max_ttl_s: need 0 < workload_cert_ttl_s <= workload_cert_max_ttl_s".into());

@@ -47,6 +47,7 @@ pub mod config;
 pub mod error;
 pub mod ha;
 pub mod health;
+pub mod jwks;
 pub mod mesh;
 pub mod metrics;
 pub mod model;

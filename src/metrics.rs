@@ -194,6 +194,10 @@ pub struct Metrics {
     pub ca_sign_duration: Histogram,
     pub ca_root_expiry: Gauge,
     pub ca_cert_chain_expiry: Gauge,
+    // RequestAuthentication key sets fetched from jwksUri (Istio's names).
+    pub jwks_fetch_success: Counter,
+    pub jwks_fetch_fail: Counter,
+    pub jwks_uris: Gauge,
     registry: Registry,
 }
 
@@ -275,6 +279,19 @@ pub fn metrics() -> &'static Metrics {
                 "Unix time the mesh CA's signing certificate expires",
                 Gauge::default(),
             ),
+            jwks_fetch_success: register(
+                r,
+                "pilot_jwks_resolver_network_fetch_success_total",
+                "jwksUri key sets fetched and accepted by this replica",
+                Counter::default(),
+            ),
+            jwks_fetch_fail: register(
+                r,
+                "pilot_jwks_resolver_network_fetch_fail_total",
+                "jwksUri fetches that failed (network, status, or a key set that does not parse); the last good set is kept",
+                Counter::default(),
+            ),
+            jwks_uris: register(r, "lodestar_jwks_uris", "jwksUris this replica fetches (named by RequestAuthentications)", Gauge::default()),
             registry: std::mem::take(r),
         }
     })
@@ -354,6 +371,9 @@ mod tests {
                 "lodestar_ca_sign_duration_seconds histogram",
                 "citadel_server_root_cert_expiry_timestamp gauge",
                 "citadel_server_cert_chain_expiry_timestamp gauge",
+                "pilot_jwks_resolver_network_fetch_success_total counter",
+                "pilot_jwks_resolver_network_fetch_fail_total counter",
+                "lodestar_jwks_uris gauge",
             ]
         );
         for sample in

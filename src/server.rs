@@ -156,6 +156,16 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     };
 
     // ADS for Envoys, from this replica's own applied state.
+    // Key sets of RequestAuthentication jwksUris, fetched here and handed
+    // to translation (see `jwks`).
+    let refresh = match generator.key_cell() {
+        Some(cell) => {
+            let options = crate::jwks::Options { refresh: Duration::from_secs(config.jwks_refresh_interval_s), ca_file: config.jwks_ca_file.clone() };
+            let (epochs, _task) = crate::jwks::spawn(node.reader.subscribe_applied(), cell, options, stop_tx.subscribe()).map_err(|e| anyhow::anyhow!(e))?;
+            Some(epochs)
+        }
+        None => None,
+    };
     let options = crate::xds::server::ServeOptions {
         fence: replica.clone(),
         max_stream_age: (config.xds_max_stream_age_s > 0).then(|| Duration::from_secs(config.xds_max_stream_age_s)),
@@ -163,6 +173,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         latest: Some(node.reader.subscribe_applied()),
         acl: Some(replica.acl.clone()),
         mesh_ca: mesh_ca.clone(),
+        refresh,
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));

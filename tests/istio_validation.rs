@@ -25,7 +25,11 @@ fn load(path: &Path) -> (String, Value, String) {
     let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let manifest: Value = yaml_serde::from_str(&text).unwrap_or_else(|e| panic!("{}: bad YAML: {e}", path.display()));
     let api_version = manifest["apiVersion"].as_str().unwrap_or_default();
-    assert!(api_version.starts_with("networking.istio.io/"), "{}: unexpected apiVersion {api_version:?}", path.display());
+    assert!(
+        api_version.starts_with("networking.istio.io/") || api_version.starts_with("security.istio.io/"),
+        "{}: unexpected apiVersion {api_version:?}",
+        path.display()
+    );
     let kind = manifest["kind"].as_str().unwrap_or_else(|| panic!("{}: no kind", path.display())).to_string();
     (kind, manifest["spec"].clone(), text)
 }

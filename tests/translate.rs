@@ -411,3 +411,51 @@ fn policy_changes_rebuild_inbound_listeners_only() {
         prev = got;
     }
 }
+
+/// Key sets fetched from a `jwksUri` are an input of translation: served
+/// inline once fetched (the fail-closed set before), and a change of keys
+/// re-translates only proxies whose config holds that URI's keys.
+#[test]
+fn fetched_jwks_are_served_inline_and_change_only_their_proxies() {
+    use lodestar::translate::jwt::{FetchedKeys, UNFETCHED_JWKS};
+    use lodestar::translate::Translator;
+    use lodestar::xds::resources::Generator;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/jwt-sidecar");
+    let applied = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let proxy: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("proxy.json")).unwrap()).unwrap();
+    let httpbin = ProxyIdentity::parse(proxy["id"].as_str().unwrap(), &proxy["metadata"]).unwrap();
+    let uri = "https://raw.githubusercontent.com/istio/istio/release-1.24/security/tools/jwt/samples/jwks.json";
+    let fetched = r#"{"keys":[{"kty":"EC","crv":"P-256","kid":"fetched-1","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
+    let inbound = |cfg: &ProxyConfig| -> String {
+        let l = cfg.of(ResourceType::Listener).and_then(|m| m.get("127.0.30.1_8000")).expect("the inbound listener");
+        any_to_json(&l.any).unwrap().to_string()
+    };
+
+    let t = Translator::new(MeshConfig::default());
+    let cell = t.key_cell().expect("the translator reads fetched keys");
+    let before = t.generate(&httpbin, &applied).unwrap();
+    assert!(inbound(&before).contains("lodestar-unfetched"), "not fetched yet: the key set that verifies nothing");
+    assert!(!UNFETCHED_JWKS.contains("fetched-1"));
+
+    cell.set(FetchedKeys { sets: [(uri.to_string(), fetched.into())].into() });
+    let after = t.generate(&httpbin, &applied).unwrap();
+    assert!(inbound(&after).contains("fetched-1") && !inbound(&after).contains("lodestar-unfetched"), "{}", inbound(&after));
+    assert_eq!(after.revision, before.revision, "same store revision");
+    let version = |c: &ProxyConfig| c.of(ResourceType::Listener).unwrap()["127.0.30.1_8000"].version.clone();
+    assert_ne!(version(&after), version(&before));
+
+    // Keys of a URI this proxy does not use (another namespace's policy):
+    // its config is the one it had, not even re-translated.
+    cell.set(FetchedKeys { sets: [(uri.to_string(), fetched.into()), ("https://bar.example.com/jwks.json".to_string(), fetched.into())].into() });
+    let unrelated = t.generate(&httpbin, &applied).unwrap();
+    for ty in ResourceType::PUSH_ORDER {
+        match (after.resources.get(&ty), unrelated.resources.get(&ty)) {
+            (Some(a), Some(b)) => assert!(Arc::ptr_eq(a, b), "{ty:?} was rebuilt"),
+            (a, b) => assert_eq!(a.is_some(), b.is_some()),
+        }
+    }
+    // And a fresh translation of the same inputs gives the same bytes.
+    let fresh = Translator::new(MeshConfig::default());
+    fresh.key_cell().unwrap().set(FetchedKeys { sets: [(uri.to_string(), fetched.into())].into() });
+    assert_eq!(version(&fresh.generate(&httpbin, &applied).unwrap()), version(&after));
+}

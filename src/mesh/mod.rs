@@ -14,7 +14,8 @@
 use crate::model::istio::common::Protocol;
 use crate::model::istio::service_entry::{Location, Resolution as SeResolution};
 use crate::model::istio::{
-    self, AuthorizationPolicy, DestinationRule, Gateway, PeerAuthentication, ServiceEntry, Sidecar, Validated, VirtualService, WorkloadEntry,
+    self, AuthorizationPolicy, DestinationRule, Gateway, PeerAuthentication, RequestAuthentication, ServiceEntry, Sidecar, Validated, VirtualService,
+    WorkloadEntry,
 };
 use crate::model::registry::{protocol_from_name, HealthState, InstanceSpec, InstanceStatus, ServiceSpec};
 use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
@@ -200,6 +201,11 @@ pub struct Mesh {
     /// DestinationRules by exact host, and wildcard ones; oldest first.
     pub dr_by_host: imbl::OrdMap<String, Vec<Arc<Config<DestinationRule>>>>,
     pub dr_wildcard: Vec<Arc<Config<DestinationRule>>>,
+    /// RequestAuthentications, oldest first.
+    pub request_authentications: Vec<Arc<Config<RequestAuthentication>>>,
+    /// Key sets fetched from `jwksUri`s (`crate::jwks`): an input of
+    /// translation that is not in the store; replaced when they change.
+    pub jwks: Arc<crate::translate::jwt::FetchedKeys>,
 }
 
 impl Mesh {
@@ -240,7 +246,10 @@ impl Mesh {
             if key.kind.is_acl() {
                 continue;
             }
-            if !matches!(key.kind, Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar | Kind::AuthorizationPolicy) {
+            if !matches!(
+                key.kind,
+                Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar | Kind::AuthorizationPolicy | Kind::RequestAuthentication
+            ) {
                 return None;
             }
             changed.push((key, now));
@@ -260,6 +269,8 @@ impl Mesh {
             vs_wildcard: self.vs_wildcard.clone(),
             dr_by_host: self.dr_by_host.clone(),
             dr_wildcard: self.dr_wildcard.clone(),
+            request_authentications: self.request_authentications.clone(),
+            jwks: self.jwks.clone(),
         };
         for (key, _) in &changed {
             if let Some(old) = self.virtual_services.iter().find(|c| c.key == **key) {
@@ -275,6 +286,7 @@ impl Mesh {
             mesh.gateways.retain(|c| c.key != *key);
             mesh.sidecars.retain(|c| c.key != *key);
             mesh.authorization_policies.retain(|c| c.key != *key);
+            mesh.request_authentications.retain(|c| c.key != *key);
             mesh.skipped.retain(|(k, _)| k != key);
             let Some(obj) = now else { continue };
             match obj.typed().map(|t| t.as_ref()) {
@@ -291,6 +303,7 @@ impl Mesh {
                 Ok(TypedSpec::Istio(Validated::Gateway { spec, .. })) => mesh.gateways.push(to_config(obj, spec.as_ref())),
                 Ok(TypedSpec::Istio(Validated::Sidecar { spec, .. })) => mesh.sidecars.push(to_config(obj, spec.as_ref())),
                 Ok(TypedSpec::Istio(Validated::AuthorizationPolicy { spec, .. })) => mesh.authorization_policies.push(authz_config(obj, spec)),
+                Ok(TypedSpec::Istio(Validated::RequestAuthentication { spec, .. })) => mesh.request_authentications.push(to_config(obj, spec.as_ref())),
                 Ok(_) => {}
                 Err(e) => mesh.skipped.push((key.clone(), e.to_string())),
             }
@@ -300,6 +313,7 @@ impl Mesh {
         mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.sidecars.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.authorization_policies.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.request_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         Some(mesh)
     }
 
@@ -474,6 +488,7 @@ impl Mesh {
                 TypedSpec::Istio(Validated::AuthorizationPolicy { spec, .. }) => mesh.authorization_policies.push(authz_config(obj, spec)),
                 TypedSpec::Istio(Validated::ServiceEntry { spec, .. }) => entries.push((obj.clone(), spec.as_ref().clone())),
                 TypedSpec::Istio(Validated::WorkloadEntry { spec, .. }) => workloads.push((obj.clone(), spec.as_ref().clone())),
+                TypedSpec::Istio(Validated::RequestAuthentication { spec, .. }) => mesh.request_authentications.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Service(s) => declared.push((obj.clone(), s.clone())),
                 TypedSpec::Instance(i) => instances.push((obj.clone(), i.clone())),
                 TypedSpec::Lease(_) | TypedSpec::Acl(_) => {}
@@ -485,6 +500,7 @@ impl Mesh {
         mesh.sidecars.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.peer_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.authorization_policies.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.request_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
 
         let suffix = &config.domain_suffix;
         let mut services: BTreeMap<String, Service> = BTreeMap::new();

@@ -117,7 +117,7 @@ impl AuthzFilters {
     }
 
     /// Put the filters into every filter chain of `l`: the HTTP filters
-    /// first in each connection manager, the network filters before each
+    /// first in each connection manager (after `jwt_authn`), the network filters before each
     /// TCP proxy. A no-op when there are none.
     pub fn apply(&self, l: &mut Listener) {
         if self.is_empty() {
@@ -132,9 +132,10 @@ impl AuthzFilters {
                             filters.push(f);
                             continue;
                         };
-                        let mut http = self.http.clone();
-                        http.append(&mut hcm.http_filters);
-                        hcm.http_filters = http;
+                        // After jwt_authn (RBAC reads the verified token's
+                        // payload), before everything else.
+                        let at = hcm.http_filters.iter().take_while(|f| f.name == JWT_FILTER).count();
+                        hcm.http_filters.splice(at..at, self.http.iter().cloned());
                         filters.push(Filter { name: f.name, config_type: Some(filter::ConfigType::TypedConfig(super::util::any(&hcm))) });
                     }
                     (super::listener::TCP_PROXY, _) => {

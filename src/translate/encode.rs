@@ -41,6 +41,18 @@ pub(super) fn put_sorted_messages<M: Message>(field: u32, map: &HashMap<String, 
     }
 }
 
+/// A protobuf `map<string, Message>` field's entries, sorted by key (for
+/// messages other than routes with maps: `jwt::jwt_authn_any`).
+pub fn put_sorted_message_map<M: Message>(field: u32, map: &HashMap<String, M>, out: &mut Vec<u8>) {
+    let sorted: BTreeMap<&String, &M> = map.iter().collect();
+    for (k, v) in sorted {
+        let mut entry = Vec::new();
+        put_len_delimited(1, k.as_bytes(), &mut entry);
+        put_len_delimited(2, &v.encode_to_vec(), &mut entry);
+        put_len_delimited(field, &entry, out);
+    }
+}
+
 fn route_bytes(r: &Route) -> Vec<u8> {
     let mut bare = r.clone();
     let map = std::mem::take(&mut bare.typed_per_filter_config);

@@ -132,6 +132,8 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
 
     // AuthorizationPolicies selecting the gateway guard its listeners.
     let authz = super::authz::AuthzFilters::for_proxy(mesh, proxy);
+    // RequestAuthentication: the same filters on every gateway HTTP(S) port.
+    let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().collect();
     for (port, plan) in ports {
         let bind = plan.servers.iter().find_map(|s| s.server.bind.clone()).filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
         let name = format!("{bind}_{port}");
@@ -139,7 +141,7 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
             Serves::Http => {
                 let route_name = format!("http.{port}");
                 cfg.insert(ResourceType::Route, route_resource(&route_table(&route_name, port, &plan.servers, mesh, proxy)));
-                listener::http_listener(&name, &bind, port, Routes::Rds(route_name))
+                listener::http_listener_with(&name, &bind, port, Routes::Rds(route_name), &first)
             }
             Serves::Https => {
                 let several = plan.servers.len() > 1;
@@ -156,7 +158,7 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
                         Some(TlsChain { server_names, tls: super::tls::downstream(tls), route: route_name })
                     })
                     .collect();
-                listener::https_listener(&name, &bind, port, chains)
+                listener::https_listener(&name, &bind, port, chains, &first)
             }
             Serves::Sni | Serves::Tcp => {
                 let chains = l4_chains(port, &plan.servers, mesh, proxy);

@@ -31,14 +31,17 @@ use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, 
 use envoy_types::pb::envoy::config::route::v3::{
     route::Action, route_action::ClusterSpecifier, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
 };
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
-    ForwardClientCertDetails, SetCurrentClientCertDetails,
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::{ForwardClientCertDetails, SetCurrentClientCertDetails},
+    HttpFilter,
 };
 
 /// The inbound listeners and clusters of the Sidecar `sc` selecting `proxy`.
 pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, sc: &Config<Sidecar>) {
     // The AuthorizationPolicies selecting this workload guard every port.
     let authz = AuthzFilters::for_proxy(mesh, proxy);
+    // RequestAuthentication: the same filters on every inbound HTTP port.
+    let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().collect();
     for ing in &sc.spec.ingress {
         let port = ing.port.number();
         let bind = ing.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
@@ -58,7 +61,7 @@ pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity
         cfg.insert(ResourceType::Cluster, XdsResource::new(cluster_name.clone(), &c));
         let name = format!("{bind}_{port}");
         let is_http = crate::model::istio::common::Protocol::parse(&ing.port.protocol).is_some_and(|p| p.is_http());
-        let filters = |_tls: bool| inbound_filters(&name, port, is_http, &cluster_name);
+        let filters = |_tls: bool| inbound_filters(&name, port, is_http, &cluster_name, &first);
         let mut l = inbound_listener(&name, &bind, port, mode, &mesh.config.trust_domain, filters);
         authz.apply(&mut l);
         cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
@@ -109,7 +112,8 @@ fn inbound_listener(name: &str, bind: &str, port: u32, mode: Inbound, trust_doma
     }
 }
 
-/// The filters of one inbound filter chain, ending in the HTTP router
+/// The filters of one inbound filter chain (HTTP: `first`, then the
+/// connection manager's own), ending in the HTTP router
 /// (through the connection manager) or the TCP proxy to `cluster_name`.
 /// Every chain of a port gets the same; filters that act on the peer
 /// (authorization) go here, before the router / TCP proxy.
@@ -118,7 +122,7 @@ fn inbound_listener(name: &str, bind: &str, port: u32, mode: Inbound, trust_doma
 /// TLS) goes to the workload in `x-forwarded-client-cert`, and a client's
 /// own such header is always dropped (Envoy's SANITIZE_SET), so the
 /// workload can trust it.
-pub fn inbound_filters(stat_prefix: &str, port: u32, is_http: bool, cluster_name: &str) -> Vec<Filter> {
+pub fn inbound_filters(stat_prefix: &str, port: u32, is_http: bool, cluster_name: &str, first: &[HttpFilter]) -> Vec<Filter> {
     if !is_http {
         return vec![super::l4::tcp_proxy_filter(stat_prefix, &[(cluster_name.to_string(), 1)])];
     }
@@ -145,6 +149,8 @@ pub fn inbound_filters(stat_prefix: &str, port: u32, is_http: bool, cluster_name
         ..Default::default()
     };
     let mut hcm = listener::http_connection_manager(stat_prefix, Routes::Inline(Box::new(rc)));
+    // RequestAuthentication's filters (`jwt`) first.
+    listener::prepend_filters(&mut hcm, first);
     hcm.forward_client_cert_details = ForwardClientCertDetails::SanitizeSet as i32;
     hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails { uri: true, ..Default::default() });
     vec![Filter { name: HCM.into(), config_type: Some(filter::ConfigType::TypedConfig(any(&hcm))) }]

@@ -54,7 +54,14 @@ pub fn http_connection_manager(stat_prefix: &str, routes: Routes) -> HttpConnect
 }
 
 pub fn http_listener(name: &str, ip: &str, port: u32, routes: Routes) -> Listener {
-    let hcm = http_connection_manager(name, routes);
+    http_listener_with(name, ip, port, routes, &[])
+}
+
+/// An HTTP listener whose filter chain starts with `first` (security
+/// filters: `jwt::jwt_filter`), then the usual ones.
+pub fn http_listener_with(name: &str, ip: &str, port: u32, routes: Routes, first: &[HttpFilter]) -> Listener {
+    let mut hcm = http_connection_manager(name, routes);
+    prepend_filters(&mut hcm, first);
     listener(name, ip, port, Filter { name: HCM.into(), config_type: Some(filter::ConfigType::TypedConfig(any(&hcm))) })
 }
 
@@ -72,15 +79,22 @@ pub struct TlsChain {
     pub route: String,
 }
 
-/// An HTTPS listener: a filter chain per TLS server. Nothing on it speaks
-/// plaintext: a connection that does not complete a TLS handshake with one
-/// of the chains is closed.
-pub fn https_listener(name: &str, ip: &str, port: u32, chains: Vec<TlsChain>) -> Listener {
+/// Put `first` at the head of an HTTP connection manager's filters.
+pub fn prepend_filters(hcm: &mut HttpConnectionManager, first: &[HttpFilter]) {
+    hcm.http_filters.splice(0..0, first.iter().cloned());
+}
+
+/// An HTTPS listener: a filter chain per TLS server, each HTTP connection
+/// manager starting with `first`. Nothing on it speaks plaintext: a
+/// connection that does not complete a TLS handshake with one of the
+/// chains is closed.
+pub fn https_listener(name: &str, ip: &str, port: u32, chains: Vec<TlsChain>, first: &[HttpFilter]) -> Listener {
     let listener_filters = tls_inspector_if(chains.iter().any(|c| !c.server_names.is_empty()));
     let filter_chains = chains
         .into_iter()
         .map(|c| {
             let mut hcm = http_connection_manager(&c.route, Routes::Rds(c.route.clone()));
+            prepend_filters(&mut hcm, first);
             // As Istio's gateways: the client certificate of a mutual TLS
             // connection goes upstream in x-forwarded-client-cert, and a
             // client's own header is never passed on.

@@ -15,6 +15,7 @@
 //! - `tls`: TLS contexts (gateway termination, DestinationRule origination).
 //! - `mtls`: mutual TLS between Envoys (PeerAuthentication, ISTIO_MUTUAL,
 //!   auto-mTLS) with the workload certificates over SDS.
+//! - `jwt`: RequestAuthentication → `jwt_authn` on inbound and gateway listeners.
 
 pub mod authz;
 pub mod cluster;
@@ -24,6 +25,7 @@ pub mod gateway;
 pub mod grpc;
 pub mod inbound;
 pub mod intern;
+pub mod jwt;
 pub mod l4;
 pub mod listener;
 pub mod mtls;
@@ -320,6 +322,8 @@ pub struct Translator {
     clusters: ClusterCache,
     /// Route tables rebuilt for a VirtualService change, at one revision.
     route_steps: Mutex<RouteSteps>,
+    /// Key sets fetched from `jwksUri`s (written by `crate::jwks`).
+    keys: Arc<jwt::KeyCell>,
 }
 
 /// Route tables rebuilt at `revision` by the incremental path, by the table
@@ -356,7 +360,14 @@ impl Translator {
             changes: Mutex::new(Default::default()),
             clusters: Default::default(),
             route_steps: Mutex::new(Default::default()),
+            keys: Default::default(),
         }
+    }
+
+    /// Whether the fetched key sets `proxy`'s config holds are the same in
+    /// `mesh` as in the mesh its previous config was translated from.
+    fn same_keys(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity) -> bool {
+        Arc::ptr_eq(&prev.mesh.jwks, &mesh.jwks) || jwt::fetched_uris_for(mesh, proxy).iter().all(|u| prev.mesh.jwks.sets.get(u) == mesh.jwks.sets.get(u))
     }
 
     fn route_step(&self, revision: u64, before: &Arc<XdsResource>, proxy: &ProxyIdentity) -> Option<(Arc<XdsResource>, RdsParts)> {
@@ -387,10 +398,18 @@ impl Translator {
     /// The mesh at `applied`'s revision, built once per revision and
     /// updated from the previous one when only traffic rules changed.
     pub fn mesh(&self, applied: &Applied) -> Arc<Mesh> {
+        let keys = self.keys.get();
         let mut cached = self.mesh.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((m, _)) = &*cached {
+        if let Some((m, objects)) = &*cached {
             if m.revision == applied.revision() {
-                return m.clone();
+                if Arc::ptr_eq(&m.jwks, &keys) {
+                    return m.clone();
+                }
+                // The same store state with newly fetched key sets.
+                let m = Arc::new(Mesh { jwks: keys, ..(**m).clone() });
+                let objects = objects.clone();
+                *cached = Some((m.clone(), objects));
+                return m;
             }
         }
         let m = match &*cached {
@@ -399,7 +418,9 @@ impl Translator {
             }
             _ => None,
         };
-        let m = Arc::new(m.unwrap_or_else(|| Mesh::build(applied, self.config.clone())));
+        let mut m = m.unwrap_or_else(|| Mesh::build(applied, self.config.clone()));
+        m.jwks = keys;
+        let m = Arc::new(m);
         // Services no mesh shares any more are no use to the cluster cache.
         self.clusters.prune();
         *cached = Some((m.clone(), applied.state.objects.clone()));
@@ -469,6 +490,13 @@ impl Translator {
                     }
                     Vec::new()
                 }
+                (_, TypedSpec::Istio(Validated::RequestAuthentication { spec, .. })) => {
+                    let labels = spec.selector.as_ref().map(|s| &s.match_labels);
+                    if scope::policy_selects(ns, labels, &self.config.root_namespace, &prev.identity) {
+                        return None;
+                    }
+                    Vec::new()
+                }
                 _ => return None,
             })
         };
@@ -509,9 +537,11 @@ impl Translator {
     }
 
     /// Whether every change since the proxy's last translation is to an
-    /// AuthorizationPolicy.
+    /// AuthorizationPolicy or a RequestAuthentication (both only shape the
+    /// filters of inbound and gateway listeners).
     fn authz_only(&self, prev: &Previous, applied: &Applied) -> bool {
-        self.changes(prev, applied).iter().all(|(key, _, _)| key.kind == crate::model::Kind::AuthorizationPolicy)
+        use crate::model::Kind;
+        self.changes(prev, applied).iter().all(|(key, _, _)| matches!(key.kind, Kind::AuthorizationPolicy | Kind::RequestAuthentication))
     }
 
     /// Hosts whose endpoints changed, if every change since the proxy's last
@@ -626,6 +656,12 @@ impl Generator for Translator {
         // prev's clusters and route tables' hosts, so its dependencies.
         let mut incremental = true;
         let (config, rds) = match (&prev, proxy.kind) {
+            // Fetched keys this proxy holds changed (at this revision or
+            // with other changes): translate in full.
+            (Some(p), _) if !Self::same_keys(p, &mesh, proxy) => {
+                incremental = false;
+                translate_with_parts(&mesh, proxy, Some(&self.clusters))
+            }
             (Some(p), _) if p.config.revision == applied.revision() => return Ok(p.config.clone()),
             // Nothing this proxy depends on changed: its config is the same
             // at the new revision, with no translation at all.
@@ -634,8 +670,8 @@ impl Generator for Translator {
                 config.revision = applied.revision();
                 (config, p.rds.clone())
             }
-            // Only AuthorizationPolicies changed: only the inbound
-            // listeners (where the RBAC filters are) can differ.
+            // Only AuthorizationPolicies or RequestAuthentications changed:
+            // only the inbound listeners (where their filters are) can differ.
             (Some(p), ProxyKind::Sidecar) if self.authz_only(p, applied) => (authz_incremental(p, &mesh, proxy), p.rds.clone()),
             (Some(p), kind) => match self.endpoints_only_hosts(p, applied, &mesh) {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
@@ -679,5 +715,9 @@ impl Generator for Translator {
 
     fn forget(&self, proxy_id: &str) {
         self.previous.lock().unwrap_or_else(|p| p.into_inner()).remove(proxy_id);
+    }
+
+    fn key_cell(&self) -> Option<Arc<jwt::KeyCell>> {
+        Some(self.keys.clone())
     }
 }

@@ -128,4 +128,11 @@ pub trait Generator: Send + Sync + 'static {
 
     /// A proxy's stream ended: drop whatever was kept for it.
     fn forget(&self, _proxy_id: &str) {}
+
+    /// Where the generator reads the key sets fetched from RequestAuthentication
+    /// `jwksUri`s, if it uses them: the replica runs a fetcher writing there
+    /// (`crate::jwks`) and has the streams regenerate when they change.
+    fn key_cell(&self) -> Option<std::sync::Arc<crate::translate::jwt::KeyCell>> {
+        None
+    }
 }

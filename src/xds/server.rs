@@ -91,11 +91,23 @@ pub struct ServeOptions {
     /// The mesh CA: a client certificate's SPIFFE id is a workload
     /// identity only if this CA issued it.
     pub mesh_ca: Option<Arc<crate::ca::MeshCa>>,
+    /// Changes when an input of translation other than the store changed
+    /// (key sets fetched from `jwksUri`s, `crate::jwks`): every stream
+    /// then regenerates at its revision and pushes what changed.
+    pub refresh: Option<watch::Receiver<u64>>,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { fence: Arc::new(AlwaysCurrent), max_stream_age: None, fence_timeout: Duration::from_secs(5), latest: None, acl: None, mesh_ca: None }
+        ServeOptions {
+            fence: Arc::new(AlwaysCurrent),
+            max_stream_age: None,
+            fence_timeout: Duration::from_secs(5),
+            latest: None,
+            acl: None,
+            mesh_ca: None,
+            refresh: None,
+        }
     }
 }
 
@@ -209,6 +221,12 @@ impl AdsService {
         // A new stream starts from the newest applied revision, not the
         // last debounced push: it has nothing to coalesce with.
         let current = self.shared.options.latest.as_ref().map_or_else(|| applied.borrow().clone(), |l| l.borrow().clone());
+        // Fetched inputs (JWT keys) seen from here on are in the first
+        // config; a change after this mark regenerates.
+        let refresh = self.shared.options.refresh.clone().map(|mut r| {
+            r.mark_unchanged();
+            r
+        });
         let config = generate(&self.shared.generator, &identity, current, &handle)
             .await
             .map_err(|e| Status::unavailable(format!("cannot generate the configuration of {}: {e}", identity.id)))?;
@@ -216,7 +234,7 @@ impl AdsService {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let max_age = self.shared.options.max_stream_age.map(|a| jittered(a, handle.stream()));
         let caller = self.shared.options.acl.as_ref().filter(|a| a.enabled).map(|_| Box::new(caller));
-        let stream = StreamTask { shared: self.shared.clone(), identity, handle, applied, tx, config, variant: V::default(), max_age, caller };
+        let stream = StreamTask { shared: self.shared.clone(), identity, handle, applied, tx, config, variant: V::default(), max_age, caller, refresh };
         // Requests come boxed (see `Requests::message`): an async fn keeps
         // room for its arguments for the future's whole life, and an
         // Envoy's first request (its node inline) would otherwise take
@@ -391,6 +409,8 @@ struct StreamTask<V: Variant> {
     max_age: Option<Duration>,
     /// Its credentials, checked again at every new revision (ACLs on).
     caller: Option<Box<StreamCaller>>,
+    /// See `ServeOptions::refresh`.
+    refresh: Option<watch::Receiver<u64>>,
 }
 
 /// Why a stream stops.
@@ -479,6 +499,22 @@ impl<V: Variant> StreamTask<V> {
                         return end;
                     }
                 }
+                changed = async {
+                    match &mut self.refresh {
+                        Some(r) => r.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if changed.is_err() {
+                        // The fetcher stopped: nothing more will change.
+                        self.refresh = None;
+                        continue;
+                    }
+                    let current = self.applied.borrow().clone();
+                    if let Err(end) = Box::pin(self.regenerate_with(current, true)).await {
+                        return end;
+                    }
+                }
             }
         }
     }
@@ -541,7 +577,13 @@ impl<V: Variant> StreamTask<V> {
     /// Regenerate from `next` (if newer than what the stream serves) and
     /// push what changed.
     async fn regenerate(&mut self, next: Arc<Applied>) -> Result<(), End> {
-        if next.revision() <= self.config.revision {
+        self.regenerate_with(next, false).await
+    }
+
+    /// As `regenerate`; `same_revision`: also at the revision it serves
+    /// (an input besides the store changed).
+    async fn regenerate_with(&mut self, next: Arc<Applied>, same_revision: bool) -> Result<(), End> {
+        if next.revision() < self.config.revision || (next.revision() == self.config.revision && !same_revision) {
             return Ok(());
         }
         // A token revoked or expired since the stream opened: nothing more

@@ -16,6 +16,7 @@ use super::duration::Duration;
 use super::gateway::Gateway;
 use super::host;
 use super::peer_authentication::PeerAuthentication;
+use super::request_authentication::RequestAuthentication;
 use super::service_entry::ServiceEntry;
 use super::sidecar::Sidecar;
 use super::virtual_service::VirtualService;
@@ -55,6 +56,7 @@ pub enum Validated {
     WorkloadEntry { spec: Box<WorkloadEntry>, warnings: Vec<String> },
     AuthorizationPolicy { spec: Box<AuthorizationPolicy>, warnings: Vec<String> },
     PeerAuthentication { spec: Box<PeerAuthentication>, warnings: Vec<String> },
+    RequestAuthentication { spec: Box<RequestAuthentication>, warnings: Vec<String> },
 }
 
 impl Validated {
@@ -69,6 +71,7 @@ impl Validated {
             Validated::WorkloadEntry { .. } => "WorkloadEntry",
             Validated::AuthorizationPolicy { .. } => "AuthorizationPolicy",
             Validated::PeerAuthentication { .. } => "PeerAuthentication",
+            Validated::RequestAuthentication { .. } => "RequestAuthentication",
         }
     }
 
@@ -82,6 +85,7 @@ impl Validated {
             | Validated::WorkloadEntry { warnings, .. }
             | Validated::AuthorizationPolicy { warnings, .. }
             | Validated::PeerAuthentication { warnings, .. } => warnings,
+            Validated::RequestAuthentication { warnings, .. } => warnings,
         }
     }
 
@@ -96,13 +100,23 @@ impl Validated {
             Validated::WorkloadEntry { spec, .. } => serde_json::to_value(spec),
             Validated::AuthorizationPolicy { spec, .. } => serde_json::to_value(spec),
             Validated::PeerAuthentication { spec, .. } => serde_json::to_value(spec),
+            Validated::RequestAuthentication { spec, .. } => serde_json::to_value(spec),
         }
     }
 }
 
 /// The kinds [`validate`] understands.
-pub const KINDS: [&str; 8] =
-    ["VirtualService", "DestinationRule", "ServiceEntry", "Gateway", "Sidecar", "WorkloadEntry", "AuthorizationPolicy", "PeerAuthentication"];
+pub const KINDS: [&str; 9] = [
+    "VirtualService",
+    "DestinationRule",
+    "ServiceEntry",
+    "Gateway",
+    "Sidecar",
+    "WorkloadEntry",
+    "AuthorizationPolicy",
+    "PeerAuthentication",
+    "RequestAuthentication",
+];
 
 /// Parses and validates the `spec` of a `networking.istio.io` resource of
 /// the given kind (any API version: v1alpha3, v1beta1 and v1 share one
@@ -120,6 +134,7 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Validated, Vec<FieldError>> 
         "WorkloadEntry" => run(spec, WorkloadEntry::check).map(|(spec, warnings)| Validated::WorkloadEntry { spec, warnings }),
         "AuthorizationPolicy" => run(spec, AuthorizationPolicy::check).map(|(spec, warnings)| Validated::AuthorizationPolicy { spec, warnings }),
         "PeerAuthentication" => run(spec, PeerAuthentication::check).map(|(spec, warnings)| Validated::PeerAuthentication { spec, warnings }),
+        "RequestAuthentication" => run(spec, RequestAuthentication::check).map(|(spec, warnings)| Validated::RequestAuthentication { spec, warnings }),
         other => Err(vec![FieldError { field: "kind".to_string(), reason: format!("unsupported kind {other:?}; expected one of {}", KINDS.join(", ")) }]),
     }
 }
