@@ -161,7 +161,11 @@ impl ServerConfig {
 
     /// The mesh-wide settings translation reads.
     pub fn mesh_config(&self) -> crate::mesh::MeshConfig {
-        crate::mesh::MeshConfig { domain_suffix: self.domain_suffix.clone(), root_namespace: self.root_namespace.clone() }
+        crate::mesh::MeshConfig {
+            domain_suffix: self.domain_suffix.clone(),
+            root_namespace: self.root_namespace.clone(),
+            trust_domain: self.trust_domain.clone(),
+        }
     }
 }
 

@@ -435,8 +435,8 @@ async fn envoy_rotates_the_agents_certificate_over_sds() {
     let first = wait_cert(&dir, None, Duration::from_secs(20), &agent).await;
 
     // The bootstrap the agent wrote, plus a listener serving the SDS
-    // certificate (a test fixture: Lodestar's own listeners use SDS only
-    // with ISTIO_MUTUAL, not built yet).
+    // certificate (a static fixture that needs no mesh config; the
+    // translated mutual TLS listeners are tested in tests/mtls.rs).
     let mut doc: Value = serde_json::from_str(&std::fs::read_to_string(&bootstrap).unwrap()).unwrap();
     let sds_config = serde_json::json!({"resource_api_version": "V3", "api_config_source": {"api_type": "GRPC", "transport_api_version": "V3", "grpc_services": [{"envoy_grpc": {"cluster_name": "sds-grpc"}}]}});
     doc["static_resources"]["listeners"] = serde_json::json!([{

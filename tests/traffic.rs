@@ -951,7 +951,8 @@ async fn gateway_terminates_tls_simple_and_mutual() {
     p.envoy.assert_no_rejections().await;
 
     // What Lodestar cannot serve as asked is refused at apply time, naming
-    // the field: Istio's secure ingress with a secret, mesh mTLS upstream.
+    // the field: Istio's secure ingress with a secret, a gateway terminating
+    // with the mesh certificate.
     let refused = r#"
 apiVersion: networking.istio.io/v1
 kind: Gateway
@@ -964,18 +965,21 @@ spec:
     tls: {mode: SIMPLE, credentialName: shop-credential}
 ---
 apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata: {name: shop, namespace: default}
+kind: Gateway
+metadata: {name: mesh-gateway, namespace: default}
 spec:
-  host: shop
-  trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 15443, name: tls, protocol: TLS}
+    hosts: [shop.example.test]
+    tls: {mode: ISTIO_MUTUAL}
 "#;
     let r = fx.client.post(format!("{}/v1/apply", fx.api(1))).header("content-type", "application/yaml").body(refused).send().await.unwrap();
     let status = r.status().as_u16();
     let body: Value = r.json().await.unwrap();
     assert_eq!(status, 400, "{body:#}");
     let fields = body["error"]["fields"].as_array().cloned().unwrap_or_default();
-    for field in ["spec.servers[0].tls.credentialName", "spec.trafficPolicy.tls.mode"] {
+    for field in ["spec.servers[0].tls.credentialName", "spec.servers[0].tls.mode"] {
         let named = fields
             .iter()
             .any(|f| f["field"].as_str().is_some_and(|x| x.ends_with(field)) && f["reason"].as_str().is_some_and(|x| x.contains("not supported yet")));

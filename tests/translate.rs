@@ -306,6 +306,72 @@ fn identical_output_is_shared_across_proxies() {
     assert_ne!(a.of(ResourceType::Listener), b.of(ResourceType::Listener), "listeners bind each proxy's own IP");
 }
 
+/// Mutual TLS through the translator's incremental paths and caches: an
+/// instance gaining an identity changes its cluster (the expected SANs),
+/// not only EDS; a PeerAuthentication change re-marks the endpoints; the
+/// same mesh gives a proxy without SDS no mTLS at all (the cluster cache
+/// keeps them apart). Each step equals a full translation.
+#[test]
+fn mutual_tls_follows_identities_and_policies() {
+    use lodestar::translate::Translator;
+    use lodestar::xds::resources::Generator;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/mtls");
+    let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let with_sds =
+        ProxyIdentity::parse("sidecar~127.0.30.1~web-1.shop~shop.svc.cluster.local", &json!({"LABELS": {"app": "web"}, "LODESTAR_SDS": "true"})).unwrap();
+    let without = ProxyIdentity::parse("sidecar~127.0.30.7~web-2.shop~shop.svc.cluster.local", &json!({"LABELS": {"app": "web"}})).unwrap();
+    let translator = Translator::new(MeshConfig::default());
+    let put = |yaml: &str| {
+        let r = parse_resource(parse_documents(yaml, "change").unwrap().remove(0), "default").unwrap();
+        validate_spec(&r).unwrap();
+        Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }
+    };
+    let reviews = "outbound|9080||reviews.shop.svc.cluster.local";
+    let sans_of = |cfg: &ProxyConfig| -> String {
+        let c = render(cfg)["CDS"][reviews].clone();
+        c["transportSocketMatches"].to_string()
+    };
+    let eds_of = |cfg: &ProxyConfig| render(cfg)["EDS"][reviews].to_string();
+    let check = |applied: &Applied, proxy: &ProxyIdentity, step: &str| -> ProxyConfig {
+        let got = translator.generate(proxy, applied).unwrap();
+        let want = translate(&Mesh::build(applied, Arc::new(MeshConfig::default())), proxy);
+        assert_eq!(render(&got), render(&want), "{step}");
+        got
+    };
+    let first = check(&base, &with_sds, "base");
+    assert!(sans_of(&first).contains("sa/reviews") && !sans_of(&first).contains("sa/legacy"), "{}", sans_of(&first));
+    let plain = check(&base, &without, "base without SDS");
+    assert!(!render(&plain).to_string().contains("sds-grpc"), "a proxy without SDS gets no SDS reference");
+
+    // The legacy instance gets an identity: a cluster change (new SAN), and
+    // its endpoint is marked for mutual TLS.
+    let mut state = base.state.clone();
+    state.apply_txn(&Txn { ops: vec![put("apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {name: reviews-legacy, namespace: shop}\nspec: {service: reviews, address: 127.0.30.3, port: 9080, serviceAccount: legacy}\n")] }).0.unwrap();
+    let applied = Applied { state: state.clone(), ..Default::default() };
+    let second = check(&applied, &with_sds, "identity added");
+    assert!(sans_of(&second).contains("sa/legacy"), "the new identity is expected: {}", sans_of(&second));
+    assert_eq!(eds_of(&second).matches("tlsMode").count(), 2, "{}", eds_of(&second));
+    check(&applied, &without, "identity added, without SDS");
+
+    // Its namespace DISABLEs mTLS: plaintext to every reviews endpoint.
+    state.apply_txn(&Txn { ops: vec![put("apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: reviews, namespace: shop}\nspec:\n  selector: {matchLabels: {app: none}}\n  mtls: {mode: STRICT}\n")] }).0.unwrap();
+    let applied = Applied { state: state.clone(), ..Default::default() };
+    check(&applied, &with_sds, "an unrelated workload policy");
+    state
+        .apply_txn(&Txn {
+            ops: vec![put(
+                "apiVersion: security.istio.io/v1beta1\nkind: PeerAuthentication\nmetadata: {name: default, namespace: shop}\nspec:\n  mtls: {mode: DISABLE}\n",
+            )],
+        })
+        .0
+        .unwrap();
+    let applied = Applied { state, ..Default::default() };
+    let third = check(&applied, &with_sds, "namespace DISABLE");
+    assert_eq!(eds_of(&third).matches("tlsMode").count(), 0, "DISABLE servers get plaintext: {}", eds_of(&third));
+    let l = render(&third)["LDS"]["127.0.30.1_9080"].to_string();
+    assert!(!l.contains("DownstreamTlsContext"), "the proxy's own inbound is plaintext under DISABLE");
+}
+
 /// AuthorizationPolicy changes: a policy selecting the proxy rebuilds its
 /// inbound listeners only (clusters, endpoints and routes are shared with
 /// the previous config as they are); one selecting another workload costs

@@ -77,10 +77,15 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: AgentArgs) -> Resu
 
 /// The SDS cluster and the xDS port's client certificate for an Envoy
 /// bootstrap (from `lodestar bootstrap`): a static cluster `sds-grpc` on
-/// the agent's Unix socket, and `xds-grpc` presenting the workload
-/// certificate (`default` over SDS) as its TLS client certificate.
+/// the agent's Unix socket, `xds-grpc` presenting the workload
+/// certificate (`default` over SDS) as its TLS client certificate, and the
+/// node metadata `LODESTAR_SDS` that tells the control plane so (it then
+/// sends mutual TLS listeners and clusters, which use these secrets).
 pub fn add_sds(doc: &mut serde_json::Value, socket: &Path) -> Result<()> {
     use serde_json::json;
+    if let Some(meta) = doc.pointer_mut("/node/metadata").and_then(|m| m.as_object_mut()) {
+        meta.insert(crate::model::proxy::SDS_METADATA.into(), json!("true"));
+    }
     let clusters =
         doc.pointer_mut("/static_resources/clusters").and_then(|c| c.as_array_mut()).ok_or_else(|| anyhow!("the bootstrap has no static clusters"))?;
     let sds_config = json!({"resource_api_version": "V3", "api_config_source": {"api_type": "GRPC", "transport_api_version": "V3", "grpc_services": [{"envoy_grpc": {"cluster_name": crate::agent::sds::SDS_CLUSTER}}]}});

@@ -49,6 +49,10 @@ pub struct RegisterArgs {
     /// The Lease that owns this instance.
     #[arg(long)]
     pub lease: Option<String>,
+    /// The workload's service account (its identity with `lodestar
+    /// agent`): clients then speak mutual TLS to it (auto-mTLS).
+    #[arg(long)]
+    pub service_account: Option<String>,
 }
 
 /// What to renew (an instance's TTL, a lease), once or repeatedly.
@@ -117,7 +121,12 @@ pub fn instance_document(a: &RegisterArgs) -> Result<Value> {
     if !named.is_empty() {
         spec.insert("ports".into(), Value::Object(named));
     }
-    for (k, v) in [("locality", a.locality.as_ref().map(|v| json!(v))), ("weight", a.weight.map(|v| json!(v))), ("lease", a.lease.as_ref().map(|v| json!(v)))] {
+    for (k, v) in [
+        ("locality", a.locality.as_ref().map(|v| json!(v))),
+        ("weight", a.weight.map(|v| json!(v))),
+        ("lease", a.lease.as_ref().map(|v| json!(v))),
+        ("serviceAccount", a.service_account.as_ref().map(|v| json!(v))),
+    ] {
         if let Some(v) = v {
             spec.insert(k.into(), v);
         }
@@ -236,4 +245,26 @@ pub async fn services_table(client: &Client, namespace: Option<&str>) -> Result<
     }
     super::print_rows(rows);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: RegisterArgs,
+    }
+
+    #[test]
+    fn register_carries_the_service_account() {
+        let cli = Cli::parse_from(["register", "reviews", "--address", "10.0.0.21", "--port", "9080", "--service-account", "reviews"]);
+        let doc = instance_document(&cli.args).unwrap();
+        assert_eq!(doc["spec"]["serviceAccount"], "reviews", "{doc}");
+        let spec = crate::model::registry::validate_instance(&doc["spec"]).unwrap();
+        assert_eq!(spec.service_account.as_deref(), Some("reviews"));
+        assert!(crate::model::registry::validate_instance(&json!({"service": "r", "address": "10.0.0.1", "port": 1, "serviceAccount": "Bad_SA"})).is_err());
+    }
 }

@@ -14,7 +14,8 @@
 use crate::model::istio::common::Protocol;
 use crate::model::istio::service_entry::{Location, Resolution as SeResolution};
 use crate::model::istio::{
-    self, AuthorizationPolicy, DestinationRule, Gateway, RequestAuthentication, ServiceEntry, Sidecar, Validated, VirtualService, WorkloadEntry,
+    self, AuthorizationPolicy, DestinationRule, Gateway, PeerAuthentication, RequestAuthentication, ServiceEntry, Sidecar, Validated, VirtualService,
+    WorkloadEntry,
 };
 use crate::model::registry::{protocol_from_name, HealthState, InstanceSpec, InstanceStatus, ServiceSpec};
 use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
@@ -30,11 +31,14 @@ pub struct MeshConfig {
     pub domain_suffix: String,
     /// Where mesh-wide Sidecar and DestinationRule defaults live.
     pub root_namespace: String,
+    /// The SPIFFE trust domain of workload identities
+    /// (`spiffe://TRUST_DOMAIN/ns/NS/sa/SA`), the mesh CA's.
+    pub trust_domain: String,
 }
 
 impl Default for MeshConfig {
     fn default() -> Self {
-        MeshConfig { domain_suffix: "cluster.local".into(), root_namespace: "istio-system".into() }
+        MeshConfig { domain_suffix: "cluster.local".into(), root_namespace: "istio-system".into(), trust_domain: "cluster.local".into() }
     }
 }
 
@@ -109,6 +113,12 @@ pub struct Instance {
     pub health: Health,
     /// The registry Instance (or WorkloadEntry) it came from, if any.
     pub source: Option<ResourceKey>,
+    /// The workload's namespace (its identity's, and where the
+    /// PeerAuthentication that governs its inbound lives).
+    pub namespace: String,
+    /// Its identity's service account, if it has one (a mesh workload with
+    /// a certificate): clients then speak mutual TLS to it (auto-mTLS).
+    pub service_account: Option<String>,
 }
 
 impl Instance {
@@ -146,6 +156,11 @@ impl Service {
         self.sources.iter().any(|(k, _)| k.kind != Kind::Instance)
     }
 
+    /// The identities (namespace, service account) of its instances.
+    pub fn identities(&self) -> BTreeSet<(&str, &str)> {
+        self.instances.iter().filter_map(|i| Some((i.namespace.as_str(), i.service_account.as_deref()?))).collect()
+    }
+
     pub fn port(&self, number: u32) -> Option<&ServicePort> {
         self.ports.iter().find(|p| p.number == number)
     }
@@ -172,6 +187,8 @@ pub struct Mesh {
     pub destination_rules: Vec<Arc<Config<DestinationRule>>>,
     pub gateways: Vec<Arc<Config<Gateway>>>,
     pub sidecars: Vec<Arc<Config<Sidecar>>>,
+    /// security.istio.io PeerAuthentications, oldest first.
+    pub peer_authentications: Vec<Arc<Config<PeerAuthentication>>>,
     /// AuthorizationPolicies, oldest first.
     pub authorization_policies: Vec<Arc<Config<Authz>>>,
     /// Objects left out, with why.
@@ -245,6 +262,7 @@ impl Mesh {
             destination_rules: self.destination_rules.clone(),
             gateways: self.gateways.clone(),
             sidecars: self.sidecars.clone(),
+            peer_authentications: self.peer_authentications.clone(),
             authorization_policies: self.authorization_policies.clone(),
             skipped: self.skipped.clone(),
             vs_by_host: self.vs_by_host.clone(),
@@ -466,6 +484,7 @@ impl Mesh {
                 TypedSpec::Istio(Validated::DestinationRule { spec, .. }) => mesh.destination_rules.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Istio(Validated::Gateway { spec, .. }) => mesh.gateways.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Istio(Validated::Sidecar { spec, .. }) => mesh.sidecars.push(to_config(obj, spec.as_ref())),
+                TypedSpec::Istio(Validated::PeerAuthentication { spec, .. }) => mesh.peer_authentications.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Istio(Validated::AuthorizationPolicy { spec, .. }) => mesh.authorization_policies.push(authz_config(obj, spec)),
                 TypedSpec::Istio(Validated::ServiceEntry { spec, .. }) => entries.push((obj.clone(), spec.as_ref().clone())),
                 TypedSpec::Istio(Validated::WorkloadEntry { spec, .. }) => workloads.push((obj.clone(), spec.as_ref().clone())),
@@ -479,6 +498,7 @@ impl Mesh {
         mesh.destination_rules.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.sidecars.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.peer_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.authorization_policies.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.request_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
 
@@ -532,13 +552,13 @@ impl Mesh {
                 _ => Resolution::Passthrough,
             };
             let ports: Vec<ServicePort> = se.ports.iter().map(|p| ServicePort::new(&p.name, p.number, p.protocol_name(), p.target_port)).collect();
-            let mut insts: Vec<Instance> = se.endpoints.iter().map(|we| instance_of_workload(we, &BTreeMap::new())).collect();
+            let mut insts: Vec<Instance> = se.endpoints.iter().map(|we| instance_of_workload(we, &BTreeMap::new(), ns)).collect();
             let mut sources = vec![(obj.key.clone(), obj.mod_revision)];
             if let Some(sel) = &se.workload_selector {
                 for (wobj, we) in workloads.iter().filter(|(w, _)| w.key.namespace == *ns) {
                     let labels = if we.labels.is_empty() { labels_of(wobj) } else { we.labels.clone() };
                     if sel.labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
-                        insts.push(instance_of_workload(we, &labels));
+                        insts.push(instance_of_workload(we, &labels, ns));
                         sources.push((wobj.key.clone(), wobj.mod_revision));
                     }
                 }
@@ -582,7 +602,7 @@ impl Mesh {
     }
 }
 
-fn instance_of_workload(we: &WorkloadEntry, labels: &BTreeMap<String, String>) -> Instance {
+fn instance_of_workload(we: &WorkloadEntry, labels: &BTreeMap<String, String>, namespace: &str) -> Instance {
     Instance {
         address: we.address.clone(),
         ports: we.ports.clone(),
@@ -592,6 +612,8 @@ fn instance_of_workload(we: &WorkloadEntry, labels: &BTreeMap<String, String>) -
         weight: we.weight.unwrap_or(1).max(1),
         health: Health::Healthy,
         source: None,
+        namespace: namespace.to_string(),
+        service_account: we.service_account.clone().filter(|s| !s.is_empty()),
     }
 }
 
@@ -626,6 +648,8 @@ fn registry_instance(obj: &StoredObject, spec: &InstanceSpec) -> Instance {
         weight: spec.weight.unwrap_or(1).max(1),
         health: instance_health(obj, spec),
         source: Some(obj.key.clone()),
+        namespace: obj.key.namespace.to_string(),
+        service_account: spec.service_account.clone(),
     }
 }
 

@@ -6,7 +6,11 @@
 //!   `sidecar~127.0.0.2~productpage-v1.default~default.svc.cluster.local`.
 //! - `node.metadata` may carry `NAMESPACE`, `LABELS` (a map), `INSTANCE_IPS`
 //!   (comma-separated; the first is the proxy's address) and `NAME`; they win
-//!   over what the id says.
+//!   over what the id says. `LODESTAR_SDS: "true"` (set by `lodestar agent`'s
+//!   bootstrap) says the proxy has the static cluster `sds-grpc` to a local
+//!   SDS server with the secrets `default` and `ROOTCA`: only such a proxy
+//!   is given listeners and clusters that use them (mutual TLS), since any
+//!   other would NACK them.
 //! - `node.metadata.GENERATOR = "grpc"` (Istio's marker for proxyless gRPC
 //!   clients) on a `sidecar` id makes the node a `ProxyKind::Grpc`.
 //!
@@ -39,7 +43,12 @@ pub struct ProxyIdentity {
     pub name: String,
     pub namespace: String,
     pub labels: BTreeMap<String, String>,
+    /// It has a workload identity over SDS (`LODESTAR_SDS` metadata).
+    pub sds: bool,
 }
+
+/// The node metadata key that says a proxy has the agent's SDS cluster.
+pub const SDS_METADATA: &str = "LODESTAR_SDS";
 
 impl ProxyIdentity {
     /// Parse a node id and metadata (the `Node.metadata` Struct as JSON).
@@ -81,6 +90,7 @@ impl ProxyIdentity {
             name: meta_str("NAME").unwrap_or(name).to_string(),
             namespace: namespace.to_string(),
             labels,
+            sds: metadata.get(SDS_METADATA).is_some_and(|v| v.as_str() == Some("true") || v.as_bool() == Some(true)),
         })
     }
 

@@ -65,6 +65,11 @@ pub struct InstanceSpec {
     /// expires or is revoked, the instance is deleted in the same write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<String>,
+    /// The workload's identity (`spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/THIS`)
+    /// when it runs with `lodestar agent`: clients speak mutual TLS to it
+    /// (auto-mTLS) and expect this identity in its certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
 }
 
 /// One health check, Consul-style: exactly one of `ttl`, `http`, `tcp`.
@@ -330,6 +335,11 @@ pub fn validate_instance(spec: &serde_json::Value) -> Result<InstanceSpec, Vec<F
     }
     if let Some(hc) = &s.health_check {
         validate_check(hc, &mut errors);
+    }
+    if let Some(sa) = &s.service_account {
+        if let Err(r) = super::resource::check_dns_subdomain(sa) {
+            errors.push(FieldError::new("spec.serviceAccount", r));
+        }
     }
     if errors.is_empty() {
         Ok(s)

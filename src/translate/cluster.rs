@@ -1,9 +1,10 @@
 //! Services and DestinationRules → Envoy clusters (CDS) and their
 //! endpoints (EDS), named as Pilot names them: `outbound|PORT|SUBSET|HOST`.
 
+use super::mtls::{self, UpstreamMtls};
 use super::util::{ads_config_source, any, duration, istio_duration};
 use crate::mesh::{Health, Instance, Resolution, Service, ServicePort};
-use crate::model::istio::destination_rule::{ConnectionPoolSettings, LoadBalancerSettings, OutlierDetection, SimpleLb, TrafficPolicy};
+use crate::model::istio::destination_rule::{ClientTlsMode, ConnectionPoolSettings, LoadBalancerSettings, OutlierDetection, SimpleLb, TrafficPolicy};
 use crate::model::istio::DestinationRule;
 use envoy_types::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
@@ -76,9 +77,33 @@ fn overlay(
     }
 }
 
+/// Auto-mTLS applies to a cluster when its DestinationRule sets no TLS
+/// mode, the client has a workload certificate and the service is in the
+/// mesh: then `Some(up)`, which `load_assignment` uses to mark the
+/// endpoints that speak mutual TLS.
+pub fn auto_mtls<'a, 'm>(
+    svc: &Service,
+    port: u32,
+    subset: Option<&str>,
+    dr: Option<&DestinationRule>,
+    up: &'a UpstreamMtls<'m>,
+) -> Option<&'a UpstreamMtls<'m>> {
+    let unset = effective_policy(dr, port, subset).tls.as_ref().and_then(|t| t.mode).is_none();
+    (unset && up.client_sds && !svc.mesh_external).then_some(up)
+}
+
 /// The cluster for one service port (and subset). Passthrough services get
 /// none: on bare metal nothing redirects their traffic.
-pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Option<&DestinationRule>) -> Option<Cluster> {
+///
+/// TLS: a DestinationRule's SIMPLE / MUTUAL with files (`tls::upstream`);
+/// its ISTIO_MUTUAL with the workload certificate (`mtls::upstream`),
+/// expecting the destination's SPIFFE ids (or the rule's
+/// `subjectAltNames`), SNI `outbound_.PORT_.SUBSET_.HOST` (or the rule's
+/// `sni`); no mode at all: auto-mTLS (mutual TLS to the endpoints marked
+/// in EDS, plaintext to the rest). A client without a workload
+/// certificate cannot do ISTIO_MUTUAL: its cluster has no endpoints
+/// (closed, never plaintext), and it gets no auto-mTLS.
+pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Option<&DestinationRule>, up: &UpstreamMtls<'_>) -> Option<Cluster> {
     let name = outbound_cluster_name(port.number, subset.unwrap_or(""), &svc.hostname);
     let policy = effective_policy(dr, port.number, subset);
     let mut c = Cluster {
@@ -100,7 +125,7 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
         }
         Resolution::Dns => {
             c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::StrictDns as i32));
-            c.load_assignment = Some(dns_load_assignment(&name, svc, port, subset, dr));
+            c.load_assignment = Some(dns_load_assignment(&name, svc, port, subset, dr, auto_mtls(svc, port.number, subset, dr, up)));
         }
         Resolution::Passthrough => return None,
     }
@@ -111,6 +136,28 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
     }
     if let Some(ctx) = policy.tls.as_ref().and_then(super::tls::upstream) {
         c.transport_socket = Some(super::tls::transport_socket(&ctx));
+    }
+    let trust_domain = &up.mesh.config.trust_domain;
+    let sni = || mtls::mesh_sni(port.number, subset.unwrap_or(""), &svc.hostname);
+    match policy.tls.as_ref().filter(|t| t.mode == Some(ClientTlsMode::IstioMutual)) {
+        Some(tls) if up.client_sds => {
+            let sans = if tls.subject_alt_names.is_empty() { mtls::service_identities(svc, trust_domain) } else { tls.subject_alt_names.clone() };
+            let sni = tls.sni.clone().filter(|s| !s.is_empty()).unwrap_or_else(sni);
+            c.transport_socket = Some(super::tls::transport_socket(&mtls::upstream(&sni, &sans)));
+        }
+        Some(_) => {
+            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32));
+            c.eds_cluster_config = None;
+            c.load_assignment = Some(ClusterLoadAssignment { cluster_name: name.clone(), ..Default::default() });
+        }
+        None => {
+            if auto_mtls(svc, port.number, subset, dr, up).is_some() {
+                let sans = mtls::service_identities(svc, trust_domain);
+                if !sans.is_empty() {
+                    c.transport_socket_matches = vec![mtls::mesh_socket_match(&sni(), &sans)];
+                }
+            }
+        }
     }
     Some(c)
 }
@@ -236,8 +283,17 @@ fn health(h: Health) -> i32 {
 }
 
 /// EDS for one cluster: instances grouped by locality, each locality with
-/// the sum of its weights (gRPC clients require a locality weight).
-pub fn load_assignment(name: &str, svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Option<&DestinationRule>) -> ClusterLoadAssignment {
+/// the sum of its weights (gRPC clients require a locality weight). With
+/// auto-mTLS (`auto`, from [`auto_mtls`]) the endpoints that speak mutual
+/// TLS carry the metadata the cluster's transport socket match reads.
+pub fn load_assignment(
+    name: &str,
+    svc: &Service,
+    port: &ServicePort,
+    subset: Option<&str>,
+    dr: Option<&DestinationRule>,
+    auto: Option<&UpstreamMtls<'_>>,
+) -> ClusterLoadAssignment {
     let mut by_locality: BTreeMap<&str, Vec<&Instance>> = BTreeMap::new();
     // Unhealthy instances are left out (Istio's default), not sent marked:
     // Envoy's panic threshold would route to them when most are unhealthy.
@@ -258,7 +314,7 @@ pub fn load_assignment(name: &str, svc: &Service, port: &ServicePort, subset: Op
                     })),
                     health_status: health(i.health),
                     load_balancing_weight: Some(UInt32Value { value: i.weight.max(1) }),
-                    ..Default::default()
+                    metadata: auto.filter(|a| a.endpoint_is_mesh(i, i.port_for(port))).map(|_| mtls::mesh_endpoint_metadata()),
                 })
                 .collect(),
             ..Default::default()
@@ -269,7 +325,14 @@ pub fn load_assignment(name: &str, svc: &Service, port: &ServicePort, subset: Op
 
 /// DNS clusters carry their (hostname) endpoints inline; with no endpoints
 /// the service host itself is resolved.
-fn dns_load_assignment(name: &str, svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Option<&DestinationRule>) -> ClusterLoadAssignment {
+fn dns_load_assignment(
+    name: &str,
+    svc: &Service,
+    port: &ServicePort,
+    subset: Option<&str>,
+    dr: Option<&DestinationRule>,
+    auto: Option<&UpstreamMtls<'_>>,
+) -> ClusterLoadAssignment {
     if svc.instances.is_empty() {
         let host = Instance {
             address: svc.hostname.clone(),
@@ -280,9 +343,11 @@ fn dns_load_assignment(name: &str, svc: &Service, port: &ServicePort, subset: Op
             weight: 1,
             health: Health::Healthy,
             source: None,
+            namespace: svc.namespace.clone(),
+            service_account: None,
         };
         let one = Service { instances: vec![host], ..svc.clone() };
-        return load_assignment(name, &one, port, None, None);
+        return load_assignment(name, &one, port, None, None, None);
     }
-    load_assignment(name, svc, port, subset, dr)
+    load_assignment(name, svc, port, subset, dr, auto)
 }

@@ -83,15 +83,18 @@ pub fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
     }
     // The sidecar's clusters and load assignments, adjusted for gRPC or
     // left out (interned afterwards like any proxy's).
+    // Proxyless clients read no SDS secrets: no mutual TLS (auto-mTLS off,
+    // and an ISTIO_MUTUAL cluster comes out closed and is left out below).
+    let up = super::mtls::UpstreamMtls { mesh, client_sds: false };
     for svc in reachable.values() {
         let dr = super::destination_rule_for(mesh, &proxy.namespace, svc).map(|d| &d.spec);
         let subsets = std::iter::once(None).chain(dr.into_iter().flat_map(|d| d.subsets.iter().map(|s| Some(s.name.as_str()))));
         for subset in subsets {
             for port in &svc.ports {
-                let Some(c) = cluster::cluster(svc, port, subset, dr).and_then(grpc_cluster) else { continue };
+                let Some(c) = cluster::cluster(svc, port, subset, dr, &up).and_then(grpc_cluster) else { continue };
                 // Each locality carries its load_balancing_weight, which
                 // gRPC requires.
-                cfg.insert(ResourceType::Endpoint, XdsResource::new(c.name.clone(), &cluster::load_assignment(&c.name, svc, port, subset, dr)));
+                cfg.insert(ResourceType::Endpoint, XdsResource::new(c.name.clone(), &cluster::load_assignment(&c.name, svc, port, subset, dr, None)));
                 cfg.insert(ResourceType::Cluster, XdsResource::new(c.name.clone(), &c));
             }
         }

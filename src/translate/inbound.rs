@@ -3,17 +3,37 @@
 //! `inbound|PORT||` cluster. HTTP ports get an HTTP connection manager with
 //! an inline route table, other ports a TCP proxy; both behind the RBAC
 //! filters of the AuthorizationPolicies that select the workload (`authz`).
+//!
+//! Mutual TLS (`mtls::inbound_mode`, from PeerAuthentication) decides the
+//! filter chains of each port, all with the same filters
+//! ([`inbound_filters`]):
+//! - plaintext: one chain, no TLS;
+//! - STRICT: a `tls_inspector` and one chain for mesh TLS (transport `tls`,
+//!   a mesh ALPN), terminating it with the workload certificate and
+//!   requiring the client's; anything else matches no chain and is closed;
+//! - PERMISSIVE: the same mesh TLS chain, byte for byte, plus chains that
+//!   pass everything else to the app as is (other TLS, and plaintext). Flipping PERMISSIVE and STRICT only adds or
+//!   removes the plaintext chain, so Envoy keeps the mutual TLS
+//!   connections open (an in-place filter chain update), and the server
+//!   accepts mutual TLS in both modes before any client sends it.
 
 use super::authz::AuthzFilters;
-use super::listener::{self, Routes};
+use super::listener::{self, Routes, HCM};
+use super::mtls::{self, Inbound};
+use super::util::any;
 use super::{cluster, util};
 use crate::mesh::{Config, Mesh};
 use crate::model::istio::Sidecar;
 use crate::model::proxy::ProxyIdentity;
 use crate::xds::resources::{ProxyConfig, ResourceType, XdsResource};
 use envoy_types::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster};
+use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::envoy::config::route::v3::{
     route::Action, route_action::ClusterSpecifier, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
+};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::{ForwardClientCertDetails, SetCurrentClientCertDetails},
+    HttpFilter,
 };
 
 /// The inbound listeners and clusters of the Sidecar `sc` selecting `proxy`.
@@ -31,41 +51,109 @@ pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity
             // The proxy would forward to itself.
             continue;
         }
+        let mode = mtls::inbound_mode(mesh, proxy, port);
+        if mode == Inbound::Refused {
+            // STRICT without a workload certificate: closed, not plaintext.
+            continue;
+        }
         let cluster_name = format!("inbound|{port}||");
         let c = inbound_cluster(&cluster_name, ep_ip, ep_port);
         cfg.insert(ResourceType::Cluster, XdsResource::new(cluster_name.clone(), &c));
         let name = format!("{bind}_{port}");
         let is_http = crate::model::istio::common::Protocol::parse(&ing.port.protocol).is_some_and(|p| p.is_http());
-        let mut l = if is_http {
-            let rc = RouteConfiguration {
-                name: format!("inbound|{port}||"),
-                virtual_hosts: vec![VirtualHost {
-                    name: format!("inbound|http|{port}"),
-                    domains: vec!["*".into()],
-                    routes: vec![Route {
-                        name: "default".into(),
-                        r#match: Some(RouteMatch {
-                            path_specifier: Some(envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier::Prefix("/".into())),
-                            ..Default::default()
-                        }),
-                        action: Some(Action::Route(RouteAction {
-                            cluster_specifier: Some(ClusterSpecifier::Cluster(cluster_name.clone())),
-                            timeout: Some(util::millis(0)),
-                            ..Default::default()
-                        })),
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }],
-                ..Default::default()
-            };
-            listener::http_listener_with(&name, &bind, port, Routes::Inline(Box::new(rc)), &first)
-        } else {
-            listener::tcp_listener(&name, &bind, port, vec![(cluster_name, 1)])
-        };
+        let filters = |_tls: bool| inbound_filters(&name, port, is_http, &cluster_name, &first);
+        let mut l = inbound_listener(&name, &bind, port, mode, &mesh.config.trust_domain, filters);
         authz.apply(&mut l);
         cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
     }
+}
+
+/// An inbound listener with the filter chains of `mode`, each chain's
+/// filters from `filters(is_mutual_tls_chain)`.
+fn inbound_listener(name: &str, bind: &str, port: u32, mode: Inbound, trust_domain: &str, filters: impl Fn(bool) -> Vec<Filter>) -> Listener {
+    let mtls_chain = || FilterChain {
+        name: "mtls".into(),
+        filter_chain_match: Some(FilterChainMatch {
+            transport_protocol: "tls".into(),
+            application_protocols: mtls::MESH_ALPN.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }),
+        filters: filters(true),
+        transport_socket: Some(super::tls::transport_socket(&mtls::downstream(trust_domain))),
+        ..Default::default()
+    };
+    let plaintext_chain = || FilterChain { name: "plaintext".into(), filters: filters(false), ..Default::default() };
+    // TLS that is not the mesh's (an app's own) goes to the app as bytes.
+    // It needs a chain of its own: Envoy picks the most specific transport
+    // protocol first and does not fall back, so TLS without a mesh ALPN
+    // would match no chain at all.
+    let app_tls_chain = || FilterChain {
+        name: "app-tls".into(),
+        filter_chain_match: Some(FilterChainMatch { transport_protocol: "tls".into(), ..Default::default() }),
+        filters: filters(false),
+        ..Default::default()
+    };
+    let (filter_chains, inspect) = match mode {
+        Inbound::Plaintext | Inbound::Refused => (vec![plaintext_chain()], false),
+        Inbound::Strict => (vec![mtls_chain()], true),
+        Inbound::Permissive => (vec![mtls_chain(), app_tls_chain(), plaintext_chain()], true),
+    };
+    Listener {
+        name: name.to_string(),
+        address: Some(cluster::socket_address(bind, port)),
+        filter_chains,
+        listener_filters: listener::tls_inspector_if(inspect),
+        // A client that sends nothing first (a server-first protocol) is
+        // not mesh TLS: after the inspector's timeout it gets the chain
+        // for plaintext (PERMISSIVE) or none (STRICT: closed). The same in
+        // both modes, so a flip changes filter chains only.
+        continue_on_listener_filters_timeout: inspect,
+        ..Default::default()
+    }
+}
+
+/// The filters of one inbound filter chain (HTTP: `first`, then the
+/// connection manager's own), ending in the HTTP router
+/// (through the connection manager) or the TCP proxy to `cluster_name`.
+/// Every chain of a port gets the same; filters that act on the peer
+/// (authorization) go here, before the router / TCP proxy.
+///
+/// HTTP: the peer's certificate (its SPIFFE id, when the chain is mutual
+/// TLS) goes to the workload in `x-forwarded-client-cert`, and a client's
+/// own such header is always dropped (Envoy's SANITIZE_SET), so the
+/// workload can trust it.
+pub fn inbound_filters(stat_prefix: &str, port: u32, is_http: bool, cluster_name: &str, first: &[HttpFilter]) -> Vec<Filter> {
+    if !is_http {
+        return vec![super::l4::tcp_proxy_filter(stat_prefix, &[(cluster_name.to_string(), 1)])];
+    }
+    let rc = RouteConfiguration {
+        name: format!("inbound|{port}||"),
+        virtual_hosts: vec![VirtualHost {
+            name: format!("inbound|http|{port}"),
+            domains: vec!["*".into()],
+            routes: vec![Route {
+                name: "default".into(),
+                r#match: Some(RouteMatch {
+                    path_specifier: Some(envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier::Prefix("/".into())),
+                    ..Default::default()
+                }),
+                action: Some(Action::Route(RouteAction {
+                    cluster_specifier: Some(ClusterSpecifier::Cluster(cluster_name.to_string())),
+                    timeout: Some(util::millis(0)),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mut hcm = listener::http_connection_manager(stat_prefix, Routes::Inline(Box::new(rc)));
+    // RequestAuthentication's filters (`jwt`) first.
+    listener::prepend_filters(&mut hcm, first);
+    hcm.forward_client_cert_details = ForwardClientCertDetails::SanitizeSet as i32;
+    hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails { uri: true, ..Default::default() });
+    vec![Filter { name: HCM.into(), config_type: Some(filter::ConfigType::TypedConfig(any(&hcm))) }]
 }
 
 fn inbound_cluster(name: &str, ip: &str, port: u32) -> Cluster {

@@ -13,6 +13,8 @@
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
 //! - `grpc`: proxyless gRPC clients → API listeners, routes, clusters.
 //! - `tls`: TLS contexts (gateway termination, DestinationRule origination).
+//! - `mtls`: mutual TLS between Envoys (PeerAuthentication, ISTIO_MUTUAL,
+//!   auto-mTLS) with the workload certificates over SDS.
 //! - `jwt`: RequestAuthentication → `jwt_authn` on inbound and gateway listeners.
 
 pub mod authz;
@@ -26,6 +28,7 @@ pub mod intern;
 pub mod jwt;
 pub mod l4;
 pub mod listener;
+pub mod mtls;
 pub mod route;
 pub mod scope;
 pub mod tls;
@@ -66,15 +69,20 @@ pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -
 }
 
 /// Clusters and load assignments depend only on the service, the port,
-/// the subset and the DestinationRule that applies: shared by every proxy
+/// the subset, the DestinationRule that applies, and (mutual TLS) whether
+/// the proxy has a workload certificate and the PeerAuthentications
+/// (`UpstreamMtls::fingerprint`): shared by every proxy
 /// that gets the same ones (translate once per distinct input). Keyed by
 /// the identity of the service and rule objects, which a new mesh shares
 /// when they did not change; entries hold them, so an identity is never
 /// reused while its entry lives, and `prune` drops entries no mesh uses.
 #[derive(Default)]
 pub struct ClusterCache {
-    map: Mutex<std::collections::HashMap<(usize, usize, u32, String), CachedCluster>>,
+    map: Mutex<std::collections::HashMap<ClusterKey, CachedCluster>>,
 }
+
+/// Service and rule identities, port, subset, `UpstreamMtls::fingerprint`.
+type ClusterKey = (usize, usize, u32, String, u64);
 
 struct CachedCluster {
     svc: Arc<Service>,
@@ -100,6 +108,8 @@ impl ClusterCache {
 
 /// Clusters and endpoints for every port of every service in `services`.
 fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, services: &BTreeMap<String, Arc<Service>>, cache: Option<&ClusterCache>) {
+    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds };
+    let fingerprint = up.fingerprint();
     for svc in services.values() {
         let dr_config = destination_rule_for(mesh, &proxy.namespace, svc);
         let dr = dr_config.map(|d| &d.spec);
@@ -110,17 +120,24 @@ fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
         for port in &svc.ports {
             for subset in &subsets {
                 let build = || {
-                    let c = cluster::cluster(svc, port, *subset, dr);
+                    let c = cluster::cluster(svc, port, *subset, dr, &up);
+                    let auto = cluster::auto_mtls(svc, port.number, *subset, dr, &up);
                     let eds = c
                         .as_ref()
                         .filter(|c| is_eds(c))
-                        .map(|c| Arc::new(XdsResource::new(c.name.clone(), &cluster::load_assignment(&c.name, svc, port, *subset, dr))));
+                        .map(|c| Arc::new(XdsResource::new(c.name.clone(), &cluster::load_assignment(&c.name, svc, port, *subset, dr, auto))));
                     (c.map(|c| Arc::new(XdsResource::new(c.name.clone(), &c))), eds)
                 };
                 let (c, eds) = match cache {
                     None => build(),
                     Some(cache) => {
-                        let key = (Arc::as_ptr(svc) as usize, dr_config.map_or(0, |d| Arc::as_ptr(d) as usize), port.number, subset.unwrap_or("").to_string());
+                        let key = (
+                            Arc::as_ptr(svc) as usize,
+                            dr_config.map_or(0, |d| Arc::as_ptr(d) as usize),
+                            port.number,
+                            subset.unwrap_or("").to_string(),
+                            fingerprint,
+                        );
                         let mut map = cache.map.lock().unwrap_or_else(|p| p.into_inner());
                         let e = map.entry(key).or_insert_with(|| {
                             let (cluster, eds) = build();
@@ -546,7 +563,9 @@ impl Translator {
         }
         for h in &hosts {
             match (prev.mesh.services.get(h), mesh.services.get(h)) {
-                (Some(a), Some(b)) if a.same_shape(b) => {}
+                // The clusters expect the service's identities (mutual
+                // TLS): a change to those is a cluster change.
+                (Some(a), Some(b)) if a.same_shape(b) && a.identities() == b.identities() => {}
                 _ => return None,
             }
         }
@@ -608,6 +627,7 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
     let mut cfg = prev.config.clone();
     cfg.revision = mesh.revision;
     let Some(eds) = prev.config.of(ResourceType::Endpoint) else { return cfg };
+    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds };
     // Only the clusters of the changed hosts: their names follow from the
     // service's ports and the subsets of its DestinationRule.
     for host in hosts {
@@ -618,7 +638,8 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
             for port in &svc.ports {
                 let name = outbound_cluster_name(port.number, subset.unwrap_or(""), host);
                 if eds.contains_key(&name) {
-                    cfg.insert(ResourceType::Endpoint, XdsResource::new(name.clone(), &cluster::load_assignment(&name, svc, port, subset, dr)));
+                    let auto = cluster::auto_mtls(svc, port.number, subset, dr, &up);
+                    cfg.insert(ResourceType::Endpoint, XdsResource::new(name.clone(), &cluster::load_assignment(&name, svc, port, subset, dr, auto)));
                 }
             }
         }

@@ -112,5 +112,17 @@ pub fn egress_plans(mesh: &Mesh, proxy: &ProxyIdentity, sidecar: Option<&Config<
 /// one) selects every workload in scope, a selector those whose labels
 /// include all of its own.
 pub fn policy_selects(policy_ns: &str, match_labels: Option<&BTreeMap<String, String>>, root_ns: &str, proxy: &ProxyIdentity) -> bool {
-    (policy_ns == root_ns || policy_ns == proxy.namespace) && match_labels.is_none_or(|l| l.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)))
+    policy_selects_workload(policy_ns, match_labels, root_ns, &proxy.namespace, &proxy.labels)
+}
+
+/// [`policy_selects`] for any workload (a proxy, or a service's endpoint
+/// whose inbound policy a client needs to know), by namespace and labels.
+pub fn policy_selects_workload(
+    policy_ns: &str,
+    match_labels: Option<&BTreeMap<String, String>>,
+    root_ns: &str,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    (policy_ns == root_ns || policy_ns == namespace) && match_labels.is_none_or(|l| l.iter().all(|(k, v)| labels.get(k) == Some(v)))
 }

@@ -1,7 +1,8 @@
 //! TLS contexts: a gateway server's (downstream: the proxy terminates TLS)
 //! and a DestinationRule's (upstream: the proxy originates TLS).
 //! Certificates, keys and CA bundles are file paths on the proxy's host,
-//! read by Envoy itself: Lodestar has no secret store, so no SDS.
+//! read by Envoy itself: Lodestar has no secret store for these. (Mutual
+//! TLS with the workload certificates, over the agent's SDS, is `mtls`.)
 
 use super::util::any;
 use crate::model::istio::destination_rule::{ClientTlsMode, ClientTlsSettings};

@@ -857,8 +857,12 @@ impl ClientTlsSettings {
             }
         }
         let originates = matches!(mode, ClientTlsMode::Simple | ClientTlsMode::Mutual);
-        if mode == ClientTlsMode::IstioMutual {
-            r.unsupported_one(&at.field("mode"), "tls mode ISTIO_MUTUAL", "Lodestar has no mesh certificate authority: use MUTUAL with certificate files");
+        // Istio's validateTLS: ISTIO_MUTUAL uses the workload certificate
+        // (SDS), so no other certificate, CA or credential may be given.
+        if mode == ClientTlsMode::IstioMutual
+            && (self.client_certificate.is_some() || self.private_key.is_some() || self.ca_certificates.is_some() || self.credential_name.is_some())
+        {
+            r.error(at, "cannot specify client certificates or CA certificate or CredentialName If tls mode is ISTIO_MUTUAL");
         }
         if originates {
             if self.credential_name.is_some() {
@@ -972,11 +976,16 @@ mod tests {
     #[test]
     fn tls_origination_checks() {
         let e = errors(
-            json!({"host": "r", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}, "portLevelSettings": [{"port": {"number": 80}, "tls": {"mode": "ISTIO_MUTUAL"}}]},
-            "subsets": [{"name": "a", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}}]}),
+            json!({"host": "r", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL", "caCertificates": "/ca.pem"}, "portLevelSettings": [{"port": {"number": 80}, "tls": {"mode": "ISTIO_MUTUAL", "clientCertificate": "/c.pem"}}]},
+            "subsets": [{"name": "a", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL", "credentialName": "c"}}}]}),
         );
-        for field in ["spec.trafficPolicy.tls.mode", "spec.trafficPolicy.portLevelSettings[0].tls.mode", "spec.subsets[0].trafficPolicy.tls.mode"] {
-            assert!(has(&e, field, "ISTIO_MUTUAL is not supported yet"), "{field}: {e:?}");
+        assert!(validate(
+            "DestinationRule",
+            &json!({"host": "r", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL", "sni": "x", "subjectAltNames": ["spiffe://td/ns/a/sa/b"]}}})
+        )
+        .is_ok());
+        for field in ["spec.trafficPolicy.tls", "spec.trafficPolicy.portLevelSettings[0].tls", "spec.subsets[0].trafficPolicy.tls"] {
+            assert!(has(&e, field, "If tls mode is ISTIO_MUTUAL"), "{field}: {e:?}");
         }
         let e = errors(json!({"host": "r", "trafficPolicy": {"tls": {"mode": "SIMPLE", "credentialName": "c", "subjectAltNames": ["r.example.com"]}}}));
         assert!(has(&e, "spec.trafficPolicy.tls.credentialName", "not supported yet"), "{e:?}");

@@ -327,7 +327,7 @@ impl Server {
         let Some(tls) = &self.tls else { return };
         let tls_at = at.field("tls");
         if tls.mode() == ServerTlsMode::IstioMutual {
-            r.unsupported_one(&tls_at.field("mode"), "tls mode ISTIO_MUTUAL", "Lodestar has no mesh certificate authority: use MUTUAL with certificate files");
+            r.unsupported_one(&tls_at.field("mode"), "tls mode ISTIO_MUTUAL on a gateway", "use MUTUAL with certificate files");
         }
         let no_secrets = "Lodestar has no secret store: give serverCertificate and privateKey (and caCertificates) as file paths on the gateway's host";
         if tls.credential_name.is_some() {
@@ -559,7 +559,7 @@ mod tests {
             {"port": {"number": 5000, "name": "g", "protocol": "UDP"}, "hosts": ["*"]}
         ]}));
         assert!(has(&e, "spec.servers[0].tls.credentialName", "credentialName is not supported yet"), "{e:?}");
-        assert!(has(&e, "spec.servers[1].tls.mode", "ISTIO_MUTUAL is not supported yet"), "{e:?}");
+        assert!(has(&e, "spec.servers[1].tls.mode", "ISTIO_MUTUAL on a gateway is not supported yet"), "{e:?}");
         assert!(has(&e, "spec.servers[2].tls.mode", "terminating TLS on a TLS server (then routing TCP) is not supported yet"), "{e:?}");
         assert!(has(&e, "spec.servers[3].port.protocol", "protocol UDP on a gateway is not supported yet"), "{e:?}");
         assert!(e.iter().all(|e| !e.reason.contains("invalid")), "{e:?}");

@@ -15,6 +15,7 @@ use super::destination_rule::DestinationRule;
 use super::duration::Duration;
 use super::gateway::Gateway;
 use super::host;
+use super::peer_authentication::PeerAuthentication;
 use super::request_authentication::RequestAuthentication;
 use super::service_entry::ServiceEntry;
 use super::sidecar::Sidecar;
@@ -54,6 +55,7 @@ pub enum Validated {
     Sidecar { spec: Box<Sidecar>, warnings: Vec<String> },
     WorkloadEntry { spec: Box<WorkloadEntry>, warnings: Vec<String> },
     AuthorizationPolicy { spec: Box<AuthorizationPolicy>, warnings: Vec<String> },
+    PeerAuthentication { spec: Box<PeerAuthentication>, warnings: Vec<String> },
     RequestAuthentication { spec: Box<RequestAuthentication>, warnings: Vec<String> },
 }
 
@@ -68,6 +70,7 @@ impl Validated {
             Validated::Sidecar { .. } => "Sidecar",
             Validated::WorkloadEntry { .. } => "WorkloadEntry",
             Validated::AuthorizationPolicy { .. } => "AuthorizationPolicy",
+            Validated::PeerAuthentication { .. } => "PeerAuthentication",
             Validated::RequestAuthentication { .. } => "RequestAuthentication",
         }
     }
@@ -80,7 +83,8 @@ impl Validated {
             | Validated::Gateway { warnings, .. }
             | Validated::Sidecar { warnings, .. }
             | Validated::WorkloadEntry { warnings, .. }
-            | Validated::AuthorizationPolicy { warnings, .. } => warnings,
+            | Validated::AuthorizationPolicy { warnings, .. }
+            | Validated::PeerAuthentication { warnings, .. } => warnings,
             Validated::RequestAuthentication { warnings, .. } => warnings,
         }
     }
@@ -95,14 +99,24 @@ impl Validated {
             Validated::Sidecar { spec, .. } => serde_json::to_value(spec),
             Validated::WorkloadEntry { spec, .. } => serde_json::to_value(spec),
             Validated::AuthorizationPolicy { spec, .. } => serde_json::to_value(spec),
+            Validated::PeerAuthentication { spec, .. } => serde_json::to_value(spec),
             Validated::RequestAuthentication { spec, .. } => serde_json::to_value(spec),
         }
     }
 }
 
 /// The kinds [`validate`] understands.
-pub const KINDS: [&str; 8] =
-    ["VirtualService", "DestinationRule", "ServiceEntry", "Gateway", "Sidecar", "WorkloadEntry", "AuthorizationPolicy", "RequestAuthentication"];
+pub const KINDS: [&str; 9] = [
+    "VirtualService",
+    "DestinationRule",
+    "ServiceEntry",
+    "Gateway",
+    "Sidecar",
+    "WorkloadEntry",
+    "AuthorizationPolicy",
+    "PeerAuthentication",
+    "RequestAuthentication",
+];
 
 /// Parses and validates the `spec` of a `networking.istio.io` resource of
 /// the given kind (any API version: v1alpha3, v1beta1 and v1 share one
@@ -119,6 +133,7 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Validated, Vec<FieldError>> 
         "Sidecar" => run(spec, Sidecar::check).map(|(spec, warnings)| Validated::Sidecar { spec, warnings }),
         "WorkloadEntry" => run(spec, WorkloadEntry::check).map(|(spec, warnings)| Validated::WorkloadEntry { spec, warnings }),
         "AuthorizationPolicy" => run(spec, AuthorizationPolicy::check).map(|(spec, warnings)| Validated::AuthorizationPolicy { spec, warnings }),
+        "PeerAuthentication" => run(spec, PeerAuthentication::check).map(|(spec, warnings)| Validated::PeerAuthentication { spec, warnings }),
         "RequestAuthentication" => run(spec, RequestAuthentication::check).map(|(spec, warnings)| Validated::RequestAuthentication { spec, warnings }),
         other => Err(vec![FieldError { field: "kind".to_string(), reason: format!("unsupported kind {other:?}; expected one of {}", KINDS.join(", ")) }]),
     }
