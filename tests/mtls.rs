@@ -513,6 +513,32 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     assert!(statuses.keys().all(|s| *s == 403 || *s == 200), "{statuses:?}");
     assert!(xfcc(&app, "/p7-denied/echo").is_empty(), "nothing denied reached the app");
     assert_eq!(xfcc(&legacy, "/p7-denied/echo").len(), statuses.get(&200).copied().unwrap_or(0), "the 200s are the legacy endpoint's");
+    // `namespaces` reads the namespace of the caller's SPIFFE id: shop is
+    // let in, and `notNamespaces: [shop]` turns it away.
+    let by_ns = |field: &str| {
+        format!("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: reviews, namespace: shop}}\nspec:\n  selector: {{matchLabels: {{app: reviews}}}}\n  rules: [{{from: [{{source: {{{field}: [shop]}}}}]}}]\n")
+    };
+    for (field, want) in [("namespaces", 200), ("notNamespaces", 403)] {
+        let rev = apply(&api, &by_ns(field)).await;
+        wait_synced(&api, rev).await;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while via_client(&client_ip, "/p7-ns/echo").await.unwrap().0 != want {
+            assert!(Instant::now() < deadline, "{field}: never {want}\n{}", dump());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await; // past the drain time
+        let path = format!("/p7-{field}/echo");
+        let mut statuses = std::collections::BTreeMap::new();
+        for _ in 0..10 {
+            *statuses.entry(via_client(&client_ip, &path).await.unwrap().0).or_insert(0) += 1;
+        }
+        if want == 200 {
+            assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), [200], "{field}: {statuses:?}");
+            assert!(!xfcc(&app, &path).is_empty(), "{field}: the mesh endpoint served some");
+        } else {
+            assert!(statuses.contains_key(&403) && xfcc(&app, &path).is_empty(), "{field}: {statuses:?}");
+        }
+    }
 
     // Zero NACKs on either Envoy through all of it.
     for w in [&client, &server] {
