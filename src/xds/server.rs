@@ -46,6 +46,18 @@ const STREAM_BUFFER: usize = 4;
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Streams one connection may have open at once (HTTP/2
+/// SETTINGS_MAX_CONCURRENT_STREAMS). An Envoy or gRPC client opens one ADS
+/// stream, plus CSRs; the load generator multiplexes up to a few hundred.
+/// tonic leaves this unlimited unless set (it overrides hyper's 200).
+const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+/// Streams a client may open and reset before the server accepts them, and
+/// streams the server may reset for a client's protocol errors, before the
+/// connection is closed (rapid-reset floods). tonic passes "unlimited" for
+/// the second unless set, which turns off hyper's default of 1024.
+const MAX_PENDING_RESETS: usize = 20;
+const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+
 /// Whether this replica may serve, and how it proves it is current. The
 /// replica's `Node` implements it (see `ha`); [`AlwaysCurrent`] is for a
 /// store that is the only copy.
@@ -117,6 +129,9 @@ pub async fn serve(
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
         .add_service(service.into_server())
         // Istio's CSR service shares the port, as on istiod (see `ca`).
         .add_optional_service(ca)
@@ -303,7 +318,7 @@ impl AdsService {
 
 /// What the stream task needs from a protocol variant.
 trait Variant: Default + Send + 'static {
-    type Req: prost::Message + Default + Send + 'static;
+    type Req: prost::Message + Default + super::service::NameFields + Send + 'static;
     type Resp: Send + 'static;
     const PROTOCOL: Protocol;
     fn node(req: &Self::Req) -> Option<&Node>;
