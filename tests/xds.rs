@@ -1022,15 +1022,20 @@ async fn abuse(token: Option<&str>) {
     report("million-names");
     still_serves(&cluster, "a million names").await;
 
-    // 4,000 streams over 4 connections, as fast as they open, each
-    // dropped as soon as the server answers.
+    // 4,000 streams over 4 connections, as fast as they open. Each
+    // response is dropped as soon as it comes; the request side stays open
+    // until the flood is over, then ends, as a client that goes away.
     let channels: Vec<common::AdsClient> = (0..4).map(|_| common::ads_client_as(1, &xds, token)).collect();
+    let (gone_tx, gone_rx) = tokio::sync::watch::channel(false);
     let opened = std::sync::atomic::AtomicUsize::new(0);
     futures::StreamExt::for_each_concurrent(futures::stream::iter(0..4000usize), 512, |i| {
         let mut ch = channels[i % channels.len()].clone();
-        let opened = &opened;
+        let (opened, mut gone) = (&opened, gone_rx.clone());
         async move {
-            let hello = tokio_stream::StreamExt::chain(tokio_stream::iter(vec![first(req(CDS, &[], "", ""))]), tokio_stream::pending());
+            let hello = async_stream::stream! {
+                yield first(req(CDS, &[], "", ""));
+                let _ = gone.wait_for(|g| *g).await;
+            };
             match tokio::time::timeout(BOUND, ch.stream_aggregated_resources(hello)).await.expect("an answer in time") {
                 Ok(_) => {
                     opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -1046,10 +1051,12 @@ async fn abuse(token: Option<&str>) {
     } else {
         assert_eq!(opened, 0, "no stream opens without credentials");
     }
+    report("stream-flood");
+    gone_tx.send(true).unwrap();
     drop(channels);
     // Every dropped stream is gone from the replica.
     wait_syncz(&cluster.http, &r.api(), "no stream left", |s| s["proxies"].as_array().is_some_and(|p| p.is_empty())).await;
-    report("stream-flood");
+    report("stream-flood-closed");
     still_serves(&cluster, "4,000 streams").await;
 }
 
