@@ -161,9 +161,7 @@ impl<Req: prost::Message + Default + NameFields> Requests<Req> {
         };
         let names = count_names(body, Req::FIELDS).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?;
         if names > MAX_NAMES {
-            return Err(Status::resource_exhausted(format!(
-                "resource_names: a request naming {names} resources is over the limit of {MAX_NAMES} per request"
-            )));
+            return Err(Status::resource_exhausted(format!("resource_names: a request naming {names} resources is over the limit of {MAX_NAMES} per request")));
         }
         let request = Box::new(Req::decode(body).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?);
         self.buf.advance(5 + len);
