@@ -385,7 +385,7 @@ struct Watched {
 
 impl Watched {
     fn last(&self) -> u64 {
-        self.streams.iter().rev().find_map(|(from, events)| Some(events.last().map_or(*from, |e| e.0))).unwrap_or(0)
+        self.streams.last().map_or(0, |(from, events)| events.last().map_or(*from, |e| e.0))
     }
 }
 
