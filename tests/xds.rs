@@ -1019,6 +1019,27 @@ async fn abuse(token: Option<&str>) {
         assert_eq!(s.code(), tonic::Code::Ok, "the first request is served: {s:?}");
     }
     drop(many);
+    // Delta subscriptions add up: 60,000 names, then 60,000 more, on one
+    // stream (each request under the limit, the stream over it).
+    if token.is_some() {
+        let names = |from: usize| (from..from + 60_000).map(|i| format!("n{i}")).collect::<Vec<_>>();
+        let mut first = DeltaDiscoveryRequest { type_url: EDS.type_url(), resource_names_subscribe: names(0), ..Default::default() };
+        first.node = Some(node(NODE));
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(first).await.unwrap();
+        let mut rx = common::ads_client(1, &xds).delta_aggregated_resources(ReceiverStream::new(rx)).await.expect("delta stream").into_inner();
+        let more = DeltaDiscoveryRequest { type_url: EDS.type_url(), resource_names_subscribe: names(60_000), ..Default::default() };
+        tx.send(more).await.unwrap();
+        let end = loop {
+            match tokio::time::timeout(BOUND, rx.message()).await.expect("the stream ends in time") {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended OK, not over the limit"),
+                Err(s) => break s,
+            }
+        };
+        assert_eq!(end.code(), tonic::Code::ResourceExhausted, "{end:?}");
+        assert!(end.message().contains("120000"), "{}", end.message());
+    }
     report("million-names");
     still_serves(&cluster, "a million names").await;
 

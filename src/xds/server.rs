@@ -332,6 +332,8 @@ trait Variant: Default + Send + 'static {
     fn on_config(&mut self, config: &ProxyConfig) -> Vec<Self::Resp>;
     fn record(handle: &StreamHandle, resp: &Self::Resp);
     fn type_of(resp: &Self::Resp) -> Option<ResourceType>;
+    /// The most names the stream subscribes to for one type.
+    fn most_names(&self) -> usize;
 }
 
 impl Variant for SotwStream {
@@ -352,6 +354,9 @@ impl Variant for SotwStream {
     }
     fn on_config(&mut self, config: &ProxyConfig) -> Vec<DiscoveryResponse> {
         SotwStream::on_config(self, config)
+    }
+    fn most_names(&self) -> usize {
+        SotwStream::most_names(self)
     }
     fn type_of(r: &DiscoveryResponse) -> Option<ResourceType> {
         ResourceType::from_type_url(&r.type_url)
@@ -381,6 +386,9 @@ impl Variant for DeltaStream {
     }
     fn on_config(&mut self, config: &ProxyConfig) -> Vec<DeltaDiscoveryResponse> {
         DeltaStream::on_config(self, config)
+    }
+    fn most_names(&self) -> usize {
+        DeltaStream::most_names(self)
     }
     fn type_of(r: &DeltaDiscoveryResponse) -> Option<ResourceType> {
         ResourceType::from_type_url(&r.type_url)
@@ -415,6 +423,9 @@ enum End {
     /// Its credential was revoked or expired, or no longer covers its
     /// identity: the stream ends with this status.
     Refused(Box<Status>),
+    /// A request the server will not take (not protobuf, too large, too
+    /// many names): the stream ends with this status.
+    Invalid(Box<Status>),
     /// The server closes it so its Envoy reconnects (rebalancing, max age):
     /// the stream ends UNAVAILABLE with this message.
     Closed(&'static str),
@@ -442,6 +453,10 @@ impl<V: Variant> StreamTask<V> {
             End::Refused(status) => {
                 let _ = self.tx.try_send(Err(status));
                 "its credential no longer allows it"
+            }
+            End::Invalid(status) => {
+                let _ = self.tx.try_send(Err(status));
+                "a request it sent was refused"
             }
         };
         tracing::info!(proxy = %self.identity.id, stream = self.handle.stream(), why, "xDS stream closed");
@@ -482,7 +497,10 @@ impl<V: Variant> StreamTask<V> {
                     Ok(None) => return End::ClientGone,
                     Err(status) => {
                         tracing::debug!(proxy = %self.identity.id, %status, "xDS stream error");
-                        return End::ClientGone;
+                        // A request refused (too large, too many names, not
+                        // protobuf) says why; a client that reset its stream
+                        // is gone and reads nothing.
+                        return End::Invalid(Box::new(status));
                     }
                 },
                 changed = self.applied.changed() => {
@@ -503,6 +521,15 @@ impl<V: Variant> StreamTask<V> {
             self.catch_up(v).await?;
         }
         let (received, response) = self.variant.on_request(&req, &self.config);
+        // Delta subscriptions add up over requests: bound them per type as
+        // one request's names are (`service::MAX_NAMES`).
+        let most = self.variant.most_names();
+        if most > super::service::MAX_NAMES {
+            return Err(End::Invalid(Box::new(Status::resource_exhausted(format!(
+                "resource_names: a subscription to {most} resources of one type is over the limit of {}",
+                super::service::MAX_NAMES
+            )))));
+        }
         let id = &self.identity.id;
         match received {
             Received::Ack { t, version } => {
