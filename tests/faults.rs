@@ -15,7 +15,19 @@
 //!   final reads through every replica make a check that no acknowledged
 //!   write was lost;
 //! - every replica ends with the same revision and the same objects, at
-//!   least the highest revision acknowledged.
+//!   least the highest revision acknowledged;
+//! - watches: a watcher on every replica follows the namespace from
+//!   revision 0 through the whole run, re-watching from the last revision
+//!   it saw whenever its stream breaks (kill -9, partition). What all its
+//!   streams delivered, joined, must be exactly the history (every change
+//!   once, in revision order, none missing up to the final revision), or
+//!   end with `Compacted`; revisions never go backwards on a stream;
+//! - revisions are one history: after the run, a fresh watch from 0
+//!   through every replica must return the same changes at the same
+//!   revisions (strictly increasing: one object per transaction here);
+//! - registry health: an Instance (`ttl` 15 s) heartbeated every 500 ms
+//!   through whichever replica answers was never expired: its modRevision
+//!   is its registration's and it has no health status.
 //!
 //! To see that it can fail: `LODESTAR_FAULT_PLANT=stale-reads` makes the
 //! clients read with `consistency=stale` (a replica's own applied state)
@@ -360,6 +372,151 @@ impl<T> Outcome<T> {
     }
 }
 
+/// One change as a watch shows it: (revision, type, kind/name, tag).
+type Change = (u64, String, String, String);
+
+/// What one watcher saw: its streams, each from the revision it asked for,
+/// and whether the last one ended with `Compacted`.
+#[derive(Default, Debug)]
+struct Watched {
+    streams: Vec<(u64, Vec<Change>)>,
+    compacted: bool,
+}
+
+impl Watched {
+    fn last(&self) -> u64 {
+        self.streams.last().map_or(0, |(from, events)| events.last().map_or(*from, |e| e.0))
+    }
+}
+
+fn change(line: &Value) -> Option<Change> {
+    let o = &line["object"];
+    Some((
+        line["revision"].as_u64()?,
+        line["type"].as_str()?.to_string(),
+        format!("{}/{}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str()?),
+        o["metadata"]["labels"]["tag"].as_str().unwrap_or("").to_string(),
+    ))
+}
+
+/// One watch stream of the namespace from `from`, until it ends, `stop`,
+/// or (with `idle`) no event for that long. Err("compacted").
+async fn watch_once(
+    http: &reqwest::Client,
+    api: &str,
+    from: u64,
+    events: &mut Vec<Change>,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    idle: Option<Duration>,
+) -> Result<(), &'static str> {
+    let url = format!("{api}/v1/watch?fromRevision={from}&namespace={NAMESPACE}");
+    let Ok(mut resp) = http.get(url).timeout(Duration::from_secs(3600)).send().await else { return Ok(()) };
+    if resp.status().as_u16() == 410 {
+        return Err("compacted");
+    }
+    if !resp.status().is_success() {
+        return Ok(());
+    }
+    let mut buf = Vec::new();
+    loop {
+        let chunk = tokio::select! {
+            c = resp.chunk() => c,
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+            _ = tokio::time::sleep(idle.unwrap_or(Duration::from_secs(3600))) => return Ok(()),
+        };
+        let Ok(Some(chunk)) = chunk else { return Ok(()) };
+        buf.extend_from_slice(&chunk);
+        while let Some(n) = buf.iter().position(|&b| b == b'\n') {
+            let line: Value = serde_json::from_slice(&buf[..n]).unwrap_or(Value::Null);
+            buf.drain(..=n);
+            if line["error"]["code"] == "Compacted" {
+                return Err("compacted");
+            }
+            match change(&line) {
+                Some(c) => events.push(c),
+                None => return Ok(()),
+            }
+        }
+    }
+}
+
+/// A watcher on one replica: from revision 0, re-watching from the last
+/// revision seen whenever a stream breaks, until `stop`.
+async fn watcher(http: reqwest::Client, api: String, seen: Arc<Mutex<Watched>>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        let from = seen.lock().unwrap().last();
+        let mut events = Vec::new();
+        let outcome = watch_once(&http, &api, from, &mut events, &mut stop, None).await;
+        {
+            let mut w = seen.lock().unwrap();
+            w.streams.push((from, events));
+            if outcome.is_err() {
+                w.compacted = true;
+                return;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = stop.wait_for(|s| *s) => {}
+        }
+    }
+}
+
+/// The watch checks: `seen` (one replica's watcher) against `history`.
+fn check_watch(id: u64, seen: &Watched, history: &[Change]) -> Vec<String> {
+    let mut anomalies = Vec::new();
+    let mut joined: Vec<&Change> = Vec::new();
+    for (from, events) in &seen.streams {
+        if let Some(bad) = events.windows(2).find(|w| w[1].0 <= w[0].0) {
+            anomalies.push(format!("watch on replica {id} (from {from}): revision {} after {}", bad[1].0, bad[0].0));
+        }
+        if let Some(first) = events.first().filter(|e| e.0 <= *from) {
+            anomalies.push(format!("watch on replica {id} from {from} delivered revision {}", first.0));
+        }
+        joined.extend(events);
+    }
+    let last = seen.last();
+    let expected: Vec<&Change> = history.iter().filter(|c| c.0 <= last).collect();
+    if joined != expected {
+        let at = joined.iter().zip(&expected).position(|(a, b)| a != b).unwrap_or(joined.len().min(expected.len()));
+        anomalies.push(format!(
+            "watch on replica {id}: its {} streams delivered {} changes, the history has {} up to revision {last}; first difference at #{at}: saw {:?}, history {:?}",
+            seen.streams.len(),
+            joined.len(),
+            expected.len(),
+            joined.get(at),
+            expected.get(at)
+        ));
+    }
+    let end = history.last().map_or(0, |c| c.0);
+    if !seen.compacted && last < end {
+        anomalies.push(format!("watch on replica {id} stopped at revision {last}; the history goes to {end}"));
+    }
+    anomalies
+}
+
+const HEARTBEAT_INSTANCE: &str = "hb-0";
+
+/// Heartbeat the registry instance every 500 ms through the first replica
+/// that answers, until `stop`. Counts heartbeats acknowledged.
+async fn heartbeats(http: reqwest::Client, apis: Vec<String>, stop: tokio::sync::watch::Receiver<bool>) -> usize {
+    let mut acked = 0;
+    let mut n = 0;
+    while !*stop.borrow() {
+        for attempt in 0..apis.len() {
+            let api = &apis[(n + attempt) % apis.len()];
+            let url = format!("{api}/v1/resources/instances/{NAMESPACE}/{HEARTBEAT_INSTANCE}/heartbeat");
+            if http.post(url).timeout(Duration::from_secs(1)).send().await.is_ok_and(|r| r.status() == 200) {
+                acked += 1;
+                break;
+            }
+        }
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    acked
+}
+
 /// The leader, as a live replica that says it leads.
 async fn leader(http: &reqwest::Client, replicas: &[NsReplica]) -> Option<u64> {
     for r in replicas.iter().filter(|r| r.child.is_some()) {
@@ -430,6 +587,28 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // The heartbeated instance (registry health check), and its service.
+    let service = json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": "hb", "namespace": NAMESPACE},
+        "spec": {"ports": [{"name": "http", "number": 80}]}});
+    let instance = json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Instance", "metadata": {"name": HEARTBEAT_INSTANCE, "namespace": NAMESPACE},
+        "spec": {"service": "hb", "address": "198.18.0.200", "ports": {"http": 80}, "healthCheck": {"ttl": "15s"}}});
+    // Two applies: one object per transaction in the whole run, so every
+    // watch's revisions must strictly increase.
+    let mut registered = 0;
+    for doc in [service, instance] {
+        registered = loop {
+            let resp = http.post(format!("{}/v1/apply", replicas[0].api())).json(&json!({"resources": [doc]})).timeout(OP_TIMEOUT).send().await;
+            if let Ok(r) = resp {
+                if r.status() == 200 {
+                    break r.json::<Value>().await.ok().and_then(|b| b["revision"].as_u64()).expect("an apply's revision");
+                }
+                assert!(r.status().as_u16() >= 500, "registering the heartbeated instance: {}", r.text().await.unwrap_or_default());
+            }
+            assert!(Instant::now() < deadline + Duration::from_secs(30), "could not register the heartbeated instance");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+    }
+
     let stale_reads = std::env::var("LODESTAR_FAULT_PLANT").is_ok_and(|p| p == "stale-reads");
     let run = Arc::new(Run { started: Instant::now(), stale_reads, http: http.clone(), history: Mutex::default() });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -439,6 +618,11 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
             clients.push(tokio::spawn(client(run.clone(), r.api(), n * CLIENTS_PER_REPLICA + k, stop_rx.clone())));
         }
     }
+
+    let (watch_stop_tx, watch_stop_rx) = tokio::sync::watch::channel(false);
+    let watched: Vec<Arc<Mutex<Watched>>> = replicas.iter().map(|_| Arc::default()).collect();
+    let watchers: Vec<_> = replicas.iter().zip(&watched).map(|(r, w)| tokio::spawn(watcher(http.clone(), r.api(), w.clone(), watch_stop_rx.clone()))).collect();
+    let heartbeater = tokio::spawn(heartbeats(http.clone(), replicas.iter().map(|r| r.api()).collect(), watch_stop_rx.clone()));
 
     // The nemesis: one fault at a time, each healed before the next.
     let mut faults = Vec::new();
@@ -556,6 +740,64 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
     }
 
     let mut anomalies = Vec::new();
+    // The history of changes, through every replica: the same on each.
+    let mut histories = Vec::new();
+    for r in &replicas {
+        let (_never_tx, mut never) = tokio::sync::watch::channel(false);
+        let mut events = Vec::new();
+        if watch_once(&http, &r.api(), 0, &mut events, &mut never, Some(Duration::from_secs(2))).await.is_err() {
+            anomalies.push(format!("a watch from 0 through replica {} was compacted: no history to check watches against", r.id));
+        }
+        if let Some(bad) = events.windows(2).find(|w| w[1].0 <= w[0].0) {
+            anomalies.push(format!("replica {}: revision {} after {} in its history", r.id, bad[1].0, bad[0].0));
+        }
+        histories.push((r.id, events));
+    }
+    for (id, events) in &histories[1..] {
+        if *events != histories[0].1 {
+            let at = events.iter().zip(&histories[0].1).position(|(a, b)| a != b).unwrap_or(events.len().min(histories[0].1.len()));
+            anomalies.push(format!(
+                "replica {id}'s history differs from replica {}'s at #{at}: {:?} vs {:?}",
+                histories[0].0,
+                events.get(at),
+                histories[0].1.get(at)
+            ));
+        }
+    }
+    let history = &histories[0].1;
+    // The watchers catch up (bounded), then stop.
+    let end = history.last().map_or(0, |c| c.0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while watched.iter().any(|w| {
+        let w = w.lock().unwrap();
+        !w.compacted && w.last() < end && w.streams.iter().map(|s| s.1.len()).sum::<usize>() < history.len()
+    }) && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = watch_stop_tx.send(true);
+    for w in watchers {
+        w.await.unwrap();
+    }
+    let beats = heartbeater.await.unwrap();
+    let mut watch_streams = 0;
+    for (r, w) in replicas.iter().zip(&watched) {
+        let w = w.lock().unwrap();
+        watch_streams += w.streams.len();
+        anomalies.extend(check_watch(r.id, &w, history));
+    }
+    // Registry health: the heartbeated instance was never expired.
+    let url = format!("{}/v1/resources/instances/{NAMESPACE}/{HEARTBEAT_INSTANCE}", replicas[0].api());
+    match http.get(url).timeout(OP_TIMEOUT).send().await {
+        Ok(resp) if resp.status() == 200 => {
+            let b: Value = resp.json().await.unwrap_or_default();
+            if b["metadata"]["modRevision"].as_u64() != Some(registered) || !b["status"]["health"].is_null() {
+                anomalies.push(format!("the instance heartbeated through the run ({beats} heartbeats) was marked: {b}"));
+            }
+        }
+        other => anomalies.push(format!("the instance heartbeated through the run is gone: {:?}", other.map(|r| r.status()))),
+    }
+
     let h = run.history.lock().unwrap();
     let mut checked = 0;
     for (key, calls) in &h.calls {
@@ -600,12 +842,13 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
     acked.sort_unstable();
     let max_gap_ms = acked.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) / 1000;
     let summary = format!(
-        "result: replicas={} secs={secs} faults={} operations={checked} answered={} indeterminate={} final_revision={} max_write_gap_ms={max_gap_ms} anomalies={}\n{}",
+        "result: replicas={} secs={secs} faults={} operations={checked} answered={} indeterminate={} final_revision={} max_write_gap_ms={max_gap_ms} watch_streams={watch_streams} watched_changes={} heartbeats={beats} anomalies={}\n{}",
         replicas.len(),
         faults.len(),
         h.ok,
         h.unknown,
         first.0.unwrap_or(0),
+        history.len(),
         anomalies.len(),
         faults.join("\n")
     );
@@ -621,4 +864,29 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
     } else {
         Err(format!("{summary}\nANOMALIES:\n{}", anomalies.join("\n")))
     }
+}
+
+/// The watch checker on made-up watches: it passes the history itself
+/// (across a reconnect), and flags a change missed, one delivered twice,
+/// one out of order, a stream that went backwards, and a watcher that
+/// stopped short; a watch told it was compacted may stop short.
+#[test]
+fn the_watch_checker_catches_gaps_duplicates_order_and_stopping_short() {
+    let c = |rev: u64, tag: &str| -> Change { (rev, "PUT".into(), "VirtualService/k0".into(), tag.into()) };
+    let history = vec![c(1, "a"), c(2, "b"), c(3, "c"), c(4, "d")];
+    let watched = |streams: Vec<(u64, Vec<Change>)>, compacted: bool| Watched { streams, compacted };
+    let good = watched(vec![(0, vec![c(1, "a"), c(2, "b")]), (2, vec![]), (2, vec![c(3, "c"), c(4, "d")])], false);
+    assert_eq!(check_watch(1, &good, &history), Vec::<String>::new());
+    let cases = [
+        ("a change missed across a reconnect", watched(vec![(0, vec![c(1, "a"), c(2, "b")]), (3, vec![c(4, "d")])], false)),
+        ("a change delivered twice", watched(vec![(0, vec![c(1, "a"), c(2, "b")]), (1, vec![c(2, "b"), c(3, "c"), c(4, "d")])], false)),
+        ("changes out of order", watched(vec![(0, vec![c(1, "a"), c(3, "c"), c(2, "b"), c(4, "d")])], false)),
+        ("a different value at a revision", watched(vec![(0, vec![c(1, "a"), c(2, "x"), c(3, "c"), c(4, "d")])], false)),
+        ("stopped short", watched(vec![(0, vec![c(1, "a"), c(2, "b")])], false)),
+    ];
+    for (what, w) in cases {
+        assert!(!check_watch(1, &w, &history).is_empty(), "{what} was not caught: {w:?}");
+    }
+    let compacted = watched(vec![(0, vec![c(1, "a"), c(2, "b")])], true);
+    assert_eq!(check_watch(1, &compacted, &history), Vec::<String>::new());
 }

@@ -860,3 +860,233 @@ async fn revisions_arriving_during_a_push_are_coalesced() {
     // Generated once at connect, once for A, once for the newest.
     assert_eq!(*seen.lock().unwrap(), vec![rev0, a, last]);
 }
+
+// ---------------------------------------------------------------------------
+// The xDS port under abuse, against a replica process (ACLs on): garbage,
+// a 100 MiB request, a million names, and thousands of streams opened as
+// fast as one client can, each from a client without credentials and from
+// one with the management token. Each is refused or closed, and the replica
+// still serves a well-behaved ADS client. Its memory (VmRSS, VmHWM) is
+// printed (`rss:` lines; `benches/xds-abuse.sh` collects them), not
+// asserted.
+
+/// A codec that sends bytes as they are: garbage where a request belongs.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+struct RawEncoder;
+struct RawDecoder;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawEncoder;
+    type Decoder = RawDecoder;
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+    fn decoder(&mut self) -> RawDecoder {
+        RawDecoder
+    }
+}
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawDecoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf;
+        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
+    }
+}
+
+/// Send `messages` as the requests of one SotW stream on `xds`, with
+/// `token`; the status the stream ends with (OK if it is still open after
+/// the first response).
+async fn raw_stream(xds: &str, token: Option<&str>, messages: Vec<Vec<u8>>) -> tonic::Status {
+    let bearer = lodestar::cli::client::Bearer::new(token).unwrap();
+    let channel = tonic::service::interceptor::InterceptedService::new(common::grpc_channel(1, xds), bearer);
+    let mut grpc = tonic::client::Grpc::new(channel);
+    if let Err(e) = grpc.ready().await {
+        return tonic::Status::unavailable(format!("not ready: {e}"));
+    }
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources");
+    // The request stream stays open (pending) after its messages: the
+    // server's answer, not the client's end, closes it.
+    let requests = tokio_stream::StreamExt::chain(tokio_stream::iter(messages), tokio_stream::pending());
+    let call = tokio::time::timeout(BOUND, grpc.streaming(tonic::Request::new(requests), path, RawCodec)).await.expect("an answer in time");
+    match call {
+        Err(status) => status,
+        Ok(resp) => match tokio::time::timeout(BOUND, resp.into_inner().message()).await.expect("an answer in time") {
+            Err(status) => status,
+            Ok(_) => tonic::Status::ok("served"),
+        },
+    }
+}
+
+/// VmRSS and VmHWM of a process, in KiB.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok()).unwrap_or(0);
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// A well-behaved ADS client is served the current config.
+async fn still_serves(cluster: &common::Cluster, after: &str) {
+    let xds = cluster.replica(1).xds_addr();
+    let rev = cluster.local_revision(1).await.unwrap();
+    let mut c = sotw(&xds, first(req(CDS, &[], "", ""))).await.unwrap_or_else(|e| panic!("after {after}: a well-behaved stream refused: {e}"));
+    let cds = c.recv().await;
+    assert_eq!((kind_of(&cds.type_url), cds.version_info.clone()), (CDS, rev.to_string()), "after {after}");
+}
+
+fn frame_of(m: &impl Message) -> Vec<u8> {
+    m.encode_to_vec()
+}
+
+async fn abuse(token: Option<&str>) {
+    let who = if token.is_some() { "authenticated" } else { "unauthenticated" };
+    let cluster = common::Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (xds, pid) = (r.xds_addr(), r.pid().unwrap());
+    let (status, body) = common::apply(&cluster.http, &r.api(), vec![common::vs("web", "default", "v1")]).await;
+    assert_eq!(status, 200, "{body}");
+    still_serves(&cluster, "start").await;
+    let report = |what: &str| {
+        let (rss, hwm) = memory_kib(pid);
+        println!("rss: client={who} after={what} rss_kib={rss} hwm_kib={hwm}");
+    };
+    report("start");
+    // Without credentials everything is refused before a request is read.
+    let refused = |s: &tonic::Status, want: tonic::Code, what: &str| {
+        let want = if token.is_some() { want } else { tonic::Code::Unauthenticated };
+        assert_eq!(s.code(), want, "{who} {what}: {s:?}");
+    };
+
+    // Garbage on the socket: not TLS, then TLS but not HTTP/2. The
+    // connection is closed.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let garbage: Vec<u8> = (0..64 * 1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut tcp = tokio::net::TcpStream::connect(&xds).await.unwrap();
+    let _ = tcp.write_all(&garbage).await;
+    let mut sink = Vec::new();
+    let closed = tokio::time::timeout(BOUND, tcp.read_to_end(&mut sink)).await;
+    assert!(closed.is_ok(), "a connection sending garbage instead of TLS is closed");
+    let roots = lodestar::tls::roots_from_pem(&common::test_ca().ca_file).unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(lodestar::tls::client_config(roots, None).unwrap()));
+    let name = rustls::pki_types::ServerName::try_from(lodestar::tls::pki::member_name(1)).unwrap();
+    let mut conn = tls.connect(name, tokio::net::TcpStream::connect(&xds).await.unwrap()).await.expect("TLS handshake");
+    let _ = conn.write_all(&garbage).await;
+    let mut sink = Vec::new();
+    let closed = tokio::time::timeout(BOUND, conn.read_to_end(&mut sink)).await;
+    assert!(closed.is_ok(), "a connection sending garbage instead of HTTP/2 is closed");
+    // HTTP/2 and gRPC framing, garbage where the protobuf belongs.
+    let s = raw_stream(&xds, token, vec![vec![0xff; 64]]).await;
+    refused(&s, tonic::Code::InvalidArgument, "garbage request");
+    report("garbage");
+    still_serves(&cluster, "garbage").await;
+
+    // A 100 MiB request: refused from its header, never buffered.
+    let mut huge = first(req(CDS, &[], "", ""));
+    huge.node.as_mut().unwrap().user_agent_name = "x".repeat(100 * 1024 * 1024);
+    let s = raw_stream(&xds, token, vec![frame_of(&huge)]).await;
+    drop(huge);
+    refused(&s, tonic::Code::OutOfRange, "100 MiB request");
+    if token.is_some() {
+        assert!(s.message().contains("limit"), "{}", s.message());
+    }
+    report("100MiB");
+    still_serves(&cluster, "a 100 MiB request").await;
+
+    // A million names (one byte each: a 3 MB request, under the size
+    // limit), first request and on an open stream.
+    let mut many = first(req(EDS, &[], "", ""));
+    many.resource_names = vec!["a".to_string(); 1_000_000];
+    let s = raw_stream(&xds, token, vec![frame_of(&many)]).await;
+    refused(&s, tonic::Code::ResourceExhausted, "a million names");
+    if token.is_some() {
+        assert!(s.message().contains("resource_names"), "{}", s.message());
+        many.node = None;
+        let s = raw_stream(&xds, token, vec![frame_of(&first(req(CDS, &[], "", ""))), frame_of(&many)]).await;
+        assert_eq!(s.code(), tonic::Code::Ok, "the first request is served: {s:?}");
+    }
+    drop(many);
+    // Delta subscriptions add up: 60,000 names, then 60,000 more, on one
+    // stream (each request under the limit, the stream over it).
+    if token.is_some() {
+        let names = |from: usize| (from..from + 60_000).map(|i| format!("n{i}")).collect::<Vec<_>>();
+        let mut first = DeltaDiscoveryRequest { type_url: EDS.type_url(), resource_names_subscribe: names(0), ..Default::default() };
+        first.node = Some(node(NODE));
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(first).await.unwrap();
+        let mut rx = common::ads_client(1, &xds).delta_aggregated_resources(ReceiverStream::new(rx)).await.expect("delta stream").into_inner();
+        let more = DeltaDiscoveryRequest { type_url: EDS.type_url(), resource_names_subscribe: names(60_000), ..Default::default() };
+        tx.send(more).await.unwrap();
+        let end = loop {
+            match tokio::time::timeout(BOUND, rx.message()).await.expect("the stream ends in time") {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended OK, not over the limit"),
+                Err(s) => break s,
+            }
+        };
+        assert_eq!(end.code(), tonic::Code::ResourceExhausted, "{end:?}");
+        assert!(end.message().contains("120000"), "{}", end.message());
+    }
+    report("million-names");
+    still_serves(&cluster, "a million names").await;
+
+    // 4,000 streams over 4 connections, as fast as they open. Each
+    // response is dropped as soon as it comes; the request side stays open
+    // until the flood is over, then ends, as a client that goes away.
+    let channels: Vec<common::AdsClient> = (0..4).map(|_| common::ads_client_as(1, &xds, token)).collect();
+    let (gone_tx, gone_rx) = tokio::sync::watch::channel(false);
+    let opened = std::sync::atomic::AtomicUsize::new(0);
+    futures::StreamExt::for_each_concurrent(futures::stream::iter(0..4000usize), 512, |i| {
+        let mut ch = channels[i % channels.len()].clone();
+        let (opened, mut gone) = (&opened, gone_rx.clone());
+        async move {
+            let hello = async_stream::stream! {
+                yield first(req(CDS, &[], "", ""));
+                let _ = gone.wait_for(|g| *g).await;
+            };
+            match tokio::time::timeout(BOUND, ch.stream_aggregated_resources(hello)).await.expect("an answer in time") {
+                Ok(_) => {
+                    opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(s) => refused(&s, tonic::Code::Ok, "a stream flood"),
+            }
+        }
+    })
+    .await;
+    let opened = opened.into_inner();
+    if token.is_some() {
+        assert_eq!(opened, 4000, "an authenticated client's streams are served");
+    } else {
+        assert_eq!(opened, 0, "no stream opens without credentials");
+    }
+    report("stream-flood");
+    gone_tx.send(true).unwrap();
+    drop(channels);
+    // Every dropped stream is gone from the replica.
+    wait_syncz(&cluster.http, &r.api(), "no stream left", |s| s["proxies"].as_array().is_some_and(|p| p.is_empty())).await;
+    report("stream-flood-closed");
+    still_serves(&cluster, "4,000 streams").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_abuse_without_credentials_is_refused_and_the_replica_keeps_serving() {
+    abuse(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_abuse_with_the_management_token_is_refused_and_the_replica_keeps_serving() {
+    abuse(Some(common::management_token())).await;
+}

@@ -58,6 +58,12 @@ struct TypeState {
 }
 
 impl DeltaStream {
+    /// The most names subscribed for one type (delta subscriptions
+    /// accumulate over requests).
+    pub fn most_names(&self) -> usize {
+        self.types.values().map(|s| s.sub.names.len()).max().unwrap_or(0)
+    }
+
     pub fn on_request(&mut self, req: &DeltaDiscoveryRequest, config: &ProxyConfig) -> (Received, Option<DeltaDiscoveryResponse>) {
         let Some(t) = ResourceType::from_type_url(&req.type_url) else {
             return (Received::UnknownType(req.type_url.clone()), None);

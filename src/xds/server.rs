@@ -46,6 +46,18 @@ const STREAM_BUFFER: usize = 4;
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Streams one connection may have open at once (HTTP/2
+/// SETTINGS_MAX_CONCURRENT_STREAMS). An Envoy or gRPC client opens one ADS
+/// stream, plus CSRs; the load generator multiplexes up to a few hundred.
+/// tonic leaves this unlimited unless set (it overrides hyper's 200).
+const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+/// Streams a client may open and reset before the server accepts them, and
+/// streams the server may reset for a client's protocol errors, before the
+/// connection is closed (rapid-reset floods). tonic passes "unlimited" for
+/// the second unless set, which turns off hyper's default of 1024.
+const MAX_PENDING_RESETS: usize = 20;
+const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+
 /// Whether this replica may serve, and how it proves it is current. The
 /// replica's `Node` implements it (see `ha`); [`AlwaysCurrent`] is for a
 /// store that is the only copy.
@@ -129,6 +141,9 @@ pub async fn serve(
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
         .add_service(service.into_server())
         // Istio's CSR service shares the port, as on istiod (see `ca`).
         .add_optional_service(ca)
@@ -321,7 +336,7 @@ impl AdsService {
 
 /// What the stream task needs from a protocol variant.
 trait Variant: Default + Send + 'static {
-    type Req: prost::Message + Default + Send + 'static;
+    type Req: prost::Message + Default + super::service::NameFields + Send + 'static;
     type Resp: Send + 'static;
     const PROTOCOL: Protocol;
     fn node(req: &Self::Req) -> Option<&Node>;
@@ -335,6 +350,8 @@ trait Variant: Default + Send + 'static {
     fn on_config(&mut self, config: &ProxyConfig) -> Vec<Self::Resp>;
     fn record(handle: &StreamHandle, resp: &Self::Resp);
     fn type_of(resp: &Self::Resp) -> Option<ResourceType>;
+    /// The most names the stream subscribes to for one type.
+    fn most_names(&self) -> usize;
 }
 
 impl Variant for SotwStream {
@@ -355,6 +372,9 @@ impl Variant for SotwStream {
     }
     fn on_config(&mut self, config: &ProxyConfig) -> Vec<DiscoveryResponse> {
         SotwStream::on_config(self, config)
+    }
+    fn most_names(&self) -> usize {
+        SotwStream::most_names(self)
     }
     fn type_of(r: &DiscoveryResponse) -> Option<ResourceType> {
         ResourceType::from_type_url(&r.type_url)
@@ -384,6 +404,9 @@ impl Variant for DeltaStream {
     }
     fn on_config(&mut self, config: &ProxyConfig) -> Vec<DeltaDiscoveryResponse> {
         DeltaStream::on_config(self, config)
+    }
+    fn most_names(&self) -> usize {
+        DeltaStream::most_names(self)
     }
     fn type_of(r: &DeltaDiscoveryResponse) -> Option<ResourceType> {
         ResourceType::from_type_url(&r.type_url)
@@ -420,6 +443,9 @@ enum End {
     /// Its credential was revoked or expired, or no longer covers its
     /// identity: the stream ends with this status.
     Refused(Box<Status>),
+    /// A request the server will not take (not protobuf, too large, too
+    /// many names): the stream ends with this status.
+    Invalid(Box<Status>),
     /// The server closes it so its Envoy reconnects (rebalancing, max age):
     /// the stream ends UNAVAILABLE with this message.
     Closed(&'static str),
@@ -447,6 +473,10 @@ impl<V: Variant> StreamTask<V> {
             End::Refused(status) => {
                 let _ = self.tx.try_send(Err(status));
                 "its credential no longer allows it"
+            }
+            End::Invalid(status) => {
+                let _ = self.tx.try_send(Err(status));
+                "a request it sent was refused"
             }
         };
         tracing::info!(proxy = %self.identity.id, stream = self.handle.stream(), why, "xDS stream closed");
@@ -487,7 +517,10 @@ impl<V: Variant> StreamTask<V> {
                     Ok(None) => return End::ClientGone,
                     Err(status) => {
                         tracing::debug!(proxy = %self.identity.id, %status, "xDS stream error");
-                        return End::ClientGone;
+                        // A request refused (too large, too many names, not
+                        // protobuf) says why; a client that reset its stream
+                        // is gone and reads nothing.
+                        return End::Invalid(Box::new(status));
                     }
                 },
                 changed = self.applied.changed() => {
@@ -524,6 +557,15 @@ impl<V: Variant> StreamTask<V> {
             self.catch_up(v).await?;
         }
         let (received, response) = self.variant.on_request(&req, &self.config);
+        // Delta subscriptions add up over requests: bound them per type as
+        // one request's names are (`service::MAX_NAMES`).
+        let most = self.variant.most_names();
+        if most > super::service::MAX_NAMES {
+            return Err(End::Invalid(Box::new(Status::resource_exhausted(format!(
+                "resource_names: a subscription to {most} resources of one type is over the limit of {}",
+                super::service::MAX_NAMES
+            )))));
+        }
         let id = &self.identity.id;
         match received {
             Received::Ack { t, version } => {

@@ -32,8 +32,23 @@ const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'static>>;
 
-/// Largest request accepted (tonic's default).
+/// Largest request accepted (tonic's default, and istiod's
+/// `MaxRecvMsgSize`): a larger one ends the stream with OUT_OF_RANGE once
+/// its 5-byte header is read, before any of it is buffered.
 const MAX_REQUEST: usize = 4 * 1024 * 1024;
+
+/// Most resource names one request may carry (SotW `resource_names`, delta
+/// `resource_names_subscribe`, `resource_names_unsubscribe` and
+/// `initial_resource_versions` together). Counted on the wire before the
+/// request is decoded: a 4 MiB request of one-byte names would otherwise
+/// decode into about a million strings (some 50 MiB) per stream. An Envoy
+/// names one resource per cluster or route it uses; this is far above any
+/// real mesh.
+pub(super) const MAX_NAMES: usize = 100_000;
+
+/// While a message is incomplete, the buffer grows with what arrives, at
+/// most this much ahead: a header announcing 4 MiB reserves no 4 MiB.
+const MAX_RESERVE: usize = 64 * 1024;
 
 /// The ADS server for tonic's router.
 #[derive(Clone)]
@@ -80,7 +95,25 @@ pub struct Requests<Req> {
     _req: PhantomData<fn() -> Req>,
 }
 
-impl<Req: prost::Message + Default> Requests<Req> {
+/// The top-level fields of a request that name resources, counted
+/// against [`MAX_NAMES`] before it is decoded.
+pub trait NameFields {
+    const FIELDS: &'static [u32];
+}
+
+/// SotW: `resource_names` (3), `resource_locators` (7).
+impl NameFields for envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest {
+    const FIELDS: &'static [u32] = &[3, 7];
+}
+
+/// Delta: `resource_names_subscribe` (3), `resource_names_unsubscribe`
+/// (4), `initial_resource_versions` (5), `resource_locators_subscribe` (8)
+/// and `_unsubscribe` (9).
+impl NameFields for envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest {
+    const FIELDS: &'static [u32] = &[3, 4, 5, 8, 9];
+}
+
+impl<Req: prost::Message + Default + NameFields> Requests<Req> {
     fn new<B>(body: B) -> Self
     where
         B: Body + Send + 'static,
@@ -123,16 +156,57 @@ impl<Req: prost::Message + Default> Requests<Req> {
             return Err(Status::out_of_range(format!("a request of {len} bytes is over the {MAX_REQUEST}-byte limit")));
         }
         let Some(body) = self.buf.get(5..5 + len) else {
-            self.buf.reserve(5 + len - self.buf.len());
+            self.buf.reserve((5 + len - self.buf.len()).min(MAX_RESERVE));
             return Ok(None);
         };
-        let request = Box::new(Req::decode(body).map_err(|e| Status::internal(format!("undecodable request: {e}")))?);
+        let names = count_names(body, Req::FIELDS).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?;
+        if names > MAX_NAMES {
+            return Err(Status::resource_exhausted(format!("resource_names: a request naming {names} resources is over the limit of {MAX_NAMES} per request")));
+        }
+        let request = Box::new(Req::decode(body).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?);
         self.buf.advance(5 + len);
         if self.buf.is_empty() {
             self.buf = BytesMut::new();
         }
         Ok(Some(request))
     }
+}
+
+/// How many length-delimited top-level `fields` an encoded request holds
+/// (each element of a repeated field or map is one). Walks the wire format
+/// without allocating; Err if it is not protobuf.
+fn count_names(mut body: &[u8], fields: &[u32]) -> Result<usize, &'static str> {
+    fn varint(b: &mut &[u8]) -> Result<u64, &'static str> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = b.split_first().ok_or("truncated varint")?;
+            *b = rest;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("varint over 10 bytes")
+    }
+    let mut names = 0;
+    while !body.is_empty() {
+        let key = varint(&mut body)?;
+        let skip = match key & 7 {
+            0 => {
+                varint(&mut body)?;
+                0
+            }
+            1 => 8,
+            2 => usize::try_from(varint(&mut body)?).map_err(|_| "length too large")?,
+            5 => 4,
+            _ => return Err("unsupported wire type"),
+        };
+        body = body.get(skip..).ok_or("field runs past the end")?;
+        if key & 7 == 2 && fields.iter().any(|&f| u64::from(f) == key >> 3) {
+            names += 1;
+        }
+    }
+    Ok(names)
 }
 
 /// The handler's answer as an HTTP response: headers now, then one frame
@@ -314,8 +388,52 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::OutOfRange);
         assert!(e.message().contains("limit"), "{}", e.message());
 
+        // Garbage where a request should be: INVALID_ARGUMENT.
+        let mut garbage = vec![0, 0, 0, 0, 4];
+        garbage.extend([0xff, 0xff, 0xff, 0xff]);
+        let e = requests(vec![garbage]).message().await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{}", e.message());
+
         let whole = framed(&request(2));
         let e = requests(vec![whole[..whole.len() - 1].to_vec()]).message().await.unwrap_err();
         assert!(e.message().contains("ended inside a message"), "{}", e.message());
+    }
+
+    /// A header announcing a large message reserves no more than
+    /// `MAX_RESERVE` until the bytes arrive.
+    #[tokio::test]
+    async fn an_announced_length_is_not_allocated_up_front() {
+        let mut header = vec![0];
+        header.extend(((MAX_REQUEST - 1) as u32).to_be_bytes());
+        let mut r = requests(vec![header]);
+        assert!(r.message().await.is_err(), "the stream ended inside the message");
+        assert!(r.buf.capacity() <= 5 + MAX_RESERVE, "reserved {} bytes for a message not received", r.buf.capacity());
+    }
+
+    /// Too many names in one request: RESOURCE_EXHAUSTED naming the field,
+    /// counted before decoding. At the limit it decodes.
+    #[tokio::test]
+    async fn too_many_resource_names_are_refused_before_decoding() {
+        let names = |n: usize| DiscoveryRequest { type_url: "t".into(), resource_names: vec!["a".into(); n], ..Default::default() };
+        let e = requests(vec![framed(&names(MAX_NAMES + 1))]).message().await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("resource_names") && e.message().contains(&MAX_NAMES.to_string()), "{}", e.message());
+        let ok = requests(vec![framed(&names(MAX_NAMES))]).message().await.unwrap().unwrap();
+        assert_eq!(ok.resource_names.len(), MAX_NAMES);
+
+        use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+        let delta = DeltaDiscoveryRequest {
+            resource_names_subscribe: vec!["a".into(); MAX_NAMES / 2],
+            resource_names_unsubscribe: vec!["b".into(); MAX_NAMES / 2],
+            initial_resource_versions: [("c".to_string(), "1".to_string())].into(),
+            ..Default::default()
+        };
+        let body = delta.encode_to_vec();
+        let mut frame = vec![0];
+        frame.extend((body.len() as u32).to_be_bytes());
+        frame.extend(body);
+        let mut r: Requests<DeltaDiscoveryRequest> = Requests::new(Chunks(VecDeque::from([Bytes::from(frame)])));
+        assert_eq!(r.message().await.unwrap_err().code(), tonic::Code::ResourceExhausted);
+        assert_eq!(count_names(&names(7).encode_to_vec(), DiscoveryRequest::FIELDS), Ok(7));
     }
 }

@@ -49,6 +49,11 @@ struct TypeState {
 }
 
 impl SotwStream {
+    /// The most names subscribed for one type.
+    pub fn most_names(&self) -> usize {
+        self.types.values().map(|s| s.sub.names.len()).max().unwrap_or(0)
+    }
+
     /// Handle one request against the stream's current config; at most one
     /// response, of the request's type.
     pub fn on_request(&mut self, req: &DiscoveryRequest, config: &ProxyConfig) -> (Received, Option<DiscoveryResponse>) {
