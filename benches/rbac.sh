@@ -16,13 +16,14 @@
 # matching header is denied, 403; A: it is allowed), then runs the load.
 # Prints p50/p99 per round and, per pair, the B/A ratio; and the medians.
 #
-#   benches/rbac.sh                       3 pairs of 2000 requests, 4 connections
+#   benches/rbac.sh                       5 pairs of 5000 requests, 1 connection
 #   BENCH_REQUESTS=500 BENCH_ROUNDS=2 benches/rbac.sh
 #
 # Environment:
-#   BENCH_REQUESTS=2000     requests per round
-#   BENCH_CONCURRENCY=4     keep-alive connections (workers)
-#   BENCH_ROUNDS=3          A/B pairs
+#   BENCH_REQUESTS=5000     requests per round
+#   BENCH_CONCURRENCY=1     keep-alive connections (workers); 1: latency
+#                             without queueing behind other requests
+#   BENCH_ROUNDS=5          A/B pairs
 #   BENCH_PORT_BASE=19700   first of the loopback ports used (API, raft,
 #                             xDS, upstream); Envoy listens on 127.0.77.41
 #                             (8000, admin 15000)
@@ -35,9 +36,9 @@
 set -euo pipefail
 
 PORT=${BENCH_PORT_BASE:-19700}
-REQUESTS=${BENCH_REQUESTS:-2000}
-CONC=${BENCH_CONCURRENCY:-4}
-ROUNDS=${BENCH_ROUNDS:-3}
+REQUESTS=${BENCH_REQUESTS:-5000}
+CONC=${BENCH_CONCURRENCY:-1}
+ROUNDS=${BENCH_ROUNDS:-5}
 PROFILE=${BENCH_PROFILE:-release}
 ENVOY=${LODESTAR_ENVOY:-$(command -v envoy || true)}
 PROXY_IP=127.0.77.41
@@ -110,6 +111,9 @@ cat >"$WORK/app.py" <<'PY'
 import http.server, sys
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body are separate writes: without this, Nagle and the
+    # peer's delayed ACK add ~40 ms to every response.
+    disable_nagle_algorithm = True
     def do_GET(self):
         body = b"ok\n"
         self.send_response(200)

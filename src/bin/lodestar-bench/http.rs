@@ -55,11 +55,7 @@ pub async fn run(args: HttpArgs) -> Result<()> {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..args.concurrency {
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .pool_max_idle_per_host(1)
-            .timeout(Duration::from_millis(args.timeout_ms))
-            .build()?;
+        let client = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(1).timeout(Duration::from_millis(args.timeout_ms)).build()?;
         let (next, errors, total, warmup) = (next.clone(), errors.clone(), args.requests, args.warmup);
         let (method, url, headers) = (method.clone(), args.url.clone(), headers.clone());
         tasks.push(tokio::spawn(async move {
