@@ -48,28 +48,8 @@ ROOT=$(pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lodestar-rbac.XXXXXX")
 PIDS=()
 
-cleanup() {
-    local rc=$? pid
-    trap - EXIT INT TERM
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for _ in $(seq 50); do
-        local alive=0
-        for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-        [ "$alive" = 0 ] && break
-        sleep 0.1
-    done
-    for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    if [ "${BENCH_KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then
-        echo "# data and logs kept in $WORK" >&2
-    else
-        rm -rf "$WORK"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+. "$ROOT/benches/lib.sh"
+cleanup_on_exit
 
 die() { echo "error: $*" >&2; exit 1; }
 [ -n "$ENVOY" ] && [ -x "$ENVOY" ] || die "no Envoy binary: set LODESTAR_ENVOY"
@@ -86,7 +66,6 @@ cp "$ROOT/target/$PROFILE/lodestar" "$WORK/lodestar"
 cp "$ROOT/target/$PROFILE/lodestar-bench" "$WORK/lodestar-bench"
 LODESTAR=$WORK/lodestar
 BENCH=$WORK/lodestar-bench
-. "$ROOT/benches/lib.sh"
 secure_cluster_files "$LODESTAR" "$WORK"
 
 API=127.0.0.1:$PORT RAFT=127.0.0.1:$((PORT + 1)) XDS=127.0.0.1:$((PORT + 2)) APP_PORT=$((PORT + 3))
