@@ -16,3 +16,38 @@ secure_cluster_files() {
     LODESTAR_TOKEN=$(cat "$ca/management.token")
     export LODESTAR_CACERT LODESTAR_TOKEN
 }
+
+# stop_pids: TERM every process in PIDS, KILL what is left after 5 s, and
+# reap them quietly (bash would otherwise report each one killed).
+stop_pids() {
+    local pid alive
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for _ in $(seq 50); do
+        alive=0
+        for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        [ "$alive" = 0 ] && break
+        sleep 0.1
+    done
+    for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    PIDS=()
+}
+
+# cleanup_on_exit: on exit, INT or TERM, stop_pids, then remove WORK unless
+# BENCH_KEEP=1 or the script failed (then say where it is kept).
+cleanup_on_exit() {
+    trap _bench_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+_bench_cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    stop_pids
+    if [ "${BENCH_KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then
+        echo "# data and logs kept in $WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$rc"
+}

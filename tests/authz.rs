@@ -287,3 +287,34 @@ spec:
     assert!(!shadow.is_empty(), "the dry-run denial is counted: {:?}", stats.keys().filter(|k| k.contains("rbac")).collect::<Vec<_>>());
     b.proxy.envoy.assert_no_rejections().await;
 }
+
+/// `lodestar-bench http` (benches/rbac.sh's client) through the Envoy:
+/// every request is counted under its status, and a policy's denials show
+/// as 403s, not as errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_http_counts_statuses_through_envoy() {
+    let b = Bench::start().await;
+    b.apply(
+        r#"
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-denied, namespace: default}
+spec:
+  action: DENY
+  rules: [{to: [{operation: {paths: ["/denied/*"]}}]}]
+"#,
+    )
+    .await;
+    b.check("DENY /denied/*", 8000, &[case(51, "GET", "/denied/x", &[], 403), case(51, "GET", "/ok", &[], 200)]).await;
+    let api = b.fx.api(1);
+    for (path, want) in [("/ok", "200:30"), ("/denied/x", "403:30")] {
+        let url = b.url(8000, path);
+        let out =
+            common::bench(&api, &["http", "--url", &url, "--requests", "30", "--concurrency", "3", "--header", "host=web.default.svc.cluster.local"]).await;
+        let r = &common::results(&out)[0];
+        assert_eq!(common::number(r, "requests"), 30.0, "{path}");
+        assert_eq!(common::number(r, "errors"), 0.0, "{path}");
+        assert_eq!(r["statuses"], want, "{path}");
+        assert!(common::number(r, "p50_ms") > 0.0 && common::number(r, "p50_ms") <= common::number(r, "max_ms"), "{path}: {r:?}");
+    }
+}

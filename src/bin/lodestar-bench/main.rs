@@ -14,6 +14,8 @@
 //! - [`adsclient`]: the simulated Envoy `churn` and `xds` run on.
 //! - [`csr`]: `csr`, the mesh CA: certificates per second through the
 //!   replicas' xDS ports, as agents renewing.
+//! - [`http`]: `http`, a bounded HTTP load against any URL (e.g. through
+//!   an Envoy sidecar): statuses and p50/p90/p99/max latency.
 //!
 //! `churn` and `xds` print their command line (`command:`) and end with
 //! `result:` lines of `key=value` pairs, for scripts and tests.
@@ -21,6 +23,7 @@
 mod adsclient;
 mod churn;
 mod csr;
+mod http;
 mod write;
 mod xds;
 
@@ -65,6 +68,9 @@ enum Command {
     /// The mesh CA: concurrent certificate renewals (a key, a CSR, a TLS
     /// connection each) over the replicas' xDS ports; certs/s, p50, p99.
     Csr(csr::CsrArgs),
+    /// A bounded HTTP/1.1 load against one URL (e.g. through an Envoy):
+    /// keep-alive workers; statuses, p50/p90/p99/max latency.
+    Http(http::HttpArgs),
 }
 
 impl Cli {
@@ -82,6 +88,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Write(args) => write::run(args).await,
         Command::Csr(args) => csr::run(args).await,
+        Command::Http(args) => http::run(args).await,
         Command::Churn(args) => {
             let report = churn::run(args).await?;
             report.print();
