@@ -43,7 +43,7 @@ use envoy_types::pb::envoy::config::rbac::v3::{
 };
 use envoy_types::pb::envoy::config::route::v3::{header_matcher::HeaderMatchSpecifier, HeaderMatcher};
 use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{http_filter, HttpConnectionManager, HttpFilter};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{http_filter, HttpFilter};
 use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
 use envoy_types::pb::envoy::extensions::path::r#match::uri_template::v3::UriTemplateMatchConfig;
 use envoy_types::pb::envoy::r#type::matcher::v3::{
@@ -112,40 +112,18 @@ impl AuthzFilters {
         out
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.http.is_empty() && self.network.is_empty()
-    }
-
-    /// Put the filters into every filter chain of `l`: the HTTP filters
-    /// first in each connection manager (after `jwt_authn`), the network filters before each
-    /// TCP proxy. A no-op when there are none.
-    pub fn apply(&self, l: &mut Listener) {
-        if self.is_empty() {
+    /// Put the network filters before every TCP proxy of `l` (TCP ports;
+    /// the HTTP filters go into connection managers as they are built,
+    /// after `jwt_authn`: the listener builders' `first` filters). A no-op
+    /// when there are none.
+    pub fn guard_tcp(&self, l: &mut Listener) {
+        if self.network.is_empty() {
             return;
         }
         for chain in &mut l.filter_chains {
-            let mut filters = Vec::with_capacity(chain.filters.len() + self.network.len());
-            for f in std::mem::take(&mut chain.filters) {
-                match (f.name.as_str(), &f.config_type) {
-                    (super::listener::HCM, Some(filter::ConfigType::TypedConfig(any))) => {
-                        let Ok(mut hcm) = HttpConnectionManager::decode(any.value.as_slice()) else {
-                            filters.push(f);
-                            continue;
-                        };
-                        // After jwt_authn (RBAC reads the verified token's
-                        // payload), before everything else.
-                        let at = hcm.http_filters.iter().take_while(|f| f.name == JWT_FILTER).count();
-                        hcm.http_filters.splice(at..at, self.http.iter().cloned());
-                        filters.push(Filter { name: f.name, config_type: Some(filter::ConfigType::TypedConfig(super::util::any(&hcm))) });
-                    }
-                    (super::listener::TCP_PROXY, _) => {
-                        filters.extend(self.network.iter().cloned());
-                        filters.push(f);
-                    }
-                    _ => filters.push(f),
-                }
+            if let Some(at) = chain.filters.iter().position(|f| f.name == super::listener::TCP_PROXY) {
+                chain.filters.splice(at..at, self.network.iter().cloned());
             }
-            chain.filters = filters;
         }
     }
 }
@@ -611,26 +589,25 @@ fn shadow_prefix(b: &Built) -> String {
 
 fn http_rbac_any(b: &Built) -> Any {
     let shell = HttpRbac { shadow_rules_stat_prefix: shadow_prefix(b), track_per_rule_stats: true, ..Default::default() };
-    let mut out = shell.encode_to_vec();
-    if let Some(r) = &b.rules {
-        put_len_delimited(1, &rbac_bytes(r), &mut out);
-    }
-    if let Some(s) = &b.shadow {
-        put_len_delimited(2, &rbac_bytes(s), &mut out);
-    }
-    Any { type_url: HttpRbac::type_url(), value: out }
+    Any { type_url: HttpRbac::type_url(), value: with_rules(shell.encode_to_vec(), b) }
 }
 
 fn network_rbac_any(b: &Built) -> Any {
     let shell = NetworkRbac { stat_prefix: TCP_STAT_PREFIX.into(), shadow_rules_stat_prefix: shadow_prefix(b), ..Default::default() };
-    let mut out = shell.encode_to_vec();
+    Any { type_url: NetworkRbac::type_url(), value: with_rules(shell.encode_to_vec(), b) }
+}
+
+/// A filter's encoded shell with its rules (field 1) and shadow rules
+/// (field 2) appended, each with its policies sorted: the same field
+/// numbers in the HTTP and the network filter.
+fn with_rules(mut out: Vec<u8>, b: &Built) -> Vec<u8> {
     if let Some(r) = &b.rules {
         put_len_delimited(1, &rbac_bytes(r), &mut out);
     }
     if let Some(s) = &b.shadow {
         put_len_delimited(2, &rbac_bytes(s), &mut out);
     }
-    Any { type_url: NetworkRbac::type_url(), value: out }
+    out
 }
 
 /// For golden tests and `authz check`: the policies map of an RBAC, sorted.

@@ -217,8 +217,8 @@ type Outcome = Result<(), String>;
 
 impl Ctx<'_> {
     fn policy(&self, name: &str, p: &Policy) -> PolicyResult {
-        let perm = any_of(p.permissions.iter().map(|x| self.permission(x)), "to");
-        let prin = any_of(p.principals.iter().map(|x| self.principal(x)), "from");
+        let perm = any_of(p.permissions.iter().map(|x| self.permission(x)));
+        let prin = any_of(p.principals.iter().map(|x| self.principal(x)));
         let why = match (perm, prin) {
             (Ok(()), Ok(())) => String::new(),
             (Err(a), Ok(())) => a,
@@ -235,7 +235,7 @@ impl Ctx<'_> {
             Some(Rule::Any(true)) => Ok(()),
             Some(Rule::Any(false)) => Err("any: false".into()),
             Some(Rule::AndRules(s)) => s.rules.iter().try_for_each(|r| self.permission(r)),
-            Some(Rule::OrRules(s)) => any_of(s.rules.iter().map(|r| self.permission(r)), "or"),
+            Some(Rule::OrRules(s)) => any_of(s.rules.iter().map(|r| self.permission(r))),
             Some(Rule::NotRule(r)) => match self.permission(r) {
                 Ok(()) => Err(format!("not({})", describe_perm(r))),
                 Err(_) => Ok(()),
@@ -275,7 +275,7 @@ impl Ctx<'_> {
             Some(Identifier::Any(true)) => Ok(()),
             Some(Identifier::Any(false)) => Err("any: false".into()),
             Some(Identifier::AndIds(s)) => s.ids.iter().try_for_each(|r| self.principal(r)),
-            Some(Identifier::OrIds(s)) => any_of(s.ids.iter().map(|r| self.principal(r)), "or"),
+            Some(Identifier::OrIds(s)) => any_of(s.ids.iter().map(|r| self.principal(r))),
             Some(Identifier::NotId(r)) => match self.principal(r) {
                 Ok(()) => Err(format!("not({})", describe_prin(r))),
                 Err(_) => Ok(()),
@@ -358,7 +358,7 @@ fn check(ok: bool, why: impl FnOnce() -> String) -> Outcome {
     }
 }
 
-fn any_of(outcomes: impl Iterator<Item = Outcome>, _what: &str) -> Outcome {
+fn any_of(outcomes: impl Iterator<Item = Outcome>) -> Outcome {
     let mut whys = Vec::new();
     for o in outcomes {
         match o {

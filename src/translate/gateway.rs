@@ -133,7 +133,8 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
     // AuthorizationPolicies selecting the gateway guard its listeners.
     let authz = super::authz::AuthzFilters::for_proxy(mesh, proxy);
     // RequestAuthentication: the same filters on every gateway HTTP(S) port.
-    let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().collect();
+    // Then the RBAC filters (they read the verified token's payload).
+    let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().chain(authz.http.iter().cloned()).collect();
     for (port, plan) in ports {
         let bind = plan.servers.iter().find_map(|s| s.server.bind.clone()).filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
         let name = format!("{bind}_{port}");
@@ -168,7 +169,7 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
                 chains.listener(&name, &bind, port)
             }
         };
-        authz.apply(&mut l);
+        authz.guard_tcp(&mut l);
         cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
     }
     let all: BTreeMap<String, Arc<Service>> = scope::visible_services(mesh, proxy).map(|s| (s.hostname.clone(), s.clone())).collect();

@@ -41,7 +41,8 @@ pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity
     // The AuthorizationPolicies selecting this workload guard every port.
     let authz = AuthzFilters::for_proxy(mesh, proxy);
     // RequestAuthentication: the same filters on every inbound HTTP port.
-    let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().collect();
+    // Then the RBAC filters (they read the verified token's payload).
+    let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().chain(authz.http.iter().cloned()).collect();
     for ing in &sc.spec.ingress {
         let port = ing.port.number();
         let bind = ing.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
@@ -63,7 +64,7 @@ pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity
         let is_http = crate::model::istio::common::Protocol::parse(&ing.port.protocol).is_some_and(|p| p.is_http());
         let filters = |_tls: bool| inbound_filters(&name, port, is_http, &cluster_name, &first);
         let mut l = inbound_listener(&name, &bind, port, mode, &mesh.config.trust_domain, filters);
-        authz.apply(&mut l);
+        authz.guard_tcp(&mut l);
         cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
     }
 }

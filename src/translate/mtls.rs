@@ -125,7 +125,7 @@ pub fn effective(mesh: &Mesh, namespace: &str, labels: &BTreeMap<String, String>
     let candidates: Vec<Candidate<'_>> = mesh
         .peer_authentications
         .iter()
-        .filter(|p| super::scope::policy_selects_workload(&p.key.namespace, p.spec.match_labels(), root, namespace, labels))
+        .filter(|p| crate::model::istio::common::policy_applies(&p.key.namespace, p.spec.match_labels(), root, namespace, labels))
         .map(|p| Candidate { namespace: &p.key.namespace, created: (p.create_revision, p.key.name.as_str()), spec: &p.spec })
         .collect();
     compose(root, &candidates)

@@ -104,25 +104,8 @@ pub fn egress_plans(mesh: &Mesh, proxy: &ProxyIdentity, sidecar: Option<&Config<
     plans.into_values().collect()
 }
 
-/// Whether a security policy (AuthorizationPolicy, RequestAuthentication,
-/// PeerAuthentication) in `policy_ns` with workload selector `match_labels`
-/// applies to `proxy`, as Istio scopes them: a policy in the root namespace
-/// applies mesh-wide (to the workloads its selector matches, in every
-/// namespace), any other to its own namespace; no selector (or an empty
-/// one) selects every workload in scope, a selector those whose labels
-/// include all of its own.
+/// Whether a security policy in `policy_ns` with workload selector
+/// `match_labels` applies to `proxy` (`common::policy_applies`).
 pub fn policy_selects(policy_ns: &str, match_labels: Option<&BTreeMap<String, String>>, root_ns: &str, proxy: &ProxyIdentity) -> bool {
-    policy_selects_workload(policy_ns, match_labels, root_ns, &proxy.namespace, &proxy.labels)
-}
-
-/// [`policy_selects`] for any workload (a proxy, or a service's endpoint
-/// whose inbound policy a client needs to know), by namespace and labels.
-pub fn policy_selects_workload(
-    policy_ns: &str,
-    match_labels: Option<&BTreeMap<String, String>>,
-    root_ns: &str,
-    namespace: &str,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    (policy_ns == root_ns || policy_ns == namespace) && match_labels.is_none_or(|l| l.iter().all(|(k, v)| labels.get(k) == Some(v)))
+    crate::model::istio::common::policy_applies(policy_ns, match_labels, root_ns, &proxy.namespace, &proxy.labels)
 }

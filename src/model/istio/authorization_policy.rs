@@ -505,10 +505,7 @@ impl AuthorizationPolicy {
     /// never match on the inbound ports of the workloads it selects.
     pub fn lint(&self, ns: &str, root_ns: &str, workloads: &[Workload]) -> Vec<String> {
         let labels = self.selector.as_ref().map(|s| &s.match_labels);
-        let selected: Vec<&Workload> = workloads
-            .iter()
-            .filter(|w| (ns == root_ns || w.namespace == ns) && labels.is_none_or(|l| l.iter().all(|(k, v)| w.labels.get(k) == Some(v))))
-            .collect();
+        let selected: Vec<&Workload> = workloads.iter().filter(|w| super::common::policy_applies(ns, labels, root_ns, &w.namespace, &w.labels)).collect();
         let mut out = Vec::new();
         if selected.is_empty() {
             let scope = if ns == root_ns { "in any namespace".to_string() } else { format!("in namespace {ns}") };

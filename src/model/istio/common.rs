@@ -212,6 +212,17 @@ pub struct MatchLabelsSelector {
     pub match_labels: Labels,
 }
 
+/// Whether a security policy (AuthorizationPolicy, RequestAuthentication,
+/// PeerAuthentication) in `policy_ns` with workload selector `match_labels`
+/// applies to a workload in `workload_ns` with `workload_labels`, as Istio
+/// scopes them: a policy in the root namespace applies mesh-wide (to the
+/// workloads its selector matches, in every namespace), any other to its
+/// own namespace; no selector (or an empty one) selects every workload in
+/// scope, a selector those whose labels include all of its own.
+pub fn policy_applies(policy_ns: &str, match_labels: Option<&Labels>, root_ns: &str, workload_ns: &str, workload_labels: &Labels) -> bool {
+    (policy_ns == root_ns || policy_ns == workload_ns) && match_labels.is_none_or(|l| l.iter().all(|(k, v)| workload_labels.get(k) == Some(v)))
+}
+
 /// A port protocol as Istio understands it. Parsing is case-insensitive,
 /// like Istio's `protocol.Parse`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
