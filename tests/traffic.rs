@@ -1805,9 +1805,7 @@ async fn destination_rule_originates_tls_to_an_external_host() {
     let ca = Ca::new("external CA");
     let ext = TlsUpstream::start(&fx.ip(11), "secure-external", &ca.server(&["secure.external.test"])).await;
     let ca_file = ca.write(fx.tmp.path(), "external-ca");
-    let config = |san: &str| {
-        render_tls(ORIGINATE, &[("ext", &ext)]).replace("${ca}", &ca_file.display().to_string()).replace("${san}", san)
-    };
+    let config = |san: &str| render_tls(ORIGINATE, &[("ext", &ext)]).replace("${ca}", &ca_file.display().to_string()).replace("${san}", san);
     let rev = fx.apply(&config("secure.external.test")).await;
     let p = fx.proxy_of_types(EnvoyOptions::new("app", &fx.ip(2)), 1, rev, &["CDS", "EDS", "LDS"]).await;
     let url = p.url(8080, "/status");
