@@ -148,7 +148,7 @@ fn incremental_equals_full() {
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: default}\nspec:\n  hosts: [reviews]\n  http:\n  - match: [{uri: {prefix: /reviews}}]\n    delegate: {name: reviews-team, namespace: team}\n  - route:\n    - destination: {host: reviews, subset: v1}\n",
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews-team, namespace: team}\nspec:\n  http:\n  - match: [{uri: {prefix: /reviews/2}}]\n    route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v2}\n  - route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v3}\n",
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews-team, namespace: team}\nspec:\n  http:\n  - route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v2}\n",
-        // TLS routes on a VirtualService: listeners, the full path.
+        // TLS routes on a VirtualService: its hosts' TLS/TCP listeners too.
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: pp, namespace: default}\nspec:\n  hosts: [productpage]\n  tls:\n  - match: [{sniHosts: [productpage]}]\n    route:\n    - destination: {host: productpage}\n",
     ];
     let mut state = base.state.clone();
@@ -410,6 +410,56 @@ fn policy_changes_rebuild_inbound_listeners_only() {
         }
         prev = got;
     }
+}
+
+/// A change to VirtualServices with `tls` or `tcp` routes rebuilds the
+/// virtual hosts and the TLS/TCP listeners of the hosts they name, nothing
+/// else: clusters and endpoints are shared with the previous config, and
+/// the listeners of untouched ports keep their resources. The result equals
+/// a full translation, for a proxy whose labels the routes match and one
+/// whose labels they don't.
+#[test]
+fn tls_and_tcp_route_changes_rebuild_their_listeners_only() {
+    use lodestar::translate::Translator;
+    use lodestar::xds::resources::Generator;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/tls-routing");
+    let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let proxies: Vec<ProxyIdentity> = [("127.0.24.1", "checkout"), ("127.0.24.2", "someone-else")]
+        .iter()
+        .map(|(ip, app)| ProxyIdentity::parse(&format!("sidecar~{ip}~{app}.default~default.svc.cluster.local"), &json!({"LABELS": {"app": app}})).unwrap())
+        .collect();
+    let translator = Translator::new(MeshConfig::default());
+    let mut prev: Vec<ProxyConfig> = proxies.iter().map(|p| translator.generate(p, &base).unwrap()).collect();
+    let steps = [
+        // The canary moves: 75/25 becomes 50/50; the 443 listener changes.
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: payments, namespace: default}\nspec:\n  hosts: [payments.example.com]\n  tls:\n  - match:\n    - sniHosts: [payments.example.com]\n      sourceLabels: {app: checkout}\n    route:\n    - {destination: {host: payments.example.com, subset: v1}, weight: 50}\n    - {destination: {host: payments.example.com, subset: v2}, weight: 50}\n",
+        // A mixed VirtualService: its tcp split and its http split change.
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: shop, namespace: default}\nspec:\n  hosts: [shop.example.com]\n  http:\n  - route:\n    - {destination: {host: shop.example.com, subset: v2}}\n  tcp:\n  - match:\n    - port: 5432\n    route:\n    - {destination: {host: shop.example.com, subset: v1, port: {number: 5432}}, weight: 50}\n    - {destination: {host: shop.example.com, subset: v2, port: {number: 5432}}, weight: 50}\n",
+        // The tls routes go: the default SNI chain is back.
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: payments, namespace: default}\nspec:\n  hosts: [payments.example.com]\n  http:\n  - route:\n    - destination: {host: payments.example.com}\n",
+    ];
+    let mut state = base.state.clone();
+    for (i, yaml) in steps.iter().enumerate() {
+        let r = parse_resource(parse_documents(yaml, "change").unwrap().remove(0), "default").unwrap();
+        validate_spec(&r).unwrap();
+        state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.unwrap();
+        let applied = Applied { state: state.clone(), ..Default::default() };
+        for (proxy, before) in proxies.iter().zip(prev.iter_mut()) {
+            let got = translator.generate(proxy, &applied).unwrap();
+            let want = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), proxy);
+            assert_eq!(render(&got), render(&want), "step {i}, proxy {}", proxy.id);
+            for t in [ResourceType::Cluster, ResourceType::Endpoint] {
+                assert!(Arc::ptr_eq(&got.resources[&t], &before.resources[&t]), "step {i}, {}: {t:?} not shared", proxy.id);
+            }
+            // The HTTP port's listener (RDS) is the same resource.
+            let http = format!("{}_80", proxy.ip);
+            assert!(Arc::ptr_eq(&got.of(ResourceType::Listener).unwrap()[&http], &before.of(ResourceType::Listener).unwrap()[&http]), "step {i}");
+            *before = got;
+        }
+    }
+    // The first step did change the checkout proxy's TLS listener.
+    let l = |c: &ProxyConfig| any_to_json(&c.of(ResourceType::Listener).unwrap()["127.0.24.1_443"].any).unwrap().to_string();
+    assert!(!l(&prev[0]).contains("\"weight\":75"), "{}", l(&prev[0]));
 }
 
 /// Key sets fetched from a `jwksUri` are an input of translation: served

@@ -505,20 +505,28 @@ impl Translator {
             .all(|(_, old, new)| old.iter().chain(new.iter()).all(|o| hosts_of(o).is_some_and(|hosts| hosts.iter().all(|h| neutral(h)))))
     }
 
-    fn vs_only_hosts(&self, prev: &Previous, applied: &Applied) -> Option<BTreeSet<String>> {
+    /// Hosts whose virtual hosts (and, with TLS or TCP routes, whose
+    /// outbound TLS/TCP listeners) a set of changes can affect, if the
+    /// changes allow an incremental translation: only VirtualServices,
+    /// naming exact hosts. The flag says whether any of them had or has
+    /// `tls` or `tcp` routes. `None` means translate in full.
+    fn vs_only_hosts(&self, prev: &Previous, applied: &Applied) -> Option<(BTreeSet<String>, bool)> {
         let suffix = &self.config.domain_suffix;
         let mut hosts = BTreeSet::new();
+        let mut l4 = false;
         let mut add = |obj: &crate::model::StoredObject| -> Option<()> {
             if obj.key.kind != crate::model::Kind::VirtualService {
                 return None;
             }
             let Ok(typed) = obj.typed() else { return None };
             let crate::model::TypedSpec::Istio(crate::model::istio::Validated::VirtualService { spec, .. }) = typed.as_ref() else { return None };
-            // TLS and TCP routes are listeners' filter chains, not virtual
-            // hosts; a delegate (no hosts) routes under whichever roots name it.
-            if !spec.tcp.is_empty() || !spec.tls.is_empty() || spec.hosts.is_empty() {
+            // A delegate (no hosts) routes under whichever roots name it.
+            if spec.hosts.is_empty() {
                 return None;
             }
+            // TLS and TCP routes are filter chains of the listeners of the
+            // ports their hosts' services have (`l4`).
+            l4 |= !spec.tcp.is_empty() || !spec.tls.is_empty();
             for h in &spec.hosts {
                 let h = resolve_short_name(h, &obj.key.namespace, suffix);
                 if h.contains('*') {
@@ -533,7 +541,7 @@ impl Translator {
                 add(o)?;
             }
         }
-        Some(hosts)
+        Some((hosts, l4))
     }
 
     /// Whether every change since the proxy's last translation is to an
@@ -602,6 +610,31 @@ impl Translator {
             }
         }
         (cfg, rds)
+    }
+}
+
+/// Rebuild, in a config derived from the previous one, the sidecar's
+/// outbound TLS/TCP listeners (ports without HTTP services) that carry one
+/// of `hosts`: their filter chains are the `tls` and `tcp` routes of those
+/// hosts' VirtualServices. Ports, services and clusters are unchanged (only
+/// VirtualServices changed), so the set of listeners is too.
+fn l4_incremental(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, hosts: &BTreeSet<String>) {
+    let sc = scope::sidecar_for(mesh, proxy);
+    for plan in scope::egress_plans(mesh, proxy, sc.map(|s| s.as_ref())) {
+        if !plan.services.keys().any(|h| hosts.contains(h)) || plan.services.values().any(|s| s.port(plan.port).is_some_and(|p| p.is_http())) {
+            continue;
+        }
+        let ctx = RouteCtx { mesh, proxy, port: plan.port, gateway: None };
+        let services: Vec<&Service> = plan.services.values().map(|s| s.as_ref()).collect();
+        let name = plan.listener_name();
+        match l4::sidecar_listener(&ctx, &name, &plan.bind, &services) {
+            Some(l) => cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l)),
+            None => {
+                if let Some(map) = cfg.resources.get_mut(&ResourceType::Listener) {
+                    Arc::make_mut(map).remove(&name);
+                }
+            }
+        }
     }
 }
 
@@ -676,7 +709,13 @@ impl Generator for Translator {
             (Some(p), kind) => match self.endpoints_only_hosts(p, applied, &mesh) {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
                 None => match (kind, self.vs_only_hosts(p, applied)) {
-                    (ProxyKind::Sidecar, Some(hosts)) => self.incremental(p, &mesh, proxy, &hosts),
+                    (ProxyKind::Sidecar, Some((hosts, l4))) => {
+                        let (mut cfg, rds) = self.incremental(p, &mesh, proxy, &hosts);
+                        if l4 {
+                            l4_incremental(&mut cfg, &mesh, proxy, &hosts);
+                        }
+                        (cfg, rds)
+                    }
                     _ => {
                         incremental = false;
                         translate_with_parts(&mesh, proxy, Some(&self.clusters))
