@@ -10,8 +10,8 @@
 //!   service on port 443 (no HTTP port) whose VirtualService has a `tls`
 //!   route split 80/20 by SNI: SNI filter chains instead of virtual hosts.
 //!   `incremental_one_vs_half_tls` changes an HTTP service's VirtualService
-//!   (the incremental path); `tls_vs_change_half_tls` a TLS one (listeners
-//!   change: the full path).
+//!   (the incremental path); `tls_vs_change_half_tls` a TLS one (the
+//!   incremental path rebuilds the 443 listener's SNI chains).
 //!
 //! - `authz_*`: the same 1,000-service mesh (HTTP) plus 1,000
 //!   AuthorizationPolicies (three rules each; 10 select the proxy, which

@@ -19,6 +19,7 @@
 //!   listener or cluster.
 
 pub mod sds;
+pub mod xds_proxy;
 
 use crate::proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use crate::proto::istio_ca::IstioCertificateRequest;
@@ -172,6 +173,24 @@ impl CaClient {
     }
 
     async fn ask(&self, server: &str, csr: &str, bearer: Option<&str>, current: Option<&Identity>) -> Result<Vec<String>, tonic::Status> {
+        let channel = self.channel(server, current, Some(REQUEST_TIMEOUT)).await?;
+        let mut request = tonic::Request::new(IstioCertificateRequest { csr: csr.to_string(), validity_duration: self.ttl.map_or(0, |t| t.as_secs() as i64) });
+        if let Some(secret) = bearer {
+            let value = format!("Bearer {secret}").parse().map_err(|_| tonic::Status::invalid_argument("the join token is not valid in a header"))?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(IstioCertificateServiceClient::new(channel).create_certificate(request).await?.into_inner().cert_chain)
+    }
+
+    /// A connection to one replica's xDS port: TLS checked against the
+    /// cluster CA, `current` as the client certificate if given. `timeout`
+    /// bounds each request (None for long-lived streams).
+    pub(crate) async fn channel(
+        &self,
+        server: &str,
+        current: Option<&Identity>,
+        timeout: Option<Duration>,
+    ) -> Result<tonic::transport::Channel, tonic::Status> {
         let tls = match &self.cluster_ca_pem {
             None => None,
             Some(pem) => {
@@ -190,18 +209,12 @@ impl CaClient {
         };
         let target = if tls.is_some() { format!("https://{server}") } else { format!("http://{server}") };
         let (endpoint, connector) = crate::tls::dial(&target, tls).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
-        let channel = endpoint
-            .connect_timeout(REQUEST_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
-            .connect_with_connector(connector)
-            .await
-            .map_err(|e| tonic::Status::unavailable(format!("connecting: {e}")))?;
-        let mut request = tonic::Request::new(IstioCertificateRequest { csr: csr.to_string(), validity_duration: self.ttl.map_or(0, |t| t.as_secs() as i64) });
-        if let Some(secret) = bearer {
-            let value = format!("Bearer {secret}").parse().map_err(|_| tonic::Status::invalid_argument("the join token is not valid in a header"))?;
-            request.metadata_mut().insert("authorization", value);
-        }
-        Ok(IstioCertificateServiceClient::new(channel).create_certificate(request).await?.into_inner().cert_chain)
+        let endpoint = endpoint.connect_timeout(REQUEST_TIMEOUT);
+        let endpoint = match timeout {
+            Some(t) => endpoint.timeout(t),
+            None => endpoint.http2_keep_alive_interval(Duration::from_secs(10)).keep_alive_timeout(Duration::from_secs(5)),
+        };
+        endpoint.connect_with_connector(connector).await.map_err(|e| tonic::Status::unavailable(format!("connecting: {e}")))
     }
 }
 
@@ -232,6 +245,9 @@ pub struct AgentOptions {
     /// on disk.
     pub join_token_file: Option<PathBuf>,
     pub sds_socket: Option<PathBuf>,
+    /// Where to serve ADS for local clients that cannot do TLS themselves
+    /// ([`xds_proxy`]); None: no such socket.
+    pub xds_socket: Option<PathBuf>,
 }
 
 /// The first certificate: from disk when it is there and valid, else with
@@ -309,6 +325,7 @@ pub async fn run(opts: AgentOptions, shutdown: impl std::future::Future<Output =
     let first = first_identity(&opts).await?;
     let (tx, rx) = watch::channel(Some(Arc::new(first.clone())));
     let (stop_tx, stop_rx) = watch::channel(false);
+    let xds = opts.xds_socket.as_ref().map(|path| tokio::spawn(xds_proxy::serve(path.clone(), opts.ca.clone(), rx.clone(), stop_rx.clone())));
     let sds = opts.sds_socket.as_ref().map(|path| tokio::spawn(sds::serve(path.clone(), rx, stop_rx.clone())));
     let renewals = renew(&opts, first, tx, stop_rx);
     tokio::pin!(renewals);
@@ -317,10 +334,11 @@ pub async fn run(opts: AgentOptions, shutdown: impl std::future::Future<Output =
         _ = &mut renewals => {}
     }
     let _ = stop_tx.send(true);
-    if let Some(s) = sds {
+    for (what, task) in [("the xDS proxy", xds), ("the SDS server", sds)] {
+        let Some(s) = task else { continue };
         match s.await {
             Ok(Err(e)) => return Err(e),
-            Err(e) => return Err(anyhow!("the SDS server: {e}")),
+            Err(e) => return Err(anyhow!("{what}: {e}")),
             Ok(Ok(())) => {}
         }
     }

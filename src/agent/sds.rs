@@ -119,22 +119,7 @@ impl SecretDiscoveryService for Sds {
 
 /// Serve SDS on `path` (replacing a stale socket file) until shutdown.
 pub async fn serve(path: PathBuf, identity: watch::Receiver<Option<Arc<Identity>>>, shutdown: watch::Receiver<bool>) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    // A socket left by a previous run (a file we would otherwise fail on).
-    if std::fs::symlink_metadata(&path).is_ok_and(|m| {
-        use std::os::unix::fs::FileTypeExt;
-        m.file_type().is_socket()
-    }) {
-        std::fs::remove_file(&path).with_context(|| format!("removing the old socket {}", path.display()))?;
-    }
-    let listener = tokio::net::UnixListener::bind(&path).with_context(|| format!("binding the SDS socket {}", path.display()))?;
-    {
-        // The socket hands out the private key: its owner only.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).with_context(|| format!("chmod {}", path.display()))?;
-    }
+    let listener = bind_private_socket(&path)?;
     tracing::info!(socket = %path.display(), "SDS: serving secrets default and ROOTCA");
     let mut stop = shutdown.clone();
     let service = SecretDiscoveryServiceServer::new(Sds { identity, shutdown });
@@ -147,4 +132,22 @@ pub async fn serve(path: PathBuf, identity: watch::Receiver<Option<Arc<Identity>
         .context("the SDS server")?;
     let _ = std::fs::remove_file(&path);
     Ok(())
+}
+
+/// Bind a Unix socket only its owner may use (0600): it hands out secrets,
+/// or a workload's identity. A socket left by a previous run is replaced.
+pub fn bind_private_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if std::fs::symlink_metadata(path).is_ok_and(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_socket()
+    }) {
+        std::fs::remove_file(path).with_context(|| format!("removing the old socket {}", path.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path).with_context(|| format!("binding the socket {}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).with_context(|| format!("chmod {}", path.display()))?;
+    Ok(listener)
 }

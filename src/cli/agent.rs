@@ -22,6 +22,13 @@ pub struct AgentArgs {
     /// The SDS socket for Envoy (default: DIR/sds.sock).
     #[arg(long)]
     pub sds_socket: Option<PathBuf>,
+    /// Also serve ADS on this Unix socket (0600), forwarded to the replicas
+    /// over mutual TLS with the workload certificate, for local clients
+    /// that cannot do TLS to the xDS port themselves (Node's
+    /// `@grpc/grpc-js-xds`). With --grpc, the bootstrap then names this
+    /// socket (`unix://…`, `insecure` credentials: a local hop only).
+    #[arg(long)]
+    pub xds_socket: Option<PathBuf>,
     /// The certificate lifetime to ask for, e.g. 24h (default: the CA's).
     #[arg(long)]
     pub ttl: Option<String>,
@@ -44,6 +51,8 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: AgentArgs) -> Resu
     };
     let socket = args.sds_socket.clone().unwrap_or_else(|| args.dir.join("sds.sock"));
     let socket = if socket.is_absolute() { socket } else { std::env::current_dir()?.join(socket) };
+    let absolute = |p: &PathBuf| -> Result<PathBuf> { Ok(if p.is_absolute() { p.clone() } else { std::env::current_dir()?.join(p) }) };
+    let xds_socket = args.xds_socket.as_ref().map(absolute).transpose()?;
     if args.proxy.grpc && (args.bootstrap.is_none() || args.proxy.cert_dir.is_some()) {
         bail!("--grpc: the agent writes a gRPC bootstrap to --bootstrap FILE, using its own --dir as the certificate directory (no --cert-dir)");
     }
@@ -53,7 +62,10 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: AgentArgs) -> Resu
         if args.proxy.proxy_token_file.is_some() {
             bail!("--proxy-token-file with --grpc: gRPC sends only JWTs from a bootstrap; the workload certificate is the credential");
         }
-        let doc = bootstrap::grpc_bootstrap_files(&args.proxy, &servers, Some(ca_pem), Some(&args.dir))?;
+        let doc = match &xds_socket {
+            Some(socket) => bootstrap::grpc_bootstrap(&args.proxy, &[format!("unix://{}", socket.display())], None)?,
+            None => bootstrap::grpc_bootstrap_files(&args.proxy, &servers, Some(ca_pem), Some(&args.dir))?,
+        };
         crate::tls::pki::write_file(path, &serde_json::to_string_pretty(&doc)?, false).with_context(|| format!("writing the bootstrap {}", path.display()))?;
     } else if let Some(path) = &args.bootstrap {
         // Envoy presents the workload certificate on the xDS port; a proxy
@@ -71,6 +83,7 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: AgentArgs) -> Resu
         dir: args.dir,
         join_token_file: args.join_token_file,
         sds_socket: Some(socket),
+        xds_socket,
     };
     crate::agent::run(opts, crate::server::shutdown_signal()).await
 }

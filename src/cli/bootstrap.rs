@@ -329,7 +329,9 @@ pub fn grpc_bootstrap(args: &BootstrapArgs, xds_servers: &[String], cert_dir: Op
             // A gRPC target URI (`dns://DNS-SERVER/NAME:PORT`, `dns:///NAME:PORT`)
             // as is: one name for every replica, re-resolved when the
             // connection drops; else HOST:PORT.
-            let uri = if a.starts_with("dns:") {
+            // `unix://PATH`: the agent's local xDS socket (`lodestar agent
+            // --xds-socket`), which forwards over mutual TLS.
+            let uri = if a.starts_with("dns:") || a.starts_with("unix:") {
                 a.trim().to_string()
             } else {
                 let (h, p) = host_port(a)?;
