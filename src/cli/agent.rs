@@ -220,7 +220,8 @@ fn client_token(client: &Client) -> Option<String> {
 
 /// `NS/NAME` → the stored WorkloadGroup, typed.
 async fn fetch_group(api: &Client, g: &str) -> Result<((String, String), WorkloadGroup)> {
-    let (ns, name) = g.split_once('/').filter(|(n, m)| !n.is_empty() && !m.is_empty()).ok_or_else(|| anyhow!("--workload-group {g:?}: expected NAMESPACE/NAME"))?;
+    let (ns, name) =
+        g.split_once('/').filter(|(n, m)| !n.is_empty() && !m.is_empty()).ok_or_else(|| anyhow!("--workload-group {g:?}: expected NAMESPACE/NAME"))?;
     let obj = api.get(&format!("/v1/resources/workloadgroups/{ns}/{name}")).await.with_context(|| format!("reading the WorkloadGroup {ns}/{name}"))?;
     let spec = obj.get("spec").cloned().unwrap_or_default();
     match crate::model::istio::validate("WorkloadGroup", &spec) {
@@ -306,7 +307,8 @@ fn registration_plan(args: &AgentArgs, group: Option<WorkloadGroup>, api: Client
     let template_sa = template.service_account.clone();
     let group_name = r.workload_group.clone();
     Ok(Some(Box::new(move |id: &crate::agent::Identity| {
-        let (ns, sa) = id.uris.iter().find_map(|u| spiffe_workload(u)).ok_or_else(|| anyhow!("the certificate names no SPIFFE workload identity: {:?}", id.uris))?;
+        let (ns, sa) =
+            id.uris.iter().find_map(|u| spiffe_workload(u)).ok_or_else(|| anyhow!("the certificate names no SPIFFE workload identity: {:?}", id.uris))?;
         if ns != namespace {
             bail!("the certificate is for {ns}/{sa}, but the workload's namespace is {namespace} (--namespace)");
         }
@@ -317,7 +319,8 @@ fn registration_plan(args: &AgentArgs, group: Option<WorkloadGroup>, api: Client
         }
         doc["spec"]["serviceAccount"] = serde_json::json!(sa);
         // Checked here, so a bad flag fails at start with the field's name.
-        crate::model::registry::validate_instance(&doc["spec"]).map_err(|errs| anyhow!("the instance: {}", errs.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
+        crate::model::registry::validate_instance(&doc["spec"])
+            .map_err(|errs| anyhow!("the instance: {}", errs.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
         Ok(Registration { client: api, namespace, name, lease_ttl, instance: doc })
     })))
 }

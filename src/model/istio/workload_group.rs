@@ -363,7 +363,11 @@ mod tests {
         }
         assert!(has(&errors(json!({"template": {}, "probe": {"exec": {}}})), "spec.probe.exec.command", "required"));
         assert!(has(&errors(json!({"template": {}, "probe": {"periodSeconds": 1}})), "spec.probe", "one of httpGet"));
-        assert!(has(&errors(json!({"template": {}, "probe": {"httpGet": {"port": 1, "httpHeaders": [{"name": "bad header"}]}}})), "spec.probe.httpGet.httpHeaders[0].name", "invalid header name"));
+        assert!(has(
+            &errors(json!({"template": {}, "probe": {"httpGet": {"port": 1, "httpHeaders": [{"name": "bad header"}]}}})),
+            "spec.probe.httpGet.httpHeaders[0].name",
+            "invalid header name"
+        ));
         let e = errors(json!({"template": {}, "extra": 1}));
         assert!(e.iter().any(|e| e.field.starts_with("spec") && e.reason.contains("unknown field")), "{e:?}");
     }
