@@ -146,7 +146,7 @@ impl Registration {
             }
             sent += 1;
             let outcome = match self.keepalive().await {
-                Ok(Outcome::Ok) if sent % CHECK_EVERY == 0 => self.instance_exists().await,
+                Ok(Outcome::Ok) if sent.is_multiple_of(CHECK_EVERY) => self.instance_exists().await,
                 other => other,
             };
             match outcome {
