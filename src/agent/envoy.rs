@@ -141,3 +141,21 @@ impl Supervisor {
         }
     }
 }
+
+/// Until Envoy's admin at `admin` answers `/ready` with 200 (its listeners
+/// and clusters initialised), polling every 500 ms; false if `stop` came
+/// first. The agent registers the workload only then, so no client is sent
+/// to an Envoy that cannot serve yet.
+pub async fn wait_ready(admin: &str, mut stop: watch::Receiver<bool>) -> bool {
+    let Ok(http) = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build() else { return false };
+    let url = format!("http://{admin}/ready");
+    loop {
+        if http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
+            return true;
+        }
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return false,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}

@@ -20,7 +20,8 @@
 //! - [`envoy`]: optionally, Envoy itself as a child process, restarted
 //!   when it dies, drained and stopped on shutdown.
 //! - [`register`]: optionally, the workload's Instance in the registry,
-//!   bound to a Lease the agent keeps alive and revokes on shutdown.
+//!   bound to a Lease the agent keeps alive and revokes on shutdown;
+//!   registered once its Envoy (if the agent runs it) is ready.
 //!
 //! Shutdown (SIGTERM, SIGINT) runs in this order: the lease is revoked (the
 //! endpoint leaves EDS, so clients stop choosing it), then Envoy drains its
@@ -344,9 +345,18 @@ pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shu
         let supervisor = envoy::Supervisor { opts: e, pid: pid_tx };
         tokio::spawn(async move { supervisor.run(envoy_stop_rx).await })
     });
+    let ready_at = opts.envoy.as_ref().map(|e| e.admin.clone());
     let mut register_task = registration.clone().map(|r| {
         let stop = stop_rx.clone();
-        tokio::spawn(async move { r.run(stop).await })
+        tokio::spawn(async move {
+            // With Envoy as a child, register once it is ready.
+            if let Some(admin) = ready_at {
+                if !envoy::wait_ready(&admin, stop.clone()).await {
+                    return Ok(());
+                }
+            }
+            r.run(stop).await
+        })
     });
     let renewals = renew(&opts, first, tx, stop_rx);
     tokio::pin!(renewals);
