@@ -17,7 +17,22 @@
 //! - [`sds`]: the certificate goes to Envoy over SDS on a Unix socket
 //!   (secret names `default` and `ROOTCA`), so a rotation changes no
 //!   listener or cluster.
+//! - [`envoy`]: optionally, Envoy itself as a child process, restarted
+//!   when it dies, drained and stopped on shutdown.
+//! - [`register`]: optionally, the workload's Instance in the registry,
+//!   bound to a Lease the agent keeps alive and revokes on shutdown;
+//!   registered once its Envoy (if the agent runs it) is ready.
+//!
+//! Shutdown (SIGTERM, SIGINT) runs in this order: the lease is revoked (the
+//! endpoint leaves EDS, so clients stop choosing it), then Envoy drains its
+//! listeners for the drain time and is stopped, then SDS stops; the agent
+//! exits after Envoy. Deregistering before draining is what Kubernetes does
+//! (the endpoint is removed as termination starts, while the pod drains):
+//! draining first would keep sending new requests to a proxy that is
+//! closing its connections.
 
+pub mod envoy;
+pub mod register;
 pub mod sds;
 pub mod xds_proxy;
 
@@ -248,7 +263,13 @@ pub struct AgentOptions {
     /// Where to serve ADS for local clients that cannot do TLS themselves
     /// ([`xds_proxy`]); None: no such socket.
     pub xds_socket: Option<PathBuf>,
+    /// Run Envoy as a child process.
+    pub envoy: Option<envoy::EnvoyOptions>,
 }
+
+/// Builds the registration once the identity is known (its service
+/// account goes into the Instance).
+pub type RegistrationPlan = Box<dyn FnOnce(&Identity) -> Result<register::Registration> + Send>;
 
 /// The first certificate: from disk when it is there and valid, else with
 /// the join token (retrying while no replica answers).
@@ -320,20 +341,73 @@ pub async fn renew(opts: &AgentOptions, mut current: Identity, tx: watch::Sender
 }
 
 /// Run the agent until `shutdown`: the first certificate, the SDS server,
-/// renewals.
-pub async fn run(opts: AgentOptions, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+/// renewals; with `registration` the Instance and its lease; with
+/// `opts.envoy` Envoy. See the module doc for the order of shutdown. An
+/// error (a refused registration, an Envoy that cannot be started) stops
+/// everything the same way and is returned.
+pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     let first = first_identity(&opts).await?;
+    let registration = match registration {
+        Some(plan) => Some(Arc::new(plan(&first)?)),
+        None => None,
+    };
     let (tx, rx) = watch::channel(Some(Arc::new(first.clone())));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let xds = opts.xds_socket.as_ref().map(|path| tokio::spawn(xds_proxy::serve(path.clone(), opts.ca.clone(), rx.clone(), stop_rx.clone())));
-    let sds = opts.sds_socket.as_ref().map(|path| tokio::spawn(sds::serve(path.clone(), rx, stop_rx.clone())));
+    let (envoy_stop_tx, envoy_stop_rx) = watch::channel(false);
+    let (sds_stop_tx, sds_stop_rx) = watch::channel(false);
+    let xds = opts.xds_socket.as_ref().map(|path| tokio::spawn(xds_proxy::serve(path.clone(), opts.ca.clone(), rx.clone(), sds_stop_rx.clone())));
+    let sds = opts.sds_socket.as_ref().map(|path| tokio::spawn(sds::serve(path.clone(), rx, sds_stop_rx)));
+    let (pid_tx, _) = watch::channel(0u32);
+    let mut envoy_task = opts.envoy.clone().map(|e| {
+        let supervisor = envoy::Supervisor { opts: e, pid: pid_tx };
+        tokio::spawn(async move { supervisor.run(envoy_stop_rx).await })
+    });
+    let ready_at = opts.envoy.as_ref().map(|e| e.admin.clone());
+    let mut register_task = registration.clone().map(|r| {
+        let stop = stop_rx.clone();
+        tokio::spawn(async move {
+            // With Envoy as a child, register once it is ready.
+            if let Some(admin) = ready_at {
+                if !envoy::wait_ready(&admin, stop.clone()).await {
+                    return Ok(());
+                }
+            }
+            r.run(stop).await
+        })
+    });
     let renewals = renew(&opts, first, tx, stop_rx);
     tokio::pin!(renewals);
+    let mut failure: Option<anyhow::Error> = None;
     tokio::select! {
-        _ = shutdown => {}
+        _ = shutdown => tracing::info!("shutting down"),
         _ = &mut renewals => {}
+        r = async { match register_task.as_mut() { Some(t) => t.await, None => std::future::pending().await } } => {
+            register_task = None;
+            failure = Some(match r { Ok(Err(e)) => e, Ok(Ok(())) => anyhow!("the registration ended"), Err(e) => anyhow!("the registration: {e}") });
+        }
+        r = async { match envoy_task.as_mut() { Some(t) => t.await, None => std::future::pending().await } } => {
+            envoy_task = None;
+            failure = Some(match r { Ok(Err(e)) => e, Ok(Ok(())) => anyhow!("Envoy's supervisor ended"), Err(e) => anyhow!("Envoy's supervisor: {e}") });
+        }
     }
     let _ = stop_tx.send(true);
+    if let Some(t) = register_task {
+        if let Ok(Err(e)) = t.await {
+            failure.get_or_insert(e);
+        }
+    }
+    if let Some(r) = &registration {
+        r.revoke().await;
+    }
+    let _ = envoy_stop_tx.send(true);
+    if let Some(t) = envoy_task {
+        match t.await {
+            Ok(Err(e)) => tracing::warn!("Envoy: {e:#}"),
+            Err(e) => tracing::warn!("Envoy's supervisor: {e}"),
+            Ok(Ok(())) => {}
+        }
+    }
+    let _ = sds_stop_tx.send(true);
     for (what, task) in [("the xDS proxy", xds), ("the SDS server", sds)] {
         let Some(s) = task else { continue };
         match s.await {
@@ -342,7 +416,10 @@ pub async fn run(opts: AgentOptions, shutdown: impl std::future::Future<Output =
             Ok(Ok(())) => {}
         }
     }
-    Ok(())
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,16 @@
 //! `lodestar agent`: a workload's certificate (from the mesh CA, renewed
-//! with itself), SDS for its Envoy, and the Envoy bootstrap that uses it.
-//! The work is in `crate::agent`; this is the command line.
+//! with itself), SDS for its Envoy, the Envoy bootstrap that uses it, and
+//! optionally Envoy itself (`--run-envoy`) and the workload's registration
+//! (`--register SERVICE`, `--workload-group NS/NAME`). The work is in
+//! `crate::agent`; this is the command line.
 
 use super::bootstrap::{self, BootstrapArgs};
 use super::client::Client;
-use crate::agent::{AgentOptions, CaClient};
+use super::registry::{instance_document, RegisterArgs};
+use crate::agent::envoy::EnvoyOptions;
+use crate::agent::register::{spiffe_workload, Registration};
+use crate::agent::{AgentOptions, CaClient, RegistrationPlan};
+use crate::model::istio::{Validated, WorkloadGroup};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -38,9 +44,82 @@ pub struct AgentArgs {
     pub bootstrap: Option<PathBuf>,
     #[command(flatten)]
     pub proxy: BootstrapArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
-pub async fn run(client: &Client, ca_pem: Option<&str>, args: AgentArgs) -> Result<()> {
+/// Envoy as a child process, and the workload's registration.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Run Envoy as a child process with the bootstrap written to
+    /// --bootstrap (default DIR/bootstrap.yaml): restarted with backoff if
+    /// it dies, drained and stopped on SIGTERM/SIGINT. Its admin port then
+    /// binds loopback only (--ip if that is a loopback address, else
+    /// 127.0.0.1).
+    #[arg(long)]
+    pub run_envoy: bool,
+    /// The Envoy binary for --run-envoy.
+    #[arg(long, env = "LODESTAR_ENVOY", default_value = "envoy")]
+    pub envoy_binary: PathBuf,
+    /// With --run-envoy: how long Envoy drains its listeners on shutdown
+    /// before it is stopped (pilot-agent's termination drain).
+    #[arg(long, default_value = "5s")]
+    pub drain_time: String,
+    /// One more argument for Envoy; repeatable (`--envoy-arg=--log-level
+    /// --envoy-arg=debug`).
+    #[arg(long = "envoy-arg", allow_hyphen_values = true)]
+    pub envoy_args: Vec<String>,
+    /// Register this workload as an Instance of SERVICE (a registry Service
+    /// name in its namespace, or a hostname), bound to a lease kept alive
+    /// while the agent runs and revoked when it stops. Its serviceAccount
+    /// is the certificate's; its labels the proxy's (--label).
+    #[arg(long, value_name = "SERVICE")]
+    pub register: Option<String>,
+    /// Register from a WorkloadGroup's template (NS/NAME: its labels,
+    /// ports, serviceAccount, weight, locality; its probe as the health
+    /// check). The service defaults to the group's name (--register to
+    /// name another).
+    #[arg(long, value_name = "NS/NAME")]
+    pub workload_group: Option<String>,
+    /// The instance's address (default: --ip).
+    #[arg(long)]
+    pub address: Option<String>,
+    /// `NAME=PORT` (or `PORT` for every service port); repeatable. Default
+    /// with --workload-group: the template's ports.
+    #[arg(long = "port")]
+    pub ports: Vec<String>,
+    /// The instance's (and lease's) name (default SERVICE-ADDRESS, dots as
+    /// dashes: Istio's auto-registration name with a group).
+    #[arg(long)]
+    pub instance_name: Option<String>,
+    /// `region/zone/subzone`.
+    #[arg(long)]
+    pub locality: Option<String>,
+    #[arg(long)]
+    pub weight: Option<u32>,
+    /// Health check: a replica GETs this http:// URL.
+    #[arg(long, conflicts_with = "check_tcp")]
+    pub check_http: Option<String>,
+    /// Health check: a replica connects to HOST:PORT.
+    #[arg(long)]
+    pub check_tcp: Option<String>,
+    /// Probe interval, e.g. 5s.
+    #[arg(long)]
+    pub check_interval: Option<String>,
+    #[arg(long)]
+    pub check_timeout: Option<String>,
+    /// The lease's TTL; keepalives go every third of it.
+    #[arg(long, default_value = "15s")]
+    pub lease_ttl: String,
+    /// A file holding the API token for the registration (default: the
+    /// client config's token, --token, LODESTAR_TOKEN). It needs write and
+    /// delete on instances and leases in the namespace, and read on
+    /// workloadgroups with --workload-group.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+}
+
+pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> Result<()> {
     let Some(ca_pem) = ca_pem else {
         bail!("the agent dials the replicas over TLS and needs the cluster's CA: a client config (--client-config, LODESTAR_CONFIG) or --ca-file");
     };
@@ -56,6 +135,48 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: AgentArgs) -> Resu
     if args.proxy.grpc && (args.bootstrap.is_none() || args.proxy.cert_dir.is_some()) {
         bail!("--grpc: the agent writes a gRPC bootstrap to --bootstrap FILE, using its own --dir as the certificate directory (no --cert-dir)");
     }
+    if args.run.run_envoy && args.proxy.grpc {
+        bail!("--run-envoy with --grpc: a proxyless gRPC application has no Envoy to run");
+    }
+    if args.run.run_envoy && args.bootstrap.is_none() {
+        let file = if args.proxy.output == bootstrap::Format::Json { "bootstrap.json" } else { "bootstrap.yaml" };
+        args.bootstrap = Some(args.dir.join(file));
+    }
+    // The registration's client: the API with the agent's token.
+    let api = match &args.run.token_file {
+        Some(path) => {
+            let t = std::fs::read_to_string(path).with_context(|| format!("--token-file {}", path.display()))?.trim().to_string();
+            if t.is_empty() || t.chars().any(char::is_whitespace) {
+                bail!("--token-file {}: expected one token (no spaces)", path.display());
+            }
+            client.with_token(Some(t))
+        }
+        None => client.with_token(client_token(client)),
+    };
+    // A WorkloadGroup's labels are the proxy's too (node labels win, as in
+    // Istio's auto-registration), so Sidecars and policies select it.
+    let group = match &args.run.workload_group {
+        Some(g) => Some(fetch_group(&api, g).await?),
+        None => None,
+    };
+    if let Some((key, wg)) = &group {
+        if key.0 != args.proxy.namespace {
+            bail!("--workload-group {}/{}: the group is in namespace {}, the workload in {} (--namespace)", key.0, key.1, key.0, args.proxy.namespace);
+        }
+        let mut labels = wg.labels();
+        labels.extend(args.proxy.labels.iter().cloned());
+        args.proxy.labels = labels.into_iter().collect();
+    }
+    let envoy = if args.run.run_envoy {
+        let drain = crate::model::istio::duration::parse_duration(&args.run.drain_time).map_err(|e| anyhow!("--drain-time {:?}: {e}", args.run.drain_time))?;
+        let admin_host = match args.proxy.ip.parse::<std::net::IpAddr>() {
+            Ok(ip) if ip.is_loopback() => args.proxy.ip.clone(),
+            _ => "127.0.0.1".to_string(),
+        };
+        Some((admin_host, drain))
+    } else {
+        None
+    };
     if let (Some(path), true) = (&args.bootstrap, args.proxy.grpc) {
         // A proxyless gRPC application: its bootstrap names the files this
         // agent keeps (the workload certificate as its client certificate).
@@ -72,20 +193,149 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: AgentArgs) -> Resu
         // token, if given, is sent too.
         let mut doc = bootstrap::bootstrap(&args.proxy, &servers, Some(ca_pem), bootstrap::proxy_token(&args.proxy)?.as_deref())?;
         add_sds(&mut doc, &socket)?;
+        if let Some((admin_host, _)) = &envoy {
+            doc["admin"]["address"]["socket_address"]["address"] = serde_json::json!(admin_host);
+        }
         let text = match args.proxy.output {
             bootstrap::Format::Json => serde_json::to_string_pretty(&doc)?,
             bootstrap::Format::Yaml => yaml_serde::to_string(&doc)?,
         };
+        std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
         crate::tls::pki::write_file(path, &text, false).with_context(|| format!("writing the bootstrap {}", path.display()))?;
     }
+    let envoy = match (envoy, &args.bootstrap) {
+        (Some((admin_host, drain)), Some(bootstrap)) => Some(EnvoyOptions {
+            binary: args.run.envoy_binary.clone(),
+            bootstrap: bootstrap.clone(),
+            admin: format!("{admin_host}:{}", args.proxy.admin_port),
+            drain,
+            extra_args: args.run.envoy_args.clone(),
+        }),
+        _ => None,
+    };
+    let plan = registration_plan(&args, group.map(|(_, g)| g), api)?;
     let opts = AgentOptions {
         ca: CaClient { servers, cluster_ca_pem: Some(ca_pem.to_string()), ttl },
         dir: args.dir,
         join_token_file: args.join_token_file,
         sds_socket: Some(socket),
         xds_socket,
+        envoy,
     };
-    crate::agent::run(opts, crate::server::shutdown_signal()).await
+    crate::agent::run(opts, plan, crate::server::shutdown_signal()).await
+}
+
+/// The token the CLI's client already carries (the client config's, or
+/// --token / LODESTAR_TOKEN).
+fn client_token(client: &Client) -> Option<String> {
+    client.token().map(str::to_string)
+}
+
+/// `NS/NAME` → the stored WorkloadGroup, typed.
+async fn fetch_group(api: &Client, g: &str) -> Result<((String, String), WorkloadGroup)> {
+    let (ns, name) =
+        g.split_once('/').filter(|(n, m)| !n.is_empty() && !m.is_empty()).ok_or_else(|| anyhow!("--workload-group {g:?}: expected NAMESPACE/NAME"))?;
+    let obj = api.get(&format!("/v1/resources/workloadgroups/{ns}/{name}")).await.with_context(|| format!("reading the WorkloadGroup {ns}/{name}"))?;
+    let spec = obj.get("spec").cloned().unwrap_or_default();
+    match crate::model::istio::validate("WorkloadGroup", &spec) {
+        Ok(Validated::WorkloadGroup { spec, .. }) => Ok(((ns.to_string(), name.to_string()), *spec)),
+        Ok(_) => bail!("the WorkloadGroup {ns}/{name} is not a WorkloadGroup"),
+        Err(errs) => bail!("the WorkloadGroup {ns}/{name}: {}", errs.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")),
+    }
+}
+
+/// What the agent registers, decided once its identity is known.
+fn registration_plan(args: &AgentArgs, group: Option<WorkloadGroup>, api: Client) -> Result<Option<RegistrationPlan>> {
+    let r = &args.run;
+    let service = match (&r.register, &r.workload_group) {
+        (Some(s), _) => s.clone(),
+        (None, Some(g)) => g.split_once('/').map(|(_, n)| n.to_string()).unwrap_or_default(),
+        (None, None) => {
+            for (flag, set) in [
+                ("--port", !r.ports.is_empty()),
+                ("--check-http", r.check_http.is_some()),
+                ("--check-tcp", r.check_tcp.is_some()),
+                ("--address", r.address.is_some()),
+                ("--instance-name", r.instance_name.is_some()),
+            ] {
+                if set {
+                    bail!("{flag} describes the registration: give --register SERVICE or --workload-group NS/NAME");
+                }
+            }
+            return Ok(None);
+        }
+    };
+    let lease_ttl = crate::model::istio::duration::parse_duration(&r.lease_ttl).map_err(|e| anyhow!("--lease-ttl {:?}: {e}", r.lease_ttl))?;
+    if lease_ttl < std::time::Duration::from_secs(1) {
+        bail!("--lease-ttl must be at least 1s");
+    }
+    let address = r.address.clone().unwrap_or_else(|| args.proxy.ip.clone());
+    let template = group.as_ref().and_then(|g| g.template.clone()).unwrap_or_default();
+    let mut ports = r.ports.clone();
+    if ports.is_empty() {
+        ports = template.ports.iter().map(|(n, p)| format!("{n}={p}")).collect();
+    }
+    if ports.is_empty() {
+        bail!("the registration needs ports: --port NAME=PORT (or a WorkloadGroup template with ports)");
+    }
+    // The probe becomes the health check unless one is given here.
+    let probe = match group.as_ref().and_then(|g| g.probe.as_ref()) {
+        Some(p) if r.check_http.is_none() && r.check_tcp.is_none() => {
+            Some(p.to_check(&address).map_err(|e| anyhow!("WorkloadGroup {}: {e}", r.workload_group.as_deref().unwrap_or("")))?)
+        }
+        _ => None,
+    };
+    let secs = |v: Option<u32>| v.map(|s| format!("{s}s"));
+    let name = r.instance_name.clone().unwrap_or_else(|| format!("{}-{}", service.replace('.', "-"), address.replace(['.', ':'], "-")));
+    let register = RegisterArgs {
+        service,
+        name: Some(name.clone()),
+        namespace: Some(args.proxy.namespace.clone()),
+        address,
+        ports,
+        labels: args.proxy.labels.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        locality: r.locality.clone().or(template.locality.clone()),
+        weight: r.weight.or(template.weight),
+        ttl: None,
+        http: r.check_http.clone().or_else(|| probe.as_ref().and_then(|p| p.http.clone())),
+        tcp: r.check_tcp.clone().or_else(|| probe.as_ref().and_then(|p| p.tcp.clone())),
+        interval: r.check_interval.clone().or_else(|| probe.as_ref().and_then(|p| secs(p.interval_s))),
+        timeout: r.check_timeout.clone().or_else(|| probe.as_ref().and_then(|p| secs(p.timeout_s))),
+        deregister_after: None,
+        lease: Some(name.clone()),
+        service_account: None,
+    };
+    let mut doc = instance_document(&register)?;
+    if let Some(p) = &probe {
+        for (k, v) in [("healthyThreshold", p.healthy_threshold), ("unhealthyThreshold", p.unhealthy_threshold)] {
+            if let Some(v) = v {
+                doc["spec"]["healthCheck"][k] = serde_json::json!(v);
+            }
+        }
+    }
+    if let Some(annotations) = group.as_ref().and_then(|g| g.metadata.as_ref()).map(|m| &m.annotations).filter(|a| !a.is_empty()) {
+        doc["metadata"]["annotations"] = serde_json::json!(annotations);
+    }
+    let namespace = args.proxy.namespace.clone();
+    let template_sa = template.service_account.clone();
+    let group_name = r.workload_group.clone();
+    Ok(Some(Box::new(move |id: &crate::agent::Identity| {
+        let (ns, sa) =
+            id.uris.iter().find_map(|u| spiffe_workload(u)).ok_or_else(|| anyhow!("the certificate names no SPIFFE workload identity: {:?}", id.uris))?;
+        if ns != namespace {
+            bail!("the certificate is for {ns}/{sa}, but the workload's namespace is {namespace} (--namespace)");
+        }
+        if let Some(want) = template_sa.filter(|s| !s.is_empty()) {
+            if want != sa {
+                bail!("WorkloadGroup {}: template.serviceAccount is {want:?}, but the certificate is for {ns}/{sa}", group_name.as_deref().unwrap_or(""));
+            }
+        }
+        doc["spec"]["serviceAccount"] = serde_json::json!(sa);
+        // Checked here, so a bad flag fails at start with the field's name.
+        crate::model::registry::validate_instance(&doc["spec"])
+            .map_err(|errs| anyhow!("the instance: {}", errs.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
+        Ok(Registration { client: api, namespace, name, lease_ttl, instance: doc })
+    })))
 }
 
 /// The SDS cluster and the xDS port's client certificate for an Envoy

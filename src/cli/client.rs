@@ -191,6 +191,29 @@ impl Client {
         let text = resp.text().await?;
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
     }
+    /// The token this client sends, if any.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+    /// The same client with another token (`lodestar agent --token-file`).
+    pub fn with_token(&self, token: Option<String>) -> Client {
+        Client { base: self.base.clone(), http: self.http.clone(), token }
+    }
+    /// POST, whatever the status: (status, JSON body); Err only when no
+    /// answer came. For callers that act on the status (the agent's
+    /// keepalive: 404 means the lease is gone).
+    pub async fn post_any(&self, path: &str, body: &Value) -> Result<(u16, Value)> {
+        let resp = self.request(reqwest::Method::POST, path).json(body).send().await.map_err(|e| self.unreachable(e))?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+    }
+    pub async fn delete_any(&self, path: &str) -> Result<(u16, Value)> {
+        let resp = self.request(reqwest::Method::DELETE, path).send().await.map_err(|e| self.unreachable(e))?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+    }
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
         self.send(self.request(reqwest::Method::POST, path).json(body)).await
     }

@@ -136,7 +136,7 @@ enum Command {
     /// A workload's identity on its host: its key, its certificate from the
     /// mesh CA (first with a join token, then renewed with itself), SDS for
     /// its Envoy (secrets default and ROOTCA on a Unix socket).
-    Agent(agent::AgentArgs),
+    Agent(Box<agent::AgentArgs>),
     /// Backups: save one from a running cluster, restore one into a new
     /// cluster's data directory, check a file.
     Snapshot {
@@ -366,7 +366,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,
         Command::Bootstrap(args) => bootstrap::run(&client, access.ca_pem.as_deref(), args).await,
-        Command::Agent(args) => agent::run(&client, access.ca_pem.as_deref(), args).await,
+        Command::Agent(args) => agent::run(&client, access.ca_pem.as_deref(), *args).await,
         Command::Snapshot { command } => snapshot::run(&client, command).await,
         Command::Token { command } => acl::token(&client, command).await,
         Command::Policy { command } => acl::policy(&client, command).await,

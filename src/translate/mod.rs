@@ -473,7 +473,9 @@ impl Translator {
         let hosts_of = |o: &crate::model::StoredObject| -> Option<Vec<String>> {
             let ns = &o.key.namespace;
             Some(match (o.key.kind, o.typed().ok()?.as_ref()) {
-                (Kind::Lease, _) => Vec::new(),
+                // Leases and WorkloadGroups reach no proxy (only the
+                // Instances registered from them do).
+                (Kind::Lease | Kind::WorkloadGroup, _) => Vec::new(),
                 (k, _) if k.is_acl() => Vec::new(),
                 (_, TypedSpec::Instance(i)) => vec![crate::mesh::instance_hostname(i, ns, suffix)],
                 (_, TypedSpec::Service(svc)) => vec![svc.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", o.key.name))],

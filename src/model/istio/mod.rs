@@ -27,6 +27,7 @@ pub mod sidecar;
 pub mod validate;
 pub mod virtual_service;
 pub mod workload_entry;
+pub mod workload_group;
 
 pub use self::authorization_policy::AuthorizationPolicy;
 pub use self::destination_rule::DestinationRule;
@@ -40,3 +41,4 @@ pub use self::sidecar::Sidecar;
 pub use self::validate::{from_value, validate, FieldError, Validated, KINDS};
 pub use self::virtual_service::VirtualService;
 pub use self::workload_entry::WorkloadEntry;
+pub use self::workload_group::WorkloadGroup;

@@ -21,6 +21,7 @@ use super::service_entry::ServiceEntry;
 use super::sidecar::Sidecar;
 use super::virtual_service::VirtualService;
 use super::workload_entry::WorkloadEntry;
+use super::workload_group::WorkloadGroup;
 
 /// One problem in a spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +58,7 @@ pub enum Validated {
     AuthorizationPolicy { spec: Box<AuthorizationPolicy>, warnings: Vec<String> },
     PeerAuthentication { spec: Box<PeerAuthentication>, warnings: Vec<String> },
     RequestAuthentication { spec: Box<RequestAuthentication>, warnings: Vec<String> },
+    WorkloadGroup { spec: Box<WorkloadGroup>, warnings: Vec<String> },
 }
 
 impl Validated {
@@ -72,6 +74,7 @@ impl Validated {
             Validated::AuthorizationPolicy { .. } => "AuthorizationPolicy",
             Validated::PeerAuthentication { .. } => "PeerAuthentication",
             Validated::RequestAuthentication { .. } => "RequestAuthentication",
+            Validated::WorkloadGroup { .. } => "WorkloadGroup",
         }
     }
 
@@ -85,7 +88,7 @@ impl Validated {
             | Validated::WorkloadEntry { warnings, .. }
             | Validated::AuthorizationPolicy { warnings, .. }
             | Validated::PeerAuthentication { warnings, .. } => warnings,
-            Validated::RequestAuthentication { warnings, .. } => warnings,
+            Validated::RequestAuthentication { warnings, .. } | Validated::WorkloadGroup { warnings, .. } => warnings,
         }
     }
 
@@ -101,12 +104,13 @@ impl Validated {
             Validated::AuthorizationPolicy { spec, .. } => serde_json::to_value(spec),
             Validated::PeerAuthentication { spec, .. } => serde_json::to_value(spec),
             Validated::RequestAuthentication { spec, .. } => serde_json::to_value(spec),
+            Validated::WorkloadGroup { spec, .. } => serde_json::to_value(spec),
         }
     }
 }
 
 /// The kinds [`validate`] understands.
-pub const KINDS: [&str; 9] = [
+pub const KINDS: [&str; 10] = [
     "VirtualService",
     "DestinationRule",
     "ServiceEntry",
@@ -116,6 +120,7 @@ pub const KINDS: [&str; 9] = [
     "AuthorizationPolicy",
     "PeerAuthentication",
     "RequestAuthentication",
+    "WorkloadGroup",
 ];
 
 /// Parses and validates the `spec` of a `networking.istio.io` resource of
@@ -135,6 +140,7 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Validated, Vec<FieldError>> 
         "AuthorizationPolicy" => run(spec, AuthorizationPolicy::check).map(|(spec, warnings)| Validated::AuthorizationPolicy { spec, warnings }),
         "PeerAuthentication" => run(spec, PeerAuthentication::check).map(|(spec, warnings)| Validated::PeerAuthentication { spec, warnings }),
         "RequestAuthentication" => run(spec, RequestAuthentication::check).map(|(spec, warnings)| Validated::RequestAuthentication { spec, warnings }),
+        "WorkloadGroup" => run(spec, WorkloadGroup::check).map(|(spec, warnings)| Validated::WorkloadGroup { spec, warnings }),
         other => Err(vec![FieldError { field: "kind".to_string(), reason: format!("unsupported kind {other:?}; expected one of {}", KINDS.join(", ")) }]),
     }
 }
