@@ -242,8 +242,8 @@ impl Mesh {
         let mut changed: Vec<(&ResourceKey, Option<&Arc<StoredObject>>)> = Vec::new();
         for d in prev_objects.diff(&applied.state.objects) {
             let (key, now) = (d.key(), d.after());
-            // Tokens, policies and roles are no part of the mesh.
-            if key.kind.is_acl() {
+            // Tokens, policies, roles and Secrets are no part of the mesh.
+            if key.kind.is_acl() || key.kind == Kind::Secret {
                 continue;
             }
             if !matches!(
@@ -491,7 +491,8 @@ impl Mesh {
                 TypedSpec::Istio(Validated::RequestAuthentication { spec, .. }) => mesh.request_authentications.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Service(s) => declared.push((obj.clone(), s.clone())),
                 TypedSpec::Instance(i) => instances.push((obj.clone(), i.clone())),
-                TypedSpec::Lease(_) | TypedSpec::Acl(_) => {}
+                // Secrets are served by name over SDS, not translated.
+                TypedSpec::Lease(_) | TypedSpec::Acl(_) | TypedSpec::Secret => {}
             }
         }
         mesh.virtual_services.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));

@@ -17,10 +17,12 @@
 //! - TLS passed through (PASSTHROUGH, AUTO_PASSTHROUGH) and TCP servers
 //!   get filter chains by SNI or address (`l4`); one listener per port.
 //!
-//! Servers Lodestar cannot serve (ISTIO_MUTUAL, certificates by
-//! `credentialName`, TLS terminated then routed as TCP) are refused by
-//! validation; one stored before that gets no listener here, never a
-//! plaintext one.
+//! An HTTPS server with `credentialName` gets its certificate (and, for
+//! MUTUAL, its client CA as `<credentialName>-cacert`) over SDS on the
+//! proxy's ADS stream (`tls::downstream`); the xDS layer serves the
+//! secrets. Servers Lodestar cannot serve (ISTIO_MUTUAL, `credentialNames`,
+//! TLS terminated then routed as TCP) are refused by validation; one stored
+//! before that gets no listener here, never a plaintext one.
 
 use super::l4::{self, Chains, L4Chain};
 use super::listener::{self, Routes, TlsChain};
@@ -96,8 +98,10 @@ fn serves(server: &Server) -> Option<Serves> {
     if matches!(tls.mode(), ServerTlsMode::Passthrough | ServerTlsMode::AutoPassthrough) {
         return protocol.is_tls().then_some(Serves::Sni);
     }
-    let files = tls.credential_name.is_none() && tls.credential_names.is_empty() && tls.ca_cert_credential_name.is_none();
-    (protocol == Protocol::Https && tls.terminates() && files).then_some(Serves::Https)
+    // One credentialName (SDS) or certificate files; validation refuses
+    // the rest.
+    let supported = tls.credential_names.is_empty() && tls.ca_cert_credential_name.is_none();
+    (protocol == Protocol::Https && tls.terminates() && supported).then_some(Serves::Https)
 }
 
 /// The servers on one port.

@@ -475,6 +475,8 @@ impl Translator {
             Some(match (o.key.kind, o.typed().ok()?.as_ref()) {
                 (Kind::Lease, _) => Vec::new(),
                 (k, _) if k.is_acl() => Vec::new(),
+                // Listeners name secrets; their content is SDS's (xds).
+                (Kind::Secret, _) => Vec::new(),
                 (_, TypedSpec::Instance(i)) => vec![crate::mesh::instance_hostname(i, ns, suffix)],
                 (_, TypedSpec::Service(svc)) => vec![svc.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", o.key.name))],
                 // A delegate (no hosts) routes under whichever roots name it.
