@@ -104,7 +104,7 @@ impl SecretsKey {
         let aad = secret::associated_data(namespace, name);
         let plain = self
             .key
-            .open_in_place(nonce, Aad::from(&aad), &mut *buf)
+            .open_in_place(nonce, Aad::from(&aad), &mut buf)
             .map_err(|_| "the sealed key does not open with this cluster's secrets key (another key, or moved from another Secret)".to_string())?;
         Ok(Zeroizing::new(plain.to_vec()))
     }

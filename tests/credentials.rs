@@ -167,11 +167,17 @@ async fn gateway_serves_secrets_over_sds() {
         tls_secret("partners-credential", "istio-system", &partners)
     );
     let rev = fx.apply(&yaml).await;
-    let mut o = common::envoy::EnvoyOptions::new("ingressgateway", &fx.ip(2));
-    o.namespace = "istio-system".into();
-    o.node_type = "router".into();
-    o.labels = vec![("istio".into(), "ingressgateway".into())];
-    let p = fx.proxy(o, 1, rev).await;
+    let gateway = |n: u8, delta: bool| {
+        let mut o = common::envoy::EnvoyOptions::new(if delta { "ingressgateway-delta" } else { "ingressgateway" }, &fx.ip(n));
+        o.namespace = "istio-system".into();
+        o.node_type = "router".into();
+        o.labels = vec![("istio".into(), "ingressgateway".into())];
+        o.delta = delta;
+        o
+    };
+    let p = fx.proxy(gateway(2, false), 1, rev).await;
+    // A second gateway on delta xDS, for the same secret.
+    let pd = fx.proxy(gateway(3, true), 1, rev).await;
 
     // SIMPLE: a request through the gateway, and the certificate served
     // is the Secret's.
@@ -180,6 +186,8 @@ async fn gateway_serves_secrets_over_sds() {
     wait_for_leaf(&client, simple, first.der(), "first certificate").await;
     let reply = client.get(simple, "shop.example.test", "/products").await.expect("shop over TLS");
     assert_eq!((reply.status, reply.body.as_str()), (200, "shop"));
+    let simple_delta: SocketAddr = format!("{}:8443", pd.ip).parse().unwrap();
+    wait_for_leaf(&client, simple_delta, first.der(), "first certificate, delta").await;
 
     // Rotation: the Secret replaced, the new certificate served, the
     // listener untouched (same LDS version).
@@ -187,6 +195,7 @@ async fn gateway_serves_secrets_over_sds() {
     let rev2 = fx.apply(&tls_secret("shop-credential", "istio-system", &second)).await;
     assert!(rev2 > rev);
     wait_for_leaf(&client, simple, second.der(), "rotated certificate").await;
+    wait_for_leaf(&client, simple_delta, second.der(), "rotated certificate, delta").await;
     assert_eq!(listener_version(&p, 8443).await, lds_before, "a Secret change must not change the listener");
     // Applying the same Secret again changes nothing (its sealed key is kept).
     let (status, body) = common::apply(&fx.client, &fx.api(1), vec![serde_yaml_value(&tls_secret("shop-credential", "istio-system", &second))]).await;
@@ -210,6 +219,7 @@ async fn gateway_serves_secrets_over_sds() {
         assert!(r.is_err(), "a client with {who} was let in: {r:?}");
     }
     p.envoy.assert_no_rejections().await;
+    pd.envoy.assert_no_rejections().await;
 
     // No read path shows the key: get, list, the gateway's config dump.
     let api = fx.api(1);

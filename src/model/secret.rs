@@ -126,7 +126,10 @@ pub fn decode(body: &Value) -> Result<Decoded, Vec<FieldError>> {
         }
     }
     if raw.is_empty() && errors.is_empty() {
-        errors.push(FieldError::new("data", "a TLS credential needs a certificate and key (tls.crt and tls.key, or cert and key), or a CA bundle (ca.crt or cacert)"));
+        errors.push(FieldError::new(
+            "data",
+            "a TLS credential needs a certificate and key (tls.crt and tls.key, or cert and key), or a CA bundle (ca.crt or cacert)",
+        ));
     }
     // Istio reads the generic names first; giving both is ambiguous.
     for group in [CERT_KEYS, KEY_KEYS, CA_KEYS] {
@@ -213,7 +216,8 @@ fn private_key(bytes: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
 /// Whether `key` is the private key of `leaf` (its public key equals the
 /// certificate's): what Envoy would otherwise find only when loading it.
 fn key_matches(key: &PrivateKeyDer<'static>, leaf: &CertificateDer<'static>) -> Result<(), String> {
-    let signer = rustls::crypto::ring::sign::any_supported_type(key).map_err(|_| "the private key's algorithm is not supported (use ECDSA P-256/P-384, RSA or Ed25519)".to_string())?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(key)
+        .map_err(|_| "the private key's algorithm is not supported (use ECDSA P-256/P-384, RSA or Ed25519)".to_string())?;
     let spki = signer.public_key().ok_or("the private key's public key cannot be derived")?;
     let (_, cert) = x509_parser::parse_x509_certificate(leaf).map_err(|e| format!("the certificate does not parse: {e}"))?;
     if cert.public_key().raw != spki.as_ref() {
@@ -357,7 +361,8 @@ mod tests {
         assert!(has(&e, "data[tls.key]", "does not match the certificate"), "{e:?}");
         let e = decode(&json!({"data": {"tls.crt": b64("garbage"), "tls.key": b64(&key)}})).unwrap_err();
         assert!(has(&e, "data[tls.crt]", "no PEM certificate"), "{e:?}");
-        let e = decode(&json!({"data": {"tls.crt": b64(&cert), "tls.key": b64("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")}})).unwrap_err();
+        let e =
+            decode(&json!({"data": {"tls.crt": b64(&cert), "tls.key": b64("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")}})).unwrap_err();
         assert!(e.iter().any(|e| e.field == "data[tls.key]"), "{e:?}");
         assert!(e.iter().all(|e| !e.reason.contains("AAAA")), "{e:?}");
         let e = decode(&json!({"data": {"tls.crt": "%%%"}})).unwrap_err();

@@ -44,12 +44,15 @@ pub fn eligible(proxy: &ProxyIdentity, tls: bool, authenticated: bool, key: Opti
     key.cloned().ok_or("this replica has no cluster secrets key")
 }
 
+/// The Secrets (key, revision) a map was built from, and the map.
+type Built = (Vec<(ResourceKey, u64)>, Arc<ResourceMap>);
+
 /// What a stream serves from: the key, and the last map built with the
 /// objects it was built from (a Secret unchanged is not opened again).
 pub struct SecretSource {
     key: Arc<SecretsKey>,
     namespace: String,
-    cache: Mutex<Option<(Vec<(ResourceKey, u64)>, Arc<ResourceMap>)>>,
+    cache: Mutex<Option<Built>>,
 }
 
 impl SecretSource {
@@ -75,13 +78,12 @@ impl SecretSource {
             if let (Some(chain), Some(envelope)) = (&s.cert_chain, &s.sealed_key) {
                 match self.key.open(&self.namespace, name, envelope) {
                     Ok(key) => {
-                        let cert = TlsCertificate {
-                            certificate_chain: Some(inline(chain.as_bytes())),
-                            private_key: Some(inline(&key)),
-                            ..Default::default()
-                        };
+                        let cert = TlsCertificate { certificate_chain: Some(inline(chain.as_bytes())), private_key: Some(inline(&key)), ..Default::default() };
                         let secret = Secret { name: name.to_string(), r#type: Some(secret::Type::TlsCertificate(cert)) };
-                        map.insert(name.to_string(), Arc::new(XdsResource::with_version::<Secret>(*name, prost::Message::encode_to_vec(&secret), hex(*version))));
+                        map.insert(
+                            name.to_string(),
+                            Arc::new(XdsResource::with_version::<Secret>(*name, prost::Message::encode_to_vec(&secret), hex(*version))),
+                        );
                     }
                     // Says nothing of the content.
                     Err(why) => tracing::warn!(secret = %format!("{}/{name}", self.namespace), why, "a Secret's key does not open; not served"),
@@ -94,7 +96,10 @@ impl SecretSource {
                 if own || !stored.contains_key(sds_name.as_str()) {
                     let v = CertificateValidationContext { trusted_ca: Some(inline(ca.as_bytes())), ..Default::default() };
                     let secret = Secret { name: sds_name.clone(), r#type: Some(secret::Type::ValidationContext(v)) };
-                    map.insert(sds_name.clone(), Arc::new(XdsResource::with_version::<Secret>(sds_name, prost::Message::encode_to_vec(&secret), hex(*version))));
+                    map.insert(
+                        sds_name.clone(),
+                        Arc::new(XdsResource::with_version::<Secret>(sds_name, prost::Message::encode_to_vec(&secret), hex(*version))),
+                    );
                 }
             }
         }

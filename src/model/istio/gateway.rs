@@ -339,7 +339,9 @@ impl Server {
             if tls.terminates() && tls.ca_certificates.is_some() {
                 r.error(
                     &tls_at.field("caCertificates"),
-                    format!("cannot be combined with credentialName: the client CA comes from the credential (its ca.crt or cacert, or the Secret {name}-cacert)"),
+                    format!(
+                        "cannot be combined with credentialName: the client CA comes from the credential (its ca.crt or cacert, or the Secret {name}-cacert)"
+                    ),
                 );
             }
         }
