@@ -37,11 +37,27 @@ pub fn file(path: &str) -> DataSource {
     DataSource { specifier: Some(Specifier::Filename(path.to_string())), ..Default::default() }
 }
 
-/// A gateway server terminating TLS (`SIMPLE`, `MUTUAL`, `OPTIONAL_MUTUAL`;
-/// validation refuses the other modes on gateways). `MUTUAL` requires a
+/// A gateway server terminating TLS (`SIMPLE`, `MUTUAL`, `OPTIONAL_MUTUAL`,
+/// and `ISTIO_MUTUAL` for a proxy with the agent's SDS; validation refuses
+/// the other modes on gateways). `MUTUAL` requires a
 /// client certificate; `OPTIONAL_MUTUAL` asks for one and validates it if
 /// given; `SIMPLE` asks for none.
-pub fn downstream(tls: &ServerTlsSettings) -> DownstreamTlsContext {
+pub fn downstream(tls: &ServerTlsSettings, trust_domain: &str) -> DownstreamTlsContext {
+    if tls.mode() == ServerTlsMode::IstioMutual {
+        // The gateway's workload certificate; clients need a mesh
+        // certificate, with one of `subjectAltNames` if given, else any
+        // identity of this trust domain.
+        let sans = if tls.subject_alt_names.is_empty() {
+            vec![super::mtls::uri_matcher(MatchPattern::Prefix(format!("spiffe://{trust_domain}/")))]
+        } else {
+            san_matchers(&tls.subject_alt_names)
+        };
+        let mut ctx = super::mtls::downstream_with(sans, &ALPN_HTTP);
+        if let Some(common) = ctx.common_tls_context.as_mut() {
+            common.tls_params = tls_params(tls);
+        }
+        return ctx;
+    }
     if let Some(name) = &tls.credential_name {
         return credential(tls, name);
     }
@@ -216,7 +232,7 @@ mod tests {
             "subjectAltNames": ["client.example.com"], "minProtocolVersion": "TLSV1_3", "cipherSuites": ["BOGUS", "AES128-SHA", "AES128-SHA"]
         }))
         .unwrap();
-        let ctx = downstream(&tls);
+        let ctx = downstream(&tls, "cluster.local");
         assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: true }));
         let common = ctx.common_tls_context.unwrap();
         let Some(ValidationContextType::ValidationContext(v)) = common.validation_context_type else { panic!("no validation context") };
@@ -228,7 +244,7 @@ mod tests {
 
         let simple: ServerTlsSettings =
             serde_json::from_value(serde_json::json!({"mode": "SIMPLE", "serverCertificate": "/c.pem", "privateKey": "/k.pem"})).unwrap();
-        let ctx = downstream(&simple);
+        let ctx = downstream(&simple, "cluster.local");
         assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: false }));
         let common = ctx.common_tls_context.unwrap();
         assert!(common.validation_context_type.is_none() && common.tls_params.is_none());

@@ -327,7 +327,11 @@ impl Server {
         let Some(tls) = &self.tls else { return };
         let tls_at = at.field("tls");
         if tls.mode() == ServerTlsMode::IstioMutual {
-            r.unsupported_one(&tls_at.field("mode"), "tls mode ISTIO_MUTUAL on a gateway", "use MUTUAL with credentialName or certificate files");
+            // The gateway's own workload certificate, from `lodestar agent`.
+            r.warn(
+                &tls_at.field("mode"),
+                "ISTIO_MUTUAL is served only to gateway proxies with a mesh identity (lodestar agent, node metadata LODESTAR_SDS); others get no listener for this server",
+            );
         }
         if let Some(name) = &tls.credential_name {
             // Served over SDS on the gateway's ADS stream, from the Secret
@@ -565,13 +569,13 @@ mod tests {
     fn what_gateways_cannot_serve_is_refused_not_served_otherwise() {
         let e = errors(json!({"servers": [
             {"port": {"number": 443, "name": "a", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialName": "a-cert"}},
-            {"port": {"number": 15443, "name": "d", "protocol": "HTTPS"}, "hosts": ["*.local"], "tls": {"mode": "ISTIO_MUTUAL"}},
+            {"port": {"number": 15443, "name": "d", "protocol": "TLS"}, "hosts": ["*.local"], "tls": {"mode": "ISTIO_MUTUAL"}},
             {"port": {"number": 8443, "name": "f", "protocol": "TLS"}, "hosts": ["f.example.com"],
              "tls": {"mode": "SIMPLE", "serverCertificate": "/c.pem", "privateKey": "/k.pem"}},
             {"port": {"number": 5000, "name": "g", "protocol": "UDP"}, "hosts": ["*"]}
         ]}));
         assert!(!e.iter().any(|e| e.field.starts_with("spec.servers[0]")), "credentialName is served: {e:?}");
-        assert!(has(&e, "spec.servers[1].tls.mode", "ISTIO_MUTUAL on a gateway is not supported yet"), "{e:?}");
+        assert!(has(&e, "spec.servers[1].tls.mode", "terminating TLS on a TLS server (then routing TCP) is not supported yet"), "{e:?}");
         assert!(has(&e, "spec.servers[2].tls.mode", "terminating TLS on a TLS server (then routing TCP) is not supported yet"), "{e:?}");
         assert!(has(&e, "spec.servers[3].port.protocol", "protocol UDP on a gateway is not supported yet"), "{e:?}");
         assert!(e.iter().all(|e| !e.reason.contains("invalid")), "{e:?}");
@@ -624,6 +628,13 @@ mod tests {
         assert!(has(&e, "spec.servers[1].tls.caCertificates", "cannot be combined with credentialName"), "{e:?}");
         assert!(has(&e, "spec.servers[2].tls.credentialNames", "not supported"), "{e:?}");
         assert!(has(&e, "spec.servers[3].tls.caCertCredentialName", "not supported"), "{e:?}");
+    }
+
+    #[test]
+    fn istio_mutual_on_https_is_served_with_a_warning() {
+        let spec = json!({"servers": [{"port": {"number": 8443, "name": "mesh", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "ISTIO_MUTUAL"}}]});
+        let v = validate("Gateway", &spec).unwrap();
+        assert!(v.warnings().iter().any(|w| w.starts_with("spec.servers[0].tls.mode: ISTIO_MUTUAL is served only to gateway proxies with a mesh identity")), "{:?}", v.warnings());
     }
 
     #[test]
