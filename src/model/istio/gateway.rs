@@ -632,9 +632,14 @@ mod tests {
 
     #[test]
     fn istio_mutual_on_https_is_served_with_a_warning() {
-        let spec = json!({"servers": [{"port": {"number": 8443, "name": "mesh", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "ISTIO_MUTUAL"}}]});
+        let spec =
+            json!({"servers": [{"port": {"number": 8443, "name": "mesh", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "ISTIO_MUTUAL"}}]});
         let v = validate("Gateway", &spec).unwrap();
-        assert!(v.warnings().iter().any(|w| w.starts_with("spec.servers[0].tls.mode: ISTIO_MUTUAL is served only to gateway proxies with a mesh identity")), "{:?}", v.warnings());
+        assert!(
+            v.warnings().iter().any(|w| w.starts_with("spec.servers[0].tls.mode: ISTIO_MUTUAL is served only to gateway proxies with a mesh identity")),
+            "{:?}",
+            v.warnings()
+        );
     }
 
     #[test]
