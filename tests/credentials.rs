@@ -123,9 +123,14 @@ fn key_forms(leaf: &Leaf) -> Vec<Vec<u8>> {
 /// resources of the first response (none, if none comes within a second:
 /// an unknown or refused secret is not answered with content).
 async fn ask_for_secret(addr: &str, node_id: &str, names: &[&str]) -> Vec<Secret> {
+    ask_member_for_secret(1, addr, node_id, names).await
+}
+
+/// As `ask_for_secret`, of member `id` (its certificate's name).
+async fn ask_member_for_secret(id: u64, addr: &str, node_id: &str, names: &[&str]) -> Vec<Secret> {
     use envoy_types::pb::envoy::config::core::v3::Node;
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
-    let mut client = common::ads_client(1, addr);
+    let mut client = common::ads_client(id, addr);
     let req = DiscoveryRequest {
         node: Some(Node { id: node_id.into(), cluster: "test".into(), ..Default::default() }),
         type_url: Secret::type_url(),
@@ -310,4 +315,34 @@ async fn bad_secrets_are_refused_naming_the_field() {
     .await;
     assert_eq!(status, 400, "{out:#}");
     assert!(out.to_string().contains("spec.servers[0].tls.caCertificates"), "{out:#}");
+}
+
+/// Three members sharing one mesh CA directory (`lodestar tls ca create
+/// --mesh` makes `secrets.key` with it): a Secret applied through one
+/// member is served, key opened, by another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_share_the_secrets_key() {
+    let ca_dir = tempfile::tempdir().unwrap();
+    let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca_dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(ca_dir.path().join("secrets.key").exists(), "the mesh CA comes with the cluster secrets key");
+    let c = common::Cluster::start(3, &format!("mesh_ca_dir = {:?}\n", ca_dir.path())).await;
+    let leaf = Ca::new("lodestar test CA").server(&["shop.example.test"]);
+    let yaml = tls_secret("shop-credential", "istio-system", &leaf);
+    let r = c.http.post(format!("{}/v1/apply", c.replica(2).api())).header("content-type", "application/yaml").body(yaml).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let rev: u64 = r.json::<Value>().await.unwrap()["revision"].as_u64().unwrap();
+    c.wait_for_revision(rev, BOUND).await;
+    let node = "router~127.0.0.1~probe.istio-system~istio-system.svc.cluster.local";
+    let served = ask_member_for_secret(3, &c.replica(3).xds_addr(), node, &["shop-credential"]).await;
+    let [secret] = served.as_slice() else { panic!("member 3 served {served:?}") };
+    use envoy_types::pb::envoy::config::core::v3::data_source::Specifier;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::secret::Type;
+    let Some(Type::TlsCertificate(cert)) = &secret.r#type else { panic!("not a TLS certificate") };
+    let bytes = |d: &Option<envoy_types::pb::envoy::config::core::v3::DataSource>| match d.as_ref().and_then(|d| d.specifier.as_ref()) {
+        Some(Specifier::InlineBytes(b)) => b.clone(),
+        other => panic!("not inline bytes: {other:?}"),
+    };
+    assert_eq!(bytes(&cert.certificate_chain), leaf.cert_pem.as_bytes());
+    assert!(bytes(&cert.private_key) == leaf.key_pem.as_bytes(), "member 3 opened a different key");
 }
