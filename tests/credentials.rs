@@ -304,6 +304,28 @@ async fn bad_secrets_are_refused_naming_the_field() {
             assert!(!contains(out.to_string().as_bytes(), &form), "{what}: the error echoes a key");
         }
     }
+    // Over gRPC: the same checks (INVALID_ARGUMENT naming the field), and a
+    // good Secret is stored with its key sealed, read back without it.
+    use lodestar::proto::api::{ApplyItem, ApplyRequest, GetRequest};
+    let mut grpc = common::grpc_api(&api);
+    let bad = secret(&leaf.cert_pem, &other.key_pem).to_string();
+    let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad, expected_revision: None }] }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("data[tls.key]"), "{}", err.message());
+    let good = secret(&leaf.cert_pem, &leaf.key_pem).to_string();
+    grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: good, expected_revision: None }] }).await.expect("a good Secret over gRPC");
+    let got = grpc
+        .get(GetRequest { kind: "secret".into(), namespace: "default".into(), name: "bad".into(), consistency: 0 })
+        .await
+        .expect("get over gRPC")
+        .into_inner()
+        .resource_json;
+    assert!(got.contains(&b64(leaf.cert_pem.as_bytes())), "{got}");
+    for form in key_forms(&leaf) {
+        assert!(!contains(got.as_bytes(), &form), "gRPC get shows the key");
+    }
+    assert!(!got.contains("sealed") && !got.contains("tls.key"), "{got}");
+
     // A Gateway naming a credential it cannot use is refused too.
     let (status, out) = common::apply(
         &c.http,
