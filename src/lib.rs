@@ -23,6 +23,8 @@
 //!   permission check (pure) and the audit log.
 //! - [`ca`]: the mesh CA: workload certificates (SPIFFE ids), Istio's
 //!   CSR service on the xDS port, join tokens.
+//! - [`secrets`]: the cluster secrets key; Secrets' private keys sealed
+//!   before they are proposed, opened only where xDS serves them (SDS).
 //! - [`agent`]: `lodestar agent`, a workload's certificate and its SDS
 //!   server for Envoy.
 //! - [`adapters`]: sources outside the API (a watched directory) fed into the store.
@@ -54,6 +56,7 @@ pub mod model;
 pub mod node;
 pub mod peer;
 pub mod replica;
+pub mod secrets;
 pub mod server;
 // openraft's StorageError (224 bytes) is the error type its storage traits
 // require; boxing it in our helpers would only add conversions.

@@ -76,6 +76,18 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         }
     };
 
+    // The cluster secrets key, beside the mesh CA (`secrets`).
+    let secrets = match &mesh_ca_dir {
+        Some(dir) => match crate::secrets::SecretsKey::load(dir).map_err(|e| anyhow::anyhow!("the cluster secrets key: {e}"))? {
+            Some(key) => Some(Arc::new(key)),
+            None => {
+                tracing::warn!(dir = %dir.display(), "no cluster secrets key (secrets.key) beside the mesh CA: Secrets with a private key are refused; give every member the same secrets.key");
+                None
+            }
+        },
+        None => None,
+    };
+
     // TLS first: a replica that cannot serve TLS must not start plaintext.
     let tls = if config.insecure {
         tracing::warn!("INSECURE MODE: every port is plaintext and open, with no client certificates and no credentials. Anyone who can reach the API port can rewrite the mesh; anyone who can reach the raft port can speak as a peer. For experiments only.");
@@ -100,7 +112,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let network = NetworkFactory { clients: crate::peer::PeerClients::new(tls.clone()) };
     let peers = network.clients.clone();
     let raft = Raft::new(config.id, Arc::new(raft_config(&config)?), network, log_store, state_machine).await?;
-    let node = Node::new(config.clone(), raft.clone(), reader, Arc::new(peers));
+    let node = Node::new(config.clone(), raft.clone(), reader, Arc::new(peers), secrets.clone());
     let acl = crate::auth::Acl::start(&config, node.reader.clone()).map_err(|e| anyhow::anyhow!("ACLs: {e}"))?;
     let replica = Replica::new(node.clone(), acl);
 
@@ -174,6 +186,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         acl: Some(replica.acl.clone()),
         mesh_ca: mesh_ca.clone(),
         refresh,
+        secrets,
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));

@@ -3,7 +3,8 @@
 //! Envoy started from the agent's bootstrap, against a real replica; the
 //! server's app is an HTTP upstream and a TCP echo behind its Envoy's
 //! inbound listeners. PeerAuthentication modes, auto-mTLS, ISTIO_MUTUAL
-//! with a wrong SAN, and certificate rotation under open connections.
+//! with a wrong SAN, certificate rotation under open connections, and a
+//! gateway (an agent with `--node-type router`) terminating ISTIO_MUTUAL.
 
 mod common;
 
@@ -82,6 +83,11 @@ fn join_token(api: &str, workload: &str) -> String {
 /// Start the agent for `shop/NAME` (label app=NAME) at `ip`, wait for its
 /// certificate and bootstrap, then start Envoy from that bootstrap.
 async fn workload(root: &Path, api: &str, xds: &str, name: &str, ip: &str, ttl: Option<&str>) -> Workload {
+    workload_with(root, api, xds, name, ip, ttl, &[]).await
+}
+
+/// As `workload`, with more `lodestar agent` flags (`--node-type router`).
+async fn workload_with(root: &Path, api: &str, xds: &str, name: &str, ip: &str, ttl: Option<&str>, extra: &[&str]) -> Workload {
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let token = dir.join("join.token");
@@ -90,7 +96,7 @@ async fn workload(root: &Path, api: &str, xds: &str, name: &str, ip: &str, ttl: 
     let mut cmd = common::cli_command();
     cmd.args(["agent", "--dir"]).arg(dir.join("identity")).args(["--xds-servers", xds, "--name", name, "--namespace", NS]);
     cmd.args(["--label", &format!("app={name}"), "--ip", ip, "--admin-port", "15000", "-o", "json", "--bootstrap"]).arg(&bootstrap);
-    cmd.arg("--join-token-file").arg(&token);
+    cmd.arg("--join-token-file").arg(&token).args(extra);
     if let Some(ttl) = ttl {
         cmd.args(["--ttl", ttl]);
     }
@@ -640,4 +646,105 @@ async fn rotation_keeps_mutual_tls_streams_open() {
 #[ignore]
 async fn rotation_long() {
     rotation_under_open_streams(120, 5).await;
+}
+
+/// `GET path` over TLS to `addr` with `openssl s_client`, verifying the
+/// server's chain against `ca` (a workload certificate names no DNS
+/// host, so no name check), presenting `identity` (chain, key) if given:
+/// the HTTP answer, or why not.
+fn openssl_get(addr: &str, host: &str, path: &str, ca: &Path, identity: Option<(&Path, &Path)>) -> Result<String, String> {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new("openssl");
+    cmd.args(["s_client", "-quiet", "-verify_return_error", "-connect", addr, "-servername", host, "-CAfile"]).arg(ca);
+    if let Some((chain, key)) = identity {
+        cmd.arg("-cert").arg(chain).arg("-key").arg(key);
+    }
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| format!("openssl: {e}"))?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let _ = child.stdin.take().unwrap().write_all(request.as_bytes());
+    let out = child.wait_with_output().map_err(|e| format!("openssl: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if text.starts_with("HTTP/1.1") {
+        Ok(text)
+    } else {
+        Err(format!("no HTTP answer: {}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+/// A gateway (`lodestar agent --node-type router`) terminating mutual TLS
+/// with its own mesh identity: Gateway `tls.mode: ISTIO_MUTUAL` on an
+/// HTTPS server. A client with a mesh certificate of an allowed identity
+/// gets through; one without a certificate, or with another identity, is
+/// refused at the handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_istio_mutual_uses_the_gateway_identity() {
+    let cluster = Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (api, xds) = (r.api(), r.xds_addr());
+    let p = common::loopback_prefix();
+    let (gw_ip, web_ip, other_ip) = (format!("{p}.30"), format!("{p}.31"), format!("{p}.32"));
+    let shop = Upstream::start(&format!("{p}.33"), "shop").await;
+    let yaml = format!(
+        r#"
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {{name: shop, namespace: {NS}}}
+spec:
+  ports: [{{name: http, number: 9080}}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {{name: shop-1, namespace: {NS}}}
+spec: {{service: shop, address: {ip}, port: {port}}}
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: mesh-gateway, namespace: {NS}}}
+spec:
+  selector: {{istio: ingressgateway}}
+  servers:
+  - port: {{number: 8443, name: https-mesh, protocol: HTTPS}}
+    hosts: [shop.example.test]
+    tls: {{mode: ISTIO_MUTUAL, subjectAltNames: ["{CLIENT_ID}"]}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: shop, namespace: {NS}}}
+spec:
+  hosts: [shop.example.test]
+  gateways: [mesh-gateway]
+  http:
+  - route: [{{destination: {{host: shop, port: {{number: 9080}}}}}}]
+"#,
+        ip = shop.addr.ip(),
+        port = shop.addr.port()
+    );
+    let rev = apply(&api, &yaml).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let gw = workload_with(tmp.path(), &api, &xds, "ingressgateway", &gw_ip, None, &["--node-type", "router", "--label", "istio=ingressgateway"]).await;
+    // Two workload identities for clients: `web` (allowed) and `other`.
+    let web = workload(tmp.path(), &api, &xds, "web", &web_ip, None).await;
+    let other = workload(tmp.path(), &api, &xds, "other", &other_ip, None).await;
+    wait_synced(&api, rev).await;
+    let addr = format!("{gw_ip}:8443");
+    let id = |w: &Workload| (w.dir.join("identity/cert-chain.pem"), w.dir.join("identity/key.pem"));
+    let root = web.dir.join("identity/root-cert.pem");
+    let (web_chain, web_key) = id(&web);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let reply = loop {
+        match openssl_get(&addr, "shop.example.test", "/orders", &root, Some((&web_chain, &web_key))) {
+            Ok(r) => break r,
+            Err(e) if Instant::now() > deadline => panic!("web through the gateway: {e}\n{}", gw.logs()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    assert!(reply.starts_with("HTTP/1.1 200") && reply.ends_with("shop"), "{reply}");
+    let (other_chain, other_key) = id(&other);
+    for (who, identity) in [("no certificate", None), ("another identity", Some((other_chain.as_path(), other_key.as_path())))] {
+        let r = openssl_get(&addr, "shop.example.test", "/orders", &root, identity);
+        assert!(r.is_err(), "a client with {who} got through: {r:?}");
+    }
+    let stats = gw.stats().await;
+    let ssl = |stat: &str| stats.iter().filter(|(k, _)| k.starts_with("listener.") && k.ends_with(&format!(".ssl.{stat}"))).map(|(_, v)| v).sum::<u64>();
+    assert!(ssl("fail_verify_san") >= 1, "the other identity was refused for its SAN: {stats:?}");
 }

@@ -30,7 +30,9 @@ fn applied_from(yaml: &str) -> Applied {
 
 fn render(cfg: &ProxyConfig) -> Value {
     let mut out = Map::new();
-    for t in ResourceType::PUSH_ORDER {
+    // Translation names secrets and never produces them (`xds::secrets` does).
+    assert!(cfg.of(ResourceType::Secret).is_none(), "translation produced SDS resources");
+    for t in ResourceType::PUSH_ORDER.into_iter().filter(|t| *t != ResourceType::Secret) {
         let mut by_name = Map::new();
         for (name, r) in cfg.of(t).into_iter().flatten() {
             by_name.insert(name.clone(), any_to_json(&r.any).unwrap());

@@ -368,6 +368,7 @@ fn resource_name(t: ResourceType, bytes: &[u8]) -> String {
         EDS => ClusterLoadAssignment::decode(bytes).unwrap().cluster_name,
         LDS => Listener::decode(bytes).unwrap().name,
         RDS => RouteConfiguration::decode(bytes).unwrap().name,
+        ResourceType::Secret => envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret::decode(bytes).unwrap().name,
     }
 }
 

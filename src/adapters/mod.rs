@@ -87,7 +87,9 @@ pub async fn reconcile(node: &Node, source: &str, docs: Vec<Value>) -> Result<Op
     let (mut ops, desired): (Vec<Op>, BTreeSet<ResourceKey>) = if items.is_empty() {
         (Vec::new(), BTreeSet::new())
     } else {
-        let (txn, _warnings) = apply_txn(items)?;
+        let (mut txn, _warnings) = apply_txn(items)?;
+        // Secrets' keys sealed; unchanged ones keep their stored envelope.
+        crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &current)?;
         let keys = txn.ops.iter().map(|o| o.key().clone()).collect();
         (txn.ops, keys)
     };

@@ -136,9 +136,10 @@ impl Lodestar for GrpcApi {
             })
             .collect::<Result<Vec<_>, Error>>()
             .map_err(status_of)?;
-        let (txn, mut warnings) = super::apply_txn(items).map_err(status_of)?;
+        let (mut txn, mut warnings) = super::apply_txn(items).map_err(status_of)?;
         caller.authorize_txn(Verb::Write, &txn).map_err(status_of)?;
         let node = &self.replica.node;
+        crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current()).map_err(status_of)?;
         warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
         let ok = caller.write(&self.replica.node, Verb::Write, txn).await.map_err(status_of)?;
         Ok(Response::new(write_response(ok, warnings)))

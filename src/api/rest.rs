@@ -167,8 +167,9 @@ async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap
             other => Ok(ApplyItem { resource: other, expected_revision: None }),
         })
         .collect::<Result<Vec<_>>>()?;
-    let (txn, mut warnings) = super::apply_txn(items)?;
+    let (mut txn, mut warnings) = super::apply_txn(items)?;
     caller.authorize_txn(Verb::Write, &txn)?;
+    crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current())?;
     warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
     let ok = caller.write(&node, Verb::Write, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
@@ -485,7 +486,9 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
     let mut out = serde_json::Map::new();
     out.insert("proxy".into(), json!(q.proxy_id));
     out.insert("revision".into(), json!(config.revision));
-    for t in ResourceType::PUSH_ORDER.into_iter().filter(|t| wanted.is_none_or(|w| w == *t)) {
+    // Secrets (private keys) are never dumped; the config kept for this
+    // endpoint holds none anyway (`xds::server::generate`).
+    for t in ResourceType::PUSH_ORDER.into_iter().filter(|t| *t != ResourceType::Secret && wanted.is_none_or(|w| w == *t)) {
         let items: Vec<Value> = config
             .of(t)
             .into_iter()
@@ -497,6 +500,7 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
             ResourceType::Endpoint => "endpoints",
             ResourceType::Listener => "listeners",
             ResourceType::Route => "routes",
+            ResourceType::Secret => continue,
         };
         out.insert(key.into(), Value::Array(items));
     }

@@ -218,6 +218,10 @@ pub fn create_dir(dir: &Path, trust_domain: &str) -> std::result::Result<(), Pki
     for name in [CA_CERT, ROOT_CERT, CERT_CHAIN] {
         pki::write_file(&dir.join(name), &cert, false)?;
     }
+    // The cluster secrets key lives and travels with the mesh CA.
+    if !dir.join(crate::secrets::KEY_FILE).exists() {
+        crate::secrets::create(dir).map_err(|msg| PkiError::File { path: dir.join(crate::secrets::KEY_FILE), msg })?;
+    }
     Ok(())
 }
 
@@ -238,6 +242,11 @@ pub fn ensure_dir(config: &crate::config::ServerConfig) -> std::result::Result<O
     }
     let dir = config.data_dir.join("mesh-ca");
     if dir.join(CA_KEY).exists() {
+        // A CA generated here before Secrets existed: a single node may
+        // add the secrets key the same way.
+        if !dir.join(crate::secrets::KEY_FILE).exists() && config.initial_members.len() <= 1 && !config.join {
+            crate::secrets::create(&dir).map_err(|msg| PkiError::File { path: dir.join(crate::secrets::KEY_FILE), msg })?;
+        }
         return Ok(Some(dir));
     }
     if config.initial_members.len() > 1 || config.join {

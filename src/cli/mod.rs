@@ -322,7 +322,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Tls { command: TlsCommand::Ca { command: CaCommand::Create { dir, mesh: true, trust_domain } } } => {
             crate::ca::create_dir(&dir, &trust_domain)?;
             println!(
-                "created a mesh CA in {} (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); give every member mesh_ca_dir = {:?}",
+                "created a mesh CA in {} (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem) and the cluster secrets key (secrets.key); give every member mesh_ca_dir = {:?}",
                 dir.display(),
                 dir
             );

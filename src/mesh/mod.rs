@@ -242,9 +242,9 @@ impl Mesh {
         let mut changed: Vec<(&ResourceKey, Option<&Arc<StoredObject>>)> = Vec::new();
         for d in prev_objects.diff(&applied.state.objects) {
             let (key, now) = (d.key(), d.after());
-            // Tokens, policies and roles are no part of the mesh, nor are
-            // WorkloadGroups (templates the agents read).
-            if key.kind.is_acl() || key.kind == Kind::WorkloadGroup {
+            // Tokens, policies, roles and Secrets are no part of the mesh,
+            // nor are WorkloadGroups (templates the agents read).
+            if key.kind.is_acl() || matches!(key.kind, Kind::WorkloadGroup | Kind::Secret) {
                 continue;
             }
             if !matches!(
@@ -494,7 +494,8 @@ impl Mesh {
                 TypedSpec::Instance(i) => instances.push((obj.clone(), i.clone())),
                 // A WorkloadGroup is read by the agents that register from
                 // it; what they register (Instances) is what the mesh sees.
-                TypedSpec::Lease(_) | TypedSpec::Acl(_) | TypedSpec::Istio(Validated::WorkloadGroup { .. }) => {}
+                // Secrets are served by name over SDS, not translated.
+                TypedSpec::Lease(_) | TypedSpec::Acl(_) | TypedSpec::Secret | TypedSpec::Istio(Validated::WorkloadGroup { .. }) => {}
             }
         }
         mesh.virtual_services.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));

@@ -37,12 +37,18 @@ pub enum Kind {
     /// networking.istio.io: the template of instances that register
     /// themselves (`lodestar agent`).
     WorkloadGroup,
+    /// core/v1 `Secret` (Kubernetes' shape): a TLS certificate and key (and
+    /// CA) for Gateway `credentialName`. The key is stored sealed
+    /// (`crate::secrets`), never in the clear (`model::secret`).
+    Secret,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
 pub const SECURITY_GROUP: &str = "security.istio.io";
 pub const REGISTRY_GROUP: &str = "registry.lodestar.io";
 pub const ACL_GROUP: &str = "acl.lodestar.io";
+/// Kubernetes' core group: its apiVersion is the bare version (`v1`).
+pub const CORE_GROUP: &str = "";
 
 /// Where cluster-scoped kinds (the ACL kinds) are stored: every key has a
 /// namespace, and theirs is always this one. Input may leave it out.
@@ -61,6 +67,7 @@ const ISTIO_VERSIONS: &[&str] = &["v1alpha3", "v1beta1", "v1"];
 const SECURITY_VERSIONS: &[&str] = &["v1beta1", "v1"];
 const REGISTRY_VERSIONS: &[&str] = &["v1"];
 const ACL_VERSIONS: &[&str] = &["v1"];
+const CORE_VERSIONS: &[&str] = &["v1"];
 
 const KINDS: &[KindInfo] = &[
     KindInfo { kind: Kind::VirtualService, name: "VirtualService", plural: "virtualservices", short: &["vs"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
@@ -100,10 +107,11 @@ const KINDS: &[KindInfo] = &[
         versions: SECURITY_VERSIONS,
     },
     KindInfo { kind: Kind::WorkloadGroup, name: "WorkloadGroup", plural: "workloadgroups", short: &["wg"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
+    KindInfo { kind: Kind::Secret, name: "Secret", plural: "secrets", short: &[], group: CORE_GROUP, versions: CORE_VERSIONS },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 16] = [
+    pub const ALL: [Kind; 17] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -120,6 +128,7 @@ impl Kind {
         Kind::RequestAuthentication,
         Kind::PeerAuthentication,
         Kind::WorkloadGroup,
+        Kind::Secret,
     ];
 
     fn info(self) -> &'static KindInfo {
@@ -144,7 +153,11 @@ impl Kind {
     /// e.g. `networking.istio.io/v1`.
     pub fn default_api_version(self) -> String {
         let info = self.info();
-        format!("{}/{}", info.group, info.versions[info.versions.len() - 1])
+        let version = info.versions[info.versions.len() - 1];
+        if info.group.is_empty() {
+            return version.to_string();
+        }
+        format!("{}/{}", info.group, version)
     }
 
     /// Exact `kind:` field value (case-sensitive, as Kubernetes does).
@@ -162,7 +175,7 @@ impl Kind {
                     || k.plural == lower
                     || k.short.contains(&lower.as_str())
                     // `virtualservices.networking.istio.io`, as kubectl accepts.
-                    || lower.strip_suffix(k.group).and_then(|r| r.strip_suffix('.')).is_some_and(|r| r == k.plural || r == k.name.to_ascii_lowercase())
+                    || (!k.group.is_empty() && lower.strip_suffix(k.group).and_then(|r| r.strip_suffix('.')).is_some_and(|r| r == k.plural || r == k.name.to_ascii_lowercase()))
             })
             .map(|k| k.kind)
     }
@@ -243,10 +256,14 @@ mod tests {
             ("policy", Kind::Policy),
             ("roles", Kind::Role),
             ("Token", Kind::Token),
+            ("secrets", Kind::Secret),
+            ("Secret", Kind::Secret),
         ] {
             assert_eq!(Kind::from_cli_name(name), Some(kind), "{name}");
         }
         assert_eq!(Kind::from_cli_name("pods"), None);
         assert_eq!(Kind::from_kind_field("virtualservice"), None);
+        assert_eq!(Kind::from_cli_name("secrets."), None);
+        assert_eq!(Kind::Secret.default_api_version(), "v1");
     }
 }

@@ -11,6 +11,7 @@ pub mod kinds;
 pub mod proxy;
 pub mod registry;
 pub mod resource;
+pub mod secret;
 pub mod selector;
 
 pub use kinds::Kind;
@@ -30,11 +31,17 @@ pub enum TypedSpec {
     Lease(registry::LeaseSpec),
     /// Policy, Role or Token: read by `auth`, never by translation.
     Acl(acl::AclSpec),
+    /// A Secret: its body is read whole (`secret::Stored`), by the xDS
+    /// layer only; translation names secrets, never reads them.
+    Secret,
 }
 
 /// Kind-specific validation of a resource that passed the structural checks.
 /// Returns warnings (accepted but not acted upon) or every field error.
 pub fn validate_spec(resource: &NewResource) -> Result<Vec<String>, Vec<FieldError>> {
+    if resource.key.kind == Kind::Secret {
+        return secret::decode(&resource.body).map(|_| Vec::new());
+    }
     let spec = resource.body.get("spec").unwrap_or(&Value::Null);
     let typed = typed_spec(resource.key.kind, spec)?;
     Ok(match typed {
@@ -49,6 +56,7 @@ fn typed_spec(kind: Kind, spec: &Value) -> Result<TypedSpec, Vec<FieldError>> {
         Kind::Instance => registry::validate_instance(spec).map(TypedSpec::Instance),
         Kind::Lease => registry::validate_lease(spec).map(TypedSpec::Lease),
         Kind::Policy | Kind::Role | Kind::Token => acl::validate(kind, spec).map(TypedSpec::Acl),
+        Kind::Secret => Ok(TypedSpec::Secret),
         istio_kind => istio::validate(istio_kind.name(), spec)
             .map(TypedSpec::Istio)
             .map_err(|errs| errs.into_iter().map(|e| FieldError::new(e.field, e.reason)).collect()),

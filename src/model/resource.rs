@@ -260,10 +260,13 @@ impl StoredObject {
     }
 
     /// The object as clients see it: the body plus the server's metadata.
-    /// A Token's secret hash is left out: every read path (get, list,
+    /// A Token's secret hash and a Secret's sealed key are left out: every read path (get, list,
     /// watch, REST and gRPC) renders objects here, and none may show it.
     pub fn to_json(&self) -> Value {
         let mut out = self.body().clone();
+        if self.key.kind == Kind::Secret {
+            super::secret::redact(&mut out);
+        }
         if self.key.kind == Kind::Token {
             if let Some(spec) = out.get_mut("spec").and_then(Value::as_object_mut) {
                 spec.remove(super::acl::SECRET_HASH_FIELD);
@@ -296,9 +299,18 @@ pub fn parse_resource(value: Value, default_namespace: &str) -> Result<NewResour
         return Err(vec![FieldError::new("", format!("expected an object, got {}", type_name(&value)))]);
     };
 
+    // A Secret has Kubernetes' shape: no spec, its content at the top.
+    let secret = obj.get("kind").and_then(Value::as_str) == Some(Kind::Secret.name());
     for key in obj.keys() {
-        if !matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "spec" | "status") {
-            errors.push(FieldError::new(key.clone(), "unknown field (expected apiVersion, kind, metadata, spec)"));
+        let known = match key.as_str() {
+            "apiVersion" | "kind" | "metadata" | "status" => true,
+            "spec" => !secret,
+            "type" | "data" | "stringData" | "immutable" | super::secret::SEALED_FIELD => secret,
+            _ => false,
+        };
+        if !known {
+            let expected = if secret { "apiVersion, kind, metadata, type, data, stringData" } else { "apiVersion, kind, metadata, spec" };
+            errors.push(FieldError::new(key.clone(), format!("unknown field (expected {expected})")));
         }
     }
     // Status is written by controllers, never by users; exported YAML may carry it.
@@ -326,7 +338,12 @@ pub fn parse_resource(value: Value, default_namespace: &str) -> Result<NewResour
     match obj.get("apiVersion") {
         None => errors.push(FieldError::new("apiVersion", "required")),
         Some(Value::String(s)) => {
-            if let Some(kind) = kind {
+            if let Some(kind) = kind.filter(|k| k.group().is_empty()) {
+                // Kubernetes' core group: the bare version (`v1`).
+                if !kind.versions().contains(&s.as_str()) {
+                    errors.push(FieldError::new("apiVersion", format!("{s:?} is not a valid apiVersion for {kind}: use {}", kind.versions().join(", "))));
+                }
+            } else if let Some(kind) = kind {
                 match s.split_once('/') {
                     Some((group, version)) if group == kind.group() => {
                         if !kind.versions().contains(&version) {
@@ -365,6 +382,7 @@ pub fn parse_resource(value: Value, default_namespace: &str) -> Result<NewResour
     }
 
     match obj.get("spec") {
+        None if secret => {}
         None => errors.push(FieldError::new("spec", "required")),
         Some(Value::Object(_)) => {}
         Some(other) => errors.push(FieldError::new("spec", format!("expected an object, got {}", type_name(other)))),

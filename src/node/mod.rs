@@ -109,10 +109,19 @@ pub struct Node {
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
     /// The next request id's number (random start: see `RequestId`).
     next_seq: AtomicU64,
+    /// The cluster secrets key, if this replica has one: the API seals
+    /// Secrets' private keys with it before writing (`crate::secrets`).
+    pub secrets: Option<Arc<crate::secrets::SecretsKey>>,
 }
 
 impl Node {
-    pub fn new(config: Arc<ServerConfig>, raft: Raft, reader: StoreReader, peers: Arc<dyn Transport>) -> Arc<Node> {
+    pub fn new(
+        config: Arc<ServerConfig>,
+        raft: Raft,
+        reader: StoreReader,
+        peers: Arc<dyn Transport>,
+        secrets: Option<Arc<crate::secrets::SecretsKey>>,
+    ) -> Arc<Node> {
         let (tx, rx) = mpsc::channel(16 * 1024);
         let node = Arc::new(Node {
             id: config.id,
@@ -124,6 +133,7 @@ impl Node {
             batcher: tx,
             read_floor: Default::default(),
             next_seq: AtomicU64::new(rand::random::<u64>() >> 1),
+            secrets,
         });
         let group_wait = Duration::from_micros(node.config.group_commit_wait_us);
         tokio::spawn(batcher(Arc::downgrade(&node), rx, group_wait));
@@ -137,6 +147,9 @@ impl Node {
     /// Commit one atomic transaction through raft. Returns once it is
     /// committed by a quorum and applied on the leader.
     pub async fn write(&self, txn: Txn) -> Result<TxnOk> {
+        // Every write passes here: a Secret with its key in the clear never
+        // reaches the raft log, whichever path built it.
+        unsealed_secrets(&txn)?;
         let started = Instant::now();
         let result = self.write_once(txn).await;
         let m = crate::metrics::metrics();
@@ -577,6 +590,21 @@ fn batch_results(resp: Response) -> Result<Vec<TxnResult>> {
         Response::Batch(r) => Ok(r),
         Response::None => Err(Error::internal("raft returned no result for a write")),
     }
+}
+
+/// Refuse a transaction that would store a Secret's private key in the
+/// clear (`model::secret::check_sealed`): the API seals keys first
+/// (`crate::secrets::seal_txn`).
+fn unsealed_secrets(txn: &Txn) -> Result<()> {
+    for op in &txn.ops {
+        if let crate::store::Op::Put { key, body, .. } = op {
+            if key.kind == crate::model::Kind::Secret {
+                let value: serde_json::Value = serde_json::from_str(body).map_err(|e| Error::internal(format!("{key}: the body does not parse: {e}")))?;
+                crate::model::secret::check_sealed(&value).map_err(|why| Error::internal(format!("{key}: {why}")))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn op_bytes(op: &crate::store::Op) -> usize {

@@ -78,6 +78,8 @@ pub struct ConnInfo {
     /// The client's certificate, verified by the CA; None on plaintext or
     /// when the client presented none.
     pub cert: Option<Arc<PeerCert>>,
+    /// The connection is TLS (what a private key may travel over).
+    pub tls: bool,
 }
 
 /// An accepted connection.
@@ -185,7 +187,7 @@ async fn accept_loop(listener: TcpListener, tls: Option<(Arc<Tls>, Port)>, tx: m
         // data, trailers); with Nagle they wait for a delayed ACK.
         let _ = tcp.set_nodelay(true);
         let Some((tls, port)) = tls.clone() else {
-            let info = ConnInfo { remote, cert: None };
+            let info = ConnInfo { remote, cert: None, tls: false };
             if tx.send(Conn::Plain(tcp, info)).await.is_err() {
                 return;
             }
@@ -197,7 +199,7 @@ async fn accept_loop(listener: TcpListener, tls: Option<(Arc<Tls>, Port)>, tx: m
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
                     let cert = PeerCert::of(stream.get_ref().1);
-                    let _ = tx.send(Conn::Tls(Box::new(stream.into()), ConnInfo { remote, cert })).await;
+                    let _ = tx.send(Conn::Tls(Box::new(stream.into()), ConnInfo { remote, cert, tls: true })).await;
                 }
                 // Plaintext to a TLS port, an unknown CA, a port scan: the
                 // client is told by the failed handshake; nothing to serve.

@@ -17,10 +17,15 @@
 //! - TLS passed through (PASSTHROUGH, AUTO_PASSTHROUGH) and TCP servers
 //!   get filter chains by SNI or address (`l4`); one listener per port.
 //!
-//! Servers Lodestar cannot serve (ISTIO_MUTUAL, certificates by
-//! `credentialName`, TLS terminated then routed as TCP) are refused by
-//! validation; one stored before that gets no listener here, never a
-//! plaintext one.
+//! An HTTPS server with `credentialName` gets its certificate (and, for
+//! MUTUAL, its client CA as `<credentialName>-cacert`) over SDS on the
+//! proxy's ADS stream (`tls::downstream`); the xDS layer serves the
+//! secrets. ISTIO_MUTUAL serves the gateway's own workload certificate
+//! (the agent's SDS, as sidecars' mutual TLS does), only on a proxy that
+//! has it (`LODESTAR_SDS`); another gets no listener for that server.
+//! Servers Lodestar cannot serve (`credentialNames`, TLS terminated then
+//! routed as TCP) are refused by validation; one stored before that gets
+//! no listener here, never a plaintext one.
 
 use super::l4::{self, Chains, L4Chain};
 use super::listener::{self, Routes, TlsChain};
@@ -85,7 +90,7 @@ enum Serves {
     Tcp,
 }
 
-fn serves(server: &Server) -> Option<Serves> {
+fn serves(server: &Server, proxy: &ProxyIdentity) -> Option<Serves> {
     let protocol = Protocol::parse(&server.port.protocol)?;
     if protocol.is_http() {
         return Some(Serves::Http);
@@ -96,8 +101,13 @@ fn serves(server: &Server) -> Option<Serves> {
     if matches!(tls.mode(), ServerTlsMode::Passthrough | ServerTlsMode::AutoPassthrough) {
         return protocol.is_tls().then_some(Serves::Sni);
     }
-    let files = tls.credential_name.is_none() && tls.credential_names.is_empty() && tls.ca_cert_credential_name.is_none();
-    (protocol == Protocol::Https && tls.terminates() && files).then_some(Serves::Https)
+    // One credentialName (SDS) or certificate files; validation refuses
+    // the rest.
+    let supported = tls.credential_names.is_empty() && tls.ca_cert_credential_name.is_none();
+    // ISTIO_MUTUAL: the gateway's workload certificate over the agent's
+    // SDS; a gateway without one gets no listener (never plaintext).
+    let terminates = tls.terminates() || (tls.mode() == ServerTlsMode::IstioMutual && proxy.sds);
+    (protocol == Protocol::Https && terminates && supported).then_some(Serves::Https)
 }
 
 /// The servers on one port.
@@ -113,7 +123,7 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
     let selected = mesh.gateways.iter().filter(|g| !g.spec.selector.is_empty() && g.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)));
     for g in selected {
         for server in &g.spec.servers {
-            let Some(kind) = serves(server) else { continue };
+            let Some(kind) = serves(server, proxy) else { continue };
             let s = GatewayServer { gateway: format!("{}/{}", g.key.namespace, g.key.name), server };
             let plan = ports.entry(server.port.number()).or_insert_with(|| PortPlan { serves: kind, servers: Vec::new(), sni_hosts: BTreeSet::new() });
             if plan.serves != kind {
@@ -156,7 +166,7 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
                         // `*` is every name: the chain then matches on none.
                         let hosts = s.sni_hosts();
                         let server_names = if several && !hosts.iter().any(|h| h == "*") { hosts } else { Vec::new() };
-                        Some(TlsChain { server_names, tls: super::tls::downstream(tls), route: route_name })
+                        Some(TlsChain { server_names, tls: super::tls::downstream(tls, &mesh.config.trust_domain), route: route_name })
                     })
                     .collect();
                 listener::https_listener(&name, &bind, port, chains, &first)

@@ -477,6 +477,8 @@ impl Translator {
                 // Instances registered from them do).
                 (Kind::Lease | Kind::WorkloadGroup, _) => Vec::new(),
                 (k, _) if k.is_acl() => Vec::new(),
+                // Listeners name secrets; their content is SDS's (xds).
+                (Kind::Secret, _) => Vec::new(),
                 (_, TypedSpec::Instance(i)) => vec![crate::mesh::instance_hostname(i, ns, suffix)],
                 (_, TypedSpec::Service(svc)) => vec![svc.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", o.key.name))],
                 // A delegate (no hosts) routes under whichever roots name it.

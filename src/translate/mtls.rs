@@ -62,7 +62,7 @@ fn sds(name: &str) -> SdsSecretConfig {
     SdsSecretConfig { name: name.into(), sds_config: Some(source) }
 }
 
-fn uri_matcher(pattern: MatchPattern) -> SubjectAltNameMatcher {
+pub(super) fn uri_matcher(pattern: MatchPattern) -> SubjectAltNameMatcher {
     SubjectAltNameMatcher {
         san_type: SanType::Uri as i32,
         matcher: Some(StringMatcher { match_pattern: Some(pattern), ignore_case: false }),
@@ -89,11 +89,14 @@ fn common(sans: Vec<SubjectAltNameMatcher>, alpn: &[&str]) -> CommonTlsContext {
 /// certificate required, issued by the mesh root to a workload of this
 /// trust domain (which identity is the authorization policy's business).
 pub fn downstream(trust_domain: &str) -> DownstreamTlsContext {
-    DownstreamTlsContext {
-        common_tls_context: Some(common(vec![uri_matcher(MatchPattern::Prefix(format!("spiffe://{trust_domain}/")))], &[])),
-        require_client_certificate: Some(BoolValue { value: true }),
-        ..Default::default()
-    }
+    downstream_with(vec![uri_matcher(MatchPattern::Prefix(format!("spiffe://{trust_domain}/")))], &[])
+}
+
+/// The workload certificate, a client certificate required and checked
+/// against the mesh root and `sans`, offering `alpn`: a sidecar's inbound
+/// port, or a gateway server's ISTIO_MUTUAL.
+pub fn downstream_with(sans: Vec<SubjectAltNameMatcher>, alpn: &[&str]) -> DownstreamTlsContext {
+    DownstreamTlsContext { common_tls_context: Some(common(sans, alpn)), require_client_certificate: Some(BoolValue { value: true }), ..Default::default() }
 }
 
 /// Mutual TLS to a mesh endpoint: `sni`, and one of `sans` (exact URI SANs,

@@ -1,16 +1,24 @@
 //! TLS contexts: a gateway server's (downstream: the proxy terminates TLS)
 //! and a DestinationRule's (upstream: the proxy originates TLS).
 //! Certificates, keys and CA bundles are file paths on the proxy's host,
-//! read by Envoy itself: Lodestar has no secret store for these. (Mutual
-//! TLS with the workload certificates, over the agent's SDS, is `mtls`.)
+//! read by Envoy itself, or (a gateway's `credentialName`) SDS secrets on
+//! the proxy's ADS stream, named here and served by `xds` from the
+//! store's Secrets. (Mutual TLS with the workload certificates, over the
+//! agent's SDS, is `mtls`.)
 
 use super::util::any;
 use crate::model::istio::destination_rule::{ClientTlsMode, ClientTlsSettings};
 use crate::model::istio::gateway::{ServerTlsMode, ServerTlsSettings, TlsProtocol};
-use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, transport_socket, DataSource, TransportSocket};
+use crate::model::secret::CA_SUFFIX;
+use envoy_types::pb::envoy::config::core::v3::{
+    config_source::ConfigSourceSpecifier, data_source::Specifier, transport_socket, AggregatedConfigSource, ApiVersion, ConfigSource, DataSource,
+    TransportSocket,
+};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType, tls_parameters, CertificateValidationContext, CommonTlsContext,
-    DownstreamTlsContext, SubjectAltNameMatcher, TlsCertificate, TlsParameters, UpstreamTlsContext,
+    common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
+    subject_alt_name_matcher::SanType,
+    tls_parameters, CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig, SubjectAltNameMatcher, TlsCertificate,
+    TlsParameters, UpstreamTlsContext,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use envoy_types::pb::google::protobuf::BoolValue;
@@ -29,11 +37,30 @@ pub fn file(path: &str) -> DataSource {
     DataSource { specifier: Some(Specifier::Filename(path.to_string())), ..Default::default() }
 }
 
-/// A gateway server terminating TLS (`SIMPLE`, `MUTUAL`, `OPTIONAL_MUTUAL`;
-/// validation refuses the other modes on gateways). `MUTUAL` requires a
+/// A gateway server terminating TLS (`SIMPLE`, `MUTUAL`, `OPTIONAL_MUTUAL`,
+/// and `ISTIO_MUTUAL` for a proxy with the agent's SDS; validation refuses
+/// the other modes on gateways). `MUTUAL` requires a
 /// client certificate; `OPTIONAL_MUTUAL` asks for one and validates it if
 /// given; `SIMPLE` asks for none.
-pub fn downstream(tls: &ServerTlsSettings) -> DownstreamTlsContext {
+pub fn downstream(tls: &ServerTlsSettings, trust_domain: &str) -> DownstreamTlsContext {
+    if tls.mode() == ServerTlsMode::IstioMutual {
+        // The gateway's workload certificate; clients need a mesh
+        // certificate, with one of `subjectAltNames` if given, else any
+        // identity of this trust domain.
+        let sans = if tls.subject_alt_names.is_empty() {
+            vec![super::mtls::uri_matcher(MatchPattern::Prefix(format!("spiffe://{trust_domain}/")))]
+        } else {
+            san_matchers(&tls.subject_alt_names)
+        };
+        let mut ctx = super::mtls::downstream_with(sans, &ALPN_HTTP);
+        if let Some(common) = ctx.common_tls_context.as_mut() {
+            common.tls_params = tls_params(tls);
+        }
+        return ctx;
+    }
+    if let Some(name) = &tls.credential_name {
+        return credential(tls, name);
+    }
     let pair = |cert: Option<&String>, key: Option<&String>| TlsCertificate {
         certificate_chain: cert.map(|c| file(c)),
         private_key: key.map(|k| file(k)),
@@ -58,6 +85,52 @@ pub fn downstream(tls: &ServerTlsSettings) -> DownstreamTlsContext {
             tls_certificates,
             alpn_protocols: ALPN_HTTP.iter().map(|p| p.to_string()).collect(),
             validation_context_type: validation.map(ValidationContextType::ValidationContext),
+            ..Default::default()
+        }),
+        require_client_certificate: Some(BoolValue { value: tls.mode() == ServerTlsMode::Mutual }),
+        ..Default::default()
+    }
+}
+
+/// An SDS secret on the proxy's ADS stream (`xds` serves it).
+pub fn ads_secret(name: &str) -> SdsSecretConfig {
+    let source = ConfigSource {
+        resource_api_version: ApiVersion::V3 as i32,
+        config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
+        // Zero: wait for the secret however long (as Istio does), so a
+        // listener whose secret is missing keeps warming and never serves
+        // without its certificate.
+        initial_fetch_timeout: Some(envoy_types::pb::google::protobuf::Duration { seconds: 0, nanos: 0 }),
+        ..Default::default()
+    };
+    SdsSecretConfig { name: name.into(), sds_config: Some(source) }
+}
+
+/// A server with `credentialName`: the certificate and key are the SDS
+/// secret of that name; clients (MUTUAL, OPTIONAL_MUTUAL) are validated
+/// against the SDS secret `<name>-cacert` (Istio's names), with the
+/// server's SAN, SPKI and hash checks as the default context. Only names:
+/// no certificate or key is in the listener, so a rotation changes the
+/// secret, never the listener.
+fn credential(tls: &ServerTlsSettings, name: &str) -> DownstreamTlsContext {
+    let validation = tls.verifies_clients().then(|| {
+        ValidationContextType::CombinedValidationContext(CombinedCertificateValidationContext {
+            default_validation_context: Some(CertificateValidationContext {
+                match_typed_subject_alt_names: san_matchers(&tls.subject_alt_names),
+                verify_certificate_spki: tls.verify_certificate_spki.clone(),
+                verify_certificate_hash: tls.verify_certificate_hash.clone(),
+                ..Default::default()
+            }),
+            validation_context_sds_secret_config: Some(ads_secret(&format!("{name}{CA_SUFFIX}"))),
+            ..Default::default()
+        })
+    });
+    DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_params: tls_params(tls),
+            tls_certificate_sds_secret_configs: vec![ads_secret(name)],
+            alpn_protocols: ALPN_HTTP.iter().map(|p| p.to_string()).collect(),
+            validation_context_type: validation,
             ..Default::default()
         }),
         require_client_certificate: Some(BoolValue { value: tls.mode() == ServerTlsMode::Mutual }),
@@ -159,7 +232,7 @@ mod tests {
             "subjectAltNames": ["client.example.com"], "minProtocolVersion": "TLSV1_3", "cipherSuites": ["BOGUS", "AES128-SHA", "AES128-SHA"]
         }))
         .unwrap();
-        let ctx = downstream(&tls);
+        let ctx = downstream(&tls, "cluster.local");
         assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: true }));
         let common = ctx.common_tls_context.unwrap();
         let Some(ValidationContextType::ValidationContext(v)) = common.validation_context_type else { panic!("no validation context") };
@@ -171,7 +244,7 @@ mod tests {
 
         let simple: ServerTlsSettings =
             serde_json::from_value(serde_json::json!({"mode": "SIMPLE", "serverCertificate": "/c.pem", "privateKey": "/k.pem"})).unwrap();
-        let ctx = downstream(&simple);
+        let ctx = downstream(&simple, "cluster.local");
         assert_eq!(ctx.require_client_certificate, Some(BoolValue { value: false }));
         let common = ctx.common_tls_context.unwrap();
         assert!(common.validation_context_type.is_none() && common.tls_params.is_none());

@@ -2,7 +2,8 @@
 //! (`json`), the ADS server (`server`; `service` is its gRPC service with
 //! small codec buffers; the per-stream protocol state is in
 //! `sotw` and `delta`), and who is in sync (`status`, served at
-//! `GET /debug/syncz`).
+//! `GET /debug/syncz`). `secrets` adds a gateway's SDS secrets to its
+//! config after translation (the one place a sealed key is opened).
 //!
 //! Every replica serves ADS from its own applied store state. Revisions are
 //! identical on every replica for the same state, so an Envoy that fails
@@ -12,6 +13,7 @@ mod delta;
 pub mod json;
 pub mod push;
 pub mod resources;
+pub mod secrets;
 pub mod server;
 mod service;
 mod session;

@@ -8,23 +8,30 @@ use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 use envoy_types::pb::google::protobuf::Any;
 use prost::{Message, Name};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// The four resource types, in make-before-break push order: clusters
-/// before the endpoints that fill them, listeners before the routes they name.
+/// The resource types, in make-before-break push order: clusters before
+/// the endpoints that fill them, secrets before the listeners that name
+/// them, listeners before the routes they name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ResourceType {
     Cluster,
     Endpoint,
     Listener,
     Route,
+    /// SDS on the ADS stream: a gateway's `credentialName` certificates.
+    /// Added to a config by the xDS layer (`xds::secrets`), never by
+    /// translation, and never shown in debug output.
+    Secret,
 }
 
 impl ResourceType {
-    pub const PUSH_ORDER: [ResourceType; 4] = [ResourceType::Cluster, ResourceType::Endpoint, ResourceType::Listener, ResourceType::Route];
+    pub const PUSH_ORDER: [ResourceType; 5] =
+        [ResourceType::Cluster, ResourceType::Endpoint, ResourceType::Secret, ResourceType::Listener, ResourceType::Route];
 
     pub fn type_url(self) -> String {
         match self {
@@ -32,6 +39,7 @@ impl ResourceType {
             ResourceType::Endpoint => ClusterLoadAssignment::type_url(),
             ResourceType::Listener => Listener::type_url(),
             ResourceType::Route => RouteConfiguration::type_url(),
+            ResourceType::Secret => Secret::type_url(),
         }
     }
 
@@ -39,8 +47,8 @@ impl ResourceType {
         Self::PUSH_ORDER.into_iter().find(|t| t.type_url() == url)
     }
 
-    /// LDS and CDS may be requested with no names (wildcard); EDS and RDS
-    /// are always requested by name.
+    /// LDS and CDS may be requested with no names (wildcard); EDS, RDS and
+    /// SDS are always requested by name.
     pub fn wildcard_allowed(self) -> bool {
         matches!(self, ResourceType::Cluster | ResourceType::Listener)
     }
@@ -51,6 +59,7 @@ impl ResourceType {
             ResourceType::Endpoint => "EDS",
             ResourceType::Listener => "LDS",
             ResourceType::Route => "RDS",
+            ResourceType::Secret => "SDS",
         }
     }
 }

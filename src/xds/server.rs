@@ -1,5 +1,6 @@
 //! The ADS server: one task per connected proxy, state of the world and
-//! delta, for CDS, EDS, LDS and RDS.
+//! delta, for CDS, EDS, LDS and RDS, and SDS for gateways' `credentialName`
+//! secrets (`xds::secrets`).
 //!
 //! A stream's life:
 //! 1. The handler reads the first request and parses the proxy's identity
@@ -107,6 +108,9 @@ pub struct ServeOptions {
     /// (key sets fetched from `jwksUri`s, `crate::jwks`): every stream
     /// then regenerates at its revision and pushes what changed.
     pub refresh: Option<watch::Receiver<u64>>,
+    /// The cluster secrets key: gateways' `credentialName` secrets are
+    /// served over SDS on their stream (`xds::secrets`); `None`: none are.
+    pub secrets: Option<Arc<crate::secrets::SecretsKey>>,
 }
 
 impl Default for ServeOptions {
@@ -119,6 +123,7 @@ impl Default for ServeOptions {
             acl: None,
             mesh_ca: None,
             refresh: None,
+            secrets: None,
         }
     }
 }
@@ -242,14 +247,32 @@ impl AdsService {
             r.mark_unchanged();
             r
         });
-        let config = generate(&self.shared.generator, &identity, current, &handle)
+        // Secrets (SDS): a gateway on a TLS connection with an authenticated
+        // identity, for its own namespace only (see `xds::secrets`).
+        let authenticated = self.shared.options.acl.as_ref().is_some_and(|a| a.enabled);
+        let secrets = super::secrets::eligible(&identity, caller.tls, authenticated, self.shared.options.secrets.as_ref())
+            .map(|key| Arc::new(super::secrets::SecretSource::new(key, &identity)));
+        let config = generate(&self.shared.generator, &identity, current, &handle, secrets.as_ref().ok())
             .await
             .map_err(|e| Status::unavailable(format!("cannot generate the configuration of {}: {e}", identity.id)))?;
         tracing::info!(proxy = %identity.id, stream = handle.stream(), protocol = ?V::PROTOCOL, revision = config.revision, "xDS stream opened");
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let max_age = self.shared.options.max_stream_age.map(|a| jittered(a, handle.stream()));
         let caller = self.shared.options.acl.as_ref().filter(|a| a.enabled).map(|_| Box::new(caller));
-        let stream = StreamTask { shared: self.shared.clone(), identity, handle, applied, tx, config, variant: V::default(), max_age, caller, refresh };
+        let stream = StreamTask {
+            shared: self.shared.clone(),
+            identity,
+            handle,
+            applied,
+            tx,
+            config,
+            variant: V::default(),
+            max_age,
+            caller,
+            refresh,
+            secrets,
+            said_why_no_secrets: false,
+        };
         // Requests come boxed (see `Requests::message`): an async fn keeps
         // room for its arguments for the future's whole life, and an
         // Envoy's first request (its node inline) would otherwise take
@@ -434,6 +457,9 @@ struct StreamTask<V: Variant> {
     caller: Option<Box<StreamCaller>>,
     /// See `ServeOptions::refresh`.
     refresh: Option<watch::Receiver<u64>>,
+    /// Where its SDS secrets come from, or why it gets none.
+    secrets: Result<Arc<super::secrets::SecretSource>, &'static str>,
+    said_why_no_secrets: bool,
 }
 
 /// Why a stream stops.
@@ -577,6 +603,11 @@ impl<V: Variant> StreamTask<V> {
                 self.handle.nacked(t, &rejected_version, &nonce, &error);
             }
             Received::Stale(t) => tracing::debug!(proxy = %id, r#type = t.short(), "request with a stale nonce ignored"),
+            Received::Initial(ResourceType::Secret) | Received::Update(ResourceType::Secret) if self.secrets.is_err() && !self.said_why_no_secrets => {
+                self.said_why_no_secrets = true;
+                let why = self.secrets.as_ref().err().copied().unwrap_or_default();
+                tracing::warn!(proxy = %id, why, "the proxy asks for secrets (SDS) and is served none");
+            }
             Received::Initial(t) | Received::Update(t) => tracing::debug!(proxy = %id, r#type = t.short(), "subscription"),
             Received::UnknownType(url) => tracing::debug!(proxy = %id, type_url = url, "request for a type this server does not serve ignored"),
         }
@@ -636,7 +667,7 @@ impl<V: Variant> StreamTask<V> {
         }
         let revision = next.revision();
         let started = std::time::Instant::now();
-        match generate(&self.shared.generator, &self.identity, next, &self.handle).await {
+        match generate(&self.shared.generator, &self.identity, next, &self.handle, self.secrets.as_ref().ok()).await {
             Ok(config) => self.config = config,
             Err(e) => {
                 tracing::warn!(proxy = %self.identity.id, revision, error = e, "cannot generate the configuration; keeping the previous one");
@@ -703,12 +734,16 @@ async fn generate(
     identity: &Arc<ProxyIdentity>,
     applied: Arc<Applied>,
     handle: &StreamHandle,
+    secrets: Option<&Arc<super::secrets::SecretSource>>,
 ) -> Result<Arc<ProxyConfig>, String> {
     let revision = applied.revision();
-    let (generator, id) = (generator.clone(), identity.clone());
+    let (generator, id, secrets) = (generator.clone(), identity.clone(), secrets.cloned());
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job = Box::new(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| generator.generate(&id, &applied)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let config = generator.generate(&id, &applied)?;
+            Ok((config, secrets.map(|s| s.resources(&applied))))
+        }));
         let _ = tx.send(r.unwrap_or_else(|_| Err("the generator panicked".to_string())));
     });
     let sent = pool().jobs.lock().unwrap_or_else(|e| e.into_inner()).send(job);
@@ -717,12 +752,20 @@ async fn generate(
         Err(_) => Err("the generation pool is gone".to_string()),
     };
     match result {
-        Ok(mut config) => {
+        Ok((mut config, secrets)) => {
             config.revision = revision;
             handle.generated(revision);
-            let config = Arc::new(config);
-            handle.serving(config.clone());
-            Ok(config)
+            let public = Arc::new(config);
+            // What `/debug/config_dump` shows: never the secrets.
+            handle.serving(public.clone());
+            match secrets.filter(|m| !m.is_empty()) {
+                None => Ok(public),
+                Some(map) => {
+                    let mut config = (*public).clone();
+                    config.resources.insert(ResourceType::Secret, map);
+                    Ok(Arc::new(config))
+                }
+            }
         }
         Err(e) => {
             handle.generate_failed(revision, &e);

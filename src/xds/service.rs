@@ -286,6 +286,8 @@ pub(super) struct StreamCaller {
     /// The client certificate chain, until the stream opens (a SPIFFE id
     /// counts only from a certificate of the mesh CA).
     pub chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    /// The connection is TLS: secrets (private keys) are served only then.
+    pub tls: bool,
 }
 
 fn caller<B>(req: &http::Request<B>) -> StreamCaller {
@@ -300,6 +302,7 @@ fn caller<B>(req: &http::Request<B>) -> StreamCaller {
         peer: cert.map(|c| crate::auth::PeerIdentity(c.identity())),
         remote: conn.map(|c| c.remote),
         chain: cert.map(|c| c.chain.clone()).unwrap_or_default(),
+        tls: conn.is_some_and(|c| c.tls),
     }
 }
 

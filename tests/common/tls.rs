@@ -70,6 +70,16 @@ impl Ca {
 }
 
 impl Leaf {
+    /// The certificate, DER.
+    pub fn der(&self) -> &[u8] {
+        &self.der
+    }
+
+    /// The private key, PKCS#8 DER.
+    pub fn key_der(&self) -> &[u8] {
+        &self.key_der
+    }
+
     /// Write `dir/NAME.pem` and `dir/NAME-key.pem`; their paths.
     pub fn write(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
         let cert = dir.join(format!("{name}.pem"));
@@ -120,6 +130,13 @@ impl TlsClient<'_> {
         let name = ServerName::try_from(self.server_name.to_string()).map_err(|e| format!("server name: {e}"))?;
         let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
         connector.connect(name, tcp).await.map_err(|e| format!("TLS handshake with {addr} ({}): {e}", self.server_name))
+    }
+
+    /// A handshake only: the server's certificate (DER, the leaf).
+    pub async fn peer_leaf(&self, addr: SocketAddr) -> Result<Vec<u8>, String> {
+        let tls = tokio::time::timeout(Duration::from_secs(10), self.connect(addr)).await.map_err(|_| format!("{addr}: handshake timed out"))??;
+        let certs = tls.get_ref().1.peer_certificates().ok_or("no server certificate")?;
+        Ok(certs.first().ok_or("no server certificate")?.to_vec())
     }
 
     /// A handshake only: the protocol the server chose (ALPN).

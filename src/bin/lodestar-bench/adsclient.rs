@@ -652,6 +652,8 @@ impl Variant for Sotw {
     fn on_response(&mut self, view: &mut View, r: &DiscoveryResponse, changes: &mut Vec<EndpointChange>) -> Option<(ResourceType, String)> {
         let t = ResourceType::from_type_url(&r.type_url)?;
         match t {
+            // The load generator asks for no secrets.
+            ResourceType::Secret => {}
             // Every cluster, every time: absence means removal.
             ResourceType::Cluster => {
                 view.eds_clusters =
@@ -717,6 +719,8 @@ impl Variant for Delta {
     fn on_response(&mut self, view: &mut View, r: &DeltaDiscoveryResponse, changes: &mut Vec<EndpointChange>) -> Option<(ResourceType, String)> {
         let t = ResourceType::from_type_url(&r.type_url)?;
         match t {
+            // The load generator asks for no secrets.
+            ResourceType::Secret => {}
             ResourceType::Cluster => {
                 for res in &r.resources {
                     match Cluster::decode(value(res)).ok().as_ref().and_then(eds_name) {

@@ -327,20 +327,36 @@ impl Server {
         let Some(tls) = &self.tls else { return };
         let tls_at = at.field("tls");
         if tls.mode() == ServerTlsMode::IstioMutual {
-            r.unsupported_one(&tls_at.field("mode"), "tls mode ISTIO_MUTUAL on a gateway", "use MUTUAL with certificate files");
+            // The gateway's own workload certificate, from `lodestar agent`.
+            r.warn(
+                &tls_at.field("mode"),
+                "ISTIO_MUTUAL is served only to gateway proxies with a mesh identity (lodestar agent, node metadata LODESTAR_SDS); others get no listener for this server",
+            );
         }
-        let no_secrets = "Lodestar has no secret store: give serverCertificate and privateKey (and caCertificates) as file paths on the gateway's host";
-        if tls.credential_name.is_some() {
-            r.unsupported_one(&tls_at.field("credentialName"), "credentialName", no_secrets);
+        if let Some(name) = &tls.credential_name {
+            // Served over SDS on the gateway's ADS stream, from the Secret
+            // of that name in the gateway proxy's namespace (`xds`).
+            let name_at = tls_at.field("credentialName");
+            if let Err(why) = crate::model::resource::check_dns_subdomain(name) {
+                r.error(&name_at, format!("must name a Secret in the gateway proxy's namespace: {why}"));
+            }
+            if tls.terminates() && tls.ca_certificates.is_some() {
+                r.error(
+                    &tls_at.field("caCertificates"),
+                    format!(
+                        "cannot be combined with credentialName: the client CA comes from the credential (its ca.crt or cacert, or the Secret {name}-cacert)"
+                    ),
+                );
+            }
         }
         if !tls.credential_names.is_empty() {
-            r.unsupported_one(&tls_at.field("credentialNames"), "credentialNames", no_secrets);
+            r.unsupported_one(&tls_at.field("credentialNames"), "credentialNames", "use one credentialName");
         }
         if tls.ca_cert_credential_name.is_some() {
             r.unsupported_one(
                 &tls_at.field("caCertCredentialName"),
                 "caCertCredentialName",
-                "Lodestar has no secret store: give caCertificates as a file path",
+                "put the client CA in the credential's Secret (ca.crt) or in the Secret <credentialName>-cacert",
             );
         }
         let certs_at = tls_at.field("tlsCertificates");
@@ -553,13 +569,13 @@ mod tests {
     fn what_gateways_cannot_serve_is_refused_not_served_otherwise() {
         let e = errors(json!({"servers": [
             {"port": {"number": 443, "name": "a", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialName": "a-cert"}},
-            {"port": {"number": 15443, "name": "d", "protocol": "HTTPS"}, "hosts": ["*.local"], "tls": {"mode": "ISTIO_MUTUAL"}},
+            {"port": {"number": 15443, "name": "d", "protocol": "TLS"}, "hosts": ["*.local"], "tls": {"mode": "ISTIO_MUTUAL"}},
             {"port": {"number": 8443, "name": "f", "protocol": "TLS"}, "hosts": ["f.example.com"],
              "tls": {"mode": "SIMPLE", "serverCertificate": "/c.pem", "privateKey": "/k.pem"}},
             {"port": {"number": 5000, "name": "g", "protocol": "UDP"}, "hosts": ["*"]}
         ]}));
-        assert!(has(&e, "spec.servers[0].tls.credentialName", "credentialName is not supported yet"), "{e:?}");
-        assert!(has(&e, "spec.servers[1].tls.mode", "ISTIO_MUTUAL on a gateway is not supported yet"), "{e:?}");
+        assert!(!e.iter().any(|e| e.field.starts_with("spec.servers[0]")), "credentialName is served: {e:?}");
+        assert!(has(&e, "spec.servers[1].tls.mode", "terminating TLS on a TLS server (then routing TCP) is not supported yet"), "{e:?}");
         assert!(has(&e, "spec.servers[2].tls.mode", "terminating TLS on a TLS server (then routing TCP) is not supported yet"), "{e:?}");
         assert!(has(&e, "spec.servers[3].port.protocol", "protocol UDP on a gateway is not supported yet"), "{e:?}");
         assert!(e.iter().all(|e| !e.reason.contains("invalid")), "{e:?}");
@@ -592,6 +608,38 @@ mod tests {
             "tls": {"mode": "SIMPLE", "serverCertificate": "/c.pem", "privateKey": "/k.pem", "caCertificates": "/ca.pem"}}]});
         let validated = validate("Gateway", &spec).unwrap();
         assert!(validated.warnings().iter().any(|w| w.starts_with("spec.servers[0].tls.caCertificates: has no effect")), "{:?}", validated.warnings());
+    }
+
+    #[test]
+    fn credential_name() {
+        let ok = json!({"servers": [
+            {"port": {"number": 443, "name": "a", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialName": "a-cert"}},
+            {"port": {"number": 8443, "name": "b", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "MUTUAL", "credentialName": "b-cert"}}
+        ]});
+        let v = validate("Gateway", &ok).unwrap();
+        assert!(v.warnings().is_empty(), "{:?}", v.warnings());
+        let e = errors(json!({"servers": [
+            {"port": {"number": 443, "name": "a", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialName": "kubernetes://ns/x"}},
+            {"port": {"number": 8443, "name": "b", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "MUTUAL", "credentialName": "b", "caCertificates": "/ca.pem"}},
+            {"port": {"number": 9443, "name": "c", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialNames": ["x", "y"]}},
+            {"port": {"number": 9444, "name": "d", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "MUTUAL", "credentialName": "d", "caCertCredentialName": "ca"}}
+        ]}));
+        assert!(has(&e, "spec.servers[0].tls.credentialName", "must name a Secret"), "{e:?}");
+        assert!(has(&e, "spec.servers[1].tls.caCertificates", "cannot be combined with credentialName"), "{e:?}");
+        assert!(has(&e, "spec.servers[2].tls.credentialNames", "not supported"), "{e:?}");
+        assert!(has(&e, "spec.servers[3].tls.caCertCredentialName", "not supported"), "{e:?}");
+    }
+
+    #[test]
+    fn istio_mutual_on_https_is_served_with_a_warning() {
+        let spec =
+            json!({"servers": [{"port": {"number": 8443, "name": "mesh", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "ISTIO_MUTUAL"}}]});
+        let v = validate("Gateway", &spec).unwrap();
+        assert!(
+            v.warnings().iter().any(|w| w.starts_with("spec.servers[0].tls.mode: ISTIO_MUTUAL is served only to gateway proxies with a mesh identity")),
+            "{:?}",
+            v.warnings()
+        );
     }
 
     #[test]

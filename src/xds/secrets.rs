@@ -1,0 +1,118 @@
+//! SDS on the ADS stream: the store's Secrets as Envoy `Secret`s, for the
+//! gateways whose listeners name them (`translate::tls`, `credentialName`).
+//!
+//! The one place a sealed private key is opened. Rules (as Istio's SDS
+//! for gateways):
+//! - only a gateway proxy (`ProxyKind::Router`) gets secrets, and only
+//!   those of its own namespace (its identity is authenticated: ACLs on);
+//! - never over a plaintext connection (`--insecure`): nothing is served,
+//!   and the stream says why once in the log;
+//! - a secret that is missing (or does not open) is not served: Envoy
+//!   keeps the listener warming (its fetch timeout is zero).
+//!
+//! Names, as Istio's: `NAME` is the certificate and key of Secret NAME;
+//! `NAME-cacert` is a CA bundle, from the Secret `NAME-cacert` if there is
+//! one, else from Secret NAME's `cacert`/`ca.crt`.
+//!
+//! Versions hash the stored object (the sealed envelope, not the key), so
+//! they are the same on every replica and say nothing about the key. A
+//! change to a Secret changes only its SDS resources: the listener keeps
+//! its version, and Envoy rotates the certificate without draining.
+
+use super::resources::{fnv1a, ResourceMap, XdsResource};
+use crate::model::proxy::{ProxyIdentity, ProxyKind};
+use crate::model::secret::{Stored, CA_SUFFIX};
+use crate::model::{Kind, ResourceKey};
+use crate::secrets::SecretsKey;
+use crate::store::Applied;
+use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, DataSource};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, CertificateValidationContext, Secret, TlsCertificate};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// Why a stream gets no secrets, or `Ok` if it may have its namespace's.
+pub fn eligible(proxy: &ProxyIdentity, tls: bool, authenticated: bool, key: Option<&Arc<SecretsKey>>) -> Result<Arc<SecretsKey>, &'static str> {
+    if proxy.kind != ProxyKind::Router {
+        return Err("only gateway proxies (node type router) are served secrets");
+    }
+    if !tls {
+        return Err("secrets (private keys) are never sent over a plaintext xDS connection");
+    }
+    if !authenticated {
+        return Err("secrets are served only to authenticated proxies (ACLs on), which may read only their own namespace's");
+    }
+    key.cloned().ok_or("this replica has no cluster secrets key")
+}
+
+/// The Secrets (key, revision) a map was built from, and the map.
+type Built = (Vec<(ResourceKey, u64)>, Arc<ResourceMap>);
+
+/// What a stream serves from: the key, and the last map built with the
+/// objects it was built from (a Secret unchanged is not opened again).
+pub struct SecretSource {
+    key: Arc<SecretsKey>,
+    namespace: String,
+    cache: Mutex<Option<Built>>,
+}
+
+impl SecretSource {
+    pub fn new(key: Arc<SecretsKey>, proxy: &ProxyIdentity) -> SecretSource {
+        SecretSource { key, namespace: proxy.namespace.clone(), cache: Mutex::new(None) }
+    }
+
+    /// The SDS resources of the proxy's namespace at `applied`.
+    pub fn resources(&self, applied: &Applied) -> Arc<ResourceMap> {
+        let start = ResourceKey::new(Kind::Secret, self.namespace.as_str(), "");
+        let objects: Vec<_> = applied.state.objects.range(start..).take_while(|(k, _)| k.kind == Kind::Secret && k.namespace == self.namespace).collect();
+        let fingerprint: Vec<(ResourceKey, u64)> = objects.iter().map(|(k, o)| ((*k).clone(), o.mod_revision)).collect();
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((seen, map)) = cache.as_ref() {
+            if *seen == fingerprint {
+                return map.clone();
+            }
+        }
+        let stored: BTreeMap<&str, (Stored, u64)> =
+            objects.iter().map(|(k, o)| (k.name.as_str(), (Stored::from_body(o.body()), fnv1a(o.text().as_bytes())))).collect();
+        let mut map = ResourceMap::new();
+        for (name, (s, version)) in &stored {
+            if let (Some(chain), Some(envelope)) = (&s.cert_chain, &s.sealed_key) {
+                match self.key.open(&self.namespace, name, envelope) {
+                    Ok(key) => {
+                        let cert = TlsCertificate { certificate_chain: Some(inline(chain.as_bytes())), private_key: Some(inline(&key)), ..Default::default() };
+                        let secret = Secret { name: name.to_string(), r#type: Some(secret::Type::TlsCertificate(cert)) };
+                        map.insert(
+                            name.to_string(),
+                            Arc::new(XdsResource::with_version::<Secret>(*name, prost::Message::encode_to_vec(&secret), hex(*version))),
+                        );
+                    }
+                    // Says nothing of the content.
+                    Err(why) => tracing::warn!(secret = %format!("{}/{name}", self.namespace), why, "a Secret's key does not open; not served"),
+                }
+            }
+            // `NAME-cacert`: the Secret of that name wins over NAME's CA.
+            if let Some(ca) = &s.ca {
+                let sds_name = if name.ends_with(CA_SUFFIX) && s.sealed_key.is_none() { name.to_string() } else { format!("{name}{CA_SUFFIX}") };
+                let own = sds_name == *name;
+                if own || !stored.contains_key(sds_name.as_str()) {
+                    let v = CertificateValidationContext { trusted_ca: Some(inline(ca.as_bytes())), ..Default::default() };
+                    let secret = Secret { name: sds_name.clone(), r#type: Some(secret::Type::ValidationContext(v)) };
+                    map.insert(
+                        sds_name.clone(),
+                        Arc::new(XdsResource::with_version::<Secret>(sds_name, prost::Message::encode_to_vec(&secret), hex(*version))),
+                    );
+                }
+            }
+        }
+        let map = Arc::new(map);
+        *cache = Some((fingerprint, map.clone()));
+        map
+    }
+}
+
+fn inline(bytes: &[u8]) -> DataSource {
+    DataSource { specifier: Some(Specifier::InlineBytes(bytes.to_vec())), ..Default::default() }
+}
+
+fn hex(v: u64) -> String {
+    format!("{v:016x}")
+}
