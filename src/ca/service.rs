@@ -2,18 +2,29 @@
 //! xDS port: who the caller is decides the certificate's identity.
 //!
 //! A caller is authenticated, on the replica it reached, by
-//! - its current workload certificate, shown as its TLS client certificate
-//!   and verified against the mesh root (renewal: the identity it names), or
+//! - its current mesh certificate (a workload's or a host's), shown as its
+//!   TLS client certificate and verified against the mesh root (renewal:
+//!   the identity it names), or
 //! - a join token, `authorization: Bearer <secret>`: the identity the token
-//!   is bound to, from an allowed source address, before it expires, while
-//!   it has uses left. A use is consumed by a replicated write made before
-//!   signing, conditional on the token's revision (compare-and-set): two
-//!   replicas cannot both accept the last use; the loser re-reads and sees
-//!   the token used up.
+//!   is bound to (a workload, or a host), from an allowed source address,
+//!   before it expires, while it has uses left. A use is consumed by a
+//!   replicated write made before signing, conditional on the token's
+//!   revision (compare-and-set): two replicas cannot both accept the last
+//!   use; the loser re-reads and sees the token used up.
 //!
 //! Anything else is UNAUTHENTICATED. The CSR gives only its public key.
+//!
+//! Impersonation (Istio's `ImpersonatedIdentity` request metadata, which
+//! ztunnel sends for the pods of its node): a caller authenticated as host
+//! `H` may ask for the certificate of workload `spiffe://TD/ns/NS/sa/SA`
+//! when a workload with that identity is registered on `H` (`hosts`), at a
+//! linearizable read (a registration deleted through any replica is seen).
+//! Otherwise PERMISSION_DENIED, saying why in terms of the caller's own
+//! host only. A workload may never impersonate. Istio answers these
+//! refusals with an opaque UNAUTHENTICATED and logs the reason; here the
+//! caller is authenticated, so it is told what it lacks.
 
-use super::{MeshCa, WorkloadId};
+use super::{HostId, MeshCa, MeshIdentity, WorkloadId};
 use crate::error::{Code, Error, Result};
 use crate::model::acl::AclSpec;
 use crate::model::TypedSpec;
@@ -23,12 +34,17 @@ use crate::proto::istio_ca::{IstioCertificateRequest, IstioCertificateResponse};
 use crate::replica::Replica;
 use crate::store::types::{Op, Txn};
 use crate::tls::conn::ConnInfo;
+use envoy_types::pb::google::protobuf as prost_struct;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 
 /// How many times a join token's use is retried after losing a race.
 const CAS_ATTEMPTS: usize = 5;
+
+/// The request metadata key of an impersonated identity (Istio's
+/// `security.ImpersonatedIdentity`).
+pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
 
 pub struct CaService {
     /// None: this replica has no mesh CA, and says so (UNAVAILABLE)
@@ -47,12 +63,12 @@ impl CaService {
         IstioCertificateServiceServer::new(CaService { ca, replica })
     }
 
-    /// The caller's identity: its workload certificate first (a renewing
-    /// workload burns no join token), else its bearer token.
-    async fn authenticate(&self, ca: &MeshCa, conn: Option<&ConnInfo>, bearer: Option<&str>) -> Result<WorkloadId> {
+    /// The caller's identity: its mesh certificate first (a renewing
+    /// workload or host burns no join token), else its bearer token.
+    async fn authenticate(&self, ca: &MeshCa, conn: Option<&ConnInfo>, bearer: Option<&str>) -> Result<MeshIdentity> {
         let mut why = None;
         if let Some(cert) = conn.and_then(|c| c.cert.as_ref()) {
-            match ca.verify_workload(&cert.chain) {
+            match ca.verify(&cert.chain) {
                 Ok(id) => return Ok(id),
                 Err(e) => why = Some(e),
             }
@@ -61,15 +77,15 @@ impl CaService {
             (Some(secret), Some(conn)) => self.join(secret, conn).await,
             (Some(_), None) => Err(Error::internal("no connection information for this request")),
             (None, _) => Err(Error::unauthenticated(match why {
-                Some(e) => format!("the client certificate is no workload identity ({e}), and no join token (authorization: Bearer) was given"),
-                None => "a certificate needs a join token (authorization: Bearer) or the current workload certificate as the client certificate".into(),
+                Some(e) => format!("the client certificate is no mesh identity ({e}), and no join token (authorization: Bearer) was given"),
+                None => "a certificate needs a join token (authorization: Bearer) or the current mesh certificate as the client certificate".into(),
             })),
         }
     }
 
     /// Accept a join token: consume a use (a replicated compare-and-set)
     /// and give its identity.
-    async fn join(&self, secret: &str, conn: &ConnInfo) -> Result<WorkloadId> {
+    async fn join(&self, secret: &str, conn: &ConnInfo) -> Result<MeshIdentity> {
         let hash = crate::auth::token::hash_secret(secret);
         for _ in 0..CAS_ATTEMPTS {
             // Linearizable: a token created through another replica just
@@ -90,7 +106,10 @@ impl CaService {
             if !binding.allows(conn.remote.ip()) {
                 return Err(Error::permission_denied(format!("join token {accessor} is not accepted from {}", conn.remote.ip())));
             }
-            let id = WorkloadId { namespace: binding.namespace.clone(), service_account: binding.service_account.clone() };
+            let id = match &binding.host {
+                Some(h) => MeshIdentity::Host(HostId(h.clone())),
+                None => MeshIdentity::Workload(WorkloadId { namespace: binding.namespace.clone(), service_account: binding.service_account.clone() }),
+            };
             let Some(uses) = binding.uses else { return Ok(id) };
             let used = obj.body().pointer("/status/used").and_then(serde_json::Value::as_u64).unwrap_or(0);
             if used >= uses {
@@ -100,7 +119,7 @@ impl CaService {
                 Op::SetStatus { key: obj.key.clone(), status: serde_json::json!({ "used": used + 1 }).to_string(), expected_revision: Some(obj.mod_revision) };
             match self.replica.node.write(Txn { ops: vec![op] }).await {
                 Ok(_) => {
-                    tracing::info!(token = %accessor, workload = %id, remote = %conn.remote, used = used + 1, uses, "join token accepted");
+                    tracing::info!(token = %accessor, identity = %id, remote = %conn.remote, used = used + 1, uses, "join token accepted");
                     return Ok(id);
                 }
                 // Someone else wrote the token first: look again.
@@ -109,6 +128,31 @@ impl CaService {
             }
         }
         Err(Error::unavailable("join token: too many concurrent uses; try again"))
+    }
+
+    /// The identity to sign for `caller`: its own, or the one it
+    /// impersonates if it is a host that may.
+    async fn subject(&self, caller: MeshIdentity, impersonated: Option<WorkloadId>) -> Result<MeshIdentity> {
+        let Some(wanted) = impersonated else { return Ok(caller) };
+        let host = match caller {
+            MeshIdentity::Host(h) => h,
+            MeshIdentity::Workload(w) => {
+                return Err(Error::permission_denied(format!(
+                    "{IMPERSONATED_IDENTITY}: only a host agent may ask for another identity; the caller is workload {w}"
+                )))
+            }
+        };
+        // Linearizable: a registration (or its deletion) through any
+        // replica is seen.
+        let applied = self.replica.node.read(Consistency::Linearizable).await?;
+        if !super::hosts::registered_on(&applied.state, &host, &wanted) {
+            return Err(Error::permission_denied(format!(
+                "{IMPERSONATED_IDENTITY}: no workload with identity {wanted} is registered on {host} (an Instance in namespace {} with spec.host {} and spec.serviceAccount {}, or a WorkloadEntry there labelled {}={} with that serviceAccount)",
+                wanted.namespace, host.0, wanted.service_account, super::hosts::HOST_LABEL, host.0
+            )));
+        }
+        tracing::debug!(%host, workload = %wanted, "host impersonates a workload registered on it");
+        Ok(MeshIdentity::Workload(wanted))
     }
 
     async fn create(&self, conn: Option<&ConnInfo>, bearer: Option<&str>, req: IstioCertificateRequest) -> Result<Vec<String>> {
@@ -121,11 +165,30 @@ impl CaService {
         // The request is checked first: a bad one costs no join token use.
         let csr = MeshCa::parse_csr(&req.csr)?;
         let ttl = u64::try_from(req.validity_duration).map_err(|_| Error::field("validity_duration", "must not be negative"))?;
-        let id = self.authenticate(ca, conn, bearer).await?;
+        let impersonated = impersonated(req.metadata.as_ref(), &ca.trust_domain)?;
+        let caller = self.authenticate(ca, conn, bearer).await?;
+        let id = self.subject(caller, impersonated).await?;
         let chain = ca.sign_parsed(&csr, &id, Some(Duration::from_secs(ttl)))?;
-        tracing::debug!(workload = %id, remote = ?conn.map(|c| c.remote), "issued a workload certificate");
+        tracing::debug!(identity = %id, remote = ?conn.map(|c| c.remote), "issued a mesh certificate");
         Ok(chain)
     }
+}
+
+/// The workload named by the request's `ImpersonatedIdentity`, if any: a
+/// string, the SPIFFE id of a workload of this trust domain.
+fn impersonated(metadata: Option<&prost_struct::Struct>, trust_domain: &str) -> Result<Option<WorkloadId>> {
+    let field = format!("metadata.{IMPERSONATED_IDENTITY}");
+    let Some(value) = metadata.and_then(|m| m.fields.get(IMPERSONATED_IDENTITY)) else { return Ok(None) };
+    let uri = match &value.kind {
+        Some(prost_struct::value::Kind::StringValue(s)) => s.as_str(),
+        _ => return Err(Error::field(field, "must be a string: a workload's SPIFFE id")),
+    };
+    if uri.is_empty() {
+        return Ok(None);
+    }
+    WorkloadId::from_spiffe(uri, trust_domain).map(Some).ok_or_else(|| {
+        Error::field(field, format!("{uri:?} is no workload identity of this mesh: expected spiffe://{trust_domain}/ns/NAMESPACE/sa/SERVICE_ACCOUNT"))
+    })
 }
 
 fn reason(code: Code) -> &'static str {
