@@ -16,7 +16,16 @@
 #            (utime+stime of the three replica processes, /proc/PID/stat,
 #            around the run).
 #
-#   benches/csr.sh [cold|renew|all]          (default all)
+#   envoy    Envoy's CPU for certificate rotations over SDS: two real
+#            Envoys, each fed by its own `lodestar agent` (bootstrap from
+#            the agent: ADS over TLS presenting the workload certificate,
+#            which Envoy takes from SDS), side by side for BENCH_ENVOY_S
+#            seconds: one agent at --ttl 24h (no rotation in the window),
+#            one at --ttl 2s (a rotation about every second). CPU per
+#            rotation = (rotating Envoy's utime+stime - the idle one's) /
+#            its sds.default.update_success count (/proc/PID/stat).
+#
+#   benches/csr.sh [cold|renew|envoy|all]          (default all)
 #
 # Environment:
 #   BENCH_AGENTS=10000      cold start: agents
@@ -25,6 +34,8 @@
 #                             (default all; each holds a connection, an fd)
 #   BENCH_CLIENTS=16        renew: concurrent clients
 #   BENCH_REQUESTS=3000     renew: certificates
+#   BENCH_ENVOY_S=120       envoy: seconds measured
+#   LODESTAR_ENVOY=PATH     envoy: the Envoy binary (default: envoy on PATH)
 #   BENCH_PORT_BASE=19800   first of the loopback ports used (9 of them)
 #   BENCH_PROFILE=release   cargo profile (release|debug)
 #   BENCH_KEEP=1            keep the temp dir (data and logs) after the run
@@ -41,6 +52,8 @@ CLIENTS=${BENCH_CLIENTS:-16}
 REQUESTS=${BENCH_REQUESTS:-3000}
 PORT=${BENCH_PORT_BASE:-19800}
 PROFILE=${BENCH_PROFILE:-release}
+ENVOY_S=${BENCH_ENVOY_S:-120}
+ENVOY=${LODESTAR_ENVOY:-$(command -v envoy || true)}
 
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -51,7 +64,10 @@ PIDS=()
 cleanup_on_exit
 
 die() { echo "error: $*" >&2; exit 1; }
-case $MODE in cold | renew | all) ;; *) die "mode: cold, renew or all" ;; esac
+case $MODE in cold | renew | envoy | all) ;; *) die "mode: cold, renew, envoy or all" ;; esac
+if [ "$MODE" = envoy ] || [ "$MODE" = all ]; then
+    [ -n "$ENVOY" ] && [ -x "$ENVOY" ] || die "no Envoy binary: set LODESTAR_ENVOY"
+fi
 case $TOKENS in per-agent | shared) ;; *) die "BENCH_TOKENS: per-agent or shared" ;; esac
 
 # Each agent holds a connection (an fd here, one at a replica): as many as
@@ -102,9 +118,12 @@ export LODESTAR_SERVER=https://${API[0]}
 
 # A join token: `lodestar token create --workload bench/agent ...`.
 token() {
-    "$LODESTAR" --server "https://${API[0]}" token create --workload bench/agent "$@" -o json \
+    "$LODESTAR" --server "https://${API[0]}" token create --workload "${TOKEN_WORKLOAD:-bench/agent}" "$@" -o json \
         | python3 -c 'import json,sys; print(json.load(sys.stdin)["secret"])'
 }
+
+# utime+stime (clock ticks) of one process.
+ticks_of() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # Sum of utime+stime (clock ticks) of the replica processes.
 replica_ticks() {
@@ -148,5 +167,41 @@ if [ "$MODE" = renew ] || [ "$MODE" = all ]; then
     cat "$WORK/renew.out"
     ms=$(( (after - before) * 1000 / HZ ))
     echo "result: mode=renew replica_cpu_ms=$ms certs=$REQUESTS replica_cpu_ms_per_cert=$(python3 -c "print('%.2f' % ($ms / $REQUESTS))")"
+fi
+
+if [ "$MODE" = envoy ] || [ "$MODE" = all ]; then
+    # Two agents and two Envoys: "idle" (24 h certificates) and "rotating" (2 s).
+    ENVOY_PIDS=() AGENT_LOGS=()
+    i=0
+    for what in idle rotating; do
+        i=$((i + 1))
+        ttl=24h
+        [ "$what" = rotating ] && ttl=2s
+        TOKEN_WORKLOAD=bench/envoy-$what token --uses 1 >"$WORK/$what.token"
+        ip=127.0.78.$((40 + i))
+        RUST_LOG=info "$LODESTAR" --server "https://${API[0]}" agent --dir "$WORK/agent-$what" --xds-servers "$SERVERS" \
+            --name "envoy-$what" --namespace bench --ip "$ip" --admin-port 15000 --join-token-file "$WORK/$what.token" \
+            --ttl "$ttl" --bootstrap "$WORK/envoy-$what.yaml" >"$WORK/agent-$what.log" 2>&1 &
+        PIDS+=($!)
+        for _ in $(seq 300); do [ -s "$WORK/envoy-$what.yaml" ] && [ -s "$WORK/agent-$what/cert-chain.pem" ] && break; sleep 0.1; done
+        [ -s "$WORK/envoy-$what.yaml" ] || { tail -20 "$WORK/agent-$what.log" >&2; die "agent $what wrote no bootstrap"; }
+        "$ENVOY" -c "$WORK/envoy-$what.yaml" --use-dynamic-base-id --log-level warn --concurrency 1 >"$WORK/envoy-$what.log" 2>&1 &
+        PIDS+=($!)
+        ENVOY_PIDS+=($!)
+    done
+    for ip in 127.0.78.41 127.0.78.42; do
+        ok=0
+        for _ in $(seq 600); do curl -sf --max-time 1 -o /dev/null "http://$ip:15000/ready" && { ok=1; break; }; sleep 0.1; done
+        [ "$ok" = 1 ] || { tail -20 "$WORK"/envoy-*.log >&2; die "Envoy at $ip not ready within 60s"; }
+    done
+    sds_updates() { curl -sf --max-time 5 "http://$1:15000/stats?filter=^sds.default.update_success$" | awk '{print $2}'; }
+    sleep 5
+    i0=$(ticks_of "${ENVOY_PIDS[0]}") r0=$(ticks_of "${ENVOY_PIDS[1]}") u0=$(sds_updates 127.0.78.42) a0=$(sds_updates 127.0.78.41)
+    sleep "$ENVOY_S"
+    i1=$(ticks_of "${ENVOY_PIDS[0]}") r1=$(ticks_of "${ENVOY_PIDS[1]}") u1=$(sds_updates 127.0.78.42) a1=$(sds_updates 127.0.78.41)
+    updates=$((u1 - u0))
+    echo "envoy (--concurrency 1, bootstrap from lodestar agent) over ${ENVOY_S}s: idle $(( (i1 - i0) * 1000 / HZ )) ms CPU ($((a1 - a0)) SDS updates), rotating $(( (r1 - r0) * 1000 / HZ )) ms CPU ($updates SDS updates)"
+    [ "$updates" -gt 0 ] || die "the rotating Envoy got no SDS update"
+    echo "result: mode=envoy seconds=$ENVOY_S updates=$updates idle_cpu_ms=$(( (i1 - i0) * 1000 / HZ )) rotating_cpu_ms=$(( (r1 - r0) * 1000 / HZ )) envoy_cpu_ms_per_rotation=$(python3 -c "print('%.2f' % (((($r1 - $r0) - ($i1 - $i0)) * 1000 / $HZ) / $updates))")"
 fi
 echo "1-minute load average after: $(cut -d' ' -f1 /proc/loadavg)"

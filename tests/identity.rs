@@ -229,6 +229,44 @@ async fn a_single_use_token_signs_once_across_replicas() {
     assert!(roots.windows(2).all(|w| w[0] == w[1]));
 }
 
+/// A token with N uses sent by more than N agents at once, through every
+/// replica: exactly N certificates (concurrent uses on a replica are
+/// counted in one compare-and-set; the replicas' writes still race), and
+/// the count on the token is N.
+#[tokio::test]
+async fn a_token_with_n_uses_signs_n_times_under_concurrency() {
+    let ca = tempfile::tempdir().unwrap();
+    let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
+    assert!(out.status.success());
+    let cluster = Cluster::start(3, &format!("mesh_ca_dir = {:?}\n", ca.path())).await;
+    let api = cluster.replica(1).api();
+    let (accessor, secret) = join_token(&api, &["--workload", "shop/cart", "--uses", "20"]);
+    let mut tasks = Vec::new();
+    for r in &cluster.replicas {
+        for _ in 0..10 {
+            let channel = grpc_channel(r.id, &r.xds_addr());
+            let secret = secret.clone();
+            tasks.push(tokio::spawn(async move { create_certificate(channel, &new_csr().1, 0, Some(&secret)).await }));
+        }
+    }
+    let (mut won, mut used_up) = (0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(chain) => {
+                won += 1;
+                assert_eq!(parse_cert(&chain[0]).uris, ["spiffe://cluster.local/ns/shop/sa/cart"]);
+            }
+            Err(e) if e.code() == tonic::Code::Unauthenticated && e.message().contains("used up") => used_up += 1,
+            // Lost every race to the other replicas: the agent retries.
+            Err(e) => assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}"),
+        }
+    }
+    assert_eq!(won, 20, "20 uses, 20 certificates ({used_up} told used up)");
+    let (ok, out, err) = cli(&api, &["token", "read", &accessor, "-o", "json"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"used\": 20") || out.contains("\"used\":20"), "{out}");
+}
+
 /// `lodestar agent` as a process.
 struct Agent {
     child: Child,

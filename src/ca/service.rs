@@ -10,7 +10,8 @@
 //!   before it expires, while it has uses left. A use is consumed by a
 //!   replicated write made before signing, conditional on the token's
 //!   revision (compare-and-set): two replicas cannot both accept the last
-//!   use; the loser re-reads and sees the token used up.
+//!   use; the loser re-reads and sees the token used up. Concurrent uses
+//!   of one token on one replica are counted in one such write.
 //!
 //! Anything else is UNAUTHENTICATED. The CSR gives only its public key.
 //!
@@ -35,12 +36,16 @@ use crate::replica::Replica;
 use crate::store::types::{Op, Txn};
 use crate::tls::conn::ConnInfo;
 use envoy_types::pb::google::protobuf as prost_struct;
-use std::sync::Arc;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-/// How many times a join token's use is retried after losing a race.
-const CAS_ATTEMPTS: usize = 5;
+/// How many times a batch of join-token uses is retried after losing a
+/// race (to another replica's batch: on one replica, uses are combined).
+const CAS_ATTEMPTS: usize = 10;
 
 /// The request metadata key of an impersonated identity (Istio's
 /// `security.ImpersonatedIdentity`).
@@ -51,6 +56,8 @@ pub struct CaService {
     /// rather than UNIMPLEMENTED.
     ca: Option<Arc<MeshCa>>,
     replica: Arc<Replica>,
+    /// Join-token uses waiting to be written, by token.
+    pending: Pending,
 }
 
 impl CaService {
@@ -60,7 +67,7 @@ impl CaService {
             m.ca_root_expiry.set(ca.root_expiry);
             m.ca_cert_chain_expiry.set(ca.ca_expiry);
         }
-        IstioCertificateServiceServer::new(CaService { ca, replica })
+        IstioCertificateServiceServer::new(CaService { ca, replica, pending: Pending::default() })
     }
 
     /// The caller's identity: its mesh certificate first (a renewing
@@ -84,50 +91,34 @@ impl CaService {
     }
 
     /// Accept a join token: consume a use (a replicated compare-and-set)
-    /// and give its identity.
+    /// and give its identity. Concurrent uses of one token on this replica
+    /// share one read and one write ([`decide`]): every use of a token is
+    /// a compare-and-set on the same object, so uses written one by one
+    /// would lose to each other (one winner per round through raft) when
+    /// many agents start at once with the same token.
     async fn join(&self, secret: &str, conn: &ConnInfo) -> Result<MeshIdentity> {
         let hash = crate::auth::token::hash_secret(secret);
-        for _ in 0..CAS_ATTEMPTS {
-            // Linearizable: a token created through another replica just
-            // now is found, and a use counted anywhere is seen.
-            let applied = self.replica.node.read(Consistency::Linearizable).await?;
-            let index = self.replica.acl.index_at(&applied);
-            let Some(obj) = index.join_token(&hash).cloned() else {
-                return Err(Error::unauthenticated("unknown join token"));
-            };
-            let accessor = obj.key.name.to_string();
-            let Ok(TypedSpec::Acl(AclSpec::Token(token))) = obj.typed().map(|t| t.as_ref()) else {
-                return Err(Error::internal(format!("join token {accessor} does not validate")));
-            };
-            let Some(binding) = &token.spec.join else { return Err(Error::unauthenticated("unknown join token")) };
-            if token.expires_at.is_some_and(|t| t <= crate::auth::acl::unix_now()) {
-                return Err(Error::unauthenticated(format!("join token {accessor} expired")));
-            }
-            if !binding.allows(conn.remote.ip()) {
-                return Err(Error::permission_denied(format!("join token {accessor} is not accepted from {}", conn.remote.ip())));
-            }
-            let id = match &binding.host {
-                Some(h) => MeshIdentity::Host(HostId(h.clone())),
-                None => MeshIdentity::Workload(WorkloadId { namespace: binding.namespace.clone(), service_account: binding.service_account.clone() }),
-            };
-            let Some(uses) = binding.uses else { return Ok(id) };
-            let used = obj.body().pointer("/status/used").and_then(serde_json::Value::as_u64).unwrap_or(0);
-            if used >= uses {
-                return Err(Error::unauthenticated(format!("join token {accessor} is used up ({used} of {uses} uses)")));
-            }
-            let op =
-                Op::SetStatus { key: obj.key.clone(), status: serde_json::json!({ "used": used + 1 }).to_string(), expected_revision: Some(obj.mod_revision) };
-            match self.replica.node.write(Txn { ops: vec![op] }).await {
-                Ok(_) => {
-                    tracing::info!(token = %accessor, identity = %id, remote = %conn.remote, used = used + 1, uses, "join token accepted");
-                    return Ok(id);
+        let (tx, rx) = oneshot::channel();
+        let waiter = Waiter { remote: conn.remote, tx };
+        let first = {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            match pending.entry(hash) {
+                Entry::Occupied(mut e) => {
+                    e.get_mut().push(waiter);
+                    false
                 }
-                // Someone else wrote the token first: look again.
-                Err(e) if e.code == Code::Conflict => continue,
-                Err(e) => return Err(e),
+                Entry::Vacant(e) => {
+                    e.insert(vec![waiter]);
+                    true
+                }
             }
+        };
+        if first {
+            // Its own task: a caller that goes away must not strand the
+            // uses queued behind it.
+            tokio::spawn(flush(self.replica.clone(), self.pending.clone(), hash));
         }
-        Err(Error::unavailable("join token: too many concurrent uses; try again"))
+        rx.await.unwrap_or_else(|_| Err(Error::unavailable("join token: the use was not decided; try again")))
     }
 
     /// The identity to sign for `caller`: its own, or the one it
@@ -189,6 +180,100 @@ fn impersonated(metadata: Option<&prost_struct::Struct>, trust_domain: &str) -> 
     WorkloadId::from_spiffe(uri, trust_domain).map(Some).ok_or_else(|| {
         Error::field(field, format!("{uri:?} is no workload identity of this mesh: expected spiffe://{trust_domain}/ns/NAMESPACE/sa/SERVICE_ACCOUNT"))
     })
+}
+
+/// A join-token use waiting for its answer.
+struct Waiter {
+    remote: std::net::SocketAddr,
+    tx: oneshot::Sender<Result<MeshIdentity>>,
+}
+
+/// Uses waiting on this replica, by the token's hash. An entry exists
+/// while a [`flush`] task runs for that token.
+type Pending = Arc<Mutex<HashMap<[u8; 32], Vec<Waiter>>>>;
+
+/// Decide the uses queued for one token, batch after batch, until none is
+/// left.
+async fn flush(replica: Arc<Replica>, pending: Pending, hash: [u8; 32]) {
+    loop {
+        let batch = {
+            let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
+            match p.get_mut(&hash) {
+                Some(q) if !q.is_empty() => std::mem::take(q),
+                _ => {
+                    p.remove(&hash);
+                    return;
+                }
+            }
+        };
+        decide(&replica, &hash, batch).await;
+    }
+}
+
+/// One batch of uses of one token: one linearizable read, then (for a
+/// token with a number of uses) one compare-and-set that counts every use
+/// granted, re-read and retried when another replica wrote the token first.
+/// Uses beyond what is left are told the token is used up.
+async fn decide(replica: &Replica, hash: &[u8; 32], mut batch: Vec<Waiter>) {
+    fn answer(batch: Vec<Waiter>, result: Result<MeshIdentity>) {
+        for w in batch {
+            let _ = w.tx.send(result.clone());
+        }
+    }
+    for _ in 0..CAS_ATTEMPTS {
+        // Linearizable: a token created through another replica just now
+        // is found, and a use counted anywhere is seen.
+        let applied = match replica.node.read(Consistency::Linearizable).await {
+            Ok(a) => a,
+            Err(e) => return answer(batch, Err(e)),
+        };
+        let index = replica.acl.index_at(&applied);
+        let Some(obj) = index.join_token(hash).cloned() else { return answer(batch, Err(Error::unauthenticated("unknown join token"))) };
+        let accessor = obj.key.name.to_string();
+        let Ok(TypedSpec::Acl(AclSpec::Token(token))) = obj.typed().map(|t| t.as_ref()) else {
+            return answer(batch, Err(Error::internal(format!("join token {accessor} does not validate"))));
+        };
+        let Some(binding) = &token.spec.join else { return answer(batch, Err(Error::unauthenticated("unknown join token"))) };
+        if token.expires_at.is_some_and(|t| t <= crate::auth::acl::unix_now()) {
+            return answer(batch, Err(Error::unauthenticated(format!("join token {accessor} expired"))));
+        }
+        let (allowed, refused): (Vec<Waiter>, Vec<Waiter>) = batch.into_iter().partition(|w| binding.allows(w.remote.ip()));
+        for w in refused {
+            let _ = w.tx.send(Err(Error::permission_denied(format!("join token {accessor} is not accepted from {}", w.remote.ip()))));
+        }
+        batch = allowed;
+        if batch.is_empty() {
+            return;
+        }
+        let id = match &binding.host {
+            Some(h) => MeshIdentity::Host(HostId(h.clone())),
+            None => MeshIdentity::Workload(WorkloadId { namespace: binding.namespace.clone(), service_account: binding.service_account.clone() }),
+        };
+        let Some(uses) = binding.uses else { return answer(batch, Ok(id)) };
+        let used = obj.body().pointer("/status/used").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let used_up = || Error::unauthenticated(format!("join token {accessor} is used up ({uses} of {uses} uses)"));
+        let granted = uses.saturating_sub(used).min(batch.len() as u64) as usize;
+        if granted == 0 {
+            return answer(batch, Err(Error::unauthenticated(format!("join token {accessor} is used up ({used} of {uses} uses)"))));
+        }
+        let op = Op::SetStatus {
+            key: obj.key.clone(),
+            status: serde_json::json!({ "used": used + granted as u64 }).to_string(),
+            expected_revision: Some(obj.mod_revision),
+        };
+        match replica.node.write(Txn { ops: vec![op] }).await {
+            Ok(_) => {
+                tracing::info!(token = %accessor, identity = %id, granted, used = used + granted as u64, uses, "join token accepted");
+                let rest = batch.split_off(granted);
+                answer(batch, Ok(id));
+                return answer(rest, Err(used_up()));
+            }
+            // Another replica wrote the token first: look again.
+            Err(e) if e.code == Code::Conflict => continue,
+            Err(e) => return answer(batch, Err(e)),
+        }
+    }
+    answer(batch, Err(Error::unavailable("join token: too many concurrent uses; try again")))
 }
 
 fn reason(code: Code) -> &'static str {
