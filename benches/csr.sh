@@ -39,6 +39,7 @@
 #   BENCH_PORT_BASE=19800   first of the loopback ports used (9 of them)
 #   BENCH_PROFILE=release   cargo profile (release|debug)
 #   BENCH_KEEP=1            keep the temp dir (data and logs) after the run
+#   BENCH_NO_BUILD=1        use target/$PROFILE's binaries as they are
 #
 # Needs: cargo, curl. Every wait is bounded; every process started here is
 # killed on exit.
@@ -79,8 +80,10 @@ case $PROFILE in
     debug) FLAG=() ;;
     *) die "BENCH_PROFILE: release or debug" ;;
 esac
-echo "# building lodestar and lodestar-bench ($PROFILE)" >&2
-timeout 3600 nice -n 10 cargo build "${FLAG[@]}" --locked --quiet --bin lodestar --bin lodestar-bench
+if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
+    echo "# building lodestar and lodestar-bench ($PROFILE)" >&2
+    timeout 3600 nice -n 10 cargo build "${FLAG[@]}" --locked --quiet --bin lodestar --bin lodestar-bench
+fi
 cp "$ROOT/target/$PROFILE/lodestar" "$WORK/lodestar"
 cp "$ROOT/target/$PROFILE/lodestar-bench" "$WORK/lodestar-bench"
 LODESTAR=$WORK/lodestar

@@ -33,6 +33,7 @@ use crate::node::Consistency;
 use crate::proto::istio_ca::istio_certificate_service_server::{IstioCertificateService, IstioCertificateServiceServer};
 use crate::proto::istio_ca::{IstioCertificateRequest, IstioCertificateResponse};
 use crate::replica::Replica;
+use crate::store::state_machine::Applied;
 use crate::store::types::{Op, Txn};
 use crate::tls::conn::ConnInfo;
 use envoy_types::pb::google::protobuf as prost_struct;
@@ -58,6 +59,8 @@ pub struct CaService {
     replica: Arc<Replica>,
     /// Join-token uses waiting to be written, by token.
     pending: Pending,
+    /// Linearizable reads waiting for the next read-index.
+    reads: Reads,
 }
 
 impl CaService {
@@ -67,7 +70,7 @@ impl CaService {
             m.ca_root_expiry.set(ca.root_expiry);
             m.ca_cert_chain_expiry.set(ca.ca_expiry);
         }
-        IstioCertificateServiceServer::new(CaService { ca, replica, pending: Pending::default() })
+        IstioCertificateServiceServer::new(CaService { ca, replica, pending: Pending::default(), reads: Reads::default() })
     }
 
     /// The caller's identity: its mesh certificate first (a renewing
@@ -116,7 +119,7 @@ impl CaService {
         if first {
             // Its own task: a caller that goes away must not strand the
             // uses queued behind it.
-            tokio::spawn(flush(self.replica.clone(), self.pending.clone(), hash));
+            tokio::spawn(flush(self.replica.clone(), self.reads.clone(), self.pending.clone(), hash));
         }
         rx.await.unwrap_or_else(|_| Err(Error::unavailable("join token: the use was not decided; try again")))
     }
@@ -135,7 +138,7 @@ impl CaService {
         };
         // Linearizable: a registration (or its deletion) through any
         // replica is seen.
-        let applied = self.replica.node.read(Consistency::Linearizable).await?;
+        let applied = linearizable(&self.replica, &self.reads).await?;
         if !super::hosts::registered_on(&applied.state, &host, &wanted) {
             return Err(Error::permission_denied(format!(
                 "{IMPERSONATED_IDENTITY}: no workload with identity {wanted} is registered on {host} (an Instance in namespace {} with spec.host {} and spec.serviceAccount {}, or a WorkloadEntry there labelled {}={} with that serviceAccount)",
@@ -182,6 +185,45 @@ fn impersonated(metadata: Option<&prost_struct::Struct>, trust_domain: &str) -> 
     })
 }
 
+/// Callers waiting for a linearizable read, and whether a round runs.
+type Reads = Arc<Mutex<(Vec<oneshot::Sender<Result<Arc<Applied>>>>, bool)>>;
+
+/// A linearizable read of this replica's state, shared with every caller
+/// that asked while no read-index was in flight (etcd's batching of
+/// linearizable reads): one read-index round to the quorum per batch, not
+/// per certificate, which thousands of agents starting at once would turn
+/// into thousands of heartbeat rounds. A caller that arrives while a round
+/// is in flight waits for the next, which starts after it asked, so what
+/// it reads is at least as new as anything committed before it asked.
+async fn linearizable(replica: &Arc<Replica>, reads: &Reads) -> Result<Arc<Applied>> {
+    let (tx, rx) = oneshot::channel();
+    let start = {
+        let mut r = reads.lock().unwrap_or_else(|p| p.into_inner());
+        r.0.push(tx);
+        !std::mem::replace(&mut r.1, true)
+    };
+    if start {
+        let (replica, reads) = (replica.clone(), reads.clone());
+        tokio::spawn(async move {
+            loop {
+                let batch = {
+                    let mut r = reads.lock().unwrap_or_else(|p| p.into_inner());
+                    if r.0.is_empty() {
+                        r.1 = false;
+                        return;
+                    }
+                    std::mem::take(&mut r.0)
+                };
+                let result = replica.node.read(Consistency::Linearizable).await;
+                for tx in batch {
+                    let _ = tx.send(result.clone());
+                }
+            }
+        });
+    }
+    rx.await.unwrap_or_else(|_| Err(Error::unavailable("the read was not answered; try again")))
+}
+
 /// A join-token use waiting for its answer.
 struct Waiter {
     remote: std::net::SocketAddr,
@@ -194,7 +236,7 @@ type Pending = Arc<Mutex<HashMap<[u8; 32], Vec<Waiter>>>>;
 
 /// Decide the uses queued for one token, batch after batch, until none is
 /// left.
-async fn flush(replica: Arc<Replica>, pending: Pending, hash: [u8; 32]) {
+async fn flush(replica: Arc<Replica>, reads: Reads, pending: Pending, hash: [u8; 32]) {
     loop {
         let batch = {
             let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -206,7 +248,7 @@ async fn flush(replica: Arc<Replica>, pending: Pending, hash: [u8; 32]) {
                 }
             }
         };
-        decide(&replica, &hash, batch).await;
+        decide(&replica, &reads, &hash, batch).await;
     }
 }
 
@@ -214,7 +256,7 @@ async fn flush(replica: Arc<Replica>, pending: Pending, hash: [u8; 32]) {
 /// token with a number of uses) one compare-and-set that counts every use
 /// granted, re-read and retried when another replica wrote the token first.
 /// Uses beyond what is left are told the token is used up.
-async fn decide(replica: &Replica, hash: &[u8; 32], mut batch: Vec<Waiter>) {
+async fn decide(replica: &Arc<Replica>, reads: &Reads, hash: &[u8; 32], mut batch: Vec<Waiter>) {
     fn answer(batch: Vec<Waiter>, result: Result<MeshIdentity>) {
         for w in batch {
             let _ = w.tx.send(result.clone());
@@ -223,7 +265,7 @@ async fn decide(replica: &Replica, hash: &[u8; 32], mut batch: Vec<Waiter>) {
     for _ in 0..CAS_ATTEMPTS {
         // Linearizable: a token created through another replica just now
         // is found, and a use counted anywhere is seen.
-        let applied = match replica.node.read(Consistency::Linearizable).await {
+        let applied = match linearizable(replica, reads).await {
             Ok(a) => a,
             Err(e) => return answer(batch, Err(e)),
         };
