@@ -2,7 +2,13 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = ["proto/lodestar/api/v1/api.proto", "proto/lodestar/peer/v1/peer.proto", "proto/istio/v1/auth/istioca.proto"];
     let fds = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+    // google.protobuf.Struct (the CSR request's metadata) is envoy-types'
+    // copy of the well-known types, which the crate uses already.
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .extern_path(".google.protobuf.Struct", "::envoy_types::pb::google::protobuf::Struct")
+        .compile_fds(fds)?;
     // etcd's KV.Put and Auth.Authenticate, for `lodestar-bench write
     // --target etcd` (included by src/bin/lodestar-bench/write.rs, not by
     // the library): client only.

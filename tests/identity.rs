@@ -71,7 +71,7 @@ fn new_csr() -> (KeyPair, String) {
 }
 
 async fn create_certificate(channel: tonic::transport::Channel, csr: &str, ttl: i64, bearer: Option<&str>) -> Result<Vec<String>, tonic::Status> {
-    let mut req = tonic::Request::new(IstioCertificateRequest { csr: csr.to_string(), validity_duration: ttl });
+    let mut req = tonic::Request::new(IstioCertificateRequest { csr: csr.to_string(), validity_duration: ttl, metadata: None });
     if let Some(b) = bearer {
         req.metadata_mut().insert("authorization", format!("Bearer {b}").parse().unwrap());
     }
@@ -227,6 +227,44 @@ async fn a_single_use_token_signs_once_across_replicas() {
     // Every replica signs from the same root, with the same trust domain.
     let roots: Vec<String> = cluster.replicas.iter().map(|_| std::fs::read_to_string(ca.path().join("root-cert.pem")).unwrap()).collect();
     assert!(roots.windows(2).all(|w| w[0] == w[1]));
+}
+
+/// A token with N uses sent by more than N agents at once, through every
+/// replica: exactly N certificates (concurrent uses on a replica are
+/// counted in one compare-and-set; the replicas' writes still race), and
+/// the count on the token is N.
+#[tokio::test]
+async fn a_token_with_n_uses_signs_n_times_under_concurrency() {
+    let ca = tempfile::tempdir().unwrap();
+    let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
+    assert!(out.status.success());
+    let cluster = Cluster::start(3, &format!("mesh_ca_dir = {:?}\n", ca.path())).await;
+    let api = cluster.replica(1).api();
+    let (accessor, secret) = join_token(&api, &["--workload", "shop/cart", "--uses", "20"]);
+    let mut tasks = Vec::new();
+    for r in &cluster.replicas {
+        for _ in 0..10 {
+            let channel = grpc_channel(r.id, &r.xds_addr());
+            let secret = secret.clone();
+            tasks.push(tokio::spawn(async move { create_certificate(channel, &new_csr().1, 0, Some(&secret)).await }));
+        }
+    }
+    let (mut won, mut used_up) = (0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(chain) => {
+                won += 1;
+                assert_eq!(parse_cert(&chain[0]).uris, ["spiffe://cluster.local/ns/shop/sa/cart"]);
+            }
+            Err(e) if e.code() == tonic::Code::Unauthenticated && e.message().contains("used up") => used_up += 1,
+            // Lost every race to the other replicas: the agent retries.
+            Err(e) => assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}"),
+        }
+    }
+    assert_eq!(won, 20, "20 uses, 20 certificates ({used_up} told used up)");
+    let (ok, out, err) = cli(&api, &["token", "read", &accessor, "-o", "json"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"used\": 20") || out.contains("\"used\":20"), "{out}");
 }
 
 /// `lodestar agent` as a process.
@@ -597,4 +635,159 @@ async fn agent_renews_through_the_other_replicas_when_one_dies() {
         serial = next.serial;
     }
     assert!(agent.log().contains("renewed the certificate"));
+}
+
+/// CreateCertificate over `channel` asking for `impersonate` (Istio's
+/// `ImpersonatedIdentity` metadata).
+async fn impersonate(channel: tonic::transport::Channel, csr: &str, bearer: Option<&str>, impersonate: &str) -> Result<Vec<String>, tonic::Status> {
+    let metadata = Some(lodestar::agent::impersonation_metadata(impersonate));
+    let mut req = tonic::Request::new(IstioCertificateRequest { csr: csr.to_string(), validity_duration: 0, metadata });
+    if let Some(b) = bearer {
+        req.metadata_mut().insert("authorization", format!("Bearer {b}").parse().unwrap());
+    }
+    IstioCertificateServiceClient::new(channel).create_certificate(req).await.map(|r| r.into_inner().cert_chain)
+}
+
+/// A certificate and its key written to files in `dir`, for a TLS client.
+fn cert_files(dir: &Path, name: &str, chain: &[String], key: &KeyPair) -> (PathBuf, PathBuf) {
+    let (cert, key_file) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}-key.pem")));
+    std::fs::write(&cert, chain[..chain.len() - 1].concat()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    (cert, key_file)
+}
+
+/// Host agents (ztunnel's model, SPIRE's node SVIDs): a host's join token
+/// gives it a host certificate; with it, it obtains the identities of the
+/// workloads registered on its host (an Instance's `spec.host`, a
+/// WorkloadEntry's `lodestar.io/host` label), and no other: not those of
+/// another host, not one whose registration is gone. A workload may not
+/// impersonate, and a host certificate is no workload identity.
+#[tokio::test]
+async fn a_host_obtains_only_identities_registered_on_it() {
+    let ca = tempfile::tempdir().unwrap();
+    let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
+    assert!(out.status.success());
+    let cluster = Cluster::start(3, &format!("mesh_ca_dir = {:?}\n", ca.path())).await;
+    let (r1, r2) = (cluster.replica(1), cluster.replica(2));
+    let api = r1.api();
+    let tmp = tempfile::tempdir().unwrap();
+
+    // Host tokens: the first host certificate, its own SPIFFE path, client
+    // authentication only; the CSR's key, whatever the CSR asked.
+    let mut hosts = Vec::new();
+    for name in ["node-a", "node-b"] {
+        let (_, secret) = join_token(&api, &["--host", name, "--uses", "1", "--cidr", "127.0.0.0/8"]);
+        let (key, csr) = new_csr();
+        let chain = create_certificate(grpc_channel(1, &r1.xds_addr()), &csr, 0, Some(&secret)).await.unwrap();
+        let leaf = parse_cert(&chain[0]);
+        assert_eq!(leaf.uris, [format!("spiffe://cluster.local/lodestar/host/{name}")]);
+        assert!(leaf.client_auth && !leaf.server_auth, "a host certificate is for client authentication only");
+        assert_eq!(leaf.spki, key.subject_public_key_info());
+        hosts.push(cert_files(tmp.path(), name, &chain, &key));
+    }
+    let as_host = |i: usize, r: &common::Replica| tls_channel(&r.xds_addr(), &lodestar::tls::pki::member_name(r.id), Some((&hosts[i].0, &hosts[i].1)));
+
+    // Registrations: shop/cart on node-a (an Instance), bank/pay on node-b
+    // (a WorkloadEntry), shop/web on no host.
+    let (status, body) = common::apply(
+        &cluster.http,
+        &api,
+        vec![
+            serde_json::json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Instance", "metadata": {"name": "cart-1", "namespace": "shop"},
+                "spec": {"service": "cart", "address": "10.1.0.1", "port": 8080, "serviceAccount": "cart", "host": "node-a"}}),
+            serde_json::json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Instance", "metadata": {"name": "web-1", "namespace": "shop"},
+                "spec": {"service": "web", "address": "10.1.0.2", "port": 8080, "serviceAccount": "web"}}),
+            serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry",
+                "metadata": {"name": "pay-1", "namespace": "bank", "labels": {"lodestar.io/host": "node-b"}},
+                "spec": {"address": "10.1.0.3", "serviceAccount": "pay"}}),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // Host A gets shop/cart (through another replica than the write's):
+    // the SAN is the impersonated identity, never the CSR's or the host's.
+    let cart = "spiffe://cluster.local/ns/shop/sa/cart";
+    let (cart_key, csr) = new_csr();
+    let cart_chain = impersonate(as_host(0, r2), &csr, None, cart).await.unwrap();
+    let leaf = parse_cert(&cart_chain[0]);
+    assert_eq!(leaf.uris, [cart]);
+    assert!(leaf.server_auth && leaf.client_auth);
+    assert_eq!(leaf.spki, cart_key.subject_public_key_info());
+
+    // Host A cannot get bank/pay (registered on node-b), nor shop/web (on
+    // no host), nor an unknown one: PERMISSION_DENIED, naming its own host
+    // and nothing of node-b's.
+    for wanted in ["spiffe://cluster.local/ns/bank/sa/pay", "spiffe://cluster.local/ns/shop/sa/web", "spiffe://cluster.local/ns/shop/sa/nobody"] {
+        let e = impersonate(as_host(0, r1), &new_csr().1, None, wanted).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{wanted}: {e:?}");
+        assert!(e.message().contains("registered on host node-a"), "{e:?}");
+        assert!(!e.message().contains("node-b"), "no word of other hosts: {e:?}");
+    }
+    // Host B gets bank/pay through its WorkloadEntry, but not shop/cart.
+    let chain = impersonate(as_host(1, r1), &new_csr().1, None, "spiffe://cluster.local/ns/bank/sa/pay").await.unwrap();
+    assert_eq!(parse_cert(&chain[0]).uris, ["spiffe://cluster.local/ns/bank/sa/pay"]);
+    let e = impersonate(as_host(1, r1), &new_csr().1, None, cart).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+
+    // A malformed or foreign identity names the field.
+    for bad in ["spiffe://other.domain/ns/shop/sa/cart", "spiffe://cluster.local/lodestar/host/node-b", "cart"] {
+        let e = impersonate(as_host(0, r1), &new_csr().1, None, bad).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad}: {e:?}");
+        assert!(e.message().contains("metadata.ImpersonatedIdentity"), "{e:?}");
+    }
+
+    // A workload certificate (the cart one just issued) may not
+    // impersonate, not even itself; nor may a workload's join token.
+    let cart_files = cert_files(tmp.path(), "cart", &cart_chain, &cart_key);
+    let as_cart = tls_channel(&r1.xds_addr(), &lodestar::tls::pki::member_name(1), Some((&cart_files.0, &cart_files.1)));
+    for wanted in [cart, "spiffe://cluster.local/ns/bank/sa/pay"] {
+        let e = impersonate(as_cart.clone(), &new_csr().1, None, wanted).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("only a host agent"), "{e:?}");
+    }
+    let (_, workload_token) = join_token(&api, &["--workload", "shop/cart", "--uses", "5"]);
+    let e = impersonate(grpc_channel(1, &r1.xds_addr()), &new_csr().1, Some(&workload_token), "spiffe://cluster.local/ns/bank/sa/pay").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    // Without impersonation the workload certificate renews itself, as before.
+    let renewed = create_certificate(as_cart.clone(), &new_csr().1, 0, None).await.unwrap();
+    assert_eq!(parse_cert(&renewed[0]).uris, [cart]);
+
+    // The host renews its own certificate with itself.
+    let renewed = create_certificate(as_host(0, r2), &new_csr().1, 3600, None).await.unwrap();
+    assert_eq!(parse_cert(&renewed[0]).uris, ["spiffe://cluster.local/lodestar/host/node-a"]);
+
+    // A host certificate is no workload identity on the xDS port: an ADS
+    // stream presenting it (and no token) is refused.
+    let mut ads = envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient::new(as_host(0, r1));
+    let node = envoy_types::pb::envoy::config::core::v3::Node {
+        id: "sidecar~10.1.0.1~cart-1.shop~shop.svc.cluster.local".into(),
+        cluster: "cart".into(),
+        ..Default::default()
+    };
+    let first = envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest {
+        node: Some(node),
+        type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+        ..Default::default()
+    };
+    let e = match ads.stream_aggregated_resources(tokio_stream::iter([first])).await {
+        Err(e) => e,
+        Ok(resp) => resp.into_inner().message().await.expect_err("a host certificate must not open an xDS stream"),
+    };
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+
+    // The registration is deleted (through replica 1): host A is refused at
+    // once, through replica 2 (the check reads linearizably).
+    let del = cluster.http.delete(format!("{api}/v1/resources/instances/shop/cart-1")).send().await.unwrap();
+    assert!(del.status().is_success(), "{:?}", del.text().await);
+    let e = impersonate(as_host(0, r2), &new_csr().1, None, cart).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+
+    // Bad host tokens name the field.
+    for (args, field) in [(vec!["--host", "Node_A"], "host"), (vec!["--host", "node-a", "--policy", "p"], "policies"), (vec!["--uses", "2"], "workload")] {
+        let mut all = vec!["token", "create"];
+        all.extend(args.iter());
+        let (ok, _, err) = cli(&api, &all);
+        assert!(!ok && err.contains(field), "{args:?}: {err}");
+    }
 }

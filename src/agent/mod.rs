@@ -172,11 +172,18 @@ impl CaClient {
     /// certificate. A refusal (the caller is not authenticated, or bad
     /// input) is returned at once; unreachable replicas are skipped.
     pub async fn issue(&self, bearer: Option<&str>, current: Option<&Identity>) -> Result<Identity, IssueError> {
+        self.issue_as(bearer, current, None).await
+    }
+
+    /// The same, asking for `impersonate` (a workload's SPIFFE id, Istio's
+    /// `ImpersonatedIdentity`) rather than the caller's own identity: a
+    /// host agent's request for a workload registered on its host.
+    pub async fn issue_as(&self, bearer: Option<&str>, current: Option<&Identity>, impersonate: Option<&str>) -> Result<Identity, IssueError> {
         let key = KeyPair::generate().map_err(|e| IssueError::Fatal(format!("generating a key: {e}")))?;
         let csr = CertificateParams::default().serialize_request(&key).and_then(|c| c.pem()).map_err(|e| IssueError::Fatal(format!("making the CSR: {e}")))?;
         let mut last = String::from("no xDS servers");
         for server in &self.servers {
-            match self.ask(server, &csr, bearer, current).await {
+            match self.ask(server, &csr, bearer, current, impersonate).await {
                 Ok(chain) => return Identity::from_answer(&key, &chain).map_err(|e| IssueError::Retry(format!("{server}: {e:#}"))),
                 Err(status) if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied | tonic::Code::InvalidArgument) => {
                     return Err(IssueError::Refused(format!("{server}: {}", status.message())));
@@ -187,9 +194,18 @@ impl CaClient {
         Err(IssueError::Retry(last))
     }
 
-    async fn ask(&self, server: &str, csr: &str, bearer: Option<&str>, current: Option<&Identity>) -> Result<Vec<String>, tonic::Status> {
+    async fn ask(
+        &self,
+        server: &str,
+        csr: &str,
+        bearer: Option<&str>,
+        current: Option<&Identity>,
+        impersonate: Option<&str>,
+    ) -> Result<Vec<String>, tonic::Status> {
         let channel = self.channel(server, current, Some(REQUEST_TIMEOUT)).await?;
-        let mut request = tonic::Request::new(IstioCertificateRequest { csr: csr.to_string(), validity_duration: self.ttl.map_or(0, |t| t.as_secs() as i64) });
+        let metadata = impersonate.map(impersonation_metadata);
+        let mut request =
+            tonic::Request::new(IstioCertificateRequest { csr: csr.to_string(), validity_duration: self.ttl.map_or(0, |t| t.as_secs() as i64), metadata });
         if let Some(secret) = bearer {
             let value = format!("Bearer {secret}").parse().map_err(|_| tonic::Status::invalid_argument("the join token is not valid in a header"))?;
             request.metadata_mut().insert("authorization", value);
@@ -231,6 +247,14 @@ impl CaClient {
         };
         endpoint.connect_with_connector(connector).await.map_err(|e| tonic::Status::unavailable(format!("connecting: {e}")))
     }
+}
+
+/// The request metadata that asks for `spiffe_id` (Istio's
+/// `ImpersonatedIdentity`).
+pub fn impersonation_metadata(spiffe_id: &str) -> envoy_types::pb::google::protobuf::Struct {
+    use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+    let value = Value { kind: Some(Kind::StringValue(spiffe_id.to_string())) };
+    Struct { fields: [(crate::ca::service::IMPERSONATED_IDENTITY.to_string(), value)].into_iter().collect() }
 }
 
 #[derive(Debug)]

@@ -177,6 +177,10 @@ pub struct TokenRequest {
     /// instead of an API token: no policies or roles.
     #[serde(default)]
     pub workload: Option<String>,
+    /// A host agent's join token for host `NAME` instead (its first host
+    /// certificate): no policies or roles.
+    #[serde(default)]
+    pub host: Option<String>,
     /// A join token's number of uses (default 1).
     #[serde(default)]
     pub uses: Option<u64>,
@@ -216,10 +220,10 @@ pub fn token_txn(req: TokenRequest, index: &AclIndex) -> Result<(Txn, Minted)> {
     };
     let join = join_binding(&req, &mut errors);
     if proxy.is_some() && join.is_some() {
-        errors.push(FieldError::new("proxy", "a token is a proxy token or a join token (workload), not both"));
+        errors.push(FieldError::new("proxy", "a token is a proxy token or a join token (workload or host), not both"));
     }
     if join.is_none() && req.policies.is_empty() && req.roles.is_empty() && req.proxy.is_none() {
-        errors.push(FieldError::new("policies", "a token needs at least one policy or role (or a proxy identity, or a workload)"));
+        errors.push(FieldError::new("policies", "a token needs at least one policy or role (or a proxy identity, a workload or a host)"));
     }
     for (i, p) in req.policies.iter().enumerate() {
         if !index.has_policy(p) {
@@ -257,19 +261,23 @@ pub fn token_txn(req: TokenRequest, index: &AclIndex) -> Result<(Txn, Minted)> {
     Ok((Txn { ops: vec![op] }, minted))
 }
 
-/// A join token's binding from the request (`workload`, `uses`, `cidrs`),
-/// its errors added to `errors`.
+/// A join token's binding from the request (`workload` or `host`, `uses`,
+/// `cidrs`), its errors added to `errors`.
 fn join_binding(req: &TokenRequest, errors: &mut Vec<FieldError>) -> Option<model::acl::JoinBinding> {
-    let Some(workload) = &req.workload else {
+    let (workload, host) = (req.workload.as_deref().filter(|w| !w.is_empty()), req.host.as_deref().filter(|h| !h.is_empty()));
+    if workload.is_none() && host.is_none() {
         if req.uses.is_some() || !req.cidrs.is_empty() {
-            errors.push(FieldError::new("workload", "uses and cidrs belong to a join token: give its workload (NAMESPACE/SERVICE_ACCOUNT)"));
+            errors.push(FieldError::new("workload", "uses and cidrs belong to a join token: give its workload (NAMESPACE/SERVICE_ACCOUNT) or host"));
         }
         return None;
-    };
-    if !req.policies.is_empty() || !req.roles.is_empty() {
-        errors.push(FieldError::new("policies", "a join token (workload) grants no API permissions: give no policies or roles"));
     }
-    let id = crate::ca::WorkloadId::parse(workload).map_err(|e| errors.push(FieldError::new("workload", e))).ok()?;
+    if workload.is_some() && host.is_some() {
+        errors.push(FieldError::new("host", "a join token is for a workload or a host, not both"));
+        return None;
+    }
+    if !req.policies.is_empty() || !req.roles.is_empty() {
+        errors.push(FieldError::new("policies", "a join token (workload or host) grants no API permissions: give no policies or roles"));
+    }
     if req.uses == Some(0) {
         errors.push(FieldError::new("uses", "must be at least 1"));
     }
@@ -278,7 +286,18 @@ fn join_binding(req: &TokenRequest, errors: &mut Vec<FieldError>) -> Option<mode
             errors.push(FieldError::new(format!("cidrs[{i}]"), format!("{c:?}: {e} (expected a CIDR such as 10.0.0.0/8)")));
         }
     }
-    Some(model::acl::JoinBinding { namespace: id.namespace, service_account: id.service_account, uses: Some(req.uses.unwrap_or(1)), cidrs: req.cidrs.clone() })
+    let (uses, cidrs) = (Some(req.uses.unwrap_or(1)), req.cidrs.clone());
+    match (workload, host) {
+        (Some(w), _) => {
+            let id = crate::ca::WorkloadId::parse(w).map_err(|e| errors.push(FieldError::new("workload", e))).ok()?;
+            Some(model::acl::JoinBinding { namespace: id.namespace, service_account: id.service_account, host: None, uses, cidrs })
+        }
+        (None, Some(h)) => {
+            let id = crate::ca::HostId::parse(h).map_err(|e| errors.push(FieldError::new("host", e))).ok()?;
+            Some(model::acl::JoinBinding { namespace: String::new(), service_account: String::new(), host: Some(id.0), uses, cidrs })
+        }
+        (None, None) => None,
+    }
 }
 
 /// A create-only put of a document the server wrote, validated like any

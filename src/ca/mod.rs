@@ -17,9 +17,21 @@
 //! usages are serverAuth and clientAuth, the lifetime the requested one
 //! capped at the configured maximum (default 24 h).
 //!
+//! A host certificate ([`HostId`], SPIRE's node SVID): the identity of a
+//! host agent that asks for the certificates of the workloads registered
+//! on its host (ztunnel's model). Its SPIFFE id is
+//! `spiffe://<trust domain>/lodestar/host/<name>`, outside the `/ns/.../sa/...`
+//! shape on purpose: nothing that accepts workloads parses it as one (the
+//! xDS port's certificate authentication, `spiffe_namespace`, the mesh
+//! mTLS listeners, which require the `spiffe://<td>/ns/` prefix, and so
+//! AuthorizationPolicy principals), and its only extended key usage is
+//! clientAuth: it is no server.
+//!
 //! - [`service`]: Istio's `IstioCertificateService` on the xDS port, with
 //!   the join-token and certificate authentication of callers.
+//! - [`hosts`]: which workloads are registered on a host.
 
+pub mod hosts;
 pub mod service;
 
 use crate::error::{Error, Result};
@@ -79,6 +91,65 @@ impl WorkloadId {
 impl std::fmt::Display for WorkloadId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.namespace, self.service_account)
+    }
+}
+
+/// The path of a host's SPIFFE id, after the trust domain.
+pub const HOST_PATH: &str = "/lodestar/host/";
+
+/// A host agent's identity: the host's name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HostId(pub String);
+
+impl HostId {
+    /// A DNS subdomain of at most 63 characters (so that it fits a label
+    /// value: WorkloadEntries name their host in `lodestar.io/host`).
+    pub fn parse(s: &str) -> std::result::Result<HostId, String> {
+        crate::model::registry::check_host_name(s).map_err(|e| format!("host {s:?}: {e}"))?;
+        Ok(HostId(s.to_string()))
+    }
+
+    pub fn spiffe(&self, trust_domain: &str) -> String {
+        format!("spiffe://{trust_domain}{HOST_PATH}{}", self.0)
+    }
+
+    pub fn from_spiffe(uri: &str, trust_domain: &str) -> Option<HostId> {
+        HostId::parse(uri.strip_prefix("spiffe://")?.strip_prefix(trust_domain)?.strip_prefix(HOST_PATH)?).ok()
+    }
+}
+
+impl std::fmt::Display for HostId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "host {}", self.0)
+    }
+}
+
+/// Whom a mesh certificate names: a workload, or a host agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MeshIdentity {
+    Workload(WorkloadId),
+    Host(HostId),
+}
+
+impl MeshIdentity {
+    pub fn spiffe(&self, trust_domain: &str) -> String {
+        match self {
+            MeshIdentity::Workload(w) => w.spiffe(trust_domain),
+            MeshIdentity::Host(h) => h.spiffe(trust_domain),
+        }
+    }
+
+    pub fn from_spiffe(uri: &str, trust_domain: &str) -> Option<MeshIdentity> {
+        WorkloadId::from_spiffe(uri, trust_domain).map(MeshIdentity::Workload).or_else(|| HostId::from_spiffe(uri, trust_domain).map(MeshIdentity::Host))
+    }
+}
+
+impl std::fmt::Display for MeshIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MeshIdentity::Workload(w) => write!(f, "workload {w}"),
+            MeshIdentity::Host(h) => h.fmt(f),
+        }
     }
 }
 
@@ -167,10 +238,12 @@ impl MeshCa {
     /// the PEM chain, leaf first, root last. Nothing but the key is taken
     /// from the CSR.
     pub fn sign(&self, csr_pem: &str, id: &WorkloadId, ttl: Option<Duration>) -> Result<Vec<String>> {
-        self.sign_parsed(&MeshCa::parse_csr(csr_pem)?, id, ttl)
+        self.sign_parsed(&MeshCa::parse_csr(csr_pem)?, &MeshIdentity::Workload(id.clone()), ttl)
     }
 
-    pub fn sign_parsed(&self, csr: &CertificateSigningRequestParams, id: &WorkloadId, ttl: Option<Duration>) -> Result<Vec<String>> {
+    /// The same for a parsed CSR and any mesh identity: a host's
+    /// certificate is for client authentication only.
+    pub fn sign_parsed(&self, csr: &CertificateSigningRequestParams, id: &MeshIdentity, ttl: Option<Duration>) -> Result<Vec<String>> {
         let ttl = ttl.filter(|t| !t.is_zero()).unwrap_or(self.default_ttl).min(self.max_ttl);
         let spiffe = id.spiffe(&self.trust_domain);
         let mut params = CertificateParams::default();
@@ -178,7 +251,10 @@ impl MeshCa {
         params.distinguished_name = DistinguishedName::new();
         params.subject_alt_names = vec![SanType::URI(spiffe.as_str().try_into().map_err(|e| Error::internal(format!("SPIFFE id {spiffe}: {e}")))?)];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        params.extended_key_usages = match id {
+            MeshIdentity::Workload(_) => vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
+            MeshIdentity::Host(_) => vec![ExtendedKeyUsagePurpose::ClientAuth],
+        };
         params.use_authority_key_identifier_extension = true;
         params.serial_number = Some(pki::serial());
         let now = OffsetDateTime::now_utc();
@@ -191,16 +267,25 @@ impl MeshCa {
         Ok(chain)
     }
 
-    /// The identity of a workload certificate chain (leaf first) that this
-    /// CA's root verifies now, or why not.
-    pub fn verify_workload(&self, chain: &[CertificateDer<'static>]) -> std::result::Result<WorkloadId, String> {
+    /// The identity (workload or host) of a certificate chain (leaf first)
+    /// that this CA's root verifies now, or why not.
+    pub fn verify(&self, chain: &[CertificateDer<'static>]) -> std::result::Result<MeshIdentity, String> {
         let (leaf, intermediates) = chain.split_first().ok_or("no certificate")?;
         self.verifier.verify_client_cert(leaf, intermediates, UnixTime::now()).map_err(|e| format!("not a current certificate of the mesh CA: {e}"))?;
         let cert = crate::tls::conn::PeerCert::parse(leaf).ok_or("the certificate does not parse")?;
         cert.uris
             .iter()
-            .find_map(|u| WorkloadId::from_spiffe(u, &self.trust_domain))
-            .ok_or_else(|| format!("the certificate names no workload of trust domain {}", self.trust_domain))
+            .find_map(|u| MeshIdentity::from_spiffe(u, &self.trust_domain))
+            .ok_or_else(|| format!("the certificate names no workload or host of trust domain {}", self.trust_domain))
+    }
+
+    /// The identity of a workload certificate chain: as [`Self::verify`],
+    /// and a host's certificate is refused (it is no workload).
+    pub fn verify_workload(&self, chain: &[CertificateDer<'static>]) -> std::result::Result<WorkloadId, String> {
+        match self.verify(chain)? {
+            MeshIdentity::Workload(w) => Ok(w),
+            MeshIdentity::Host(h) => Err(format!("the certificate of {h} is no workload identity")),
+        }
     }
 }
 
@@ -317,6 +402,30 @@ mod tests {
         assert_eq!(cert.public_key().raw, key.subject_public_key_info());
         // Renewal: the leaf verifies against the root and names the workload.
         assert_eq!(ca.verify_workload(&[der.into_owned()]).unwrap(), WorkloadId::parse("shop/cart").unwrap());
+    }
+
+    #[test]
+    fn host_certificates_are_no_workload_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(dir.path());
+        let host = HostId::parse("node-a.dc1").unwrap();
+        assert_eq!(host.spiffe("example.org"), "spiffe://example.org/lodestar/host/node-a.dc1");
+        assert_eq!(MeshIdentity::from_spiffe("spiffe://example.org/lodestar/host/node-a.dc1", "example.org"), Some(MeshIdentity::Host(host.clone())));
+        assert_eq!(MeshIdentity::from_spiffe("spiffe://other/lodestar/host/node-a", "example.org"), None);
+        assert!(HostId::parse("Node_A").is_err());
+        assert!(HostId::parse(&"a".repeat(64)).is_err());
+        // Not a workload path: nothing that parses workloads sees one.
+        assert_eq!(WorkloadId::from_spiffe(&host.spiffe("example.org"), "example.org"), None);
+        assert_eq!(crate::auth::spiffe_namespace(&host.spiffe("example.org")), None);
+        let key = KeyPair::generate().unwrap();
+        let csr = MeshCa::parse_csr(&csr(&key, "spiffe://example.org/ns/a/sa/b")).unwrap();
+        let chain = ca.sign_parsed(&csr, &MeshIdentity::Host(host.clone()), None).unwrap();
+        let der = CertificateDer::from_pem_slice(chain[0].as_bytes()).unwrap().into_owned();
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let eku = cert.extended_key_usage().unwrap().unwrap().value;
+        assert!(eku.client_auth && !eku.server_auth, "a host certificate is no server");
+        assert_eq!(ca.verify(std::slice::from_ref(&der)).unwrap(), MeshIdentity::Host(host));
+        assert!(ca.verify_workload(&[der]).unwrap_err().contains("no workload identity"));
     }
 
     #[test]

@@ -33,13 +33,20 @@ pub enum TokenCommand {
         /// A join token instead: the workload identity NAMESPACE/SERVICE_ACCOUNT
         /// whose first certificate it obtains from the mesh CA (`lodestar
         /// agent --join-token`). No policies or roles.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "host")]
         workload: Option<String>,
+        /// A host agent's join token instead: the host NAME's first
+        /// certificate (`spiffe://TRUST_DOMAIN/lodestar/host/NAME`), with
+        /// which the agent obtains the certificates of the workloads
+        /// registered on NAME (Instances with `spec.host`, WorkloadEntries
+        /// labelled `lodestar.io/host`). No policies or roles.
+        #[arg(long, value_name = "NAME", conflicts_with = "proxy")]
+        host: Option<String>,
         /// A join token's uses (default 1).
-        #[arg(long, requires = "workload")]
+        #[arg(long)]
         uses: Option<u64>,
         /// A source address range the join token is accepted from; repeat.
-        #[arg(long = "cidr", requires = "workload")]
+        #[arg(long = "cidr")]
         cidrs: Vec<String>,
         #[arg(short, long, value_enum)]
         output: Option<Output>,
@@ -116,10 +123,11 @@ pub enum AclCommand {
 
 pub async fn token(client: &Client, command: TokenCommand) -> Result<()> {
     match command {
-        TokenCommand::Create { description, policies, roles, ttl, proxy, workload, uses, cidrs, output } => {
+        TokenCommand::Create { description, policies, roles, ttl, proxy, workload, host, uses, cidrs, output } => {
             let mut body = json!({"description": description, "policies": policies, "roles": roles, "ttl": ttl, "proxy": proxy});
-            if workload.is_some() {
+            if workload.is_some() || host.is_some() || uses.is_some() || !cidrs.is_empty() {
                 body["workload"] = json!(workload);
+                body["host"] = json!(host);
                 body["uses"] = json!(uses);
                 body["cidrs"] = json!(cidrs);
             }

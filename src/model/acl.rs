@@ -259,8 +259,16 @@ pub struct TokenSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct JoinBinding {
+    /// A workload's namespace and service account (empty for a host).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub namespace: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub service_account: String,
+    /// A host agent's host name instead (`lodestar token create --host`):
+    /// the token obtains the host's certificate, with which it asks for
+    /// those of the workloads registered on it (`ca::hosts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// How many certificates it obtains; none: any number until it expires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uses: Option<u64>,
@@ -283,18 +291,30 @@ impl JoinBinding {
 
 fn validate_join(spec: &TokenSpec, errors: &mut Vec<FieldError>) {
     match (spec.token_type, &spec.join) {
-        (TokenType::Join, None) => errors.push(FieldError::new("spec.join", "required for a join token: namespace and serviceAccount")),
+        (TokenType::Join, None) => errors.push(FieldError::new("spec.join", "required for a join token: namespace and serviceAccount, or host")),
         (TokenType::Client | TokenType::Proxy, Some(_)) => errors.push(FieldError::new("spec.join", "only a token of type join has one")),
         (TokenType::Client | TokenType::Proxy, None) => {}
         (TokenType::Join, Some(j)) => {
             if !spec.policies.is_empty() || !spec.roles.is_empty() {
                 errors.push(FieldError::new("spec.policies", "a join token grants no API permissions: no policies or roles"));
             }
-            if let Err(e) = super::resource::check_dns_label(&j.namespace) {
-                errors.push(FieldError::new("spec.join.namespace", e));
-            }
-            if let Err(e) = check_dns_subdomain(&j.service_account) {
-                errors.push(FieldError::new("spec.join.serviceAccount", e));
+            match &j.host {
+                Some(h) => {
+                    if let Err(e) = super::registry::check_host_name(h) {
+                        errors.push(FieldError::new("spec.join.host", e));
+                    }
+                    if !j.namespace.is_empty() || !j.service_account.is_empty() {
+                        errors.push(FieldError::new("spec.join.host", "a join token is for a workload (namespace, serviceAccount) or a host, not both"));
+                    }
+                }
+                None => {
+                    if let Err(e) = super::resource::check_dns_label(&j.namespace) {
+                        errors.push(FieldError::new("spec.join.namespace", e));
+                    }
+                    if let Err(e) = check_dns_subdomain(&j.service_account) {
+                        errors.push(FieldError::new("spec.join.serviceAccount", e));
+                    }
+                }
             }
             if j.uses == Some(0) {
                 errors.push(FieldError::new("spec.join.uses", "must be at least 1 (omit it for any number)"));
@@ -631,6 +651,17 @@ mod tests {
         assert_eq!(fields, ["spec.policies", "spec.join.namespace", "spec.join.uses", "spec.join.cidrs[0]"]);
         let errs = validate(Kind::Token, &json!({"type": "join", "secretHash": hash})).unwrap_err();
         assert_eq!(errs[0].field, "spec.join");
+        // A host's join token; not both; a bad host name.
+        let host = json!({"type": "join", "join": {"host": "node-a.example", "uses": 1}, "secretHash": hash});
+        let Ok(AclSpec::Token(t)) = validate(Kind::Token, &host) else { panic!() };
+        assert_eq!(t.spec.join.unwrap().host.as_deref(), Some("node-a.example"));
+        let both = json!({"type": "join", "join": {"host": "a", "namespace": "shop", "serviceAccount": "cart"}, "secretHash": hash});
+        assert_eq!(validate(Kind::Token, &both).unwrap_err()[0].field, "spec.join.host");
+        let bad = json!({"type": "join", "join": {"host": "Node_A"}, "secretHash": hash});
+        assert_eq!(validate(Kind::Token, &bad).unwrap_err()[0].field, "spec.join.host");
+        // A workload token without its namespace (and no host) names the field.
+        let none = json!({"type": "join", "join": {"uses": 1}, "secretHash": hash});
+        assert_eq!(validate(Kind::Token, &none).unwrap_err()[0].field, "spec.join.namespace");
         let errs = validate(Kind::Token, &json!({"policies": ["p"], "join": {"namespace": "a", "serviceAccount": "b"}, "secretHash": hash})).unwrap_err();
         assert_eq!(errs[0].field, "spec.join");
     }

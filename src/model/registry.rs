@@ -70,6 +70,12 @@ pub struct InstanceSpec {
     /// (auto-mTLS) and expect this identity in its certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
+    /// The host (`lodestar token create --host NAME`) the instance runs on:
+    /// that host's agent may obtain the certificate of `serviceAccount`
+    /// for it (`ca::hosts`). None (as in data written before it existed):
+    /// on no host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// One health check, Consul-style: exactly one of `ttl`, `http`, `tcp`.
@@ -305,6 +311,17 @@ pub fn validate_lease(spec: &serde_json::Value) -> Result<LeaseSpec, Vec<FieldEr
     }
 }
 
+/// A host name (join tokens' `host`, Instances' `spec.host`, the
+/// WorkloadEntry label `lodestar.io/host`): a DNS subdomain of at most 63
+/// characters, so that it is also a valid label value.
+pub fn check_host_name(h: &str) -> Result<(), String> {
+    super::resource::check_dns_subdomain(h)?;
+    if h.len() > 63 {
+        return Err(format!("{h:?}: at most 63 characters"));
+    }
+    Ok(())
+}
+
 pub fn validate_instance(spec: &serde_json::Value) -> Result<InstanceSpec, Vec<FieldError>> {
     let s: InstanceSpec = super::parse_spec(spec)?;
     let mut errors = Vec::new();
@@ -339,6 +356,14 @@ pub fn validate_instance(spec: &serde_json::Value) -> Result<InstanceSpec, Vec<F
     if let Some(sa) = &s.service_account {
         if let Err(r) = super::resource::check_dns_subdomain(sa) {
             errors.push(FieldError::new("spec.serviceAccount", r));
+        }
+    }
+    if let Some(h) = &s.host {
+        if let Err(r) = check_host_name(h) {
+            errors.push(FieldError::new("spec.host", r));
+        }
+        if s.service_account.is_none() {
+            errors.push(FieldError::new("spec.host", "a host names where the workload identity runs: give spec.serviceAccount too"));
         }
     }
     if errors.is_empty() {

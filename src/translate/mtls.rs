@@ -88,8 +88,12 @@ fn common(sans: Vec<SubjectAltNameMatcher>, alpn: &[&str]) -> CommonTlsContext {
 /// An inbound port's mutual TLS: the workload certificate, a client
 /// certificate required, issued by the mesh root to a workload of this
 /// trust domain (which identity is the authorization policy's business).
+/// Workloads only: the prefix is `spiffe://TD/ns/`, so a host agent's
+/// certificate (`spiffe://TD/lodestar/host/NAME`, `ca::HostId`), which the
+/// same root signs, is refused in the handshake and never reaches an
+/// authorization policy (where `principals: ["*"]` would accept it).
 pub fn downstream(trust_domain: &str) -> DownstreamTlsContext {
-    downstream_with(vec![uri_matcher(MatchPattern::Prefix(format!("spiffe://{trust_domain}/")))], &[])
+    downstream_with(vec![uri_matcher(MatchPattern::Prefix(format!("spiffe://{trust_domain}/ns/")))], &[])
 }
 
 /// The workload certificate, a client certificate required and checked

@@ -67,6 +67,8 @@ enum Command {
     Xds(xds::XdsArgs),
     /// The mesh CA: concurrent certificate renewals (a key, a CSR, a TLS
     /// connection each) over the replicas' xDS ports; certs/s, p50, p99.
+    /// `--cold-start`: N agents at once with join tokens, time until all
+    /// have certificates.
     Csr(csr::CsrArgs),
     /// A bounded HTTP/1.1 load against one URL (e.g. through an Envoy):
     /// keep-alive workers; statuses, p50/p90/p99/max latency.
@@ -79,6 +81,10 @@ impl Cli {
         match self.command {
             Command::Churn(a) => Command::Churn(churn::ChurnArgs { servers: self.servers, ..a }),
             Command::Xds(a) => Command::Xds(xds::XdsArgs { servers: self.servers, ..a }),
+            Command::Csr(mut a) => {
+                a.servers = self.servers;
+                Command::Csr(a)
+            }
             write => write,
         }
     }
