@@ -206,7 +206,7 @@ impl AdsService {
             m = inbound.message() => m?.ok_or_else(|| Status::invalid_argument("the stream closed before its first request"))?,
             _ = stopped(self.shared.shutdown.clone()) => return Err(Status::unavailable("the server is shutting down")),
         };
-        let identity = Arc::new(identity(V::node(&first))?);
+        let identity = Arc::new(proxy_identity(V::node(&first))?);
         // The identity it claims must be one its credential is for.
         authorize(&self.shared, &caller, &principal, &identity)?;
         // Admission: a replica that is not ready (starting, or cut off from
@@ -731,8 +731,9 @@ async fn generate(
     }
 }
 
-/// The proxy's identity from the first request's node.
-fn identity(node: Option<&Node>) -> Result<ProxyIdentity, Status> {
+/// The proxy's identity from the first request's node (its id and
+/// metadata), or INVALID_ARGUMENT naming the problem.
+pub fn proxy_identity(node: Option<&Node>) -> Result<ProxyIdentity, Status> {
     let node =
         node.ok_or_else(|| Status::invalid_argument("the first request has no node; it must carry node.id (TYPE~IP~NAME.NAMESPACE~NAMESPACE.svc.DOMAIN)"))?;
     let metadata = node.metadata.as_ref().map_or_else(|| Value::Object(Default::default()), struct_to_json);
@@ -776,12 +777,12 @@ mod tests {
             .into(),
         };
         let node = Node { id: "sidecar~127.0.0.5~reviews-v1.bookinfo~bookinfo.svc.cluster.local".into(), metadata: Some(meta), ..Default::default() };
-        let id = identity(Some(&node)).unwrap();
+        let id = proxy_identity(Some(&node)).unwrap();
         assert_eq!((id.namespace.as_str(), id.labels["app"].as_str()), ("bookinfo", "reviews"));
 
-        let err = identity(Some(&Node { id: "envoy-1".into(), ..Default::default() })).unwrap_err();
+        let err = proxy_identity(Some(&Node { id: "envoy-1".into(), ..Default::default() })).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.message().contains("envoy-1"), "{}", err.message());
-        assert_eq!(identity(None).unwrap_err().code(), tonic::Code::InvalidArgument);
+        assert_eq!(proxy_identity(None).unwrap_err().code(), tonic::Code::InvalidArgument);
     }
 }

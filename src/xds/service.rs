@@ -44,7 +44,7 @@ const MAX_REQUEST: usize = 4 * 1024 * 1024;
 /// decode into about a million strings (some 50 MiB) per stream. An Envoy
 /// names one resource per cluster or route it uses; this is far above any
 /// real mesh.
-pub(super) const MAX_NAMES: usize = 100_000;
+pub const MAX_NAMES: usize = 100_000;
 
 /// While a message is incomplete, the buffer grows with what arrives, at
 /// most this much ahead: a header announcing 4 MiB reserves no 4 MiB.
@@ -147,29 +147,53 @@ impl<Req: prost::Message + Default + NameFields> Requests<Req> {
 
     /// One whole message from the buffer, if it holds one.
     fn decode_buffered(&mut self) -> Result<Option<Box<Req>>, Status> {
-        let Some(header) = self.buf.get(..5) else { return Ok(None) };
-        if header[0] != 0 {
-            return Err(Status::unimplemented("compressed requests are not supported"));
+        match decode_frame::<Req>(&self.buf)? {
+            Decoded::Incomplete(whole) => {
+                self.buf.reserve(whole.saturating_sub(self.buf.len()).min(MAX_RESERVE));
+                Ok(None)
+            }
+            Decoded::Request(request, used) => {
+                self.buf.advance(used);
+                if self.buf.is_empty() {
+                    self.buf = BytesMut::new();
+                }
+                Ok(Some(request))
+            }
         }
-        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-        if len > MAX_REQUEST {
-            return Err(Status::out_of_range(format!("a request of {len} bytes is over the {MAX_REQUEST}-byte limit")));
-        }
-        let Some(body) = self.buf.get(5..5 + len) else {
-            self.buf.reserve((5 + len - self.buf.len()).min(MAX_RESERVE));
-            return Ok(None);
-        };
-        let names = count_names(body, Req::FIELDS).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?;
-        if names > MAX_NAMES {
-            return Err(Status::resource_exhausted(format!("resource_names: a request naming {names} resources is over the limit of {MAX_NAMES} per request")));
-        }
-        let request = Box::new(Req::decode(body).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?);
-        self.buf.advance(5 + len);
-        if self.buf.is_empty() {
-            self.buf = BytesMut::new();
-        }
-        Ok(Some(request))
     }
+}
+
+/// What the front of a stream's received bytes holds.
+#[derive(Debug)]
+pub enum Decoded<Req> {
+    /// Not a whole message yet: it takes this many bytes, header included
+    /// (5 while the header itself is incomplete).
+    Incomplete(usize),
+    /// A request, and how many bytes it took.
+    Request(Box<Req>, usize),
+}
+
+/// One gRPC-framed request from the front of `buf`, with every
+/// per-request limit checked before anything is decoded: no compression,
+/// at most [`MAX_REQUEST`] bytes, at most [`MAX_NAMES`] names, protobuf.
+/// What [`Requests`] does with the bytes a stream receives; public for the
+/// fuzz target (`fuzz/fuzz_targets/xds.rs`).
+pub fn decode_frame<Req: prost::Message + Default + NameFields>(buf: &[u8]) -> Result<Decoded<Req>, Status> {
+    let Some(header) = buf.get(..5) else { return Ok(Decoded::Incomplete(5)) };
+    if header[0] != 0 {
+        return Err(Status::unimplemented("compressed requests are not supported"));
+    }
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if len > MAX_REQUEST {
+        return Err(Status::out_of_range(format!("a request of {len} bytes is over the {MAX_REQUEST}-byte limit")));
+    }
+    let Some(body) = buf.get(5..5 + len) else { return Ok(Decoded::Incomplete(5 + len)) };
+    let names = count_names(body, Req::FIELDS).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?;
+    if names > MAX_NAMES {
+        return Err(Status::resource_exhausted(format!("resource_names: a request naming {names} resources is over the limit of {MAX_NAMES} per request")));
+    }
+    let request = Box::new(Req::decode(body).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?);
+    Ok(Decoded::Request(request, 5 + len))
 }
 
 /// How many length-delimited top-level `fields` an encoded request holds
