@@ -1114,7 +1114,7 @@ async fn streams_over_the_replica_limit_are_refused_until_one_ends() {
     }
     let series = "lodestar_xds_streams_refused_total{reason=\"stream_limit\"}";
     let before = metric(&cluster, series).await;
-    let refused = sotw(&xds, first(req(CDS, &[], "", ""))).await.err().expect("a sixth stream is refused");
+    let Err(refused) = sotw(&xds, first(req(CDS, &[], "", ""))).await else { panic!("a sixth stream was served") };
     assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
     assert!(refused.message().contains("xds_max_streams"), "{}", refused.message());
     assert_eq!(metric(&cluster, series).await, before + 1.0);
