@@ -49,31 +49,52 @@ fn requests<Req: prost::Message + Default + lodestar::xds::NameFields>(mut bytes
     }
 }
 
-fuzz_target!(|data: &[u8]| {
-    let Some((&which, frames)) = data.split_first() else { return };
+/// One stream's requests through its protocol state `stream`, as the
+/// server takes them: the first must identify its proxy, and the stream
+/// ends once it subscribes to too many names of one type; then a new
+/// config is pushed.
+fn stream<Req, S>(
+    frames: &[u8],
+    stream: &mut S,
+    node: impl Fn(&Req) -> Option<&envoy_types::pb::envoy::config::core::v3::Node>,
+    on_request: impl Fn(&mut S, &Req, &ProxyConfig),
+    most_names: impl Fn(&S) -> usize,
+    on_config: impl Fn(&mut S, &ProxyConfig),
+) where
+    Req: prost::Message + Default + lodestar::xds::NameFields,
+{
     let (first, second) = (config(0), config(1));
     let mut n = 0;
+    requests::<Req>(frames, |req| {
+        n += 1;
+        if n == 1 && proxy_identity(node(req)).is_err() {
+            return false;
+        }
+        on_request(stream, req, &first);
+        most_names(stream) <= MAX_NAMES
+    });
+    on_config(stream, &second);
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&which, frames)) = data.split_first() else { return };
     if which & 1 == 0 {
-        let mut stream = SotwStream::default();
-        requests::<DiscoveryRequest>(frames, |req| {
-            n += 1;
-            if n == 1 && proxy_identity(req.node.as_ref()).is_err() {
-                return false;
-            }
-            let _ = stream.on_request(req, &first);
-            stream.most_names() <= MAX_NAMES
-        });
-        let _ = stream.on_config(&second);
+        stream::<DiscoveryRequest, _>(
+            frames,
+            &mut SotwStream::default(),
+            |r| r.node.as_ref(),
+            |s, r, c| drop(s.on_request(r, c)),
+            SotwStream::most_names,
+            |s, c| drop(s.on_config(c)),
+        );
     } else {
-        let mut stream = DeltaStream::default();
-        requests::<DeltaDiscoveryRequest>(frames, |req| {
-            n += 1;
-            if n == 1 && proxy_identity(req.node.as_ref()).is_err() {
-                return false;
-            }
-            let _ = stream.on_request(req, &first);
-            stream.most_names() <= MAX_NAMES
-        });
-        let _ = stream.on_config(&second);
+        stream::<DeltaDiscoveryRequest, _>(
+            frames,
+            &mut DeltaStream::default(),
+            |r| r.node.as_ref(),
+            |s, r, c| drop(s.on_request(r, c)),
+            DeltaStream::most_names,
+            |s, c| drop(s.on_config(c)),
+        );
     }
 });
