@@ -86,6 +86,17 @@ pub struct ServerConfig {
     pub xds_max_stream_age_s: u64,
     /// Shed xDS streams above the fair share; 0: never rebalance.
     pub xds_rebalance_interval_ms: u64,
+    /// xDS streams this replica serves at once; more are refused with
+    /// RESOURCE_EXHAUSTED (the Envoy retries, reaching another replica as
+    /// its bootstrap rotates) and counted in
+    /// `lodestar_xds_streams_refused_total{reason="stream_limit"}`. An idle
+    /// stream takes about 34 KiB (benches/RESULTS.md). 0: no limit.
+    pub xds_max_streams: usize,
+    /// Bytes of incomplete xDS requests held across all streams (each
+    /// stream is also held to one 4 MiB request); a stream whose request
+    /// would take more ends with RESOURCE_EXHAUSTED, counted as
+    /// `reason="request_buffer_full"`. 0: no limit.
+    pub xds_max_buffered_request_bytes: usize,
     /// Adaptive debounce window: isolated changes are pushed at once,
     /// bursts at most once per window (see `xds::push`). 0: every revision.
     pub push_debounce_ms: u64,
@@ -184,6 +195,8 @@ impl Default for ServerConfig {
             xds_fence_timeout_ms: 5000,
             xds_max_stream_age_s: 1800,
             xds_rebalance_interval_ms: 1000,
+            xds_max_streams: 20_000,
+            xds_max_buffered_request_bytes: 64 * 1024 * 1024,
             push_debounce_ms: 20,
             join: false,
             heartbeat_ms: 100,

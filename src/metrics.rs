@@ -169,6 +169,7 @@ pub struct Metrics {
     pub push_triggers: Counter,
     pub streams_shed: Counter,
     pub streams_refused: Family<Counter>,
+    pub xds_request_buffer: Gauge,
     // Raft and the write path.
     pub raft_term: Gauge,
     pub raft_last_log_index: Gauge,
@@ -222,7 +223,13 @@ pub fn metrics() -> &'static Metrics {
             convergence_time: register(r, "pilot_proxy_convergence_time", "Seconds from a revision's push to a proxy ACKing it", Histogram::default()),
             push_triggers: register(r, "pilot_push_triggers", "Revisions pushed to the proxies (after debouncing)", Counter::default()),
             streams_shed: register(r, "lodestar_xds_streams_shed_total", "Streams closed to rebalance or at their maximum age", Counter::default()),
-            streams_refused: register(r, "lodestar_xds_streams_refused_total", "Streams refused: not ready, or behind the proxy", Family::new(&["reason"])),
+            streams_refused: register(r, "lodestar_xds_streams_refused_total", "Streams refused or ended by the server: not_ready, behind, unauthenticated, permission_denied, stream_limit (xds_max_streams), request_buffer_full (xds_max_buffered_request_bytes)", Family::new(&["reason"])),
+            xds_request_buffer: register(
+                r,
+                "lodestar_xds_request_buffer_bytes",
+                "Bytes of incomplete xDS requests held across streams (limit: xds_max_buffered_request_bytes)",
+                Gauge::default(),
+            ),
             raft_term: register(r, "lodestar_raft_term", "Current raft term", Gauge::default()),
             raft_last_log_index: register(r, "lodestar_raft_last_log_index", "Index of the last raft log entry here", Gauge::default()),
             raft_commit_index: register(
@@ -350,6 +357,7 @@ mod tests {
                 "pilot_push_triggers counter",
                 "lodestar_xds_streams_shed_total counter",
                 "lodestar_xds_streams_refused_total counter",
+                "lodestar_xds_request_buffer_bytes gauge",
                 "lodestar_raft_term gauge",
                 "lodestar_raft_last_log_index gauge",
                 "lodestar_raft_commit_index gauge",

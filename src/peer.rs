@@ -330,6 +330,23 @@ fn check_sender(caller: Option<NodeId>, claimed: Option<NodeId>) -> Result<(), S
     }
 }
 
+/// A forwarded write's request ids name the replica that first sent it,
+/// and the leader deduplicates on them (`store::dedup`): with TLS that
+/// must be the member the caller's certificate names. A member forging
+/// another's ids could otherwise have its own write taken for the other's
+/// (whose real write, sent later under that id, would then be answered
+/// with the forger's results and never applied).
+fn check_origins(caller: Option<NodeId>, fwd: &ForwardRequest) -> Result<(), Status> {
+    let (Some(cert), ForwardRequest::Write(crate::store::types::Command::Groups(groups))) = (caller, fwd) else { return Ok(()) };
+    match groups.iter().filter_map(|g| g.id).find(|id| id.origin != cert) {
+        Some(id) => {
+            tracing::warn!(cert, origin = id.origin, "raft: refused a forwarded write whose request id names another member");
+            Err(Status::permission_denied(format!("the certificate names member {cert}, a forwarded write's request id names member {}", id.origin)))
+        }
+        None => Ok(()),
+    }
+}
+
 fn live(replica: &Weak<Replica>) -> Result<Arc<Replica>, Status> {
     replica.upgrade().ok_or_else(|| Status::unavailable("shutting down"))
 }
@@ -405,13 +422,38 @@ impl RaftPeer for PeerService {
     }
 
     async fn forward(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
-        self.caller(&req)?;
+        let caller = self.caller(&req)?;
         let fwd: ForwardRequest = decode_req(req)?;
+        check_origins(caller, &fwd)?;
         reply(&self.replica()?.handle_peer(fwd).await)
     }
 
     async fn status(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         self.caller(&req)?;
         reply(&self.replica()?.local_status())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::types::{Command, Group, RequestId};
+
+    #[test]
+    fn forwarded_request_ids_must_name_the_caller() {
+        let groups = |origins: &[NodeId]| {
+            let mut g: Vec<Group> = origins.iter().map(|&origin| Group { id: Some(RequestId { origin, seq: 7 }), txns: Vec::new() }).collect();
+            g.push(Group { id: None, txns: Vec::new() });
+            ForwardRequest::Write(Command::Groups(g))
+        };
+        assert!(check_origins(Some(2), &groups(&[2, 2])).is_ok());
+        let e = check_origins(Some(2), &groups(&[2, 1])).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(e.message().contains("names member 1"), "{}", e.message());
+        // Without TLS there is no certificate to check against; other
+        // requests carry no ids.
+        assert!(check_origins(None, &groups(&[1])).is_ok());
+        assert!(check_origins(Some(2), &ForwardRequest::ReadIndex).is_ok());
+        assert!(check_origins(Some(2), &ForwardRequest::Write(Command::Batch(Vec::new()))).is_ok());
     }
 }

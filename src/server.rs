@@ -187,6 +187,8 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         mesh_ca: mesh_ca.clone(),
         refresh,
         secrets,
+        max_streams: config.xds_max_streams,
+        max_buffered_request_bytes: config.xds_max_buffered_request_bytes,
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));

@@ -199,6 +199,53 @@ async fn watch_replays_then_follows() {
     assert!(seen.windows(2).all(|w| w[0].0 < w[1].0), "in revision order: {seen:?}");
 }
 
+/// A watch from a revision whose history was compacted is told so, as
+/// etcd's ErrCompacted: REST 410 with code `Compacted`, gRPC OUT_OF_RANGE,
+/// both naming the oldest revision a watch can start from; one from there
+/// replays every change after it. Compaction here is `history_revisions`
+/// (each applied revision compacts what is older than that many).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_from_a_compacted_revision_is_told_so() {
+    const KEPT: u64 = 5;
+    let c = Cluster::start(1, &format!("history_revisions = {KEPT}")).await;
+    let api = c.replica(1).api();
+    let mut last = 0;
+    for i in 0..12 {
+        let (status, body) = apply(&c.http, &api, vec![vs(&format!("c{i}"), "compact", "v1")]).await;
+        assert_eq!(status, 200, "{body}");
+        last = body["revision"].as_u64().unwrap();
+    }
+    let oldest = last - KEPT;
+
+    let (status, body) = get_json(&c.http, &format!("{api}/v1/watch?fromRevision=1&namespace=compact")).await;
+    assert_eq!(status, 410, "{body}");
+    assert_eq!(body["error"]["code"], "Compacted", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&format!("oldest available is {oldest}")), "{message}");
+
+    let mut grpc = common::grpc_api(&api);
+    let Err(status) = grpc.watch(WatchRequest { from_revision: Some(1), kind: String::new(), namespace: "compact".into() }).await else {
+        panic!("a watch from a compacted revision was served")
+    };
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    assert!(status.message().contains(&format!("oldest available is {oldest}")), "{}", status.message());
+
+    // From the oldest available revision: every change after it, in order.
+    let mut stream = grpc.watch(WatchRequest { from_revision: Some(oldest), kind: String::new(), namespace: "compact".into() }).await.unwrap().into_inner();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    while seen.len() < KEPT as usize {
+        let e = tokio::time::timeout_at(deadline, stream.next()).await.expect("grpc watch in time").unwrap().unwrap();
+        seen.push(e.revision);
+    }
+    assert_eq!(seen, (oldest + 1..=last).collect::<Vec<_>>());
+    let mut resp = c.http.get(format!("{api}/v1/watch?fromRevision={oldest}&namespace=compact")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut buf = String::new();
+    let e = next_line(&mut resp, &mut buf, deadline).await;
+    assert_eq!(e["revision"].as_u64(), Some(oldest + 1), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_api_and_errors() {
     let c = Cluster::start(1, "").await;

@@ -95,6 +95,11 @@ async fn writes_and_reads_through_followers_survive_a_paused_leader() {
 /// Sent on the raft port as a follower sends it: member `from`'s
 /// certificate, to the leader.
 async fn forward_as(c: &Cluster, from: u64, to: u64, req: &ForwardRequest) -> Result<ForwardReply, lodestar::error::Error> {
+    forward_call_as(c, from, to, req).await.expect("forward call")
+}
+
+/// As `forward_as`, with the call's own status.
+async fn forward_call_as(c: &Cluster, from: u64, to: u64, req: &ForwardRequest) -> Result<Result<ForwardReply, lodestar::error::Error>, tonic::Status> {
     let ca = test_ca();
     let ip = c.replica(from).ip.clone();
     let (cert, key) = lodestar::tls::pki::issue_member(&ca.ca_pem, &std::fs::read_to_string(&ca.ca_key_file).unwrap(), from, &[ip]).unwrap();
@@ -105,8 +110,8 @@ async fn forward_as(c: &Cluster, from: u64, to: u64, req: &ForwardRequest) -> Re
     std::fs::write(&key_file, key).unwrap();
     let channel = tls_channel(&c.replica(to).raft_addr(), &lodestar::tls::pki::member_name(to), Some((&cert_file, &key_file)));
     let mut raft = RaftPeerClient::new(channel);
-    let reply = raft.forward(Payload { data: codec::encode(req) }).await.expect("forward call").into_inner();
-    codec::decode(&reply.data).expect("a forward reply")
+    let reply = raft.forward(Payload { data: codec::encode(req) }).await?.into_inner();
+    Ok(codec::decode(&reply.data).expect("a forward reply"))
 }
 
 /// A forwarded write sent twice with the same request id (what a follower
@@ -143,4 +148,30 @@ async fn a_forward_sent_twice_is_applied_once() {
     let Ok(ForwardReply::Write(other)) = other else { panic!("the forward with a new id: {other:?}") };
     let err = other[0].as_ref().expect_err("a second create of the same object conflicts");
     assert_eq!(err.code, lodestar::error::Code::Conflict, "{err}");
+}
+
+/// A member cannot forward a write under another member's request ids
+/// (which the leader deduplicates on): the raft port checks each id's
+/// origin against the caller's certificate, and refuses the forward
+/// before anything is proposed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_with_another_members_request_id_is_refused() {
+    let c = Cluster::start(3, "").await;
+    let leader = c.wait_for_leader(Duration::from_secs(20)).await;
+    let mut followers = c.replicas.iter().map(|r| r.id).filter(|&id| id != leader);
+    let (forger, victim) = (followers.next().unwrap(), followers.next().unwrap());
+    let key = ResourceKey::new(Kind::VirtualService, "failover", "forged");
+    let create = Txn { ops: vec![Op::Put { key, body: vs("forged", "failover", "v1").to_string().into(), expected_revision: Some(0) }] };
+    let write = |origin: u64| ForwardRequest::Write(Command::Groups(vec![Group { id: Some(RequestId { origin, seq: 77 }), txns: vec![create.clone()] }]));
+
+    let refused = forward_call_as(&c, forger, leader, &write(victim)).await.expect_err("a forged origin is refused");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains(&format!("names member {forger}, a forwarded write's request id names member {victim}")), "{}", refused.message());
+    let (status, obj) = get_json(&c.http, &format!("{}/v1/resources/vs/failover/forged", c.replica(leader).api())).await;
+    assert_eq!(status, 404, "the forged write was applied: {obj}");
+
+    // Under its own origin the same write goes through.
+    let own = forward_as(&c, forger, leader, &write(forger)).await;
+    let Ok(ForwardReply::Write(own)) = own else { panic!("the forward under its own id: {own:?}") };
+    assert!(own[0].is_ok(), "{own:?}");
 }

@@ -1091,3 +1091,200 @@ async fn xds_abuse_without_credentials_is_refused_and_the_replica_keeps_serving(
 async fn xds_abuse_with_the_management_token_is_refused_and_the_replica_keeps_serving() {
     abuse(Some(common::management_token())).await;
 }
+
+// ---------------------------------------------------------------------------
+// Replica-wide limits and the stream log, against a replica process.
+
+/// A metric's value in the replica's `/metrics` (0 if absent).
+async fn metric(cluster: &common::Cluster, series: &str) -> f64 {
+    let text = cluster.http.get(format!("{}/metrics", cluster.replica(1).api())).send().await.unwrap().text().await.unwrap();
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+/// `xds_max_streams`: past it a stream is refused RESOURCE_EXHAUSTED
+/// naming the setting, and counted; when one ends, another may open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_over_the_replica_limit_are_refused_until_one_ends() {
+    let cluster = common::Cluster::start(1, "xds_max_streams = 5").await;
+    let xds = cluster.replica(1).xds_addr();
+    let mut open = Vec::new();
+    for _ in 0..5 {
+        let mut c = sotw(&xds, first(req(CDS, &[], "", ""))).await.expect("a stream under the limit opens");
+        c.recv().await;
+        open.push(c);
+    }
+    let series = "lodestar_xds_streams_refused_total{reason=\"stream_limit\"}";
+    let before = metric(&cluster, series).await;
+    let Err(refused) = sotw(&xds, first(req(CDS, &[], "", ""))).await else { panic!("a sixth stream was served") };
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("xds_max_streams"), "{}", refused.message());
+    assert_eq!(metric(&cluster, series).await, before + 1.0);
+    // One ends (the client goes away): its place is free again once the
+    // replica has seen it go.
+    drop(open.pop());
+    let mut again = None;
+    for _ in 0..100 {
+        match sotw(&xds, first(req(CDS, &[], "", ""))).await {
+            Ok(c) => {
+                again = Some(c);
+                break;
+            }
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    again.expect("a stream opens once one has ended").recv().await;
+}
+
+/// A request body written as given, then held open until `release`.
+struct HeldBody {
+    chunks: std::collections::VecDeque<bytes::Bytes>,
+    release: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
+impl http_body::Body for HeldBody {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+        if let Some(c) = self.chunks.pop_front() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(c))));
+        }
+        std::future::Future::poll(self.release.as_mut(), cx).map(|()| None)
+    }
+}
+
+/// Open a SotW stream with the management token whose request body is
+/// `chunks` and then stays open until `release`: the grpc-status it ends
+/// with (from its headers or trailers).
+async fn held_stream(xds: String, chunks: Vec<Vec<u8>>, mut release: tokio::sync::watch::Receiver<bool>) -> tonic::Code {
+    let mut ch = common::grpc_channel(1, &xds);
+    let release = Box::pin(async move {
+        let _ = release.wait_for(|r| *r).await;
+    });
+    let body = HeldBody { chunks: chunks.into_iter().map(bytes::Bytes::from).collect(), release };
+    let req = tonic::codegen::http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{xds}/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {}", common::management_token()))
+        .body(tonic::body::Body::new(body))
+        .unwrap();
+    std::future::poll_fn(|cx| tonic::client::GrpcService::poll_ready(&mut ch, cx)).await.expect("channel ready");
+    let resp = tonic::client::GrpcService::call(&mut ch, req).await.expect("an HTTP response");
+    if let Some(s) = tonic::Status::from_header_map(resp.headers()) {
+        return s.code();
+    }
+    let mut body = resp.into_body();
+    loop {
+        let frame = std::future::poll_fn(|cx| http_body::Body::poll_frame(std::pin::Pin::new(&mut body), cx)).await;
+        match frame {
+            Some(Ok(f)) if f.is_trailers() => return tonic::Status::from_header_map(f.trailers_ref().unwrap()).map_or(tonic::Code::Ok, |s| s.code()),
+            Some(Ok(_)) => continue,
+            Some(Err(_)) | None => return tonic::Code::Unknown,
+        }
+    }
+}
+
+/// `xds_max_buffered_request_bytes`: streams holding incomplete requests
+/// share one budget. One stream holding most of it leaves too little for
+/// a second, which ends RESOURCE_EXHAUSTED (counted); once the first ends
+/// its bytes are free again and a large request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incomplete_requests_across_streams_share_one_budget() {
+    const BUDGET: usize = 1024 * 1024;
+    let cluster = common::Cluster::start(1, &format!("xds_max_buffered_request_bytes = {BUDGET}")).await;
+    let xds = cluster.replica(1).xds_addr();
+    // 700 KB of a 900 KB request, then nothing more.
+    let partial = || {
+        let mut f = vec![0];
+        f.extend(900_000u32.to_be_bytes());
+        f.extend(vec![0u8; 700_000]);
+        vec![f]
+    };
+    let (release, released) = tokio::sync::watch::channel(false);
+    let holder = tokio::spawn(held_stream(xds.clone(), partial(), released));
+    // Wait until the replica holds the first stream's bytes (its gauge):
+    // a second stream's then cannot fit.
+    let held = "lodestar_xds_request_buffer_bytes";
+    let deadline = Instant::now() + BOUND;
+    while metric(&cluster, held).await < 700_000.0 {
+        assert!(Instant::now() < deadline, "the replica never held the first stream's 700 KB");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let series = "lodestar_xds_streams_refused_total{reason=\"request_buffer_full\"}";
+    let (_keep, never) = tokio::sync::watch::channel(false);
+    let second = tokio::time::timeout(BOUND, held_stream(xds.clone(), partial(), never)).await.expect("the second stream ends in time");
+    assert_eq!(second, tonic::Code::ResourceExhausted, "a stream over the shared budget ends");
+    assert!(metric(&cluster, series).await >= 1.0);
+    // The holder ends its stream (inside a message): its bytes are freed,
+    // and a 700 KB request (which would not fit beside them) is served.
+    release.send(true).unwrap();
+    let _ = tokio::time::timeout(BOUND, holder).await.expect("the holder's stream ends");
+    let deadline = Instant::now() + BOUND;
+    while metric(&cluster, held).await != 0.0 {
+        assert!(Instant::now() < deadline, "the ended streams' bytes are released");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut big = first(req(CDS, &[], "", ""));
+    big.node.as_mut().unwrap().user_agent_name = "x".repeat(700_000);
+    let mut served = sotw(&xds, big).await.expect("a large request is served once the budget is free");
+    served.recv().await;
+}
+
+/// A burst of streams costs a bounded number of info lines: per-stream
+/// lines up to `STREAM_LOG_LINES` per window, the rest summed up in one
+/// line per window, and every stream is accounted for in one or the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_streams_yields_a_bounded_number_of_log_lines() {
+    use lodestar::xds::server::{STREAM_LOG_LINES, STREAM_LOG_WINDOW};
+    const STREAMS: usize = 300;
+    let cluster = common::Cluster::start(1, "").await;
+    let started = Instant::now();
+    let xds = cluster.replica(1).xds_addr();
+    let client = channel(&xds).await;
+    futures::StreamExt::for_each_concurrent(futures::stream::iter(0..STREAMS), 64, |_| {
+        let mut client = client.clone();
+        async move {
+            let (tx, rx) = mpsc::channel(1);
+            tx.send(first(req(CDS, &[], "", ""))).await.unwrap();
+            let mut rx = client.stream_aggregated_resources(ReceiverStream::new(rx)).await.expect("a stream").into_inner();
+            tokio::time::timeout(BOUND, rx.message()).await.expect("a response in time").expect("a response");
+        }
+    })
+    .await;
+    drop(client);
+    // Lines are read without the terminal colours tracing may add.
+    let strip = regex::Regex::new("\x1b\\[[0-9;]*m").unwrap();
+    let count = |field: &str| regex::Regex::new(&format!(r"\b{field}=(\d+)")).unwrap();
+    let (opened_re, closed_re) = (count("opened"), count("closed"));
+    let deadline = Instant::now() + STREAM_LOG_WINDOW * 4;
+    loop {
+        let log = strip.replace_all(&cluster.replica(1).log(), "").into_owned();
+        let per_stream = |what: &str| log.lines().filter(|l| l.contains(" INFO ") && l.contains(what)).count();
+        let (opened_lines, closed_lines) = (per_stream("xDS stream opened"), per_stream("xDS stream closed"));
+        let summaries: Vec<&str> = log.lines().filter(|l| l.contains(" INFO ") && l.contains("xDS streams in the last")).collect();
+        let sum = |re: &regex::Regex| summaries.iter().filter_map(|l| re.captures(l)?.get(1)?.as_str().parse::<usize>().ok()).sum::<usize>();
+        let (opened, closed) = (opened_lines + sum(&opened_re), closed_lines + sum(&closed_re));
+        if opened == STREAMS && closed == STREAMS {
+            // Per-stream lines share a budget per window: at most that many
+            // in each window the run took, plus one summary per window.
+            let windows = (started.elapsed().as_secs_f64() / STREAM_LOG_WINDOW.as_secs_f64()).ceil() as usize + 1;
+            assert!(
+                opened_lines + closed_lines <= STREAM_LOG_LINES as usize * windows,
+                "{opened_lines} + {closed_lines} per-stream lines in {windows} windows"
+            );
+            assert!(summaries.len() <= windows, "{} summaries in {windows} windows", summaries.len());
+            assert!(opened_lines + closed_lines + summaries.len() < STREAMS, "a burst of {STREAMS} streams took fewer lines than streams");
+            return;
+        }
+        assert!(opened <= STREAMS && closed <= STREAMS, "streams counted twice: {opened} opened, {closed} closed");
+        assert!(Instant::now() < deadline, "{opened} opened and {closed} closed of {STREAMS} accounted for in the log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

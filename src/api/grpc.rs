@@ -11,7 +11,7 @@ use crate::proto::api::lodestar_server::{Lodestar, LodestarServer};
 use crate::proto::api::*;
 use crate::replica::Replica;
 use crate::store::types::{NodeInfo, TxnOk};
-use crate::store::watch::{watch, WatchFilter};
+use crate::store::watch::{check_start, watch, WatchFilter};
 use futures::{Stream, StreamExt};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -213,6 +213,8 @@ impl Lodestar for GrpcApi {
         let kind = if r.kind.is_empty() { None } else { Some(super::parse_kind(&r.kind).map_err(status_of)?) };
         let mut filter = WatchFilter { kind, namespace: Some(r.namespace).filter(|n| !n.is_empty()), skip_acl: false };
         caller.authorize_watch(&mut filter).map_err(status_of)?;
+        // History already compacted: OUT_OF_RANGE as the call's status.
+        check_start(&self.replica.node.reader, r.from_revision).map_err(status_of)?;
         let stream = watch(self.replica.node.reader.clone(), r.from_revision, filter).map(|item| {
             item.map(|e| WatchEvent {
                 revision: e.revision,

@@ -12,7 +12,7 @@ use crate::model::documents::parse_documents;
 use crate::node::{ClusterStatus, Consistency, Node};
 use crate::replica::Replica;
 use crate::store::types::NodeInfo;
-use crate::store::watch::{watch, WatchFilter};
+use crate::store::watch::{check_start, watch, WatchFilter};
 use crate::xds::status::{SyncRegistry, SyncStatus};
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, Query, State};
@@ -120,15 +120,15 @@ fn is_yaml(headers: &HeaderMap) -> bool {
     headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|ct| ct.contains("yaml") || ct.starts_with("text/"))
 }
 
-fn body_text(bytes: &Bytes) -> Result<&str> {
+fn body_text(bytes: &[u8]) -> Result<&str> {
     std::str::from_utf8(bytes).map_err(|e| Error::field("body", format!("not UTF-8: {e}")))
 }
 
 /// The body of `/v1/apply` and `/v1/delete`: `{"resources": [...]}` in JSON,
 /// or a YAML/JSON stream of resource documents.
-fn documents(headers: &HeaderMap, bytes: &Bytes) -> Result<(Vec<Value>, Value)> {
+fn documents(yaml: bool, bytes: &[u8]) -> Result<(Vec<Value>, Value)> {
     let text = body_text(bytes)?;
-    if is_yaml(headers) {
+    if yaml {
         let docs = parse_documents(text, "body").map_err(|e| Error::invalid_fields(vec![e]))?;
         return Ok((docs, Value::Null));
     }
@@ -150,7 +150,20 @@ fn revision_headers(revision: u64) -> [(header::HeaderName, HeaderValue); 1] {
 
 async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response> {
     let bytes = read_body(&node, body).await?;
-    let (docs, _) = documents(&headers, &bytes)?;
+    let (mut txn, mut warnings) = apply_body(is_yaml(&headers), &bytes)?;
+    caller.authorize_txn(Verb::Write, &txn)?;
+    crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current())?;
+    warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
+    let ok = caller.write(&node, Verb::Write, txn).await?;
+    Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
+}
+
+/// The body of `/v1/apply` (YAML when `yaml`, else JSON), parsed and
+/// validated into the transaction it asks for, with its warnings: all the
+/// handler does before authorizing and proposing it. Public for the fuzz
+/// target (`fuzz/fuzz_targets/rest.rs`).
+pub fn apply_body(yaml: bool, bytes: &[u8]) -> Result<(crate::store::types::Txn, Vec<String>)> {
+    let (docs, _) = documents(yaml, bytes)?;
     // `{"resource": {...}, "expectedRevision": N}` wraps a resource with a
     // precondition; a bare resource has none.
     let items = docs
@@ -167,12 +180,7 @@ async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap
             other => Ok(ApplyItem { resource: other, expected_revision: None }),
         })
         .collect::<Result<Vec<_>>>()?;
-    let (mut txn, mut warnings) = super::apply_txn(items)?;
-    caller.authorize_txn(Verb::Write, &txn)?;
-    crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current())?;
-    warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
-    let ok = caller.write(&node, Verb::Write, txn).await?;
-    Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
+    super::apply_txn(items)
 }
 
 #[derive(Deserialize)]
@@ -193,8 +201,17 @@ struct DeleteQuery {
 
 async fn delete_many(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<DeleteQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
     let bytes = read_body(&node, body).await?;
-    let (docs, envelope) = documents(&headers, &bytes)?;
-    let ignore = q.ignore_not_found.or_else(|| envelope.get("ignoreNotFound").and_then(Value::as_bool)).unwrap_or(false);
+    let txn = delete_body(is_yaml(&headers), &bytes, q.ignore_not_found)?;
+    caller.authorize_txn(Verb::Delete, &txn)?;
+    let ok = caller.write(&node, Verb::Delete, txn).await?;
+    Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, Vec::new()))).into_response())
+}
+
+/// The body of `/v1/delete` into its transaction (as [`apply_body`]);
+/// `ignore_not_found`: the query parameter, which wins over the body's.
+pub fn delete_body(yaml: bool, bytes: &[u8], ignore_not_found: Option<bool>) -> Result<crate::store::types::Txn> {
+    let (docs, envelope) = documents(yaml, bytes)?;
+    let ignore = ignore_not_found.or_else(|| envelope.get("ignoreNotFound").and_then(Value::as_bool)).unwrap_or(false);
     let items = if docs.iter().all(|d| d.get("metadata").is_none() && d.get("name").is_some()) {
         docs.into_iter()
             .enumerate()
@@ -206,10 +223,7 @@ async fn delete_many(State(node): State<Arc<Node>>, caller: Caller, Query(q): Qu
     } else {
         super::delete_items_from_documents(docs)?
     };
-    let txn = super::delete_txn(items, ignore)?;
-    caller.authorize_txn(Verb::Delete, &txn)?;
-    let ok = caller.write(&node, Verb::Delete, txn).await?;
-    Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, Vec::new()))).into_response())
+    super::delete_txn(items, ignore)
 }
 
 async fn delete_one(
@@ -277,6 +291,8 @@ async fn watch_changes(State(node): State<Arc<Node>>, caller: Caller, Query(q): 
     let mut filter =
         WatchFilter { kind: q.kind.as_deref().map(super::parse_kind).transpose()?, namespace: q.namespace.filter(|n| !n.is_empty()), skip_acl: false };
     caller.authorize_watch(&mut filter)?;
+    // History already compacted: 410 now, not a 200 whose first line says so.
+    check_start(&node.reader, q.from_revision)?;
     let stream = watch(node.reader.clone(), q.from_revision, filter).map(|item| {
         let line = match item {
             Ok(e) => json!({"revision": e.revision, "type": e.kind.as_str(), "object": e.object.to_json()}),

@@ -31,6 +31,25 @@ impl WatchFilter {
     }
 }
 
+/// Whether a watch from `from_revision` can start: `Code::Compacted`
+/// (HTTP 410, gRPC OUT_OF_RANGE) naming the oldest revision it could
+/// start from if the history after it was compacted away, as etcd
+/// refuses a watch below its compact revision. Checked before a stream
+/// is answered, so the refusal is the response's status; a watch whose
+/// history is compacted while it lags is told in the stream (`watch`).
+pub fn check_start(reader: &StoreReader, from_revision: Option<u64>) -> Result<(), Error> {
+    let Some(from) = from_revision else { return Ok(()) };
+    let applied = reader.current();
+    if from < applied.compacted && from < applied.revision() {
+        return Err(compacted(from, applied.compacted));
+    }
+    Ok(())
+}
+
+fn compacted(from: u64, oldest: u64) -> Error {
+    Error::new(Code::Compacted, format!("revision {from} has been compacted; the oldest available is {oldest}"))
+}
+
 /// Every change with revision > `from_revision`; `None`: changes from now on.
 pub fn watch(reader: StoreReader, from_revision: Option<u64>, filter: WatchFilter) -> impl Stream<Item = Result<Event, Error>> {
     async_stream::stream! {
@@ -39,8 +58,7 @@ pub fn watch(reader: StoreReader, from_revision: Option<u64>, filter: WatchFilte
         'replay: loop {
             let applied = reader.current();
             if next <= applied.compacted && next <= applied.revision() {
-                yield Err(Error::new(Code::Compacted, format!(
-                    "revision {} has been compacted; the oldest available is {}", next - 1, applied.compacted)));
+                yield Err(compacted(next - 1, applied.compacted));
                 return;
             }
             while next <= applied.revision() {

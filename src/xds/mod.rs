@@ -27,6 +27,14 @@ use std::sync::Arc;
 
 pub use status::SyncRegistry;
 
+// What a stream does with a request's bytes, without a socket: framing and
+// limits (`decode_frame`), the proxy's identity from its node
+// (`server::proxy_identity`), and the protocol state. Public for the fuzz
+// target `fuzz/fuzz_targets/xds.rs`.
+pub use delta::DeltaStream;
+pub use service::{decode_frame, Decoded, NameFields, MAX_NAMES};
+pub use sotw::SotwStream;
+
 /// The generator a replica serves with (`server::run`): translation of the
 /// Istio config and registry in the applied store state.
 pub fn default_generator(config: &ServerConfig) -> Arc<dyn Generator> {

@@ -34,6 +34,7 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
 use serde_json::Value;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -58,6 +59,15 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 /// the second unless set, which turns off hyper's default of 1024.
 const MAX_PENDING_RESETS: usize = 20;
 const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+
+/// Per-stream lines (opened, closed, refused) written at info (refusals at
+/// warn) in each window, at most; past that they are written at debug only
+/// and counted, and one info line per window sums them up. A flood of
+/// streams (a reconnect storm, an abusive client) costs a bounded number
+/// of lines, while an ordinary Envoy's connection is still logged by name
+/// (istiod logs each one at info).
+pub const STREAM_LOG_LINES: u64 = 20;
+pub const STREAM_LOG_WINDOW: Duration = Duration::from_secs(10);
 
 /// Whether this replica may serve, and how it proves it is current. The
 /// replica's `Node` implements it (see `ha`); [`AlwaysCurrent`] is for a
@@ -111,6 +121,14 @@ pub struct ServeOptions {
     /// The cluster secrets key: gateways' `credentialName` secrets are
     /// served over SDS on their stream (`xds::secrets`); `None`: none are.
     pub secrets: Option<Arc<crate::secrets::SecretsKey>>,
+    /// Streams this replica serves at once (`xds_max_streams`); more are
+    /// refused with RESOURCE_EXHAUSTED. 0: no limit.
+    pub max_streams: usize,
+    /// Bytes of incomplete requests held across all streams
+    /// (`xds_max_buffered_request_bytes`); a stream whose request would
+    /// take more ends with RESOURCE_EXHAUSTED. 0: no limit (each stream
+    /// is still held to one request's limit).
+    pub max_buffered_request_bytes: usize,
 }
 
 impl Default for ServeOptions {
@@ -124,6 +142,8 @@ impl Default for ServeOptions {
             mesh_ca: None,
             refresh: None,
             secrets: None,
+            max_streams: 0,
+            max_buffered_request_bytes: 0,
         }
     }
 }
@@ -143,6 +163,7 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
     let service = AdsService::new(applied, generator, registry, options, shutdown.clone());
+    tokio::spawn(summarize_stream_log(service.shared.clone(), shutdown.clone()));
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
@@ -156,6 +177,76 @@ pub async fn serve(
         // incoming stream) and does the TLS handshakes.
         .serve_with_incoming_shutdown(incoming.into_stream(), stopped(shutdown))
         .await
+}
+
+/// Every `STREAM_LOG_WINDOW`: the info line summing up the stream lines
+/// left at debug, if any, and a new budget of lines.
+async fn summarize_stream_log(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(STREAM_LOG_WINDOW);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let stop = stopped(shutdown);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tick.tick() => {}
+        }
+        if let Some([opened, closed, refused]) = shared.log.window() {
+            let open = shared.streams.load(Ordering::Relaxed);
+            tracing::info!(
+                opened,
+                closed,
+                refused,
+                open,
+                "xDS streams in the last {}s beyond the {STREAM_LOG_LINES} logged one by one (the rest are at debug level)",
+                STREAM_LOG_WINDOW.as_secs()
+            );
+        }
+    }
+}
+
+/// The budget of per-stream log lines (see `STREAM_LOG_LINES`).
+#[derive(Default)]
+struct StreamLog {
+    lines: AtomicU64,
+    /// Opened, closed and refused streams not logged one by one.
+    unlogged: [AtomicU64; 3],
+}
+
+#[derive(Clone, Copy)]
+enum StreamEvent {
+    Opened = 0,
+    Closed = 1,
+    Refused = 2,
+}
+
+impl StreamLog {
+    /// Whether this event gets its own line at info (warn); if not, it is
+    /// counted for the summary (and logged at debug by the caller).
+    fn line(&self, event: StreamEvent) -> bool {
+        if self.lines.fetch_add(1, Ordering::Relaxed) < STREAM_LOG_LINES {
+            return true;
+        }
+        self.unlogged[event as usize].fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// A new window: the counts left unlogged in the last one, if any.
+    fn window(&self) -> Option<[u64; 3]> {
+        self.lines.store(0, Ordering::Relaxed);
+        let counts = [0, 1, 2].map(|i| self.unlogged[i].swap(0, Ordering::Relaxed));
+        counts.iter().any(|&n| n > 0).then_some(counts)
+    }
+}
+
+/// One open stream, counted against `max_streams` until dropped.
+struct StreamPermit(Arc<AtomicUsize>);
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 async fn stopped(mut shutdown: watch::Receiver<bool>) {
@@ -175,6 +266,11 @@ struct Shared {
     registry: SyncRegistry,
     options: ServeOptions,
     shutdown: watch::Receiver<bool>,
+    log: StreamLog,
+    /// Streams open (past authentication), for `max_streams`.
+    streams: Arc<AtomicUsize>,
+    /// Bytes of incomplete requests held across streams.
+    pub(super) request_budget: Arc<super::service::RequestBudget>,
 }
 
 impl AdsService {
@@ -185,7 +281,13 @@ impl AdsService {
         options: ServeOptions,
         shutdown: watch::Receiver<bool>,
     ) -> AdsService {
-        AdsService { shared: Arc::new(Shared { applied, generator, registry, options, shutdown }) }
+        let request_budget = Arc::new(super::service::RequestBudget::new(options.max_buffered_request_bytes));
+        let shared = Shared { applied, generator, registry, options, shutdown, log: StreamLog::default(), streams: Arc::default(), request_budget };
+        AdsService { shared: Arc::new(shared) }
+    }
+
+    pub(super) fn request_budget(&self) -> Arc<super::service::RequestBudget> {
+        self.shared.request_budget.clone()
     }
 
     pub fn into_server(self) -> super::service::AdsServer {
@@ -207,11 +309,14 @@ impl AdsService {
         // Credentials first: an unauthenticated stream is refused before
         // its first request is read, and costs no translation.
         let principal = authenticate(&self.shared, &caller, None)?;
+        // The replica-wide stream limit, counted from here: a stream holds
+        // its place until it ends, first request or not.
+        let permit = self.admit_stream(&caller)?;
         let first = tokio::select! {
             m = inbound.message() => m?.ok_or_else(|| Status::invalid_argument("the stream closed before its first request"))?,
             _ = stopped(self.shared.shutdown.clone()) => return Err(Status::unavailable("the server is shutting down")),
         };
-        let identity = Arc::new(identity(V::node(&first))?);
+        let identity = Arc::new(proxy_identity(V::node(&first))?);
         // The identity it claims must be one its credential is for.
         authorize(&self.shared, &caller, &principal, &identity)?;
         // Admission: a replica that is not ready (starting, or cut off from
@@ -255,7 +360,11 @@ impl AdsService {
         let config = generate(&self.shared.generator, &identity, current, &handle, secrets.as_ref().ok())
             .await
             .map_err(|e| Status::unavailable(format!("cannot generate the configuration of {}: {e}", identity.id)))?;
-        tracing::info!(proxy = %identity.id, stream = handle.stream(), protocol = ?V::PROTOCOL, revision = config.revision, "xDS stream opened");
+        if self.shared.log.line(StreamEvent::Opened) {
+            tracing::info!(proxy = %identity.id, stream = handle.stream(), protocol = ?V::PROTOCOL, revision = config.revision, "xDS stream opened");
+        } else {
+            tracing::debug!(proxy = %identity.id, stream = handle.stream(), protocol = ?V::PROTOCOL, revision = config.revision, "xDS stream opened");
+        }
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let max_age = self.shared.options.max_stream_age.map(|a| jittered(a, handle.stream()));
         let caller = self.shared.options.acl.as_ref().filter(|a| a.enabled).map(|_| Box::new(caller));
@@ -272,6 +381,7 @@ impl AdsService {
             refresh,
             secrets,
             said_why_no_secrets: false,
+            _permit: permit,
         };
         // Requests come boxed (see `Requests::message`): an async fn keeps
         // room for its arguments for the future's whole life, and an
@@ -279,6 +389,27 @@ impl AdsService {
         // about a kilobyte of every idle stream's task, twice over.
         tokio::spawn(stream.run(first, inbound));
         Ok(Response::new(Outbound(rx)))
+    }
+}
+
+impl AdsService {
+    /// A place under `max_streams`, or RESOURCE_EXHAUSTED (counted,
+    /// logged within the line budget).
+    fn admit_stream(&self, caller: &StreamCaller) -> Result<StreamPermit, Status> {
+        let (streams, max) = (&self.shared.streams, self.shared.options.max_streams);
+        let admitted = streams.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (max == 0 || n < max).then_some(n + 1)).is_ok();
+        if admitted {
+            return Ok(StreamPermit(streams.clone()));
+        }
+        crate::metrics::metrics().streams_refused.with(&["stream_limit"]).inc();
+        let remote = caller.remote.map(|r| r.to_string());
+        let remote = remote.as_deref().unwrap_or("-");
+        if self.shared.log.line(StreamEvent::Refused) {
+            tracing::warn!(remote, limit = max, "xDS stream refused: this replica serves its limit of streams");
+        } else {
+            tracing::debug!(remote, limit = max, "xDS stream refused: this replica serves its limit of streams");
+        }
+        Err(Status::resource_exhausted(format!("this replica serves its limit of {max} xDS streams (xds_max_streams); reconnect to another replica")))
     }
 }
 
@@ -315,7 +446,11 @@ fn refuse(shared: &Shared, caller: &StreamCaller, who: &str, proxy: Option<&str>
     let label = if code == Code::Unauthenticated { "unauthenticated" } else { "permission_denied" };
     crate::metrics::metrics().streams_refused.with(&[label]).inc();
     let remote = caller.remote.map(|r| r.to_string());
-    tracing::warn!(remote = remote.as_deref().unwrap_or("-"), proxy = proxy.unwrap_or("-"), who, reason = %reason, "xDS stream refused");
+    if shared.log.line(StreamEvent::Refused) {
+        tracing::warn!(remote = remote.as_deref().unwrap_or("-"), proxy = proxy.unwrap_or("-"), who, reason = %reason, "xDS stream refused");
+    } else {
+        tracing::debug!(remote = remote.as_deref().unwrap_or("-"), proxy = proxy.unwrap_or("-"), who, reason = %reason, "xDS stream refused");
+    }
     if let Some(acl) = &shared.options.acl {
         let mut event = crate::auth::audit::AuditEvent::new(who.to_string(), "xDS stream", "denied");
         event.resources = proxy.map(|p| vec![format!("proxy/{p}")]).unwrap_or_default();
@@ -460,6 +595,7 @@ struct StreamTask<V: Variant> {
     /// Where its SDS secrets come from, or why it gets none.
     secrets: Result<Arc<super::secrets::SecretSource>, &'static str>,
     said_why_no_secrets: bool,
+    _permit: StreamPermit,
 }
 
 /// Why a stream stops.
@@ -505,7 +641,11 @@ impl<V: Variant> StreamTask<V> {
                 "a request it sent was refused"
             }
         };
-        tracing::info!(proxy = %self.identity.id, stream = self.handle.stream(), why, "xDS stream closed");
+        if self.shared.log.line(StreamEvent::Closed) {
+            tracing::info!(proxy = %self.identity.id, stream = self.handle.stream(), why, "xDS stream closed");
+        } else {
+            tracing::debug!(proxy = %self.identity.id, stream = self.handle.stream(), why, "xDS stream closed");
+        }
         self.shared.generator.forget(&self.identity.id);
     }
 
@@ -774,8 +914,9 @@ async fn generate(
     }
 }
 
-/// The proxy's identity from the first request's node.
-fn identity(node: Option<&Node>) -> Result<ProxyIdentity, Status> {
+/// The proxy's identity from the first request's node (its id and
+/// metadata), or INVALID_ARGUMENT naming the problem.
+pub fn proxy_identity(node: Option<&Node>) -> Result<ProxyIdentity, Status> {
     let node =
         node.ok_or_else(|| Status::invalid_argument("the first request has no node; it must carry node.id (TYPE~IP~NAME.NAMESPACE~NAMESPACE.svc.DOMAIN)"))?;
     let metadata = node.metadata.as_ref().map_or_else(|| Value::Object(Default::default()), struct_to_json);
@@ -819,12 +960,12 @@ mod tests {
             .into(),
         };
         let node = Node { id: "sidecar~127.0.0.5~reviews-v1.bookinfo~bookinfo.svc.cluster.local".into(), metadata: Some(meta), ..Default::default() };
-        let id = identity(Some(&node)).unwrap();
+        let id = proxy_identity(Some(&node)).unwrap();
         assert_eq!((id.namespace.as_str(), id.labels["app"].as_str()), ("bookinfo", "reviews"));
 
-        let err = identity(Some(&Node { id: "envoy-1".into(), ..Default::default() })).unwrap_err();
+        let err = proxy_identity(Some(&Node { id: "envoy-1".into(), ..Default::default() })).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.message().contains("envoy-1"), "{}", err.message());
-        assert_eq!(identity(None).unwrap_err().code(), tonic::Code::InvalidArgument);
+        assert_eq!(proxy_identity(None).unwrap_err().code(), tonic::Code::InvalidArgument);
     }
 }

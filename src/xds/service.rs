@@ -44,7 +44,7 @@ const MAX_REQUEST: usize = 4 * 1024 * 1024;
 /// decode into about a million strings (some 50 MiB) per stream. An Envoy
 /// names one resource per cluster or route it uses; this is far above any
 /// real mesh.
-pub(super) const MAX_NAMES: usize = 100_000;
+pub const MAX_NAMES: usize = 100_000;
 
 /// While a message is incomplete, the buffer grows with what arrives, at
 /// most this much ahead: a header announcing 4 MiB reserves no 4 MiB.
@@ -92,7 +92,53 @@ pub struct Requests<Req> {
     body: Pin<Box<dyn RequestBody>>,
     buf: BytesMut,
     ended: bool,
+    /// The replica-wide budget `buf`'s bytes are charged to, and how many
+    /// are charged now (released as messages are decoded, and on drop).
+    budget: Arc<RequestBudget>,
+    charged: usize,
     _req: PhantomData<fn() -> Req>,
+}
+
+impl<Req> Drop for Requests<Req> {
+    fn drop(&mut self) {
+        self.budget.release(self.charged);
+    }
+}
+
+/// Bytes of incomplete requests held across every stream of a replica
+/// (`xds_max_buffered_request_bytes`). Each stream is held to one
+/// request's limit (4 MiB); without this, many authenticated streams each
+/// sending most of a large request could hold that much each.
+pub struct RequestBudget {
+    limit: usize,
+    used: std::sync::atomic::AtomicUsize,
+}
+
+impl RequestBudget {
+    /// `limit` 0: no limit.
+    pub fn new(limit: usize) -> RequestBudget {
+        RequestBudget { limit, used: Default::default() }
+    }
+
+    fn charge(&self, n: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let charged = self.used.fetch_update(Relaxed, Relaxed, |u| (self.limit == 0 || u + n <= self.limit).then_some(u + n)).is_ok();
+        if charged {
+            crate::metrics::metrics().xds_request_buffer.inc_by(n as i64);
+        }
+        charged
+    }
+
+    fn release(&self, n: usize) {
+        self.used.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+        crate::metrics::metrics().xds_request_buffer.dec_by(n as i64);
+    }
+
+    /// Bytes held now.
+    #[cfg(test)]
+    fn used(&self) -> usize {
+        self.used.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// The top-level fields of a request that name resources, counted
@@ -114,12 +160,12 @@ impl NameFields for envoy_types::pb::envoy::service::discovery::v3::DeltaDiscove
 }
 
 impl<Req: prost::Message + Default + NameFields> Requests<Req> {
-    fn new<B>(body: B) -> Self
+    fn new<B>(body: B, budget: Arc<RequestBudget>) -> Self
     where
         B: Body + Send + 'static,
         B::Error: Into<StdError>,
     {
-        Requests { body: Box::pin(body), buf: BytesMut::new(), ended: false, _req: PhantomData }
+        Requests { body: Box::pin(body), buf: BytesMut::new(), ended: false, budget, charged: 0, _req: PhantomData }
     }
 
     /// The next request, or None when the client ended the stream.
@@ -140,36 +186,72 @@ impl<Req: prost::Message + Default + NameFields> Requests<Req> {
             match std::future::poll_fn(|cx| self.body.as_mut().poll_data(cx)).await {
                 None => self.ended = true,
                 Some(Err(status)) => return Err(status),
-                Some(Ok(data)) => self.buf.extend_from_slice(&data),
+                Some(Ok(data)) => {
+                    if !self.budget.charge(data.len()) {
+                        crate::metrics::metrics().streams_refused.with(&["request_buffer_full"]).inc();
+                        return Err(Status::resource_exhausted(format!(
+                            "this replica holds its limit of {} bytes of incomplete requests across streams (xds_max_buffered_request_bytes); reconnect later or to another replica",
+                            self.budget.limit
+                        )));
+                    }
+                    self.charged += data.len();
+                    self.buf.extend_from_slice(&data);
+                }
             }
         }
     }
 
     /// One whole message from the buffer, if it holds one.
     fn decode_buffered(&mut self) -> Result<Option<Box<Req>>, Status> {
-        let Some(header) = self.buf.get(..5) else { return Ok(None) };
-        if header[0] != 0 {
-            return Err(Status::unimplemented("compressed requests are not supported"));
+        match decode_frame::<Req>(&self.buf)? {
+            Decoded::Incomplete(whole) => {
+                self.buf.reserve(whole.saturating_sub(self.buf.len()).min(MAX_RESERVE));
+                Ok(None)
+            }
+            Decoded::Request(request, used) => {
+                self.buf.advance(used);
+                if self.buf.is_empty() {
+                    self.buf = BytesMut::new();
+                }
+                self.budget.release(self.charged - self.buf.len());
+                self.charged = self.buf.len();
+                Ok(Some(request))
+            }
         }
-        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-        if len > MAX_REQUEST {
-            return Err(Status::out_of_range(format!("a request of {len} bytes is over the {MAX_REQUEST}-byte limit")));
-        }
-        let Some(body) = self.buf.get(5..5 + len) else {
-            self.buf.reserve((5 + len - self.buf.len()).min(MAX_RESERVE));
-            return Ok(None);
-        };
-        let names = count_names(body, Req::FIELDS).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?;
-        if names > MAX_NAMES {
-            return Err(Status::resource_exhausted(format!("resource_names: a request naming {names} resources is over the limit of {MAX_NAMES} per request")));
-        }
-        let request = Box::new(Req::decode(body).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?);
-        self.buf.advance(5 + len);
-        if self.buf.is_empty() {
-            self.buf = BytesMut::new();
-        }
-        Ok(Some(request))
     }
+}
+
+/// What the front of a stream's received bytes holds.
+#[derive(Debug)]
+pub enum Decoded<Req> {
+    /// Not a whole message yet: it takes this many bytes, header included
+    /// (5 while the header itself is incomplete).
+    Incomplete(usize),
+    /// A request, and how many bytes it took.
+    Request(Box<Req>, usize),
+}
+
+/// One gRPC-framed request from the front of `buf`, with every
+/// per-request limit checked before anything is decoded: no compression,
+/// at most [`MAX_REQUEST`] bytes, at most [`MAX_NAMES`] names, protobuf.
+/// What [`Requests`] does with the bytes a stream receives; public for the
+/// fuzz target (`fuzz/fuzz_targets/xds.rs`).
+pub fn decode_frame<Req: prost::Message + Default + NameFields>(buf: &[u8]) -> Result<Decoded<Req>, Status> {
+    let Some(header) = buf.get(..5) else { return Ok(Decoded::Incomplete(5)) };
+    if header[0] != 0 {
+        return Err(Status::unimplemented("compressed requests are not supported"));
+    }
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if len > MAX_REQUEST {
+        return Err(Status::out_of_range(format!("a request of {len} bytes is over the {MAX_REQUEST}-byte limit")));
+    }
+    let Some(body) = buf.get(5..5 + len) else { return Ok(Decoded::Incomplete(5 + len)) };
+    let names = count_names(body, Req::FIELDS).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?;
+    if names > MAX_NAMES {
+        return Err(Status::resource_exhausted(format!("resource_names: a request naming {names} resources is over the limit of {MAX_NAMES} per request")));
+    }
+    let request = Box::new(Req::decode(body).map_err(|e| Status::invalid_argument(format!("undecodable request: {e}")))?);
+    Ok(Decoded::Request(request, 5 + len))
 }
 
 /// How many length-delimited top-level `fields` an encoded request holds
@@ -323,8 +405,14 @@ where
         let svc = self.0.clone();
         let caller = caller(&req);
         match req.uri().path().strip_prefix("/envoy.service.discovery.v3.AggregatedDiscoveryService/") {
-            Some("StreamAggregatedResources") => Box::pin(async move { Ok(response(svc.sotw(caller, Requests::new(req.into_body())).await)) }),
-            Some("DeltaAggregatedResources") => Box::pin(async move { Ok(response(svc.delta(caller, Requests::new(req.into_body())).await)) }),
+            Some("StreamAggregatedResources") => {
+                let budget = svc.request_budget();
+                Box::pin(async move { Ok(response(svc.sotw(caller, Requests::new(req.into_body(), budget)).await)) })
+            }
+            Some("DeltaAggregatedResources") => {
+                let budget = svc.request_budget();
+                Box::pin(async move { Ok(response(svc.delta(caller, Requests::new(req.into_body(), budget)).await)) })
+            }
             _ => Box::pin(async move { Ok(Status::unimplemented(format!("{SERVICE} has no method {}", req.uri().path())).into_http()) }),
         }
     }
@@ -361,7 +449,7 @@ mod tests {
     }
 
     fn requests(chunks: Vec<Vec<u8>>) -> Requests<DiscoveryRequest> {
-        Requests::new(Chunks(chunks.into_iter().map(Bytes::from).collect()))
+        Requests::new(Chunks(chunks.into_iter().map(Bytes::from).collect()), Arc::new(RequestBudget::new(0)))
     }
 
     #[tokio::test]
@@ -413,6 +501,46 @@ mod tests {
         assert!(r.buf.capacity() <= 5 + MAX_RESERVE, "reserved {} bytes for a message not received", r.buf.capacity());
     }
 
+    /// The replica-wide budget: bytes of an incomplete request are charged
+    /// while held and released once decoded or when the stream ends; a
+    /// stream whose bytes would go over it ends RESOURCE_EXHAUSTED.
+    #[tokio::test]
+    async fn incomplete_requests_are_charged_to_the_replica_budget() {
+        let whole = framed(&request(3));
+        let budget = Arc::new(RequestBudget::new(whole.len()));
+        let mut r: Requests<DiscoveryRequest> = Requests::new(Chunks(VecDeque::from([Bytes::from(whole.clone())])), budget.clone());
+        assert_eq!(r.message().await.unwrap(), Some(Box::new(request(3))));
+        assert_eq!(budget.used(), 0, "a decoded request is released");
+        // One stream holds most of a request; a second cannot take more
+        // than what is left, and gets it back when the first ends.
+        let held = whole[..whole.len() - 1].to_vec();
+        let mut first: Requests<DiscoveryRequest> = Requests::new(Pending(Some(Bytes::from(held))), budget.clone());
+        assert!(tokio::time::timeout(std::time::Duration::from_millis(50), first.message()).await.is_err(), "waits for the rest");
+        assert_eq!(budget.used(), whole.len() - 1);
+        let mut second: Requests<DiscoveryRequest> = Requests::new(Chunks(VecDeque::from([Bytes::from(whole.clone())])), budget.clone());
+        let e = second.message().await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("xds_max_buffered_request_bytes"), "{}", e.message());
+        drop(first);
+        assert_eq!(budget.used(), 0, "an ended stream releases what it held");
+        let mut third: Requests<DiscoveryRequest> = Requests::new(Chunks(VecDeque::from([Bytes::from(whole)])), budget.clone());
+        assert_eq!(third.message().await.unwrap(), Some(Box::new(request(3))));
+    }
+
+    /// A body that yields one chunk, then never ends.
+    struct Pending(Option<Bytes>);
+
+    impl Body for Pending {
+        type Data = Bytes;
+        type Error = Infallible;
+        fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            match self.0.take() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
     /// Too many names in one request: RESOURCE_EXHAUSTED naming the field,
     /// counted before decoding. At the limit it decodes.
     #[tokio::test]
@@ -435,7 +563,7 @@ mod tests {
         let mut frame = vec![0];
         frame.extend((body.len() as u32).to_be_bytes());
         frame.extend(body);
-        let mut r: Requests<DeltaDiscoveryRequest> = Requests::new(Chunks(VecDeque::from([Bytes::from(frame)])));
+        let mut r: Requests<DeltaDiscoveryRequest> = Requests::new(Chunks(VecDeque::from([Bytes::from(frame)])), Arc::new(RequestBudget::new(0)));
         assert_eq!(r.message().await.unwrap_err().code(), tonic::Code::ResourceExhausted);
         assert_eq!(count_names(&names(7).encode_to_vec(), DiscoveryRequest::FIELDS), Ok(7));
     }
