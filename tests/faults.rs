@@ -209,7 +209,14 @@ impl NsReplica {
         std::fs::create_dir_all(&self.dir).unwrap();
         let config = self.dir.join("lodestar.toml");
         let token = format!("initial_management_token_file = {:?}\n", test_ca().token_file);
-        std::fs::write(&config, format!("heartbeat_ms = 100\nelection_timeout_min_ms = 600\nelection_timeout_max_ms = 1200\n{}{token}", tls_toml())).unwrap();
+        // The whole run's history is kept (the default keeps the last
+        // 10,000 revisions, which a long run exceeds): the final watch from
+        // revision 0 is the history every other check is made against.
+        std::fs::write(
+            &config,
+            format!("heartbeat_ms = 100\nelection_timeout_min_ms = 600\nelection_timeout_max_ms = 1200\nhistory_revisions = 100000000\n{}{token}", tls_toml()),
+        )
+        .unwrap();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("replica.log")).unwrap();
         let ip = self.ip();
         let mut cmd = Command::new("ip");
