@@ -76,16 +76,7 @@ BENCH=$WORK/lodestar-bench
 secure_cluster_files "$LODESTAR" "$WORK"
 
 # (b) three replicas
-API=() RAFT=() XDS=()
-for n in 1 2 3; do
-    API+=("127.0.0.1:$((PORT + n * 3 - 3))")
-    RAFT+=("127.0.0.1:$((PORT + n * 3 - 2))")
-    XDS+=("127.0.0.1:$((PORT + n * 3 - 1))")
-done
-MEMBERS=()
-for n in 1 2 3; do
-    MEMBERS+=(--initial-member "$n=${RAFT[n - 1]},${API[n - 1]},${XDS[n - 1]}")
-done
+three_member_addrs "$PORT"
 for n in 1 2 3; do
     RUST_LOG=warn "$LODESTAR" server --config "$WORK/tls.toml" --id "$n" --data-dir "$WORK/lodestar-$n" \
         --api-addr "${API[n - 1]}" --raft-addr "${RAFT[n - 1]}" --xds-addr "${XDS[n - 1]}" \

@@ -92,14 +92,7 @@ secure_cluster_files "$LODESTAR" "$WORK"
 "$LODESTAR" tls ca create --mesh --dir "$WORK/mesh-ca" >/dev/null
 printf 'mesh_ca_dir = "%s"\n' "$WORK/mesh-ca" >>"$WORK/tls.toml"
 
-API=() RAFT=() XDS=()
-for n in 1 2 3; do
-    API+=("127.0.0.1:$((PORT + n * 3 - 3))")
-    RAFT+=("127.0.0.1:$((PORT + n * 3 - 2))")
-    XDS+=("127.0.0.1:$((PORT + n * 3 - 1))")
-done
-MEMBERS=()
-for n in 1 2 3; do MEMBERS+=(--initial-member "$n=${RAFT[n - 1]},${API[n - 1]},${XDS[n - 1]}"); done
+three_member_addrs "$PORT"
 REPLICA_PIDS=()
 for n in 1 2 3; do
     RUST_LOG=warn "$LODESTAR" server --config "$WORK/tls.toml" --id "$n" --data-dir "$WORK/lodestar-$n" \

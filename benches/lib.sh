@@ -17,6 +17,20 @@ secure_cluster_files() {
     export LODESTAR_CACERT LODESTAR_TOKEN
 }
 
+# three_member_addrs PORT: the loopback addresses of a three-replica cluster
+# from PORT on (API, raft, xDS for each, in turn), in the arrays API, RAFT
+# and XDS, and its `--initial-member` flags in MEMBERS.
+three_member_addrs() {
+    local port=$1 n
+    API=() RAFT=() XDS=() MEMBERS=()
+    for n in 1 2 3; do
+        API+=("127.0.0.1:$((port + n * 3 - 3))")
+        RAFT+=("127.0.0.1:$((port + n * 3 - 2))")
+        XDS+=("127.0.0.1:$((port + n * 3 - 1))")
+        MEMBERS+=(--initial-member "$n=${RAFT[n - 1]},${API[n - 1]},${XDS[n - 1]}")
+    done
+}
+
 # stop_pids: TERM every process in PIDS, KILL what is left after 5 s, and
 # reap them quietly (bash would otherwise report each one killed).
 stop_pids() {

@@ -141,16 +141,7 @@ BENCH=$WORK/lodestar-bench
 . "$ROOT/benches/lib.sh"
 secure_cluster_files "$LODESTAR" "$WORK"
 
-API=() RAFT=() XDS=()
-for n in 1 2 3; do
-    API+=("127.0.0.1:$((PORT + n * 3 - 3))")
-    RAFT+=("127.0.0.1:$((PORT + n * 3 - 2))")
-    XDS+=("127.0.0.1:$((PORT + n * 3 - 1))")
-done
-MEMBERS=()
-for n in 1 2 3; do
-    MEMBERS+=(--initial-member "$n=${RAFT[n - 1]},${API[n - 1]},${XDS[n - 1]}")
-done
+three_member_addrs "$PORT"
 cat "$WORK/tls.toml" - >"$WORK/replica.toml" <<'TOML'
 xds_rebalance_interval_ms = 0
 xds_max_stream_age_s = 0
