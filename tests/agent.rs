@@ -11,6 +11,7 @@
 mod common;
 
 use common::envoy::Upstream;
+use common::mesh::{plain, via_client};
 use common::{cli, Cluster};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -104,17 +105,9 @@ fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rfind(')').is_some_and(|i| !s[i + 1..].trim_start().starts_with('Z')))
 }
 
-/// A client with no credentials and no proxy: a workload outside the mesh.
-fn plain() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).pool_max_idle_per_host(0).build().unwrap()
-}
-
+/// `lodestar token create ARGS...`: the new token's secret.
 fn secret(api: &str, args: &[&str]) -> String {
-    let mut all = vec!["token", "create", "-o", "json"];
-    all.extend_from_slice(args);
-    let (ok, out, err) = cli(api, &all);
-    assert!(ok, "token create {args:?}: {err}");
-    serde_json::from_str::<Value>(&out).unwrap()["secret"].as_str().unwrap().to_string()
+    common::token_create(api, args)["secret"].as_str().unwrap().to_string()
 }
 
 /// Start `lodestar agent` for `shop/NAME` at `ip` with Envoy as its child
@@ -146,14 +139,6 @@ async fn get(api: &str, path: &str) -> (u16, Value) {
 async fn apply(api: &str, yaml: &str) -> (u16, Value) {
     let r = common::http().post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(yaml.to_string()).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
-/// GET through the client's Envoy (its listener for reviews:9080).
-async fn via_client(client_ip: &str, path: &str) -> Result<(u16, String), String> {
-    let r =
-        plain().get(format!("http://{client_ip}:9080{path}")).header("host", "reviews.shop.svc.cluster.local").send().await.map_err(|e| format!("{e:?}"))?;
-    let status = r.status().as_u16();
-    Ok((status, r.text().await.unwrap_or_default()))
 }
 
 /// Until `what` holds (bounded).

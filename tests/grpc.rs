@@ -162,9 +162,7 @@ fn agent(api: &str, xds_servers: &str, dir: &Path) -> (Proc, PathBuf) {
 
 /// The same, with more arguments for the agent.
 fn agent_with(api: &str, xds_servers: &str, dir: &Path, extra: &[&str]) -> (Proc, PathBuf) {
-    let (ok, out, err) = cli(api, &["token", "create", "-o", "json", "--workload", "shop/client"]);
-    assert!(ok, "token create: {err}");
-    let secret = serde_json::from_str::<Value>(&out).unwrap()["secret"].as_str().unwrap().to_string();
+    let secret = common::token_create(api, &["--workload", "shop/client"])["secret"].as_str().unwrap().to_string();
     let token_file = dir.join("join.token");
     std::fs::write(&token_file, secret).unwrap();
     let (certs, bootstrap) = (dir.join("certs"), dir.join("grpc-bootstrap.json"));

@@ -80,11 +80,7 @@ async fn create_certificate(channel: tonic::transport::Channel, csr: &str, ttl: 
 
 /// `lodestar token create --workload ...` → (accessor, secret).
 fn join_token(api: &str, args: &[&str]) -> (String, String) {
-    let mut all = vec!["token", "create", "-o", "json"];
-    all.extend_from_slice(args);
-    let (ok, out, err) = cli(api, &all);
-    assert!(ok, "token create {args:?}: {err}");
-    let v: Value = serde_json::from_str(&out).unwrap();
+    let v = common::token_create(api, args);
     (v["accessorId"].as_str().unwrap().to_string(), v["secret"].as_str().unwrap().to_string())
 }
 

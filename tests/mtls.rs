@@ -9,6 +9,7 @@
 mod common;
 
 use common::envoy::Upstream;
+use common::mesh::{plain, via_client};
 use common::{cli, Cluster};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -67,17 +68,8 @@ impl Workload {
     }
 }
 
-/// A client with no credentials and no proxy: what a workload outside
-/// the mesh would use.
-fn plain() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).pool_max_idle_per_host(0).build().unwrap()
-}
-
 fn join_token(api: &str, workload: &str) -> String {
-    let (ok, out, err) = cli(api, &["token", "create", "-o", "json", "--workload", workload]);
-    assert!(ok, "token create: {err}");
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v["secret"].as_str().unwrap().to_string()
+    common::token_create(api, &["--workload", workload])["secret"].as_str().unwrap().to_string()
 }
 
 /// Start the agent for `shop/NAME` (label app=NAME) at `ip`, wait for its
@@ -253,14 +245,6 @@ spec: {{service: echo, address: {p}.21, port: 9090, serviceAccount: reviews}}
 
 fn peer_auth(name: &str, body: &str) -> String {
     format!("apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: {name}, namespace: shop}}\nspec:\n{body}\n")
-}
-
-/// GET through the client's Envoy (its egress listener for reviews:9080).
-async fn via_client(client_ip: &str, path: &str) -> Result<(u16, String), String> {
-    let r =
-        plain().get(format!("http://{client_ip}:9080{path}")).header("host", "reviews.shop.svc.cluster.local").send().await.map_err(|e| format!("{e:?}"))?;
-    let status = r.status().as_u16();
-    Ok((status, r.text().await.unwrap_or_default()))
 }
 
 /// The dynamic listeners in a workload's Envoy config dump.

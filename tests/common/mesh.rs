@@ -12,6 +12,21 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+/// A client with no credentials and no proxy: what a workload outside the
+/// mesh would use.
+pub fn plain() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).pool_max_idle_per_host(0).build().unwrap()
+}
+
+/// GET through a client workload's Envoy (its egress listener for
+/// reviews:9080, at `client_ip`): (status, body), or the transport error.
+pub async fn via_client(client_ip: &str, path: &str) -> Result<(u16, String), String> {
+    let r =
+        plain().get(format!("http://{client_ip}:9080{path}")).header("host", "reviews.shop.svc.cluster.local").send().await.map_err(|e| format!("{e:?}"))?;
+    let status = r.status().as_u16();
+    Ok((status, r.text().await.unwrap_or_default()))
+}
+
 pub const BOUND: Duration = Duration::from_secs(20);
 /// The four types every proxy here receives.
 pub const TYPES: [&str; 4] = ["CDS", "EDS", "LDS", "RDS"];

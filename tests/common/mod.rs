@@ -520,6 +520,16 @@ pub fn cli(server: &str, args: &[&str]) -> (bool, String, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// `lodestar token create -o json ARGS...` through the CLI: the created
+/// token's JSON (`accessorId`, `secret`, ...).
+pub fn token_create(server: &str, args: &[&str]) -> Value {
+    let mut all = vec!["token", "create", "-o", "json"];
+    all.extend_from_slice(args);
+    let (ok, out, err) = cli(server, &all);
+    assert!(ok, "token create {args:?}: {err}");
+    serde_json::from_str(&out).unwrap()
+}
+
 /// Run `lodestar-bench --server SERVER ARGS...` and return its stdout
 /// (echoed for the test's log), after checking that it succeeded and
 /// printed its command line.
