@@ -705,7 +705,7 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
         };
         tokio::time::sleep(Duration::from_secs(5)).await;
         heal(&net, &mut replicas, &members);
-        faults.push(format!("{:>6.1}s {what}; healed after 5 s", at.as_secs_f64()));
+        faults.push((at.as_micros() as u64, what));
         tokio::time::sleep(Duration::from_secs(4)).await;
         round += 1;
     }
@@ -848,6 +848,16 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
         .collect();
     acked.sort_unstable();
     let max_gap_ms = acked.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) / 1000;
+    // Per fault: the longest stretch without an acknowledged write that
+    // overlaps the fault's window (5 s of fault, 4 s of healing).
+    let faults: Vec<String> = faults
+        .iter()
+        .map(|(at, what)| {
+            let window_end = at + 9_000_000;
+            let gap = acked.windows(2).filter(|w| w[1] > *at && w[0] < window_end).map(|w| w[1] - w[0]).max().unwrap_or(0);
+            format!("{:>6.1}s {what}; healed after 5 s; longest write gap {:.1} s", *at as f64 / 1e6, gap as f64 / 1e6)
+        })
+        .collect();
     let summary = format!(
         "result: replicas={} secs={secs} faults={} operations={checked} answered={} indeterminate={} final_revision={} max_write_gap_ms={max_gap_ms} watch_streams={watch_streams} watched_changes={} heartbeats={beats} anomalies={}\n{}",
         replicas.len(),
