@@ -525,6 +525,19 @@ async fn heartbeats(http: reqwest::Client, apis: Vec<String>, stop: tokio::sync:
 }
 
 /// The leader, as a live replica that says it leads.
+/// A replica other than `old` that says it is the leader (asked briefly:
+/// a paused or cut-off replica must not hold up the nemesis).
+async fn leader_other_than(http: &reqwest::Client, replicas: &[NsReplica], old: u64) -> Option<u64> {
+    for r in replicas.iter().filter(|r| r.child.is_some() && r.id != old) {
+        let Ok(resp) = http.get(format!("{}/v1/node", r.api())).timeout(Duration::from_millis(300)).send().await else { continue };
+        let Ok(s) = resp.json::<Value>().await else { continue };
+        if s["state"] == "leader" {
+            return Some(r.id);
+        }
+    }
+    None
+}
+
 async fn leader(http: &reqwest::Client, replicas: &[NsReplica]) -> Option<u64> {
     for r in replicas.iter().filter(|r| r.child.is_some()) {
         let Ok(resp) = http.get(format!("{}/v1/node", r.api())).timeout(Duration::from_secs(1)).send().await else { continue };
@@ -703,9 +716,18 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
                 "loss: 20% of packets between replicas dropped".to_string()
             }
         };
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        // While the fault lasts: when another replica is first seen to be
+        // the leader (an election; none if the leader keeps its place).
+        let fault_end = Instant::now() + Duration::from_secs(5);
+        let mut elected = None;
+        while Instant::now() < fault_end {
+            if elected.is_none() && leader_other_than(&http, &replicas, l).await.is_some() {
+                elected = Some(run.micros());
+            }
+            tokio::time::sleep(Duration::from_millis(100).min(fault_end.saturating_duration_since(Instant::now()))).await;
+        }
         heal(&net, &mut replicas, &members);
-        faults.push((at.as_micros() as u64, what));
+        faults.push((at.as_micros() as u64, what, elected));
         tokio::time::sleep(Duration::from_secs(4)).await;
         round += 1;
     }
@@ -850,12 +872,39 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
     let max_gap_ms = acked.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) / 1000;
     // Per fault: the longest stretch without an acknowledged write that
     // overlaps the fault's window (5 s of fault, 4 s of healing).
+    // And after an election: how long until each replica's clients had a
+    // write, and a (linearizable) read, answered.
+    let first_after = |replica: usize, from: u64, to: u64, writes: bool| -> Option<u64> {
+        h.calls
+            .values()
+            .flatten()
+            .filter(|c| c.client / CLIENTS_PER_REPLICA == replica)
+            .filter(|c| match &c.op {
+                Op::Read(_) => !writes,
+                Op::Write(_, Outcome::Ok(_)) | Op::Cas { outcome: Outcome::Ok(_), .. } | Op::Delete(Outcome::Ok(_)) => writes,
+                _ => false,
+            })
+            .filter_map(|c| c.end)
+            .filter(|&e| e >= from && e < to)
+            .min()
+            .map(|e| e - from)
+    };
+    let s1 = |v: Option<u64>| v.map_or("-".to_string(), |v| format!("{:.1}", v as f64 / 1e6));
     let faults: Vec<String> = faults
         .iter()
-        .map(|(at, what)| {
+        .map(|(at, what, elected)| {
             let window_end = at + 9_000_000;
             let gap = acked.windows(2).filter(|w| w[1] > *at && w[0] < window_end).map(|w| w[1] - w[0]).max().unwrap_or(0);
-            format!("{:>6.1}s {what}; healed after 5 s; longest write gap {:.1} s", *at as f64 / 1e6, gap as f64 / 1e6)
+            let after = match elected {
+                None => "; no new leader".to_string(),
+                Some(e) => {
+                    let per: Vec<String> = (0..replicas.len())
+                        .map(|i| format!("r{} {}/{}", i + 1, s1(first_after(i, *e, at + 5_000_000, true)), s1(first_after(i, *e, at + 5_000_000, false))))
+                        .collect();
+                    format!("; new leader seen at +{:.1} s, then first write/read answered: {} s", (e - at) as f64 / 1e6, per.join(", "))
+                }
+            };
+            format!("{:>6.1}s {what}; healed after 5 s; longest write gap {:.1} s{after}", *at as f64 / 1e6, gap as f64 / 1e6)
         })
         .collect();
     let summary = format!(
