@@ -155,6 +155,13 @@ pub struct ServerConfig {
     pub workload_cert_ttl_s: u64,
     /// The longest lifetime a workload certificate is given.
     pub workload_cert_max_ttl_s: u64,
+    /// Certificate requests worked on at once per replica; more wait in
+    /// line (see `ca_max_queue_wait_ms`).
+    pub ca_max_in_flight: usize,
+    /// The longest a certificate request waits in line before it is
+    /// answered RESOURCE_EXHAUSTED (retry later), capped at half the
+    /// caller's own deadline (`grpc-timeout`).
+    pub ca_max_queue_wait_ms: u64,
     /// How often each RequestAuthentication `jwksUri` is fetched again
     /// (Istio's `PILOT_JWT_PUB_KEY_REFRESH_INTERVAL`, 20 minutes).
     pub jwks_refresh_interval_s: u64,
@@ -227,6 +234,8 @@ impl Default for ServerConfig {
             trust_domain: "cluster.local".into(),
             workload_cert_ttl_s: 24 * 3600,
             workload_cert_max_ttl_s: 90 * 24 * 3600,
+            ca_max_in_flight: 256,
+            ca_max_queue_wait_ms: 4000,
             jwks_refresh_interval_s: 20 * 60,
             jwks_ca_file: None,
         }
@@ -257,6 +266,9 @@ impl ServerConfig {
         }
         if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
             return Err("tls_cert_file and tls_key_file: give both or neither".into());
+        }
+        if self.ca_max_in_flight == 0 {
+            return Err("ca_max_in_flight: must be at least 1".into());
         }
         if let Some(addr) = &self.metrics_addr {
             let a: std::net::SocketAddr = addr.parse().map_err(|e| format!("metrics_addr: {addr:?}: {e}"))?;

@@ -28,6 +28,10 @@ pub enum Code {
     /// A valid credential that lacks a permission the request needs; the
     /// message names it (ACLs).
     PermissionDenied,
+    /// The replica is at a limit it keeps to stay responsive (e.g. the
+    /// mesh CA's queue): nothing was done; retry after a backoff, here or
+    /// on another replica. Last, so older peers decode the others.
+    ResourceExhausted,
 }
 
 impl Code {
@@ -41,6 +45,7 @@ impl Code {
             Code::Internal => 500,
             Code::Unauthenticated => 401,
             Code::PermissionDenied => 403,
+            Code::ResourceExhausted => 429,
         }
     }
 
@@ -54,6 +59,7 @@ impl Code {
             Code::Internal => "Internal",
             Code::Unauthenticated => "Unauthenticated",
             Code::PermissionDenied => "PermissionDenied",
+            Code::ResourceExhausted => "ResourceExhausted",
         }
     }
 }
@@ -138,5 +144,8 @@ impl Error {
     }
     pub fn permission_denied(message: impl Into<String>) -> Self {
         Self::new(Code::PermissionDenied, message)
+    }
+    pub fn resource_exhausted(message: impl Into<String>) -> Self {
+        Self::new(Code::ResourceExhausted, message)
     }
 }

@@ -270,7 +270,7 @@ pub fn metrics() -> &'static Metrics {
             ca_errors: register(
                 r,
                 "lodestar_ca_errors_total",
-                "Certificate requests refused or failed, by reason (unauthenticated, denied, invalid, unavailable, internal)",
+                "Certificate requests refused or failed, by reason (unauthenticated, denied, invalid, unavailable, exhausted: turned away over ca_max_in_flight, internal)",
                 Family::new(&["reason"]),
             ),
             ca_sign_duration: register(

@@ -121,8 +121,13 @@ async fn csr_service_signs_the_authenticated_identity_only() {
     let root_file = std::fs::read_to_string(r.data_dir().join("mesh-ca/root-cert.pem")).unwrap();
     assert_eq!(chain[1], root_file, "the chain ends with the mesh root");
 
-    // Single use: the second is refused, and the count is on the token.
-    let e = create_certificate(channel.clone(), &csr, 0, Some(&secret)).await.unwrap_err();
+    // Single use: asked again for the same key (an answer that was lost),
+    // the same identity, and no second use; for another key, refused. The
+    // count is on the token.
+    let again = create_certificate(channel.clone(), &csr, 0, Some(&secret)).await.unwrap();
+    assert_eq!(parse_cert(&again[0]).uris, ["spiffe://cluster.local/ns/shop/sa/cart"]);
+    assert_eq!(parse_cert(&again[0]).spki, key.subject_public_key_info());
+    let e = create_certificate(channel.clone(), &new_csr().1, 0, Some(&secret)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
     assert!(e.message().contains("used up"), "{e:?}");
     let (ok, out, err) = cli(&api, &["token", "read", &accessor, "-o", "json"]);
@@ -184,6 +189,59 @@ async fn csr_service_signs_the_authenticated_identity_only() {
     assert!(metric(&api, "lodestar_ca_sign_duration_seconds_count").await >= 3.0);
     let root_expiry = metric(&api, "citadel_server_root_cert_expiry_timestamp").await;
     assert!(root_expiry > (now() + 9 * 365 * 86400) as f64, "{root_expiry}");
+}
+
+/// Over `ca_max_in_flight`, requests are turned away with
+/// RESOURCE_EXHAUSTED before a token use is consumed: the count on the
+/// token is the certificates issued, and the turned-away agents, asking
+/// again with their keys, get the rest.
+#[tokio::test]
+async fn a_busy_ca_turns_requests_away_before_consuming_a_use() {
+    let cluster = Cluster::start(1, "ca_max_in_flight = 1\nca_max_queue_wait_ms = 0\n").await;
+    let r = cluster.replica(1);
+    let (api, xds) = (r.api(), r.xds_addr());
+    let mut turned_away_once = false;
+    for round in 0..5 {
+        let (accessor, secret) = join_token(&api, &["--workload", "shop/cart", "--uses", "30"]);
+        let keys: Vec<(KeyPair, String)> = (0..30).map(|_| new_csr()).collect();
+        let tasks: Vec<_> = keys
+            .iter()
+            .map(|(_, csr)| {
+                let (channel, csr, secret) = (grpc_channel(1, &xds), csr.clone(), secret.clone());
+                tokio::spawn(async move { create_certificate(channel, &csr, 0, Some(&secret)).await })
+            })
+            .collect();
+        let mut busy = Vec::new();
+        let mut issued = 0;
+        for (i, t) in tasks.into_iter().enumerate() {
+            match t.await.unwrap() {
+                Ok(_) => issued += 1,
+                Err(e) => {
+                    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "round {round}: {e:?}");
+                    assert!(e.message().contains("no join token use was consumed"), "{e:?}");
+                    busy.push(i);
+                }
+            }
+        }
+        let used = |out: &str| serde_json::from_str::<Value>(out).unwrap()["status"]["used"].as_u64().unwrap_or(0);
+        let (ok, out, err) = cli(&api, &["token", "read", &accessor, "-o", "json"]);
+        assert!(ok, "{err}");
+        assert_eq!(used(&out), issued, "round {round}: {issued} issued, {} turned away: {out}", busy.len());
+        // The turned-away ones ask again, one at a time: all served.
+        for &i in &busy {
+            let chain = create_certificate(grpc_channel(1, &xds), &keys[i].1, 0, Some(&secret)).await.unwrap();
+            assert_eq!(parse_cert(&chain[0]).spki, keys[i].0.subject_public_key_info());
+        }
+        let (_, out, _) = cli(&api, &["token", "read", &accessor, "-o", "json"]);
+        assert_eq!(used(&out), 30, "{out}");
+        if !busy.is_empty() {
+            turned_away_once = true;
+            break;
+        }
+    }
+    assert!(turned_away_once, "30 requests at once with one in flight allowed: some must be turned away");
+    let refused = metric(&api, "lodestar_ca_errors_total{reason=\"exhausted\"}").await;
+    assert!(refused >= 1.0, "{refused}");
 }
 
 /// One single-use token sent to every replica at once: exactly one
@@ -326,6 +384,39 @@ async fn wait_cert(dir: &Path, not: Option<&str>, timeout: Duration, agent: &Age
         assert!(Instant::now() < deadline, "no (new) certificate in {} within {timeout:?}:\n{}", dir.display(), agent.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// An agent that waited for its first certificate and was restarted (the
+/// CA had consumed the single-use token for it, and the answer was lost)
+/// asks again with the key it left on disk, and gets its certificate; an
+/// agent with a key of its own is refused.
+#[tokio::test]
+async fn a_restarted_agent_is_not_stranded_by_a_consumed_single_use_token() {
+    let cluster = Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (api, xds) = (r.api(), r.xds_addr());
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, token_file) = (tmp.path().join("agent"), tmp.path().join("join.token"));
+    let (_, secret) = join_token(&api, &["--workload", "shop/cart"]);
+    std::fs::write(&token_file, &secret).unwrap();
+
+    // The agent's first run wrote its key and asked; its answer was lost.
+    let key = KeyPair::generate().unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+    let csr = CertificateParams::default().serialize_request(&key).unwrap().pem().unwrap();
+    create_certificate(grpc_channel(1, &xds), &csr, 0, Some(&secret)).await.unwrap();
+
+    let agent = Agent::start(&dir, &xds, Some(&token_file), &[]);
+    let cert = wait_cert(&dir, None, Duration::from_secs(20), &agent).await;
+    assert_eq!(cert.uris, ["spiffe://cluster.local/ns/shop/sa/cart"]);
+    assert_eq!(cert.spki, key.subject_public_key_info(), "the key it left on disk");
+    drop(agent);
+
+    // Another host (its own directory, its own key) with the same token.
+    let mut other = Agent::start(&tmp.path().join("other"), &xds, Some(&token_file), &[]);
+    let (ok, log) = other.wait_exit(Duration::from_secs(20));
+    assert!(!ok && log.contains("used up"), "{log}");
 }
 
 #[tokio::test]

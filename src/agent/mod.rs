@@ -180,11 +180,18 @@ impl CaClient {
     /// host agent's request for a workload registered on its host.
     pub async fn issue_as(&self, bearer: Option<&str>, current: Option<&Identity>, impersonate: Option<&str>) -> Result<Identity, IssueError> {
         let key = KeyPair::generate().map_err(|e| IssueError::Fatal(format!("generating a key: {e}")))?;
-        let csr = CertificateParams::default().serialize_request(&key).and_then(|c| c.pem()).map_err(|e| IssueError::Fatal(format!("making the CSR: {e}")))?;
+        self.issue_for(&key, bearer, current, impersonate).await
+    }
+
+    /// The same for a given key: a join-token request asked again after a
+    /// lost answer must name the same key, which the CA then answers
+    /// without consuming another use.
+    pub async fn issue_for(&self, key: &KeyPair, bearer: Option<&str>, current: Option<&Identity>, impersonate: Option<&str>) -> Result<Identity, IssueError> {
+        let csr = CertificateParams::default().serialize_request(key).and_then(|c| c.pem()).map_err(|e| IssueError::Fatal(format!("making the CSR: {e}")))?;
         let mut last = String::from("no xDS servers");
         for server in &self.servers {
             match self.ask(server, &csr, bearer, current, impersonate).await {
-                Ok(chain) => return Identity::from_answer(&key, &chain).map_err(|e| IssueError::Retry(format!("{server}: {e:#}"))),
+                Ok(chain) => return Identity::from_answer(key, &chain).map_err(|e| IssueError::Retry(format!("{server}: {e:#}"))),
                 Err(status) if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied | tonic::Code::InvalidArgument) => {
                     return Err(IssueError::Refused(format!("{server}: {}", status.message())));
                 }
@@ -312,22 +319,69 @@ pub async fn first_identity(opts: &AgentOptions) -> Result<Identity> {
         bail!("no valid certificate in {} and no join token: give --join-token-file (lodestar token create --workload NS/SA)", opts.dir.display());
     };
     let token = std::fs::read_to_string(path).with_context(|| format!("reading the join token {}", path.display()))?.trim().to_string();
-    let mut backoff = BACKOFF_MIN;
-    loop {
-        match opts.ca.issue(Some(&token), None).await {
-            Ok(id) => {
-                id.save(&opts.dir)?;
-                tracing::info!(serial = %id.serial, identity = ?id.uris, "obtained the first certificate with the join token");
-                return Ok(id);
-            }
-            Err(IssueError::Retry(e)) => {
-                tracing::warn!(error = %e, "first certificate: retrying in {backoff:?}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-            }
-            Err(e) => bail!("the join token was not accepted: {e}"),
+    let key = pending_key(&opts.dir)?;
+    match join(&opts.ca, &token, &key, |_, r| {
+        if let Err(IssueError::Retry(e)) = r {
+            tracing::warn!(error = %e, "first certificate: retrying");
+        }
+    })
+    .await
+    {
+        Ok(id) => {
+            id.save(&opts.dir)?;
+            tracing::info!(serial = %id.serial, identity = ?id.uris, "obtained the first certificate with the join token");
+            Ok(id)
+        }
+        Err(e) => bail!("the join token was not accepted: {e}"),
+    }
+}
+
+/// The key the first certificate is asked for: the one in `dir` if a key
+/// is there without a valid certificate (an agent restarted while it
+/// waited: the CA may have consumed the token's use for it already), else
+/// a new one, written there (0600) before it is sent in a CSR.
+fn pending_key(dir: &Path) -> Result<KeyPair> {
+    let path = dir.join(KEY_FILE);
+    if let Ok(pem) = pki::read_file(&path) {
+        if let Ok(key) = KeyPair::from_pem(&pem) {
+            return Ok(key);
         }
     }
+    let key = KeyPair::generate().context("generating a key")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_context(|| format!("chmod {}", dir.display()))?;
+    }
+    pki::write_file(&path, &key.serialize_pem(), true)?;
+    Ok(key)
+}
+
+/// The first certificate with a join token, for `key`, asked again with
+/// the same key while the answer is "try again" (no replica answered, the
+/// CA is busy, an answer was lost), after a doubling backoff with jitter
+/// (agents started together do not retry together). `attempt` sees each
+/// request's duration and result. A refusal ends it.
+pub async fn join(ca: &CaClient, token: &str, key: &KeyPair, mut attempt: impl FnMut(Duration, &Result<Identity, IssueError>)) -> Result<Identity, IssueError> {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let started = std::time::Instant::now();
+        let result = ca.issue_for(key, Some(token), None, None).await;
+        attempt(started.elapsed(), &result);
+        match result {
+            Err(IssueError::Retry(_)) => {
+                tokio::time::sleep(jittered(backoff)).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Between half and all of `d`, at random.
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(rand::Rng::gen_range(&mut rand::thread_rng(), 0.5..=1.0))
 }
 
 /// Renew `current` at about half its life, for as long as the agent runs;
@@ -357,7 +411,7 @@ pub async fn renew(opts: &AgentOptions, mut current: Identity, tx: watch::Sender
                 tracing::warn!(error = %e, expired, "renewal failed; retrying in {backoff:?}");
                 // A refusal can be a replica that does not know the root
                 // yet, or a revoked identity: keep trying, slowly.
-                due = unix_now() + backoff.as_secs().max(1) as i64;
+                due = unix_now() + jittered(backoff).as_secs().max(1) as i64;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         }

@@ -27,6 +27,7 @@ pub fn status_of(e: Error) -> Status {
         Code::Internal => tonic::Code::Internal,
         Code::Unauthenticated => tonic::Code::Unauthenticated,
         Code::PermissionDenied => tonic::Code::PermissionDenied,
+        Code::ResourceExhausted => tonic::Code::ResourceExhausted,
     };
     Status::new(code, e.message)
 }

@@ -15,6 +15,23 @@
 //!
 //! Anything else is UNAUTHENTICATED. The CSR gives only its public key.
 //!
+//! **A use is idempotent per key.** The token's status records which keys
+//! (a hash of the CSR's public key) its uses were granted to. A request for
+//! a key already granted is answered again without consuming a use: an
+//! agent whose answer was lost (it gave up waiting, the connection broke)
+//! asks again with the same key and is not stranded by a single-use token.
+//! This gives nothing new to anyone: a certificate for a public key is of
+//! use only to the holder of its private key, who proved possession by
+//! signing the CSR.
+//!
+//! **Admission.** At most `ca_max_in_flight` requests are worked on at once
+//! per replica; the others wait in line (first come, first served) for at
+//! most `ca_max_queue_wait_ms`, or half the caller's `grpc-timeout` if
+//! that is shorter, then get RESOURCE_EXHAUSTED, before anything is read
+//! or a token use consumed, and retry after a backoff. A queue that grew
+//! past what the replica can answer within the caller's timeout would
+//! make callers give up on requests the replica still completes.
+//!
 //! Impersonation (Istio's `ImpersonatedIdentity` request metadata, which
 //! ztunnel sends for the pods of its node): a caller authenticated as host
 //! `H` may ask for the certificate of workload `spiffe://TD/ns/NS/sa/SA`
@@ -41,12 +58,16 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 use tonic::{Request, Response, Status};
 
 /// How many times a batch of join-token uses is retried after losing a
 /// race (to another replica's batch: on one replica, uses are combined).
 const CAS_ATTEMPTS: usize = 10;
+
+/// How many granted keys a token's status remembers (the most recent):
+/// every key of a token with up to this many uses.
+const GRANTS_KEPT: usize = 256;
 
 /// The request metadata key of an impersonated identity (Istio's
 /// `security.ImpersonatedIdentity`).
@@ -61,6 +82,10 @@ pub struct CaService {
     pending: Pending,
     /// Linearizable reads waiting for the next read-index.
     reads: Reads,
+    /// Requests being worked on (`ca_max_in_flight` permits).
+    admission: Arc<Semaphore>,
+    /// The longest a request waits for a permit.
+    queue_wait: Duration,
 }
 
 impl CaService {
@@ -70,12 +95,15 @@ impl CaService {
             m.ca_root_expiry.set(ca.root_expiry);
             m.ca_cert_chain_expiry.set(ca.ca_expiry);
         }
-        IstioCertificateServiceServer::new(CaService { ca, replica, pending: Pending::default(), reads: Reads::default() })
+        let config = &replica.node.config;
+        let admission = Arc::new(Semaphore::new(config.ca_max_in_flight.max(1)));
+        let queue_wait = Duration::from_millis(config.ca_max_queue_wait_ms);
+        IstioCertificateServiceServer::new(CaService { ca, replica, pending: Pending::default(), reads: Reads::default(), admission, queue_wait })
     }
 
     /// The caller's identity: its mesh certificate first (a renewing
     /// workload or host burns no join token), else its bearer token.
-    async fn authenticate(&self, ca: &MeshCa, conn: Option<&ConnInfo>, bearer: Option<&str>) -> Result<MeshIdentity> {
+    async fn authenticate(&self, ca: &MeshCa, conn: Option<&ConnInfo>, bearer: Option<&str>, key: KeyHash) -> Result<MeshIdentity> {
         let mut why = None;
         if let Some(cert) = conn.and_then(|c| c.cert.as_ref()) {
             match ca.verify(&cert.chain) {
@@ -84,7 +112,7 @@ impl CaService {
             }
         }
         match (bearer, conn) {
-            (Some(secret), Some(conn)) => self.join(secret, conn).await,
+            (Some(secret), Some(conn)) => self.join(secret, conn, key).await,
             (Some(_), None) => Err(Error::internal("no connection information for this request")),
             (None, _) => Err(Error::unauthenticated(match why {
                 Some(e) => format!("the client certificate is no mesh identity ({e}), and no join token (authorization: Bearer) was given"),
@@ -99,10 +127,10 @@ impl CaService {
     /// a compare-and-set on the same object, so uses written one by one
     /// would lose to each other (one winner per round through raft) when
     /// many agents start at once with the same token.
-    async fn join(&self, secret: &str, conn: &ConnInfo) -> Result<MeshIdentity> {
+    async fn join(&self, secret: &str, conn: &ConnInfo, key: KeyHash) -> Result<MeshIdentity> {
         let hash = crate::auth::token::hash_secret(secret);
         let (tx, rx) = oneshot::channel();
-        let waiter = Waiter { remote: conn.remote, tx };
+        let waiter = Waiter { remote: conn.remote, key, tx };
         let first = {
             let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             match pending.entry(hash) {
@@ -160,7 +188,8 @@ impl CaService {
         let csr = MeshCa::parse_csr(&req.csr)?;
         let ttl = u64::try_from(req.validity_duration).map_err(|_| Error::field("validity_duration", "must not be negative"))?;
         let impersonated = impersonated(req.metadata.as_ref(), &ca.trust_domain)?;
-        let caller = self.authenticate(ca, conn, bearer).await?;
+        let key = key_hash(&csr);
+        let caller = self.authenticate(ca, conn, bearer, key).await?;
         let id = self.subject(caller, impersonated).await?;
         let chain = ca.sign_parsed(&csr, &id, Some(Duration::from_secs(ttl)))?;
         tracing::debug!(identity = %id, remote = ?conn.map(|c| c.remote), "issued a mesh certificate");
@@ -227,7 +256,42 @@ async fn linearizable(replica: &Arc<Replica>, reads: &Reads) -> Result<Arc<Appli
 /// A join-token use waiting for its answer.
 struct Waiter {
     remote: std::net::SocketAddr,
+    /// The key it asks a certificate for.
+    key: KeyHash,
     tx: oneshot::Sender<Result<MeshIdentity>>,
+}
+
+/// The first 16 bytes of the SHA-256 of a CSR's public key, as a token's
+/// status records a granted use (hex).
+type KeyHash = [u8; 16];
+
+fn key_hash(csr: &rcgen::CertificateSigningRequestParams) -> KeyHash {
+    use rcgen::PublicKeyData;
+    let d = ring::digest::digest(&ring::digest::SHA256, csr.public_key.der_bytes());
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d.as_ref()[..16]);
+    out
+}
+
+fn hex(key: &KeyHash) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The waiting time a gRPC `grpc-timeout` header gives (`<digits><unit>`,
+/// unit one of H M S m u n), if any.
+fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let v = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// Uses waiting on this replica, by the token's hash. An entry exists
@@ -292,23 +356,53 @@ async fn decide(replica: &Arc<Replica>, reads: &Reads, hash: &[u8; 32], mut batc
             None => MeshIdentity::Workload(WorkloadId { namespace: binding.namespace.clone(), service_account: binding.service_account.clone() }),
         };
         let Some(uses) = binding.uses else { return answer(batch, Ok(id)) };
-        let used = obj.body().pointer("/status/used").and_then(serde_json::Value::as_u64).unwrap_or(0);
-        let used_up = || Error::unauthenticated(format!("join token {accessor} is used up ({uses} of {uses} uses)"));
-        let granted = uses.saturating_sub(used).min(batch.len() as u64) as usize;
-        if granted == 0 {
+        let status = obj.body().pointer("/status");
+        let used = status.and_then(|s| s.get("used")).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let mut grants: Vec<String> = status
+            .and_then(|s| s.get("grants"))
+            .and_then(serde_json::Value::as_array)
+            .map(|a| a.iter().filter_map(|g| g.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+        // Keys granted before (an answer that was lost): answered again,
+        // no use consumed.
+        let (again, fresh): (Vec<Waiter>, Vec<Waiter>) = batch.into_iter().partition(|w| grants.contains(&hex(&w.key)));
+        answer(again, Ok(id.clone()));
+        batch = fresh;
+        if batch.is_empty() {
+            return;
+        }
+        // One use per distinct key: the same key twice in a batch (a retry
+        // while the first ask waits) shares it.
+        let mut keys: Vec<KeyHash> = batch.iter().map(|w| w.key).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let left = uses.saturating_sub(used) as usize;
+        if left == 0 {
             return answer(batch, Err(Error::unauthenticated(format!("join token {accessor} is used up ({used} of {uses} uses)"))));
+        }
+        // First come, first served among the keys.
+        let mut chosen: Vec<KeyHash> = Vec::new();
+        for w in &batch {
+            if chosen.len() < left && !chosen.contains(&w.key) {
+                chosen.push(w.key);
+            }
+        }
+        let granted = chosen.len();
+        grants.extend(chosen.iter().map(hex));
+        if grants.len() > GRANTS_KEPT {
+            grants.drain(..grants.len() - GRANTS_KEPT);
         }
         let op = Op::SetStatus {
             key: obj.key.clone(),
-            status: serde_json::json!({ "used": used + granted as u64 }).to_string(),
+            status: serde_json::json!({ "used": used + granted as u64, "grants": grants }).to_string(),
             expected_revision: Some(obj.mod_revision),
         };
         match replica.node.write(Txn { ops: vec![op] }).await {
             Ok(_) => {
                 tracing::info!(token = %accessor, identity = %id, granted, used = used + granted as u64, uses, "join token accepted");
-                let rest = batch.split_off(granted);
-                answer(batch, Ok(id));
-                return answer(rest, Err(used_up()));
+                let (yes, no): (Vec<Waiter>, Vec<Waiter>) = batch.into_iter().partition(|w| chosen.contains(&w.key));
+                answer(yes, Ok(id));
+                return answer(no, Err(Error::unauthenticated(format!("join token {accessor} is used up ({uses} of {uses} uses)"))));
             }
             // Another replica wrote the token first: look again.
             Err(e) if e.code == Code::Conflict => continue,
@@ -324,6 +418,7 @@ fn reason(code: Code) -> &'static str {
         Code::PermissionDenied => "denied",
         Code::InvalidArgument => "invalid",
         Code::Unavailable => "unavailable",
+        Code::ResourceExhausted => "exhausted",
         _ => "internal",
     }
 }
@@ -336,7 +431,15 @@ impl IstioCertificateService for CaService {
         m.ca_csr.inc();
         let conn = req.extensions().get::<ConnInfo>().cloned();
         let bearer = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(|s| s.trim().to_string());
-        let result = self.create(conn.as_ref(), bearer.as_deref(), req.into_inner()).await;
+        let wait = grpc_timeout(req.metadata()).map_or(self.queue_wait, |t| (t / 2).min(self.queue_wait));
+        let result = match tokio::time::timeout(wait, self.admission.clone().acquire_owned()).await {
+            Ok(Ok(_permit)) => self.create(conn.as_ref(), bearer.as_deref(), req.into_inner()).await,
+            _ => Err(Error::resource_exhausted(format!(
+                "the mesh CA on this replica is busy ({} requests in progress; waited {} ms for a turn): nothing was done, no join token use was consumed; retry after a backoff",
+                self.replica.node.config.ca_max_in_flight,
+                wait.as_millis()
+            ))),
+        };
         m.ca_sign_duration.observe(started.elapsed());
         match result {
             Ok(cert_chain) => {
@@ -351,6 +454,21 @@ impl IstioCertificateService for CaService {
                 tracing::info!(remote = ?conn.map(|c| c.remote), error = %e.message, "certificate request refused");
                 Err(crate::api::grpc::status_of(e))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_header() {
+        let mut m = tonic::metadata::MetadataMap::new();
+        assert_eq!(grpc_timeout(&m), None);
+        for (v, want) in [("10S", Some(Duration::from_secs(10))), ("9999m", Some(Duration::from_millis(9999))), ("2M", Some(Duration::from_secs(120))), ("5x", None), ("S", None), ("", None)] {
+            m.insert("grpc-timeout", v.parse().unwrap());
+            assert_eq!(grpc_timeout(&m), want, "{v:?}");
         }
     }
 }

@@ -11,8 +11,9 @@
 //! Cold start (`--cold-start`): `--agents` agents (default 10,000) all
 //! start at once, each with its own P-256 key, its own TLS connection to
 //! one replica (agent i to replica i mod n) and a join token, and retry
-//! as `lodestar agent` does (backoff from 0.5 s, doubling) while the
-//! answer is UNAVAILABLE. Tokens: `--token-per-agent` creates one
+//! as `lodestar agent` does (`agent::join`: the same key, a jittered
+//! backoff from 0.5 s, doubling) while the answer is "try again"
+//! (UNAVAILABLE, RESOURCE_EXHAUSTED, no answer in time). Tokens: `--token-per-agent` creates one
 //! single-use join token per agent first (through the API, before the
 //! clock starts: what a deployment provisioning hosts does, and each use
 //! is a compare-and-set on its own token); otherwise every agent sends the
@@ -196,31 +197,31 @@ async fn cold_start(args: CsrArgs, ca_pem: String) -> Result<()> {
             let token = &tokens[i % tokens.len()];
             let _permit = limit.acquire().await;
             let mut run = AgentRun { done: None, requests: Vec::new(), retries: 0, error: None };
-            // `lodestar agent`'s first-certificate backoff.
-            let mut backoff = Duration::from_millis(500);
-            loop {
-                let t = Instant::now();
-                let result = client.issue(Some(token), None).await;
-                run.requests.push(t.elapsed());
-                match result {
-                    Ok(_) => {
-                        run.done = Some(started.elapsed());
-                        return run;
-                    }
-                    Err(IssueError::Retry(e)) if started.elapsed() + backoff < deadline => {
-                        run.retries += 1;
-                        if run.retries == 1 && i % 1000 == 0 {
-                            eprintln!("agent {i}: retrying: {e}");
-                        }
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(30));
-                    }
-                    Err(e) => {
-                        run.error = Some(e.to_string());
-                        return run;
+            // What `lodestar agent` does: one key, asked again with it
+            // (jittered backoff) while the answer is "try again".
+            let key = match rcgen::KeyPair::generate() {
+                Ok(k) => k,
+                Err(e) => {
+                    run.error = Some(format!("generating a key: {e}"));
+                    return run;
+                }
+            };
+            let mut first_retry = true;
+            let joined = lodestar::agent::join(&client, token, &key, |took, r| {
+                run.requests.push(took);
+                if let Err(IssueError::Retry(e)) = r {
+                    run.retries += 1;
+                    if std::mem::take(&mut first_retry) && i % 1000 == 0 {
+                        eprintln!("agent {i}: retrying: {e}");
                     }
                 }
+            });
+            match tokio::time::timeout(deadline.saturating_sub(started.elapsed()), joined).await {
+                Ok(Ok(_)) => run.done = Some(started.elapsed()),
+                Ok(Err(e)) => run.error = Some(e.to_string()),
+                Err(_) => run.error = Some(format!("no certificate within the deadline ({} s)", deadline.as_secs())),
             }
+            run
         }));
     }
     let mut done = Vec::with_capacity(n);
