@@ -170,6 +170,8 @@ struct AgentRun {
     /// Each request's latency (connection and handshake included).
     requests: Vec<Duration>,
     retries: u64,
+    /// Of the retries, those the CA turned away (RESOURCE_EXHAUSTED).
+    busy: u64,
     error: Option<String>,
 }
 
@@ -196,7 +198,7 @@ async fn cold_start(args: CsrArgs, ca_pem: String) -> Result<()> {
         tasks.push(tokio::spawn(async move {
             let token = &tokens[i % tokens.len()];
             let _permit = limit.acquire().await;
-            let mut run = AgentRun { done: None, requests: Vec::new(), retries: 0, error: None };
+            let mut run = AgentRun { done: None, requests: Vec::new(), retries: 0, busy: 0, error: None };
             // What `lodestar agent` does: one key, asked again with it
             // (jittered backoff) while the answer is "try again".
             let key = match rcgen::KeyPair::generate() {
@@ -211,6 +213,7 @@ async fn cold_start(args: CsrArgs, ca_pem: String) -> Result<()> {
                 run.requests.push(took);
                 if let Err(IssueError::Retry(e)) = r {
                     run.retries += 1;
+                    run.busy += u64::from(e.contains("ResourceExhausted") || e.contains("resource exhausted") || e.contains("is busy"));
                     if std::mem::take(&mut first_retry) && i % 1000 == 0 {
                         eprintln!("agent {i}: retrying: {e}");
                     }
@@ -226,10 +229,11 @@ async fn cold_start(args: CsrArgs, ca_pem: String) -> Result<()> {
     }
     let mut done = Vec::with_capacity(n);
     let mut requests = Vec::with_capacity(n);
-    let (mut retries, mut errors, mut first_error) = (0u64, 0u64, None);
+    let (mut retries, mut busy, mut errors, mut first_error) = (0u64, 0u64, 0u64, None);
     for t in tasks {
         let run = t.await?;
         retries += run.retries;
+        busy += run.busy;
         requests.extend(run.requests);
         match run.done {
             Some(d) => done.push(d),
@@ -265,7 +269,7 @@ async fn cold_start(args: CsrArgs, ca_pem: String) -> Result<()> {
         percentile(&requests, 0.99)
     );
     println!(
-        "result: mode=cold_start tokens={mode} agents={n} certs={} errors={errors} retries={retries} all_done_s={all_done:.2} wall_s={:.2} certs_per_s={:.1} done_p50_s={:.2} done_p99_s={:.2} req_p50_ms={:.1} req_p99_ms={:.1}",
+        "result: mode=cold_start tokens={mode} agents={n} certs={} errors={errors} retries={retries} turned_away={busy} all_done_s={all_done:.2} wall_s={:.2} certs_per_s={:.1} done_p50_s={:.2} done_p99_s={:.2} req_p50_ms={:.1} req_p99_ms={:.1}",
         done.len(),
         total.as_secs_f64(),
         done.len() as f64 / all_done.max(1e-9),
