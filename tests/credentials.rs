@@ -8,7 +8,10 @@
 //! client certificate; no read path, no sled file, no backup and no replica
 //! log holds the private key; a sidecar, or a gateway of another
 //! namespace, asking for the secret gets nothing; bad Secrets are refused
-//! with 400 naming the field.
+//! with 400 naming the field. `credentialNames`: an RSA and an ECDSA
+//! certificate on one server, each presented to the clients that can
+//! verify only its kind; `caCertCredentialName`: the client CA from its own
+//! Secret, winning over the credential's.
 
 mod common;
 
@@ -276,6 +279,134 @@ async fn gateway_serves_secrets_over_sds() {
     assert!(ask_for_secret(&xds, &gw("istio-system"), &["no-such-secret"]).await.is_empty(), "an unknown secret was served");
 }
 
+/// 8443: SIMPLE with `credentialNames` (an RSA and an ECDSA certificate);
+/// 9443: MUTUAL with `credentialName` and `caCertCredentialName`.
+const GATEWAY_CREDENTIALS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: shop-gateway, namespace: default}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8443, name: https, protocol: HTTPS}
+    hosts: [shop.example.test]
+    tls: {mode: SIMPLE, credentialNames: [rsa-cred, ecdsa-cred]}
+  - port: {number: 9443, name: https-partners, protocol: HTTPS}
+    hosts: [shop.example.test]
+    tls: {mode: MUTUAL, credentialName: mtls-cred, caCertCredentialName: client-ca}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: shop, namespace: default}
+spec:
+  hosts: [shop.example.test]
+  gateways: [shop-gateway]
+  http:
+  - route: [{destination: {host: shop, port: {number: 9080}}}]
+"#;
+
+/// The key algorithm of a certificate (DER): `RSA` or `EC`.
+fn key_type(der: &[u8]) -> &'static str {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).expect("a certificate");
+    let oid = &cert.public_key().algorithm.algorithm;
+    if *oid == x509_parser::oid_registry::OID_PKCS1_RSAENCRYPTION {
+        "RSA"
+    } else if *oid == x509_parser::oid_registry::OID_KEY_TYPE_EC_PUBLIC_KEY {
+        "EC"
+    } else {
+        panic!("unexpected key algorithm {oid}")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_serves_credential_names_and_ca_cert_credential_name() {
+    use rustls::SignatureScheme as S;
+    let fx = Fixture::start(1).await;
+    let shop = fx.upstream(11, "shop").await;
+    let ca = Ca::new("lodestar test CA");
+    let rsa = ca.server_rsa(&["shop.example.test"]);
+    let ecdsa = ca.server(&["shop.example.test"]);
+    assert_eq!((key_type(rsa.der()), key_type(ecdsa.der())), ("RSA", "EC"));
+    let mtls = ca.server(&["shop.example.test"]);
+    let client_ca = Ca::new("partners client CA");
+    let partner = client_ca.client("spiffe://partners.example.test/client");
+    // The server credential carries a CA of its own (ca.crt): the
+    // caCertCredentialName must win over it, so its clients are refused.
+    let credential_ca = Ca::new("the credential's own CA");
+    let stranger = credential_ca.client("spiffe://partners.example.test/client");
+
+    let mtls_secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: mtls-cred, namespace: istio-system}}\ntype: kubernetes.io/tls\ndata:\n  tls.crt: {}\n  tls.key: {}\n  ca.crt: {}\n",
+        b64(mtls.cert_pem.as_bytes()),
+        b64(mtls.key_pem.as_bytes()),
+        b64(credential_ca.pem.as_bytes())
+    );
+    let client_ca_secret =
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: client-ca, namespace: istio-system}}\ndata:\n  ca.crt: {}\n", b64(client_ca.pem.as_bytes()));
+    let yaml = format!(
+        "{}---\n{}---\n{}---\n{mtls_secret}---\n{client_ca_secret}---\n{GATEWAY_CREDENTIALS}",
+        shop_service(&shop),
+        tls_secret("rsa-cred", "istio-system", &rsa),
+        tls_secret("ecdsa-cred", "istio-system", &ecdsa),
+    );
+    let rev = fx.apply(&yaml).await;
+    let mut o = common::envoy::EnvoyOptions::new("ingressgateway", &fx.ip(2));
+    o.namespace = "istio-system".into();
+    o.node_type = "router".into();
+    o.labels = vec![("istio".into(), "ingressgateway".into())];
+    let p = fx.proxy(o, 1, rev).await;
+
+    // credentialNames: a client that verifies only ECDSA signatures gets the
+    // ECDSA certificate, one that verifies only RSA the RSA one.
+    let simple: SocketAddr = format!("{}:8443", p.ip).parse().unwrap();
+    let client = TlsClient { ca: &ca, server_name: "shop.example.test", certificate: None, alpn: &["http/1.1"] };
+    let only_ecdsa = [S::ECDSA_NISTP256_SHA256, S::ECDSA_NISTP384_SHA384];
+    let only_rsa = [S::RSA_PSS_SHA256, S::RSA_PSS_SHA384, S::RSA_PSS_SHA512, S::RSA_PKCS1_SHA256, S::RSA_PKCS1_SHA384, S::RSA_PKCS1_SHA512];
+    let deadline = Instant::now() + BOUND;
+    let served_ecdsa = loop {
+        match client.peer_leaf_offering(simple, &only_ecdsa).await {
+            Ok(der) => break der,
+            Err(e) if Instant::now() > deadline => panic!("ECDSA-only client: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    assert_eq!(key_type(&served_ecdsa), "EC");
+    assert!(served_ecdsa == ecdsa.der(), "the ECDSA-only client got another certificate than ecdsa-cred's");
+    let served_rsa = client.peer_leaf_offering(simple, &only_rsa).await.expect("RSA-only client");
+    assert_eq!(key_type(&served_rsa), "RSA");
+    assert!(served_rsa == rsa.der(), "the RSA-only client got another certificate than rsa-cred's");
+    let reply = client.get(simple, "shop.example.test", "/products").await.expect("shop over TLS");
+    assert_eq!((reply.status, reply.body.as_str()), (200, "shop"));
+
+    // caCertCredentialName: clients of client-ca get in; none, or one of
+    // the credential's own CA, are refused at the handshake.
+    let mutual: SocketAddr = format!("{}:9443", p.ip).parse().unwrap();
+    let as_client = |certificate| TlsClient { ca: &ca, server_name: "shop.example.test", certificate, alpn: &["http/1.1"] };
+    let deadline = Instant::now() + BOUND;
+    let reply = loop {
+        match as_client(Some(&partner)).get(mutual, "shop.example.test", "/orders").await {
+            Ok(r) => break r,
+            Err(e) if Instant::now() > deadline => panic!("partner over mutual TLS: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    assert_eq!((reply.status, reply.body.as_str()), (200, "shop"));
+    for (who, cert) in [("no certificate", None), ("a certificate of the credential's own CA", Some(&stranger))] {
+        let r = as_client(cert).get(mutual, "shop.example.test", "/orders").await;
+        let e = r.expect_err(&format!("a client with {who} was let in"));
+        assert!(e.contains("TLS handshake") || e.contains("read from"), "{who}: not refused by TLS: {e}");
+    }
+    p.envoy.assert_no_rejections().await;
+
+    // No read path shows a key of the new credentials either.
+    let shown = fx.client.get(format!("{}/debug/config_dump?proxyID={}", fx.api(1), p.id)).send().await.unwrap().text().await.unwrap();
+    for leaf in [&rsa, &ecdsa, &mtls] {
+        for form in key_forms(leaf) {
+            assert!(!contains(shown.as_bytes(), &form), "the config dump shows a private key");
+        }
+    }
+}
+
 fn serde_yaml_value(yaml: &str) -> Value {
     yaml_serde::from_str(yaml).unwrap()
 }
@@ -337,6 +468,30 @@ async fn bad_secrets_are_refused_naming_the_field() {
     .await;
     assert_eq!(status, 400, "{out:#}");
     assert!(out.to_string().contains("spec.servers[0].tls.caCertificates"), "{out:#}");
+    // credentialNames and caCertCredentialName: each bad one named by path.
+    let (status, out) = common::apply(
+        &c.http,
+        &api,
+        vec![serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "Gateway", "metadata": {"name": "g", "namespace": "default"},
+            "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+                {"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "hosts": ["a.example.test"],
+                 "tls": {"mode": "SIMPLE", "credentialNames": ["rsa-cred", "Not_A_Name"]}},
+                {"port": {"number": 444, "name": "https-2", "protocol": "HTTPS"}, "hosts": ["a.example.test"],
+                 "tls": {"mode": "SIMPLE", "credentialNames": ["a", "b", "c"]}},
+                {"port": {"number": 445, "name": "https-3", "protocol": "HTTPS"}, "hosts": ["a.example.test"],
+                 "tls": {"mode": "MUTUAL", "credentialName": "a", "caCertCredentialName": "configmap://istio-system/ca"}}]}})],
+    )
+    .await;
+    assert_eq!(status, 400, "{out:#}");
+    let fields: Vec<String> =
+        out["error"]["fields"].as_array().cloned().unwrap_or_default().iter().map(|f| f["field"].as_str().unwrap_or_default().to_string()).collect();
+    for want in [
+        "resources[0].spec.servers[0].tls.credentialNames[1]",
+        "resources[0].spec.servers[1].tls.credentialNames",
+        "resources[0].spec.servers[2].tls.caCertCredentialName",
+    ] {
+        assert!(fields.iter().any(|f| f == want), "{want} not named: {out:#}");
+    }
 }
 
 /// Three members sharing one mesh CA directory (`lodestar tls ca create

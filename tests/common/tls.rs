@@ -45,13 +45,31 @@ impl Ca {
         self.leaf(names[0], sans, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
+    /// A server certificate for DNS names with a 2048-bit RSA key
+    /// (made by `openssl genpkey`: rcgen on ring cannot generate RSA keys;
+    /// the CA, ECDSA, signs it).
+    pub fn server_rsa(&self, names: &[&str]) -> Leaf {
+        let out = std::process::Command::new("openssl")
+            .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"])
+            .output()
+            .expect("run openssl genpkey");
+        assert!(out.status.success(), "openssl genpkey: {}", String::from_utf8_lossy(&out.stderr));
+        let pem = String::from_utf8(out.stdout).unwrap();
+        let key = KeyPair::from_pem_and_sign_algo(&pem, &rcgen::PKCS_RSA_SHA256).expect("an RSA key");
+        let sans = names.iter().map(|n| SanType::DnsName((*n).try_into().unwrap())).collect();
+        self.leaf_with(key, names[0], sans, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
     /// A client certificate naming the client by URI (a SPIFFE id, say).
     pub fn client(&self, uri: &str) -> Leaf {
         self.leaf("client", vec![SanType::URI(uri.try_into().unwrap())], ExtendedKeyUsagePurpose::ClientAuth)
     }
 
     fn leaf(&self, common_name: &str, sans: Vec<SanType>, usage: ExtendedKeyUsagePurpose) -> Leaf {
-        let key = KeyPair::generate().unwrap();
+        self.leaf_with(KeyPair::generate().unwrap(), common_name, sans, usage)
+    }
+
+    fn leaf_with(&self, key: KeyPair, common_name: &str, sans: Vec<SanType>, usage: ExtendedKeyUsagePurpose) -> Leaf {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.distinguished_name.push(DnType::CommonName, common_name);
         params.subject_alt_names = sans;
@@ -114,7 +132,28 @@ pub struct TlsClient<'a> {
 
 impl TlsClient<'_> {
     async fn connect(&self, addr: SocketAddr) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        self.connect_offering(addr, None).await
+    }
+
+    /// As `connect`; with `schemes`, the ClientHello offers only those
+    /// signature algorithms (a client that can verify only ECDSA, say).
+    async fn connect_offering(
+        &self,
+        addr: SocketAddr,
+        schemes: Option<&[rustls::SignatureScheme]>,
+    ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+        let mut provider = rustls::crypto::ring::default_provider();
+        if let Some(schemes) = schemes {
+            // What the handshake may be signed with: the offered schemes
+            // only. Certificates in the chain are still checked with every
+            // algorithm (`all`).
+            let algorithms = provider.signature_verification_algorithms;
+            let mapping: Vec<_> = algorithms.mapping.iter().filter(|(scheme, _)| schemes.contains(scheme)).cloned().collect();
+            assert!(!mapping.is_empty(), "none of {schemes:?} is supported");
+            provider.signature_verification_algorithms =
+                rustls::crypto::WebPkiSupportedAlgorithms { all: algorithms.all, mapping: Box::leak(mapping.into_boxed_slice()) };
+        }
+        let provider = Arc::new(provider);
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.ca.der.clone()).map_err(|e| format!("test CA: {e}"))?;
         let builder = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots);
@@ -135,6 +174,16 @@ impl TlsClient<'_> {
     /// A handshake only: the server's certificate (DER, the leaf).
     pub async fn peer_leaf(&self, addr: SocketAddr) -> Result<Vec<u8>, String> {
         let tls = tokio::time::timeout(Duration::from_secs(10), self.connect(addr)).await.map_err(|_| format!("{addr}: handshake timed out"))??;
+        let certs = tls.get_ref().1.peer_certificates().ok_or("no server certificate")?;
+        Ok(certs.first().ok_or("no server certificate")?.to_vec())
+    }
+
+    /// A handshake offering only the signature algorithms `schemes`: the
+    /// server's certificate (DER, the leaf).
+    pub async fn peer_leaf_offering(&self, addr: SocketAddr, schemes: &[rustls::SignatureScheme]) -> Result<Vec<u8>, String> {
+        let tls = tokio::time::timeout(Duration::from_secs(10), self.connect_offering(addr, Some(schemes)))
+            .await
+            .map_err(|_| format!("{addr}: handshake timed out"))??;
         let certs = tls.get_ref().1.peer_certificates().ok_or("no server certificate")?;
         Ok(certs.first().ok_or("no server certificate")?.to_vec())
     }
