@@ -37,22 +37,19 @@ fn tls_secret(name: &str, namespace: &str, leaf: &Leaf) -> String {
     )
 }
 
-/// SIMPLE on 8443 with `shop-credential`; MUTUAL on 9443 with
-/// `partners-credential`, its client CA in `partners-credential-cacert`.
-const GATEWAY: &str = r#"
-apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {name: shop-gateway, namespace: default}
-spec:
-  selector: {istio: ingressgateway}
-  servers:
-  - port: {number: 8443, name: https, protocol: HTTPS}
-    hosts: [shop.example.test]
-    tls: {mode: SIMPLE, credentialName: shop-credential}
-  - port: {number: 9443, name: https-partners, protocol: HTTPS}
-    hosts: [shop.example.test]
-    tls: {mode: MUTUAL, credentialName: partners-credential}
----
+/// `shop-gateway`: shop.example.test on 8443 and 9443, with these `tls`
+/// settings (flow maps).
+fn shop_gateway(tls_8443: &str, tls_9443: &str) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {{name: shop-gateway, namespace: default}}\nspec:\n  \
+         selector: {{istio: ingressgateway}}\n  servers:\n  \
+         - port: {{number: 8443, name: https, protocol: HTTPS}}\n    hosts: [shop.example.test]\n    tls: {tls_8443}\n  \
+         - port: {{number: 9443, name: https-partners, protocol: HTTPS}}\n    hosts: [shop.example.test]\n    tls: {tls_9443}\n"
+    )
+}
+
+/// Routes shop.example.test on `shop-gateway` to the shop service.
+const SHOP_ROUTE: &str = r#"
 apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {name: shop, namespace: default}
@@ -62,6 +59,29 @@ spec:
   http:
   - route: [{destination: {host: shop, port: {number: 9080}}}]
 "#;
+
+/// A gateway proxy (node type router, `istio: ingressgateway`) of
+/// istio-system, where its Secrets are, at `127.A.B.n`.
+fn gateway_options(fx: &Fixture, name: &str, n: u8) -> common::envoy::EnvoyOptions {
+    let mut o = common::envoy::EnvoyOptions::new(name, &fx.ip(n));
+    o.namespace = "istio-system".into();
+    o.node_type = "router".into();
+    o.labels = vec![("istio".into(), "ingressgateway".into())];
+    o
+}
+
+/// `attempt` until it succeeds (a listener may still be warming), within
+/// `BOUND`; a failure then panics, saying `what`.
+async fn until_ok<T, F: std::future::Future<Output = Result<T, String>>>(what: &str, mut attempt: impl FnMut() -> F) -> T {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        match attempt().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() > deadline => panic!("{what}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
 
 fn shop_service(u: &common::envoy::Upstream) -> String {
     format!(
@@ -169,17 +189,17 @@ async fn gateway_serves_secrets_over_sds() {
         client_ca.pem.lines().map(|l| format!("    {l}\n")).collect::<String>()
     );
     let yaml = format!(
-        "{}---\n{}---\n{}---\n{ca_secret}---\n{GATEWAY}",
+        "{}---\n{}---\n{}---\n{ca_secret}---\n{}---\n{SHOP_ROUTE}",
         shop_service(&shop),
         tls_secret("shop-credential", "istio-system", &first),
-        tls_secret("partners-credential", "istio-system", &partners)
+        tls_secret("partners-credential", "istio-system", &partners),
+        // SIMPLE with `shop-credential`; MUTUAL with `partners-credential`,
+        // its client CA in `partners-credential-cacert`.
+        shop_gateway("{mode: SIMPLE, credentialName: shop-credential}", "{mode: MUTUAL, credentialName: partners-credential}"),
     );
     let rev = fx.apply(&yaml).await;
     let gateway = |n: u8, delta: bool| {
-        let mut o = common::envoy::EnvoyOptions::new(if delta { "ingressgateway-delta" } else { "ingressgateway" }, &fx.ip(n));
-        o.namespace = "istio-system".into();
-        o.node_type = "router".into();
-        o.labels = vec![("istio".into(), "ingressgateway".into())];
+        let mut o = gateway_options(&fx, if delta { "ingressgateway-delta" } else { "ingressgateway" }, n);
         o.delta = delta;
         o
     };
@@ -213,14 +233,8 @@ async fn gateway_serves_secrets_over_sds() {
     // MUTUAL: the client CA from `partners-credential-cacert`.
     let mutual: SocketAddr = format!("{}:9443", p.ip).parse().unwrap();
     let as_partner = |certificate| TlsClient { ca: &ca, server_name: "shop.example.test", certificate, alpn: &["http/1.1"] };
-    let deadline = Instant::now() + BOUND;
-    let reply = loop {
-        match as_partner(Some(&partner)).get(mutual, "shop.example.test", "/orders").await {
-            Ok(r) => break r,
-            Err(e) if Instant::now() > deadline => panic!("partner over mutual TLS: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
+    let partner_client = as_partner(Some(&partner));
+    let reply = until_ok("partner over mutual TLS", || partner_client.get(mutual, "shop.example.test", "/orders")).await;
     assert_eq!((reply.status, reply.body.as_str()), (200, "shop"));
     for (who, cert) in [("no certificate", None), ("a certificate of another CA", Some(&stranger))] {
         let r = as_partner(cert).get(mutual, "shop.example.test", "/orders").await;
@@ -279,32 +293,6 @@ async fn gateway_serves_secrets_over_sds() {
     assert!(ask_for_secret(&xds, &gw("istio-system"), &["no-such-secret"]).await.is_empty(), "an unknown secret was served");
 }
 
-/// 8443: SIMPLE with `credentialNames` (an RSA and an ECDSA certificate);
-/// 9443: MUTUAL with `credentialName` and `caCertCredentialName`.
-const GATEWAY_CREDENTIALS: &str = r#"
-apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {name: shop-gateway, namespace: default}
-spec:
-  selector: {istio: ingressgateway}
-  servers:
-  - port: {number: 8443, name: https, protocol: HTTPS}
-    hosts: [shop.example.test]
-    tls: {mode: SIMPLE, credentialNames: [rsa-cred, ecdsa-cred]}
-  - port: {number: 9443, name: https-partners, protocol: HTTPS}
-    hosts: [shop.example.test]
-    tls: {mode: MUTUAL, credentialName: mtls-cred, caCertCredentialName: client-ca}
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {name: shop, namespace: default}
-spec:
-  hosts: [shop.example.test]
-  gateways: [shop-gateway]
-  http:
-  - route: [{destination: {host: shop, port: {number: 9080}}}]
-"#;
-
 /// The key algorithm of a certificate (DER): `RSA` or `EC`.
 fn key_type(der: &[u8]) -> &'static str {
     let (_, cert) = x509_parser::parse_x509_certificate(der).expect("a certificate");
@@ -344,17 +332,16 @@ async fn gateway_serves_credential_names_and_ca_cert_credential_name() {
     let client_ca_secret =
         format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: client-ca, namespace: istio-system}}\ndata:\n  ca.crt: {}\n", b64(client_ca.pem.as_bytes()));
     let yaml = format!(
-        "{}---\n{}---\n{}---\n{mtls_secret}---\n{client_ca_secret}---\n{GATEWAY_CREDENTIALS}",
+        "{}---\n{}---\n{}---\n{mtls_secret}---\n{client_ca_secret}---\n{}---\n{SHOP_ROUTE}",
         shop_service(&shop),
         tls_secret("rsa-cred", "istio-system", &rsa),
         tls_secret("ecdsa-cred", "istio-system", &ecdsa),
+        // 8443: an RSA and an ECDSA certificate; 9443: the client CA from
+        // its own Secret.
+        shop_gateway("{mode: SIMPLE, credentialNames: [rsa-cred, ecdsa-cred]}", "{mode: MUTUAL, credentialName: mtls-cred, caCertCredentialName: client-ca}"),
     );
     let rev = fx.apply(&yaml).await;
-    let mut o = common::envoy::EnvoyOptions::new("ingressgateway", &fx.ip(2));
-    o.namespace = "istio-system".into();
-    o.node_type = "router".into();
-    o.labels = vec![("istio".into(), "ingressgateway".into())];
-    let p = fx.proxy(o, 1, rev).await;
+    let p = fx.proxy(gateway_options(&fx, "ingressgateway", 2), 1, rev).await;
 
     // credentialNames: a client that verifies only ECDSA signatures gets the
     // ECDSA certificate, one that verifies only RSA the RSA one.
@@ -362,14 +349,7 @@ async fn gateway_serves_credential_names_and_ca_cert_credential_name() {
     let client = TlsClient { ca: &ca, server_name: "shop.example.test", certificate: None, alpn: &["http/1.1"] };
     let only_ecdsa = [S::ECDSA_NISTP256_SHA256, S::ECDSA_NISTP384_SHA384];
     let only_rsa = [S::RSA_PSS_SHA256, S::RSA_PSS_SHA384, S::RSA_PSS_SHA512, S::RSA_PKCS1_SHA256, S::RSA_PKCS1_SHA384, S::RSA_PKCS1_SHA512];
-    let deadline = Instant::now() + BOUND;
-    let served_ecdsa = loop {
-        match client.peer_leaf_offering(simple, &only_ecdsa).await {
-            Ok(der) => break der,
-            Err(e) if Instant::now() > deadline => panic!("ECDSA-only client: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
+    let served_ecdsa = until_ok("ECDSA-only client", || client.peer_leaf_offering(simple, &only_ecdsa)).await;
     assert_eq!(key_type(&served_ecdsa), "EC");
     assert!(served_ecdsa == ecdsa.der(), "the ECDSA-only client got another certificate than ecdsa-cred's");
     let served_rsa = client.peer_leaf_offering(simple, &only_rsa).await.expect("RSA-only client");
@@ -382,14 +362,8 @@ async fn gateway_serves_credential_names_and_ca_cert_credential_name() {
     // the credential's own CA, are refused at the handshake.
     let mutual: SocketAddr = format!("{}:9443", p.ip).parse().unwrap();
     let as_client = |certificate| TlsClient { ca: &ca, server_name: "shop.example.test", certificate, alpn: &["http/1.1"] };
-    let deadline = Instant::now() + BOUND;
-    let reply = loop {
-        match as_client(Some(&partner)).get(mutual, "shop.example.test", "/orders").await {
-            Ok(r) => break r,
-            Err(e) if Instant::now() > deadline => panic!("partner over mutual TLS: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
+    let partner_client = as_client(Some(&partner));
+    let reply = until_ok("partner over mutual TLS", || partner_client.get(mutual, "shop.example.test", "/orders")).await;
     assert_eq!((reply.status, reply.body.as_str()), (200, "shop"));
     for (who, cert) in [("no certificate", None), ("a certificate of the credential's own CA", Some(&stranger))] {
         let r = as_client(cert).get(mutual, "shop.example.test", "/orders").await;
