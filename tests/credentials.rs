@@ -17,7 +17,7 @@ mod common;
 
 use base64::Engine;
 use common::mesh::*;
-use common::tls::{Ca, Leaf, TlsClient};
+use common::tls::{Ca, Leaf, Offer, TlsClient};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 use prost::{Message, Name};
 use serde_json::Value;
@@ -349,12 +349,16 @@ async fn gateway_serves_credential_names_and_ca_cert_credential_name() {
     let client = TlsClient { ca: &ca, server_name: "shop.example.test", certificate: None, alpn: &["http/1.1"] };
     let only_ecdsa = [S::ECDSA_NISTP256_SHA256, S::ECDSA_NISTP384_SHA384];
     let only_rsa = [S::RSA_PSS_SHA256, S::RSA_PSS_SHA384, S::RSA_PSS_SHA512, S::RSA_PKCS1_SHA256, S::RSA_PKCS1_SHA384, S::RSA_PKCS1_SHA512];
-    let served_ecdsa = until_ok("ECDSA-only client", || client.peer_leaf_offering(simple, &only_ecdsa)).await;
-    assert_eq!(key_type(&served_ecdsa), "EC");
-    assert!(served_ecdsa == ecdsa.der(), "the ECDSA-only client got another certificate than ecdsa-cred's");
-    let served_rsa = client.peer_leaf_offering(simple, &only_rsa).await.expect("RSA-only client");
-    assert_eq!(key_type(&served_rsa), "RSA");
-    assert!(served_rsa == rsa.der(), "the RSA-only client got another certificate than rsa-cred's");
+    let tls13 = Offer { schemes: &only_ecdsa, version: &rustls::version::TLS13 };
+    until_ok("ECDSA-only client", || client.peer_leaf_offering(simple, Some(tls13))).await;
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        for (schemes, want, leaf) in [(&only_ecdsa[..], "EC", &ecdsa), (&only_rsa[..], "RSA", &rsa)] {
+            let what = format!("{version:?}, offering only {want} signatures");
+            let served = client.peer_leaf_offering(simple, Some(Offer { schemes, version })).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(key_type(&served), want, "{what}");
+            assert!(served == leaf.der(), "{what}: not the certificate of its credential");
+        }
+    }
     let reply = client.get(simple, "shop.example.test", "/products").await.expect("shop over TLS");
     assert_eq!((reply.status, reply.body.as_str()), (200, "shop"));
 

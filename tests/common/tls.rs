@@ -120,6 +120,14 @@ pub struct TlsReply {
     pub version: Option<String>,
 }
 
+/// What a client offers in its ClientHello: only these signature
+/// algorithms, only this TLS version.
+#[derive(Clone, Copy)]
+pub struct Offer<'a> {
+    pub schemes: &'a [rustls::SignatureScheme],
+    pub version: &'static rustls::SupportedProtocolVersion,
+}
+
 /// Who connects: the CA it trusts (only that one), the server name it
 /// sends (SNI) and expects the certificate to be valid for, its own
 /// certificate if it offers one, and the application protocols it offers.
@@ -135,15 +143,13 @@ impl TlsClient<'_> {
         self.connect_offering(addr, None).await
     }
 
-    /// As `connect`; with `schemes`, the ClientHello offers only those
-    /// signature algorithms (a client that can verify only ECDSA, say).
-    async fn connect_offering(
-        &self,
-        addr: SocketAddr,
-        schemes: Option<&[rustls::SignatureScheme]>,
-    ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    /// As `connect`; with an offer, the ClientHello offers only its
+    /// signature algorithms (a client that can verify only ECDSA, say) and
+    /// its TLS version.
+    async fn connect_offering(&self, addr: SocketAddr, offer: Option<Offer<'_>>) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
         let mut provider = rustls::crypto::ring::default_provider();
-        if let Some(schemes) = schemes {
+        let mut versions = rustls::DEFAULT_VERSIONS;
+        if let Some(Offer { schemes, version }) = offer {
             // What the handshake may be signed with: the offered schemes
             // only. Certificates in the chain are still checked with every
             // algorithm (`all`).
@@ -152,11 +158,13 @@ impl TlsClient<'_> {
             assert!(!mapping.is_empty(), "none of {schemes:?} is supported");
             provider.signature_verification_algorithms =
                 rustls::crypto::WebPkiSupportedAlgorithms { all: algorithms.all, mapping: Box::leak(mapping.into_boxed_slice()) };
+            versions = Box::leak(Box::new([version]));
         }
         let provider = Arc::new(provider);
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.ca.der.clone()).map_err(|e| format!("test CA: {e}"))?;
-        let builder = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots);
+        let builder =
+            rustls::ClientConfig::builder_with_provider(provider).with_protocol_versions(versions).map_err(|e| format!("{e}"))?.with_root_certificates(roots);
         let mut config = match self.certificate {
             Some(leaf) => {
                 let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf.key_der.clone()));
@@ -173,17 +181,14 @@ impl TlsClient<'_> {
 
     /// A handshake only: the server's certificate (DER, the leaf).
     pub async fn peer_leaf(&self, addr: SocketAddr) -> Result<Vec<u8>, String> {
-        let tls = tokio::time::timeout(Duration::from_secs(10), self.connect(addr)).await.map_err(|_| format!("{addr}: handshake timed out"))??;
-        let certs = tls.get_ref().1.peer_certificates().ok_or("no server certificate")?;
-        Ok(certs.first().ok_or("no server certificate")?.to_vec())
+        self.peer_leaf_offering(addr, None).await
     }
 
-    /// A handshake offering only the signature algorithms `schemes`: the
-    /// server's certificate (DER, the leaf).
-    pub async fn peer_leaf_offering(&self, addr: SocketAddr, schemes: &[rustls::SignatureScheme]) -> Result<Vec<u8>, String> {
-        let tls = tokio::time::timeout(Duration::from_secs(10), self.connect_offering(addr, Some(schemes)))
-            .await
-            .map_err(|_| format!("{addr}: handshake timed out"))??;
+    /// A handshake offering `offer` (if given): the server's certificate
+    /// (DER, the leaf).
+    pub async fn peer_leaf_offering(&self, addr: SocketAddr, offer: Option<Offer<'_>>) -> Result<Vec<u8>, String> {
+        let tls =
+            tokio::time::timeout(Duration::from_secs(10), self.connect_offering(addr, offer)).await.map_err(|_| format!("{addr}: handshake timed out"))??;
         let certs = tls.get_ref().1.peer_certificates().ok_or("no server certificate")?;
         Ok(certs.first().ok_or("no server certificate")?.to_vec())
     }

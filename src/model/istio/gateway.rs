@@ -300,7 +300,8 @@ impl Server {
         r.ignored_if(self.default_endpoint.is_some(), &at.field("defaultEndpoint"));
     }
 
-    /// Gateways serve HTTP; HTTPS terminated with certificate files; TLS
+    /// Gateways serve HTTP; HTTPS terminated with certificate files or
+    /// Secrets (credentialName, credentialNames, caCertCredentialName); TLS
     /// (HTTPS or TLS ports) passed through by SNI (PASSTHROUGH: the
     /// VirtualServices' `tls` routes; AUTO_PASSTHROUGH: the SNI names the
     /// cluster); and TCP by the `tcp` routes. Anything else would be served
