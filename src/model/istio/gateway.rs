@@ -366,13 +366,10 @@ impl Server {
             }
         }
         let credential = if tls.credential_name.is_some() { "credentialName" } else { "credentialNames" };
-        if tls.terminates() && tls.has_credential_name() && tls.ca_certificates.is_some() {
-            let from = match (&tls.ca_cert_credential_name, &tls.credential_name, tls.credential_names.first()) {
-                (Some(ca), _, _) => format!("the Secret {ca} (caCertCredentialName)"),
-                (None, Some(name), _) | (None, None, Some(name)) => {
-                    format!("the credential (its ca.crt or cacert, or the Secret {name}-cacert), or caCertCredentialName")
-                }
-                (None, None, None) => unreachable!("has_credential_name"),
+        if let (true, Some(first), Some(_)) = (tls.terminates(), tls.credential_name.as_ref().or(tls.credential_names.first()), &tls.ca_certificates) {
+            let from = match &tls.ca_cert_credential_name {
+                Some(ca) => format!("the Secret {ca} (caCertCredentialName)"),
+                None => format!("the credential (its ca.crt or cacert, or the Secret {first}-cacert), or caCertCredentialName"),
             };
             r.error(&tls_at.field("caCertificates"), format!("cannot be combined with {credential}: the client CA comes from {from}"));
         }
