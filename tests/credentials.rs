@@ -8,13 +8,16 @@
 //! client certificate; no read path, no sled file, no backup and no replica
 //! log holds the private key; a sidecar, or a gateway of another
 //! namespace, asking for the secret gets nothing; bad Secrets are refused
-//! with 400 naming the field.
+//! with 400 naming the field. `credentialNames`: an RSA and an ECDSA
+//! certificate on one server, each presented to the clients that can
+//! verify only its kind; `caCertCredentialName`: the client CA from its own
+//! Secret, winning over the credential's.
 
 mod common;
 
 use base64::Engine;
 use common::mesh::*;
-use common::tls::{Ca, Leaf, TlsClient};
+use common::tls::{Ca, Leaf, Offer, TlsClient};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 use prost::{Message, Name};
 use serde_json::Value;
@@ -34,22 +37,19 @@ fn tls_secret(name: &str, namespace: &str, leaf: &Leaf) -> String {
     )
 }
 
-/// SIMPLE on 8443 with `shop-credential`; MUTUAL on 9443 with
-/// `partners-credential`, its client CA in `partners-credential-cacert`.
-const GATEWAY: &str = r#"
-apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {name: shop-gateway, namespace: default}
-spec:
-  selector: {istio: ingressgateway}
-  servers:
-  - port: {number: 8443, name: https, protocol: HTTPS}
-    hosts: [shop.example.test]
-    tls: {mode: SIMPLE, credentialName: shop-credential}
-  - port: {number: 9443, name: https-partners, protocol: HTTPS}
-    hosts: [shop.example.test]
-    tls: {mode: MUTUAL, credentialName: partners-credential}
----
+/// `shop-gateway`: shop.example.test on 8443 and 9443, with these `tls`
+/// settings (flow maps).
+fn shop_gateway(tls_8443: &str, tls_9443: &str) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {{name: shop-gateway, namespace: default}}\nspec:\n  \
+         selector: {{istio: ingressgateway}}\n  servers:\n  \
+         - port: {{number: 8443, name: https, protocol: HTTPS}}\n    hosts: [shop.example.test]\n    tls: {tls_8443}\n  \
+         - port: {{number: 9443, name: https-partners, protocol: HTTPS}}\n    hosts: [shop.example.test]\n    tls: {tls_9443}\n"
+    )
+}
+
+/// Routes shop.example.test on `shop-gateway` to the shop service.
+const SHOP_ROUTE: &str = r#"
 apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {name: shop, namespace: default}
@@ -59,6 +59,29 @@ spec:
   http:
   - route: [{destination: {host: shop, port: {number: 9080}}}]
 "#;
+
+/// A gateway proxy (node type router, `istio: ingressgateway`) of
+/// istio-system, where its Secrets are, at `127.A.B.n`.
+fn gateway_options(fx: &Fixture, name: &str, n: u8) -> common::envoy::EnvoyOptions {
+    let mut o = common::envoy::EnvoyOptions::new(name, &fx.ip(n));
+    o.namespace = "istio-system".into();
+    o.node_type = "router".into();
+    o.labels = vec![("istio".into(), "ingressgateway".into())];
+    o
+}
+
+/// `attempt` until it succeeds (a listener may still be warming), within
+/// `BOUND`; a failure then panics, saying `what`.
+async fn until_ok<T, F: std::future::Future<Output = Result<T, String>>>(what: &str, mut attempt: impl FnMut() -> F) -> T {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        match attempt().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() > deadline => panic!("{what}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
 
 fn shop_service(u: &common::envoy::Upstream) -> String {
     format!(
@@ -166,17 +189,17 @@ async fn gateway_serves_secrets_over_sds() {
         client_ca.pem.lines().map(|l| format!("    {l}\n")).collect::<String>()
     );
     let yaml = format!(
-        "{}---\n{}---\n{}---\n{ca_secret}---\n{GATEWAY}",
+        "{}---\n{}---\n{}---\n{ca_secret}---\n{}---\n{SHOP_ROUTE}",
         shop_service(&shop),
         tls_secret("shop-credential", "istio-system", &first),
-        tls_secret("partners-credential", "istio-system", &partners)
+        tls_secret("partners-credential", "istio-system", &partners),
+        // SIMPLE with `shop-credential`; MUTUAL with `partners-credential`,
+        // its client CA in `partners-credential-cacert`.
+        shop_gateway("{mode: SIMPLE, credentialName: shop-credential}", "{mode: MUTUAL, credentialName: partners-credential}"),
     );
     let rev = fx.apply(&yaml).await;
     let gateway = |n: u8, delta: bool| {
-        let mut o = common::envoy::EnvoyOptions::new(if delta { "ingressgateway-delta" } else { "ingressgateway" }, &fx.ip(n));
-        o.namespace = "istio-system".into();
-        o.node_type = "router".into();
-        o.labels = vec![("istio".into(), "ingressgateway".into())];
+        let mut o = gateway_options(&fx, if delta { "ingressgateway-delta" } else { "ingressgateway" }, n);
         o.delta = delta;
         o
     };
@@ -210,14 +233,8 @@ async fn gateway_serves_secrets_over_sds() {
     // MUTUAL: the client CA from `partners-credential-cacert`.
     let mutual: SocketAddr = format!("{}:9443", p.ip).parse().unwrap();
     let as_partner = |certificate| TlsClient { ca: &ca, server_name: "shop.example.test", certificate, alpn: &["http/1.1"] };
-    let deadline = Instant::now() + BOUND;
-    let reply = loop {
-        match as_partner(Some(&partner)).get(mutual, "shop.example.test", "/orders").await {
-            Ok(r) => break r,
-            Err(e) if Instant::now() > deadline => panic!("partner over mutual TLS: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
+    let partner_client = as_partner(Some(&partner));
+    let reply = until_ok("partner over mutual TLS", || partner_client.get(mutual, "shop.example.test", "/orders")).await;
     assert_eq!((reply.status, reply.body.as_str()), (200, "shop"));
     for (who, cert) in [("no certificate", None), ("a certificate of another CA", Some(&stranger))] {
         let r = as_partner(cert).get(mutual, "shop.example.test", "/orders").await;
@@ -274,6 +291,98 @@ async fn gateway_serves_secrets_over_sds() {
     assert!(ask_for_secret(&xds, &sidecar, &["shop-credential"]).await.is_empty(), "a sidecar was served a gateway secret");
     assert!(ask_for_secret(&xds, &gw("default"), &["shop-credential"]).await.is_empty(), "a gateway of another namespace was served the secret");
     assert!(ask_for_secret(&xds, &gw("istio-system"), &["no-such-secret"]).await.is_empty(), "an unknown secret was served");
+}
+
+/// The key algorithm of a certificate (DER): `RSA` or `EC`.
+fn key_type(der: &[u8]) -> &'static str {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).expect("a certificate");
+    let oid = &cert.public_key().algorithm.algorithm;
+    if *oid == x509_parser::oid_registry::OID_PKCS1_RSAENCRYPTION {
+        "RSA"
+    } else if *oid == x509_parser::oid_registry::OID_KEY_TYPE_EC_PUBLIC_KEY {
+        "EC"
+    } else {
+        panic!("unexpected key algorithm {oid}")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_serves_credential_names_and_ca_cert_credential_name() {
+    use rustls::SignatureScheme as S;
+    let fx = Fixture::start(1).await;
+    let shop = fx.upstream(11, "shop").await;
+    let ca = Ca::new("lodestar test CA");
+    let rsa = ca.server_rsa(&["shop.example.test"]);
+    let ecdsa = ca.server(&["shop.example.test"]);
+    assert_eq!((key_type(rsa.der()), key_type(ecdsa.der())), ("RSA", "EC"));
+    let mtls = ca.server(&["shop.example.test"]);
+    let client_ca = Ca::new("partners client CA");
+    let partner = client_ca.client("spiffe://partners.example.test/client");
+    // The server credential carries a CA of its own (ca.crt): the
+    // caCertCredentialName must win over it, so its clients are refused.
+    let credential_ca = Ca::new("the credential's own CA");
+    let stranger = credential_ca.client("spiffe://partners.example.test/client");
+
+    let mtls_secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: mtls-cred, namespace: istio-system}}\ntype: kubernetes.io/tls\ndata:\n  tls.crt: {}\n  tls.key: {}\n  ca.crt: {}\n",
+        b64(mtls.cert_pem.as_bytes()),
+        b64(mtls.key_pem.as_bytes()),
+        b64(credential_ca.pem.as_bytes())
+    );
+    let client_ca_secret =
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: client-ca, namespace: istio-system}}\ndata:\n  ca.crt: {}\n", b64(client_ca.pem.as_bytes()));
+    let yaml = format!(
+        "{}---\n{}---\n{}---\n{mtls_secret}---\n{client_ca_secret}---\n{}---\n{SHOP_ROUTE}",
+        shop_service(&shop),
+        tls_secret("rsa-cred", "istio-system", &rsa),
+        tls_secret("ecdsa-cred", "istio-system", &ecdsa),
+        // 8443: an RSA and an ECDSA certificate; 9443: the client CA from
+        // its own Secret.
+        shop_gateway("{mode: SIMPLE, credentialNames: [rsa-cred, ecdsa-cred]}", "{mode: MUTUAL, credentialName: mtls-cred, caCertCredentialName: client-ca}"),
+    );
+    let rev = fx.apply(&yaml).await;
+    let p = fx.proxy(gateway_options(&fx, "ingressgateway", 2), 1, rev).await;
+
+    // credentialNames: a client that verifies only ECDSA signatures gets the
+    // ECDSA certificate, one that verifies only RSA the RSA one.
+    let simple: SocketAddr = format!("{}:8443", p.ip).parse().unwrap();
+    let client = TlsClient { ca: &ca, server_name: "shop.example.test", certificate: None, alpn: &["http/1.1"] };
+    let only_ecdsa = [S::ECDSA_NISTP256_SHA256, S::ECDSA_NISTP384_SHA384];
+    let only_rsa = [S::RSA_PSS_SHA256, S::RSA_PSS_SHA384, S::RSA_PSS_SHA512, S::RSA_PKCS1_SHA256, S::RSA_PKCS1_SHA384, S::RSA_PKCS1_SHA512];
+    let tls13 = Offer { schemes: &only_ecdsa, version: &rustls::version::TLS13 };
+    until_ok("ECDSA-only client", || client.peer_leaf_offering(simple, Some(tls13))).await;
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        for (schemes, want, leaf) in [(&only_ecdsa[..], "EC", &ecdsa), (&only_rsa[..], "RSA", &rsa)] {
+            let what = format!("{version:?}, offering only {want} signatures");
+            let served = client.peer_leaf_offering(simple, Some(Offer { schemes, version })).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(key_type(&served), want, "{what}");
+            assert!(served == leaf.der(), "{what}: not the certificate of its credential");
+        }
+    }
+    let reply = client.get(simple, "shop.example.test", "/products").await.expect("shop over TLS");
+    assert_eq!((reply.status, reply.body.as_str()), (200, "shop"));
+
+    // caCertCredentialName: clients of client-ca get in; none, or one of
+    // the credential's own CA, are refused at the handshake.
+    let mutual: SocketAddr = format!("{}:9443", p.ip).parse().unwrap();
+    let as_client = |certificate| TlsClient { ca: &ca, server_name: "shop.example.test", certificate, alpn: &["http/1.1"] };
+    let partner_client = as_client(Some(&partner));
+    let reply = until_ok("partner over mutual TLS", || partner_client.get(mutual, "shop.example.test", "/orders")).await;
+    assert_eq!((reply.status, reply.body.as_str()), (200, "shop"));
+    for (who, cert) in [("no certificate", None), ("a certificate of the credential's own CA", Some(&stranger))] {
+        let r = as_client(cert).get(mutual, "shop.example.test", "/orders").await;
+        let e = r.expect_err(&format!("a client with {who} was let in"));
+        assert!(e.contains("TLS handshake") || e.contains("read from"), "{who}: not refused by TLS: {e}");
+    }
+    p.envoy.assert_no_rejections().await;
+
+    // No read path shows a key of the new credentials either.
+    let shown = fx.client.get(format!("{}/debug/config_dump?proxyID={}", fx.api(1), p.id)).send().await.unwrap().text().await.unwrap();
+    for leaf in [&rsa, &ecdsa, &mtls] {
+        for form in key_forms(leaf) {
+            assert!(!contains(shown.as_bytes(), &form), "the config dump shows a private key");
+        }
+    }
 }
 
 fn serde_yaml_value(yaml: &str) -> Value {
@@ -337,6 +446,30 @@ async fn bad_secrets_are_refused_naming_the_field() {
     .await;
     assert_eq!(status, 400, "{out:#}");
     assert!(out.to_string().contains("spec.servers[0].tls.caCertificates"), "{out:#}");
+    // credentialNames and caCertCredentialName: each bad one named by path.
+    let (status, out) = common::apply(
+        &c.http,
+        &api,
+        vec![serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "Gateway", "metadata": {"name": "g", "namespace": "default"},
+            "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+                {"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "hosts": ["a.example.test"],
+                 "tls": {"mode": "SIMPLE", "credentialNames": ["rsa-cred", "Not_A_Name"]}},
+                {"port": {"number": 444, "name": "https-2", "protocol": "HTTPS"}, "hosts": ["a.example.test"],
+                 "tls": {"mode": "SIMPLE", "credentialNames": ["a", "b", "c"]}},
+                {"port": {"number": 445, "name": "https-3", "protocol": "HTTPS"}, "hosts": ["a.example.test"],
+                 "tls": {"mode": "MUTUAL", "credentialName": "a", "caCertCredentialName": "configmap://istio-system/ca"}}]}})],
+    )
+    .await;
+    assert_eq!(status, 400, "{out:#}");
+    let fields: Vec<String> =
+        out["error"]["fields"].as_array().cloned().unwrap_or_default().iter().map(|f| f["field"].as_str().unwrap_or_default().to_string()).collect();
+    for want in [
+        "resources[0].spec.servers[0].tls.credentialNames[1]",
+        "resources[0].spec.servers[1].tls.credentialNames",
+        "resources[0].spec.servers[2].tls.caCertCredentialName",
+    ] {
+        assert!(fields.iter().any(|f| f == want), "{want} not named: {out:#}");
+    }
 }
 
 /// Three members sharing one mesh CA directory (`lodestar tls ca create

@@ -101,13 +101,10 @@ fn serves(server: &Server, proxy: &ProxyIdentity) -> Option<Serves> {
     if matches!(tls.mode(), ServerTlsMode::Passthrough | ServerTlsMode::AutoPassthrough) {
         return protocol.is_tls().then_some(Serves::Sni);
     }
-    // One credentialName (SDS) or certificate files; validation refuses
-    // the rest.
-    let supported = tls.credential_names.is_empty() && tls.ca_cert_credential_name.is_none();
     // ISTIO_MUTUAL: the gateway's workload certificate over the agent's
     // SDS; a gateway without one gets no listener (never plaintext).
     let terminates = tls.terminates() || (tls.mode() == ServerTlsMode::IstioMutual && proxy.sds);
-    (protocol == Protocol::Https && terminates && supported).then_some(Serves::Https)
+    (protocol == Protocol::Https && terminates).then_some(Serves::Https)
 }
 
 /// The servers on one port.

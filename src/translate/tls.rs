@@ -1,7 +1,8 @@
 //! TLS contexts: a gateway server's (downstream: the proxy terminates TLS)
 //! and a DestinationRule's (upstream: the proxy originates TLS).
 //! Certificates, keys and CA bundles are file paths on the proxy's host,
-//! read by Envoy itself, or (a gateway's `credentialName`) SDS secrets on
+//! read by Envoy itself, or (a gateway's `credentialName`, `credentialNames`,
+//! `caCertCredentialName`) SDS secrets on
 //! the proxy's ADS stream, named here and served by `xds` from the
 //! store's Secrets. (Mutual TLS with the workload certificates, over the
 //! agent's SDS, is `mtls`.)
@@ -59,7 +60,10 @@ pub fn downstream(tls: &ServerTlsSettings, trust_domain: &str) -> DownstreamTlsC
         return ctx;
     }
     if let Some(name) = &tls.credential_name {
-        return credential(tls, name);
+        return credential(tls, std::slice::from_ref(name));
+    }
+    if !tls.credential_names.is_empty() {
+        return credential(tls, &tls.credential_names);
     }
     let pair = |cert: Option<&String>, key: Option<&String>| TlsCertificate {
         certificate_chain: cert.map(|c| file(c)),
@@ -106,13 +110,14 @@ pub fn ads_secret(name: &str) -> SdsSecretConfig {
     SdsSecretConfig { name: name.into(), sds_config: Some(source) }
 }
 
-/// A server with `credentialName`: the certificate and key are the SDS
-/// secret of that name; clients (MUTUAL, OPTIONAL_MUTUAL) are validated
-/// against the SDS secret `<name>-cacert` (Istio's names), with the
-/// server's SAN, SPKI and hash checks as the default context. Only names:
-/// no certificate or key is in the listener, so a rotation changes the
-/// secret, never the listener.
-fn credential(tls: &ServerTlsSettings, name: &str) -> DownstreamTlsContext {
+/// A server with `credentialName` (or `credentialNames`): the certificate
+/// and key are the SDS secret of that name (one per name, an RSA and an
+/// ECDSA one: Envoy presents the one the client's signature algorithms
+/// allow); clients (MUTUAL, OPTIONAL_MUTUAL) are validated against the CA
+/// bundle [`client_ca_secret`] names, with the server's SAN, SPKI and hash
+/// checks as the default context. Only names: no certificate or key is in
+/// the listener, so a rotation changes the secret, never the listener.
+fn credential(tls: &ServerTlsSettings, names: &[String]) -> DownstreamTlsContext {
     let validation = tls.verifies_clients().then(|| {
         ValidationContextType::CombinedValidationContext(CombinedCertificateValidationContext {
             default_validation_context: Some(CertificateValidationContext {
@@ -121,20 +126,37 @@ fn credential(tls: &ServerTlsSettings, name: &str) -> DownstreamTlsContext {
                 verify_certificate_hash: tls.verify_certificate_hash.clone(),
                 ..Default::default()
             }),
-            validation_context_sds_secret_config: Some(ads_secret(&format!("{name}{CA_SUFFIX}"))),
+            validation_context_sds_secret_config: Some(ads_secret(&client_ca_secret(tls, names))),
             ..Default::default()
         })
     });
     DownstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
             tls_params: tls_params(tls),
-            tls_certificate_sds_secret_configs: vec![ads_secret(name)],
+            tls_certificate_sds_secret_configs: names.iter().map(|name| ads_secret(name)).collect(),
             alpn_protocols: ALPN_HTTP.iter().map(|p| p.to_string()).collect(),
             validation_context_type: validation,
             ..Default::default()
         }),
         require_client_certificate: Some(BoolValue { value: tls.mode() == ServerTlsMode::Mutual }),
         ..Default::default()
+    }
+}
+
+/// The SDS name of the client CA bundle of a server with credentials, as
+/// Istio picks it (`ApplyCredentialSDSToServerCommonTLSContext`):
+/// `caCertCredentialName` if set, else the first credential's `-cacert`.
+///
+/// `xds::secrets` serves `X-cacert` from the Secret `X-cacert` if there is
+/// one, else from Secret X's `cacert`/`ca.crt` (Istio's `GetCaCert`), so
+/// `caCertCredentialName: X` is named `X-cacert` here (`X` itself if it
+/// already ends so): the name `X` is Secret X's certificate and key, and
+/// the Secret X holding only a CA has no such resource.
+fn client_ca_secret(tls: &ServerTlsSettings, names: &[String]) -> String {
+    match &tls.ca_cert_credential_name {
+        Some(ca) if ca.ends_with(CA_SUFFIX) => ca.clone(),
+        Some(ca) => format!("{ca}{CA_SUFFIX}"),
+        None => format!("{}{CA_SUFFIX}", names.first().map(String::as_str).unwrap_or_default()),
     }
 }
 

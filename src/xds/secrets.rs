@@ -1,5 +1,6 @@
 //! SDS on the ADS stream: the store's Secrets as Envoy `Secret`s, for the
-//! gateways whose listeners name them (`translate::tls`, `credentialName`).
+//! gateways whose listeners name them (`translate::tls`: `credentialName`,
+//! `credentialNames`, `caCertCredentialName`).
 //!
 //! The one place a sealed private key is opened. Rules (as Istio's SDS
 //! for gateways):

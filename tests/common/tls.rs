@@ -45,13 +45,31 @@ impl Ca {
         self.leaf(names[0], sans, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
+    /// A server certificate for DNS names with a 2048-bit RSA key
+    /// (made by `openssl genpkey`: rcgen on ring cannot generate RSA keys;
+    /// the CA, ECDSA, signs it).
+    pub fn server_rsa(&self, names: &[&str]) -> Leaf {
+        let out = std::process::Command::new("openssl")
+            .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"])
+            .output()
+            .expect("run openssl genpkey");
+        assert!(out.status.success(), "openssl genpkey: {}", String::from_utf8_lossy(&out.stderr));
+        let pem = String::from_utf8(out.stdout).unwrap();
+        let key = KeyPair::from_pem_and_sign_algo(&pem, &rcgen::PKCS_RSA_SHA256).expect("an RSA key");
+        let sans = names.iter().map(|n| SanType::DnsName((*n).try_into().unwrap())).collect();
+        self.leaf_with(key, names[0], sans, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
     /// A client certificate naming the client by URI (a SPIFFE id, say).
     pub fn client(&self, uri: &str) -> Leaf {
         self.leaf("client", vec![SanType::URI(uri.try_into().unwrap())], ExtendedKeyUsagePurpose::ClientAuth)
     }
 
     fn leaf(&self, common_name: &str, sans: Vec<SanType>, usage: ExtendedKeyUsagePurpose) -> Leaf {
-        let key = KeyPair::generate().unwrap();
+        self.leaf_with(KeyPair::generate().unwrap(), common_name, sans, usage)
+    }
+
+    fn leaf_with(&self, key: KeyPair, common_name: &str, sans: Vec<SanType>, usage: ExtendedKeyUsagePurpose) -> Leaf {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.distinguished_name.push(DnType::CommonName, common_name);
         params.subject_alt_names = sans;
@@ -102,6 +120,14 @@ pub struct TlsReply {
     pub version: Option<String>,
 }
 
+/// What a client offers in its ClientHello: only these signature
+/// algorithms, only this TLS version.
+#[derive(Clone, Copy)]
+pub struct Offer<'a> {
+    pub schemes: &'a [rustls::SignatureScheme],
+    pub version: &'static rustls::SupportedProtocolVersion,
+}
+
 /// Who connects: the CA it trusts (only that one), the server name it
 /// sends (SNI) and expects the certificate to be valid for, its own
 /// certificate if it offers one, and the application protocols it offers.
@@ -114,10 +140,31 @@ pub struct TlsClient<'a> {
 
 impl TlsClient<'_> {
     async fn connect(&self, addr: SocketAddr) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        self.connect_offering(addr, None).await
+    }
+
+    /// As `connect`; with an offer, the ClientHello offers only its
+    /// signature algorithms (a client that can verify only ECDSA, say) and
+    /// its TLS version.
+    async fn connect_offering(&self, addr: SocketAddr, offer: Option<Offer<'_>>) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+        let mut provider = rustls::crypto::ring::default_provider();
+        let mut versions = rustls::DEFAULT_VERSIONS;
+        if let Some(Offer { schemes, version }) = offer {
+            // What the handshake may be signed with: the offered schemes
+            // only. Certificates in the chain are still checked with every
+            // algorithm (`all`).
+            let algorithms = provider.signature_verification_algorithms;
+            let mapping: Vec<_> = algorithms.mapping.iter().filter(|(scheme, _)| schemes.contains(scheme)).cloned().collect();
+            assert!(!mapping.is_empty(), "none of {schemes:?} is supported");
+            provider.signature_verification_algorithms =
+                rustls::crypto::WebPkiSupportedAlgorithms { all: algorithms.all, mapping: Box::leak(mapping.into_boxed_slice()) };
+            versions = Box::leak(Box::new([version]));
+        }
+        let provider = Arc::new(provider);
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.ca.der.clone()).map_err(|e| format!("test CA: {e}"))?;
-        let builder = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots);
+        let builder =
+            rustls::ClientConfig::builder_with_provider(provider).with_protocol_versions(versions).map_err(|e| format!("{e}"))?.with_root_certificates(roots);
         let mut config = match self.certificate {
             Some(leaf) => {
                 let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf.key_der.clone()));
@@ -134,7 +181,14 @@ impl TlsClient<'_> {
 
     /// A handshake only: the server's certificate (DER, the leaf).
     pub async fn peer_leaf(&self, addr: SocketAddr) -> Result<Vec<u8>, String> {
-        let tls = tokio::time::timeout(Duration::from_secs(10), self.connect(addr)).await.map_err(|_| format!("{addr}: handshake timed out"))??;
+        self.peer_leaf_offering(addr, None).await
+    }
+
+    /// A handshake offering `offer` (if given): the server's certificate
+    /// (DER, the leaf).
+    pub async fn peer_leaf_offering(&self, addr: SocketAddr, offer: Option<Offer<'_>>) -> Result<Vec<u8>, String> {
+        let tls =
+            tokio::time::timeout(Duration::from_secs(10), self.connect_offering(addr, offer)).await.map_err(|_| format!("{addr}: handshake timed out"))??;
         let certs = tls.get_ref().1.peer_certificates().ok_or("no server certificate")?;
         Ok(certs.first().ok_or("no server certificate")?.to_vec())
     }

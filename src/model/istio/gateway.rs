@@ -300,7 +300,8 @@ impl Server {
         r.ignored_if(self.default_endpoint.is_some(), &at.field("defaultEndpoint"));
     }
 
-    /// Gateways serve HTTP; HTTPS terminated with certificate files; TLS
+    /// Gateways serve HTTP; HTTPS terminated with certificate files or
+    /// Secrets (credentialName, credentialNames, caCertCredentialName); TLS
     /// (HTTPS or TLS ports) passed through by SNI (PASSTHROUGH: the
     /// VirtualServices' `tls` routes; AUTO_PASSTHROUGH: the SNI names the
     /// cluster); and TCP by the `tcp` routes. Anything else would be served
@@ -333,31 +334,58 @@ impl Server {
                 "ISTIO_MUTUAL is served only to gateway proxies with a mesh identity (lodestar agent, node metadata LODESTAR_SDS); others get no listener for this server",
             );
         }
-        if let Some(name) = &tls.credential_name {
-            // Served over SDS on the gateway's ADS stream, from the Secret
-            // of that name in the gateway proxy's namespace (`xds`).
-            let name_at = tls_at.field("credentialName");
-            if let Err(why) = crate::model::resource::check_dns_subdomain(name) {
-                r.error(&name_at, format!("must name a Secret in the gateway proxy's namespace: {why}"));
+        // Each credential is served over SDS on the gateway's ADS stream,
+        // from the Secret of that name in the gateway proxy's namespace
+        // (`xds::secrets`): a plain Secret name, nothing else.
+        let secret_name = |name: &str, at: &Path, r: &mut Report| {
+            if name.contains("://") {
+                r.unsupported_one(
+                    at,
+                    &format!("the credential reference {name:?}"),
+                    "name a Secret in the gateway proxy's namespace (ConfigMaps and other namespaces are not served)",
+                );
+            } else if let Err(why) = crate::model::resource::check_dns_subdomain(name) {
+                r.error(at, format!("must name a Secret in the gateway proxy's namespace: {why}"));
             }
-            if tls.terminates() && tls.ca_certificates.is_some() {
-                r.error(
-                    &tls_at.field("caCertificates"),
-                    format!(
-                        "cannot be combined with credentialName: the client CA comes from the credential (its ca.crt or cacert, or the Secret {name}-cacert)"
-                    ),
+        };
+        if let Some(name) = &tls.credential_name {
+            secret_name(name, &tls_at.field("credentialName"), r);
+        }
+        let names_at = tls_at.field("credentialNames");
+        // Istio's CRD schema for credentialNames (minItems 1, maxItems 2:
+        // an RSA and an ECDSA certificate); Envoy refuses two certificates
+        // of one key type, so a name twice is refused here.
+        if tls.credential_names.len() > 2 {
+            r.error(&names_at, format!("at most 2 credential names (one RSA and one ECDSA certificate), got {}", tls.credential_names.len()));
+        }
+        for (i, name) in tls.credential_names.iter().enumerate() {
+            let at = names_at.index(i);
+            secret_name(name, &at, r);
+            if tls.credential_names[..i].contains(name) {
+                r.error(&at, format!("{name:?} is named twice: each credential is one certificate (one RSA, one ECDSA)"));
+            }
+        }
+        let credential = if tls.credential_name.is_some() { "credentialName" } else { "credentialNames" };
+        if let (true, Some(first), Some(_)) = (tls.terminates(), tls.credential_name.as_ref().or(tls.credential_names.first()), &tls.ca_certificates) {
+            let from = match &tls.ca_cert_credential_name {
+                Some(ca) => format!("the Secret {ca} (caCertCredentialName)"),
+                None => format!("the credential (its ca.crt or cacert, or the Secret {first}-cacert), or caCertCredentialName"),
+            };
+            r.error(&tls_at.field("caCertificates"), format!("cannot be combined with {credential}: the client CA comes from {from}"));
+        }
+        if let Some(ca) = &tls.ca_cert_credential_name {
+            let ca_at = tls_at.field("caCertCredentialName");
+            secret_name(ca, &ca_at, r);
+            // Istio reads it only where the certificate comes from a
+            // credential too (`ApplyCredentialSDSToServerCommonTLSContext`);
+            // with certificate files it would be ignored, so it is refused.
+            if tls.terminates() && !tls.has_credential_name() {
+                r.unsupported_one(
+                    &ca_at,
+                    "caCertCredentialName with certificate files",
+                    "use caCertificates with serverCertificate/tlsCertificates, or caCertCredentialName with credentialName or credentialNames",
                 );
             }
-        }
-        if !tls.credential_names.is_empty() {
-            r.unsupported_one(&tls_at.field("credentialNames"), "credentialNames", "use one credentialName");
-        }
-        if tls.ca_cert_credential_name.is_some() {
-            r.unsupported_one(
-                &tls_at.field("caCertCredentialName"),
-                "caCertCredentialName",
-                "put the client CA in the credential's Secret (ca.crt) or in the Secret <credentialName>-cacert",
-            );
         }
         let certs_at = tls_at.field("tlsCertificates");
         for (i, cert) in tls.tls_certificates.iter().enumerate() {
@@ -370,6 +398,8 @@ impl Server {
 }
 
 impl ServerTlsSettings {
+    /// Istio's `validateTLSOptions` (`pkg/config/validation`): one
+    /// certificate source, what each mode needs, what it ignores.
     pub(super) fn check(&self, at: &Path, r: &mut Report) {
         let mode = self.mode();
         if matches!(self.min_protocol_version, Some(TlsProtocol::TlsV1_0 | TlsProtocol::TlsV1_1)) && self.cipher_suites.is_empty() {
@@ -406,6 +436,7 @@ impl ServerTlsSettings {
             // SIMPLE asks no client for a certificate: nothing to verify.
             let client_checks = [
                 ("caCertificates", self.ca_certificates.is_some()),
+                ("caCertCredentialName", self.ca_cert_credential_name.is_some()),
                 ("subjectAltNames", !self.subject_alt_names.is_empty()),
                 ("verifyCertificateSpki", !self.verify_certificate_spki.is_empty()),
                 ("verifyCertificateHash", !self.verify_certificate_hash.is_empty()),
@@ -424,6 +455,9 @@ impl ServerTlsSettings {
                 ("tlsCertificates", !self.tls_certificates.is_empty()),
                 ("credentialName", self.credential_name.is_some()),
                 ("credentialNames", !self.credential_names.is_empty()),
+                // Not in Istio's list (it ignores the field here); refused
+                // rather than accepted and not acted on.
+                ("caCertCredentialName", self.ca_cert_credential_name.is_some()),
             ];
             for (field, _) in provided.iter().filter(|(_, set)| *set) {
                 r.error(&at.field(field), format!("ISTIO_MUTUAL TLS cannot have associated {field}"));
@@ -431,7 +465,7 @@ impl ServerTlsSettings {
             return;
         }
         let passthrough = matches!(mode, ServerTlsMode::Passthrough | ServerTlsMode::AutoPassthrough);
-        if passthrough && (self.has_inline_certificates() || self.has_credential_name() || self.ca_crl.is_some()) {
+        if passthrough && (self.has_inline_certificates() || self.has_credential_name() || self.ca_cert_credential_name.is_some() || self.ca_crl.is_some()) {
             r.warn(at, format!("{mode:?} mode does not use certificates, they will be ignored"));
         }
 
@@ -477,8 +511,12 @@ impl ServerTlsSettings {
         }
         if self.ca_crl.is_some() {
             let crl_at = at.field("caCrl");
+            // Istio refuses it with credentialName; with credentialNames its
+            // credential path drops the CRL the same way, so it is refused too.
             if self.credential_name.is_some() {
                 r.error(&crl_at, "CRL is not supported with credentialName; put the CRL in the credential");
+            } else if !self.credential_names.is_empty() {
+                r.error(&crl_at, "CRL is not supported with credentialNames");
             }
             if mode == ServerTlsMode::Simple {
                 r.error(&crl_at, "CRL is not supported with SIMPLE TLS");
@@ -621,13 +659,59 @@ mod tests {
         let e = errors(json!({"servers": [
             {"port": {"number": 443, "name": "a", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialName": "kubernetes://ns/x"}},
             {"port": {"number": 8443, "name": "b", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "MUTUAL", "credentialName": "b", "caCertificates": "/ca.pem"}},
-            {"port": {"number": 9443, "name": "c", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialNames": ["x", "y"]}},
-            {"port": {"number": 9444, "name": "d", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "MUTUAL", "credentialName": "d", "caCertCredentialName": "ca"}}
         ]}));
-        assert!(has(&e, "spec.servers[0].tls.credentialName", "must name a Secret"), "{e:?}");
+        assert!(has(&e, "spec.servers[0].tls.credentialName", "not supported"), "{e:?}");
         assert!(has(&e, "spec.servers[1].tls.caCertificates", "cannot be combined with credentialName"), "{e:?}");
-        assert!(has(&e, "spec.servers[2].tls.credentialNames", "not supported"), "{e:?}");
-        assert!(has(&e, "spec.servers[3].tls.caCertCredentialName", "not supported"), "{e:?}");
+        let e = errors(json!({"servers": [
+            {"port": {"number": 443, "name": "a", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialName": "ns/x"}}]}));
+        assert!(has(&e, "spec.servers[0].tls.credentialName", "must name a Secret"), "{e:?}");
+    }
+
+    #[test]
+    fn credential_names_and_ca_cert_credential_name() {
+        let ok = json!({"servers": [
+            {"port": {"number": 443, "name": "a", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialNames": ["rsa", "ecdsa"]}},
+            {"port": {"number": 8443, "name": "b", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+             "tls": {"mode": "MUTUAL", "credentialNames": ["rsa", "ecdsa"], "caCertCredentialName": "client-ca"}},
+            {"port": {"number": 9443, "name": "c", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+             "tls": {"mode": "OPTIONAL_MUTUAL", "credentialName": "c", "caCertCredentialName": "c-cacert"}}
+        ]});
+        let v = validate("Gateway", &ok).unwrap();
+        assert!(v.warnings().is_empty(), "{:?}", v.warnings());
+        assert_eq!(v.to_json().unwrap(), ok, "accepted unchanged");
+
+        let e = errors(json!({"servers": [
+            {"port": {"number": 443, "name": "a", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialNames": ["x", "Bad_Name"]}},
+            {"port": {"number": 444, "name": "b", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialNames": ["x", "y", "z"]}},
+            {"port": {"number": 445, "name": "c", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialNames": ["x", "x"]}},
+            {"port": {"number": 446, "name": "d", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "SIMPLE", "credentialName": "x", "credentialNames": ["y"]}},
+            {"port": {"number": 447, "name": "e", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+             "tls": {"mode": "SIMPLE", "credentialNames": ["y"], "serverCertificate": "/c.pem", "privateKey": "/k.pem"}},
+            {"port": {"number": 448, "name": "f", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "MUTUAL", "credentialNames": ["y"], "caCertificates": "/ca.pem"}},
+            {"port": {"number": 449, "name": "g", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+             "tls": {"mode": "MUTUAL", "serverCertificate": "/c.pem", "privateKey": "/k.pem", "caCertificates": "/ca.pem", "caCertCredentialName": "ca"}},
+            {"port": {"number": 450, "name": "h", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+             "tls": {"mode": "MUTUAL", "credentialName": "x", "caCertCredentialName": "configmap://istio-system/ca"}},
+            {"port": {"number": 451, "name": "i", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "ISTIO_MUTUAL", "caCertCredentialName": "ca"}},
+            {"port": {"number": 452, "name": "j", "protocol": "HTTPS"}, "hosts": ["a.example.com"], "tls": {"mode": "MUTUAL", "credentialNames": ["y"], "caCrl": "/crl.pem"}}
+        ]}));
+        assert!(has(&e, "spec.servers[0].tls.credentialNames[1]", "must name a Secret"), "{e:?}");
+        assert!(has(&e, "spec.servers[1].tls.credentialNames", "at most 2"), "{e:?}");
+        assert!(has(&e, "spec.servers[2].tls.credentialNames[1]", "named twice"), "{e:?}");
+        assert!(!e.iter().any(|e| e.field == "spec.servers[2].tls.credentialNames[0]"), "{e:?}");
+        assert!(has(&e, "spec.servers[3].tls", "only one of credentialName, credentialNames"), "{e:?}");
+        assert!(has(&e, "spec.servers[4].tls", "only one of credentialName, credentialNames"), "{e:?}");
+        assert!(has(&e, "spec.servers[5].tls.caCertificates", "cannot be combined with credentialNames"), "{e:?}");
+        assert!(has(&e, "spec.servers[6].tls.caCertCredentialName", "not supported"), "{e:?}");
+        assert!(has(&e, "spec.servers[7].tls.caCertCredentialName", "not supported"), "{e:?}");
+        assert!(has(&e, "spec.servers[8].tls.caCertCredentialName", "ISTIO_MUTUAL"), "{e:?}");
+        assert!(has(&e, "spec.servers[9].tls.caCrl", "not supported with credentialNames"), "{e:?}");
+
+        // SIMPLE asks for no client certificate: the CA has no effect.
+        let simple = json!({"servers": [{"port": {"number": 443, "name": "a", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+            "tls": {"mode": "SIMPLE", "credentialName": "x", "caCertCredentialName": "ca"}}]});
+        let v = validate("Gateway", &simple).unwrap();
+        assert!(v.warnings().iter().any(|w| w.starts_with("spec.servers[0].tls.caCertCredentialName: has no effect")), "{:?}", v.warnings());
     }
 
     #[test]
