@@ -53,7 +53,12 @@ impl<NID: NodeId> EngineConfig<NID> {
             timer_config: time_state::Config {
                 election_timeout,
                 smaller_log_timeout: Duration::from_millis(config.election_timeout_max * 2),
-                leader_lease: Duration::from_millis(config.election_timeout_max),
+                // Lodestar patch: a configurable lease (`Config::leader_lease`).
+                leader_lease: Duration::from_millis(if config.leader_lease == 0 {
+                    config.election_timeout_max
+                } else {
+                    config.leader_lease
+                }),
             },
         }
     }
