@@ -466,7 +466,14 @@ mod tests {
     fn grpc_timeout_header() {
         let mut m = tonic::metadata::MetadataMap::new();
         assert_eq!(grpc_timeout(&m), None);
-        for (v, want) in [("10S", Some(Duration::from_secs(10))), ("9999m", Some(Duration::from_millis(9999))), ("2M", Some(Duration::from_secs(120))), ("5x", None), ("S", None), ("", None)] {
+        for (v, want) in [
+            ("10S", Some(Duration::from_secs(10))),
+            ("9999m", Some(Duration::from_millis(9999))),
+            ("2M", Some(Duration::from_secs(120))),
+            ("5x", None),
+            ("S", None),
+            ("", None),
+        ] {
             m.insert("grpc-timeout", v.parse().unwrap());
             assert_eq!(grpc_timeout(&m), want, "{v:?}");
         }
