@@ -177,7 +177,10 @@ pub struct PeerConn {
     clients: PeerClients,
     /// The AppendEntries stream to this peer, once opened; dropped on any
     /// error or timeout (a late answer must never be taken for the next
-    /// request's), and opened again by the next request.
+    /// request's), and opened again by the next request. Also dropped when
+    /// a call was cancelled while its request was out (openraft wraps every
+    /// AppendEntries in its own timeout and drops the future when it
+    /// fires): see [`AppendStream::waiting`].
     append: Option<AppendStream>,
     /// The peer does not serve the stream (an older replica, during a
     /// rolling upgrade): AppendEntries go as unary calls.
@@ -187,6 +190,15 @@ pub struct PeerConn {
 struct AppendStream {
     tx: tokio::sync::mpsc::Sender<Payload>,
     rx: tonic::Streaming<Payload>,
+    /// A request may be out whose answer has not been read: set before a
+    /// request is sent, cleared when its answer is read. Found set at the
+    /// start of a call, it means the previous call was cancelled midway,
+    /// and its answer, still to come, would be read as this call's: the
+    /// stream is dropped instead. (Taking answers one behind made a leader
+    /// count a follower's answer to an earlier request as acceptance of
+    /// entries the follower did not have, and commit them without a quorum:
+    /// found by tests/faults.rs.)
+    waiting: bool,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, NodeInfo, RaftError<NodeId, E>>>;
@@ -196,7 +208,11 @@ impl PeerConn {
     /// stream first if there is none.
     async fn append_on_stream(&mut self, data: Vec<u8>) -> Result<Vec<u8>, PeerError> {
         let closed = |addr: &str| PeerError::Unreachable { addr: addr.into(), msg: "AppendEntries stream closed".into() };
-        if let Some(stream) = &self.append {
+        if self.append.as_ref().is_some_and(|s| s.waiting) {
+            self.append = None;
+        }
+        if let Some(stream) = &mut self.append {
+            stream.waiting = true;
             stream.tx.send(Payload { data }).await.map_err(|_| closed(&self.addr))?;
         } else {
             let mut client = RaftPeerClient::new(self.clients.channel(self.target, &self.addr)?)
@@ -215,11 +231,14 @@ impl PeerConn {
                 }
                 Err(s) => return Err(status_error(&self.addr, &s)),
             };
-            self.append = Some(AppendStream { tx, rx });
+            self.append = Some(AppendStream { tx, rx, waiting: true });
         }
         let stream = self.append.as_mut().expect("opened above");
         match stream.rx.message().await {
-            Ok(Some(p)) => Ok(p.data),
+            Ok(Some(p)) => {
+                stream.waiting = false;
+                Ok(p.data)
+            }
             Ok(None) => Err(PeerError::Failed { addr: self.addr.clone(), msg: "AppendEntries stream ended".into() }),
             Err(s) => Err(status_error(&self.addr, &s)),
         }
@@ -438,6 +457,78 @@ impl RaftPeer for PeerService {
 mod tests {
     use super::*;
     use crate::store::types::{Command, Group, RequestId};
+
+    /// A peer whose AppendEntries stream answers each request with its own
+    /// bytes, the first one late.
+    struct Echo;
+
+    #[tonic::async_trait]
+    impl RaftPeer for Echo {
+        async fn append_entries(&self, _: Request<Payload>) -> Result<Response<Payload>, Status> {
+            Err(Status::unimplemented("stream only"))
+        }
+
+        type AppendEntriesStreamStream = tokio_stream::wrappers::ReceiverStream<Result<Payload, Status>>;
+
+        async fn append_entries_stream(&self, req: Request<tonic::Streaming<Payload>>) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
+            let mut requests = req.into_inner();
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tokio::spawn(async move {
+                let mut first = true;
+                while let Ok(Some(p)) = requests.message().await {
+                    if std::mem::take(&mut first) {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                    if tx.send(Ok(p)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        }
+
+        async fn install_snapshot(&self, _: Request<Payload>) -> Result<Response<Payload>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn vote(&self, _: Request<Payload>) -> Result<Response<Payload>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn forward(&self, _: Request<Payload>) -> Result<Response<Payload>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn status(&self, _: Request<Payload>) -> Result<Response<Payload>, Status> {
+            Err(Status::unimplemented(""))
+        }
+    }
+
+    /// openraft drops an AppendEntries future when its own timeout fires.
+    /// The answer to that request must not be taken for the next one's: a
+    /// leader took a follower's answer to an earlier request as acceptance
+    /// of later entries and committed them without a quorum (tests/faults.rs,
+    /// a replica's raft core panicked on `has_log_id`'s check that a
+    /// committed index matches the new leader's log).
+    #[tokio::test]
+    async fn a_cancelled_append_does_not_shift_the_answers() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RaftPeerServer::new(Echo))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let mut conn = PeerConn { target: 2, addr, clients: PeerClients::new(None), append: None, unary: false };
+        // The first request's answer comes late: the call is dropped.
+        assert!(tokio::time::timeout(Duration::from_millis(100), conn.append_on_stream(b"first".to_vec())).await.is_err());
+        // Each later call gets its own answer.
+        for n in 2..5 {
+            let data = format!("request {n}").into_bytes();
+            let answer = tokio::time::timeout(Duration::from_secs(5), conn.append_on_stream(data.clone())).await.unwrap().unwrap();
+            assert_eq!(String::from_utf8_lossy(&answer), String::from_utf8_lossy(&data));
+        }
+    }
 
     #[test]
     fn forwarded_request_ids_must_name_the_caller() {
