@@ -27,7 +27,11 @@ for i in $(seq 1 "$runs"); do
   grep -E '^(result:|ANOMALIES|key |replica |final |history and replica logs|SKIPPED| +[0-9.]+s |    client )' <<<"$out"
   if [ "$status" != 0 ]; then
     failed=$((failed + 1))
-    grep -E 'panicked|not linearizable' <<<"$out" | head -20
+    # The whole report (the anomalies follow the panic line), kept.
+    keep="$(mktemp /tmp/lodestar-faults-run-XXXXXX.log)"
+    printf '%s\n' "$out" >"$keep"
+    sed -n '/panicked at/,/history and replica logs kept in/p' <<<"$out" | head -60
+    echo "full output of the failed run: $keep"
   fi
 done
 echo "runs: $runs, failed: $failed"

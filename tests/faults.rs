@@ -859,6 +859,17 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
     for r in &mut replicas {
         r.kill();
     }
+    // A panic in a replica (a raft invariant's assertion, say) is an
+    // anomaly even when the others carried the run.
+    for r in &replicas {
+        let log = std::fs::read_to_string(r.dir.join("replica.log")).unwrap_or_default();
+        let mut lines = log.lines();
+        while let Some(line) = lines.next() {
+            if line.contains("panicked at") {
+                anomalies.push(format!("replica {} panicked: {line} {}", r.id, lines.next().unwrap_or_default()));
+            }
+        }
+    }
     // Availability, as the clients saw it: the longest time without an
     // acknowledged write anywhere (during the faults).
     let mut acked: Vec<u64> = h
