@@ -528,19 +528,18 @@ async fn heartbeats(http: reqwest::Client, apis: Vec<String>, stop: tokio::sync:
 /// A replica other than `old` that says it is the leader (asked briefly:
 /// a paused or cut-off replica must not hold up the nemesis).
 async fn leader_other_than(http: &reqwest::Client, replicas: &[NsReplica], old: u64) -> Option<u64> {
-    for r in replicas.iter().filter(|r| r.child.is_some() && r.id != old) {
-        let Ok(resp) = http.get(format!("{}/v1/node", r.api())).timeout(Duration::from_millis(300)).send().await else { continue };
-        let Ok(s) = resp.json::<Value>().await else { continue };
-        if s["state"] == "leader" {
-            return Some(r.id);
-        }
-    }
-    None
+    leader_among(http, replicas.iter().filter(|r| r.id != old), Duration::from_millis(300)).await
 }
 
 async fn leader(http: &reqwest::Client, replicas: &[NsReplica]) -> Option<u64> {
-    for r in replicas.iter().filter(|r| r.child.is_some()) {
-        let Ok(resp) = http.get(format!("{}/v1/node", r.api())).timeout(Duration::from_secs(1)).send().await else { continue };
+    leader_among(http, replicas.iter(), Duration::from_secs(1)).await
+}
+
+/// The first running replica of `candidates` that says it is the leader,
+/// each asked with `timeout`.
+async fn leader_among(http: &reqwest::Client, candidates: impl Iterator<Item = &NsReplica>, timeout: Duration) -> Option<u64> {
+    for r in candidates.filter(|r| r.child.is_some()) {
+        let Ok(resp) = http.get(format!("{}/v1/node", r.api())).timeout(timeout).send().await else { continue };
         let Ok(s) = resp.json::<Value>().await else { continue };
         if s["state"] == "leader" {
             return Some(r.id);

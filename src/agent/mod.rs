@@ -135,12 +135,7 @@ impl Identity {
     /// Write to `dir` (0700), every file 0600 and replaced atomically; the
     /// chain last, so a chain on disk always has its key there.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_context(|| format!("chmod {}", dir.display()))?;
-        }
+        private_dir(dir)?;
         pki::write_file(&dir.join(ROOT_FILE), &self.root_pem, true)?;
         pki::write_file(&dir.join(KEY_FILE), &self.key_pem, true)?;
         pki::write_file(&dir.join(CHAIN_FILE), &self.chain_pem, true)?;
@@ -348,14 +343,20 @@ fn pending_key(dir: &Path) -> Result<KeyPair> {
         }
     }
     let key = KeyPair::generate().context("generating a key")?;
+    private_dir(dir)?;
+    pki::write_file(&path, &key.serialize_pem(), true)?;
+    Ok(key)
+}
+
+/// `dir`, created if need be, readable by its owner only (0700).
+fn private_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_context(|| format!("chmod {}", dir.display()))?;
     }
-    pki::write_file(&path, &key.serialize_pem(), true)?;
-    Ok(key)
+    Ok(())
 }
 
 /// The first certificate with a join token, for `key`, asked again with

@@ -44,7 +44,7 @@
 
 use super::{HostId, MeshCa, MeshIdentity, WorkloadId};
 use crate::error::{Code, Error, Result};
-use crate::model::acl::AclSpec;
+use crate::model::acl::{hex, AclSpec};
 use crate::model::TypedSpec;
 use crate::node::Consistency;
 use crate::proto::istio_ca::istio_certificate_service_server::{IstioCertificateService, IstioCertificateServiceServer};
@@ -273,10 +273,6 @@ fn key_hash(csr: &rcgen::CertificateSigningRequestParams) -> KeyHash {
     out
 }
 
-fn hex(key: &KeyHash) -> String {
-    key.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The waiting time a gRPC `grpc-timeout` header gives (`<digits><unit>`,
 /// unit one of H M S m u n), if any.
 fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
@@ -365,7 +361,7 @@ async fn decide(replica: &Arc<Replica>, reads: &Reads, hash: &[u8; 32], mut batc
             .unwrap_or_default();
         // Keys granted before (an answer that was lost): answered again,
         // no use consumed.
-        let (again, fresh): (Vec<Waiter>, Vec<Waiter>) = batch.into_iter().partition(|w| grants.contains(&hex(&w.key)));
+        let (again, fresh): (Vec<Waiter>, Vec<Waiter>) = batch.into_iter().partition(|w| grants.contains(&hex(&w.key[..])));
         answer(again, Ok(id.clone()));
         batch = fresh;
         if batch.is_empty() {
@@ -388,7 +384,7 @@ async fn decide(replica: &Arc<Replica>, reads: &Reads, hash: &[u8; 32], mut batc
             }
         }
         let granted = chosen.len();
-        grants.extend(chosen.iter().map(hex));
+        grants.extend(chosen.iter().map(|k| hex(&k[..])));
         if grants.len() > GRANTS_KEPT {
             grants.drain(..grants.len() - GRANTS_KEPT);
         }
