@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Long fault-injection runs: tests/faults.rs (three replicas in network
 # namespaces, clients on every replica, the leader partitioned, paused and
-# killed in turn, every key's history checked for linearizability, the
+# killed in turn, members removed and added back, a disk filled, every
+# key's history checked for linearizability, the
 # replicas' final state compared), run RUNS times for SECS seconds each.
 #
 #   benches/faults.sh [RUNS] [SECS]       (default: 20 runs of 180 s)

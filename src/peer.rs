@@ -190,16 +190,20 @@ pub struct PeerConn {
 struct AppendStream {
     tx: tokio::sync::mpsc::Sender<Payload>,
     rx: tonic::Streaming<Payload>,
-    /// A request may be out whose answer has not been read: set before a
-    /// request is sent, cleared when its answer is read. Found set at the
-    /// start of a call, it means the previous call was cancelled midway,
-    /// and its answer, still to come, would be read as this call's: the
-    /// stream is dropped instead. (Taking answers one behind made a leader
-    /// count a follower's answer to an earlier request as acceptance of
-    /// entries the follower did not have, and commit them without a quorum:
-    /// found by tests/faults.rs.)
-    waiting: bool,
+    /// Requests sent whose answers have not been read. Above one during a
+    /// call, earlier calls were cancelled midway (openraft's timeout) and
+    /// their answers, still to come first, are read and thrown away. (Taken
+    /// as this call's, an earlier request's answer made a leader count a
+    /// follower's acceptance of entries it did not have, and commit them
+    /// without a quorum: found by tests/faults.rs.) Keeping the stream,
+    /// rather than opening another, matters under packet loss: a new
+    /// connection's lost SYN waits a second to be sent again.
+    owed: usize,
 }
+
+/// Cancelled calls whose answers a stream may still owe before it is
+/// given up for a new one (a peer that stopped answering).
+const MAX_OWED: usize = 4;
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, NodeInfo, RaftError<NodeId, E>>>;
 
@@ -208,12 +212,17 @@ impl PeerConn {
     /// stream first if there is none.
     async fn append_on_stream(&mut self, data: Vec<u8>) -> Result<Vec<u8>, PeerError> {
         let closed = |addr: &str| PeerError::Unreachable { addr: addr.into(), msg: "AppendEntries stream closed".into() };
-        if self.append.as_ref().is_some_and(|s| s.waiting) {
+        if self.append.as_ref().is_some_and(|s| s.owed >= MAX_OWED) {
             self.append = None;
         }
         if let Some(stream) = &mut self.append {
-            stream.waiting = true;
-            stream.tx.send(Payload { data }).await.map_err(|_| closed(&self.addr))?;
+            // Counted once sent (no await between the two: a cancelled
+            // send sent nothing).
+            if stream.tx.send(Payload { data }).await.is_err() {
+                self.append = None;
+                return Err(closed(&self.addr));
+            }
+            stream.owed += 1;
         } else {
             let mut client = RaftPeerClient::new(self.clients.channel(self.target, &self.addr)?)
                 .max_decoding_message_size(MAX_PEER_MESSAGE)
@@ -231,16 +240,25 @@ impl PeerConn {
                 }
                 Err(s) => return Err(status_error(&self.addr, &s)),
             };
-            self.append = Some(AppendStream { tx, rx, waiting: true });
+            self.append = Some(AppendStream { tx, rx, owed: 1 });
         }
         let stream = self.append.as_mut().expect("opened above");
-        match stream.rx.message().await {
-            Ok(Some(p)) => {
-                stream.waiting = false;
-                Ok(p.data)
+        // Answers come in the order of the requests: the last one owed is
+        // this call's. (`message` is cancel-safe: an answer is either
+        // taken and counted here or left on the stream.)
+        loop {
+            let answer = stream.rx.message().await;
+            let Ok(Some(p)) = answer else {
+                self.append = None;
+                return Err(match answer {
+                    Err(s) => status_error(&self.addr, &s),
+                    _ => PeerError::Failed { addr: self.addr.clone(), msg: "AppendEntries stream ended".into() },
+                });
+            };
+            stream.owed -= 1;
+            if stream.owed == 0 {
+                return Ok(p.data);
             }
-            Ok(None) => Err(PeerError::Failed { addr: self.addr.clone(), msg: "AppendEntries stream ended".into() }),
-            Err(s) => Err(status_error(&self.addr, &s)),
         }
     }
 
@@ -265,18 +283,19 @@ impl RaftNetwork<TypeConfig> for PeerConn {
         if self.unary {
             return self.raft_rpc(Method::Append, &rpc, &option).await;
         }
-        let reply: Result<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>, PeerError> =
-            match tokio::time::timeout(option.hard_ttl(), self.append_on_stream(codec::encode(&rpc))).await {
-                Ok(bytes) => bytes.and_then(|b| decode_reply(&self.addr, &b)),
-                Err(_) => Err(PeerError::Failed { addr: self.addr.clone(), msg: format!("no AppendEntries answer within {:?}", option.hard_ttl()) }),
-            };
-        match reply {
-            Ok(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
-            Err(_) if self.unary => self.raft_rpc(Method::Append, &rpc, &option).await,
-            Err(e) => {
-                self.append = None;
-                Err(e.into_rpc())
-            }
+        match tokio::time::timeout(option.hard_ttl(), self.append_on_stream(codec::encode(&rpc))).await {
+            Ok(Ok(bytes)) => match decode_reply::<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>>(&self.addr, &bytes) {
+                Ok(r) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+                Err(e) => {
+                    self.append = None;
+                    Err(e.into_rpc())
+                }
+            },
+            // The stream failed (and was dropped), or is not served.
+            Ok(Err(_)) if self.unary => self.raft_rpc(Method::Append, &rpc, &option).await,
+            Ok(Err(e)) => Err(e.into_rpc()),
+            // The answer is still owed; the stream is kept (see `AppendStream::owed`).
+            Err(_) => Err(PeerError::Failed { addr: self.addr.clone(), msg: format!("no AppendEntries answer within {:?}", option.hard_ttl()) }.into_rpc()),
         }
     }
 
@@ -460,7 +479,10 @@ mod tests {
 
     /// A peer whose AppendEntries stream answers each request with its own
     /// bytes, the first one late.
-    struct Echo;
+    /// Answers each request on the stream with itself, those starting
+    /// "slow" after 300 ms; counts the streams opened.
+    #[derive(Clone, Default)]
+    struct Echo(Arc<std::sync::atomic::AtomicUsize>);
 
     #[tonic::async_trait]
     impl RaftPeer for Echo {
@@ -471,12 +493,12 @@ mod tests {
         type AppendEntriesStreamStream = tokio_stream::wrappers::ReceiverStream<Result<Payload, Status>>;
 
         async fn append_entries_stream(&self, req: Request<tonic::Streaming<Payload>>) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let mut requests = req.into_inner();
             let (tx, rx) = tokio::sync::mpsc::channel(1);
             tokio::spawn(async move {
-                let mut first = true;
                 while let Ok(Some(p)) = requests.message().await {
-                    if std::mem::take(&mut first) {
+                    if p.data.starts_with(b"slow") {
                         tokio::time::sleep(Duration::from_millis(300)).await;
                     }
                     if tx.send(Ok(p)).await.is_err() {
@@ -509,25 +531,38 @@ mod tests {
     /// leader took a follower's answer to an earlier request as acceptance
     /// of later entries and committed them without a quorum (tests/faults.rs,
     /// a replica's raft core panicked on `has_log_id`'s check that a
-    /// committed index matches the new leader's log).
+    /// committed index matches the new leader's log). The late answers are
+    /// thrown away on the same stream; one that owes too many is replaced.
     #[tokio::test]
     async fn a_cancelled_append_does_not_shift_the_answers() {
+        let echo = Echo::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(RaftPeerServer::new(Echo))
+                .add_service(RaftPeerServer::new(echo.clone()))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
         let mut conn = PeerConn { target: 2, addr, clients: PeerClients::new(None), append: None, unary: false };
-        // The first request's answer comes late: the call is dropped.
-        assert!(tokio::time::timeout(Duration::from_millis(100), conn.append_on_stream(b"first".to_vec())).await.is_err());
-        // Each later call gets its own answer.
-        for n in 2..5 {
-            let data = format!("request {n}").into_bytes();
-            let answer = tokio::time::timeout(Duration::from_secs(5), conn.append_on_stream(data.clone())).await.unwrap().unwrap();
-            assert_eq!(String::from_utf8_lossy(&answer), String::from_utf8_lossy(&data));
+        async fn call(conn: &mut PeerConn, data: String, wait: u64) -> Result<String, tokio::time::error::Elapsed> {
+            let answer = tokio::time::timeout(Duration::from_millis(wait), conn.append_on_stream(data.into_bytes())).await?;
+            Ok(String::from_utf8_lossy(&answer.unwrap()).into_owned())
         }
+        // Two calls whose answers come late: both are dropped.
+        for n in 1..3 {
+            assert!(call(&mut conn, format!("slow {n}"), 100).await.is_err());
+        }
+        // Each later call gets its own answer, on the same stream.
+        for n in 3..6 {
+            assert_eq!(call(&mut conn, format!("request {n}"), 5000).await, Ok(format!("request {n}")));
+        }
+        assert_eq!(echo.0.load(std::sync::atomic::Ordering::SeqCst), 1, "the stream was kept");
+        // A stream that owes MAX_OWED answers is given up for a new one.
+        for n in 0..MAX_OWED {
+            assert!(call(&mut conn, format!("slow {n}"), 10).await.is_err());
+        }
+        assert_eq!(call(&mut conn, "after".into(), 5000).await, Ok("after".into()));
+        assert_eq!(echo.0.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[test]

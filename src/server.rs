@@ -37,21 +37,34 @@ fn raft_config(c: &ServerConfig) -> anyhow::Result<openraft::Config> {
         // Entries can hold a whole batch of writes; keep peer messages bounded.
         max_payload_entries: 64,
         install_snapshot_timeout: 10_000,
-        leader_lease: leader_lease_ms(c),
+        leader_lease: half_election_timeout_ms(c),
+        append_entries_timeout: half_election_timeout_ms(c),
         ..Default::default()
     };
     Ok(config.validate()?)
 }
 
-/// The raft leader lease (vendor/openraft's patch 2): half the minimum
-/// election timeout, and at least two heartbeats. A follower that heard
-/// from the leader within it refuses to vote for another candidate (a
-/// flapping node cannot depose a healthy leader); one that knew a leader
-/// stands for election after the lease plus its election timeout. With
-/// upstream's lease (the maximum election timeout) a leader change took
-/// about two election timeouts; etcd's is about one. Reads never rely on
-/// the lease: a linearizable read confirms leadership with a quorum.
-fn leader_lease_ms(c: &ServerConfig) -> u64 {
+/// Half the minimum election timeout, and at least two heartbeats: the
+/// leader lease and the AppendEntries timeout (vendor/openraft's patches 2
+/// and 3).
+///
+/// The lease: a follower that heard from the leader within it refuses to
+/// vote for another candidate (a flapping node cannot depose a healthy
+/// leader); one that knew a leader stands for election after the lease
+/// plus its election timeout. With upstream's lease (the maximum election
+/// timeout) a leader change took about two election timeouts; etcd's is
+/// about one. Reads never rely on the lease: a linearizable read confirms
+/// leadership with a quorum.
+///
+/// The AppendEntries timeout: how long the leader waits for a follower's
+/// answer (to entries, heartbeats, and the heartbeats that confirm a read).
+/// Upstream waits one heartbeat (100 ms), less than TCP's minimum
+/// retransmission timeout (200 ms): a single lost packet failed the call
+/// and its stream was opened again (see `peer`), so under 20% packet loss a
+/// two-voter quorum could neither commit nor confirm a read for seconds.
+/// Below the lease plus the election timeout, a follower whose answers are
+/// slow still hears from the leader in time.
+fn half_election_timeout_ms(c: &ServerConfig) -> u64 {
     (c.election_timeout_min_ms / 2).max(2 * c.heartbeat_ms).min(c.election_timeout_max_ms)
 }
 
@@ -229,8 +242,18 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     initialise(&config, &raft).await?;
     tracing::info!(id = config.id, api = %config.api_addr, raft = %config.raft_addr, xds = %config.xds_addr, data = %config.data_dir.display(), "replica started");
 
-    shutdown.await;
-    tracing::info!("shutting down");
+    // Fail-stop: a replica whose raft core stopped on its own (a storage
+    // error: a full or failing disk) must not go on answering as a zombie.
+    // It shuts down and exits non-zero, for its supervisor to restart it
+    // once the disk is fixed; what it acknowledged is on disk already.
+    let failed = tokio::select! {
+        _ = shutdown => None,
+        why = raft_failed(raft.clone()) => Some(why),
+    };
+    match &failed {
+        None => tracing::info!("shutting down"),
+        Some(why) => tracing::error!(error = %why, "the raft core stopped: this replica can no longer write its log or state; shutting down (fail-stop)"),
+    }
     let _ = stop_tx.send(true);
     // Watch streams never end on their own: give servers DRAIN, then move on.
     let _ = tokio::time::timeout(DRAIN, async {
@@ -264,9 +287,26 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     }
     drop(replica);
     drop(node);
+    if let Some(why) = failed {
+        let _ = db.flush_async().await;
+        anyhow::bail!("replica {} stopped (fail-stop) after a storage error: {why}", config.id);
+    }
     db.flush_async().await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Resolves when the raft core stops by itself (not asked to), with why.
+async fn raft_failed(raft: Raft) -> String {
+    let mut metrics = raft.metrics();
+    loop {
+        if let Err(e) = &metrics.borrow_and_update().running_state {
+            return e.to_string();
+        }
+        if metrics.changed().await.is_err() {
+            return "the raft core is gone".to_string();
+        }
+    }
 }
 
 async fn initialise(config: &ServerConfig, raft: &Raft) -> anyhow::Result<()> {

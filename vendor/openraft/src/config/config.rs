@@ -242,6 +242,30 @@ pub struct Config {
     #[clap(long, default_value = "0")]
     #[cfg_attr(feature = "serde", serde(default))]
     pub leader_lease: u64,
+
+    /// Lodestar patch: how long the leader waits for an AppendEntries
+    /// answer (replication, heartbeats and the heartbeats that confirm
+    /// leadership for a read), in milliseconds; 0 (the default) is
+    /// upstream's, `heartbeat_interval`.
+    ///
+    /// Upstream's is shorter than TCP's minimum retransmission timeout
+    /// (200 ms): one lost packet on a healthy connection times the call
+    /// out, and under packet loss replication and reads stall.
+    #[clap(long, default_value = "0")]
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub append_entries_timeout: u64,
+}
+
+impl Config {
+    /// Lodestar patch: the AppendEntries timeout in effect (see
+    /// `append_entries_timeout`).
+    pub fn append_entries_timeout(&self) -> Duration {
+        Duration::from_millis(if self.append_entries_timeout == 0 {
+            self.heartbeat_interval
+        } else {
+            self.append_entries_timeout
+        })
+    }
 }
 
 /// Updatable config for a raft runtime.

@@ -305,7 +305,8 @@ where
 
         let my_id = self.id.clone();
         let my_vote = self.engine.state.vote_ref().clone();
-        let ttl = Duration::from_millis(self.config.heartbeat_interval);
+        // Lodestar patch: `Config::append_entries_timeout` (upstream: the heartbeat interval).
+        let ttl = self.config.append_entries_timeout();
         let eff_mem = self.engine.state.membership_state.effective().clone();
         let core_tx = self.tx_notify.clone();
 

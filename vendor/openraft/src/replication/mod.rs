@@ -449,10 +449,11 @@ where
             payload=%payload.summary(),
             now = debug(leader_time),
             "start sending append_entries, timeout: {:?}",
-            self.config.heartbeat_interval
+            self.config.append_entries_timeout()
         );
 
-        let the_timeout = Duration::from_millis(self.config.heartbeat_interval);
+        // Lodestar patch: `Config::append_entries_timeout` (upstream: the heartbeat interval).
+        let the_timeout = self.config.append_entries_timeout();
         let option = RPCOption::new(the_timeout);
         let res = C::timeout(the_timeout, self.network.append_entries(payload, option)).await;
 
