@@ -303,14 +303,17 @@ impl NsReplica {
 fn fill_disk(dir: &Path) -> u64 {
     let free = sh(&["stat", "-f", "-c", "%a %S", &dir.to_string_lossy()]);
     let free: u64 = free.split_whitespace().filter_map(|n| n.parse::<u64>().ok()).product();
-    if free > 0 {
-        sh(&["fallocate", "-l", &free.to_string(), &dir.join(FILL).to_string_lossy()]);
+    let fill = dir.join(FILL);
+    let allocated = Command::new("fallocate").arg("-l").arg(free.to_string()).arg(&fill).status().is_ok_and(|s| s.success());
+    if !allocated && free > 0 {
+        // Written instead, until the filesystem refuses (dd then fails).
+        let _ = Command::new("dd").arg("if=/dev/zero").arg(format!("of={}", fill.display())).arg("bs=64k").stderr(Stdio::null()).status();
     }
     free
 }
 
-/// Every replica's data directory on a tmpfs of its own (1 GiB at most,
-/// memory only as used), so the nemesis can fill one. Dropped: unmounted;
+/// Every replica's data directory on a tmpfs of its own (64 MiB at most,
+/// memory only as used; a 180 s run writes under 10 MiB), so the nemesis can fill one. Dropped: unmounted;
 /// after a failed run the data is copied beside it first (`data.kept`).
 struct Disks {
     paths: Vec<PathBuf>,
@@ -322,7 +325,7 @@ impl Disks {
         let mut disks = Disks { paths: Vec::new(), keep: false };
         for path in paths {
             std::fs::create_dir_all(&path).unwrap();
-            sh(&["mount", "-t", "tmpfs", "-o", "size=1g,mode=0700", "tmpfs", &path.to_string_lossy()]);
+            sh(&["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", &path.to_string_lossy()]);
             disks.paths.push(path);
         }
         disks
@@ -500,7 +503,8 @@ fn change(line: &Value) -> Option<Change> {
 }
 
 /// One watch stream of the namespace from `from`, until it ends, `stop`,
-/// or (with `idle`) no event for that long. Err("compacted").
+/// or (with `idle`) no event for that long. Err: compacted, with the
+/// oldest revision a watch can start from when the answer names it.
 async fn watch_once(
     http: &reqwest::Client,
     api: &str,
@@ -508,11 +512,13 @@ async fn watch_once(
     events: &mut Vec<Change>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
     idle: Option<Duration>,
-) -> Result<(), &'static str> {
+) -> Result<(), Option<u64>> {
     let url = format!("{api}/v1/watch?fromRevision={from}&namespace={NAMESPACE}");
     let Ok(mut resp) = http.get(url).timeout(Duration::from_secs(3600)).send().await else { return Ok(()) };
     if resp.status().as_u16() == 410 {
-        return Err("compacted");
+        let body: Value = resp.json().await.unwrap_or_default();
+        let oldest = body["error"]["message"].as_str().and_then(|m| m.rsplit("oldest available is ").next()).and_then(|n| n.trim().parse().ok());
+        return Err(oldest);
     }
     if !resp.status().is_success() {
         return Ok(());
@@ -530,7 +536,7 @@ async fn watch_once(
             let line: Value = serde_json::from_slice(&buf[..n]).unwrap_or(Value::Null);
             buf.drain(..=n);
             if line["error"]["code"] == "Compacted" {
-                return Err("compacted");
+                return Err(None);
             }
             match change(&line) {
                 Some(c) => events.push(c),
@@ -891,7 +897,10 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
                 let raft_id = replicas[v].raft_id;
                 let outcome = membership(&http, &replicas, victim, None, raft_id).await;
                 replaced += 1;
-                let replace = replaced % 2 == 0 && outcome.is_ok();
+                // Replaced only while another replica was never replaced:
+                // one keeps the whole watch history (a replacement has it
+                // from its snapshot on).
+                let replace = replaced % 2 == 0 && outcome.is_ok() && replicas.iter().any(|r| r.id != victim && r.raft_id == r.id);
                 if outcome.is_ok() {
                     replicas[v].removed = true;
                 }
@@ -986,30 +995,44 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
 
     let mut anomalies = Vec::new();
     // The history of changes, through every replica: the same on each.
+    // A replica that caught up from a snapshot (a replacement) holds the
+    // history from the snapshot's revision on, and says so (Compacted, with
+    // the oldest revision it has): its history is compared from there. At
+    // least one replica holds the whole of it (the nemesis leaves one
+    // never replaced).
     let mut histories = Vec::new();
     for r in &replicas {
         let (_never_tx, mut never) = tokio::sync::watch::channel(false);
         let mut events = Vec::new();
-        if watch_once(&http, &r.api(), 0, &mut events, &mut never, Some(Duration::from_secs(2))).await.is_err() {
-            anomalies.push(format!("a watch from 0 through replica {} was compacted: no history to check watches against", r.id));
+        let mut from = 0;
+        if let Err(oldest) = watch_once(&http, &r.api(), 0, &mut events, &mut never, Some(Duration::from_secs(2))).await {
+            events.clear();
+            from = oldest.unwrap_or(u64::MAX);
+            if oldest.is_none() || watch_once(&http, &r.api(), from, &mut events, &mut never, Some(Duration::from_secs(2))).await.is_err() {
+                anomalies.push(format!("replica {}: a watch from 0 was compacted, and from the oldest revision it named ({oldest:?}) too", r.id));
+            }
         }
         if let Some(bad) = events.windows(2).find(|w| w[1].0 <= w[0].0) {
             anomalies.push(format!("replica {}: revision {} after {} in its history", r.id, bad[1].0, bad[0].0));
         }
-        histories.push((r.id, events));
+        histories.push((r.id, from, events));
     }
-    for (id, events) in &histories[1..] {
-        if *events != histories[0].1 {
-            let at = events.iter().zip(&histories[0].1).position(|(a, b)| a != b).unwrap_or(events.len().min(histories[0].1.len()));
+    histories.sort_by_key(|h| h.1);
+    if histories[0].1 != 0 {
+        anomalies.push(format!("no replica holds the whole history: theirs start at {:?}", histories.iter().map(|h| (h.0, h.1)).collect::<Vec<_>>()));
+    }
+    let (first_id, _, history) = &histories[0];
+    for (id, from, events) in &histories[1..] {
+        let expected: Vec<&Change> = history.iter().filter(|c| c.0 > *from).collect();
+        if events.iter().collect::<Vec<_>>() != expected {
+            let at = events.iter().zip(&expected).position(|(a, b)| a != *b).unwrap_or(events.len().min(expected.len()));
             anomalies.push(format!(
-                "replica {id}'s history differs from replica {}'s at #{at}: {:?} vs {:?}",
-                histories[0].0,
+                "replica {id}'s history (from revision {from}) differs from replica {first_id}'s at #{at}: {:?} vs {:?}",
                 events.get(at),
-                histories[0].1.get(at)
+                expected.get(at)
             ));
         }
     }
-    let history = &histories[0].1;
     // The watchers catch up (bounded), then stop.
     let end = history.last().map_or(0, |c| c.0);
     let deadline = Instant::now() + Duration::from_secs(30);
