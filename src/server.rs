@@ -255,8 +255,10 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         Some(why) => tracing::error!(error = %why, "the raft core stopped: this replica can no longer write its log or state; shutting down (fail-stop)"),
     }
     let _ = stop_tx.send(true);
-    // Watch streams never end on their own: give servers DRAIN, then move on.
-    let _ = tokio::time::timeout(DRAIN, async {
+    // Watch streams never end on their own: give servers DRAIN, then move
+    // on; after a storage failure, a moment only (their requests fail anyway).
+    let drain = if failed.is_some() { Duration::from_millis(500) } else { DRAIN };
+    let _ = tokio::time::timeout(drain, async {
         let _ = api_server.await;
         let _ = peer_server.await;
         let _ = xds_server.await;

@@ -692,15 +692,17 @@ async fn membership(http: &reqwest::Client, replicas: &[NsReplica], not: u64, ad
 /// Heal every fault: the network, a filled disk (its replica restarted if
 /// it stopped), paused and killed replicas, removed members added back.
 /// What it did that is worth telling, and replicas that exited by
-/// themselves though their disk was not the one filled (`expected`).
-async fn heal(net: &Net, http: &reqwest::Client, replicas: &mut [NsReplica], members: &[String], expected: Option<u64>) -> (String, Vec<String>) {
+/// themselves though their disk was not filled (`filled`: in this fault or
+/// the one before, as a replica may fail its write just as the disk is
+/// freed).
+async fn heal(net: &Net, http: &reqwest::Client, replicas: &mut [NsReplica], members: &[String], filled: &[u64]) -> (String, Vec<String>) {
     let (mut notes, mut unexpected) = (Vec::new(), Vec::new());
     for r in replicas.iter_mut() {
         ns_exec(&net.node(r.id), &["iptables", "-F"]);
         let _ = std::fs::remove_file(r.data().join(FILL));
         if let Some(status) = r.reap() {
             notes.push(format!("replica {} had stopped ({status})", r.id));
-            if expected != Some(r.id) {
+            if !filled.contains(&r.id) {
                 unexpected.push(format!("replica {} exited ({status}) though its disk was not filled", r.id));
             }
         }
@@ -822,6 +824,8 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
     let mut faults = Vec::new();
     let mut unexpected_exits = Vec::new();
     let mut replaced = 0;
+    // The replica whose disk the previous fault filled.
+    let mut filled_before: Option<u64> = None;
     let end = Instant::now() + Duration::from_secs(secs);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut round = rand::random::<usize>() % kinds.len();
@@ -946,7 +950,9 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
             tokio::time::sleep(Duration::from_millis(100).min(fault_end.saturating_duration_since(Instant::now()))).await;
         }
         let lasted = run.started.elapsed() - at;
-        let (healed, unexpected) = heal(&net, &http, &mut replicas, &members, filled).await;
+        let recently_filled: Vec<u64> = filled.into_iter().chain(filled_before).collect();
+        filled_before = filled;
+        let (healed, unexpected) = heal(&net, &http, &mut replicas, &members, &recently_filled).await;
         unexpected_exits.extend(unexpected);
         let what = format!("{what}; healed after {:.1} s{}{healed}", lasted.as_secs_f64(), if healed.is_empty() { "" } else { ": " });
         faults.push((at.as_micros() as u64, what, elected));
@@ -957,7 +963,7 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
     for c in clients {
         c.await.unwrap();
     }
-    let (_, unexpected) = heal(&net, &http, &mut replicas, &members, None).await;
+    let (_, unexpected) = heal(&net, &http, &mut replicas, &members, &Vec::from_iter(filled_before)).await;
     unexpected_exits.extend(unexpected);
 
     // Everyone caught up: the same revision on every replica, stable.
