@@ -1072,6 +1072,30 @@ async fn run(nodes: Vec<(u64, String)>, dir: PathBuf, secs: u64, prefix: String)
         other => anomalies.push(format!("the instance heartbeated through the run is gone: {:?}", other.map(|r| r.status()))),
     }
 
+    // The registry's objects too (written once, at the start: a replica that
+    // lost one on a restart shows here), the same on every replica.
+    for kind in ["services", "instances"] {
+        let mut seen: Vec<(u64, Vec<(String, String)>)> = Vec::new();
+        for r in &replicas {
+            let url = format!("{}/v1/resources/{kind}?namespace={NAMESPACE}&consistency=stale", r.api());
+            let list: Value = match http.get(url).timeout(OP_TIMEOUT).send().await {
+                Ok(resp) => resp.json().await.unwrap_or_default(),
+                Err(_) => Value::Null,
+            };
+            let names = list["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|o| (o["metadata"]["name"].to_string(), o["metadata"]["resourceVersion"].to_string()))
+                .collect();
+            seen.push((r.id, names));
+        }
+        for (id, names) in &seen[1..] {
+            if *names != seen[0].1 || names.is_empty() {
+                anomalies.push(format!("{kind}: replica {id} has {names:?}, replica {} {:?}", seen[0].0, seen[0].1));
+            }
+        }
+    }
     // Every replica is a voter again, under its current id, and nothing else is.
     let want: Vec<(u64, bool)> = replicas.iter().map(|r| (r.raft_id, true)).collect();
     let cluster = http.get(format!("{}/v1/cluster", replicas[0].api())).timeout(OP_TIMEOUT).send().await;
