@@ -159,8 +159,16 @@ where C: RaftTypeConfig
         // were committed. Restored as leader of the same term, it would append
         // different entries under the same log ids. It starts as a follower
         // instead, and a new election (a higher term, logs compared) follows.
+        // Its vote, as committed leader of the term, is kept in memory as an
+        // uncommitted vote for itself: the committed one made
+        // `update_internal_server_state` restore the leadership at the next
+        // event (found by Lodestar's fault runs: a leader whose disk filled,
+        // restarted, led its old term again and the replicas diverged). Its
+        // vote in that term is unchanged: for itself.
         if self.state.is_leader(&self.config.id) {
             tracing::info!("startup: was the leader; starting as a follower, a new election follows");
+            let term = self.state.vote_ref().leader_id().get_term();
+            *self.state.vote = Vote::new(term, self.config.id.clone());
         }
 
         let server_state = if self.state.membership_state.effective().is_voter(&self.config.id) {
