@@ -55,6 +55,13 @@ fn test_startup_as_leader_without_logs() -> anyhow::Result<()> {
     assert!(eng.leader.is_none());
     assert_eq!(eng.output.take_commands(), vec![]);
 
+    // Its vote in the term is still for itself, but not committed: nothing
+    // that re-evaluates the state makes it the leader of term 1 again.
+    assert_eq!(&Vote::new(1, 2), eng.state.vote_ref());
+    eng.vote_handler().update_internal_server_state();
+    assert_eq!(ServerState::Follower, eng.state.server_state);
+    assert!(eng.leader.is_none());
+
     Ok(())
 }
 
