@@ -478,9 +478,7 @@ mod tests {
     use crate::store::types::{Command, Group, RequestId};
 
     /// A peer whose AppendEntries stream answers each request with its own
-    /// bytes, the first one late.
-    /// Answers each request on the stream with itself, those starting
-    /// "slow" after 300 ms; counts the streams opened.
+    /// bytes, those starting "slow" after 300 ms; counts the streams opened.
     #[derive(Clone, Default)]
     struct Echo(Arc<std::sync::atomic::AtomicUsize>);
 
