@@ -623,13 +623,13 @@ async fn heartbeats(http: reqwest::Client, apis: Vec<String>, stop: tokio::sync:
     acked
 }
 
-/// The leader, as a live replica that says it leads.
 /// A replica other than `old` that says it is the leader (asked briefly:
 /// a paused or cut-off replica must not hold up the nemesis).
 async fn leader_other_than(http: &reqwest::Client, replicas: &[NsReplica], old: u64) -> Option<u64> {
     leader_among(http, replicas.iter().filter(|r| r.id != old), Duration::from_millis(300)).await
 }
 
+/// The leader, as a live replica that says it leads.
 async fn leader(http: &reqwest::Client, replicas: &[NsReplica]) -> Option<u64> {
     leader_among(http, replicas.iter(), Duration::from_secs(1)).await
 }
