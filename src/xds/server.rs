@@ -129,6 +129,15 @@ pub struct ServeOptions {
     /// take more ends with RESOURCE_EXHAUSTED. 0: no limit (each stream
     /// is still held to one request's limit).
     pub max_buffered_request_bytes: usize,
+    /// Streams one credential (`xds_max_streams_per_credential`) and one
+    /// source address (`xds_max_streams_per_source`) may have open on this
+    /// replica; more are refused with RESOURCE_EXHAUSTED. 0: no limit.
+    pub max_streams_per_credential: usize,
+    pub max_streams_per_source: usize,
+    /// What one stream's subscribed names may cost, every type together
+    /// (`xds_max_subscription_bytes`, see `session::name_cost`); a stream
+    /// over it ends with RESOURCE_EXHAUSTED. 0: no limit.
+    pub max_subscription_bytes: usize,
 }
 
 impl Default for ServeOptions {
@@ -144,6 +153,9 @@ impl Default for ServeOptions {
             secrets: None,
             max_streams: 0,
             max_buffered_request_bytes: 0,
+            max_streams_per_credential: 0,
+            max_streams_per_source: 0,
+            max_subscription_bytes: 0,
         }
     }
 }
@@ -271,6 +283,8 @@ struct Shared {
     streams: Arc<AtomicUsize>,
     /// Bytes of incomplete requests held across streams.
     pub(super) request_budget: Arc<super::service::RequestBudget>,
+    /// Streams per credential and per source address.
+    quotas: Arc<super::limits::Quotas>,
 }
 
 impl AdsService {
@@ -282,7 +296,8 @@ impl AdsService {
         shutdown: watch::Receiver<bool>,
     ) -> AdsService {
         let request_budget = Arc::new(super::service::RequestBudget::new(options.max_buffered_request_bytes));
-        let shared = Shared { applied, generator, registry, options, shutdown, log: StreamLog::default(), streams: Arc::default(), request_budget };
+        let quotas = super::limits::Quotas::new(options.max_streams_per_credential, options.max_streams_per_source);
+        let shared = Shared { applied, generator, registry, options, shutdown, log: StreamLog::default(), streams: Arc::default(), request_budget, quotas };
         AdsService { shared: Arc::new(shared) }
     }
 
@@ -309,13 +324,18 @@ impl AdsService {
         // Credentials first: an unauthenticated stream is refused before
         // its first request is read, and costs no translation.
         let principal = authenticate(&self.shared, &caller, None)?;
-        // The replica-wide stream limit, counted from here: a stream holds
-        // its place until it ends, first request or not.
+        // Its credential's and its source's quotas, then the replica-wide
+        // stream limit, counted from here: a stream holds its places until
+        // it ends, first request or not.
+        let quota = self.admit_quota(&caller, &principal)?;
         let permit = self.admit_stream(&caller)?;
         let first = tokio::select! {
             m = inbound.message() => m?.ok_or_else(|| Status::invalid_argument("the stream closed before its first request"))?,
             _ = stopped(self.shared.shutdown.clone()) => return Err(Status::unavailable("the server is shutting down")),
         };
+        if let Some(node) = V::node(&first) {
+            super::limits::check_node(node)?;
+        }
         let identity = Arc::new(proxy_identity(V::node(&first))?);
         // The identity it claims must be one its credential is for.
         authorize(&self.shared, &caller, &principal, &identity)?;
@@ -381,7 +401,9 @@ impl AdsService {
             refresh,
             secrets,
             said_why_no_secrets: false,
+            nack_log: Default::default(),
             _permit: permit,
+            _quota: quota,
         };
         // Requests come boxed (see `Requests::message`): an async fn keeps
         // room for its arguments for the future's whole life, and an
@@ -393,6 +415,28 @@ impl AdsService {
 }
 
 impl AdsService {
+    /// A place in the quotas of the stream's credential (ACLs on) and of
+    /// its source address, or RESOURCE_EXHAUSTED naming the setting
+    /// (counted, logged within the line budget, kept in `/debug/syncz`).
+    fn admit_quota(&self, caller: &StreamCaller, principal: &crate::auth::Principal) -> Result<super::limits::QuotaPermit, Status> {
+        let credential = (principal.who != crate::auth::Who::Anonymous).then(|| principal.who.audit_name());
+        let (over, limit) = match self.shared.quotas.admit(credential.as_deref(), caller.remote.map(|r| r.ip())) {
+            Ok(permit) => return Ok(permit),
+            Err(over) => over,
+        };
+        let reason = match over {
+            super::limits::Over::Credential => format!(
+                "{} has its limit of {limit} xDS streams open on this replica (xds_max_streams_per_credential)",
+                principal.who
+            ),
+            super::limits::Over::Source => {
+                let ip = caller.remote.map_or_else(|| "-".to_string(), |r| r.ip().to_string());
+                format!("{ip} has its limit of {limit} xDS streams open on this replica (xds_max_streams_per_source)")
+            }
+        };
+        Err(refuse_with(&self.shared, caller, &principal.who.audit_name(), None, Code::ResourceExhausted, over.reason(), reason))
+    }
+
     /// A place under `max_streams`, or RESOURCE_EXHAUSTED (counted,
     /// logged within the line budget).
     fn admit_stream(&self, caller: &StreamCaller) -> Result<StreamPermit, Status> {
@@ -444,6 +488,14 @@ fn admit(shared: &Shared, caller: &StreamCaller, identity: &ProxyIdentity) -> Re
 /// Count, remember (`/debug/syncz`), audit and log a refused stream.
 fn refuse(shared: &Shared, caller: &StreamCaller, who: &str, proxy: Option<&str>, code: Code, reason: String) -> Status {
     let label = if code == Code::Unauthenticated { "unauthenticated" } else { "permission_denied" };
+    refuse_with(shared, caller, who, proxy, code, label, reason)
+}
+
+/// [`refuse`] with the metric's reason label given. Only refusals for the
+/// credential itself (unauthenticated, permission denied) are audited: a
+/// quota refusal is no authorization decision, and a client hammering a
+/// full quota must not fill the audit log.
+fn refuse_with(shared: &Shared, caller: &StreamCaller, who: &str, proxy: Option<&str>, code: Code, label: &'static str, reason: String) -> Status {
     crate::metrics::metrics().streams_refused.with(&[label]).inc();
     let remote = caller.remote.map(|r| r.to_string());
     if shared.log.line(StreamEvent::Refused) {
@@ -451,13 +503,18 @@ fn refuse(shared: &Shared, caller: &StreamCaller, who: &str, proxy: Option<&str>
     } else {
         tracing::debug!(remote = remote.as_deref().unwrap_or("-"), proxy = proxy.unwrap_or("-"), who, reason = %reason, "xDS stream refused");
     }
-    if let Some(acl) = &shared.options.acl {
+    if let Some(acl) = shared.options.acl.as_ref().filter(|_| matches!(code, Code::Unauthenticated | Code::PermissionDenied)) {
         let mut event = crate::auth::audit::AuditEvent::new(who.to_string(), "xDS stream", "denied");
         event.resources = proxy.map(|p| vec![format!("proxy/{p}")]).unwrap_or_default();
         event.reason = Some(reason.clone());
         acl.audit(event);
     }
-    let refused = super::status::Refused { at_ms: 0, remote, proxy: proxy.map(str::to_string), who: who.to_string(), code: label, reason: reason.clone() };
+    let code_name = match code {
+        Code::Unauthenticated => "unauthenticated",
+        Code::PermissionDenied => "permission_denied",
+        _ => "resource_exhausted",
+    };
+    let refused = super::status::Refused { at_ms: 0, remote, proxy: proxy.map(str::to_string), who: who.to_string(), code: code_name, reason: reason.clone() };
     shared.registry.refuse(refused);
     Status::new(code, reason)
 }
@@ -510,6 +567,8 @@ trait Variant: Default + Send + 'static {
     fn type_of(resp: &Self::Resp) -> Option<ResourceType>;
     /// The most names the stream subscribes to for one type.
     fn most_names(&self) -> usize;
+    /// What its subscribed names cost together (`session::name_cost`).
+    fn subscribed_bytes(&self) -> usize;
 }
 
 impl Variant for SotwStream {
@@ -533,6 +592,9 @@ impl Variant for SotwStream {
     }
     fn most_names(&self) -> usize {
         SotwStream::most_names(self)
+    }
+    fn subscribed_bytes(&self) -> usize {
+        SotwStream::subscribed_bytes(self)
     }
     fn type_of(r: &DiscoveryResponse) -> Option<ResourceType> {
         ResourceType::from_type_url(&r.type_url)
@@ -566,6 +628,9 @@ impl Variant for DeltaStream {
     fn most_names(&self) -> usize {
         DeltaStream::most_names(self)
     }
+    fn subscribed_bytes(&self) -> usize {
+        DeltaStream::subscribed_bytes(self)
+    }
     fn type_of(r: &DeltaDiscoveryResponse) -> Option<ResourceType> {
         ResourceType::from_type_url(&r.type_url)
     }
@@ -595,7 +660,10 @@ struct StreamTask<V: Variant> {
     /// Where its SDS secrets come from, or why it gets none.
     secrets: Result<Arc<super::secrets::SecretSource>, &'static str>,
     said_why_no_secrets: bool,
+    /// How often its NACKs are logged (`limits::NackLog`).
+    nack_log: super::limits::NackLog,
     _permit: StreamPermit,
+    _quota: super::limits::QuotaPermit,
 }
 
 /// Why a stream stops.
@@ -723,13 +791,25 @@ impl<V: Variant> StreamTask<V> {
             self.catch_up(v).await?;
         }
         let (received, response) = self.variant.on_request(&req, &self.config);
+        drop(req);
         // Delta subscriptions add up over requests: bound them per type as
-        // one request's names are (`service::MAX_NAMES`).
+        // one request's names are (`service::MAX_NAMES`), and every type's
+        // names together by what they hold (SotW too: each type keeps its
+        // last request's names).
         let most = self.variant.most_names();
         if most > super::service::MAX_NAMES {
+            crate::metrics::metrics().streams_refused.with(&["subscription_limit"]).inc();
             return Err(End::Invalid(Box::new(Status::resource_exhausted(format!(
                 "resource_names: a subscription to {most} resources of one type is over the limit of {}",
                 super::service::MAX_NAMES
+            )))));
+        }
+        let (bytes, limit) = (self.variant.subscribed_bytes(), self.shared.options.max_subscription_bytes);
+        if limit > 0 && bytes > limit {
+            crate::metrics::metrics().streams_refused.with(&["subscription_limit"]).inc();
+            return Err(End::Invalid(Box::new(Status::resource_exhausted(format!(
+                "resource_names: the stream's subscriptions take {bytes} bytes (each name counts {} bytes more than its length), over the limit of {limit} per stream (xds_max_subscription_bytes)",
+                super::session::NAME_OVERHEAD
             )))));
         }
         let id = &self.identity.id;
@@ -739,7 +819,13 @@ impl<V: Variant> StreamTask<V> {
                 self.handle.acked(t, &version);
             }
             Received::Nack { t, rejected_version, nonce, error } => {
-                tracing::warn!(proxy = %id, r#type = t.short(), version = rejected_version, error, "NACK: the proxy rejected a response");
+                match self.nack_log.warn(std::time::Instant::now()) {
+                    Some(skipped) => {
+                        let error = super::session::truncated(&error, super::limits::NACK_LOG_TEXT);
+                        tracing::warn!(proxy = %id, r#type = t.short(), version = rejected_version, error, skipped, "NACK: the proxy rejected a response (the last NACK of each type is in /debug/syncz; NACKs are logged once per 10s per stream, `skipped` at debug since)");
+                    }
+                    None => tracing::debug!(proxy = %id, r#type = t.short(), version = rejected_version, "NACK: the proxy rejected a response"),
+                }
                 self.handle.nacked(t, &rejected_version, &nonce, &error);
             }
             Received::Stale(t) => tracing::debug!(proxy = %id, r#type = t.short(), "request with a stale nonce ignored"),
