@@ -10,7 +10,7 @@
 //! - a node's metadata size and label count ([`check_node`]): what a stream
 //!   keeps of its node (its labels, twice: the identity and `/debug/syncz`)
 //!   is bounded before it is parsed;
-//! - the NACK text a stream keeps and logs (`session::MAX_NACK_TEXT`), and
+//! - the NACK text a stream keeps and logs ([`MAX_NACK_TEXT`]), and
 //!   how often it logs one ([`NackLog`]);
 //! - the names a stream subscribes to, every type together
 //!   (`xds_max_subscription_bytes`, checked by the stream task).
@@ -116,7 +116,10 @@ impl Quotas {
     pub fn admit(self: &Arc<Self>, credential: Option<&str>, source: Option<IpAddr>) -> Result<QuotaPermit, (Over, usize)> {
         let mut keys = Vec::with_capacity(2);
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let candidates = [(credential.map(|c| Key::Credential(c.to_string())), self.per_credential, Over::Credential), (source.map(|ip| Key::Source(canonical(ip))), self.per_source, Over::Source)];
+        let candidates = [
+            (credential.map(|c| Key::Credential(c.to_string())), self.per_credential, Over::Credential),
+            (source.map(|ip| Key::Source(canonical(ip))), self.per_source, Over::Source),
+        ];
         for (key, limit, over) in candidates {
             let Some(key) = key else { continue };
             if limit > 0 && held.get(&key).copied().unwrap_or(0) >= limit {
@@ -137,11 +140,18 @@ impl Quotas {
     }
 }
 
+/// The most of a NACK's error text kept (in `/debug/syncz`); the rest is
+/// cut, saying how much (`session::error_text`). Envoy lists every rejected
+/// resource with its reason, so a real NACK is a few hundred bytes; a
+/// client may send megabytes (istiod keeps and logs the whole text:
+/// `pkg/xds/server.go`, `LastError`).
+pub const MAX_NACK_TEXT: usize = 4096;
+
 /// NACK lines of one stream: one at warn per [`NACK_LOG_INTERVAL`]; the
 /// others at debug, counted, and the count said by the next warn line.
 pub const NACK_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// The most of a NACK's text a log line carries (the whole kept text, up
-/// to `session::MAX_NACK_TEXT`, is in `/debug/syncz`).
+/// to [`MAX_NACK_TEXT`], is in `/debug/syncz`).
 pub const NACK_LOG_TEXT: usize = 1024;
 
 /// IPv4 clients on a dual-stack socket arrive as ::ffff:a.b.c.d.

@@ -425,10 +425,9 @@ impl AdsService {
             Err(over) => over,
         };
         let reason = match over {
-            super::limits::Over::Credential => format!(
-                "{} has its limit of {limit} xDS streams open on this replica (xds_max_streams_per_credential)",
-                principal.who
-            ),
+            super::limits::Over::Credential => {
+                format!("{} has its limit of {limit} xDS streams open on this replica (xds_max_streams_per_credential)", principal.who)
+            }
             super::limits::Over::Source => {
                 let ip = caller.remote.map_or_else(|| "-".to_string(), |r| r.ip().to_string());
                 format!("{ip} has its limit of {limit} xDS streams open on this replica (xds_max_streams_per_source)")

@@ -3,6 +3,7 @@
 //! `super::sotw` and `super::delta`; both are pure (no IO, no clock) so
 //! they are unit-tested directly, and the server only moves messages.
 
+use super::limits::MAX_NACK_TEXT;
 use super::resources::{ResourceMap, ResourceType, XdsResource};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -104,12 +105,6 @@ impl Subscription {
         }
     }
 }
-
-/// The most of a NACK's error text kept (in `/debug/syncz`) and logged;
-/// the rest is cut, saying how much. Envoy lists every rejected resource
-/// with its reason, so a real NACK is a few hundred bytes; a client may
-/// send megabytes (istiod keeps and logs the whole text).
-pub const MAX_NACK_TEXT: usize = 4096;
 
 /// A `google.rpc.Status` from a NACK, as one line of text of at most
 /// [`MAX_NACK_TEXT`] bytes (and a note of what was cut).

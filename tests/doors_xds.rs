@@ -1,0 +1,303 @@
+//! The xDS port and mesh identity against an attacker who holds one
+//! low-privilege credential (issue 32): what one proxy token, one source
+//! address and one stream may hold on a replica; Envoy's admin port and
+//! the proxy token in its bootstrap; gateway secrets and the mesh CA's
+//! deny list.
+//!
+//! Real replicas as processes (`common::Cluster`), hand-rolled ADS clients
+//! over TLS, real Envoys and `lodestar agent`s where it matters. Waits are
+//! bounded polls.
+
+mod common;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::{value::Kind as PbKind, Struct, Value as PbValue};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use lodestar::xds::resources::ResourceType;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+const BOUND: Duration = Duration::from_secs(20);
+const CDS: ResourceType = ResourceType::Cluster;
+const EDS: ResourceType = ResourceType::Endpoint;
+const RDS: ResourceType = ResourceType::Route;
+
+/// The node id of a sidecar `name` in `namespace`.
+fn node_id(name: &str, namespace: &str) -> String {
+    format!("sidecar~127.0.0.5~{name}.{namespace}~{namespace}.svc.cluster.local")
+}
+
+fn node(id: &str) -> Node {
+    Node { id: id.to_string(), ..Default::default() }
+}
+
+fn req(t: ResourceType, names: &[String], nonce: &str) -> DiscoveryRequest {
+    DiscoveryRequest { type_url: t.type_url(), resource_names: names.to_vec(), response_nonce: nonce.to_string(), ..Default::default() }
+}
+
+/// A proxy token bound to `namespace`: (accessor, secret).
+fn proxy_token(api: &str, args: &[&str]) -> (String, String) {
+    let t = common::token_create(api, args);
+    (t["accessorId"].as_str().unwrap().to_string(), t["secret"].as_str().unwrap().to_string())
+}
+
+struct Stream<Req, Resp> {
+    tx: mpsc::Sender<Req>,
+    rx: tonic::Streaming<Resp>,
+}
+
+impl<Req, Resp> Stream<Req, Resp> {
+    async fn send(&self, r: Req) {
+        assert!(self.tx.send(r).await.is_ok(), "the request stream is closed");
+    }
+
+    async fn recv(&mut self) -> Resp {
+        match tokio::time::timeout(BOUND, self.rx.message()).await {
+            Ok(Ok(Some(r))) => r,
+            Ok(other) => panic!("stream ended: {:?}", other.err()),
+            Err(_) => panic!("no response within {BOUND:?}"),
+        }
+    }
+
+    /// The status the stream ends with (responses before it are skipped).
+    async fn end(&mut self) -> tonic::Status {
+        loop {
+            match tokio::time::timeout(BOUND, self.rx.message()).await.expect("the stream ends in time") {
+                Ok(Some(_)) => continue,
+                Ok(None) => return tonic::Status::ok("ended"),
+                Err(s) => return s,
+            }
+        }
+    }
+}
+
+/// A SotW stream on member 1's xDS port `xds` with `token`, whose first
+/// request is `first` (the server reads it before it answers).
+async fn sotw(xds: &str, token: &str, first: DiscoveryRequest) -> Result<Stream<DiscoveryRequest, DiscoveryResponse>, tonic::Status> {
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(first).await.unwrap();
+    let rx = common::ads_client_as(1, xds, Some(token)).stream_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
+    Ok(Stream { tx, rx })
+}
+
+async fn delta(xds: &str, token: &str, first: DeltaDiscoveryRequest) -> Stream<DeltaDiscoveryRequest, DeltaDiscoveryResponse> {
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(first).await.unwrap();
+    let rx = common::ads_client_as(1, xds, Some(token)).delta_aggregated_resources(ReceiverStream::new(rx)).await.expect("a delta stream").into_inner();
+    Stream { tx, rx }
+}
+
+/// A metric's value in the replica's `/metrics` (0 if absent).
+async fn metric(cluster: &common::Cluster, series: &str) -> f64 {
+    let text = cluster.http.get(format!("{}/metrics", cluster.replica(1).api())).send().await.unwrap().text().await.unwrap();
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+async fn syncz(cluster: &common::Cluster) -> Value {
+    let (status, body) = common::get_json(&cluster.http, &format!("{}/debug/syncz", cluster.replica(1).api())).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// Poll `/debug/syncz` until `pred` holds.
+async fn wait_syncz(cluster: &common::Cluster, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let s = syncz(cluster).await;
+        if pred(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "syncz: {what} not within {BOUND:?}; last: {s:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Item 4: the xDS edge per credential, source and stream.
+
+/// Ten NACKs of 3 MB each on one stream, with a namespace-bound proxy
+/// token: `/debug/syncz` keeps the last one cut to 4 KiB (saying how much
+/// was cut), and the log has one warn line for them, itself cut to 1 KiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_of_megabytes_is_kept_and_logged_cut_and_once_per_interval() {
+    use lodestar::xds::limits::{MAX_NACK_TEXT, NACK_LOG_TEXT};
+    let cluster = common::Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (_, secret) = proxy_token(&r.api(), &["--proxy", "team-a"]);
+    let id = node_id("web", "team-a");
+    let mut first = req(CDS, &[], "");
+    first.node = Some(node(&id));
+    let mut s = sotw(&r.xds_addr(), &secret, first).await.expect("the proxy token opens its namespace's stream");
+    let cds = s.recv().await;
+    let text = "the proxy says no. ".repeat(3 * 1024 * 1024 / 19);
+    let series = "pilot_total_xds_rejects{type=\"cds\"}";
+    let before = metric(&cluster, series).await;
+    for _ in 0..10 {
+        let mut nack = req(CDS, &[], &cds.nonce);
+        nack.version_info = cds.version_info.clone();
+        nack.error_detail = Some(RpcStatus { code: 3, message: text.clone(), details: vec![] });
+        s.send(nack).await;
+    }
+    let deadline = Instant::now() + BOUND;
+    while metric(&cluster, series).await < before + 10.0 {
+        assert!(Instant::now() < deadline, "the replica never counted the ten NACKs");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let z = syncz(&cluster).await;
+    let p = z["proxies"].as_array().unwrap().iter().find(|p| p["id"] == id.as_str()).expect("the proxy in syncz");
+    let kept = p["types"]["CDS"]["last_nack"]["error"].as_str().expect("the last NACK is kept");
+    assert!(kept.len() <= MAX_NACK_TEXT + 64, "syncz keeps {} bytes of a {}-byte NACK", kept.len(), text.len());
+    assert!(kept.starts_with("the proxy says no.") && kept.contains("more bytes)"), "{}", &kept[kept.len().saturating_sub(80)..]);
+    let log = r.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("NACK: the proxy rejected") && l.contains(&id)).collect();
+    let warn: Vec<&&str> = lines.iter().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warn.len(), 1, "one warn line for ten NACKs within the interval; lines: {}", lines.len());
+    assert!(warn[0].len() < NACK_LOG_TEXT + 1024, "the warn line is {} bytes", warn[0].len());
+    assert!(log.len() < 1024 * 1024, "the replica's log grew to {} bytes", log.len());
+}
+
+/// Node metadata over the caps is refused at admission, INVALID_ARGUMENT
+/// naming the field and the limit; at the caps it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_metadata_over_the_caps_is_refused_naming_the_limit() {
+    use lodestar::xds::limits::{MAX_NODE_LABELS, MAX_NODE_METADATA};
+    let cluster = common::Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (_, secret) = proxy_token(&r.api(), &["--proxy", "team-a"]);
+    let s = |v: &str| PbValue { kind: Some(PbKind::StringValue(v.into())) };
+    let with = |labels: usize, pad: usize| {
+        let labels = Struct { fields: (0..labels).map(|i| (format!("label-{i}"), s("x"))).collect() };
+        let mut n = node(&node_id("web", "team-a"));
+        n.metadata = Some(Struct {
+            fields: [("LABELS".to_string(), PbValue { kind: Some(PbKind::StructValue(labels)) }), ("PAD".to_string(), s(&"p".repeat(pad)))].into(),
+        });
+        let mut first = req(CDS, &[], "");
+        first.node = Some(n);
+        first
+    };
+    let refused = |r: Result<_, tonic::Status>| match r {
+        Ok(_) => panic!("served"),
+        Err(s) => s,
+    };
+    let e = refused(sotw(&r.xds_addr(), &secret, with(MAX_NODE_LABELS + 1, 0)).await);
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("node.metadata.LABELS") && e.message().contains(&MAX_NODE_LABELS.to_string()), "{}", e.message());
+    let e = refused(sotw(&r.xds_addr(), &secret, with(1, 100 * 1024)).await);
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("node.metadata") && e.message().contains(&MAX_NODE_METADATA.to_string()), "{}", e.message());
+    let mut ok = sotw(&r.xds_addr(), &secret, with(MAX_NODE_LABELS, 32 * 1024)).await.expect("a node at the caps is served");
+    ok.recv().await;
+}
+
+/// `count` names of 60 bytes, from `from`.
+fn names(from: usize, count: usize) -> Vec<String> {
+    let name = |i: usize| format!("outbound|8080||service-{i:08}.team-a.svc.cluster.local");
+    (from..from + count).map(|i| format!("{}{}", name(i), "x".repeat(60 - name(i).len()))).collect()
+}
+
+/// A stream's subscriptions, every type together, are held to
+/// `xds_max_subscription_bytes` (1 MiB, each name counting its length plus
+/// 64 bytes): delta subscriptions that add up past it over requests end
+/// the stream RESOURCE_EXHAUSTED naming the setting, and so do SotW
+/// subscriptions of two types that together go past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_past_the_stream_budget_end_the_stream() {
+    let cluster = common::Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (_, secret) = proxy_token(&r.api(), &["--proxy", "team-a"]);
+    let series = "lodestar_xds_streams_refused_total{reason=\"subscription_limit\"}";
+    assert_eq!(names(0, 1)[0].len(), 60);
+
+    // Delta: 4,000 names (496 KB), 4,000 more (992 KB): served; 4,000
+    // more: over.
+    let mut first = DeltaDiscoveryRequest { type_url: EDS.type_url(), resource_names_subscribe: names(0, 4000), ..Default::default() };
+    first.node = Some(node(&node_id("delta", "team-a")));
+    let mut d = delta(&r.xds_addr(), &secret, first).await;
+    d.recv().await;
+    d.send(DeltaDiscoveryRequest { type_url: EDS.type_url(), resource_names_subscribe: names(4000, 4000), ..Default::default() }).await;
+    d.recv().await;
+    d.send(DeltaDiscoveryRequest { type_url: EDS.type_url(), resource_names_subscribe: names(8000, 4000), ..Default::default() }).await;
+    let end = d.end().await;
+    assert_eq!(end.code(), tonic::Code::ResourceExhausted, "{end:?}");
+    assert!(end.message().contains("xds_max_subscription_bytes"), "{}", end.message());
+
+    // SotW: 4,500 EDS names, then 4,500 RDS names: each type under the
+    // budget, the stream over it.
+    let mut first = req(EDS, &names(0, 4500), "");
+    first.node = Some(node(&node_id("sotw", "team-a")));
+    let mut s = sotw(&r.xds_addr(), &secret, first).await.expect("a stream under the budget");
+    s.recv().await;
+    s.send(req(RDS, &names(0, 4500), "")).await;
+    let end = s.end().await;
+    assert_eq!(end.code(), tonic::Code::ResourceExhausted, "{end:?}");
+    assert!(end.message().contains("xds_max_subscription_bytes"), "{}", end.message());
+    assert_eq!(metric(&cluster, series).await, 2.0);
+}
+
+/// One proxy token opens `xds_max_streams_per_credential` streams and no
+/// more: the next is refused RESOURCE_EXHAUSTED naming the setting,
+/// counted, and listed in `/debug/syncz`, while another namespace's proxy
+/// still connects; the source address's quota holds every credential
+/// from it; a stream that ends gives its place back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_quotas_per_credential_and_per_source() {
+    let cluster = common::Cluster::start(1, "xds_max_streams_per_credential = 20\nxds_max_streams_per_source = 30").await;
+    let r = cluster.replica(1);
+    let xds = r.xds_addr();
+    let (accessor_a, secret_a) = proxy_token(&r.api(), &["--proxy", "team-a"]);
+    let (_, secret_b) = proxy_token(&r.api(), &["--proxy", "team-b"]);
+    let open = |secret: String, ns: &'static str, i: usize| {
+        let xds = xds.clone();
+        async move {
+            let mut first = req(CDS, &[], "");
+            first.node = Some(node(&node_id(&format!("p{i}"), ns)));
+            sotw(&xds, &secret, first).await
+        }
+    };
+    let mut held_a = Vec::new();
+    for i in 0..20 {
+        let mut s = open(secret_a.clone(), "team-a", i).await.unwrap_or_else(|e| panic!("team-a stream {i}: {e:?}"));
+        s.recv().await;
+        held_a.push(s);
+    }
+    let Err(e) = open(secret_a.clone(), "team-a", 20).await else { panic!("a 21st stream of one token was served") };
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("xds_max_streams_per_credential") && e.message().contains(&accessor_a), "{}", e.message());
+    assert_eq!(metric(&cluster, "lodestar_xds_streams_refused_total{reason=\"credential_quota\"}").await, 1.0);
+    let z = syncz(&cluster).await;
+    let listed = z["refused"].as_array().unwrap().iter().any(|r| r["code"] == "resource_exhausted" && r["who"] == format!("token:{accessor_a}").as_str());
+    assert!(listed, "the refusal is in syncz: {:#}", z["refused"]);
+
+    // Another namespace's proxy connects, up to the source's quota (30
+    // from this address, whatever the credential).
+    let mut held_b = Vec::new();
+    for i in 0..10 {
+        let mut s = open(secret_b.clone(), "team-b", i).await.unwrap_or_else(|e| panic!("team-b stream {i}: {e:?}"));
+        s.recv().await;
+        held_b.push(s);
+    }
+    let Err(e) = open(secret_b.clone(), "team-b", 10).await else { panic!("a 31st stream from one address was served") };
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("xds_max_streams_per_source"), "{}", e.message());
+    assert_eq!(metric(&cluster, "lodestar_xds_streams_refused_total{reason=\"source_quota\"}").await, 1.0);
+
+    // One of team-a's streams ends: its place is free again once the
+    // replica has seen it go.
+    drop(held_a.pop());
+    let deadline = Instant::now() + BOUND;
+    let mut again = loop {
+        match open(secret_a.clone(), "team-a", 21).await {
+            Ok(s) => break s,
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+                assert!(Instant::now() < deadline, "the place never came back");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    again.recv().await;
+    let _ = wait_syncz(&cluster, "31 streams", |s| s["proxies"].as_array().is_some_and(|p| p.len() == 30)).await;
+}
