@@ -301,3 +301,135 @@ async fn stream_quotas_per_credential_and_per_source() {
     again.recv().await;
     let _ = wait_syncz(&cluster, "31 streams", |s| s["proxies"].as_array().is_some_and(|p| p.len() == 30)).await;
 }
+
+// ---------------------------------------------------------------------------
+// Item 5: Envoy's admin port and the proxy token.
+
+/// An Envoy bootstrapped by `lodestar bootstrap --proxy-token-file` is
+/// served with that token (bound to team-a: its stream is accepted), yet
+/// neither the bootstrap nor the admin's `/config_dump` holds the token:
+/// Envoy reads the file itself (a static `generic_secret`, redacted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_reads_its_proxy_token_from_the_file_and_config_dump_shows_none() {
+    let cluster = common::Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (_, secret) = proxy_token(&r.api(), &["--proxy", "team-a"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let token_file = tmp.path().join("proxy.token");
+    std::fs::write(&token_file, format!("{secret}\n")).unwrap();
+    let ip = format!("{}.7", common::loopback_prefix());
+    let mut o = common::envoy::EnvoyOptions::new("web", &ip);
+    o.namespace = "team-a".into();
+    o.server_api = Some(r.api());
+    o.proxy_token_file = Some(token_file);
+    let id = o.node_id();
+    let bootstrap = common::envoy::bootstrap_yaml(&o);
+    assert!(!bootstrap.contains(&secret), "the bootstrap holds the token:\n{bootstrap}");
+    let mut envoy = common::envoy::Envoy::start(&tmp.path().join("envoy"), o);
+    envoy.wait_ready(BOUND).await;
+    // Served: only the token could have authenticated it (no certificate).
+    wait_syncz(&cluster, "the Envoy connected", |s| s["proxies"].as_array().is_some_and(|p| p.iter().any(|p| p["id"] == id.as_str()))).await;
+    let dump = envoy.config_dump().await.to_string();
+    assert!(!dump.contains(&secret), "config_dump shows the proxy token");
+    assert!(dump.contains("lodestar-proxy-token"), "the secret holding it is listed (redacted)");
+    let stats = envoy.stats().await;
+    assert!(!format!("{stats:?}").contains(&secret));
+}
+
+/// Run `f` on a thread inside the network namespace `ns`.
+fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // SAFETY: setns on this thread only, with a namespace file we opened.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns({path}): {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
+/// A network namespace of this test, deleted (with whatever runs in it)
+/// when dropped.
+struct Netns(String);
+
+impl Netns {
+    fn create(name: &str) -> Netns {
+        assert_eq!(unsafe { libc::geteuid() }, 0, "this test creates a network namespace: run it as root");
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("ip").args(args).output().expect("the `ip` tool (iproute2)");
+            assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let _ = std::process::Command::new("ip").args(["netns", "del", name]).output();
+        run(&["netns", "add", name]);
+        let ns = Netns(name.to_string());
+        run(&["-n", name, "link", "set", "lo", "up"]);
+        ns
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Ok(out) = std::process::Command::new("ip").args(["netns", "pids", &self.0]).output() {
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = std::process::Command::new("kill").args(["-9", pid]).status();
+            }
+        }
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// A proxy whose address is routable (198.18.0.7, in a namespace of its
+/// own): its Envoy's admin answers on 127.0.0.1 and not on the proxy's
+/// address. `--admin-address` puts it there, with a warning on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_admin_is_not_reachable_on_the_proxys_address() {
+    const IP: &str = "198.18.0.7";
+    let ns = Netns::create(&format!("ldx{:x}-admin", std::process::id()));
+    let out = std::process::Command::new("ip").args(["-n", &ns.0, "addr", "add", &format!("{IP}/32"), "dev", "lo"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tmp = tempfile::tempdir().unwrap();
+    let token_file = tmp.path().join("proxy.token");
+    std::fs::write(&token_file, "not-a-real-token\n").unwrap();
+    let bootstrap = |extra: &[&str]| {
+        let mut cmd = common::cli_command();
+        cmd.args(["bootstrap", "--name", "web", "--ip", IP, "--admin-port", "15000", "--xds-servers", "127.0.0.1:1", "-o", "json", "--proxy-token-file"])
+            .arg(&token_file)
+            .args(extra);
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    };
+    let (doc, stderr) = bootstrap(&[]);
+    assert!(stderr.is_empty(), "no warning for loopback: {stderr}");
+    let (_, warned) = bootstrap(&["--admin-address", IP]);
+    assert!(warned.contains("warning") && warned.contains("/config_dump"), "{warned}");
+    let path = tmp.path().join("bootstrap.json");
+    std::fs::write(&path, doc).unwrap();
+    let log = std::fs::File::create(tmp.path().join("envoy.log")).unwrap();
+    let _envoy = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns.0])
+        .arg(common::envoy::envoy_binary())
+        .arg("-c")
+        .arg(&path)
+        .args(["--use-dynamic-base-id", "--log-level", "info"])
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let envoy_log = tmp.path().join("envoy.log");
+    let (loopback, routable) = in_netns(&ns.0, move || {
+        let connect = |addr: &str| std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(1));
+        let deadline = Instant::now() + BOUND;
+        while connect("127.0.0.1:15000").is_err() {
+            let log = std::fs::read_to_string(&envoy_log).unwrap_or_default();
+            assert!(Instant::now() < deadline, "Envoy's admin never listened on 127.0.0.1:15000:\n{log}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (connect("127.0.0.1:15000").is_ok(), connect(&format!("{IP}:15000")).map_err(|e| e.kind()))
+    });
+    assert!(loopback);
+    assert_eq!(routable.err(), Some(std::io::ErrorKind::ConnectionRefused), "the admin answers on the proxy's address {IP}");
+}
