@@ -173,6 +173,9 @@ pub struct TokenRequest {
     /// `NAMESPACE` or `NAMESPACE/NAME`: a proxy token for the xDS port.
     #[serde(default)]
     pub proxy: Option<String>,
+    /// With `proxy`: a gateway's token, served its namespace's Secrets.
+    #[serde(default)]
+    pub gateway: bool,
     /// A workload join token (mesh CA) for `NAMESPACE/SERVICE_ACCOUNT`
     /// instead of an API token: no policies or roles.
     #[serde(default)]
@@ -212,12 +215,15 @@ pub fn token_txn(req: TokenRequest, index: &AclIndex) -> Result<(Txn, Minted)> {
     let mut errors = Vec::new();
     let proxy = match req.proxy.as_deref().filter(|p| !p.is_empty()).map(ProxyBinding::parse) {
         None => None,
-        Some(Ok(b)) => Some(b),
+        Some(Ok(b)) => Some(ProxyBinding { gateway: req.gateway, ..b }),
         Some(Err(e)) => {
             errors.push(FieldError::new("proxy", e));
             None
         }
     };
+    if req.gateway && req.proxy.as_deref().is_none_or(str::is_empty) {
+        errors.push(FieldError::new("gateway", "only a proxy token (proxy NAMESPACE[/NAME]) is a gateway's"));
+    }
     let join = join_binding(&req, &mut errors);
     if proxy.is_some() && join.is_some() {
         errors.push(FieldError::new("proxy", "a token is a proxy token or a join token (workload or host), not both"));

@@ -80,6 +80,39 @@ pub struct ConnInfo {
     pub cert: Option<Arc<PeerCert>>,
     /// The connection is TLS (what a private key may travel over).
     pub tls: bool,
+    /// Ends the connection from the server's side.
+    pub closer: Closer,
+}
+
+/// Ends a connection from the server's side: its reads see the end of the
+/// stream, so the HTTP/2 server closes it and the client dials again. The
+/// credential of a TLS connection is the client certificate of its
+/// handshake: a stream that ends because that certificate expired or was
+/// revoked closes its connection, else a client would retry on the same
+/// connection, with the same certificate, forever (`xds::server`).
+#[derive(Debug, Clone, Default)]
+pub struct Closer(Arc<CloserState>);
+
+#[derive(Debug, Default)]
+struct CloserState {
+    closed: std::sync::atomic::AtomicBool,
+    reader: futures::task::AtomicWaker,
+}
+
+impl Closer {
+    pub fn close(&self) {
+        self.0.closed.store(true, std::sync::atomic::Ordering::Release);
+        self.0.reader.wake();
+    }
+
+    /// Whether it is closed; if not, `cx` is woken when it is.
+    fn poll_closed(&self, cx: &Context<'_>) -> bool {
+        if self.0.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return true;
+        }
+        self.0.reader.register(cx.waker());
+        self.0.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 /// An accepted connection.
@@ -114,6 +147,10 @@ macro_rules! delegate {
 
 impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.info().closer.poll_closed(cx) {
+            // The end of the stream: the server closes the connection.
+            return Poll::Ready(Ok(()));
+        }
         delegate!(self, s => s.poll_read(cx, buf))
     }
 }
@@ -187,7 +224,7 @@ async fn accept_loop(listener: TcpListener, tls: Option<(Arc<Tls>, Port)>, tx: m
         // data, trailers); with Nagle they wait for a delayed ACK.
         let _ = tcp.set_nodelay(true);
         let Some((tls, port)) = tls.clone() else {
-            let info = ConnInfo { remote, cert: None, tls: false };
+            let info = ConnInfo { remote, cert: None, tls: false, closer: Closer::default() };
             if tx.send(Conn::Plain(tcp, info)).await.is_err() {
                 return;
             }
@@ -199,7 +236,7 @@ async fn accept_loop(listener: TcpListener, tls: Option<(Arc<Tls>, Port)>, tx: m
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
                     let cert = PeerCert::of(stream.get_ref().1);
-                    let _ = tx.send(Conn::Tls(Box::new(stream.into()), ConnInfo { remote, cert, tls: true })).await;
+                    let _ = tx.send(Conn::Tls(Box::new(stream.into()), ConnInfo { remote, cert, tls: true, closer: Closer::default() })).await;
                 }
                 // Plaintext to a TLS port, an unknown CA, a port scan: the
                 // client is told by the failed handshake; nothing to serve.

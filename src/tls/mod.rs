@@ -345,11 +345,11 @@ impl tonic::codegen::Service<tonic::codegen::http::Uri> for PeerConnector {
             tcp.set_nodelay(true)?;
             let remote = tcp.peer_addr()?;
             let conn = match tls {
-                None => conn::Conn::Plain(tcp, conn::ConnInfo { remote, cert: None, tls: false }),
+                None => conn::Conn::Plain(tcp, conn::ConnInfo { remote, cert: None, tls: false, closer: Default::default() }),
                 Some(tls) => {
                     let stream = tokio_rustls::TlsConnector::from(tls.config()).connect(server_name, tcp).await?;
                     let cert = conn::PeerCert::of(stream.get_ref().1);
-                    conn::Conn::Tls(Box::new(stream.into()), conn::ConnInfo { remote, cert, tls: true })
+                    conn::Conn::Tls(Box::new(stream.into()), conn::ConnInfo { remote, cert, tls: true, closer: Default::default() })
                 }
             };
             Ok(hyper_util::rt::TokioIo::new(conn))

@@ -312,15 +312,7 @@ impl AdsService {
     /// Read the first request, identify the proxy, generate its config and
     /// start the stream task.
     async fn open<V: Variant>(&self, mut caller: StreamCaller, mut inbound: Requests<V::Req>) -> Result<Response<Outbound<V::Resp>>, Status> {
-        // A SPIFFE id from a certificate the mesh CA did not issue (the
-        // cluster CA's, say) is no workload identity.
-        let chain = std::mem::take(&mut caller.chain);
-        if caller.peer.as_ref().is_some_and(|p| p.0.starts_with("spiffe://")) {
-            let verified = self.shared.options.mesh_ca.as_ref().is_some_and(|ca| ca.verify_workload(&chain).is_ok());
-            if !verified {
-                caller.peer = None;
-            }
-        }
+        self.verify_mesh_cert(&mut caller);
         // Credentials first: an unauthenticated stream is refused before
         // its first request is read, and costs no translation.
         let principal = authenticate(&self.shared, &caller, None)?;
@@ -374,9 +366,7 @@ impl AdsService {
         });
         // Secrets (SDS): a gateway on a TLS connection with an authenticated
         // identity, for its own namespace only (see `xds::secrets`).
-        let authenticated = self.shared.options.acl.as_ref().is_some_and(|a| a.enabled);
-        let secrets = super::secrets::eligible(&identity, caller.tls, authenticated, self.shared.options.secrets.as_ref())
-            .map(|key| Arc::new(super::secrets::SecretSource::new(key, &identity)));
+        let secrets = secrets_for(&self.shared, &caller, &principal, &identity).map(|key| Arc::new(super::secrets::SecretSource::new(key, &identity)));
         let config = generate(&self.shared.generator, &identity, current, &handle, secrets.as_ref().ok())
             .await
             .map_err(|e| Status::unavailable(format!("cannot generate the configuration of {}: {e}", identity.id)))?;
@@ -388,6 +378,7 @@ impl AdsService {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let max_age = self.shared.options.max_stream_age.map(|a| jittered(a, handle.stream()));
         let caller = self.shared.options.acl.as_ref().filter(|a| a.enabled).map(|_| Box::new(caller));
+        let cert_expiry = caller.as_ref().filter(|c| c.bearer.as_ref().is_ok_and(Option::is_none)).and_then(|c| c.mesh_cert.as_ref()).map(|c| c.not_after);
         let stream = StreamTask {
             shared: self.shared.clone(),
             identity,
@@ -401,6 +392,7 @@ impl AdsService {
             refresh,
             secrets,
             said_why_no_secrets: false,
+            cert_expiry,
             nack_log: Default::default(),
             _permit: permit,
             _quota: quota,
@@ -415,6 +407,32 @@ impl AdsService {
 }
 
 impl AdsService {
+    /// A client certificate naming a SPIFFE id is a workload identity only
+    /// if the mesh CA issued it (not the cluster CA, say) and it is
+    /// current: then its facts are kept for the checks while the stream
+    /// lives (expiry, the deny list); else it is no identity, and why is
+    /// kept for the refusal.
+    fn verify_mesh_cert(&self, caller: &mut StreamCaller) {
+        let chain = std::mem::take(&mut caller.chain);
+        if !caller.peer.as_ref().is_some_and(|p| p.0.starts_with("spiffe://")) {
+            return;
+        }
+        let Some(ca) = &self.shared.options.mesh_ca else {
+            caller.peer = None;
+            return;
+        };
+        let facts = ca
+            .verify_workload(&chain)
+            .and_then(|_| chain.first().and_then(|c| crate::ca::cert_facts(c)).ok_or_else(|| "the certificate does not parse".into()));
+        match facts {
+            Ok(f) => caller.mesh_cert = Some(f),
+            Err(why) => {
+                caller.peer = None;
+                caller.mesh_cert_refused = Some(why);
+            }
+        }
+    }
+
     /// A place in the quotas of the stream's credential (ACLs on) and of
     /// its source address, or RESOURCE_EXHAUSTED naming the setting
     /// (counted, logged within the line budget, kept in `/debug/syncz`).
@@ -458,17 +476,39 @@ impl AdsService {
 
 /// The principal a stream's credentials stand for (anyone, as anything,
 /// without ACLs), or UNAUTHENTICATED. `proxy`: the node id, once known.
+/// A stream authenticated by its mesh certificate is refused once the
+/// certificate has expired or is on the deny list; a stream refused for a
+/// client certificate closes its connection (the certificate is the
+/// connection's: the client dials again with its current one).
 fn authenticate(shared: &Shared, caller: &StreamCaller, proxy: Option<&str>) -> Result<crate::auth::Principal, Status> {
     let Some(acl) = &shared.options.acl else { return Ok(crate::auth::Principal::anonymous()) };
+    let refused = |who: &str, why: String| {
+        if caller.mesh_cert.is_some() || caller.mesh_cert_refused.is_some() {
+            if let Some(c) = &caller.closer {
+                c.close();
+            }
+        }
+        refuse(shared, caller, who, proxy, Code::Unauthenticated, why)
+    };
     let bearer = match &caller.bearer {
         Ok(b) => b.clone(),
-        Err(why) => return Err(refuse(shared, caller, "anonymous", proxy, Code::Unauthenticated, why.to_string())),
+        Err(why) => return Err(refused("anonymous", why.to_string())),
     };
+    let by_cert = bearer.is_none();
     let creds = crate::auth::Credentials { bearer, peer: caller.peer.clone() };
-    acl.authenticate(&creds).map_err(|r| {
-        let reason = format!("{}: a proxy sends a proxy token (gRPC metadata authorization: Bearer <secret>) or a workload certificate", r.reason);
-        refuse(shared, caller, &r.who, proxy, Code::Unauthenticated, reason)
-    })
+    let principal = acl.authenticate(&creds).map_err(|r| {
+        let cert = caller.mesh_cert_refused.as_ref().map(|e| format!("; the client certificate is no current mesh certificate ({e})")).unwrap_or_default();
+        let reason = format!("{}: a proxy sends a proxy token (gRPC metadata authorization: Bearer <secret>) or a workload certificate{cert}", r.reason);
+        refused(&r.who, reason)
+    })?;
+    if let (Some(cert), true, true) = (&caller.mesh_cert, by_cert, acl.enabled) {
+        let expired = (crate::auth::acl::unix_now() as i64 >= cert.not_after)
+            .then(|| format!("the client certificate {} expired at {}", cert.serial, crate::model::acl::format_rfc3339(cert.not_after.max(0) as u64)));
+        if let Some(why) = expired.or_else(|| acl.index().revoked(cert)) {
+            return Err(refused(&principal.who.audit_name(), format!("{why}: reconnect with a current certificate")));
+        }
+    }
+    Ok(principal)
 }
 
 /// PERMISSION_DENIED unless `principal` may be the proxy `identity` claims.
@@ -479,9 +519,24 @@ fn authorize(shared: &Shared, caller: &StreamCaller, principal: &crate::auth::Pr
 }
 
 /// Both, again, for an open stream.
-fn admit(shared: &Shared, caller: &StreamCaller, identity: &ProxyIdentity) -> Result<(), Status> {
+fn admit(shared: &Shared, caller: &StreamCaller, identity: &ProxyIdentity) -> Result<crate::auth::Principal, Status> {
     let principal = authenticate(shared, caller, Some(&identity.id))?;
-    authorize(shared, caller, &principal, identity)
+    authorize(shared, caller, &principal, identity)?;
+    Ok(principal)
+}
+
+/// The secrets key, if the stream is served its namespace's Secrets (a
+/// gateway, see `xds::secrets` and `Principal::may_have_secrets`), or why not.
+fn secrets_for(
+    shared: &Shared,
+    caller: &StreamCaller,
+    principal: &crate::auth::Principal,
+    identity: &ProxyIdentity,
+) -> Result<Arc<crate::secrets::SecretsKey>, String> {
+    let authenticated = shared.options.acl.as_ref().is_some_and(|a| a.enabled);
+    let key = super::secrets::eligible(identity, caller.tls, authenticated, shared.options.secrets.as_ref()).map_err(str::to_string)?;
+    principal.may_have_secrets(&identity.namespace)?;
+    Ok(key)
 }
 
 /// Count, remember (`/debug/syncz`), audit and log a refused stream.
@@ -657,8 +712,11 @@ struct StreamTask<V: Variant> {
     /// See `ServeOptions::refresh`.
     refresh: Option<watch::Receiver<u64>>,
     /// Where its SDS secrets come from, or why it gets none.
-    secrets: Result<Arc<super::secrets::SecretSource>, &'static str>,
+    secrets: Result<Arc<super::secrets::SecretSource>, String>,
     said_why_no_secrets: bool,
+    /// When the mesh certificate it was authenticated with expires (unix
+    /// seconds): the stream ends then, revision or not.
+    cert_expiry: Option<i64>,
     /// How often its NACKs are logged (`limits::NackLog`).
     nack_log: super::limits::NackLog,
     _permit: StreamPermit,
@@ -678,6 +736,13 @@ enum End {
     /// The server closes it so its Envoy reconnects (rebalancing, max age):
     /// the stream ends UNAVAILABLE with this message.
     Closed(&'static str),
+}
+
+/// How long until unix time `at` (seconds); a long while if none.
+fn until_unix(at: Option<i64>) -> Duration {
+    let Some(at) = at else { return Duration::from_secs(365 * 24 * 3600) };
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(at.max(0) as u64);
+    at.duration_since(std::time::SystemTime::now()).unwrap_or_default()
 }
 
 /// `age` ± 10%, spread by the stream id so streams opened together do not
@@ -732,12 +797,24 @@ impl<V: Variant> StreamTask<V> {
             }
         };
         tokio::pin!(aged);
+        let expired = tokio::time::sleep(until_unix(self.cert_expiry));
+        tokio::pin!(expired);
         loop {
             tokio::select! {
                 biased;
                 _ = stopped(self.shared.shutdown.clone()) => return End::Shutdown,
                 _ = closer.notified() => return End::Closed("rebalancing"),
                 _ = &mut aged => return End::Closed("max stream age reached"),
+                // Its certificate expired: refused by the check (which
+                // closes the connection), else a second later.
+                _ = &mut expired, if self.cert_expiry.is_some() => {
+                    if let Some(caller) = &self.caller {
+                        if let Err(status) = admit(&self.shared, caller, &self.identity) {
+                            return End::Refused(Box::new(status));
+                        }
+                    }
+                    expired.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(1));
+                }
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => {
                         // Boxed (here and below): the task's size is that of
@@ -830,7 +907,7 @@ impl<V: Variant> StreamTask<V> {
             Received::Stale(t) => tracing::debug!(proxy = %id, r#type = t.short(), "request with a stale nonce ignored"),
             Received::Initial(ResourceType::Secret) | Received::Update(ResourceType::Secret) if self.secrets.is_err() && !self.said_why_no_secrets => {
                 self.said_why_no_secrets = true;
-                let why = self.secrets.as_ref().err().copied().unwrap_or_default();
+                let why = self.secrets.as_ref().err().cloned().unwrap_or_default();
                 tracing::warn!(proxy = %id, why, "the proxy asks for secrets (SDS) and is served none");
             }
             Received::Initial(t) | Received::Update(t) => tracing::debug!(proxy = %id, r#type = t.short(), "subscription"),
@@ -884,11 +961,21 @@ impl<V: Variant> StreamTask<V> {
         if next.revision() < self.config.revision || (next.revision() == self.config.revision && !same_revision) {
             return Ok(());
         }
-        // A token revoked or expired since the stream opened: nothing more
-        // is sent (the revocation is itself a new revision, so an open
-        // stream learns of it with the push that follows).
+        // A token revoked or expired since the stream opened, a certificate
+        // revoked: nothing more is sent (the revocation is itself a new
+        // revision, so an open stream learns of it with the push that
+        // follows). A credential no longer a gateway's is served no secrets.
         if let Some(caller) = &self.caller {
-            admit(&self.shared, caller, &self.identity).map_err(|s| End::Refused(Box::new(s)))?;
+            let principal = admit(&self.shared, caller, &self.identity).map_err(|s| End::Refused(Box::new(s)))?;
+            match (secrets_for(&self.shared, caller, &principal, &self.identity), &self.secrets) {
+                (Ok(_), Ok(_)) | (Err(_), Err(_)) => {}
+                (Ok(key), Err(_)) => self.secrets = Ok(Arc::new(super::secrets::SecretSource::new(key, &self.identity))),
+                (Err(why), Ok(_)) => {
+                    tracing::warn!(proxy = %self.identity.id, why, "the proxy's credential no longer allows it its namespace's secrets; they are withdrawn");
+                    self.secrets = Err(why);
+                    self.said_why_no_secrets = true;
+                }
+            }
         }
         let revision = next.revision();
         let started = std::time::Instant::now();
