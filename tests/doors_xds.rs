@@ -433,3 +433,300 @@ async fn envoys_admin_is_not_reachable_on_the_proxys_address() {
     assert!(loopback);
     assert_eq!(routable.err(), Some(std::io::ErrorKind::ConnectionRefused), "the admin answers on the proxy's address {IP}");
 }
+
+// ---------------------------------------------------------------------------
+// Item 7: gateway keys, the mesh CA's deny list, certificate expiry.
+
+use lodestar::proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient;
+use lodestar::proto::istio_ca::IstioCertificateRequest;
+
+/// An ADS client over TLS presenting `identity` (certificate and key
+/// files) and no token.
+fn ads_with_cert(xds: &str, identity: (&std::path::Path, &std::path::Path)) -> common::AdsClient {
+    let channel = common::tls_channel(xds, &lodestar::tls::pki::member_name(1), Some(identity));
+    envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient::with_interceptor(
+        channel,
+        lodestar::cli::client::Bearer::new(None).unwrap(),
+    )
+}
+
+async fn sotw_on(mut client: common::AdsClient, first: DiscoveryRequest) -> Result<Stream<DiscoveryRequest, DiscoveryResponse>, tonic::Status> {
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(first).await.unwrap();
+    let rx = client.stream_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
+    Ok(Stream { tx, rx })
+}
+
+/// A mesh certificate: its key, chain (PEM, leaf first), files for a TLS
+/// client, and serial.
+struct MeshCert {
+    chain: Vec<String>,
+    files: (std::path::PathBuf, std::path::PathBuf),
+    serial: String,
+}
+
+impl MeshCert {
+    fn identity(&self) -> (&std::path::Path, &std::path::Path) {
+        (&self.files.0, &self.files.1)
+    }
+}
+
+/// `CreateCertificate` on member 1's xDS port with `bearer` (a join
+/// token) or, without, with `renew` as the client certificate; the new
+/// certificate written to `dir` as `name`.
+async fn certificate(xds: &str, bearer: Option<&str>, renew: Option<&MeshCert>, dir: &std::path::Path, name: &str) -> Result<MeshCert, tonic::Status> {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let csr = rcgen::CertificateParams::default().serialize_request(&key).unwrap().pem().unwrap();
+    let channel = common::tls_channel(xds, &lodestar::tls::pki::member_name(1), renew.map(MeshCert::identity));
+    let mut req = tonic::Request::new(IstioCertificateRequest { csr, validity_duration: 3600, metadata: None });
+    if let Some(b) = bearer {
+        req.metadata_mut().insert("authorization", format!("Bearer {b}").parse().unwrap());
+    }
+    let chain = IstioCertificateServiceClient::new(channel).create_certificate(req).await?.into_inner().cert_chain;
+    let files = (dir.join(format!("{name}.pem")), dir.join(format!("{name}-key.pem")));
+    std::fs::write(&files.0, chain[..chain.len() - 1].concat()).unwrap();
+    std::fs::write(&files.1, key.serialize_pem()).unwrap();
+    use rustls::pki_types::pem::PemObject;
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(chain[0].as_bytes()).unwrap();
+    let serial = lodestar::ca::cert_facts(&der).expect("a mesh certificate").serial;
+    Ok(MeshCert { chain, files, serial })
+}
+
+/// The SDS request of a gateway for `names`.
+fn sds(node_id: &str, names: &[&str], nonce: &str) -> DiscoveryRequest {
+    let mut r = DiscoveryRequest {
+        type_url: ResourceType::Secret.type_url(),
+        resource_names: names.iter().map(|n| n.to_string()).collect(),
+        response_nonce: nonce.into(),
+        ..Default::default()
+    };
+    if nonce.is_empty() {
+        r.node = Some(node(node_id));
+    }
+    r
+}
+
+fn secret_names(r: &DiscoveryResponse) -> Vec<String> {
+    use prost::Message;
+    r.resources.iter().map(|a| envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret::decode(a.value.as_slice()).unwrap().name).collect()
+}
+
+/// A gateway's Secrets (certificates and keys over SDS) go only to
+/// credentials allowed to be gateways: a proxy token made with
+/// `--gateway` (not a plain proxy token of the namespace), and a workload
+/// certificate only while a Role lets its identity read secrets there,
+/// granted and withdrawn on an open stream at the next revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_secrets_go_only_to_credentials_allowed_to_be_gateways() {
+    use base64::Engine;
+    let cluster = common::Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (api, xds) = (r.api(), r.xds_addr());
+    let leaf = common::tls::Ca::new("edge-ca").server(&["edge.example.test"]);
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "edge-cred", "namespace": "edge"},
+        "type": "kubernetes.io/tls", "data": {"tls.crt": b64(&leaf.cert_pem), "tls.key": b64(&leaf.key_pem)}});
+    let (status, body) = common::apply(&cluster.http, &api, vec![secret]).await;
+    assert_eq!(status, 200, "{body}");
+    let gw = "router~127.0.0.5~ingress.edge~edge.svc.cluster.local";
+    let served = |client: common::AdsClient| async move {
+        let mut s = sotw_on(client, sds(gw, &["edge-cred"], "")).await.expect("the gateway's stream opens");
+        secret_names(&s.recv().await)
+    };
+
+    // Proxy tokens: of the namespace, and a gateway's.
+    let (_, plain) = proxy_token(&api, &["--proxy", "edge"]);
+    let (_, gateway) = proxy_token(&api, &["--proxy", "edge/ingress", "--gateway"]);
+    assert!(served(common::ads_client_as(1, &xds, Some(&plain))).await.is_empty(), "a plain proxy token was served the gateway's key");
+    assert_eq!(served(common::ads_client_as(1, &xds, Some(&gateway))).await, ["edge-cred"]);
+    let (ok, out, _) = common::cli(&api, &["token", "list"]);
+    assert!(ok && out.contains("edge/ingress (gateway)"), "{out}");
+    let (status, body) = common::get_json(&cluster.http, &format!("{api}/v1/acl/tokens")).await;
+    assert!(status == 200 || status == 405, "{body}");
+    let bad = cluster.http.post(format!("{api}/v1/acl/tokens")).json(&serde_json::json!({"policies": ["x"], "gateway": true})).send().await.unwrap();
+    assert_eq!(bad.status(), 400);
+    let body = bad.text().await.unwrap();
+    assert!(body.contains("gateway"), "{body}");
+
+    // A workload certificate of edge/ingress: no secrets until a Role lets
+    // its identity read them, on the same stream.
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, join) = proxy_token(&api, &["--workload", "edge/ingress"]);
+    let cert = certificate(&xds, Some(&join), None, tmp.path(), "ingress").await.expect("a workload certificate");
+    let mut s = sotw_on(ads_with_cert(&xds, cert.identity()), sds(gw, &["edge-cred"], "")).await.expect("the certificate opens its stream");
+    let first = s.recv().await;
+    assert!(secret_names(&first).is_empty(), "a workload certificate was served the gateway's key");
+    s.send(sds(gw, &["edge-cred"], &first.nonce)).await;
+    for args in [
+        vec!["policy", "create", "edge-secrets", "--rule", "read:secrets:edge"],
+        vec!["role", "create", "edge-gateways", "--policy", "edge-secrets", "--identity", "spiffe://cluster.local/ns/edge/sa/ingress"],
+    ] {
+        let (ok, _, err) = common::cli(&api, &args);
+        assert!(ok, "{args:?}: {err}");
+    }
+    let granted = s.recv().await;
+    assert_eq!(secret_names(&granted), ["edge-cred"], "served once the Role allows it");
+    s.send(sds(gw, &["edge-cred"], &granted.nonce)).await;
+    let (ok, _, err) = common::cli(&api, &["role", "delete", "edge-gateways"]);
+    assert!(ok, "{err}");
+    let withdrawn = s.recv().await;
+    assert!(secret_names(&withdrawn).is_empty(), "withdrawn with the Role");
+    drop(cert.chain);
+}
+
+/// The mesh CA's deny list. A SPIFFE id revoked: its certificates renew
+/// no more, its open stream ends, no new stream opens, while a
+/// certificate from a new join (signed after the revocation) works; a
+/// serial revoked: that certificate only; an identity revoked with
+/// `--all`: no certificate is signed for it, join token or not, until
+/// it is taken off the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_certificates_neither_renew_nor_keep_their_streams() {
+    let cluster = common::Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (api, xds) = (r.api(), r.xds_addr());
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, join) = proxy_token(&api, &["--workload", "shop/cart", "--uses", "4"]);
+    let a = certificate(&xds, Some(&join), None, tmp.path(), "a").await.expect("joined");
+    let b = certificate(&xds, None, Some(&a), tmp.path(), "b").await.expect("a renews itself");
+    let id = node_id("cart", "shop");
+    let mut first = req(CDS, &[], "");
+    first.node = Some(node(&id));
+    let mut stream = sotw_on(ads_with_cert(&xds, a.identity()), first.clone()).await.expect("the certificate opens its stream");
+    stream.recv().await;
+
+    let spiffe = "spiffe://cluster.local/ns/shop/sa/cart";
+    let (ok, out, err) = common::cli(&api, &["cert", "revoke", "--spiffe-id", spiffe, "--reason", "key leaked"]);
+    assert!(ok, "{out}{err}");
+    let revoked_at = std::time::SystemTime::now();
+    let end = stream.end().await;
+    assert_eq!(end.code(), tonic::Code::Unauthenticated, "{end:?}");
+    assert!(end.message().contains("revoked") && end.message().contains("key leaked"), "{}", end.message());
+    for (name, cert) in [("a", &a), ("b", &b)] {
+        let e = certificate(&xds, None, Some(cert), tmp.path(), "x").await.err().unwrap_or_else(|| panic!("revoked {name} renewed"));
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{name}: {e:?}");
+        assert!(e.message().contains("revoked"), "{name}: {}", e.message());
+        let Err(e) = sotw_on(ads_with_cert(&xds, cert.identity()), first.clone()).await else { panic!("revoked {name} opened a stream") };
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{name}: {e:?}");
+    }
+    let z = syncz(&cluster).await;
+    assert!(z["refused"].as_array().unwrap().iter().any(|x| x["reason"].as_str().is_some_and(|r| r.contains("revoked"))), "{:#}", z["refused"]);
+    let (ok, out, _) = common::cli(&api, &["cert", "revocations"]);
+    assert!(ok && out.contains(spiffe) && out.contains("key leaked"), "{out}");
+
+    // A new join, signed after the revocation (a later second: times are
+    // whole seconds): served, and renews.
+    while std::time::SystemTime::now().duration_since(revoked_at).unwrap() < Duration::from_millis(1100) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let c = certificate(&xds, Some(&join), None, tmp.path(), "c").await.expect("a new join after the revocation");
+    let mut s = sotw_on(ads_with_cert(&xds, c.identity()), first.clone()).await.expect("a certificate signed after the revocation");
+    s.recv().await;
+    let d = certificate(&xds, None, Some(&c), tmp.path(), "d").await.expect("and it renews");
+
+    // By serial: c only (d, the same identity, still works).
+    let (ok, out, err) = common::cli(&api, &["cert", "revoke", "--serial", &c.serial.to_uppercase()]);
+    assert!(ok, "{out}{err}");
+    let end = s.end().await;
+    assert_eq!(end.code(), tonic::Code::Unauthenticated, "{end:?}");
+    assert!(certificate(&xds, None, Some(&c), tmp.path(), "x").await.is_err(), "a revoked serial renewed");
+    let mut still = sotw_on(ads_with_cert(&xds, d.identity()), first.clone()).await.expect("another certificate of the identity");
+    still.recv().await;
+
+    // --all: nothing is signed for the identity, not even with a join
+    // token, until the revocation is deleted.
+    let (ok, out, err) = common::cli(&api, &["cert", "revoke", "--spiffe-id", spiffe, "--all", "--name", "cart-banned"]);
+    assert!(ok, "{out}{err}");
+    let e = certificate(&xds, Some(&join), None, tmp.path(), "x").await.err().expect("a banned identity was signed");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("cart-banned"), "{}", e.message());
+    let (ok, _, err) = common::cli(&api, &["cert", "unrevoke", "cart-banned"]);
+    assert!(ok, "{err}");
+    certificate(&xds, Some(&join), None, tmp.path(), "e").await.expect("signed again once the ban is lifted");
+
+    // Admin only: a namespace writer may not revoke (or unrevoke).
+    let (ok, _, err) = common::cli(&api, &["policy", "create", "shop-writer", "--rule", "read,write,delete:*:shop"]);
+    assert!(ok, "{err}");
+    let writer = common::token_create(&api, &["--policy", "shop-writer"])["secret"].as_str().unwrap().to_string();
+    let doc =
+        serde_json::json!({"apiVersion": "acl.lodestar.io/v1", "kind": "CertificateRevocation", "metadata": {"name": "sneaky"}, "spec": {"serial": "01"}});
+    let resp = common::anonymous_http_builder()
+        .build()
+        .unwrap()
+        .post(format!("{api}/v1/apply"))
+        .bearer_auth(writer)
+        .json(&serde_json::json!({"resources": [doc]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+}
+
+/// A stream authenticated by a workload certificate ends when the
+/// certificate expires, with no new revision, and closes its connection:
+/// a real Envoy, whose `lodestar agent` renewed the certificate, connects
+/// again with the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiring_certificate_ends_its_stream_and_envoy_reconnects_with_the_renewed_one() {
+    let cluster = common::Cluster::start(1, "").await;
+    let r = cluster.replica(1);
+    let (api, xds) = (r.api(), r.xds_addr());
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, join) = proxy_token(&api, &["--workload", "shop/cart"]);
+    let token_file = tmp.path().join("join.token");
+    std::fs::write(&token_file, &join).unwrap();
+    let ip = format!("{}.10", common::loopback_prefix());
+    let dir = tmp.path().join("agent");
+    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _agent = Kill(
+        common::cli_command()
+            .args(["agent", "--dir"])
+            .arg(&dir)
+            .args(["--xds-servers", &xds, "--name", "cart", "--namespace", "shop", "--ip", &ip, "--ttl", "8s", "--run-envoy"])
+            .arg("--envoy-binary")
+            .arg(common::envoy::envoy_binary())
+            .arg("--join-token-file")
+            .arg(&token_file)
+            .args(["--envoy-arg=--use-dynamic-base-id"])
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let agent_log = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
+    let id = node_id("cart", "shop").replace("127.0.0.5", &ip);
+    let streams =
+        |z: &Value| -> Vec<u64> { z["proxies"].as_array().unwrap().iter().filter(|p| p["id"] == id.as_str()).filter_map(|p| p["stream"].as_u64()).collect() };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        if let Some(s) = streams(&syncz(&cluster).await).first() {
+            break *s;
+        }
+        assert!(Instant::now() < deadline, "the agent's Envoy never connected:\n{}", agent_log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let revision = cluster.local_revision(1).await.unwrap();
+    // The first certificate lives 8 s: its stream ends then (no write in
+    // between), and the Envoy is back on a new stream with the renewed
+    // certificate, over a new connection.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = streams(&syncz(&cluster).await);
+        if !now.contains(&first) && !now.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "stream {first} still open (or no new one: {now:?}) long after its certificate expired:\n{}", agent_log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(cluster.local_revision(1).await, Some(revision), "no write happened: the timer ended the stream");
+    assert!(r.log().contains("expired at"), "the replica says why the stream ended");
+    assert!(agent_log().contains("renewed the certificate"), "{}", agent_log());
+}

@@ -111,7 +111,9 @@ impl AclIndex {
         let (name, _, reason) = self.revocations.iter().find(|(_, r, _)| match r {
             Revocation::Serial(s) => *s == cert.serial,
             Revocation::Identity { spiffe_id, issued_before } => {
-                *spiffe_id == cert.spiffe_id && issued_before.is_none_or(|t| cert.issued_at < i64::try_from(t).unwrap_or(i64::MAX))
+                // Times are whole seconds: a certificate signed in the
+                // revocation's second is revoked too.
+                *spiffe_id == cert.spiffe_id && issued_before.is_none_or(|t| cert.issued_at <= i64::try_from(t).unwrap_or(i64::MAX))
             }
         })?;
         let reason = reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();

@@ -374,7 +374,7 @@ pub struct RevocationSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Revocation {
     /// Certificates naming this SPIFFE id, signed before this time (unix
-    /// seconds); none: all of them.
+    /// seconds; in its second too); none: all of them.
     Identity { spiffe_id: String, issued_before: Option<u64> },
     /// The certificate with this serial ([`normalize_serial`]).
     Serial(String),

@@ -105,6 +105,16 @@ impl Closer {
         self.0.reader.wake();
     }
 
+    /// Close after `delay`: time for a refusal's status to reach the
+    /// client before its connection goes.
+    pub fn close_after(&self, delay: Duration) {
+        let closer = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            closer.close();
+        });
+    }
+
     /// Whether it is closed; if not, `cx` is woken when it is.
     fn poll_closed(&self, cx: &Context<'_>) -> bool {
         if self.0.closed.load(std::sync::atomic::Ordering::Acquire) {

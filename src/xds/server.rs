@@ -60,6 +60,11 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 const MAX_PENDING_RESETS: usize = 20;
 const MAX_LOCAL_ERROR_RESETS: usize = 1024;
 
+/// How long a connection whose client certificate was refused lives on,
+/// so that the refusal's status reaches the client before the connection
+/// closes (`tls::conn::Closer`).
+const CLOSE_DELAY: Duration = Duration::from_millis(500);
+
 /// Per-stream lines (opened, closed, refused) written at info (refusals at
 /// warn) in each window, at most; past that they are written at debug only
 /// and counted, and one info line per window sums them up. A flood of
@@ -485,7 +490,7 @@ fn authenticate(shared: &Shared, caller: &StreamCaller, proxy: Option<&str>) -> 
     let refused = |who: &str, why: String| {
         if caller.mesh_cert.is_some() || caller.mesh_cert_refused.is_some() {
             if let Some(c) = &caller.closer {
-                c.close();
+                c.close_after(CLOSE_DELAY);
             }
         }
         refuse(shared, caller, who, proxy, Code::Unauthenticated, why)
