@@ -336,6 +336,16 @@ async fn envoy_reads_its_proxy_token_from_the_file_and_config_dump_shows_none() 
     assert!(!format!("{stats:?}").contains(&secret));
 }
 
+/// A child process, killed when dropped.
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Run `f` on a thread inside the network namespace `ns`.
 fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let path = format!("/var/run/netns/{ns}");
@@ -409,16 +419,18 @@ async fn envoys_admin_is_not_reachable_on_the_proxys_address() {
     let path = tmp.path().join("bootstrap.json");
     std::fs::write(&path, doc).unwrap();
     let log = std::fs::File::create(tmp.path().join("envoy.log")).unwrap();
-    let _envoy = std::process::Command::new("ip")
-        .args(["netns", "exec", &ns.0])
-        .arg(common::envoy::envoy_binary())
-        .arg("-c")
-        .arg(&path)
-        .args(["--use-dynamic-base-id", "--log-level", "info"])
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    let _envoy = Kill(
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &ns.0])
+            .arg(common::envoy::envoy_binary())
+            .arg("-c")
+            .arg(&path)
+            .args(["--use-dynamic-base-id", "--log-level", "info"])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
     let envoy_log = tmp.path().join("envoy.log");
     let (loopback, routable) = in_netns(&ns.0, move || {
         let connect = |addr: &str| std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(1));
@@ -678,13 +690,6 @@ async fn an_expiring_certificate_ends_its_stream_and_envoy_reconnects_with_the_r
     let ip = format!("{}.10", common::loopback_prefix());
     let dir = tmp.path().join("agent");
     let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let _agent = Kill(
         common::cli_command()
             .args(["agent", "--dir"])
