@@ -31,7 +31,9 @@
 # The replicas run with stream rebalancing and the maximum stream age off
 # (xds_rebalance_interval_ms = 0, xds_max_stream_age_s = 0): the simulated
 # proxies do not reconnect, and idle puts every stream on one replica on
-# purpose. Everything else is the default configuration.
+# purpose; and with the per-credential and per-source stream quotas raised
+# out of reach (every proxy is one token from one address). Everything else
+# is the default configuration.
 #
 # Environment:
 #   BENCH_ROUNDS=1         run every scenario this many times, each on a fresh
@@ -146,6 +148,14 @@ cat "$WORK/tls.toml" - >"$WORK/replica.toml" <<'TOML'
 xds_rebalance_interval_ms = 0
 xds_max_stream_age_s = 0
 TOML
+# Every simulated proxy connects from one address with one token: the
+# per-client stream quotas (issue 32) would refuse all but 1,000 per
+# replica. Raised past any scenario's count, so their bookkeeping is still
+# measured; only when the replicas' binary knows them (an A/B run against
+# an older build must not stop on an unknown setting).
+if grep -qa xds_max_streams_per_source "$LODESTAR"; then
+    printf 'xds_max_streams_per_credential = 1000000\nxds_max_streams_per_source = 1000000\n' >>"$WORK/replica.toml"
+fi
 
 # (b) three fresh replicas in $WORK/$1; sets PIDS and LEADER.
 start_cluster() {

@@ -120,9 +120,10 @@ impl Quotas {
             (credential.map(|c| Key::Credential(c.to_string())), self.per_credential, Over::Credential),
             (source.map(|ip| Key::Source(canonical(ip))), self.per_source, Over::Source),
         ];
+        // A quota of 0 is no limit, and costs no bookkeeping.
         for (key, limit, over) in candidates {
-            let Some(key) = key else { continue };
-            if limit > 0 && held.get(&key).copied().unwrap_or(0) >= limit {
+            let Some(key) = key.filter(|_| limit > 0) else { continue };
+            if held.get(&key).copied().unwrap_or(0) >= limit {
                 return Err((over, limit));
             }
             keys.push(key);

@@ -743,9 +743,8 @@ enum End {
     Closed(&'static str),
 }
 
-/// How long until unix time `at` (seconds); a long while if none.
-fn until_unix(at: Option<i64>) -> Duration {
-    let Some(at) = at else { return Duration::from_secs(365 * 24 * 3600) };
+/// How long until unix time `at` (seconds).
+fn until_unix(at: i64) -> Duration {
     let at = std::time::UNIX_EPOCH + Duration::from_secs(at.max(0) as u64);
     at.duration_since(std::time::SystemTime::now()).unwrap_or_default()
 }
@@ -802,23 +801,27 @@ impl<V: Variant> StreamTask<V> {
             }
         };
         tokio::pin!(aged);
-        let expired = tokio::time::sleep(until_unix(self.cert_expiry));
-        tokio::pin!(expired);
+        // Boxed, and no timer at all for a stream without a certificate
+        // (a box of `pending` allocates nothing): idle streams stay small.
+        let mut expired: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match self.cert_expiry {
+            Some(at) => Box::pin(tokio::time::sleep(until_unix(at))),
+            None => Box::pin(std::future::pending()),
+        };
         loop {
             tokio::select! {
                 biased;
                 _ = stopped(self.shared.shutdown.clone()) => return End::Shutdown,
                 _ = closer.notified() => return End::Closed("rebalancing"),
                 _ = &mut aged => return End::Closed("max stream age reached"),
-                // Its certificate expired: refused by the check (which
-                // closes the connection), else a second later.
-                _ = &mut expired, if self.cert_expiry.is_some() => {
+                // Its certificate expired: refused by the check, which
+                // closes the connection too.
+                _ = &mut expired => {
                     if let Some(caller) = &self.caller {
                         if let Err(status) = admit(&self.shared, caller, &self.identity) {
                             return End::Refused(Box::new(status));
                         }
                     }
-                    expired.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(1));
+                    return End::Closed("its client certificate expired");
                 }
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => {

@@ -16,10 +16,13 @@
 //!   replicas' xDS ports, as agents renewing.
 //! - [`http`]: `http`, a bounded HTTP load against any URL (e.g. through
 //!   an Envoy sidecar): statuses and p50/p90/p99/max latency.
+//! - [`abuse`]: `xds-abuse`, what one proxy token can make a replica hold
+//!   on its xDS port (NACK text, node labels, subscriptions, streams).
 //!
 //! `churn` and `xds` print their command line (`command:`) and end with
 //! `result:` lines of `key=value` pairs, for scripts and tests.
 
+mod abuse;
 mod adsclient;
 mod churn;
 mod csr;
@@ -73,6 +76,9 @@ enum Command {
     /// A bounded HTTP/1.1 load against one URL (e.g. through an Envoy):
     /// keep-alive workers; statuses, p50/p90/p99/max latency.
     Http(http::HttpArgs),
+    /// One proxy token against one replica's xDS port: NACK text, node
+    /// labels, subscriptions or a stream flood; the replica's RSS.
+    XdsAbuse(abuse::AbuseArgs),
 }
 
 impl Cli {
@@ -95,6 +101,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Write(args) => write::run(args).await,
         Command::Csr(args) => csr::run(args).await,
         Command::Http(args) => http::run(args).await,
+        Command::XdsAbuse(args) => abuse::run(args).await,
         Command::Churn(args) => {
             let report = churn::run(args).await?;
             report.print();
