@@ -7,6 +7,8 @@
 # replica's VmRSS before and after, in KiB, and what was served or refused:
 #
 #   nack            100 streams, each NACKing with 3 MiB of error text
+#   nack-1000       the same with 1,000 streams (one token's quota): what
+#                   is held does not grow with the streams
 #   labels          100 streams at the node caps (256 labels of 240 bytes)
 #   labels-over     100 streams with 12,000 labels each (a 3.3 MB node):
 #                   refused at admission
@@ -35,7 +37,7 @@ PIDS=()
 . "$ROOT/benches/lib.sh"
 cleanup_on_exit
 
-SCENARIOS=(nack labels labels-over subs subs-over streams tests)
+SCENARIOS=(nack nack-1000 labels labels-over subs subs-over streams tests)
 [ $# -gt 0 ] && SCENARIOS=("$@")
 
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -84,6 +86,7 @@ for s in "${SCENARIOS[@]}"; do
     echo "== $s"
     case $s in
         nack) abuse nack --scenario nack --streams 100 ;;
+        nack-1000) abuse nack-1000 --scenario nack --streams 1000 ;;
         labels) abuse labels --scenario labels --streams 100 ;;
         labels-over) abuse labels-over --scenario labels --streams 100 --labels 12000 ;;
         subs) abuse subs --scenario subscriptions --streams 100 --names 8000 ;;

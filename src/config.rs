@@ -103,9 +103,11 @@ pub struct ServerConfig {
     /// more are refused with RESOURCE_EXHAUSTED, counted as
     /// `reason="credential_quota"`. 0: no limit.
     pub xds_max_streams_per_credential: usize,
-    /// The same per source address (the TCP peer's); counted as
-    /// `reason="source_quota"`. Behind a NAT or a proxy that hides the
-    /// proxies' addresses, raise it (or 0: no limit).
+    /// The same per source address (the TCP peer's), above the
+    /// per-credential one: a host runs the proxies of several namespaces,
+    /// and one credential filling its quota leaves room for the others
+    /// there. Counted as `reason="source_quota"`. Behind a NAT or a proxy
+    /// that hides the proxies' addresses, raise it (or 0: no limit).
     pub xds_max_streams_per_source: usize,
     /// What one xDS stream's subscribed resource names may hold, every
     /// type together: each name counts its length plus 64 bytes. About
@@ -221,7 +223,7 @@ impl Default for ServerConfig {
             xds_max_streams: 20_000,
             xds_max_buffered_request_bytes: 64 * 1024 * 1024,
             xds_max_streams_per_credential: 1000,
-            xds_max_streams_per_source: 1000,
+            xds_max_streams_per_source: 2000,
             xds_max_subscription_bytes: 1024 * 1024,
             push_debounce_ms: 20,
             join: false,

@@ -234,7 +234,7 @@ pub async fn run(args: AbuseArgs) -> Result<()> {
         opening.as_secs_f64(),
         delta as f64 / args.streams.max(1) as f64,
     );
-    if args.other_token.is_some() && other != "served" {
+    if args.other_namespace.is_some() && other != "served" {
         bail!("another namespace's proxy was refused after the flood");
     }
     Ok(())
