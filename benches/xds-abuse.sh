@@ -76,7 +76,7 @@ abuse() {
     shift
     start_replica "$name"
     ABUSE_TOKEN=$(proxy_token team-a) ABUSE_OTHER_TOKEN=$(proxy_token team-b) \
-        timeout 600 "$WORK/lodestar-bench" xds-abuse --xds "$XDS" --pid "$PID" --namespace team-a "$@" | tee "$WORK/$name.out"
+        timeout 600 "$WORK/lodestar-bench" xds-abuse --xds "$XDS" --api "https://$API" --pid "$PID" --namespace team-a "$@" | tee "$WORK/$name.out"
     stop_pids
 }
 

@@ -16,8 +16,9 @@
 //!   as fast as they open; then one stream with `--other-token` as a proxy of
 //!   `--other-namespace`, which must still be served.
 //!
-//! Ends with one `result:` line. Refusals are counted, not failures: a
-//! bounded replica refuses the abuse it cannot bound otherwise.
+//! Ends with one `result:` line. Refusals (and streams the server ends
+//! while they are held, `ended`) are counted, not failures: a bounded
+//! replica refuses the abuse it cannot bound otherwise.
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -72,6 +73,11 @@ pub struct AbuseArgs {
     label_bytes: usize,
     #[arg(long, default_value_t = 8000)]
     names: usize,
+    /// The replica's API URL: nack waits (at most a minute) until the
+    /// replica has counted every NACK (`pilot_total_xds_rejects`) before
+    /// the RSS is read.
+    #[arg(long)]
+    api: Option<String>,
     /// Seconds the streams are held open before the RSS is read.
     #[arg(long, default_value_t = 2)]
     hold: u64,
@@ -131,15 +137,24 @@ async fn sotw(
     Outcome::Served
 }
 
+/// Streams the server ended while they were held (reported as `ended`).
+static ENDED: AtomicUsize = AtomicUsize::new(0);
+
 /// Keep a stream open (its request side too) until `gone`, reading what
-/// comes; a stream the server ends is let go.
+/// comes; a stream the server ends is let go, and counted in [`ENDED`].
 fn hold<T: Send + 'static, R: Send + 'static>(mut rx: tonic::Streaming<R>, tx: mpsc::Sender<T>, mut gone: watch::Receiver<bool>) {
     tokio::spawn(async move {
         let _tx = tx;
+        let done = gone.clone();
         loop {
             tokio::select! {
                 _ = gone.wait_for(|g| *g) => return,
-                m = rx.message() => if !matches!(m, Ok(Some(_))) { return },
+                m = rx.message() => if !matches!(m, Ok(Some(_))) {
+                    if !*done.borrow() {
+                        ENDED.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return;
+                },
             }
         }
     });
@@ -148,6 +163,11 @@ fn hold<T: Send + 'static, R: Send + 'static>(mut rx: tonic::Streaming<R>, tx: m
 pub async fn run(args: AbuseArgs) -> Result<()> {
     println!("command: {}", crate::command_line());
     let before = rss_kib(args.pid)?;
+    // The NACKs the replica counted before this run.
+    let rejects0 = match (&args.api, args.scenario) {
+        (Some(api), Scenario::Nack) => rejects(api).await?,
+        _ => 0.0,
+    };
     let (gone_tx, gone) = watch::channel(false);
     let clients: Vec<Client> = {
         let mut v = Vec::new();
@@ -193,7 +213,14 @@ pub async fn run(args: AbuseArgs) -> Result<()> {
             }
         }
     };
-    let concurrency = if args.scenario == Scenario::Streams { 512 } else { 32 };
+    // NACKs of megabytes: few at a time, within the replica's budget for
+    // incomplete requests (xds_max_buffered_request_bytes, 64 MiB), so
+    // that every one is taken rather than its stream ended.
+    let concurrency = match args.scenario {
+        Scenario::Streams => 512,
+        Scenario::Nack => 8,
+        _ => 32,
+    };
     futures::StreamExt::for_each_concurrent(futures::stream::iter(0..args.streams), concurrency, |i| {
         let f = one(i);
         let (served, refused) = (&served, &refused);
@@ -219,6 +246,19 @@ pub async fn run(args: AbuseArgs) -> Result<()> {
         }
         _ => "-",
     };
+    let mut counted = "-".to_string();
+    if let (Scenario::Nack, Some(api)) = (args.scenario, &args.api) {
+        let want = rejects0 + served.load(Ordering::Relaxed) as f64;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let n = rejects(api).await?;
+            counted = format!("{n}");
+            if n >= want || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     tokio::time::sleep(Duration::from_secs(args.hold)).await;
     let after = rss_kib(args.pid)?;
     let _ = gone_tx.send(true);
@@ -228,9 +268,10 @@ pub async fn run(args: AbuseArgs) -> Result<()> {
     let codes = if refused.is_empty() { "-".to_string() } else { refused.iter().map(|(c, n)| format!("{c}:{n}")).collect::<Vec<_>>().join(",") };
     let delta = after as i64 - before as i64;
     println!(
-        "result: scenario={} streams={} served={served} refused={refused_total} refused_codes={codes} other_namespace={other} open_secs={:.1} rss_before_kib={before} rss_after_kib={after} delta_kib={delta} per_stream_kib={:.1}",
+        "result: scenario={} streams={} served={served} refused={refused_total} refused_codes={codes} ended={} other_namespace={other} nacks_counted={counted} open_secs={:.1} rss_before_kib={before} rss_after_kib={after} delta_kib={delta} per_stream_kib={:.1}",
         format!("{:?}", args.scenario).to_lowercase(),
         args.streams,
+        ENDED.load(Ordering::Relaxed),
         opening.as_secs_f64(),
         delta as f64 / args.streams.max(1) as f64,
     );
@@ -238,6 +279,12 @@ pub async fn run(args: AbuseArgs) -> Result<()> {
         bail!("another namespace's proxy was refused after the flood");
     }
     Ok(())
+}
+
+/// The replica's `pilot_total_xds_rejects{type="cds"}`.
+async fn rejects(api: &str) -> Result<f64> {
+    let text = crate::http()?.get(format!("{}/metrics", crate::base_url(api))).timeout(STEP).send().await?.text().await?;
+    Ok(text.lines().find_map(|l| l.strip_prefix("pilot_total_xds_rejects{type=\"cds\"} ")?.trim().parse().ok()).unwrap_or(0.0))
 }
 
 /// A delta stream subscribing `names` EDS names of 60 bytes, 2,000 per
