@@ -104,6 +104,10 @@ fn node(i: usize, namespace: &str) -> Node {
     Node { id: format!("sidecar~127.0.0.5~abuse-{i}.{namespace}~{namespace}.svc.cluster.local"), ..Default::default() }
 }
 
+/// The request a stream sends after its first response, from that
+/// response's version and nonce.
+type Then = Box<dyn FnOnce(&str, &str) -> DiscoveryRequest + Send>;
+
 /// What one stream did: served (and kept open until `gone`), or refused.
 enum Outcome {
     Served,
@@ -112,12 +116,7 @@ enum Outcome {
 
 /// One SotW stream whose first request is `first`; after its first
 /// response, `then` (if any) is sent; the stream is then held until `gone`.
-async fn sotw(
-    mut c: Client,
-    first: DiscoveryRequest,
-    then: Option<Box<dyn FnOnce(&str, &str) -> DiscoveryRequest + Send>>,
-    gone: watch::Receiver<bool>,
-) -> Outcome {
+async fn sotw(mut c: Client, first: DiscoveryRequest, then: Option<Then>, gone: watch::Receiver<bool>) -> Outcome {
     let (tx, rx) = mpsc::channel(2);
     let _ = tx.send(first).await;
     let mut rx = match tokio::time::timeout(STEP, c.stream_aggregated_resources(ReceiverStream::new(rx))).await {
