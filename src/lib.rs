@@ -33,6 +33,8 @@
 //!   reloadable rustls configurations, the accept path, dialling peers.
 //! - [`server`]: starts a replica's ports and shuts it down.
 //! - [`config`]: server settings (TOML + flags).
+//! - [`logging`]: the binary's log lines (text on terminals in colour, or
+//!   JSON).
 //! - [`cli`]: the `lodestar` command line (the replica and client commands).
 //! - [`error`]: the one error vocabulary.
 //!
@@ -50,6 +52,7 @@ pub mod error;
 pub mod ha;
 pub mod health;
 pub mod jwks;
+pub mod logging;
 pub mod mesh;
 pub mod metrics;
 pub mod model;

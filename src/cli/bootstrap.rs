@@ -60,13 +60,16 @@ pub struct BootstrapArgs {
     /// Workload name (e.g. productpage-v1).
     #[arg(long)]
     pub name: String,
+    /// The workload's namespace: its config and the identity it claims.
     #[arg(long, default_value = crate::model::DEFAULT_NAMESPACE)]
     pub namespace: String,
     /// A workload label, KEY=VALUE; repeat for each.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// Envoy's admin port.
     #[arg(long, default_value_t = 15000)]
     pub admin_port: u16,
+    /// The mesh's DNS suffix (the replicas' domain_suffix).
     #[arg(long, default_value = "cluster.local")]
     pub domain_suffix: String,
     /// Use incremental xDS (DELTA_GRPC) instead of state of the world.
@@ -78,6 +81,7 @@ pub struct BootstrapArgs {
     /// secret: keep it readable by Envoy only.
     #[arg(long, env = "LODESTAR_PROXY_TOKEN_FILE")]
     pub proxy_token_file: Option<std::path::PathBuf>,
+    /// yaml or json.
     #[arg(short, long, value_enum, default_value = "yaml")]
     pub output: Format,
     /// Write a gRPC xDS bootstrap (GRPC_XDS_BOOTSTRAP) for a proxyless gRPC

@@ -77,7 +77,7 @@ pub fn write_client_config(config: &ServerConfig, files: &TlsFiles, token: Optio
         Ok(a) if a.ip().is_unspecified() => format!("127.0.0.1:{}", a.port()),
         _ => config.api_addr.clone(),
     };
-    let client = ClientConfig { server: format!("https://{host}"), ca_pem: pki::read_file(&files.ca)?, token };
+    let client = ClientConfig { server: format!("https://{host}"), ca_pem: pki::read_file(&files.ca)?, token, ..Default::default() };
     let text = format!("# Written by lodestar server (replica {}) on its first start: the CLI's server, CA and credential.\n{}", config.id, client.to_toml());
     pki::write_file(&own, &text, true)?;
     let mut written = vec![own];
