@@ -40,6 +40,17 @@ pub fn init(format: LogFormat) {
     }
 }
 
+/// Items for a log field, `a, b, c`: a list's Rust Debug form (`[1, 2]`,
+/// `["x"]`) is not for people.
+pub fn list<T: fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    items.into_iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// A duration for a log line: `5s`, `0.25s`.
+pub fn secs(d: std::time::Duration) -> String {
+    format!("{}s", d.as_secs_f64())
+}
+
 /// The JSON line format: no dependency beyond serde_json, which the API
 /// uses already.
 struct Json;

@@ -360,8 +360,8 @@ impl PeerService {
 fn check_sender(caller: Option<NodeId>, claimed: Option<NodeId>) -> Result<(), Status> {
     match caller {
         Some(cert) if claimed != Some(cert) => {
-            tracing::warn!(cert, ?claimed, "raft: refused a message whose sender is not the member its certificate names");
             let claimed = claimed.map_or_else(|| "none".to_string(), |c| c.to_string());
+            tracing::warn!(cert, %claimed, "raft: refused a message whose sender is not the member its certificate names");
             Err(Status::permission_denied(format!("the certificate names member {cert}, the message claims member {claimed}")))
         }
         _ => Ok(()),

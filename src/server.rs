@@ -83,7 +83,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let token = if config.acls_on() { crate::tls::bootstrap::ensure_management_token(&mut config)? } else { None };
     let config = Arc::new(config);
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-    let db = crate::store::open_db(&config.data_dir)
+    let db = crate::store::open_db(&config.data_dir, config.store_cache_bytes)
         .with_context(|| format!("opening the store in {} (is another replica using it?)", config.data_dir.display()))?;
 
     // The mesh CA (workload certificates): files on this replica.
@@ -176,7 +176,8 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
 
     let app = rest::router(replica.clone())
         .merge(tonic::service::Routes::new(GrpcApi::server(replica.clone())).into_axum_router())
-        .layer(axum::middleware::from_fn(rest::track));
+        .layer(axum::middleware::from_fn(rest::track))
+        .layer(axum::middleware::from_fn_with_state(config.max_body_bytes, rest::drain_unread_body));
     let api_stopped = stopped();
     let app = app.into_make_service_with_connect_info::<ConnInfo>();
     let api_server = tokio::spawn(async move { axum::serve(api_incoming, app).with_graceful_shutdown(api_stopped).await });
@@ -330,7 +331,7 @@ async fn initialise(config: &ServerConfig, raft: &Raft) -> anyhow::Result<()> {
     } else {
         config.initial_members.iter().map(|m| (m.id, m.info())).collect()
     };
-    tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initialising a new cluster");
+    tracing::info!(members = %crate::logging::list(members.keys()), "initialising a new cluster");
     match raft.initialize(members).await {
         Ok(()) => Ok(()),
         // Another founding member got there first: that is the goal.

@@ -34,13 +34,15 @@
 //! README's ports free.
 //!
 //! A failure names the section, the README line, the command and its exit
-//! status, and prints the section's output and the server logs.
+//! status, and prints the section's output and the server logs; the
+//! scratch directory is then kept (`LODESTAR_README_KEEP=1` keeps it
+//! always).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const BIN: &str = env!("CARGO_BIN_EXE_lodestar");
 
@@ -74,28 +76,33 @@ struct Block {
 }
 
 /// The `sh` blocks under each heading (`#`..`######`, text as written).
+/// Fences as CommonMark has them: three or more backticks, and an info
+/// string without a backtick (else it is inline code); closed by as many.
 fn sh_blocks(readme: &str) -> BTreeMap<String, Vec<Block>> {
     let mut out: BTreeMap<String, Vec<Block>> = BTreeMap::new();
     let mut heading = String::new();
-    let mut fence: Option<(bool, Block)> = None;
+    // (fence length, run it, the block)
+    let mut fence: Option<(usize, bool, Block)> = None;
+    let ticks = |l: &str| l.trim_start().chars().take_while(|c| *c == '`').count();
     for (i, line) in readme.lines().enumerate() {
         let n = i + 1;
-        if let Some((run, block)) = &mut fence {
-            if line.trim_start().starts_with("```") {
-                let (run, block) = fence.take().unwrap();
+        if let Some((len, _, block)) = &mut fence {
+            if ticks(line) >= *len && line.trim_start().trim_start_matches('`').trim().is_empty() {
+                let (_, run, block) = fence.take().unwrap();
                 if run {
                     out.entry(heading.clone()).or_default().push(block);
                 }
             } else {
-                let _ = run;
                 block.lines.push(line.to_string());
             }
             continue;
         }
-        if let Some(info) = line.trim_start().strip_prefix("```") {
+        let len = ticks(line);
+        let info = line.trim_start().trim_start_matches('`');
+        if len >= 3 && !info.contains('`') {
             let words: Vec<&str> = info.split_whitespace().collect();
             let run = words.first() == Some(&"sh") && !words.contains(&"norun");
-            fence = Some((run, Block { line: n + 1, lines: Vec::new() }));
+            fence = Some((len, run, Block { line: n + 1, lines: Vec::new() }));
         } else if line.starts_with('#') {
             heading = line.trim_start_matches('#').trim().to_string();
         }
@@ -339,6 +346,9 @@ fn readme_runs_as_printed() {
             let checked = log.lines().filter(|l| l.starts_with("README_CHECKED")).count();
             assert_eq!(checked, s.checks, "README section {name:?}: {checked} of {} answers checked", s.checks);
         }
+        if std::env::var_os("LODESTAR_README_KEEP").is_some() {
+            eprintln!("scripts and logs kept in {}", scratch.keep().display());
+        }
         return;
     }
     let mut report = String::new();
@@ -374,12 +384,13 @@ fn readme_runs_as_printed() {
 
 #[test]
 fn expectations_and_blocks_are_parsed() {
-    let readme = "# A\n```sh\necho hi   # → hi\n```\n## B\n```sh norun\nrm -rf /\n```\n```yaml\nx: 1\n```\n```sh\nls  # prose\n```\n";
+    let readme =
+        "# A\n```sh\necho hi   # → hi\n```\n## B\n```sh norun\nrm -rf /\n```\n```` ```sh ```` inline\n```yaml\nx: 1\n```\n````sh\nls  # prose\n```\n````\n";
     let blocks = sh_blocks(readme);
     assert_eq!(blocks.keys().collect::<Vec<_>>(), ["A", "B"]);
     assert_eq!(blocks["A"][0].line, 3);
     assert_eq!(blocks["B"].len(), 1, "the norun block is skipped");
-    assert_eq!(blocks["B"][0].lines, ["ls  # prose"]);
+    assert_eq!(blocks["B"][0].lines, ["ls  # prose", "```"], "a longer fence holds a shorter one");
     assert_eq!(expectation("echo hi   # → hi"), Some(("echo hi", "hi")));
     assert_eq!(expectation("# a comment # → x"), None);
     let s = script("A", &blocks["A"], &mut BTreeMap::new());

@@ -24,8 +24,14 @@ pub use state::{Event, EventType, State};
 pub use state_machine::{Applied, StoreReader};
 pub use types::{Command, NodeId, NodeInfo, Op, Raft, Txn, TxnOk, TypeConfig};
 
+/// sled's page cache when nothing else is asked (`store_cache_bytes`).
+pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
 /// Open a replica's sled database (`DATA_DIR/db`): the raft log, raft
 /// metadata, state machine and snapshots. One process at a time.
-pub fn open_db(data_dir: &std::path::Path) -> sled::Result<sled::Db> {
-    sled::Config::new().path(data_dir.join("db")).mode(sled::Mode::HighThroughput).open()
+/// `cache_bytes` bounds sled's page cache: the applied state is in memory
+/// already (`StoreReader`), so the cache only serves the log and writes;
+/// unset, sled takes 1 GiB and, on a restart, fills it while it recovers.
+pub fn open_db(data_dir: &std::path::Path, cache_bytes: u64) -> sled::Result<sled::Db> {
+    sled::Config::new().path(data_dir.join("db")).mode(sled::Mode::HighThroughput).cache_capacity(cache_bytes).open()
 }

@@ -140,6 +140,11 @@ struct StoredSnapshot {
     data: Vec<u8>,
 }
 
+/// A log position for a log line (`T1-N1-42`; `none`), not its Debug form.
+fn log_id(id: &Option<LogId>) -> String {
+    id.map_or_else(|| "none".to_string(), |l| l.to_string())
+}
+
 fn sm_err(verb: ErrorVerb, e: impl ToString) -> StorageError {
     StorageError::from_io_error(ErrorSubject::StateMachine, verb, std::io::Error::other(e.to_string()))
 }
@@ -436,7 +441,7 @@ impl StateMachine {
         if let Some(bytes) = snapshots.get(CURRENT_SNAPSHOT).map_err(|e| snap_err(ErrorVerb::Read, e))? {
             let snap: StoredSnapshot = codec::decode(&bytes).map_err(|e| snap_err(ErrorVerb::Read, e))?;
             if snap.meta.last_log_id > applied.last_applied {
-                tracing::warn!(snapshot = ?snap.meta.last_log_id, applied = ?applied.last_applied, "state older than the saved snapshot; restoring from it");
+                tracing::warn!(snapshot = %log_id(&snap.meta.last_log_id), applied = %log_id(&applied.last_applied), "state older than the saved snapshot; restoring from it");
                 applied = write_snapshot_state(&tree, &snap.data)?;
                 objects_at = applied.state.revision;
                 replayed.clear();
@@ -694,7 +699,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             applied
         };
         self.db.flush_async().await.map_err(|e| sm_err(ErrorVerb::Write, e))?;
-        tracing::info!(last_log_id = ?meta.last_log_id, revision = applied.state.revision, "installed snapshot");
+        tracing::info!(last_log_id = %log_id(&meta.last_log_id), revision = applied.state.revision, "installed snapshot");
         self.publish(applied, Some(WatchMsg::Reset));
         Ok(())
     }
@@ -766,7 +771,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         self.snapshots.insert(CURRENT_SNAPSHOT, codec::encode(&stored)).map_err(|e| snap_err(ErrorVerb::Write, e))?;
         // Durable before openraft may purge the log it covers.
         self.db.flush_async().await.map_err(|e| snap_err(ErrorVerb::Write, e))?;
-        tracing::info!(last_log_id = ?meta.last_log_id, objects = applied.state.objects.len(), bytes = stored.data.len(), "built snapshot");
+        tracing::info!(last_log_id = %log_id(&meta.last_log_id), objects = applied.state.objects.len(), bytes = stored.data.len(), "built snapshot");
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(stored.data)) })
     }
 }

@@ -1567,7 +1567,10 @@ where
         };
 
         if Some(sender_vote) != my_vote.as_ref() {
-            tracing::warn!(
+            // Lodestar patch: debug, not warn (upstream): a vote answer that
+            // arrives after the vote moved on is normal in every election,
+            // first start included.
+            tracing::debug!(
                 "A message will be ignored because vote changed: msg sent by vote: {}; current my vote: {}; when ({})",
                 sender_vote,
                 my_vote.display(),
