@@ -331,12 +331,44 @@ async fn initialise(config: &ServerConfig, raft: &Raft) -> anyhow::Result<()> {
     } else {
         config.initial_members.iter().map(|m| (m.id, m.info())).collect()
     };
+    wait_for_founders(config).await;
     tracing::info!(members = %crate::logging::list(members.keys()), "initialising a new cluster");
     match raft.initialize(members).await {
         Ok(()) => Ok(()),
         // Another founding member got there first: that is the goal.
         Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Before a new cluster's first election: until the other founding
+/// members' raft ports accept connections, for at most two election
+/// timeouts. Members started a moment apart (`cluster/local`, a fleet
+/// booting) would otherwise fail the first vote requests to the ones not
+/// listening yet; a member that stays down is given up on, and the
+/// election goes ahead with the others.
+async fn wait_for_founders(config: &ServerConfig) {
+    let others: Vec<&str> = config.initial_members.iter().filter(|m| m.id != config.id).map(|m| m.raft_addr.as_str()).collect();
+    if others.is_empty() {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(2 * config.election_timeout_max_ms);
+    let mut waiting = others;
+    while !waiting.is_empty() && tokio::time::Instant::now() < deadline {
+        let mut still = Vec::new();
+        for addr in waiting {
+            let up = tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr)).await.is_ok_and(|r| r.is_ok());
+            if !up {
+                still.push(addr);
+            }
+        }
+        waiting = still;
+        if !waiting.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    if !waiting.is_empty() {
+        tracing::info!(unreachable = %waiting.join(", "), "founding members not listening yet; initialising without waiting longer");
     }
 }
 

@@ -81,6 +81,11 @@ pub struct BootstrapArgs {
     /// secret: keep it readable by Envoy only.
     #[arg(long, env = "LODESTAR_PROXY_TOKEN_FILE")]
     pub proxy_token_file: Option<std::path::PathBuf>,
+    /// Without --proxy-token-file: make no proxy token either, and write
+    /// no credential (the xDS port then refuses the proxy while ACLs are
+    /// on). By default one is made with the CLI's credential.
+    #[arg(long, conflicts_with = "proxy_token_file")]
+    pub no_proxy_token: bool,
     /// yaml or json.
     #[arg(short, long, value_enum, default_value = "yaml")]
     pub output: Format,
@@ -129,6 +134,7 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> 
     bootstrap(&args, &servers, ca_pem, None)?;
     let token = match token {
         Some(t) => Some(t),
+        None if args.no_proxy_token => None,
         None => mint_proxy_token(client, &args).await,
     };
     let doc = bootstrap(&args, &servers, ca_pem, token.as_deref())?;

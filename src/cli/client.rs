@@ -221,7 +221,7 @@ impl Client {
             if let Some(b) = body {
                 req = req.json(b);
             }
-            match req.send().await {
+            match self.send_showing_progress(req, &self.bases[i]).await {
                 Ok(resp) => {
                     self.current.store(i, Ordering::Relaxed);
                     return Ok(resp);
@@ -234,6 +234,24 @@ impl Client {
             }
         }
         Err(anyhow!("{}", failures.join("\n")))
+    }
+
+    /// Send; on a terminal, say so while the answer takes long (a write
+    /// waits for a leader while one is being elected).
+    async fn send_showing_progress(&self, req: reqwest::RequestBuilder, base: &str) -> reqwest::Result<reqwest::Response> {
+        let send = req.send();
+        tokio::pin!(send);
+        let started = std::time::Instant::now();
+        let mut progress = super::progress::Progress::new();
+        loop {
+            tokio::select! {
+                r = &mut send => return r,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => progress.show(&format!(
+                    "waiting for {base}: no answer after {}s (is the cluster electing a leader?)",
+                    started.elapsed().as_secs()
+                )),
+            }
+        }
     }
 
     /// Why `base` could not be reached, with what to do about it.

@@ -565,14 +565,15 @@ async fn wait(client: &Client, revision: u64, timeout: &str, proxies: &[String])
     let limit = crate::model::istio::duration::parse_duration(timeout).map_err(|e| anyhow!("--timeout: {e}"))?;
     let deadline = std::time::Instant::now() + limit;
     let mut progress = progress::Progress::new();
+    let since_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     for p in proxies {
         loop {
-            match proxy::presence(client, p).await? {
+            match proxy::presence(client, p, since_ms.saturating_sub(limit.as_millis() as u64)).await? {
                 proxy::Presence::Connected => break,
                 presence if std::time::Instant::now() >= deadline => {
                     progress.clear();
                     let why = match presence {
-                        proxy::Presence::Refused(why) => format!("; it was refused: {why}"),
+                        proxy::Presence::Refused(why) => format!("; refused: {why}"),
                         _ => String::new(),
                     };
                     bail!("proxy {p} did not connect to any replica within {timeout}{why} (lodestar proxy-status lists the connected and the refused)")

@@ -86,7 +86,9 @@ fn s(v: &Value) -> &str {
 }
 
 /// Whether a proxy (NAME.NAMESPACE or the full node id) is connected to a
-/// replica, or was refused (with the newest reason), or neither.
+/// replica; else whether it was refused (the newest reason), or, since
+/// `since_ms` (Unix ms), any stream was refused before it said who it is
+/// (no credential: refused before its first request); else neither.
 pub enum Presence {
     Connected,
     Refused(String),
@@ -97,17 +99,22 @@ fn names(id: &str, proxy: &str) -> bool {
     id == proxy || id.split('~').nth(2) == Some(proxy)
 }
 
-pub(super) async fn presence(client: &Client, proxy: &str) -> Result<Presence> {
+pub(super) async fn presence(client: &Client, proxy: &str, since_ms: u64) -> Result<Presence> {
     let mut refused: Option<(u64, String)> = None;
     for (id, member) in members(client).await? {
         let Ok(syncz) = member.get("/debug/syncz").await else { continue };
         if syncz["proxies"].as_array().into_iter().flatten().filter_map(|p| p["id"].as_str()).any(|i| names(i, proxy)) {
             return Ok(Presence::Connected);
         }
-        for r in syncz["refused"].as_array().into_iter().flatten().filter(|r| r["proxy"].as_str().is_some_and(|i| names(i, proxy))) {
+        for r in syncz["refused"].as_array().into_iter().flatten() {
             let at = r["at_ms"].as_u64().unwrap_or(0);
+            let about = match r["proxy"].as_str() {
+                Some(p) if names(p, proxy) => format!("{} by replica {id}: {}", s(&r["code"]), s(&r["reason"])),
+                None if at >= since_ms => format!("a stream from {} was refused by replica {id} ({}: {})", s(&r["remote"]), s(&r["code"]), s(&r["reason"])),
+                _ => continue,
+            };
             if refused.as_ref().is_none_or(|(t, _)| at >= *t) {
-                refused = Some((at, format!("{} by replica {id}: {}", s(&r["code"]), s(&r["reason"]))));
+                refused = Some((at, about));
             }
         }
     }

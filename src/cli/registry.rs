@@ -190,14 +190,27 @@ pub async fn heartbeat(client: &Client, kind: &str, r: &Renew) -> Result<()> {
     if every.is_zero() {
         bail!("--every must be greater than 0");
     }
-    let mut sent = 0u64;
+    let times = count.map_or_else(|| "until stopped".to_string(), |c| format!("{c} times"));
+    eprintln!("renewing {kind}/{name} every {}, {times}", r.every.as_deref().unwrap_or_default());
+    // On a terminal, a line that says it is alive; a failure is always said.
+    let mut progress = super::progress::Progress::new();
+    let (mut sent, mut renewed) = (0u64, 0u64);
     loop {
         match client.post(&path, &json!({})).await {
-            Ok(_) => {}
-            Err(e) => eprintln!("heartbeat {kind}/{name}: {e}"),
+            Ok(r) => {
+                renewed += 1;
+                let at = crate::auth::audit::now_text();
+                progress.show(&format!("{kind}/{name}: renewed {renewed} times, last at {} UTC for {}s", &at[11..19], r["ttlSeconds"]));
+            }
+            Err(e) => {
+                progress.clear();
+                eprintln!("heartbeat {kind}/{name}: {e}");
+            }
         }
         sent += 1;
         if count.is_some_and(|c| sent >= c) {
+            progress.clear();
+            eprintln!("{kind}/{name}: renewed {renewed} of {sent} times");
             return Ok(());
         }
         tokio::time::sleep(every).await;

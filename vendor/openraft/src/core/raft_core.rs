@@ -1110,7 +1110,9 @@ where
                                     sender_vote: vote,
                                 });
                             }
-                            Err(err) => tracing::error!({error=%err, target=display(&target)}, "while requesting vote"),
+                            // Lodestar patch: warn, not error (upstream): a
+                            // peer that is down or not started yet.
+                            Err(err) => tracing::warn!({error=%err, target=display(&target)}, "while requesting vote"),
                         }
                     }
                 }
