@@ -331,7 +331,22 @@ async fn initialise(config: &ServerConfig, raft: &Raft) -> anyhow::Result<()> {
     } else {
         config.initial_members.iter().map(|m| (m.id, m.info())).collect()
     };
-    wait_for_founders(config).await;
+    // One founding member starts the first election, so that two do not
+    // compete for the same term: the lowest id, once the others listen.
+    // Each other one waits its turn (by rank), and starts one only if no
+    // election reached it meanwhile (the ones before it are down).
+    let rank = members.keys().position(|id| *id == config.id).unwrap_or(0) as u64;
+    if rank == 0 {
+        wait_for_founders(config).await;
+    } else {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(rank * 2 * config.election_timeout_max_ms);
+        while tokio::time::Instant::now() < deadline {
+            if raft.is_initialized().await? {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     tracing::info!(members = %crate::logging::list(members.keys()), "initialising a new cluster");
     match raft.initialize(members).await {
         Ok(()) => Ok(()),
@@ -341,12 +356,12 @@ async fn initialise(config: &ServerConfig, raft: &Raft) -> anyhow::Result<()> {
     }
 }
 
-/// Before a new cluster's first election: until the other founding
-/// members' raft ports accept connections, for at most two election
-/// timeouts. Members started a moment apart (`cluster/local`, a fleet
-/// booting) would otherwise fail the first vote requests to the ones not
-/// listening yet; a member that stays down is given up on, and the
-/// election goes ahead with the others.
+/// Before a new cluster's first election (by the lowest founding id):
+/// until the other founding members' raft ports accept connections, for at
+/// most two election timeouts. Members started a moment apart
+/// (`cluster/local`, a fleet booting) would otherwise fail the first vote
+/// requests to the ones not listening yet; a member that stays down is
+/// given up on, and the election goes ahead with the others.
 async fn wait_for_founders(config: &ServerConfig) {
     let others: Vec<&str> = config.initial_members.iter().filter(|m| m.id != config.id).map(|m| m.raft_addr.as_str()).collect();
     if others.is_empty() {
