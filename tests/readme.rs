@@ -126,14 +126,16 @@ __ready() { for _ in $(seq 1 300); do if [ -f "$2" ] && curl -fsS --cacert "$2" 
 /// One section as a bash script, with the README line of each script line.
 struct Script {
     text: String,
-    /// Script line (1-based) → README line.
-    lines: BTreeMap<usize, usize>,
+    /// A block's first script line (1-based) → (its README line, its
+    /// number in the section).
+    lines: BTreeMap<usize, (usize, usize)>,
     checks: usize,
 }
 
 impl Script {
-    fn readme_line(&self, script_line: usize) -> Option<usize> {
-        self.lines.range(..=script_line).next_back().map(|(s, r)| r + (script_line - s))
+    /// The README line and block of a script line.
+    fn readme_line(&self, script_line: usize) -> Option<(usize, usize)> {
+        self.lines.range(..=script_line).next_back().map(|(s, (r, b))| (r + (script_line - s), *b))
     }
 }
 
@@ -152,7 +154,7 @@ fn script(section: &str, blocks: &[Block], used: &mut BTreeMap<&'static str, usi
     for (b, block) in blocks.iter().enumerate() {
         writeln!(text, "# README.md:{} ({section}, block {})", block.line, b + 1).unwrap();
         at += 1;
-        lines.insert(at + 1, block.line);
+        lines.insert(at + 1, (block.line, b + 1));
         for (i, line) in block.lines.iter().enumerate() {
             let substitute = SUBSTITUTIONS.iter().find(|(s, printed, _)| *s == section && line.trim() == *printed);
             let run = if let Some((_, printed, instead)) = substitute {
@@ -363,7 +365,7 @@ fn readme_runs_as_printed() {
                     .and_then(|(_, rest)| rest.split_whitespace().next())
                     .and_then(|n| n.parse().ok())
                     .and_then(|n| s.readme_line(n))
-                    .map(|r| format!(" (README.md:{r})"))
+                    .map(|(r, b)| format!(" (README.md:{r}, block {b} of the section)"))
                     .unwrap_or_default();
                 writeln!(report, "  {l}{at}").unwrap();
             }
@@ -397,5 +399,5 @@ fn expectations_and_blocks_are_parsed() {
     assert_eq!(s.checks, 1);
     assert!(s.text.contains("__out=$(echo hi); __expect 'hi' \"$__out\" 3"), "{}", s.text);
     let first = PRELUDE.lines().count() + 2;
-    assert_eq!(s.readme_line(first), Some(3));
+    assert_eq!(s.readme_line(first), Some((3, 1)));
 }
