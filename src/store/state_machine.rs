@@ -109,8 +109,10 @@ impl ObjectRecord {
     pub(crate) fn from_object(o: &StoredObject) -> Self {
         ObjectRecord { key: o.key.clone(), create_revision: o.create_revision, mod_revision: o.mod_revision, version: o.version, body: o.text().to_string() }
     }
+    /// The object, its body kept as text until read (see
+    /// `StoredObject::from_stored_text`).
     pub(crate) fn into_object(self) -> Result<StoredObject, serde_json::Error> {
-        Ok(StoredObject::new(self.key, self.create_revision, self.mod_revision, self.version, serde_json::from_str(&self.body)?))
+        StoredObject::from_stored_text(self.key, self.create_revision, self.mod_revision, self.version, Arc::from(self.body))
     }
 }
 
