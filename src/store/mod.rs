@@ -30,8 +30,8 @@ pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// Open a replica's sled database (`DATA_DIR/db`): the raft log, raft
 /// metadata, state machine and snapshots. One process at a time.
 /// `cache_bytes` bounds sled's page cache: the applied state is in memory
-/// already (`StoreReader`), so the cache only serves the log and writes;
-/// unset, sled takes 1 GiB and, on a restart, fills it while it recovers.
+/// already (`StoreReader`), so the cache only serves the log and writes
+/// (sled's own default is 1 GiB; `benches/RESULTS.md`, issue 33).
 pub fn open_db(data_dir: &std::path::Path, cache_bytes: u64) -> sled::Result<sled::Db> {
     sled::Config::new().path(data_dir.join("db")).mode(sled::Mode::HighThroughput).cache_capacity(cache_bytes).open()
 }
