@@ -276,22 +276,22 @@ async fn bootstrap_makes_the_proxy_token_or_says_why_not() {
     drop((good, refused));
 }
 
-/// An Envoy from `bootstrap`, killed on drop.
-struct EnvoyProcess(Child);
+/// A child process (an Envoy, a server), killed on drop.
+struct Killed(Child);
 
-impl Drop for EnvoyProcess {
+impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
 }
 
-fn start_envoy(dir: &Path, name: &str, bootstrap: &str) -> EnvoyProcess {
+fn start_envoy(dir: &Path, name: &str, bootstrap: &str) -> Killed {
     let config = dir.join(format!("{name}.yaml"));
     std::fs::write(&config, bootstrap).unwrap();
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
     let child = Command::new(envoy_binary()).arg("-c").arg(&config).arg("--use-dynamic-base-id").stdout(Stdio::null()).stderr(log).spawn().unwrap();
-    EnvoyProcess(child)
+    Killed(child)
 }
 
 fn envoy_log(dir: &Path, name: &str) -> String {
@@ -361,7 +361,7 @@ fn json_logs_and_the_audit_log_apart_under_systemd() {
     let logs = tmp.path().join("logs");
     std::fs::create_dir_all(&logs).unwrap();
     let stderr = tmp.path().join("stderr");
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args(["server", "--log-format", "json", "--data-dir"])
         .arg(tmp.path().join("data"))
         .args(["--api-addr", &format!("{ip}:7000"), "--raft-addr", &format!("{ip}:7001"), "--xds-addr", &format!("{ip}:7002")])
@@ -372,6 +372,8 @@ fn json_logs_and_the_audit_log_apart_under_systemd() {
         .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
         .unwrap();
+    // Killed on drop, should an assertion fail first.
+    let mut child = Killed(child);
     // An unauthenticated request: one audit line.
     let deadline = Instant::now() + Duration::from_secs(20);
     let audit = logs.join("audit.jsonl");
@@ -383,8 +385,8 @@ fn json_logs_and_the_audit_log_apart_under_systemd() {
         assert!(Instant::now() < deadline, "no audit line in {}:\n{}", audit.display(), std::fs::read_to_string(&stderr).unwrap_or_default());
         std::thread::sleep(Duration::from_millis(100));
     }
-    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-    let _ = child.wait();
+    let _ = Command::new("kill").arg("-TERM").arg(child.0.id().to_string()).status();
+    let _ = child.0.wait();
     let text = std::fs::read_to_string(&stderr).unwrap();
     let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
     assert!(lines.iter().any(|l| l["message"] == "replica started" && l["level"] == "INFO" && l["api"] == format!("{ip}:7000")), "{text}");
