@@ -618,8 +618,7 @@ pub struct ServiceView {
 pub fn registry_services(applied: &Applied, config: &crate::config::ServerConfig, namespace: Option<&str>) -> Vec<ServiceView> {
     use crate::mesh::{Health, Mesh};
     let mesh = Mesh::build(applied, Arc::new(config.mesh_config()));
-    mesh.services
-        .values()
+    mesh.all_services()
         .filter(|s| s.sources.iter().any(|(k, _)| matches!(k.kind, Kind::Service | Kind::Instance)))
         .filter(|s| namespace.is_none_or(|ns| ns.is_empty() || s.namespace == ns))
         .map(|s| {

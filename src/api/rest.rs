@@ -530,12 +530,11 @@ async fn registryz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Resp
     let applied = node.reader.current();
     let mesh = crate::mesh::Mesh::build(&applied, Arc::new(node.config.mesh_config()));
     let services: Vec<Value> = mesh
-        .services
-        .values()
+        .all_services()
         .map(|s| {
             json!({
                 "hostname": s.hostname, "namespace": s.namespace, "resolution": format!("{:?}", s.resolution), "meshExternal": s.mesh_external,
-                "exportTo": s.export_to,
+                "exportTo": s.export_to, "creationRevision": s.created,
                 "ports": s.ports.iter().map(|p| json!({"name": p.name, "number": p.number, "protocol": format!("{:?}", p.protocol)})).collect::<Vec<_>>(),
                 "instances": s.instances.iter().map(|i| json!({"address": i.address, "ports": i.ports, "port": i.default_port, "labels": i.labels,
                     "locality": i.locality, "weight": i.weight, "health": format!("{:?}", i.health), "source": i.source.as_ref().map(|k| k.to_string())})).collect::<Vec<_>>(),
