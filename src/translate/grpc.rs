@@ -69,7 +69,7 @@ pub fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
         let ctx = RouteCtx { mesh, proxy, scope: &services, port: plan.port, gateway: None };
         let members: Vec<&Service> = plan.services.values().map(|s| s.as_ref()).collect();
         let unique = route::unique_domains(&members, plan.port, &proxy.namespace, suffix);
-        for (svc, domains) in plan.services.values().zip(unique) {
+        for (svc, domains) in plan.services.values().zip(unique).filter(|(_, d)| !d.is_empty()) {
             reachable.insert(svc.hostname.clone(), svc.clone());
             let name = listener_name(&svc.hostname, plan.port);
             let vhost = grpc_virtual_host(route::virtual_host(&ctx, svc, domains.clone()));

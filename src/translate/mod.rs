@@ -248,7 +248,10 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
             let route_name = plan.route_name(&proxy.ip);
             let services: Vec<&Service> = http.iter().map(|s| s.as_ref()).collect();
             let domains = route::unique_domains(&services, plan.port, &proxy.namespace, suffix);
-            let parts: Vec<VhostPart> = services.iter().zip(domains).map(|(svc, domains)| VhostPart::build(&ctx, svc, domains)).collect();
+            // A service left with no name of its own here gets no virtual
+            // host (Envoy refuses one without domains).
+            let parts: Vec<VhostPart> =
+                services.iter().zip(domains).filter(|(_, d)| !d.is_empty()).map(|(svc, domains)| VhostPart::build(&ctx, svc, domains)).collect();
             cfg.insert(ResourceType::Route, assemble_route(&route_name, &parts));
             rds.insert(route_name.clone(), RdsParts { port: plan.port, parts: Arc::new(parts) });
             let l = listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name));
