@@ -154,6 +154,7 @@ async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap
     caller.authorize_txn(Verb::Write, &txn)?;
     crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current())?;
     warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
+    warnings.extend(super::claim_warnings(&txn, &node.reader.current(), &node.config.domain_suffix));
     let ok = caller.write(&node, Verb::Write, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
 }
