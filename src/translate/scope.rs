@@ -104,17 +104,20 @@ impl<'a> ProxyScope<'a> {
 
     /// The service this proxy uses for `hostname`.
     pub fn service(&self, hostname: &str) -> Option<&'a Arc<Service>> {
-        let claims = self.mesh.claims(hostname);
+        self.pick(self.mesh.claims(hostname))
+    }
+
+    /// Every hostname it can see, resolved.
+    pub fn services(&self) -> impl Iterator<Item = &'a Arc<Service>> + '_ {
+        self.mesh.services.values().filter_map(|claims| self.pick(claims))
+    }
+
+    fn pick(&self, claims: &'a [Arc<Service>]) -> Option<&'a Arc<Service>> {
         match claims {
             // Most hostnames have one claim: nothing to choose.
             [one] => one.visible_to(self.namespace).then_some(one),
             _ => resolve(claims, self.namespace, |s| self.admits(s)).or_else(|| resolve(claims, self.namespace, |_| true)),
         }
-    }
-
-    /// Every hostname it can see, resolved.
-    pub fn services(&self) -> impl Iterator<Item = &'a Arc<Service>> + '_ {
-        self.mesh.services.keys().filter_map(|h| self.service(h))
     }
 }
 
