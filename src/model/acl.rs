@@ -422,8 +422,8 @@ pub fn validate_policy(spec: &PolicySpec) -> Result<Policy, Vec<FieldError>> {
                 errors.push(FieldError::new(format!("{path}.hostnames[{j}]"), e));
             }
         }
-        let registry = kinds.as_ref().is_none_or(|k| k.contains(&Kind::Service) || k.contains(&Kind::Instance));
-        if !r.hostnames.is_empty() && !(verbs.allows(Verb::Write) && registry) {
+        let writes_registry = verbs.allows(Verb::Write) && kinds.as_ref().is_none_or(|k| k.contains(&Kind::Service) || k.contains(&Kind::Instance));
+        if !r.hostnames.is_empty() && !writes_registry {
             errors.push(FieldError::new(
                 format!("{path}.hostnames"),
                 "hostnames are claimed by registry services and instances: the rule must grant write on services or instances (or kinds [\"*\"])",
