@@ -475,14 +475,15 @@ pub fn owned_hostnames(claims: &[(usize, ResourceKey, mesh_hosts::Claim)], suffi
     }
 }
 
-/// Apply-time warnings for a write that claims a hostname another
-/// namespace (or another object of its own) claims too: legal for a
-/// hostname no namespace owns, and resolved per proxy (its own
-/// namespace's, else the oldest), which the warning spells out. Checks
+/// Apply-time warnings for a write that claims a hostname no namespace
+/// owns that another object claims too: legal, and resolved per proxy (its
+/// own namespace's, else the oldest), which the warning spells out. Checks
 /// the ServiceEntries and registry Services stored at `applied` (an
-/// Instance's claim of an external hostname is rare and granted).
+/// Instance's claim of such a hostname is rare and granted); a write that
+/// claims none (an Instance of its namespace's service) costs nothing.
 pub fn claim_warnings(txn: &Txn, applied: &Applied, suffix: &str) -> Vec<String> {
-    let Ok(claims) = hostname_claims(txn, suffix) else { return Vec::new() };
+    let Ok(mut claims) = hostname_claims(txn, suffix) else { return Vec::new() };
+    claims.retain(|(_, _, c)| mesh_hosts::owner(&c.hostname, suffix) == mesh_hosts::Owner::Nobody);
     if claims.is_empty() {
         return Vec::new();
     }
@@ -492,7 +493,10 @@ pub fn claim_warnings(txn: &Txn, applied: &Applied, suffix: &str) -> Vec<String>
         let lo = ResourceKey::new(kind, "", "");
         for (key, obj) in applied.state.objects.range(lo..).take_while(|(k, _)| k.kind == kind).filter(|(k, _)| !written.contains(k)) {
             let Ok(typed) = obj.typed() else { continue };
-            for c in mesh_hosts::claims(kind, &key.namespace, &key.name, typed, suffix) {
+            for c in mesh_hosts::claims(kind, &key.namespace, &key.name, typed, suffix)
+                .into_iter()
+                .filter(|c| claims.iter().any(|(_, _, w)| w.hostname == c.hostname))
+            {
                 stored.entry(c.hostname).or_default().push((key, obj.create_revision));
             }
         }
