@@ -12,7 +12,7 @@
 //!   name any external host); a registry Service or Instance needs a
 //!   policy that grants it (`hostnames` in a Policy rule, checked by the
 //!   API at write time). When several namespaces claim one, each proxy
-//!   resolves it (`Mesh::resolve`).
+//!   resolves it (`mesh::resolve`).
 //!
 //! The same rule runs at write time (the API refuses the write) and in
 //! `Mesh::build` (an object stored before, or restored from an old backup,

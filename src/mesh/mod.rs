@@ -11,7 +11,7 @@
 //! Services are keyed by hostname and namespace: each namespace has at
 //! most one service per hostname, and a hostname claimed by several
 //! namespaces (ServiceEntries for one external host, say) is resolved per
-//! proxy by [`Mesh::resolve`], as Istio does. What a namespace may claim at
+//! proxy by [`resolve`], as Istio does. What a namespace may claim at
 //! all is `hosts`' rule (another namespace's `*.NS.svc.DOMAIN` never).
 //!
 //! Pure: no IO. Objects whose stored spec no longer parses, and claims of
@@ -193,8 +193,10 @@ pub fn exported_to(export_to: &[String], own: &str, namespace: &str) -> bool {
 /// `SidecarScope`): among the services claiming one hostname (`claims`,
 /// oldest first) that are exported to `namespace` and that `admit` lets
 /// through, its own namespace's; else the oldest (lowest create revision,
-/// then namespace name). Gateway API and virtual-IP lookups resolve a
-/// hostname through this too, so every proxy sees one service per name.
+/// then namespace name). The one place a hostname becomes a service for a
+/// proxy (through `translate::scope::ProxyScope`): any new lookup by name
+/// (Gateway API routes, virtual IPs) belongs here too, so that every part
+/// of a proxy's config agrees on one service per hostname.
 pub fn resolve<'a>(claims: &'a [Arc<Service>], namespace: &str, admit: impl Fn(&Service) -> bool) -> Option<&'a Arc<Service>> {
     let mut candidates = claims.iter().filter(|s| s.visible_to(namespace) && admit(s));
     let first = candidates.next()?;
@@ -249,12 +251,6 @@ impl Mesh {
     /// The services claiming `hostname`, oldest first.
     pub fn claims(&self, hostname: &str) -> &[Arc<Service>] {
         self.services.get(hostname).map_or(&[], Vec::as_slice)
-    }
-
-    /// The service a proxy in `namespace` uses for `hostname` ([`resolve`]
-    /// among every claim exported to it).
-    pub fn service_for(&self, hostname: &str, namespace: &str) -> Option<&Arc<Service>> {
-        resolve(self.claims(hostname), namespace, |_| true)
     }
 
     /// Every service of every namespace, by hostname then age.
