@@ -14,6 +14,7 @@ use crate::auth::audit::AuditEvent;
 use crate::auth::token::{self, Minted, NewToken};
 use crate::auth::{Acl, AclIndex, Credentials, PeerIdentity, Permission, Principal, Target, Verb};
 use crate::error::{Code, Error, FieldError, Result};
+use crate::mesh::hosts as mesh_hosts;
 use crate::model::acl::{ProxyBinding, GLOBAL_MANAGEMENT};
 use crate::model::kinds::CLUSTER_NAMESPACE;
 use crate::model::{self, Kind, ResourceKey, Selector, StoredObject};
@@ -97,7 +98,39 @@ impl Caller {
                 Op::Put { .. } | Op::SetStatus { .. } => needed.push(Permission::new(Verb::Write, Target::key(key))),
             }
         }
-        self.check(Some(verb), needed, |_| keys(txn))
+        self.check(Some(verb), needed, |_| keys(txn))?;
+        self.authorize_claims(txn)
+    }
+
+    /// The hostnames the transaction's registry Services, Instances and
+    /// ServiceEntries claim (`mesh::hosts`): another namespace's is
+    /// refused for everyone (400: it never takes effect), and one outside
+    /// the object's namespace's own, on a registry object, needs a policy
+    /// that grants it (403).
+    fn authorize_claims(&self, txn: &Txn) -> Result<()> {
+        let suffix = &self.acl.domain_suffix;
+        let claims = hostname_claims(txn, suffix)?;
+        owned_hostnames(&claims, suffix)?;
+        if !self.acl.enabled {
+            return Ok(());
+        }
+        let ungranted: Vec<&(usize, ResourceKey, mesh_hosts::Claim)> = claims
+            .iter()
+            .filter(|(_, key, c)| mesh_hosts::needs_grant(key.kind, &key.namespace, &c.hostname, suffix))
+            .filter(|(_, key, c)| !self.principal.may_claim(key.kind, &key.namespace, &c.hostname))
+            .collect();
+        let Some((_, key, _)) = ungranted.first() else { return Ok(()) };
+        let lacks = ungranted.iter().map(|(i, _, c)| format!("the hostname {} (resources[{i}].{})", c.hostname, c.field)).collect::<Vec<_>>().join(", ");
+        let message = format!(
+            "permission denied: {} may not claim {lacks}: a {} in {ns} uses NAME.{ns}.svc.{suffix}; any other hostname needs a policy rule that grants it \
+             (`hostnames`, with write on {} in {ns})",
+            self.principal.who,
+            key.kind.name(),
+            key.kind.plural(),
+            ns = key.namespace,
+        );
+        let resources = ungranted.iter().map(|(_, k, _)| k.to_string()).collect();
+        Err(self.deny(Some(Verb::Write), resources, format!("may not claim {lacks}"), message))
     }
 
     fn check(&self, verb: Option<Verb>, needed: Vec<Permission>, resources: impl FnOnce(&[Permission]) -> Vec<String>) -> Result<()> {
@@ -107,10 +140,15 @@ impl Caller {
         let Err(missing) = self.principal.check(needed) else { return Ok(()) };
         let lacks = missing.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
         let message = format!("permission denied: {} lacks {lacks}", self.principal.who);
+        Err(self.deny(verb, resources(&missing), format!("lacks {lacks}"), message))
+    }
+
+    /// A refusal (403): counted and audited.
+    fn deny(&self, verb: Option<Verb>, resources: Vec<String>, reason: String, message: String) -> Error {
         crate::metrics::metrics().acl_refusals.with(&["denied"]).inc();
         let event = AuditEvent::new(self.principal.who.audit_name(), &self.op, "denied");
-        self.acl.audit(AuditEvent { verb: verb.map(Verb::as_str), resources: resources(&missing), reason: Some(format!("lacks {lacks}")), ..event });
-        Err(Error::permission_denied(message))
+        self.acl.audit(AuditEvent { verb: verb.map(Verb::as_str), resources, reason: Some(reason), ..event });
+        Error::permission_denied(message)
     }
 
     /// Propose an authorized transaction; audit its outcome.
@@ -406,6 +444,79 @@ pub fn apply_txn(items: Vec<ApplyItem>) -> Result<(Txn, Vec<String>)> {
     }
 }
 
+/// Every hostname claimed by the puts of `txn` (`mesh::hosts::claims`),
+/// with the index of its op and its object's key.
+pub fn hostname_claims(txn: &Txn, suffix: &str) -> Result<Vec<(usize, ResourceKey, mesh_hosts::Claim)>> {
+    let mut out = Vec::new();
+    for (i, op) in txn.ops.iter().enumerate() {
+        let Op::Put { key, body, .. } = op else { continue };
+        if !matches!(key.kind, Kind::Service | Kind::Instance | Kind::ServiceEntry) {
+            continue;
+        }
+        let body: Value = serde_json::from_str(body).map_err(|e| Error::internal(format!("a validated body does not parse: {e}")))?;
+        let typed = model::parse_typed(key.kind, body.get("spec").unwrap_or(&Value::Null))
+            .map_err(|e| Error::internal(format!("a validated spec does not parse: {e:?}")))?;
+        out.extend(mesh_hosts::claims(key.kind, &key.namespace, &key.name, &typed, suffix).into_iter().map(|c| (i, key.clone(), c)));
+    }
+    Ok(out)
+}
+
+/// 400 naming every claim of a hostname another namespace owns (or one
+/// spanning every namespace's): what `Mesh::build` would leave out.
+pub fn owned_hostnames(claims: &[(usize, ResourceKey, mesh_hosts::Claim)], suffix: &str) -> Result<()> {
+    let invalid: Vec<FieldError> = claims
+        .iter()
+        .filter_map(|(i, key, c)| Some(FieldError::new(format!("resources[{i}].{}", c.field), mesh_hosts::refusal(&key.namespace, &c.hostname, suffix)?)))
+        .collect();
+    if invalid.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::invalid_fields(invalid))
+    }
+}
+
+/// Apply-time warnings for a write that claims a hostname no namespace
+/// owns that another object claims too: legal, and resolved per proxy (its
+/// own namespace's, else the oldest), which the warning spells out. Checks
+/// the ServiceEntries and registry Services stored at `applied` (an
+/// Instance's claim of such a hostname is rare and granted); a write that
+/// claims none (an Instance of its namespace's service) costs nothing.
+pub fn claim_warnings(txn: &Txn, applied: &Applied, suffix: &str) -> Vec<String> {
+    let Ok(mut claims) = hostname_claims(txn, suffix) else { return Vec::new() };
+    claims.retain(|(_, _, c)| mesh_hosts::owner(&c.hostname, suffix) == mesh_hosts::Owner::Nobody);
+    if claims.is_empty() {
+        return Vec::new();
+    }
+    let written: std::collections::BTreeSet<&ResourceKey> = txn.ops.iter().map(|o| o.key()).collect();
+    let mut stored: std::collections::BTreeMap<String, Vec<(&ResourceKey, u64)>> = std::collections::BTreeMap::new();
+    for kind in [Kind::Service, Kind::ServiceEntry] {
+        let lo = ResourceKey::new(kind, "", "");
+        for (key, obj) in applied.state.objects.range(lo..).take_while(|(k, _)| k.kind == kind).filter(|(k, _)| !written.contains(k)) {
+            let Ok(typed) = obj.typed() else { continue };
+            for c in mesh_hosts::claims(kind, &key.namespace, &key.name, typed, suffix)
+                .into_iter()
+                .filter(|c| claims.iter().any(|(_, _, w)| w.hostname == c.hostname))
+            {
+                stored.entry(c.hostname).or_default().push((key, obj.create_revision));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (i, key, c) in &claims {
+        let Some(others) = stored.get(&c.hostname) else { continue };
+        // The written object keeps its age if it exists; a new one is the newest.
+        let age = applied.state.get(key).map_or(u64::MAX, |o| o.create_revision);
+        let oldest = others.iter().copied().chain([(key, age)]).min_by_key(|(k, rev)| (*rev, (*k).clone())).map_or(key, |(k, _)| k);
+        let list = others.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>().join(", ");
+        out.push(format!(
+            "resources[{i}] ({key}): {} {} is also claimed by {list}; each proxy uses its own namespace's (a registry Service's, else the oldest \
+             ServiceEntry's), else the oldest ({oldest})",
+            c.field, c.hostname
+        ));
+    }
+    out
+}
+
 /// Apply-time warnings for AuthorizationPolicies that cannot do what they
 /// seem to (`AuthorizationPolicy::lint`): no workload the store knows (at
 /// `applied`, or written by `txn` itself) is selected, or a rule can never
@@ -618,8 +729,7 @@ pub struct ServiceView {
 pub fn registry_services(applied: &Applied, config: &crate::config::ServerConfig, namespace: Option<&str>) -> Vec<ServiceView> {
     use crate::mesh::{Health, Mesh};
     let mesh = Mesh::build(applied, Arc::new(config.mesh_config()));
-    mesh.services
-        .values()
+    mesh.all_services()
         .filter(|s| s.sources.iter().any(|(k, _)| matches!(k.kind, Kind::Service | Kind::Instance)))
         .filter(|s| namespace.is_none_or(|ns| ns.is_empty() || s.namespace == ns))
         .map(|s| {

@@ -154,6 +154,7 @@ async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap
     caller.authorize_txn(Verb::Write, &txn)?;
     crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current())?;
     warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
+    warnings.extend(super::claim_warnings(&txn, &node.reader.current(), &node.config.domain_suffix));
     let ok = caller.write(&node, Verb::Write, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
 }
@@ -530,12 +531,11 @@ async fn registryz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Resp
     let applied = node.reader.current();
     let mesh = crate::mesh::Mesh::build(&applied, Arc::new(node.config.mesh_config()));
     let services: Vec<Value> = mesh
-        .services
-        .values()
+        .all_services()
         .map(|s| {
             json!({
                 "hostname": s.hostname, "namespace": s.namespace, "resolution": format!("{:?}", s.resolution), "meshExternal": s.mesh_external,
-                "exportTo": s.export_to,
+                "exportTo": s.export_to, "creationRevision": s.created,
                 "ports": s.ports.iter().map(|p| json!({"name": p.name, "number": p.number, "protocol": format!("{:?}", p.protocol)})).collect::<Vec<_>>(),
                 "instances": s.instances.iter().map(|i| json!({"address": i.address, "ports": i.ports, "port": i.default_port, "labels": i.labels,
                     "locality": i.locality, "weight": i.weight, "health": format!("{:?}", i.health), "source": i.source.as_ref().map(|k| k.to_string())})).collect::<Vec<_>>(),

@@ -26,6 +26,9 @@ pub struct Acl {
     /// (An observer's is never used.)
     cache: Mutex<(u64, Arc<AclIndex>)>,
     audit: Option<AuditLog>,
+    /// The mesh's domain suffix: which hostnames a namespace owns
+    /// (`NAME.NS.svc.SUFFIX`, `mesh::hosts`), checked on every write.
+    pub domain_suffix: String,
 }
 
 /// Secrets shorter than this are refused in `initial_management_token_file`.
@@ -58,7 +61,16 @@ impl Acl {
         }
         let applied = reader.current();
         let index = Arc::new(AclIndex::build(acl_objects(&applied).cloned()));
-        Ok(Arc::new(Acl { enabled: config.acls_on(), replica: config.id, management, reader, cache: Mutex::new((applied.revision(), index)), audit }))
+        let domain_suffix = config.domain_suffix.clone();
+        Ok(Arc::new(Acl {
+            enabled: config.acls_on(),
+            replica: config.id,
+            management,
+            reader,
+            cache: Mutex::new((applied.revision(), index)),
+            audit,
+            domain_suffix,
+        }))
     }
 
     /// For the local observer address (`metrics_addr`), which serves only
@@ -71,6 +83,7 @@ impl Acl {
             reader: self.reader.clone(),
             cache: Mutex::new((0, Arc::default())),
             audit: None,
+            domain_suffix: self.domain_suffix.clone(),
         })
     }
 

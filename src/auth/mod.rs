@@ -225,6 +225,24 @@ impl Principal {
         })
     }
 
+    /// Whether it may write an object of `kind` in `namespace` that claims
+    /// `hostname`, one outside the namespace's own (`mesh::hosts::needs_grant`):
+    /// a rule that lets it write that kind there and whose `hostnames`
+    /// cover it (Consul's `service:write` on the name). Everything, for
+    /// the management credentials and with ACLs off.
+    pub fn may_claim(&self, kind: Kind, namespace: &str, hostname: &str) -> bool {
+        let policies = match &self.grants {
+            Grants::All => return true,
+            Grants::Policies(p) => p,
+        };
+        policies.iter().flat_map(|pol| &pol.rules).any(|r| {
+            r.verbs.allows(Verb::Write)
+                && r.kinds.as_ref().is_none_or(|k| k.contains(&kind))
+                && r.namespaces.iter().any(|pat| pat.matches(namespace))
+                && r.hostnames.iter().any(|h| crate::model::acl::hostname_pattern_covers(h, hostname))
+        })
+    }
+
     /// `Ok`, or every distinct permission it lacks, in order.
     pub fn check(&self, needed: impl IntoIterator<Item = Permission>) -> Result<(), Vec<Permission>> {
         let mut missing: Vec<Permission> = needed.into_iter().filter(|p| !self.allows(p)).collect();
@@ -420,6 +438,27 @@ mod tests {
         assert_eq!(bad(json!({"type": "proxy", "secretHash": h})), "spec.proxy");
         assert_eq!(bad(json!({"policies": ["p"], "proxy": {"namespace": "a"}, "secretHash": h})), "spec.proxy");
         assert_eq!(bad(json!({"type": "proxy", "proxy": {"namespace": "Bad_NS"}, "secretHash": h})), "spec.proxy");
+    }
+
+    #[test]
+    fn hostname_claims_need_a_grant() {
+        let idx = AclIndex::build(
+            [
+                policy("team-a", json!([{"verbs": ["read", "write"], "kinds": ["*"], "namespaces": ["team-a"]}])),
+                policy("pay", json!([{"verbs": ["write"], "kinds": ["services"], "namespaces": ["team-a"], "hostnames": ["*.pay.example.com"]}])),
+                token("t-a", "secret-a", json!({"policies": ["team-a"]})),
+                token("t-pay", "secret-pay", json!({"policies": ["team-a", "pay"]})),
+            ]
+            .into_iter(),
+        );
+        let a = authenticate(&idx, None, &bearer("secret-a"), 0).unwrap();
+        assert!(!a.may_claim(Kind::Service, "team-a", "api.pay.example.com"), "write on the namespace is not a grant");
+        let pay = authenticate(&idx, None, &bearer("secret-pay"), 0).unwrap();
+        assert!(pay.may_claim(Kind::Service, "team-a", "api.pay.example.com"));
+        assert!(!pay.may_claim(Kind::Instance, "team-a", "api.pay.example.com"), "the grant is for services only");
+        assert!(!pay.may_claim(Kind::Service, "team-b", "api.pay.example.com"), "and in team-a only");
+        assert!(!pay.may_claim(Kind::Service, "team-a", "api.example.com"));
+        assert!(Principal::anonymous().may_claim(Kind::Instance, "x", "anything.example"));
     }
 
     #[test]
