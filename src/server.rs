@@ -174,9 +174,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
             .serve_with_incoming_shutdown(raft_incoming.into_stream(), stopped()),
     );
 
-    let app = rest::router(replica.clone())
-        .merge(tonic::service::Routes::new(GrpcApi::server(replica.clone())).into_axum_router())
-        .layer(axum::middleware::from_fn(rest::track));
+    let app = rest::router(replica.clone()).merge(GrpcApi::router(replica.clone())).layer(axum::middleware::from_fn(rest::track));
     let api_stopped = stopped();
     let app = app.into_make_service_with_connect_info::<ConnInfo>();
     let api_server = tokio::spawn(async move { axum::serve(api_incoming, app).with_graceful_shutdown(api_stopped).await });
