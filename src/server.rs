@@ -216,7 +216,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
-    let ca_service = Some(crate::ca::service::CaService::server(mesh_ca, replica.clone()));
+    let ca_service = Some(crate::ca::service::CaService::server(mesh_ca.clone(), replica.clone()));
     let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, ca_service, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
     let mut background = vec![
@@ -224,6 +224,10 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         tokio::spawn(crate::ha::gossip(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
         tokio::spawn(crate::ha::raft_metrics(node.clone(), stop_tx.subscribe())),
     ];
+    // The mesh CA's files are reloaded as the cluster TLS files are.
+    if let Some(ca) = &mesh_ca {
+        background.push(tokio::spawn(ca.clone().watch(Duration::from_millis(config.tls_reload_interval_ms.max(100)), stop_tx.subscribe())));
+    }
     if config.xds_rebalance_interval_ms > 0 {
         background.push(tokio::spawn(crate::ha::rebalance(node.clone(), replica.ha.clone(), replica.sync.clone(), stop_tx.subscribe())));
     }

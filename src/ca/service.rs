@@ -91,9 +91,7 @@ pub struct CaService {
 impl CaService {
     pub fn server(ca: Option<Arc<MeshCa>>, replica: Arc<Replica>) -> IstioCertificateServiceServer<CaService> {
         if let Some(ca) = &ca {
-            let m = crate::metrics::metrics();
-            m.ca_root_expiry.set(ca.root_expiry);
-            m.ca_cert_chain_expiry.set(ca.ca_expiry);
+            ca.publish_expiry();
         }
         let config = &replica.node.config;
         let admission = Arc::new(Semaphore::new(config.ca_max_in_flight.max(1)));
@@ -426,15 +424,23 @@ impl IstioCertificateService for CaService {
         let m = crate::metrics::metrics();
         m.ca_csr.inc();
         let conn = req.extensions().get::<ConnInfo>().cloned();
-        let bearer = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(|s| s.trim().to_string());
+        // The API's parser: `Bearer` in any case; anything else is refused, not ignored.
+        let bearer = match req.metadata().get("authorization").map(|v| v.to_str().ok().and_then(|v| crate::auth::parse_bearer(v).ok())) {
+            None => Ok(None),
+            Some(Some(secret)) => Ok(Some(secret)),
+            Some(None) => Err(Error::unauthenticated("malformed authorization metadata: expected `Bearer <secret>`")),
+        };
         let wait = grpc_timeout(req.metadata()).map_or(self.queue_wait, |t| (t / 2).min(self.queue_wait));
-        let result = match tokio::time::timeout(wait, self.admission.clone().acquire_owned()).await {
-            Ok(Ok(_permit)) => self.create(conn.as_ref(), bearer.as_deref(), req.into_inner()).await,
-            _ => Err(Error::resource_exhausted(format!(
-                "the mesh CA on this replica is busy ({} requests in progress; waited {} ms for a turn): nothing was done, no join token use was consumed; retry after a backoff",
-                self.replica.node.config.ca_max_in_flight,
-                wait.as_millis()
-            ))),
+        let result = match bearer {
+            Err(e) => Err(e),
+            Ok(bearer) => match tokio::time::timeout(wait, self.admission.clone().acquire_owned()).await {
+                Ok(Ok(_permit)) => self.create(conn.as_ref(), bearer.as_deref(), req.into_inner()).await,
+                _ => Err(Error::resource_exhausted(format!(
+                    "the mesh CA on this replica is busy ({} requests in progress; waited {} ms for a turn): nothing was done, no join token use was consumed; retry after a backoff",
+                    self.replica.node.config.ca_max_in_flight,
+                    wait.as_millis()
+                ))),
+            },
         };
         m.ca_sign_duration.observe(started.elapsed());
         match result {
