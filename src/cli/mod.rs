@@ -397,18 +397,17 @@ fn read_documents(files: &[String]) -> Result<Vec<Value>> {
     Ok(docs)
 }
 
+/// A directory's resource files as the server's watched directory finds
+/// them (`adapters::directory`: links below it are not followed, bounded
+/// depth and count); any other path as given.
 fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
     if meta.is_dir() {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
-        entries.sort();
-        for e in entries {
-            if e.is_dir() {
-                collect(&e, out)?;
-            } else if e.extension().and_then(|x| x.to_str()).is_some_and(|x| matches!(x, "yaml" | "yml" | "json")) {
-                out.push(e);
-            }
+        let walk = crate::adapters::directory::resource_files(path, &Default::default()).map_err(|e| anyhow!(e))?;
+        for link in &walk.skipped_links {
+            eprintln!("warning: {}: a symbolic link, not followed (name the file itself to apply it)", link.display());
         }
+        out.extend(walk.files.into_iter().map(|f| f.0));
     } else {
         out.push(path.to_path_buf());
     }
