@@ -132,10 +132,9 @@ async fn restore(args: RestoreArgs) -> Result<()> {
         initial_members: args.initial_members,
         join: false,
         watch_dir: None,
-        insecure: false,
         metrics_addr: None,
     };
-    let config = server.into_config()?;
+    let config = server.into_config(false)?;
     config.validate().map_err(|e| anyhow!("invalid configuration: {e}"))?;
     if config.join && config.initial_members.is_empty() {
         // Without members this would make a single-node cluster: surely not
