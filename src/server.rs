@@ -79,10 +79,11 @@ pub async fn run(config: ServerConfig, shutdown: impl Future<Output = ()> + Send
 pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let mut config = config;
+    // First: everything below is written into it.
+    crate::store::create_data_dir(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     // The management credential for the client config (see `tls::bootstrap`).
     let token = if config.acls_on() { crate::tls::bootstrap::ensure_management_token(&mut config)? } else { None };
     let config = Arc::new(config);
-    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     let db = crate::store::open_db(&config.data_dir)
         .with_context(|| format!("opening the store in {} (is another replica using it?)", config.data_dir.display()))?;
 

@@ -14,6 +14,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
@@ -103,7 +104,8 @@ fn write_atomically(file: &Path, bytes: &[u8]) -> Result<()> {
     };
     let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
     let written = (|| -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        // A backup holds every object, token hashes included: its owner's only.
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, file)?;
@@ -225,6 +227,8 @@ mod tests {
         super::write_atomically(&f, b"one").unwrap();
         super::write_atomically(&f, b"two").unwrap();
         assert_eq!(std::fs::read(&f).unwrap(), b"two");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600, "a backup is its owner's only");
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1, "no temporary file left behind");
     }
 }
