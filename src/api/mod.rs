@@ -79,7 +79,7 @@ impl Caller {
             Precheck::Cluster(verb) => self.authorize(verb, [Target::Cluster]),
             Precheck::Any(verb) if !self.acl.enabled || self.principal.may_ever(verb) => Ok(()),
             Precheck::Any(verb) => {
-                let reason = format!("lacks {verb} on every kind in every namespace (no policy grants it {verb} on anything)");
+                let reason = format!("lacks {verb} on any kind in any namespace (no policy grants it {verb} on anything)");
                 crate::metrics::metrics().acl_refusals.with(&["denied"]).inc();
                 let event = AuditEvent::new(self.principal.who.audit_name(), &self.op, "denied");
                 self.acl.audit(AuditEvent { verb: Some(verb.as_str()), reason: Some(reason.clone()), ..event });
