@@ -117,6 +117,16 @@ fn alias_bomb() -> String {
     s
 }
 
+/// The bomb of issue 32: one anchored list of 2,000 scalars, aliased
+/// 3,000 times. About 18 KB, few enough alias jumps for yaml_serde's limit
+/// (which counts jumps, not what they expand to), and 6 million values
+/// once expanded.
+fn wide_alias_bomb() -> String {
+    let base = vec!["x"; 2000].join(", ");
+    let refs = vec!["*a"; 3000].join(", ");
+    format!("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: wide, namespace: default}}\nspec:\n  hosts: [wide]\n  a: &a [{base}]\n  b: [{refs}]\n")
+}
+
 /// A single node started as `lodestar server` starts with no flags: no
 /// management token file, so it generates `management.token`; a watched
 /// directory and an audit log.
@@ -346,11 +356,13 @@ async fn a_cluster_sharing_a_management_token() {
     let before = rss_kib(pid);
     let admin = client(Some(management_token()));
     let started = Instant::now();
-    let (status, body) = send(admin.post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(alias_bomb())).await;
-    assert_eq!(status, 400, "{body}");
-    let field = &body["error"]["fields"][0];
-    assert_eq!(field["field"], "body[0]", "{body}");
-    assert!(field["reason"].as_str().unwrap().starts_with("line 6: YAML anchor &l0"), "{body}");
+    for (bomb, anchor) in [(alias_bomb(), "&l0"), (wide_alias_bomb(), "&a")] {
+        let (status, body) = send(admin.post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(bomb)).await;
+        assert_eq!(status, 400, "{body}");
+        let field = &body["error"]["fields"][0];
+        assert_eq!(field["field"], "body[0]", "{body}");
+        assert!(field["reason"].as_str().unwrap().starts_with(&format!("line 6: YAML anchor {anchor}")), "{body}");
+    }
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
     let grown = rss_kib(pid).saturating_sub(before);
     println!("replica RSS: {before} KiB before the alias bomb, +{grown} KiB after");
@@ -366,6 +378,11 @@ async fn a_cluster_sharing_a_management_token() {
     assert_eq!(chain.last().unwrap().trim(), old_root.trim());
     let e = csr(1, &c.replica(1).xds_addr(), &format!("Basic {join}")).await.unwrap_err();
     assert!(e.code() == tonic::Code::Unauthenticated && e.message().contains("malformed"), "{e:?}");
+    // No credential at all: refused before the request is decoded (a 5 MiB
+    // one, over the decoding limit, is UNAUTHENTICATED, not a decoding error).
+    let anonymous = IstioCertificateRequest { csr: "x".repeat(5 * 1024 * 1024), validity_duration: 0, metadata: None };
+    let e = IstioCertificateServiceClient::new(grpc_channel(1, &c.replica(1).xds_addr())).create_certificate(anonymous).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
     let new_ca = tempfile::tempdir().unwrap();
     lodestar::ca::create_dir(new_ca.path(), "cluster.local").unwrap();
     for f in ["ca-cert.pem", "ca-key.pem", "cert-chain.pem", "root-cert.pem"] {

@@ -73,6 +73,28 @@ const GRANTS_KEPT: usize = 256;
 /// `security.ImpersonatedIdentity`).
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
 
+/// The service as the xDS port serves it, behind [`credential_shown`].
+pub type CaServer = tonic::service::interceptor::InterceptedService<IstioCertificateServiceServer<CaService>, CredentialCheck>;
+
+type CredentialCheck = fn(Request<()>) -> std::result::Result<Request<()>, Status>;
+
+/// Before a request is decoded: a caller that shows no credential at all
+/// (no `authorization` metadata, no client certificate) is refused, so an
+/// anonymous caller never makes the replica decode a message or parse a
+/// CSR. Counted as the service's other refusals are; not logged (a flood
+/// of them would flood the log).
+fn credential_shown(req: Request<()>) -> std::result::Result<Request<()>, Status> {
+    let cert = req.extensions().get::<ConnInfo>().is_some_and(|c| c.cert.is_some());
+    if cert || req.metadata().contains_key("authorization") {
+        return Ok(req);
+    }
+    let m = crate::metrics::metrics();
+    m.ca_csr.inc();
+    m.ca_auth_failures.inc();
+    m.ca_errors.with(&[reason(Code::Unauthenticated)]).inc();
+    Err(Status::unauthenticated("a certificate needs a join token (authorization: Bearer) or the current mesh certificate as the client certificate"))
+}
+
 pub struct CaService {
     /// None: this replica has no mesh CA, and says so (UNAVAILABLE)
     /// rather than UNIMPLEMENTED.
@@ -89,14 +111,15 @@ pub struct CaService {
 }
 
 impl CaService {
-    pub fn server(ca: Option<Arc<MeshCa>>, replica: Arc<Replica>) -> IstioCertificateServiceServer<CaService> {
+    pub fn server(ca: Option<Arc<MeshCa>>, replica: Arc<Replica>) -> CaServer {
         if let Some(ca) = &ca {
             ca.publish_expiry();
         }
         let config = &replica.node.config;
         let admission = Arc::new(Semaphore::new(config.ca_max_in_flight.max(1)));
         let queue_wait = Duration::from_millis(config.ca_max_queue_wait_ms);
-        IstioCertificateServiceServer::new(CaService { ca, replica, pending: Pending::default(), reads: Reads::default(), admission, queue_wait })
+        let service = CaService { ca, replica, pending: Pending::default(), reads: Reads::default(), admission, queue_wait };
+        IstioCertificateServiceServer::with_interceptor(service, credential_shown as CredentialCheck)
     }
 
     /// The caller's identity: its mesh certificate first (a renewing
