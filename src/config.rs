@@ -8,7 +8,9 @@ use std::path::PathBuf;
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:8470";
 pub const DEFAULT_RAFT_ADDR: &str = "127.0.0.1:8471";
 pub const DEFAULT_XDS_ADDR: &str = "127.0.0.1:8472";
-pub const DEFAULT_SERVER_URL: &str = "http://127.0.0.1:8470";
+/// Where the CLI finds a replica by default: the API of `lodestar server`
+/// started with no flags, which serves TLS.
+pub const DEFAULT_SERVER_URL: &str = "https://127.0.0.1:8470";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {

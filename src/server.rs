@@ -79,10 +79,11 @@ pub async fn run(config: ServerConfig, shutdown: impl Future<Output = ()> + Send
 pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let mut config = config;
+    // First: everything below is written into it.
+    crate::store::create_data_dir(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     // The management credential for the client config (see `tls::bootstrap`).
     let token = if config.acls_on() { crate::tls::bootstrap::ensure_management_token(&mut config)? } else { None };
     let config = Arc::new(config);
-    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     let db = crate::store::open_db(&config.data_dir)
         .with_context(|| format!("opening the store in {} (is another replica using it?)", config.data_dir.display()))?;
 
@@ -174,9 +175,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
             .serve_with_incoming_shutdown(raft_incoming.into_stream(), stopped()),
     );
 
-    let app = rest::router(replica.clone())
-        .merge(tonic::service::Routes::new(GrpcApi::server(replica.clone())).into_axum_router())
-        .layer(axum::middleware::from_fn(rest::track));
+    let app = rest::router(replica.clone()).merge(GrpcApi::router(replica.clone())).layer(axum::middleware::from_fn(rest::track));
     let api_stopped = stopped();
     let app = app.into_make_service_with_connect_info::<ConnInfo>();
     let api_server = tokio::spawn(async move { axum::serve(api_incoming, app).with_graceful_shutdown(api_stopped).await });
@@ -218,7 +217,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
-    let ca_service = Some(crate::ca::service::CaService::server(mesh_ca, replica.clone()));
+    let ca_service = Some(crate::ca::service::CaService::server(mesh_ca.clone(), replica.clone()));
     let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, ca_service, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
     let mut background = vec![
@@ -226,6 +225,10 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         tokio::spawn(crate::ha::gossip(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
         tokio::spawn(crate::ha::raft_metrics(node.clone(), stop_tx.subscribe())),
     ];
+    // The mesh CA's files are reloaded as the cluster TLS files are.
+    if let Some(ca) = &mesh_ca {
+        background.push(tokio::spawn(ca.clone().watch(Duration::from_millis(config.tls_reload_interval_ms.max(100)), stop_tx.subscribe())));
+    }
     if config.xds_rebalance_interval_ms > 0 {
         background.push(tokio::spawn(crate::ha::rebalance(node.clone(), replica.ha.clone(), replica.sync.clone(), stop_tx.subscribe())));
     }

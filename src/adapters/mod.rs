@@ -106,7 +106,9 @@ pub async fn reconcile(node: &Node, source: &str, docs: Vec<Value>) -> Result<Op
         _ => true,
     });
     for (key, obj) in current.state.objects.iter() {
-        if owned_by(obj, source) && !desired.contains(key) {
+        // global-management records the ACL bootstrap: never deleted (`api::delete_txn`).
+        let bootstrap_record = key.kind == crate::model::Kind::Policy && key.name == crate::model::acl::GLOBAL_MANAGEMENT;
+        if owned_by(obj, source) && !desired.contains(key) && !bootstrap_record {
             ops.push(Op::Delete { key: key.clone(), expected_revision: None, ignore_missing: true });
         }
     }

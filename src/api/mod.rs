@@ -3,9 +3,11 @@
 //! and map [`Error`] codes to statuses in one function each.
 //!
 //! Both authorize through [`Caller`]: authenticated first (401 before the
-//! body is even read), then authorized for every resource the request
-//! touches, on the replica that received it, before anything is proposed
-//! to raft. The apply path never sees a token.
+//! body is even read), then held to a [`Precheck`] from the headers alone
+//! (403 before the body is read: a caller who may write nothing never makes
+//! a replica parse an apply), then authorized for every resource the
+//! request touches, on the replica that received it, before anything is
+//! proposed to raft. The apply path never sees a token.
 
 pub mod grpc;
 pub mod rest;
@@ -37,6 +39,7 @@ pub fn peer_identity(conn: Option<&crate::tls::conn::ConnInfo>, explicit: Option
 /// Who is asking, once authenticated; checks each permission a request
 /// needs and writes the audit log. With ACLs off every check passes and
 /// nothing is audited.
+#[derive(Clone)]
 pub struct Caller {
     acl: Arc<Acl>,
     principal: Principal,
@@ -53,6 +56,35 @@ impl Caller {
                 crate::metrics::metrics().acl_refusals.with(&["unauthenticated"]).inc();
                 acl.audit(AuditEvent { reason: Some(r.reason.clone()), ..AuditEvent::new(r.who, op, "unauthenticated") });
                 Err(Error::unauthenticated(r.reason))
+            }
+        }
+    }
+
+    /// The caller of a request from its `authorization` header (REST) or
+    /// metadata (gRPC), raw, and its connection's client-certificate
+    /// identity: 401 (audited) when they stand for nobody or the header is
+    /// not `Bearer <secret>`. With ACLs off the header is not even read.
+    pub fn of_request(acl: &Arc<Acl>, op: &str, authorization: Option<&[u8]>, peer: Option<PeerIdentity>) -> Result<Caller> {
+        let mut creds = Credentials { bearer: None, peer };
+        if let (Some(v), true) = (authorization, acl.enabled) {
+            let secret = std::str::from_utf8(v).ok().and_then(|v| crate::auth::parse_bearer(v).ok());
+            creds.bearer = Some(secret.ok_or_else(|| Caller::refuse(acl, op, "malformed authorization: expected `Bearer <secret>`"))?);
+        }
+        Caller::authenticate(acl, &creds, op)
+    }
+
+    /// The bound a request is held to before its body is read: 403
+    /// (audited) when no policy of the caller could allow what it asks.
+    pub fn precheck(&self, need: Precheck) -> Result<()> {
+        match need {
+            Precheck::Cluster(verb) => self.authorize(verb, [Target::Cluster]),
+            Precheck::Any(verb) if !self.acl.enabled || self.principal.may_ever(verb) => Ok(()),
+            Precheck::Any(verb) => {
+                let reason = format!("lacks {verb} on any kind in any namespace (no policy grants it {verb} on anything)");
+                crate::metrics::metrics().acl_refusals.with(&["denied"]).inc();
+                let event = AuditEvent::new(self.principal.who.audit_name(), &self.op, "denied");
+                self.acl.audit(AuditEvent { verb: Some(verb.as_str()), reason: Some(reason.clone()), ..event });
+                Err(Error::permission_denied(format!("permission denied: {} {reason}; the request was refused before its body was read", self.principal.who)))
             }
         }
     }
@@ -167,6 +199,32 @@ impl Caller {
         self.acl
             .audit(outcome(AuditEvent { verb: Some(verb.as_str()), resources, ..AuditEvent::new(self.principal.who.audit_name(), &self.op, "ok") }, result));
     }
+}
+
+/// What a request must at least be allowed, checked from its headers
+/// before its body is read or decoded ([`Caller::precheck`]); the handler
+/// then checks every resource the body names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precheck {
+    /// `verb` on some kind in some namespace.
+    Any(Verb),
+    /// `verb` on the cluster.
+    Cluster(Verb),
+}
+
+/// The precheck of a gRPC method of the client API (`Lodestar/{method}`);
+/// None for `AclBootstrap`, which needs no credential, and for names the
+/// service does not have (tonic answers UNIMPLEMENTED without reading them).
+pub fn grpc_precheck(method: &str) -> Option<Precheck> {
+    Some(match method {
+        "Apply" | "Heartbeat" => Precheck::Any(Verb::Write),
+        "Delete" => Precheck::Any(Verb::Delete),
+        "Get" | "List" => Precheck::Any(Verb::Read),
+        "Watch" => Precheck::Any(Verb::Watch),
+        "ClusterStatus" | "Wait" => Precheck::Cluster(Verb::Read),
+        "AddNode" | "RemoveNode" | "Snapshot" | "CreateToken" => Precheck::Cluster(Verb::Admin),
+        _ => return None,
+    })
 }
 
 /// The event with the outcome of an allowed operation: its revision, or
@@ -357,19 +415,64 @@ pub async fn create_token(caller: &Caller, replica: &Replica, req: TokenRequest)
     Ok(TokenCreated::new(minted, ok.revision))
 }
 
+/// The file in a replica's data directory that allows one more ACL
+/// bootstrap through that replica: it must hold the reset index the
+/// refusal named (Consul's `acl-bootstrap-reset`).
+pub const BOOTSTRAP_RESET_FILE: &str = "acl-bootstrap-reset";
+
+/// The reset index of the ACL objects of a revision, or None when there are
+/// none. Any policy, role or token bars an anonymous bootstrap: each took
+/// `admin` on the cluster to create, so someone holds a management
+/// credential. The index is the newest of them: a token's creation (a join
+/// token's uses rewrite the object), a policy's or role's last change. A
+/// bootstrap rewrites `global-management`, which cannot be deleted
+/// ([`delete_txn`]), so the index only moves forward and a reset file is
+/// good for one bootstrap.
+pub fn bootstrap_reset_index(applied: &Applied) -> Option<u64> {
+    crate::auth::acl::acl_objects(applied).map(|o| if o.key.kind == Kind::Token { o.create_revision } else { o.mod_revision }).max()
+}
+
 /// `POST /v1/acl/bootstrap` and gRPC `AclBootstrap`: no credentials
 /// needed. Creates the `global-management` policy and a token holding it,
-/// once: refused (409) when the store holds any token, and, for two racing
-/// bootstraps, by the policy's create-only precondition.
+/// once, on a cluster no one administers yet: refused (409, audited as
+/// denied) when the replica that receives it has a management token
+/// (`initial_management_token_file`, or a single node's generated
+/// `management.token`), and when the store holds any ACL object, unless
+/// `<data_dir>/acl-bootstrap-reset` on this replica holds the reset index
+/// (the operator's deliberate reset: the file is consumed). Two racing
+/// bootstraps: the policy's precondition lets one through.
 pub async fn acl_bootstrap(replica: &Replica, op: &str) -> Result<TokenCreated> {
     let acl = &replica.acl;
-    let done = || Error::conflict("ACLs are bootstrapped already: the store holds tokens or the global-management policy");
-    let applied = replica.node.read(Consistency::Linearizable).await?;
     let event = AuditEvent { verb: Some(Verb::Admin.as_str()), ..AuditEvent::new("anonymous".into(), op, "ok") };
-    if acl.index_at(&applied).has_tokens() {
-        acl.audit(AuditEvent { outcome: "denied", reason: Some("bootstrapped already".into()), ..event });
-        return Err(done());
+    let deny = |reason: String, message: String| {
+        crate::metrics::metrics().acl_refusals.with(&["denied"]).inc();
+        acl.audit(AuditEvent { outcome: "denied", reason: Some(reason), ..event.clone() });
+        Err(Error::conflict(message))
+    };
+    if acl.has_management_token() {
+        return deny(
+            "this replica has a management token".into(),
+            "ACL bootstrap is disabled: this replica has a management token (initial_management_token_file; a single node generates \
+             <data_dir>/management.token): use it instead"
+                .into(),
+        );
     }
+    let applied = replica.node.read(Consistency::Linearizable).await?;
+    let policy_key = ResourceKey::new(Kind::Policy, CLUSTER_NAMESPACE, GLOBAL_MANAGEMENT);
+    if let Some(index) = bootstrap_reset_index(&applied) {
+        let reset = replica.node.config.data_dir.join(BOOTSTRAP_RESET_FILE);
+        if let Err(why) = consume_reset_file(&reset, index).await {
+            return deny(
+                format!("bootstrapped already (reset index {index}): {why}"),
+                format!(
+                    "ACL bootstrap no longer allowed: ACLs are bootstrapped already, the store holds ACL objects (reset index: {index}). \
+                     To bootstrap again, write {index} into the file {BOOTSTRAP_RESET_FILE} in the data directory of the replica you send it to"
+                ),
+            );
+        }
+        tracing::warn!(index, file = %reset.display(), "ACL bootstrap reset: the reset file held the reset index (consumed); bootstrapping again");
+    }
+    let expected = applied.state.get(&policy_key).map_or(0, |p| p.mod_revision);
     let policy = json!({
         "apiVersion": "acl.lodestar.io/v1", "kind": "Policy",
         "metadata": {"name": GLOBAL_MANAGEMENT, "namespace": CLUSTER_NAMESPACE},
@@ -379,15 +482,32 @@ pub async fn acl_bootstrap(replica: &Replica, op: &str) -> Result<TokenCreated> 
         NewToken { description: Some("Bootstrap management token".into()), policies: vec![GLOBAL_MANAGEMENT.into()], ..Default::default() },
         crate::auth::acl::unix_now(),
     );
-    let txn = Txn { ops: vec![create_op(policy)?, create_op(minted.document.clone())?] };
-    let event = AuditEvent { resources: keys(&txn), ..event };
+    let Op::Put { body, key, .. } = create_op(policy)? else { return Err(Error::internal("a generated policy is no put")) };
+    let txn = Txn { ops: vec![Op::Put { body, key, expected_revision: Some(expected) }, create_op(minted.document.clone())?] };
+    let event = AuditEvent { resources: keys(&txn), ..event.clone() };
     let result = replica.node.write(txn).await;
     acl.audit(outcome(event, result.as_ref().map(|ok| Some(ok.revision))));
     match result {
         Ok(ok) => Ok(TokenCreated::new(minted, ok.revision)),
-        Err(e) if e.code == Code::Conflict => Err(done()),
+        Err(e) if e.code == Code::Conflict => Err(Error::conflict("ACL bootstrap no longer allowed: another bootstrap got there first")),
         Err(e) => Err(e),
     }
+}
+
+/// Take the reset file if it holds `index` (removing it: one file, one
+/// bootstrap; two requests racing on this replica cannot both remove it);
+/// else why not, for the audit log.
+async fn consume_reset_file(path: &std::path::Path, index: u64) -> std::result::Result<(), String> {
+    let text = match tokio::fs::read_to_string(path).await {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(format!("no {BOOTSTRAP_RESET_FILE} file")),
+        Err(e) => return Err(format!("{BOOTSTRAP_RESET_FILE}: {e}")),
+    };
+    if text.trim().parse::<u64>() != Ok(index) {
+        tracing::warn!(file = %path.display(), index, "ACL bootstrap refused: the reset file does not hold the reset index");
+        return Err(format!("{BOOTSTRAP_RESET_FILE} does not hold the reset index"));
+    }
+    tokio::fs::remove_file(path).await.map_err(|e| format!("{BOOTSTRAP_RESET_FILE} could not be consumed: {e}"))
 }
 
 /// One resource to apply, with an optional optimistic-concurrency check.
@@ -594,6 +714,11 @@ pub fn delete_txn(items: Vec<DeleteItem>, ignore_missing: bool) -> Result<Txn> {
     for (i, item) in items.into_iter().enumerate() {
         let path = format!("resources[{i}]");
         match key_of(&item.kind, item.namespace.as_deref(), &item.name) {
+            Ok(key) if key.kind == Kind::Policy && key.name == GLOBAL_MANAGEMENT => errors.push(FieldError::new(
+                path,
+                "the global-management policy cannot be deleted: it records that ACLs were bootstrapped (it may be changed; \
+                 to bootstrap again, see the reset procedure)",
+            )),
             Ok(key) => ops.push(Op::Delete { key, expected_revision: item.expected_revision, ignore_missing }),
             Err(e) => errors.extend(e.fields.into_iter().map(|f| f.under(&path))),
         }

@@ -5,8 +5,8 @@
 //! and authorizes what it touches; the verb of each route is in the README
 //! ("Tokens and policies").
 
-use super::{ApplyItem, Caller, DeleteItem, WriteResult};
-use crate::auth::{parse_bearer, Acl, Credentials, PeerIdentity, Target, Verb};
+use super::{ApplyItem, Caller, DeleteItem, Precheck, WriteResult};
+use crate::auth::{Acl, PeerIdentity, Target, Verb};
 use crate::error::{Code, Error, Result};
 use crate::model::documents::parse_documents;
 use crate::node::{ClusterStatus, Consistency, Node};
@@ -90,12 +90,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
         let acl = parts.extensions.get::<Arc<Acl>>().cloned().ok_or_else(|| Error::internal("the router has no ACL state"))?;
         let op = format!("{} {}", parts.method, parts.extensions.get::<axum::extract::MatchedPath>().map_or(parts.uri.path(), |p| p.as_str()));
         let conn = parts.extensions.get::<axum::extract::ConnectInfo<crate::tls::conn::ConnInfo>>().map(|c| &c.0);
-        let mut creds = Credentials { bearer: None, peer: super::peer_identity(conn, parts.extensions.get::<PeerIdentity>()) };
-        if let (Some(v), true) = (parts.headers.get(header::AUTHORIZATION), acl.enabled) {
-            let malformed = || Caller::refuse(&acl, &op, "malformed Authorization header: expected `Bearer <secret>`");
-            creds.bearer = Some(v.to_str().ok().and_then(|v| parse_bearer(v).ok()).ok_or_else(malformed)?);
-        }
-        Caller::authenticate(&acl, &creds, &op)
+        let peer = super::peer_identity(conn, parts.extensions.get::<PeerIdentity>());
+        Caller::of_request(&acl, &op, parts.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()), peer)
     }
 }
 
@@ -149,6 +145,7 @@ fn revision_headers(revision: u64) -> [(header::HeaderName, HeaderValue); 1] {
 }
 
 async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response> {
+    caller.precheck(Precheck::Any(Verb::Write))?;
     let bytes = read_body(&node, body).await?;
     let (mut txn, mut warnings) = apply_body(is_yaml(&headers), &bytes)?;
     caller.authorize_txn(Verb::Write, &txn)?;
@@ -201,6 +198,7 @@ struct DeleteQuery {
 }
 
 async fn delete_many(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<DeleteQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+    caller.precheck(Precheck::Any(Verb::Delete))?;
     let bytes = read_body(&node, body).await?;
     let txn = delete_body(is_yaml(&headers), &bytes, q.ignore_not_found)?;
     caller.authorize_txn(Verb::Delete, &txn)?;
@@ -340,7 +338,7 @@ struct AddMember {
 }
 
 async fn add_member(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Json<ClusterStatus>> {
-    caller.authorize(Verb::Admin, [Target::Cluster])?;
+    caller.precheck(Precheck::Cluster(Verb::Admin))?;
     let bytes = read_body(&replica.node, body).await?;
     let m: AddMember = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
     let result = replica.node.add_node(m.id, NodeInfo { raft_addr: m.raft_addr, api_addr: m.api_addr, xds_addr: m.xds_addr }).await;
@@ -378,6 +376,7 @@ async fn metrics(caller: Caller) -> Result<Response> {
 /// Create a token (`admin` on the cluster); the answer holds its secret,
 /// shown this once.
 async fn create_token(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Response> {
+    caller.precheck(Precheck::Cluster(Verb::Admin))?;
     let bytes = read_body(&replica.node, body).await?;
     let req: super::TokenRequest = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
     Ok(Json(super::create_token(&caller, &replica, req).await?).into_response())
@@ -468,6 +467,10 @@ struct ConfigDumpQuery {
     kind: Option<String>,
 }
 
+/// The largest `/debug/authz` request (one request's method, path,
+/// headers and claims).
+const AUTHZ_BODY_LIMIT: usize = 1024 * 1024;
+
 #[derive(Deserialize)]
 struct AuthzQuery {
     #[serde(rename = "proxyID")]
@@ -477,8 +480,11 @@ struct AuthzQuery {
 /// Why a request would be allowed or denied at a connected proxy: Envoy's
 /// RBAC evaluation replayed over the config this replica serves it
 /// (`translate::explain`). The body is the request (JSON).
-async fn authz_check(State(sync): State<SyncRegistry>, caller: Caller, Query(q): Query<AuthzQuery>, body: axum::body::Bytes) -> Result<Response> {
-    caller.authorize(Verb::Read, [Target::Cluster])?;
+async fn authz_check(State(sync): State<SyncRegistry>, caller: Caller, Query(q): Query<AuthzQuery>, body: Body) -> Result<Response> {
+    caller.precheck(Precheck::Cluster(Verb::Read))?;
+    let body = axum::body::to_bytes(body, AUTHZ_BODY_LIMIT)
+        .await
+        .map_err(|_| Error::field("body", format!("request body is larger than the limit of {AUTHZ_BODY_LIMIT} bytes")))?;
     let req: crate::translate::explain::Request = serde_json::from_slice(&body).map_err(|e| Error::field("body", e.to_string()))?;
     let config = sync.config_of(&q.proxy_id).ok_or_else(|| Error::not_found(format!("proxy {:?} is not connected to this replica", q.proxy_id)))?;
     let explanation = crate::translate::explain::explain(&config, &req).map_err(|e| Error::field("port", e))?;

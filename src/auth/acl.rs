@@ -113,6 +113,12 @@ impl Acl {
         super::authenticate(&self.index(), self.management.as_ref(), creds, unix_now())
     }
 
+    /// Whether this replica has an initial management token (from
+    /// `initial_management_token_file`, or generated on a single node).
+    pub fn has_management_token(&self) -> bool {
+        self.management.is_some()
+    }
+
     /// Queue an audit event (ACLs on only).
     pub fn audit(&self, mut event: AuditEvent) {
         if let Some(a) = &self.audit {
@@ -128,6 +134,6 @@ pub fn unix_now() -> u64 {
 
 /// The ACL objects of a revision, in key order (the ACL kinds sort after
 /// every other kind but those added after them).
-fn acl_objects(applied: &Applied) -> impl Iterator<Item = &Arc<StoredObject>> + '_ {
+pub fn acl_objects(applied: &Applied) -> impl Iterator<Item = &Arc<StoredObject>> + '_ {
     applied.state.objects.range(ResourceKey::new(Kind::Policy, "", "")..).take_while(|(k, _)| k.kind.is_acl()).map(|(_, o)| o)
 }

@@ -205,6 +205,20 @@ impl Principal {
         Err(format!("{} is not a proxy credential (a proxy token, or a workload certificate with a SPIFFE id); {claims}", self.who))
     }
 
+    /// Whether any rule grants `verb` on anything at all (some kind in
+    /// some namespace, or the cluster): a bound checked from a request's
+    /// headers alone, before its body is read. A proxy or join credential
+    /// and a certificate no role names grant nothing, so they never get
+    /// past it.
+    pub fn may_ever(&self, verb: Verb) -> bool {
+        match &self.grants {
+            Grants::All => true,
+            Grants::Policies(p) => {
+                p.iter().flat_map(|pol| &pol.rules).any(|r| r.verbs.allows(verb) && !r.namespaces.is_empty() && r.kinds.as_ref().is_none_or(|k| !k.is_empty()))
+            }
+        }
+    }
+
     pub fn allows(&self, p: &Permission) -> bool {
         let policies = match &self.grants {
             Grants::All => return true,
@@ -360,7 +374,10 @@ mod tests {
         assert!(!a.allows(&Permission::new(Verb::Read, Target::kind(Kind::VirtualService, None))), "every namespace needs *");
         assert!(!a.allows(&Permission::new(Verb::Read, Target::Cluster)));
 
+        assert!(a.may_ever(Verb::Write) && a.may_ever(Verb::Read) && !a.may_ever(Verb::Delete) && !a.may_ever(Verb::Watch));
+
         let r = authenticate(&idx, None, &bearer("secret-r"), now).unwrap();
+        assert!(r.may_ever(Verb::Watch) && !r.may_ever(Verb::Write) && !r.may_ever(Verb::Delete));
         assert!(r.allows(&Permission::new(Verb::Read, Target::kind(Kind::Gateway, None))));
         assert!(r.allows(&Permission::new(Verb::Read, Target::Cluster)), "a rule over everything covers the cluster");
         assert!(!r.allows(&w(Kind::VirtualService, "a")));
@@ -420,8 +437,9 @@ mod tests {
         assert!(ns.may_be_proxy("shop", "cart").is_ok() && ns.may_be_proxy("shop", "web").is_ok());
         let e = ns.may_be_proxy("bank", "cart").unwrap_err();
         assert!(e.contains("bound to proxy identity shop") && e.contains("claims bank/cart"), "{e}");
-        // A proxy token grants nothing on the API.
+        // A proxy token grants nothing on the API: not even a body is read.
         assert!(!ns.allows(&Permission::new(Verb::Read, Target::kind(Kind::Service, Some("shop")))));
+        assert!(Verb::ALL.iter().all(|v| !ns.may_ever(*v)));
         let wl = authenticate(&idx, None, &bearer("secret-wl"), 0).unwrap();
         assert!(wl.may_be_proxy("shop", "cart").is_ok() && wl.may_be_proxy("shop", "web").is_err());
         assert!(authenticate(&idx, None, &bearer("secret-admin"), 0).unwrap().may_be_proxy("any", "thing").is_ok());

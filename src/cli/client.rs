@@ -16,6 +16,8 @@ pub struct Access {
     /// The CA bundle (PEM) servers' certificates are checked against.
     pub ca_pem: Option<String>,
     pub token: Option<String>,
+    /// `--insecure`: the token may go to an `http://` server, in the clear.
+    pub insecure: bool,
 }
 
 /// Where the CLI looks for its client config when none is named.
@@ -34,22 +36,17 @@ impl Access {
             Some(path) => Some(std::fs::read_to_string(&path).with_context(|| format!("reading the CA file {}", path.display()))?),
             None => Some(file.ca_pem).filter(|p| !p.is_empty()),
         };
-        Ok(Access { server: server.or(Some(file.server).filter(|s| !s.is_empty())), ca_pem, token: token.or(file.token) })
+        Ok(Access { server: server.or(Some(file.server).filter(|s| !s.is_empty())), ca_pem, token: token.or(file.token), insecure: false })
     }
 
-    /// A REST client for `server` (default: this access's server).
+    /// A REST client for `server` (default: this access's server). A bare
+    /// `HOST:PORT` is https (checked against the CA, else the system's
+    /// roots); plaintext only when asked for with `http://`, and then
+    /// without the token unless `insecure`.
     pub fn client(&self, server: Option<&str>) -> Result<Client> {
         let base = server.map(str::to_string).or_else(|| self.server.clone()).unwrap_or_else(|| DEFAULT_SERVER_URL.to_string());
-        let base = base.trim_end_matches('/').to_string();
-        // A bare address: TLS unless there is no CA to check it with.
-        let base = if base.contains("://") {
-            base
-        } else if self.ca_pem.is_some() {
-            format!("https://{base}")
-        } else {
-            format!("http://{base}")
-        };
-        Ok(Client { base, http: self.http()?, token: self.token.clone() })
+        let client = Client { base: String::new(), http: self.http()?, token: self.token.clone(), insecure: self.insecure };
+        Ok(client.at(&base))
     }
 
     /// An HTTP client trusting the CA (and only it) when there is one.
@@ -123,26 +120,45 @@ pub struct Client {
     base: String,
     http: reqwest::Client,
     token: Option<String>,
+    insecure: bool,
+}
+
+/// Why a credential is not sent to a plaintext server.
+fn plaintext_refusal(base: &str) -> anyhow::Error {
+    anyhow!(
+        "refusing to send the token to {base} over plaintext http (anyone on the path could read it and act as you): use https:// \
+         with the cluster's CA (--ca-file, or a client config), or pass --insecure to send it in the clear anyway"
+    )
 }
 
 impl Client {
-    /// Another replica, reached the same way.
+    /// This client pointed at `server` (`https://...`, `http://...`, or a
+    /// bare `HOST:PORT`, which is https).
+    fn at(&self, server: &str) -> Client {
+        let server = server.trim_end_matches('/');
+        let base = if server.contains("://") { server.to_string() } else { format!("https://{server}") };
+        Client { base, http: self.http.clone(), token: self.token.clone(), insecure: self.insecure }
+    }
+
+    /// Another replica, reached the same way (a bare address: with this
+    /// client's scheme).
     pub fn with_server(&self, server: &str) -> Client {
         let scheme = self.base.split("://").next().unwrap_or("https");
-        let base = if server.contains("://") { server.trim_end_matches('/').to_string() } else { format!("{scheme}://{server}") };
-        Client { base, http: self.http.clone(), token: self.token.clone() }
+        self.at(&if server.contains("://") { server.to_string() } else { format!("{scheme}://{server}") })
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
 
-    /// Every request carries the token, if there is one.
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    /// Every request carries the token, if there is one; never to an
+    /// http:// server without `--insecure`.
+    fn request(&self, method: reqwest::Method, path: &str) -> Result<reqwest::RequestBuilder> {
         let req = self.http.request(method, self.url(path));
         match &self.token {
-            Some(t) => req.bearer_auth(t),
-            None => req,
+            Some(_) if self.base.starts_with("http://") && !self.insecure => Err(plaintext_refusal(&self.base)),
+            Some(t) => Ok(req.bearer_auth(t)),
+            None => Ok(req),
         }
     }
 
@@ -170,11 +186,11 @@ impl Client {
     }
 
     pub async fn get(&self, path: &str) -> Result<Value> {
-        self.send(self.request(reqwest::Method::GET, path)).await
+        self.send(self.request(reqwest::Method::GET, path)?).await
     }
     /// GET a binary body (a backup file).
     pub async fn get_bytes(&self, path: &str) -> Result<Vec<u8>> {
-        let resp = self.request(reqwest::Method::GET, path).send().await.map_err(|e| self.unreachable(e))?;
+        let resp = self.request(reqwest::Method::GET, path)?.send().await.map_err(|e| self.unreachable(e))?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(|e| anyhow!("reading the answer of {}: {e}", self.base))?;
         if status.is_success() {
@@ -186,7 +202,7 @@ impl Client {
     }
     /// GET, whatever the status: (status, JSON body).
     pub async fn get_any(&self, path: &str) -> Result<(u16, Value)> {
-        let resp = self.request(reqwest::Method::GET, path).send().await.map_err(|e| self.unreachable(e))?;
+        let resp = self.request(reqwest::Method::GET, path)?.send().await.map_err(|e| self.unreachable(e))?;
         let status = resp.status().as_u16();
         let text = resp.text().await?;
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
@@ -197,28 +213,28 @@ impl Client {
     }
     /// The same client with another token (`lodestar agent --token-file`).
     pub fn with_token(&self, token: Option<String>) -> Client {
-        Client { base: self.base.clone(), http: self.http.clone(), token }
+        Client { token, ..self.at(&self.base) }
     }
     /// POST, whatever the status: (status, JSON body); Err only when no
     /// answer came. For callers that act on the status (the agent's
     /// keepalive: 404 means the lease is gone).
     pub async fn post_any(&self, path: &str, body: &Value) -> Result<(u16, Value)> {
-        let resp = self.request(reqwest::Method::POST, path).json(body).send().await.map_err(|e| self.unreachable(e))?;
+        let resp = self.request(reqwest::Method::POST, path)?.json(body).send().await.map_err(|e| self.unreachable(e))?;
         let status = resp.status().as_u16();
         let text = resp.text().await?;
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
     }
     pub async fn delete_any(&self, path: &str) -> Result<(u16, Value)> {
-        let resp = self.request(reqwest::Method::DELETE, path).send().await.map_err(|e| self.unreachable(e))?;
+        let resp = self.request(reqwest::Method::DELETE, path)?.send().await.map_err(|e| self.unreachable(e))?;
         let status = resp.status().as_u16();
         let text = resp.text().await?;
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
     }
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        self.send(self.request(reqwest::Method::POST, path).json(body)).await
+        self.send(self.request(reqwest::Method::POST, path)?.json(body)).await
     }
     pub async fn delete(&self, path: &str) -> Result<Value> {
-        self.send(self.request(reqwest::Method::DELETE, path)).await
+        self.send(self.request(reqwest::Method::DELETE, path)?).await
     }
 }
 
@@ -245,4 +261,31 @@ pub fn render_error(status: u16, body: &Value) -> String {
         out = format!("server answered {status}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn access(server: &str, token: Option<&str>, insecure: bool) -> Access {
+        Access { server: Some(server.into()), ca_pem: None, token: token.map(str::to_string), insecure }
+    }
+
+    #[tokio::test]
+    async fn no_token_over_plaintext_without_insecure() {
+        // A bare address is https, as is the default.
+        assert_eq!(access("127.0.0.1:1", None, false).client(None).unwrap().url("/x"), "https://127.0.0.1:1/x");
+        assert_eq!(Access::default().client(None).unwrap().url(""), crate::config::DEFAULT_SERVER_URL);
+        assert!(DEFAULT_SERVER_URL.starts_with("https://"));
+        // http:// with a token: refused before anything is sent, saying how to proceed.
+        let c = access("http://127.0.0.1:1", Some("s3cr3t"), false).client(None).unwrap();
+        let e = c.get("/v1/cluster").await.unwrap_err().to_string();
+        assert!(e.contains("refusing to send the token") && e.contains("--insecure") && !e.contains("s3cr3t"), "{e}");
+        assert!(c.with_server("127.0.0.2:1").post("/v1/apply", &serde_json::json!({})).await.unwrap_err().to_string().contains("refusing"));
+        // Without a token, or with --insecure, the request is made (and fails to connect here).
+        for c in [access("http://127.0.0.1:1", None, false), access("http://127.0.0.1:1", Some("t"), true)] {
+            let e = c.client(None).unwrap().get("/v1/cluster").await.unwrap_err().to_string();
+            assert!(e.contains("cannot reach http://127.0.0.1:1"), "{e}");
+        }
+    }
 }

@@ -24,7 +24,8 @@ use std::path::{Path, PathBuf};
 #[derive(Parser)]
 #[command(name = "lodestar", version, about = "Lodestar: an Envoy control plane for Istio traffic rules, without Kubernetes")]
 pub struct Cli {
-    /// API URL of any replica (default http://127.0.0.1:8470).
+    /// API URL of any replica (default https://127.0.0.1:8470; a bare
+    /// HOST:PORT is https).
     #[arg(long = "server", value_name = "URL", global = true, env = "LODESTAR_SERVER", action = clap::ArgAction::Append)]
     servers: Vec<String>,
     /// Client config (server, CA, token), as `lodestar server` writes it on
@@ -38,6 +39,11 @@ pub struct Cli {
     /// API token (default: the client config's).
     #[arg(long, global = true, env = "LODESTAR_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Client commands: send the token to an http:// server too, in the
+    /// clear (refused otherwise). `server`: plaintext on every port and no
+    /// credentials at all, for experiments only (logged loudly).
+    #[arg(long, global = true)]
+    insecure: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -260,10 +266,6 @@ pub struct ServerArgs {
     /// Keep the store in step with this directory of YAML/JSON resources.
     #[arg(long)]
     watch_dir: Option<PathBuf>,
-    /// Plaintext on every port, no credentials: anyone who can reach a
-    /// port can do anything. For experiments only (logged loudly).
-    #[arg(long)]
-    insecure: bool,
     /// Serve /metrics and /debug/* also here, without TLS or a token
     /// (a loopback address only), e.g. for a local Prometheus.
     #[arg(long)]
@@ -271,7 +273,9 @@ pub struct ServerArgs {
 }
 
 impl ServerArgs {
-    pub fn into_config(self) -> Result<ServerConfig> {
+    /// The configuration: the file, overridden by the flags; `insecure`
+    /// is the global `--insecure`.
+    pub fn into_config(self, insecure: bool) -> Result<ServerConfig> {
         let mut c = match &self.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -298,7 +302,7 @@ impl ServerArgs {
             c.initial_members = self.initial_members;
         }
         c.join |= self.join;
-        c.insecure |= self.insecure;
+        c.insecure |= insecure;
         if self.metrics_addr.is_some() {
             c.metrics_addr = self.metrics_addr;
         }
@@ -310,13 +314,13 @@ impl ServerArgs {
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
-    let Cli { servers, client_config, ca_file, token, command } = cli;
+    let Cli { servers, client_config, ca_file, token, insecure, command } = cli;
     if servers.len() > 1 {
         bail!("--server given {} times; this command talks to one replica", servers.len());
     }
     match command {
         Command::Server(args) => {
-            let config = args.into_config()?;
+            let config = args.into_config(insecure)?;
             return crate::server::run(config, crate::server::shutdown_signal()).await;
         }
         Command::Tls { command: TlsCommand::Ca { command: CaCommand::Create { dir, mesh: true, trust_domain } } } => {
@@ -335,7 +339,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         _ => {}
     }
-    let access = client::Access::resolve(servers.into_iter().next(), client_config, ca_file, token)?;
+    let access = client::Access { insecure, ..client::Access::resolve(servers.into_iter().next(), client_config, ca_file, token)? };
     let client = access.client(None)?;
     match command {
         Command::Server(_) | Command::Tls { .. } => unreachable!("handled above"),
@@ -397,18 +401,17 @@ fn read_documents(files: &[String]) -> Result<Vec<Value>> {
     Ok(docs)
 }
 
+/// A directory's resource files as the server's watched directory finds
+/// them (`adapters::directory`: links below it are not followed, bounded
+/// depth and count); any other path as given.
 fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
     if meta.is_dir() {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
-        entries.sort();
-        for e in entries {
-            if e.is_dir() {
-                collect(&e, out)?;
-            } else if e.extension().and_then(|x| x.to_str()).is_some_and(|x| matches!(x, "yaml" | "yml" | "json")) {
-                out.push(e);
-            }
+        let walk = crate::adapters::directory::resource_files(path, &Default::default()).map_err(|e| anyhow!(e))?;
+        for link in &walk.skipped_links {
+            eprintln!("warning: {}: a symbolic link, not followed (name the file itself to apply it)", link.display());
         }
+        out.extend(walk.files.into_iter().map(|f| f.0));
     } else {
         out.push(path.to_path_buf());
     }

@@ -218,36 +218,44 @@ impl Tls {
     }
 
     /// Check the files every `every` until shutdown.
-    pub async fn watch(self: Arc<Self>, every: Duration, mut shutdown: watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                _ = shutdown.wait_for(|s| *s) => return,
-                _ = tick.tick() => {}
+    pub async fn watch(self: Arc<Self>, every: Duration, shutdown: watch::Receiver<bool>) {
+        poll_reload(every, shutdown, "TLS", move || self.reload_if_changed().map_err(|e| e.to_string())).await
+    }
+}
+
+/// Call `reload` every `every` until shutdown: how certificate files
+/// (this module's, and the mesh CA's) are picked up. A failure is logged
+/// once until a reload succeeds again; the caller keeps what it had.
+pub async fn poll_reload(every: Duration, mut shutdown: watch::Receiver<bool>, what: &str, reload: impl Fn() -> Result<bool, String>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = tick.tick() => {}
+        }
+        match reload() {
+            Ok(_) => failing = false,
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "{what}: the changed certificate files do not load; still using the previous ones");
             }
-            match self.reload_if_changed() {
-                Ok(_) => failing = false,
-                Err(e) if !failing => {
-                    failing = true;
-                    tracing::warn!(error = %e, "TLS: the changed certificate files do not load; still serving the previous ones");
-                }
-                Err(_) => {}
-            }
+            Err(_) => {}
         }
     }
 }
 
-/// What the files looked like when read: modification time and size each.
-type Stamps = Vec<Option<(SystemTime, u64)>>;
+/// What files looked like when read: modification time and size each.
+pub type Stamps = Vec<Option<(SystemTime, u64)>>;
+
+/// The stamps of `paths` now (None for a file that is not there).
+pub fn stamps_of<'a>(paths: impl Iterator<Item = &'a Path>) -> Stamps {
+    paths.map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len())))).collect()
+}
 
 fn stamps(files: &TlsFiles, mesh_root: Option<&Path>) -> Stamps {
-    [files.ca.as_path(), files.cert.as_path(), files.key.as_path()]
-        .into_iter()
-        .chain(mesh_root)
-        .map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len()))))
-        .collect()
+    stamps_of([files.ca.as_path(), files.cert.as_path(), files.key.as_path()].into_iter().chain(mesh_root))
 }
 
 fn build(files: &TlsFiles, verify_incoming: bool, mesh_root: Option<&Path>) -> Result<Configs, TlsError> {

@@ -159,7 +159,7 @@ pub async fn serve(
     generator: Arc<dyn Generator>,
     registry: SyncRegistry,
     options: ServeOptions,
-    ca: Option<crate::proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer<crate::ca::service::CaService>>,
+    ca: Option<crate::ca::service::CaServer>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
     let service = AdsService::new(applied, generator, registry, options, shutdown.clone());
