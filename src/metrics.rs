@@ -208,6 +208,10 @@ pub struct Metrics {
     // ACLs.
     pub acl_refusals: Family<Counter>,
     pub audit_dropped: Counter,
+    // Connections on the API, xDS and raft ports (`tls::conn`).
+    pub connections: Family<Gauge>,
+    pub connections_refused: Family<Counter>,
+    pub connections_closed: Family<Counter>,
     // The mesh CA (Istio's citadel_server_* names where they match).
     pub ca_csr: Counter,
     pub ca_issued: Counter,
@@ -280,6 +284,19 @@ pub fn metrics() -> &'static Metrics {
                 Family::new(&["reason"]),
             ),
             audit_dropped: register(r, "lodestar_audit_dropped_total", "Audit log lines dropped because the writer fell behind", Counter::default()),
+            connections: register(r, "lodestar_connections", "Connections open, by port (api, xds, raft), TLS handshakes included", Family::new(&["port"])),
+            connections_refused: register(
+                r,
+                "lodestar_connections_refused_total",
+                "Connections closed as they were accepted, by port and reason: port_limit (<port>_max_connections), source_limit (<port>_max_connections_per_source)",
+                Family::new(&["port", "reason"]),
+            ),
+            connections_closed: register(
+                r,
+                "lodestar_connections_closed_total",
+                "Connections the server closed, by port and reason: handshake_timeout (tls_handshake_timeout_ms), header_timeout (http_header_read_timeout_ms), idle (conn_idle_timeout_ms)",
+                Family::new(&["port", "reason"]),
+            ),
             ca_csr: register(r, "citadel_server_csr_count", "Certificate signing requests received by the mesh CA", Counter::default()),
             ca_issued: register(r, "citadel_server_success_cert_issuance_count", "Workload certificates issued", Counter::default()),
             ca_auth_failures: register(
@@ -393,6 +410,9 @@ mod tests {
                 "lodestar_api_request_duration_seconds histogram",
                 "lodestar_acl_refusals_total counter",
                 "lodestar_audit_dropped_total counter",
+                "lodestar_connections gauge",
+                "lodestar_connections_refused_total counter",
+                "lodestar_connections_closed_total counter",
                 "citadel_server_csr_count counter",
                 "citadel_server_success_cert_issuance_count counter",
                 "citadel_server_authentication_failure_count counter",
