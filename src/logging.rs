@@ -17,11 +17,14 @@ use tracing_subscriber::fmt::format::{DefaultFields, Writer};
 use tracing_subscriber::fmt::FormatFields;
 
 /// Logs to stderr, filtered by `RUST_LOG` (else `default_filter`), with
-/// every field escaped ([`EscapedFields`]).
+/// every field escaped ([`EscapedFields`]); coloured only on a terminal.
 pub fn init(default_filter: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()))
         .fmt_fields(EscapedFields::default())
+        // Colours only for a terminal: a log file or journald would keep
+        // the escape sequences as they are.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
 }

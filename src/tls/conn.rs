@@ -479,7 +479,8 @@ impl Incoming {
     pub fn new(listener: TcpListener, port: Port, tls: Option<Arc<Tls>>, limits: Limits) -> io::Result<Incoming> {
         let local = listener.local_addr()?;
         let (tx, rx) = mpsc::channel(BACKLOG);
-        let slots = Arc::new(Slots { port, limits, open: AtomicUsize::new(0), by_source: Mutex::default(), logged_ms: AtomicU64::new(0), started: Instant::now() });
+        let slots =
+            Arc::new(Slots { port, limits, open: AtomicUsize::new(0), by_source: Mutex::default(), logged_ms: AtomicU64::new(0), started: Instant::now() });
         tokio::spawn(accept_loop(listener, slots, tls, tx));
         Ok(Incoming { rx, local })
     }
@@ -559,7 +560,14 @@ mod tests {
 
     fn slots(max: usize, per_source: usize) -> Arc<Slots> {
         let limits = Limits { max, per_source, ..Limits::default() };
-        Arc::new(Slots { port: Port::Api, limits, open: AtomicUsize::new(0), by_source: Mutex::default(), logged_ms: AtomicU64::new(0), started: Instant::now() })
+        Arc::new(Slots {
+            port: Port::Api,
+            limits,
+            open: AtomicUsize::new(0),
+            by_source: Mutex::default(),
+            logged_ms: AtomicU64::new(0),
+            started: Instant::now(),
+        })
     }
 
     #[test]
