@@ -409,11 +409,16 @@ impl Attack {
 
     /// A TLS connection to `addr`, from `source` if given.
     async fn tls_connect(&self, addr: &str, source: Option<IpAddr>) -> Result<tokio_rustls::client::TlsStream<TcpStream>> {
-        let tcp = tokio::time::timeout(STEP, lodestar::tls::connect_tcp(addr, source)).await.map_err(|_| anyhow!("connect: timed out"))??;
+        self.tls_connect_within(addr, source, STEP).await
+    }
+
+    /// The same, given up after `within` (connection and handshake each).
+    async fn tls_connect_within(&self, addr: &str, source: Option<IpAddr>, within: Duration) -> Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let tcp = tokio::time::timeout(within, lodestar::tls::connect_tcp(addr, source)).await.map_err(|_| anyhow!("connect: timed out"))??;
         let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']').to_string();
         let name = rustls::pki_types::ServerName::try_from(host)?;
         let tls = tokio_rustls::TlsConnector::from(self.tls_config()?);
-        Ok(tokio::time::timeout(STEP, tls.connect(name, tcp)).await.map_err(|_| anyhow!("TLS handshake: timed out"))??)
+        Ok(tokio::time::timeout(within, tls.connect(name, tcp)).await.map_err(|_| anyhow!("TLS handshake: timed out"))??)
     }
 
     /// Idle TLS connections from one address, then a request from another.
@@ -421,18 +426,27 @@ impl Attack {
         let count = self.args.count.unwrap_or(1100);
         let addr = self.port_addr().await?;
         let started = Instant::now();
-        let results: Vec<Result<tokio_rustls::client::TlsStream<TcpStream>>> =
-            futures::stream::iter(0..count).map(|_| self.tls_connect(&addr, self.args.source)).buffer_unordered(32).collect().await;
-        let mut open: Vec<_> = results.into_iter().filter_map(Result::ok).collect();
-        // A connection refused at accept may have finished its handshake
-        // first on the client's side: it is closed right after.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let mut held_open = Vec::new();
-        for mut c in open.drain(..) {
-            if still_open(&mut c).await {
-                held_open.push(c);
+        // One at a time, as fast as the replica takes them, until it takes
+        // no more: a handshake not completed in 3 s means the replica
+        // accepts nothing now (out of descriptors); the flood stops there,
+        // holding what it has. A connection refused at a limit is closed at
+        // once and the flood goes on.
+        let mut open = Vec::new();
+        let mut stalled = false;
+        for _ in 0..count {
+            match self.tls_connect_within(&addr, self.args.source, Duration::from_secs(3)).await {
+                Ok(c) => open.push(c),
+                Err(e) if format!("{e:#}").contains("timed out") => {
+                    stalled = true;
+                    break;
+                }
+                Err(_) => {}
             }
         }
+        // A connection refused at accept may have finished its handshake
+        // first on the client's side: it is closed right after.
+        let checked = futures::future::join_all(open.into_iter().map(|mut c| async move { still_open(&mut c).await.then_some(c) })).await;
+        let held_open: Vec<_> = checked.into_iter().flatten().collect();
         let flood_open = held_open.len();
         let other = self.served(&addr, self.args.other_source).await;
         drop(held_open);
@@ -441,6 +455,7 @@ impl Attack {
             .fact("connections", count)
             .fact("flood_open", flood_open)
             .fact("flood_refused", count - flood_open)
+            .fact("flood_stalled", stalled)
             .fact("other_served", other.is_ok())
             .fact("seconds", format!("{:.1}", started.elapsed().as_secs_f64()));
         Ok(match other {
@@ -452,8 +467,11 @@ impl Attack {
     /// Whether a client from `source` is served on `addr`: the API answers
     /// /readyz (any status); the xDS port completes a handshake and keeps
     /// the connection.
+    /// Within 5 s: a replica with a descriptor to spare serves at once; one
+    /// that has none may let a client in now and then, as another
+    /// connection times out, which is not being served.
     async fn served(&self, addr: &str, source: Option<IpAddr>) -> Result<()> {
-        let mut c = self.tls_connect(addr, source).await?;
+        let mut c = self.tls_connect_within(addr, source, Duration::from_secs(5)).await?;
         if self.args.port == PortArg::Xds {
             return if still_open(&mut c).await { Ok(()) } else { Err(anyhow!("closed after the handshake")) };
         }
