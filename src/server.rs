@@ -321,9 +321,10 @@ fn raise_open_file_limit(config: &ServerConfig) {
     let wanted: u64 = ports.iter().map(|&n| n as u64).sum();
     // Descriptors besides connections: the store, logs, listeners, peers.
     const RESERVE: u64 = 256;
-    if ports.contains(&0) || wanted + RESERVE > limit.rlim_cur as u64 {
+    let open_files: u64 = limit.rlim_cur;
+    if ports.contains(&0) || wanted + RESERVE > open_files {
         tracing::warn!(
-            open_files = limit.rlim_cur as u64,
+            open_files,
             api_max_connections = config.api_max_connections,
             xds_max_connections = config.xds_max_connections,
             raft_max_connections = config.raft_max_connections,

@@ -868,7 +868,7 @@ async fn revisions_arriving_during_a_push_are_coalesced() {
 // fast as one client can, each from a client without credentials and from
 // one with the management token. Each is refused or closed, and the replica
 // still serves a well-behaved ADS client. Its memory (VmRSS, VmHWM) is
-// printed (`rss:` lines; `benches/xds-abuse.sh` collects them), not
+// printed (`rss:` lines; `benches/abuse.sh xds-port` collects them), not
 // asserted.
 
 /// A codec that sends bytes as they are: garbage where a request belongs.

@@ -7,7 +7,7 @@
 //!
 //! | scenario | the attack | held when |
 //! |---|---|---|
-//! | `bootstrap` | `POST /v1/acl/bootstrap` and gRPC `AclBootstrap` without credentials | both refused |
+//! | `bootstrap` | `POST /v1/acl/bootstrap` and gRPC `AclBootstrap` without credentials (where the door is open, this uses up the cluster's one bootstrap; the token it mints is revoked) | both refused |
 //! | `yaml-aliases` | a YAML alias bomb (~5 KB expanding to `--bytes`, 128 MiB) applied with a proxy token | refused, and the replica's peak memory grew less than `--max-growth-kib` |
 //! | `reader-apply` | a 4 MiB apply from a read-only token, sent slowly | refused (401/403) before the body was all sent |
 //! | `metric-labels` | `--count` (20,000) requests without credentials on distinct bogus paths, gRPC methods and HTTP methods | `/metrics` grew less than 64 KiB |
@@ -23,7 +23,8 @@
 //! `/v1/cluster` unless `--xds`). The scenarios that need a low-privilege
 //! credential create it with the client config's (management) token: proxy
 //! tokens of namespaces `abuse-a` and `abuse-b`, and a token of a read-only
-//! policy `abuse-reader`, all with a one-hour TTL, revoked at the end.
+//! policy `abuse-reader`, all with a one-hour TTL, revoked (and the policy
+//! deleted) at the end.
 //!
 //! Every loop is bounded: by `--count`, and each wait by a timeout.
 
@@ -195,7 +196,8 @@ struct Attack {
     /// The admin's client (the client config's token).
     admin: Client,
     ca_pem: String,
-    /// Tokens created for the attack, revoked at the end (accessor ids).
+    /// What the attack created (tokens, then a policy): API paths
+    /// deleted at the end, in order.
     created: std::sync::Mutex<Vec<String>>,
     /// The replica's memory while the attack still holds what it opened
     /// (streams), when the scenario measures it itself.
@@ -243,7 +245,7 @@ impl Attack {
         request["description"] = json!("lodestar-bench abuse");
         let t = self.admin.post("/v1/acl/tokens", &request).await.context("creating the attack's token with the admin's")?;
         let (Some(accessor), Some(secret)) = (t["accessorId"].as_str(), t["secret"].as_str()) else { bail!("no token in {t}") };
-        self.created.lock().unwrap().push(accessor.to_string());
+        self.created_token(accessor);
         Ok(secret.to_string())
     }
 
@@ -251,11 +253,17 @@ impl Attack {
         self.token(json!({"proxy": namespace})).await
     }
 
+    fn created_token(&self, accessor: &str) {
+        // Tokens first: a policy a token holds may not be deleted.
+        self.created.lock().unwrap().insert(0, format!("/v1/resources/tokens/lodestar-system/{accessor}"));
+    }
+
+    /// Revoke the attack's tokens and delete its policy.
     async fn revoke_tokens(&self) {
-        let accessors = std::mem::take(&mut *self.created.lock().unwrap());
-        for a in accessors {
-            if let Err(e) = self.admin.delete(&format!("/v1/resources/tokens/lodestar-system/{a}")).await {
-                eprintln!("# revoking the attack's token {a}: {e}");
+        let paths = std::mem::take(&mut *self.created.lock().unwrap());
+        for path in paths {
+            if let Err(e) = self.admin.delete(&path).await {
+                eprintln!("# deleting what the attack created, {path}: {e}");
             }
         }
     }
@@ -285,14 +293,14 @@ impl Attack {
         let body: Value = resp.json().await.unwrap_or(Value::Null);
         if let Some(a) = body["accessorId"].as_str() {
             // The door was open: the minted admin token is revoked with itself.
-            self.created.lock().unwrap().push(a.to_string());
+            self.created_token(a);
         }
         let channel = super::grpc(&self.api, STEP).await?;
         let mut grpc = lodestar::proto::api::lodestar_client::LodestarClient::new(channel);
         let answer = grpc.acl_bootstrap(lodestar::proto::api::AclBootstrapRequest {}).await;
         let grpc_code = match &answer {
             Ok(r) => {
-                self.created.lock().unwrap().push(r.get_ref().accessor_id.clone());
+                self.created_token(&r.get_ref().accessor_id);
                 "OK".to_string()
             }
             Err(s) => format!("{:?}", s.code()),
@@ -330,6 +338,7 @@ impl Attack {
         let policy = json!({"apiVersion": "acl.lodestar.io/v1", "kind": "Policy", "metadata": {"name": "abuse-reader"},
             "spec": {"description": "lodestar-bench abuse", "rules": [{"verbs": ["read", "watch"], "kinds": ["*"], "namespaces": ["*"]}]}});
         self.admin.post("/v1/apply", &json!({"resources": [{"resource": policy}]})).await.context("applying the policy abuse-reader")?;
+        self.created.lock().unwrap().push("/v1/resources/policies/lodestar-system/abuse-reader".to_string());
         let token = self.token(json!({"policies": ["abuse-reader"]})).await?;
         const CHUNKS: usize = 64;
         const CHUNK: usize = 64 * 1024;
