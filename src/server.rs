@@ -10,7 +10,7 @@ use crate::replica::Replica;
 use crate::store::log_store::LogStore;
 use crate::store::state_machine::StateMachine;
 use crate::store::types::{NodeId, NodeInfo, Raft};
-use crate::tls::conn::{ConnInfo, Incoming};
+use crate::tls::conn::Incoming;
 use crate::tls::Port;
 use crate::xds::resources::Generator;
 use anyhow::Context;
@@ -161,10 +161,12 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // Every port accepts through `tls::conn::Incoming` (TLS handshakes
     // off the accept loop, TCP_NODELAY set: tonic ignores its builder's
     // nodelay with an incoming stream, and replies would wait on Nagle).
-    let with_tls = |port| tls.clone().map(|t| (t, port));
-    let raft_incoming = Incoming::new(raft_listener, with_tls(Port::Raft))?;
-    let api_incoming = Incoming::new(api_listener, with_tls(Port::Api))?;
-    let xds_incoming = Incoming::new(xds_listener, with_tls(Port::Xds))?;
+    // It also holds each port to its connection limits (`config::connection_limits`).
+    raise_open_file_limit(&config);
+    let incoming = |listener, port| Incoming::new(listener, port, tls.clone(), config.connection_limits(port));
+    let raft_incoming = incoming(raft_listener, Port::Raft)?;
+    let api_incoming = incoming(api_listener, Port::Api)?;
+    let xds_incoming = incoming(xds_listener, Port::Xds)?;
     if let Some(tls) = &tls {
         background_tls = Some(tokio::spawn(tls.clone().watch(Duration::from_millis(config.tls_reload_interval_ms.max(100)), stop_tx.subscribe())));
     }
@@ -177,8 +179,8 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
 
     let app = rest::router(replica.clone()).merge(GrpcApi::router(replica.clone())).layer(axum::middleware::from_fn(rest::track));
     let api_stopped = stopped();
-    let app = app.into_make_service_with_connect_info::<ConnInfo>();
-    let api_server = tokio::spawn(async move { axum::serve(api_incoming, app).with_graceful_shutdown(api_stopped).await });
+    let header_timeout = (config.http_header_read_timeout_ms > 0).then(|| Duration::from_millis(config.http_header_read_timeout_ms));
+    let api_server = tokio::spawn(crate::api::serve::serve(api_incoming, app, header_timeout, api_stopped));
     // /metrics and /debug/* on a local address, if one is set (loopback
     // only: `ServerConfig::validate`), plaintext and without credentials.
     let observer = match &config.metrics_addr {
@@ -299,6 +301,40 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     db.flush_async().await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Raise the soft limit on open files to the hard limit (as Go programs
+/// do): every connection is a descriptor, and a replica that runs out of
+/// them can accept nobody. Warn if the ports' connection limits add up to
+/// more than that.
+fn raise_open_file_limit(config: &ServerConfig) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit write or read only the struct given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit = raised;
+        }
+    }
+    let ports = [config.api_max_connections, config.xds_max_connections, config.raft_max_connections];
+    let wanted: u64 = ports.iter().map(|&n| n as u64).sum();
+    // Descriptors besides connections: the store, logs, listeners, peers.
+    const RESERVE: u64 = 256;
+    let open_files: u64 = limit.rlim_cur;
+    if ports.contains(&0) || wanted + RESERVE > open_files {
+        tracing::warn!(
+            open_files,
+            api_max_connections = config.api_max_connections,
+            xds_max_connections = config.xds_max_connections,
+            raft_max_connections = config.raft_max_connections,
+            "the open-file limit is below the ports' connection limits (or one is 0: none): once descriptors run out, no client can connect; \
+             raise the limit (LimitNOFILE=, ulimit -n) or lower the *_max_connections settings"
+        );
+    }
 }
 
 /// Resolves when the raft core stops by itself (not asked to), with why.

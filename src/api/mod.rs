@@ -1,6 +1,7 @@
 //! Client-facing APIs. `rest` (axum) and `grpc` (tonic) are thin: both turn
 //! requests into the calls below and [`Node`](crate::node::Node) methods,
-//! and map [`Error`] codes to statuses in one function each.
+//! and map [`Error`] codes to statuses in one function each. `serve` is the
+//! port's HTTP server (both share it).
 //!
 //! Both authorize through [`Caller`]: authenticated first (401 before the
 //! body is even read), then held to a [`Precheck`] from the headers alone
@@ -11,6 +12,7 @@
 
 pub mod grpc;
 pub mod rest;
+pub mod serve;
 
 use crate::auth::audit::AuditEvent;
 use crate::auth::token::{self, Minted, NewToken};

@@ -417,18 +417,38 @@ async fn debug_checks(State(replica): State<Arc<Replica>>, caller: Caller) -> Re
 /// for REST and gRPC: labelled by route pattern (or gRPC method), never by
 /// raw path, so the series stay bounded.
 pub async fn track(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let route = match req.extensions().get::<axum::extract::MatchedPath>() {
-        Some(p) => p.as_str().to_string(),
-        None if req.uri().path().starts_with("/lodestar.") => req.uri().path().to_string(),
-        None => "unmatched".to_string(),
-    };
-    let method = req.method().as_str().to_string();
+    // Labels come from bounded sets only, whatever the client sends: this
+    // runs before authentication, and every new label value is a series
+    // kept for the life of the process.
+    let route = route_label(req.extensions().get::<axum::extract::MatchedPath>().map(|p| p.as_str()), req.uri().path()).to_string();
+    let method = method_label(req.method());
     let started = std::time::Instant::now();
     let resp = next.run(req).await;
     let m = crate::metrics::metrics();
-    m.api_duration.with(&[&method, &route]).observe(started.elapsed());
-    m.api_requests.with(&[&method, &route, resp.status().as_str()]).inc();
+    m.api_duration.with(&[method, &route]).observe(started.elapsed());
+    m.api_requests.with(&[method, &route, resp.status().as_str()]).inc();
     resp
+}
+
+/// A request's `route` label: the route template it matched (`/v1/resources/{kind}`);
+/// for a gRPC call, its method (`/lodestar.api.v1.Lodestar/Apply`) if the API
+/// has that method; anything else, `unmatched`.
+fn route_label<'a>(matched: Option<&'a str>, path: &str) -> &'a str {
+    const UNMATCHED: &str = "unmatched";
+    match matched {
+        // A gRPC service's route (tonic's `/{service}/{*rest}`): any method
+        // name matches it.
+        Some(m) if m.ends_with("/{*rest}") => crate::proto::GRPC_METHODS.iter().copied().find(|g| *g == path).unwrap_or(UNMATCHED),
+        Some(m) => m,
+        None => UNMATCHED,
+    }
+}
+
+/// A request's `method` label: the HTTP method if it is a standard one
+/// (HTTP allows any token as a method), else `other`.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    const STANDARD: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"];
+    STANDARD.into_iter().find(|m| *m == method.as_str()).unwrap_or("other")
 }
 
 #[derive(Deserialize)]

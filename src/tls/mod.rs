@@ -310,6 +310,8 @@ enum ClientAuth {
 pub struct PeerConnector {
     tls: Option<Arc<ClientTlsSource>>,
     server_name: ServerName<'static>,
+    /// The local address to connect from; None: the system's choice.
+    source: Option<std::net::IpAddr>,
 }
 
 /// Where a connector takes its client configuration from on each dial.
@@ -332,8 +334,29 @@ impl ClientTlsSource {
 impl PeerConnector {
     pub fn new(tls: Option<Arc<ClientTlsSource>>, server_name: &str) -> Result<PeerConnector, TlsError> {
         let server_name = ServerName::try_from(server_name.to_string()).map_err(|e| TlsError::Config(format!("{server_name:?}: {e}")))?;
-        Ok(PeerConnector { tls, server_name })
+        Ok(PeerConnector { tls, server_name, source: None })
     }
+
+    /// Connect from `ip` (e.g. one of the many loopback addresses, to
+    /// look like another client to a server's per-source limits).
+    pub fn with_source(self, ip: std::net::IpAddr) -> PeerConnector {
+        PeerConnector { source: Some(ip), ..self }
+    }
+}
+
+/// A TCP connection to `addr` (HOST:PORT), from `source` if given.
+pub async fn connect_tcp(addr: &str, source: Option<std::net::IpAddr>) -> std::io::Result<tokio::net::TcpStream> {
+    let Some(ip) = source else { return tokio::net::TcpStream::connect(addr).await };
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr}: no address"));
+    for target in tokio::net::lookup_host(addr).await?.filter(|a| a.is_ipv4() == ip.is_ipv4()) {
+        let socket = if ip.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket.bind(std::net::SocketAddr::new(ip, 0))?;
+        match socket.connect(target).await {
+            Ok(tcp) => return Ok(tcp),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 impl tonic::codegen::Service<tonic::codegen::http::Uri> for PeerConnector {
@@ -346,18 +369,18 @@ impl tonic::codegen::Service<tonic::codegen::http::Uri> for PeerConnector {
     }
 
     fn call(&mut self, uri: tonic::codegen::http::Uri) -> Self::Future {
-        let (tls, server_name) = (self.tls.clone(), self.server_name.clone());
+        let (tls, server_name, source) = (self.tls.clone(), self.server_name.clone(), self.source);
         Box::pin(async move {
             let authority = uri.authority().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("no address in {uri}")))?;
-            let tcp = tokio::net::TcpStream::connect(authority.as_str()).await?;
+            let tcp = connect_tcp(authority.as_str(), source).await?;
             tcp.set_nodelay(true)?;
             let remote = tcp.peer_addr()?;
             let conn = match tls {
-                None => conn::Conn::Plain(tcp, conn::ConnInfo { remote, cert: None, tls: false }),
+                None => conn::Conn::plain(tcp, conn::ConnInfo::new(remote, None, false)),
                 Some(tls) => {
                     let stream = tokio_rustls::TlsConnector::from(tls.config()).connect(server_name, tcp).await?;
                     let cert = conn::PeerCert::of(stream.get_ref().1);
-                    conn::Conn::Tls(Box::new(stream.into()), conn::ConnInfo { remote, cert, tls: true })
+                    conn::Conn::tls(stream.into(), conn::ConnInfo::new(remote, cert, true))
                 }
             };
             Ok(hyper_util::rt::TokioIo::new(conn))
