@@ -233,10 +233,14 @@ impl<S: tonic::server::NamedService> tonic::server::NamedService for Tracked<S> 
     const NAME: &'static str = S::NAME;
 }
 
-impl<S, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for Tracked<S>
+impl<S, B, RB> tonic::codegen::Service<tonic::codegen::http::Request<B>> for Tracked<S>
 where
-    S: tonic::codegen::Service<tonic::codegen::http::Request<B>, Response = tonic::codegen::http::Response<tonic::body::Body>>,
+    S: tonic::codegen::Service<tonic::codegen::http::Request<B>, Response = tonic::codegen::http::Response<RB>>,
     S::Future: Send + 'static,
+    // Any response body tonic can box (an intercepted service's is not
+    // tonic's own `Body`).
+    RB: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    RB::Error: Into<tonic::codegen::StdError>,
 {
     type Response = tonic::codegen::http::Response<tonic::body::Body>;
     type Error = S::Error;
@@ -249,7 +253,7 @@ where
     fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
         let guard = RequestGuard::new(req.extensions().get::<ConnInfo>());
         let response = self.0.call(req);
-        Box::pin(async move { Ok(response.await?.map(|body| tonic::body::Body::new(Guarded::new(body, guard)))) })
+        Box::pin(async move { Ok(response.await?.map(|body| tonic::body::Body::new(Guarded::new(tonic::body::Body::new(body), guard)))) })
     }
 }
 
