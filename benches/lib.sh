@@ -65,3 +65,14 @@ _bench_cleanup() {
     fi
     exit "$rc"
 }
+
+# one_source_many_proxies LODESTAR FILE: the simulated proxies and agents of
+# a benchmark all connect from 127.0.0.1, one connection each, thousands of
+# them: lift the xDS port's per-source connection limit (FILE: the replicas'
+# config), if LODESTAR has it (an older build under test does not).
+one_source_many_proxies() {
+    local lodestar=$1 file=$2
+    if grep -qa xds_max_connections_per_source "$lodestar"; then
+        printf 'xds_max_connections_per_source = 0\n' >>"$file"
+    fi
+}

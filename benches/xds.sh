@@ -140,6 +140,7 @@ BENCH=$WORK/lodestar-bench
 # Secure by default: the cluster CA and management token (benches/lib.sh).
 . "$ROOT/benches/lib.sh"
 secure_cluster_files "$LODESTAR" "$WORK"
+one_source_many_proxies "$LODESTAR" "$WORK/tls.toml"
 
 three_member_addrs "$PORT"
 cat "$WORK/tls.toml" - >"$WORK/replica.toml" <<'TOML'

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:8470";
 pub const DEFAULT_RAFT_ADDR: &str = "127.0.0.1:8471";
 pub const DEFAULT_XDS_ADDR: &str = "127.0.0.1:8472";
-/// Where the CLI goes with no server named anywhere: TLS, as `lodestar
-/// server` serves by default (`--insecure` servers need `--server http://...`).
+/// Where the CLI goes with no server named anywhere: the API of `lodestar
+/// server` started with no flags, which serves TLS (`--insecure` servers
+/// need `--server http://...`).
 pub const DEFAULT_SERVER_URL: &str = "https://127.0.0.1:8470";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,6 +102,28 @@ pub struct ServerConfig {
     /// would take more ends with RESOURCE_EXHAUSTED, counted as
     /// `reason="request_buffer_full"`. 0: no limit.
     pub xds_max_buffered_request_bytes: usize,
+    /// Connections open at once on each port, TLS handshakes included, and
+    /// of them from one source address (an IPv6 client: its /64). Past
+    /// either, a new connection is closed as it is accepted, and counted in
+    /// `lodestar_connections_refused_total{port, reason="port_limit" |
+    /// "source_limit"}`. 0: no limit.
+    pub api_max_connections: usize,
+    pub api_max_connections_per_source: usize,
+    pub xds_max_connections: usize,
+    pub xds_max_connections_per_source: usize,
+    pub raft_max_connections: usize,
+    pub raft_max_connections_per_source: usize,
+    /// A TLS handshake that takes longer is dropped (every port).
+    pub tls_handshake_timeout_ms: u64,
+    /// HTTP/1.1 on the API port: a request whose headers take longer to
+    /// arrive is dropped with its connection. 0: no limit.
+    pub http_header_read_timeout_ms: u64,
+    /// A connection to the API or xDS port with no request in progress for
+    /// this long is closed. An open xDS stream or watch is a request in
+    /// progress, however quiet, so Envoys' streams are never cut; a client
+    /// that connects and sends nothing, or dribbles its request's headers,
+    /// is. 0: never.
+    pub conn_idle_timeout_ms: u64,
     /// Adaptive debounce window: isolated changes are pushed at once,
     /// bursts at most once per window (see `xds::push`). 0: every revision.
     pub push_debounce_ms: u64,
@@ -196,6 +219,25 @@ impl ServerConfig {
         }
     }
 
+    /// The connection limits of `port` (see `tls::conn`).
+    pub fn connection_limits(&self, port: crate::tls::Port) -> crate::tls::conn::Limits {
+        use crate::tls::Port;
+        let (max, per_source) = match port {
+            Port::Api => (self.api_max_connections, self.api_max_connections_per_source),
+            Port::Xds => (self.xds_max_connections, self.xds_max_connections_per_source),
+            Port::Raft => (self.raft_max_connections, self.raft_max_connections_per_source),
+        };
+        let idle = std::time::Duration::from_millis(self.conn_idle_timeout_ms);
+        crate::tls::conn::Limits {
+            max,
+            per_source,
+            handshake_timeout: std::time::Duration::from_millis(self.tls_handshake_timeout_ms),
+            // Members only (mutual TLS at the handshake); their channels
+            // may rest between forwarded writes.
+            idle_timeout: (port != Port::Raft && !idle.is_zero()).then_some(idle),
+        }
+    }
+
     /// The mesh-wide settings translation reads.
     pub fn mesh_config(&self) -> crate::mesh::MeshConfig {
         crate::mesh::MeshConfig {
@@ -224,6 +266,15 @@ impl Default for ServerConfig {
             xds_max_streams: 20_000,
             xds_max_buffered_request_bytes: 64 * 1024 * 1024,
             push_debounce_ms: 20,
+            api_max_connections: 4096,
+            api_max_connections_per_source: 256,
+            xds_max_connections: 25_000,
+            xds_max_connections_per_source: 512,
+            raft_max_connections: 256,
+            raft_max_connections_per_source: 32,
+            tls_handshake_timeout_ms: 10_000,
+            http_header_read_timeout_ms: 10_000,
+            conn_idle_timeout_ms: 120_000,
             join: false,
             heartbeat_ms: 100,
             election_timeout_min_ms: 500,
@@ -286,6 +337,9 @@ impl ServerConfig {
         }
         if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
             return Err("tls_cert_file and tls_key_file: give both or neither".into());
+        }
+        if self.tls_handshake_timeout_ms == 0 {
+            return Err("tls_handshake_timeout_ms: must be at least 1".into());
         }
         if self.ca_max_in_flight == 0 {
             return Err("ca_max_in_flight: must be at least 1".into());

@@ -28,6 +28,7 @@
 //! - [`agent`]: `lodestar agent`, a workload's certificate and its SDS
 //!   server for Envoy.
 //! - [`adapters`]: sources outside the API (a watched directory) fed into the store.
+//! - [`logging`]: the log, every field escaped (clients' text cannot forge lines).
 //! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
 //! - [`tls`]: TLS on the ports: the generated CA and certificates,
 //!   reloadable rustls configurations, the accept path, dialling peers.
@@ -81,4 +82,5 @@ pub mod proto {
     pub mod istio_ca {
         tonic::include_proto!("istio.v1.auth");
     }
+    include!(concat!(env!("OUT_DIR"), "/grpc_methods.rs"));
 }

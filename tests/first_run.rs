@@ -301,29 +301,37 @@ fn envoy_log(dir: &Path, name: &str) -> String {
 
 /// Item 13: a POST with a body and no token, as curl sends it over HTTP/2
 /// (`-d @file`), gets its 401, not a stream reset (curl's exit 92), also
-/// when the answer comes before curl has sent the body.
+/// when the answer comes before curl has sent the body. So does a token
+/// that may write nothing, refused from the headers before the body is
+/// read (`Caller::precheck`): 403.
 #[tokio::test]
 async fn curl_over_http2_sees_the_401() {
     let c = Cluster::start(1, "").await;
+    let api = c.replica(1).api();
+    let reader = serde_json::json!({"apiVersion": "acl.lodestar.io/v1", "kind": "Policy", "metadata": {"name": "reader"},
+                                    "spec": {"rules": [{"verbs": ["read"], "kinds": ["*"], "namespaces": ["*"]}]}});
+    assert_eq!(common::apply(&c.http, &api, vec![reader]).await.0, 200);
+    let reader = common::token_create(&api, &["--policy", "reader"])["secret"].as_str().unwrap().to_string();
     let tmp = tempfile::tempdir().unwrap();
     let body = tmp.path().join("big.json");
     std::fs::write(&body, format!("{{\"resources\": [\"{}\"]}}", "a".repeat(1 << 20))).unwrap();
-    for i in 0..10 {
-        let out = Command::new("curl")
-            .args(["-sS", "--http2", "-o", "/dev/null", "-w", "%{http_code} %{http_version}", "--cacert"])
-            .arg(&test_ca().ca_file)
-            .arg("-d")
-            .arg(format!("@{}", body.display()))
-            .arg(format!("{}/v1/apply", c.replica(1).api()))
-            .output()
-            .unwrap();
-        assert_eq!((out.status.code(), text(&out.stdout).as_str()), (Some(0), "401 2"), "attempt {i}: {}", text(&out.stderr));
+    for (token, want) in [(None, "401 2"), (Some(&reader), "403 2")] {
+        for i in 0..10 {
+            let mut curl = Command::new("curl");
+            curl.args(["-sS", "--http2", "-o", "/dev/null", "-w", "%{http_code} %{http_version}", "--cacert"]).arg(&test_ca().ca_file);
+            if let Some(t) = token {
+                curl.arg("-H").arg(format!("Authorization: Bearer {t}"));
+            }
+            let out = curl.arg("-d").arg(format!("@{}", body.display())).arg(format!("{api}/v1/apply")).output().unwrap();
+            assert_eq!((out.status.code(), text(&out.stdout).as_str()), (Some(0), want), "attempt {i}: {}", text(&out.stderr));
+        }
     }
 }
 
 /// Items 6 and 10: three replicas' first start, logging to files as
-/// `cluster/local` and systemd do: no ERROR, no WARN, no colour escapes, no
-/// Rust Debug forms in INFO lines.
+/// `cluster/local` and systemd do: no ERROR, no WARN (but the open-file
+/// limit's, where it is true), no colour escapes, no Rust Debug forms in
+/// INFO lines.
 #[tokio::test]
 async fn a_healthy_first_start_logs_plainly() {
     // As cluster/local sets them up: one mesh CA for the three.
@@ -340,10 +348,24 @@ async fn a_healthy_first_start_logs_plainly() {
         c.stop(id);
     }
     let debug_forms = ["Some(", "None,", "LogId {", "ExitStatus(", "[1, 2, 3]", "\")"];
+    // The one WARN a healthy start may give: a machine whose open-file
+    // hard limit (inherited from this test) is below what the default
+    // connection caps want (as in a sandbox with 20,000; systemd's is
+    // 524,288). It is true there, and says what to do.
+    let low_fd_limit = {
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes only the struct given.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+        let d = lodestar::config::ServerConfig::default();
+        ((d.api_max_connections + d.xds_max_connections + d.raft_max_connections) as u64 + 256) > limit.rlim_max
+    };
     for (id, log) in logs {
         assert!(log.contains("replica started"), "replica {id}:\n{log}");
         assert!(!log.contains('\u{1b}'), "replica {id}: colour escapes in a file:\n{log}");
         for line in log.lines() {
+            if low_fd_limit && line.contains(" WARN lodestar::server: the open-file limit is below the ports' connection limits") {
+                continue;
+            }
             assert!(!line.contains(" ERROR ") && !line.contains(" WARN "), "replica {id}: {line}");
             if line.contains(" INFO ") {
                 assert!(!debug_forms.iter().any(|f| line.contains(f)), "replica {id}, Debug formatting: {line}");

@@ -12,8 +12,9 @@
 //!   the binary under test, as after `cargo build`), `envoy`
 //!   (`LODESTAR_ENVOY`) and `python3`, then the system's directories.
 //! - A command line ending in `# → TEXT` must print exactly TEXT (its
-//!   standard output, trimmed): the harness checks it. Other comments are
-//!   prose.
+//!   standard output, trimmed); one ending in `# ✗ TEXT` must fail (exit
+//!   non-zero) with TEXT in its standard error: the harness checks both.
+//!   Other comments are prose.
 //! - [`SUBSTITUTIONS`]: a README line the harness cannot run as printed is
 //!   replaced by the command given there, and each must match exactly one
 //!   line, so a README change that moves it fails here first. Only "Run a
@@ -54,7 +55,7 @@ const SECTIONS: &[(&str, usize)] = &[
     ("Connect an Envoy", 0),
     ("A three-replica cluster on one machine", 0),
     ("The service registry", 0),
-    ("Tokens and policies (ACLs)", 0),
+    ("Tokens and policies (ACLs)", 1),
 ];
 
 /// (section, README line as printed, what the harness runs instead); see
@@ -120,6 +121,8 @@ fn quote(s: &str) -> String {
 const PRELUDE: &str = r#"set -Eeuo pipefail
 trap '__s=$?; echo "README_FAILED script_line=$LINENO status=$__s command: $BASH_COMMAND" >&2; exit $__s' ERR
 __expect() { if [ "$2" != "$1" ]; then echo "README_MISMATCH readme_line=$3 want: $1" >&2; echo "got: $2" >&2; exit 1; fi; echo "README_CHECKED readme_line=$3: $1"; }
+__expect_error() { case "$2" in *"$1"*) echo "README_CHECKED readme_line=$3: fails with $1" ;; *) echo "README_MISMATCH readme_line=$3 want an error holding: $1" >&2; echo "got: $2" >&2; exit 1 ;; esac; }
+__succeeded() { echo "README_MISMATCH readme_line=$1 want a failure; it succeeded" >&2; exit 1; }
 __ready() { for _ in $(seq 1 300); do if [ -f "$2" ] && curl -fsS --cacert "$2" "$1/readyz" >/dev/null 2>&1; then return 0; fi; sleep 0.1; done; echo "README_FAILED $1 not ready within 30s" >&2; return 1; }
 "#;
 
@@ -139,11 +142,25 @@ impl Script {
     }
 }
 
-/// `CMD  # → TEXT`: (CMD, TEXT).
-fn expectation(line: &str) -> Option<(&str, &str)> {
-    let (cmd, want) = line.split_once("# → ")?;
+/// What a command line says it does.
+#[derive(Debug, PartialEq)]
+enum Expect<'a> {
+    /// `CMD  # → TEXT`: CMD prints exactly TEXT.
+    Prints(&'a str, &'a str),
+    /// `CMD  # ✗ TEXT`: CMD fails, with TEXT in its standard error.
+    Fails(&'a str, &'a str),
+}
+
+fn expectation(line: &str) -> Option<Expect<'_>> {
+    let (cmd, want, fails) = match line.split_once("# → ") {
+        Some((cmd, want)) => (cmd, want, false),
+        None => line.split_once("# ✗ ").map(|(cmd, want)| (cmd, want, true))?,
+    };
     let cmd = cmd.trim_end();
-    (!cmd.is_empty() && !cmd.trim_start().starts_with('#')).then_some((cmd, want.trim()))
+    if cmd.is_empty() || cmd.trim_start().starts_with('#') {
+        return None;
+    }
+    Some(if fails { Expect::Fails(cmd, want.trim()) } else { Expect::Prints(cmd, want.trim()) })
 }
 
 fn script(section: &str, blocks: &[Block], used: &mut BTreeMap<&'static str, usize>) -> Script {
@@ -160,9 +177,15 @@ fn script(section: &str, blocks: &[Block], used: &mut BTreeMap<&'static str, usi
             let run = if let Some((_, printed, instead)) = substitute {
                 *used.entry(printed).or_default() += 1;
                 instead.to_string()
-            } else if let Some((cmd, want)) = expectation(line) {
+            } else if let Some(expect) = expectation(line) {
                 checks += 1;
-                format!("__out=$({cmd}); __expect {} \"$__out\" {}", quote(want), block.line + i)
+                let n = block.line + i;
+                match expect {
+                    Expect::Prints(cmd, want) => format!("__out=$({cmd}); __expect {} \"$__out\" {n}", quote(want)),
+                    Expect::Fails(cmd, want) => {
+                        format!("if __err=$({cmd} 2>&1 >/dev/null); then __succeeded {n}; fi; __expect_error {} \"$__err\" {n}", quote(want))
+                    }
+                }
             } else {
                 line.clone()
             };
@@ -393,11 +416,32 @@ fn expectations_and_blocks_are_parsed() {
     assert_eq!(blocks["A"][0].line, 3);
     assert_eq!(blocks["B"].len(), 1, "the norun block is skipped");
     assert_eq!(blocks["B"][0].lines, ["ls  # prose", "```"], "a longer fence holds a shorter one");
-    assert_eq!(expectation("echo hi   # → hi"), Some(("echo hi", "hi")));
+    assert_eq!(expectation("echo hi   # → hi"), Some(Expect::Prints("echo hi", "hi")));
+    assert_eq!(expectation("false   # ✗ no"), Some(Expect::Fails("false", "no")));
     assert_eq!(expectation("# a comment # → x"), None);
+    assert_eq!(expectation("# a comment # ✗ x"), None);
     let s = script("A", &blocks["A"], &mut BTreeMap::new());
     assert_eq!(s.checks, 1);
     assert!(s.text.contains("__out=$(echo hi); __expect 'hi' \"$__out\" 3"), "{}", s.text);
     let first = PRELUDE.lines().count() + 2;
     assert_eq!(s.readme_line(first), Some((3, 1)));
+}
+
+/// `# ✗ TEXT` in bash, as the harness runs it: passes only for a command
+/// that fails with TEXT in its standard error.
+#[test]
+fn failure_expectations_run_in_bash() {
+    let run = |line: &str| {
+        let blocks = sh_blocks(&format!("# A\n```sh\n{line}\necho after\n```\n"));
+        let s = script("A", &blocks["A"], &mut BTreeMap::new());
+        assert_eq!(s.checks, 1, "{}", s.text);
+        let out = Command::new("bash").arg("-c").arg(&s.text).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let (ok, out) = run("sh -c 'echo refused: boom >&2; echo ignored; exit 3'  # ✗ refused: boom");
+    assert!(ok && out.contains("README_CHECKED readme_line=3: fails with refused: boom") && out.contains("after"), "{out}");
+    let (ok, out) = run("sh -c 'echo other >&2; exit 1'  # ✗ refused: boom");
+    assert!(!ok && out.contains("README_MISMATCH readme_line=3 want an error holding: refused: boom") && !out.contains("after"), "{out}");
+    let (ok, out) = run("sh -c 'echo refused: boom >&2'  # ✗ refused: boom");
+    assert!(!ok && out.contains("README_MISMATCH readme_line=3 want a failure; it succeeded") && !out.contains("after"), "{out}");
 }

@@ -868,7 +868,7 @@ async fn revisions_arriving_during_a_push_are_coalesced() {
 // fast as one client can, each from a client without credentials and from
 // one with the management token. Each is refused or closed, and the replica
 // still serves a well-behaved ADS client. Its memory (VmRSS, VmHWM) is
-// printed (`rss:` lines; `benches/xds-abuse.sh` collects them), not
+// printed (`rss:` lines; `benches/abuse.sh xds-port` collects them), not
 // asserted.
 
 /// A codec that sends bytes as they are: garbage where a request belongs.
@@ -933,13 +933,6 @@ async fn raw_stream(xds: &str, token: Option<&str>, messages: Vec<Vec<u8>>) -> t
     }
 }
 
-/// VmRSS and VmHWM of a process, in KiB.
-fn memory_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok()).unwrap_or(0);
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 /// A well-behaved ADS client is served the current config.
 async fn still_serves(cluster: &common::Cluster, after: &str) {
     let xds = cluster.replica(1).xds_addr();
@@ -962,7 +955,7 @@ async fn abuse(token: Option<&str>) {
     assert_eq!(status, 200, "{body}");
     still_serves(&cluster, "start").await;
     let report = |what: &str| {
-        let (rss, hwm) = memory_kib(pid);
+        let (rss, hwm) = common::memory_kib(pid);
         println!("rss: client={who} after={what} rss_kib={rss} hwm_kib={hwm}");
     };
     report("start");

@@ -26,6 +26,9 @@ pub struct Acl {
     /// (An observer's is never used.)
     cache: Mutex<(u64, Arc<AclIndex>)>,
     audit: Option<AuditLog>,
+    /// The mesh's domain suffix: which hostnames a namespace owns
+    /// (`NAME.NS.svc.SUFFIX`, `mesh::hosts`), checked on every write.
+    pub domain_suffix: String,
 }
 
 /// Secrets shorter than this are refused in `initial_management_token_file`.
@@ -61,7 +64,16 @@ impl Acl {
         }
         let applied = reader.current();
         let index = Arc::new(AclIndex::build(acl_objects(&applied).cloned()));
-        Ok(Arc::new(Acl { enabled: config.acls_on(), replica: config.id, management, reader, cache: Mutex::new((applied.revision(), index)), audit }))
+        let domain_suffix = config.domain_suffix.clone();
+        Ok(Arc::new(Acl {
+            enabled: config.acls_on(),
+            replica: config.id,
+            management,
+            reader,
+            cache: Mutex::new((applied.revision(), index)),
+            audit,
+            domain_suffix,
+        }))
     }
 
     /// For the local observer address (`metrics_addr`), which serves only
@@ -74,6 +86,7 @@ impl Acl {
             reader: self.reader.clone(),
             cache: Mutex::new((0, Arc::default())),
             audit: None,
+            domain_suffix: self.domain_suffix.clone(),
         })
     }
 
@@ -103,6 +116,12 @@ impl Acl {
         super::authenticate(&self.index(), self.management.as_ref(), creds, unix_now())
     }
 
+    /// Whether this replica has an initial management token (from
+    /// `initial_management_token_file`, or generated on a single node).
+    pub fn has_management_token(&self) -> bool {
+        self.management.is_some()
+    }
+
     /// Queue an audit event (ACLs on only).
     pub fn audit(&self, mut event: AuditEvent) {
         if let Some(a) = &self.audit {
@@ -118,6 +137,6 @@ pub fn unix_now() -> u64 {
 
 /// The ACL objects of a revision, in key order (the ACL kinds sort after
 /// every other kind but those added after them).
-fn acl_objects(applied: &Applied) -> impl Iterator<Item = &Arc<StoredObject>> + '_ {
+pub fn acl_objects(applied: &Applied) -> impl Iterator<Item = &Arc<StoredObject>> + '_ {
     applied.state.objects.range(ResourceKey::new(Kind::Policy, "", "")..).take_while(|(k, _)| k.kind.is_acl()).map(|(_, o)| o)
 }

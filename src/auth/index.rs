@@ -86,10 +86,6 @@ impl AclIndex {
         self.join_tokens.get(hash)
     }
 
-    pub fn has_tokens(&self) -> bool {
-        !self.tokens.is_empty()
-    }
-
     pub fn has_policy(&self, name: &str) -> bool {
         self.policies.contains_key(name)
     }

@@ -72,8 +72,11 @@ pub enum TokenCommand {
 
 #[derive(Subcommand)]
 pub enum PolicyCommand {
-    /// Create a policy from rules VERBS:KINDS:NAMESPACES, each a comma list,
-    /// e.g. `--rule read,watch:*:*` or `--rule write,delete:vs,dr:team-a,team-a-*`.
+    /// Create a policy from rules VERBS:KINDS:NAMESPACES[:HOSTNAMES], each a
+    /// comma list, e.g. `--rule read,watch:*:*`, `--rule
+    /// write,delete:vs,dr:team-a,team-a-*` or `--rule
+    /// write:services,instances:team-a:*.team-a.example.com` (hostnames the
+    /// registry services and instances it writes may claim).
     Create {
         /// The policy's name.
         name: String,
@@ -173,7 +176,16 @@ pub async fn policy(client: &Client, command: PolicyCommand) -> Result<()> {
         PolicyCommand::Object(c) => {
             let row = |p: &Value| {
                 let rules = p["spec"]["rules"].as_array().into_iter().flatten();
-                let rules: Vec<String> = rules.map(|r| format!("{}:{}:{}", joined(&r["verbs"]), joined(&r["kinds"]), joined(&r["namespaces"]))).collect();
+                let rules: Vec<String> = rules
+                    .map(|r| {
+                        let rule = format!("{}:{}:{}", joined(&r["verbs"]), joined(&r["kinds"]), joined(&r["namespaces"]));
+                        if r["hostnames"].as_array().is_some_and(|h| !h.is_empty()) {
+                            format!("{rule}:{}", joined(&r["hostnames"]))
+                        } else {
+                            rule
+                        }
+                    })
+                    .collect();
                 vec![name(p), s(&p["spec"]["description"]), rules.join(" ")]
             };
             object(client, "policies", c, &["NAME", "DESCRIPTION", "RULES"], row).await
@@ -212,14 +224,20 @@ pub async fn acl(client: &Client, command: AclCommand) -> Result<()> {
     }
 }
 
-/// `VERBS:KINDS:NAMESPACES`, each a comma-separated list.
+/// `VERBS:KINDS:NAMESPACES[:HOSTNAMES]`, each a comma-separated list.
 fn parse_rule(rule: &str) -> Result<Value> {
     let parts: Vec<&str> = rule.split(':').collect();
-    let [verbs, kinds, namespaces] = parts.as_slice() else {
-        bail!("--rule {rule:?}: expected VERBS:KINDS:NAMESPACES, e.g. read,watch:*:team-a");
+    let (verbs, kinds, namespaces, hostnames) = match parts.as_slice() {
+        [v, k, n] => (v, k, n, None),
+        [v, k, n, h] => (v, k, n, Some(h)),
+        _ => bail!("--rule {rule:?}: expected VERBS:KINDS:NAMESPACES[:HOSTNAMES], e.g. read,watch:*:team-a"),
     };
     let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect::<Vec<_>>();
-    Ok(json!({"verbs": list(verbs), "kinds": list(kinds), "namespaces": list(namespaces)}))
+    let mut out = json!({"verbs": list(verbs), "kinds": list(kinds), "namespaces": list(namespaces)});
+    if let Some(h) = hostnames {
+        out["hostnames"] = json!(list(h));
+    }
+    Ok(out)
 }
 
 /// Create-only: an existing object of that name is a conflict, not replaced.
@@ -303,5 +321,8 @@ mod tests {
         let r = super::parse_rule("read,watch:vs,dr:a,b-*").unwrap();
         assert_eq!(r, serde_json::json!({"verbs": ["read", "watch"], "kinds": ["vs", "dr"], "namespaces": ["a", "b-*"]}));
         assert!(super::parse_rule("read:*").is_err());
+        let r = super::parse_rule("write:services,instances:team-a:*.team-a.example.com,api.example.com").unwrap();
+        assert_eq!(r["hostnames"], serde_json::json!(["*.team-a.example.com", "api.example.com"]));
+        assert!(super::parse_rule("write:*:a:b:c").is_err());
     }
 }

@@ -7,6 +7,9 @@
 //! override the file's fields. Errors about TLS and credentials name the
 //! file, the server and where the CA and token came from ([`Origin`]), so a
 //! stale config is found at once.
+//!
+//! A bare `HOST:PORT` is https. The token never goes to an `http://` server
+//! (any of the listed ones) unless `--insecure` says so.
 
 use crate::config::{expand_home, ClientConfig, DEFAULT_SERVER_URL};
 use anyhow::{anyhow, Context, Result};
@@ -24,6 +27,8 @@ pub struct Access {
     pub ca_pem: Option<String>,
     pub token: Option<String>,
     pub origin: Origin,
+    /// `--insecure`: the token may go to an `http://` server, in the clear.
+    pub insecure: bool,
 }
 
 /// Where the CLI's server, CA and token came from, for error messages.
@@ -90,13 +95,27 @@ impl Access {
                 }
             }
         };
-        Ok(Access { servers, ca_pem, token, origin: Origin { config: path, server: server_origin, ca, token: token_origin } })
+        let origin = Origin { config: path, server: server_origin, ca, token: token_origin };
+        Ok(Access { servers, ca_pem, token, origin, insecure: false })
     }
 
-    /// A REST client for these servers.
+    /// A REST client for these servers (none: the default server). A bare
+    /// `HOST:PORT` is https (checked against the CA, else the system's
+    /// roots); plaintext only when asked for with `http://`, and then
+    /// without the token unless `insecure`.
     pub fn client(&self) -> Result<Client> {
-        let bases = self.servers.iter().map(|s| base_url(s)).collect();
-        Ok(Client { bases: Arc::new(bases), current: Arc::default(), http: self.http()?, token: self.token.clone(), origin: Arc::new(self.origin.clone()) })
+        let mut bases: Vec<String> = self.servers.iter().map(|s| base_url(s)).collect();
+        if bases.is_empty() {
+            bases.push(DEFAULT_SERVER_URL.to_string());
+        }
+        Ok(Client {
+            bases: Arc::new(bases),
+            current: Arc::default(),
+            http: self.http()?,
+            token: self.token.clone(),
+            insecure: self.insecure,
+            origin: Arc::new(self.origin.clone()),
+        })
     }
 
     /// An HTTP client trusting the CA (and only it) when there is one.
@@ -185,7 +204,16 @@ pub struct Client {
     current: Arc<AtomicUsize>,
     http: reqwest::Client,
     token: Option<String>,
+    insecure: bool,
     origin: Arc<Origin>,
+}
+
+/// Why a credential is not sent to a plaintext server.
+fn plaintext_refusal(base: &str) -> anyhow::Error {
+    anyhow!(
+        "refusing to send the token to {base} over plaintext http (anyone on the path could read it and act as you): use https:// \
+         with the cluster's CA (--ca-file, or a client config), or pass --insecure to send it in the clear anyway"
+    )
 }
 
 impl Client {
@@ -207,8 +235,15 @@ impl Client {
 
     /// Send to the current server, then to the others in turn while one
     /// cannot be reached (nothing was sent to it, so a write is safe to
-    /// send again). Every request carries the token, if there is one.
+    /// send again). Every request carries the token, if there is one; with
+    /// a token and without `--insecure`, nothing is sent if any of the
+    /// servers is `http://` (which one answers depends on which are up).
     async fn execute(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<reqwest::Response> {
+        if self.token.is_some() && !self.insecure {
+            if let Some(plain) = self.bases.iter().find(|b| b.starts_with("http://")) {
+                return Err(plaintext_refusal(plain));
+            }
+        }
         let n = self.bases.len();
         let first = self.current.load(Ordering::Relaxed);
         let mut failures = Vec::new();
@@ -372,4 +407,44 @@ pub fn render_error(status: u16, body: &Value) -> String {
         out = format!("server answered {status}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn access(servers: &[&str], token: Option<&str>, insecure: bool) -> Access {
+        Access { servers: servers.iter().map(|s| s.to_string()).collect(), token: token.map(str::to_string), insecure, ..Access::default() }
+    }
+
+    #[tokio::test]
+    async fn no_token_over_plaintext_without_insecure() {
+        // A bare address is https, as is the default.
+        assert_eq!(access(&["127.0.0.1:1"], None, false).client().unwrap().url("/x"), "https://127.0.0.1:1/x");
+        assert_eq!(Access::default().client().unwrap().url(""), crate::config::DEFAULT_SERVER_URL);
+        assert!(DEFAULT_SERVER_URL.starts_with("https://"));
+        // http:// with a token: refused before anything is sent, saying how to proceed.
+        let c = access(&["http://127.0.0.1:1"], Some("s3cr3t"), false).client().unwrap();
+        let e = c.get("/v1/cluster").await.unwrap_err().to_string();
+        assert!(e.contains("refusing to send the token") && e.contains("--insecure") && !e.contains("s3cr3t"), "{e}");
+        assert!(c.with_server("127.0.0.2:1").post("/v1/apply", &serde_json::json!({})).await.unwrap_err().to_string().contains("refusing"));
+        // Without a token, or with --insecure, the request is made (and fails to connect here).
+        for c in [access(&["http://127.0.0.1:1"], None, false), access(&["http://127.0.0.1:1"], Some("t"), true)] {
+            let e = c.client().unwrap().get("/v1/cluster").await.unwrap_err().to_string();
+            assert!(e.contains("cannot reach http://127.0.0.1:1"), "{e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn every_listed_server_is_checked_for_plaintext() {
+        // A plaintext server anywhere in the list: the token is sent to none
+        // of them, even though the first (down) would be tried first.
+        let c = access(&["https://127.0.0.1:1", "http://127.0.0.1:2"], Some("s3cr3t"), false).client().unwrap();
+        let e = c.get("/v1/cluster").await.unwrap_err().to_string();
+        assert!(e.contains("refusing to send the token to http://127.0.0.1:2") && !e.contains("cannot reach"), "{e}");
+        // With --insecure, failover goes through both (neither answers here).
+        let c = access(&["https://127.0.0.1:1", "http://127.0.0.1:2"], Some("t"), true).client().unwrap();
+        let e = c.get("/v1/cluster").await.unwrap_err().to_string();
+        assert!(e.contains("cannot reach https://127.0.0.1:1") && e.contains("cannot reach http://127.0.0.1:2"), "{e}");
+    }
 }

@@ -33,9 +33,9 @@ const CLIENT_OPTIONS: &str = "Client options (every command that talks to a clus
 #[derive(Parser)]
 #[command(name = "lodestar", version, about = "Lodestar: an Envoy control plane for Istio traffic rules, without Kubernetes")]
 pub struct Cli {
-    /// A replica's API URL, e.g. https://127.0.0.1:8470 (default: the
-    /// client config's `server` and `servers`, tried in turn while one is
-    /// down; else https://127.0.0.1:8470).
+    /// A replica's API URL, e.g. https://127.0.0.1:8470; a bare HOST:PORT
+    /// is https (default: the client config's `server` and `servers`,
+    /// tried in turn while one is down; else https://127.0.0.1:8470).
     #[arg(long = "server", value_name = "URL", global = true, env = "LODESTAR_SERVER", action = clap::ArgAction::Append, help_heading = CLIENT_OPTIONS)]
     servers: Vec<String>,
     /// Client config (servers, CA, token) as `lodestar server` writes it on
@@ -50,6 +50,11 @@ pub struct Cli {
     /// API token (default: the client config's).
     #[arg(long, global = true, env = "LODESTAR_TOKEN", hide_env_values = true, help_heading = CLIENT_OPTIONS)]
     token: Option<String>,
+    /// Client commands: send the token to an http:// server too, in the
+    /// clear (refused otherwise). `server`: plaintext on every port and no
+    /// credentials at all, for experiments only (logged loudly).
+    #[arg(long, global = true)]
+    insecure: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -60,18 +65,21 @@ const CLIENT_ARGS: [&str; 4] = ["servers", "client_config", "ca_file", "token"];
 /// The command line, with the client options hidden from `--help` of the
 /// commands that never talk to a cluster: `server` (where `--server` would
 /// read like a listen address), `tls ca create` and the offline
-/// `snapshot restore` and `snapshot status`.
+/// `snapshot restore` and `snapshot status`; `--insecure` too from the
+/// offline ones (it means something to `server` and the client commands).
 pub fn command() -> clap::Command {
     let cmd = Cli::command();
     // A subcommand that has an argument of a global's id keeps its own
     // (clap does not propagate over it): give these hidden copies. Added
     // to `tls`, they reach its subcommands the same way.
-    let hidden: Vec<clap::Arg> = cmd.get_arguments().filter(|a| CLIENT_ARGS.contains(&a.get_id().as_str())).map(|a| a.clone().hide(true)).collect();
-    let hide = move |c: clap::Command| c.args(hidden.clone());
-    let (h1, h2, h3) = (hide.clone(), hide.clone(), hide.clone());
-    cmd.mut_subcommand("server", h1)
-        .mut_subcommand("tls", h2)
-        .mut_subcommand("snapshot", move |s| s.mut_subcommand("restore", h3).mut_subcommand("status", hide))
+    let hidden =
+        |ids: &[&str]| -> Vec<clap::Arg> { cmd.get_arguments().filter(|a| ids.contains(&a.get_id().as_str())).map(|a| a.clone().hide(true)).collect() };
+    let (client, offline) = (hidden(&CLIENT_ARGS), hidden(&[&CLIENT_ARGS[..], &["insecure"]].concat()));
+    let hide = move |c: clap::Command| c.args(offline.clone());
+    let (h1, h2) = (hide.clone(), hide.clone());
+    cmd.mut_subcommand("server", move |c| c.args(client))
+        .mut_subcommand("tls", h1)
+        .mut_subcommand("snapshot", move |s| s.mut_subcommand("restore", h2).mut_subcommand("status", hide))
 }
 
 /// Parse the process's arguments (clap's exit on errors and `--help`).
@@ -368,10 +376,6 @@ pub struct ServerArgs {
     /// Keep the store in step with this directory of YAML/JSON resources.
     #[arg(long)]
     watch_dir: Option<PathBuf>,
-    /// Plaintext on every port, no credentials: anyone who can reach a
-    /// port can do anything. For experiments only (logged loudly).
-    #[arg(long)]
-    insecure: bool,
     /// Serve /metrics and /debug/* also here, without TLS or a token
     /// (a loopback address only), e.g. for a local Prometheus.
     #[arg(long)]
@@ -383,7 +387,9 @@ pub struct ServerArgs {
 }
 
 impl ServerArgs {
-    pub fn into_config(self) -> Result<ServerConfig> {
+    /// The configuration: the file, overridden by the flags; `insecure`
+    /// is the global `--insecure`.
+    pub fn into_config(self, insecure: bool) -> Result<ServerConfig> {
         let mut c = match &self.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -410,7 +416,7 @@ impl ServerArgs {
             c.initial_members = self.initial_members;
         }
         c.join |= self.join;
-        c.insecure |= self.insecure;
+        c.insecure |= insecure;
         if self.metrics_addr.is_some() {
             c.metrics_addr = self.metrics_addr;
         }
@@ -422,13 +428,13 @@ impl ServerArgs {
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
-    let Cli { servers, client_config, ca_file, token, command } = cli;
+    let Cli { servers, client_config, ca_file, token, insecure, command } = cli;
     if servers.len() > 1 {
         bail!("--server given {} times; this command talks to one replica", servers.len());
     }
     match command {
         Command::Server(args) => {
-            let config = args.into_config()?;
+            let config = args.into_config(insecure)?;
             return crate::server::run(config, crate::server::shutdown_signal()).await;
         }
         Command::Tls { command: TlsCommand::Ca { command: CaCommand::Create { dir, mesh: true, trust_domain } } } => {
@@ -447,7 +453,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         _ => {}
     }
-    let access = client::Access::resolve(servers.into_iter().next(), client_config, ca_file, token)?;
+    let access = client::Access { insecure, ..client::Access::resolve(servers.into_iter().next(), client_config, ca_file, token)? };
     let client = access.client()?;
     match command {
         Command::Server(_) | Command::Tls { .. } => unreachable!("handled above"),
@@ -515,18 +521,17 @@ fn read_documents(files: &[String]) -> Result<Vec<Value>> {
     Ok(docs)
 }
 
+/// A directory's resource files as the server's watched directory finds
+/// them (`adapters::directory`: links below it are not followed, bounded
+/// depth and count); any other path as given.
 fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
     if meta.is_dir() {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
-        entries.sort();
-        for e in entries {
-            if e.is_dir() {
-                collect(&e, out)?;
-            } else if e.extension().and_then(|x| x.to_str()).is_some_and(|x| matches!(x, "yaml" | "yml" | "json")) {
-                out.push(e);
-            }
+        let walk = crate::adapters::directory::resource_files(path, &Default::default()).map_err(|e| anyhow!(e))?;
+        for link in &walk.skipped_links {
+            eprintln!("warning: {}: a symbolic link, not followed (name the file itself to apply it)", link.display());
         }
+        out.extend(walk.files.into_iter().map(|f| f.0));
     } else {
         out.push(path.to_path_buf());
     }
@@ -918,18 +923,25 @@ mod tests {
     fn client_options_only_on_client_commands() {
         let mut cmd = super::command();
         cmd.build();
-        let shown = |path: &[&str]| {
+        let shown = |path: &[&str], id: &str| {
             let mut c = &cmd;
             for p in path {
                 c = c.find_subcommand(p).unwrap();
             }
-            c.get_arguments().any(|a| a.get_id() == "servers" && !a.is_hide_set())
+            c.get_arguments().any(|a| a.get_id() == id && !a.is_hide_set())
         };
         for path in [&["server"][..], &["tls", "ca", "create"], &["snapshot", "restore"], &["snapshot", "status"]] {
-            assert!(!shown(path), "{path:?} shows --server");
+            assert!(!shown(path, "servers"), "{path:?} shows --server");
         }
         for path in [&["get"][..], &["apply"], &["snapshot", "save"], &["token", "create"], &["bootstrap"]] {
-            assert!(shown(path), "{path:?} lacks --server");
+            assert!(shown(path, "servers"), "{path:?} lacks --server");
+        }
+        // --insecure: the server's plaintext, a client's token over http://.
+        for path in [&["server"][..], &["get"], &["apply"], &["bootstrap"]] {
+            assert!(shown(path, "insecure"), "{path:?} lacks --insecure");
+        }
+        for path in [&["tls", "ca", "create"][..], &["snapshot", "restore"], &["snapshot", "status"]] {
+            assert!(!shown(path, "insecure"), "{path:?} shows --insecure");
         }
         // They still parse where shown, before or after the command.
         let cli = super::Cli::from_arg_matches(&super::command().get_matches_from(["lodestar", "get", "vs", "--server", "https://x:1"])).unwrap();

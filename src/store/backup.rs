@@ -252,7 +252,7 @@ pub async fn restore(backup: &Backup, data_dir: &Path, id: NodeId, members: BTre
     }
     check_new_data_dir(data_dir)?;
     let created = !data_dir.exists();
-    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    super::create_data_dir(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
     let result = write_restored(backup, data_dir, members).await;
     if result.is_err() {
         let _ = if created { std::fs::remove_dir_all(data_dir) } else { std::fs::remove_dir_all(data_dir.join("db")) };
@@ -436,6 +436,8 @@ mod tests {
         let members = BTreeMap::from([(1, info(10)), (2, info(20))]);
         let dir = tmp.path().join("n1");
         restore(&b, &dir, 1, members.clone()).await.unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700, "a data dir is its owner's only");
 
         // sled releases its file lock when its flusher thread lets go of
         // the store, shortly after the last handle is dropped: in the same

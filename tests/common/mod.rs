@@ -561,3 +561,25 @@ pub fn number(r: &std::collections::BTreeMap<String, String>, key: &str) -> f64 
     let v = r.get(key).unwrap_or_else(|| panic!("no {key} in {r:?}"));
     v.parse().unwrap_or_else(|_| panic!("{key}={v} is not a number"))
 }
+
+/// A client certificate from the test CA naming `dns` (written into `dir`).
+pub fn client_cert(dir: &std::path::Path, dns: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let ca = test_ca();
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(&ca.ca_key_file).unwrap()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.ca_pem, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec![dns.to_string()]).unwrap();
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (c, k) = (dir.join(format!("{dns}.pem")), dir.join(format!("{dns}-key.pem")));
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (c, k)
+}
+
+/// VmRSS and VmHWM of a process, in KiB.
+pub fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok()).unwrap_or(0);
+    (field("VmRSS:"), field("VmHWM:"))
+}
