@@ -34,6 +34,8 @@
 //!   reloadable rustls configurations, the accept path, dialling peers.
 //! - [`server`]: starts a replica's ports and shuts it down.
 //! - [`config`]: server settings (TOML + flags).
+//! - [`logging`]: the binary's log lines (text on terminals in colour, or
+//!   JSON).
 //! - [`cli`]: the `lodestar` command line (the replica and client commands).
 //! - [`error`]: the one error vocabulary.
 //!

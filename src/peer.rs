@@ -393,8 +393,8 @@ fn member_of(tls: bool, extensions: &tonic::Extensions) -> Result<Option<NodeId>
 fn check_sender(caller: Option<NodeId>, claimed: Option<NodeId>) -> Result<(), Status> {
     match caller {
         Some(cert) if claimed != Some(cert) => {
-            tracing::warn!(cert, ?claimed, "raft: refused a message whose sender is not the member its certificate names");
             let claimed = claimed.map_or_else(|| "none".to_string(), |c| c.to_string());
+            tracing::warn!(cert, %claimed, "raft: refused a message whose sender is not the member its certificate names");
             Err(Status::permission_denied(format!("the certificate names member {cert}, the message claims member {claimed}")))
         }
         _ => Ok(()),

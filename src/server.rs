@@ -84,7 +84,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // The management credential for the client config (see `tls::bootstrap`).
     let token = if config.acls_on() { crate::tls::bootstrap::ensure_management_token(&mut config)? } else { None };
     let config = Arc::new(config);
-    let db = crate::store::open_db(&config.data_dir)
+    let db = crate::store::open_db(&config.data_dir, config.store_cache_bytes)
         .with_context(|| format!("opening the store in {} (is another replica using it?)", config.data_dir.display()))?;
 
     // The mesh CA (workload certificates): files on this replica.
@@ -177,7 +177,10 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
             .serve_with_incoming_shutdown(raft_incoming.into_stream(), stopped()),
     );
 
-    let app = rest::router(replica.clone()).merge(GrpcApi::router(replica.clone())).layer(axum::middleware::from_fn(rest::track));
+    let app = rest::router(replica.clone())
+        .merge(GrpcApi::router(replica.clone()))
+        .layer(axum::middleware::from_fn(rest::track))
+        .layer(axum::middleware::from_fn_with_state(config.max_body_bytes, rest::drain_unread_body));
     let api_stopped = stopped();
     let header_timeout = (config.http_header_read_timeout_ms > 0).then(|| Duration::from_millis(config.http_header_read_timeout_ms));
     let api_server = tokio::spawn(crate::api::serve::serve(api_incoming, app, header_timeout, api_stopped));
@@ -369,12 +372,59 @@ async fn initialise(config: &ServerConfig, raft: &Raft) -> anyhow::Result<()> {
     } else {
         config.initial_members.iter().map(|m| (m.id, m.info())).collect()
     };
-    tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initialising a new cluster");
+    // One founding member starts the first election, so that two do not
+    // compete for the same term: the lowest id, once the others listen.
+    // Each other one waits its turn (by rank), and starts one only if no
+    // election reached it meanwhile (the ones before it are down).
+    let rank = members.keys().position(|id| *id == config.id).unwrap_or(0) as u64;
+    if rank == 0 {
+        wait_for_founders(config).await;
+    } else {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(rank * 2 * config.election_timeout_max_ms);
+        while tokio::time::Instant::now() < deadline {
+            if raft.is_initialized().await? {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tracing::info!(members = %crate::logging::list(members.keys()), "initialising a new cluster");
     match raft.initialize(members).await {
         Ok(()) => Ok(()),
         // Another founding member got there first: that is the goal.
         Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Before a new cluster's first election (by the lowest founding id):
+/// until the other founding members' raft ports accept connections, for at
+/// most two election timeouts. Members started a moment apart
+/// (`cluster/local`, a fleet booting) would otherwise fail the first vote
+/// requests to the ones not listening yet; a member that stays down is
+/// given up on, and the election goes ahead with the others.
+async fn wait_for_founders(config: &ServerConfig) {
+    let others: Vec<&str> = config.initial_members.iter().filter(|m| m.id != config.id).map(|m| m.raft_addr.as_str()).collect();
+    if others.is_empty() {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(2 * config.election_timeout_max_ms);
+    let mut waiting = others;
+    while !waiting.is_empty() && tokio::time::Instant::now() < deadline {
+        let mut still = Vec::new();
+        for addr in waiting {
+            let up = tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr)).await.is_ok_and(|r| r.is_ok());
+            if !up {
+                still.push(addr);
+            }
+        }
+        waiting = still;
+        if !waiting.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    if !waiting.is_empty() {
+        tracing::info!(unreachable = %waiting.join(", "), "founding members not listening yet; initialising without waiting longer");
     }
 }
 

@@ -134,6 +134,22 @@ async fn a_namespace_writer_cannot_claim_another_namespaces_hostnames() {
     let warnings = body["warnings"].to_string();
     assert!(warnings.contains("api.example.com is also claimed by serviceentries/team-b/api"), "{warnings}");
     assert!(warnings.contains("else the oldest (serviceentries/team-b/api)"), "{warnings}");
+    // A ServiceEntry for the hostname of team-a's registry Service: in
+    // team-b, resolved per proxy (team-b's proxies use team-b's entry), so
+    // no warning that the registry's instances are served instead; in
+    // team-a, they are (one service per hostname and namespace, the
+    // registry's first), and both warnings say so.
+    let (status, body) = common::apply(&c.http, &api, vec![service_entry("team-b", "pay", &["api.payments.example.com"])]).await;
+    assert_eq!(status, 200, "{body:#}");
+    let warnings = body["warnings"].to_string();
+    assert!(warnings.contains("api.payments.example.com is also claimed by services/team-a/pay"), "{warnings}");
+    assert!(!warnings.contains("is also a registry service's"), "another namespace's registry Service does not win here: {warnings}");
+    let (status, body) = common::apply(&writer, &api, vec![service_entry("team-a", "pay-entry", &["api.payments.example.com"])]).await;
+    assert_eq!(status, 200, "{body:#}");
+    let warnings = body["warnings"].to_string();
+    assert!(warnings.contains("api.payments.example.com is also claimed by services/team-a/pay"), "{warnings}");
+    assert!(warnings.contains("is also a registry service's (Service team-a/pay)"), "{warnings}");
+    assert!(!warnings.contains("Service team-b"), "{warnings}");
 
     // The gRPC API refuses the same way.
     let mut grpc = common::grpc_api_as(&api, Some(&secret(&common::token_create(&api, &["--policy", "team-a"]))));

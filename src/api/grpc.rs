@@ -180,8 +180,10 @@ impl Lodestar for GrpcApi {
         caller.authorize_txn(Verb::Write, &txn).map_err(status_of)?;
         let node = &self.replica.node;
         crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current()).map_err(status_of)?;
-        warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
-        warnings.extend(super::claim_warnings(&txn, &node.reader.current(), &node.config.domain_suffix));
+        let applied = node.reader.current();
+        warnings.extend(super::policy_warnings(&txn, &applied, &node.config.root_namespace));
+        warnings.extend(super::claim_warnings(&txn, &applied, &node.config.domain_suffix));
+        warnings.extend(super::host_warnings(&txn, &applied, &node.config.domain_suffix));
         let ok = caller.write(&self.replica.node, Verb::Write, txn).await.map_err(status_of)?;
         Ok(Response::new(write_response(ok, warnings)))
     }

@@ -698,6 +698,88 @@ pub fn policy_warnings(txn: &Txn, applied: &crate::store::Applied, root_ns: &str
     out
 }
 
+/// Apply-time warnings for a host that is both a registry service's (a
+/// Service, or the service of an Instance) and a ServiceEntry's in the
+/// same namespace: the registry's instances are served for it
+/// (`Mesh::build` keeps one service per hostname and namespace, the
+/// registry's first), and the ServiceEntry's endpoints are not. Claims
+/// from different namespaces are resolved per proxy: [`claim_warnings`]
+/// says so. Only for hosts the transaction puts:
+/// the ServiceEntries and Services are few (a kind's range of the store);
+/// Instances are read only when the transaction puts a ServiceEntry.
+pub fn host_warnings(txn: &Txn, applied: &crate::store::Applied, suffix: &str) -> Vec<String> {
+    use crate::model::istio::Validated;
+    use crate::model::TypedSpec;
+    use std::collections::BTreeSet;
+    let touched: BTreeSet<&ResourceKey> = txn
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Put { key, .. } | Op::Delete { key, .. } => Some(key),
+            _ => None,
+        })
+        .collect();
+    let puts: Vec<(ResourceKey, TypedSpec)> = txn
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Put { key, body, .. } if matches!(key.kind, Kind::Service | Kind::Instance | Kind::ServiceEntry) => {
+                let body: Value = serde_json::from_str(body).ok()?;
+                Some((key.clone(), crate::model::parse_typed(key.kind, body.get("spec").unwrap_or(&Value::Null)).ok()?))
+            }
+            _ => None,
+        })
+        .collect();
+    if puts.is_empty() {
+        return Vec::new();
+    }
+    // Every host an object stands for, as the mesh names it.
+    let hosts = |key: &ResourceKey, typed: &TypedSpec| -> Vec<String> {
+        match typed {
+            TypedSpec::Service(spec) => vec![spec.hostname.clone().unwrap_or_else(|| format!("{}.{}.svc.{suffix}", key.name, key.namespace))],
+            TypedSpec::Instance(spec) => vec![crate::mesh::instance_hostname(spec, &key.namespace, suffix)],
+            TypedSpec::Istio(Validated::ServiceEntry { spec, .. }) => {
+                spec.hosts.iter().map(|h| crate::model::istio::resolve_short_name(h, &key.namespace, suffix)).collect()
+            }
+            _ => Vec::new(),
+        }
+    };
+    // The stored objects of `kind` the transaction leaves in place, and
+    // those it puts.
+    let of_kind = |kind: Kind| -> Vec<(ResourceKey, Vec<String>)> {
+        let stored = applied.state.objects.range(ResourceKey::new(kind, "", "")..).take_while(|(k, _)| k.kind == kind).filter(|(k, _)| !touched.contains(k));
+        let stored = stored.filter_map(|(k, o)| Some((k.clone(), hosts(k, o.typed().ok()?))));
+        stored.chain(puts.iter().filter(|(k, _)| k.kind == kind).map(|(k, t)| (k.clone(), hosts(k, t)))).collect()
+    };
+    let mut out = BTreeSet::new();
+    let registry_put = puts.iter().any(|(k, _)| k.kind != Kind::ServiceEntry);
+    let entries = if registry_put { of_kind(Kind::ServiceEntry) } else { Vec::new() };
+    for (key, typed) in puts.iter().filter(|(k, _)| k.kind != Kind::ServiceEntry) {
+        for host in hosts(key, typed) {
+            for (se, _) in entries.iter().filter(|(se, h)| se.namespace == key.namespace && h.contains(&host)) {
+                out.insert(format!(
+                    "{key}: {host} is also the host of ServiceEntry {}/{}: the registry's instances are served for it, not the ServiceEntry's endpoints",
+                    se.namespace, se.name
+                ));
+            }
+        }
+    }
+    if puts.iter().any(|(k, _)| k.kind == Kind::ServiceEntry) {
+        let registry: Vec<(ResourceKey, Vec<String>)> = of_kind(Kind::Service).into_iter().chain(of_kind(Kind::Instance)).collect();
+        for (key, typed) in puts.iter().filter(|(k, _)| k.kind == Kind::ServiceEntry) {
+            for host in hosts(key, typed) {
+                if let Some((r, _)) = registry.iter().find(|(r, h)| r.namespace == key.namespace && h.contains(&host)) {
+                    out.insert(format!(
+                        "{key}: {host} is also a registry service's ({} {}/{}): its instances are served for it, not this ServiceEntry's endpoints",
+                        r.kind, r.namespace, r.name
+                    ));
+                }
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
 /// A resource named for deletion.
 #[derive(Debug, Clone)]
 pub struct DeleteItem {

@@ -150,8 +150,10 @@ async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap
     let (mut txn, mut warnings) = apply_body(is_yaml(&headers), &bytes)?;
     caller.authorize_txn(Verb::Write, &txn)?;
     crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current())?;
-    warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
-    warnings.extend(super::claim_warnings(&txn, &node.reader.current(), &node.config.domain_suffix));
+    let applied = node.reader.current();
+    warnings.extend(super::policy_warnings(&txn, &applied, &node.config.root_namespace));
+    warnings.extend(super::claim_warnings(&txn, &applied, &node.config.domain_suffix));
+    warnings.extend(super::host_warnings(&txn, &applied, &node.config.domain_suffix));
     let ok = caller.write(&node, Verb::Write, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
 }
@@ -428,6 +430,79 @@ pub async fn track(req: axum::extract::Request, next: axum::middleware::Next) ->
     m.api_duration.with(&[method, &route]).observe(started.elapsed());
     m.api_requests.with(&[method, &route, resp.status().as_str()]).inc();
     resp
+}
+
+/// How much of an unread HTTP/2 request body is read after the answer, and
+/// for how long (see [`drain_unread_body`]).
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An HTTP/2 request whose body the handler leaves unread (a 401 or 403
+/// answered before the body, a body over the limit): the rest of its body
+/// is read and dropped after the answer, up to `max_body_bytes` and for at
+/// most 10 s, so the stream ends cleanly and a client still sending (curl
+/// `-d @file`) sees the status. Dropped unread, hyper resets the stream
+/// (RST_STREAM, as RFC 9113 8.1 allows) and curl reports `(92) HTTP/2
+/// stream 1 was not closed cleanly` instead of the 401. HTTP/1.1 closes
+/// the connection instead, which clients read fine; gRPC reads its own.
+pub async fn drain_unread_body(State(max_bytes): State<usize>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let grpc = req.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if req.version() != axum::http::Version::HTTP_2 || grpc || http_body::Body::is_end_stream(req.body()) {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let req = axum::extract::Request::from_parts(parts, Body::new(Drained { body: Some(body), max_bytes }));
+    next.run(req).await
+}
+
+/// A request body that, dropped before its end, is read to the end in a
+/// task of its own (bounded), then dropped.
+struct Drained {
+    body: Option<Body>,
+    max_bytes: usize,
+}
+
+impl http_body::Body for Drained {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<http_body::Frame<Bytes>, axum::Error>>> {
+        match self.get_mut().body.as_mut() {
+            Some(b) => std::pin::Pin::new(b).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(http_body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.as_ref().map(http_body::Body::size_hint).unwrap_or_default()
+    }
+}
+
+impl Drop for Drained {
+    fn drop(&mut self) {
+        let Some(body) = self.body.take().filter(|b| !http_body::Body::is_end_stream(b)) else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let max_bytes = self.max_bytes;
+        runtime.spawn(async move {
+            let mut left = max_bytes;
+            let mut data = body.into_data_stream();
+            let _ = tokio::time::timeout(DRAIN_TIME, async {
+                while let Some(Ok(chunk)) = data.next().await {
+                    match left.checked_sub(chunk.len()) {
+                        Some(l) => left = l,
+                        None => break,
+                    }
+                }
+            })
+            .await;
+        });
+    }
 }
 
 /// A request's `route` label: the route template it matched (`/v1/resources/{kind}`);

@@ -56,8 +56,11 @@ impl Acl {
                 }
                 management = Some(super::token::hash_secret(secret));
             }
-            let path = config.audit_log.as_deref().filter(|p| !p.as_os_str().is_empty());
-            audit = Some(AuditLog::start(path).map_err(|e| format!("audit_log {}: {e}", path.map_or("stderr".into(), |p| p.display().to_string())))?);
+            let systemd = std::env::var_os("INVOCATION_ID").map(|_| std::env::var_os("LOGS_DIRECTORY").map(std::path::PathBuf::from));
+            let path = config.audit_log_path(systemd);
+            let to = path.as_ref().map_or("stderr".into(), |p| p.display().to_string());
+            audit = Some(AuditLog::start(path.as_deref()).map_err(|e| format!("audit_log {to}: {e}"))?);
+            tracing::info!(to = %to, "audit log (one JSON line per write and refusal)");
         }
         let applied = reader.current();
         let index = Arc::new(AclIndex::build(acl_objects(&applied).cloned()));

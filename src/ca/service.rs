@@ -476,7 +476,7 @@ impl IstioCertificateService for CaService {
                     m.ca_auth_failures.inc();
                 }
                 m.ca_errors.with(&[reason(e.code)]).inc();
-                tracing::info!(remote = ?conn.map(|c| c.remote), error = %e.message, "certificate request refused");
+                tracing::info!(remote = %conn.map_or_else(|| "unknown".to_string(), |c| c.remote.to_string()), error = %e.message, "certificate request refused");
                 Err(crate::api::grpc::status_of(e))
             }
         }

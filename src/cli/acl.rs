@@ -14,6 +14,7 @@ pub enum TokenCommand {
     /// Create a token. Prints its accessor id and its secret, which is
     /// shown this once (the store keeps only its hash).
     Create {
+        /// What it is for (shown by `token list`).
         #[arg(long)]
         description: Option<String>,
         /// A policy it holds; repeat for more.
@@ -32,7 +33,7 @@ pub enum TokenCommand {
         proxy: Option<String>,
         /// A join token instead: the workload identity NAMESPACE/SERVICE_ACCOUNT
         /// whose first certificate it obtains from the mesh CA (`lodestar
-        /// agent --join-token`). No policies or roles.
+        /// agent --join-token-file`). No policies or roles.
         #[arg(long, conflicts_with = "host")]
         workload: Option<String>,
         /// A host agent's join token instead: the host NAME's first
@@ -48,6 +49,7 @@ pub enum TokenCommand {
         /// A source address range the join token is accepted from; repeat.
         #[arg(long = "cidr")]
         cidrs: Vec<String>,
+        /// json: the whole answer (default: the accessor id and secret).
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
@@ -55,12 +57,17 @@ pub enum TokenCommand {
     List,
     /// One token, by accessor id.
     Read {
+        /// Its accessor id (`token list`).
         accessor: String,
+        /// json (default: yaml).
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
     /// Delete a token: every replica refuses it once it applied the delete.
-    Revoke { accessor: String },
+    Revoke {
+        /// Its accessor id (`token list`).
+        accessor: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -71,7 +78,9 @@ pub enum PolicyCommand {
     /// write:services,instances:team-a:*.team-a.example.com` (hostnames the
     /// registry services and instances it writes may claim).
     Create {
+        /// The policy's name.
         name: String,
+        /// What it is for.
         #[arg(long)]
         description: Option<String>,
         /// One rule; repeat for more.
@@ -85,13 +94,19 @@ pub enum PolicyCommand {
 /// What policies and roles both answer.
 #[derive(Subcommand)]
 pub enum ObjectCommand {
+    /// Every one, as a table.
     List,
+    /// One, as YAML (or JSON).
     Read {
+        /// Its name.
         name: String,
+        /// json (default: yaml).
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
+    /// Delete one.
     Delete {
+        /// Its name.
         name: String,
     },
 }
@@ -101,9 +116,12 @@ pub enum RoleCommand {
     /// Create a role: policies, and the client-certificate identities that
     /// hold it.
     Create {
+        /// The role's name.
         name: String,
+        /// What it is for.
         #[arg(long)]
         description: Option<String>,
+        /// A policy it grants; repeat for more.
         #[arg(long = "policy", required = true)]
         policies: Vec<String>,
         /// A client-certificate identity (SPIFFE id or subject name); repeat.
@@ -119,6 +137,7 @@ pub enum AclCommand {
     /// Create the first management token (policy global-management), once.
     /// Needs no token; refused once the store holds any token.
     Bootstrap {
+        /// json: the whole answer (default: the accessor id and secret).
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },

@@ -60,13 +60,16 @@ pub struct BootstrapArgs {
     /// Workload name (e.g. productpage-v1).
     #[arg(long)]
     pub name: String,
+    /// The workload's namespace: its config and the identity it claims.
     #[arg(long, default_value = crate::model::DEFAULT_NAMESPACE)]
     pub namespace: String,
     /// A workload label, KEY=VALUE; repeat for each.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// Envoy's admin port.
     #[arg(long, default_value_t = 15000)]
     pub admin_port: u16,
+    /// The mesh's DNS suffix (the replicas' domain_suffix).
     #[arg(long, default_value = "cluster.local")]
     pub domain_suffix: String,
     /// Use incremental xDS (DELTA_GRPC) instead of state of the world.
@@ -78,6 +81,12 @@ pub struct BootstrapArgs {
     /// secret: keep it readable by Envoy only.
     #[arg(long, env = "LODESTAR_PROXY_TOKEN_FILE")]
     pub proxy_token_file: Option<std::path::PathBuf>,
+    /// Without --proxy-token-file: make no proxy token either, and write
+    /// no credential (the xDS port then refuses the proxy while ACLs are
+    /// on). By default one is made with the CLI's credential.
+    #[arg(long, conflicts_with = "proxy_token_file")]
+    pub no_proxy_token: bool,
+    /// yaml or json.
     #[arg(short, long, value_enum, default_value = "yaml")]
     pub output: Format,
     /// Write a gRPC xDS bootstrap (GRPC_XDS_BOOTSTRAP) for a proxyless gRPC
@@ -121,12 +130,53 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> 
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
+    // Check everything else before a token is made for it.
+    bootstrap(&args, &servers, ca_pem, None)?;
+    let token = match token {
+        Some(t) => Some(t),
+        None if args.no_proxy_token => None,
+        None => mint_proxy_token(client, &args).await,
+    };
     let doc = bootstrap(&args, &servers, ca_pem, token.as_deref())?;
     match args.output {
         Format::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
         Format::Yaml => print!("{}", yaml_serde::to_string(&doc)?),
     }
     Ok(())
+}
+
+/// Without `--proxy-token-file`, on a cluster with TLS (so ACLs, by
+/// default): a proxy token for this proxy (`NAMESPACE/NAME`), made with the
+/// CLI's own credential when it may make tokens (`admin` on the cluster,
+/// as the management token in the client config a server writes); else a
+/// warning that the xDS port will refuse this Envoy, naming the command
+/// that makes a token. A plaintext (`--insecure`) cluster takes no
+/// credential: nothing to make.
+pub async fn mint_proxy_token(client: &Client, args: &BootstrapArgs) -> Option<String> {
+    if client.base().starts_with("http://") {
+        return None;
+    }
+    let identity = format!("{}/{}", args.namespace, args.name);
+    let body = serde_json::json!({"proxy": identity, "description": format!("lodestar bootstrap for {}.{}", args.name, args.namespace)});
+    let made = client.post("/v1/acl/tokens", &body).await.and_then(|t| {
+        let field = |k: &str| t[k].as_str().map(String::from).ok_or_else(|| anyhow!("the answer has no {k}"));
+        Ok((field("accessorId")?, field("secret")?))
+    });
+    match made {
+        Ok((accessor, secret)) => {
+            eprintln!(
+                "Made a proxy token for {identity} (accessor {accessor}; `lodestar token revoke {accessor}` ends it). The bootstrap holds its secret: keep the file readable by Envoy only."
+            );
+            Some(secret)
+        }
+        Err(e) => {
+            eprintln!(
+                "Warning: this bootstrap has no proxy credential, so the xDS port will refuse its Envoy (ACLs are on), and could not make one: {e:#}\n  \
+                 With an admin's token: lodestar token create --proxy {identity} -o json, put the secret in a file (readable by Envoy only), then pass --proxy-token-file FILE."
+            );
+            None
+        }
+    }
 }
 
 /// The secret in `--proxy-token-file`, if given.

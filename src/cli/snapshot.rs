@@ -23,6 +23,7 @@ pub enum SnapshotCommand {
     /// linearizable read: it holds every write acknowledged before) and write
     /// it to FILE atomically.
     Save {
+        /// Where to write the backup.
         file: PathBuf,
         /// Back up the replica's local applied state without asking the leader.
         #[arg(long)]
@@ -36,7 +37,9 @@ pub enum SnapshotCommand {
     Restore(RestoreArgs),
     /// Check a backup file (format, checksum, contents) and show what it holds.
     Status {
+        /// The backup file.
         file: PathBuf,
+        /// json (default: a summary for people).
         #[arg(short, long, value_enum)]
         output: Option<StatusFormat>,
     },
@@ -135,6 +138,7 @@ async fn restore(args: RestoreArgs) -> Result<()> {
         join: false,
         watch_dir: None,
         metrics_addr: None,
+        log_format: Default::default(),
     };
     let config = server.into_config(false)?;
     config.validate().map_err(|e| anyhow!("invalid configuration: {e}"))?;

@@ -261,7 +261,7 @@ pub async fn restore(backup: &Backup, data_dir: &Path, id: NodeId, members: BTre
 }
 
 async fn write_restored(backup: &Backup, data_dir: &Path, members: BTreeMap<NodeId, NodeInfo>) -> anyhow::Result<()> {
-    let db = super::open_db(data_dir).with_context(|| format!("creating the store in {}", data_dir.display()))?;
+    let db = super::open_db(data_dir, super::DEFAULT_CACHE_BYTES).with_context(|| format!("creating the store in {}", data_dir.display()))?;
     let log_id = restored_log_id();
     let voters: BTreeSet<NodeId> = members.keys().copied().collect();
     let membership = StoredMembership::new(Some(log_id), Membership::new(vec![voters], members));
@@ -444,7 +444,7 @@ mod tests {
         // process, opening it again may wait for that.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let db = loop {
-            match super::super::open_db(&dir) {
+            match super::super::open_db(&dir, super::super::DEFAULT_CACHE_BYTES) {
                 Ok(db) => break db,
                 Err(e) if std::time::Instant::now() < deadline => {
                     let _ = e;

@@ -364,7 +364,7 @@ impl AdsService {
             .await
             .map_err(|e| Status::unavailable(format!("cannot generate the configuration of {}: {e}", identity.id)))?;
         if self.shared.log.line(StreamEvent::Opened) {
-            tracing::info!(proxy = %identity.id, stream = handle.stream(), protocol = ?V::PROTOCOL, revision = config.revision, "xDS stream opened");
+            tracing::info!(proxy = %identity.id, stream = handle.stream(), protocol = V::PROTOCOL.as_str(), revision = config.revision, "xDS stream opened");
         } else {
             tracing::debug!(proxy = %identity.id, stream = handle.stream(), protocol = ?V::PROTOCOL, revision = config.revision, "xDS stream opened");
         }

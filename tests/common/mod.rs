@@ -49,7 +49,7 @@ pub fn test_ca() -> &'static TestCa {
         let token_file = dir.join("management.token");
         lodestar::tls::pki::write_file(&token_file, &format!("{token}\n"), true).unwrap();
         let client_config = dir.join("client.toml");
-        let config = lodestar::config::ClientConfig { server: String::new(), ca_pem: ca_pem.clone(), token: Some(token.clone()) };
+        let config = lodestar::config::ClientConfig { ca_pem: ca_pem.clone(), token: Some(token.clone()), ..Default::default() };
         std::fs::write(&client_config, config.to_toml()).unwrap();
         let anonymous_client_config = dir.join("anonymous-client.toml");
         std::fs::write(&anonymous_client_config, lodestar::config::ClientConfig { token: None, ..config }.to_toml()).unwrap();

@@ -215,7 +215,7 @@ impl Attack {
         let Some(ca_pem) = access.ca_pem.clone() else { bail!("abuse needs the cluster's CA (a client config, --ca-file)") };
         let api = super::base_url(server);
         let api_addr = api.split("://").nth(1).unwrap_or(&api).trim_end_matches('/').to_string();
-        let admin = access.client(Some(&api))?;
+        let admin = lodestar::cli::client::Access { servers: vec![api.clone()], ..access }.client()?;
         Ok(Attack { args: args.clone(), api, api_addr, admin, ca_pem, created: Default::default(), memory_after: Default::default() })
     }
 
