@@ -74,6 +74,7 @@ BENCH=$WORK/lodestar-bench
 # Secure by default: the cluster CA and management token (benches/lib.sh).
 . "$ROOT/benches/lib.sh"
 secure_cluster_files "$LODESTAR" "$WORK"
+one_source_many_proxies "$LODESTAR" "$WORK/tls.toml"
 
 # (b) three replicas
 three_member_addrs "$PORT"

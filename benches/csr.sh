@@ -89,6 +89,7 @@ cp "$ROOT/target/$PROFILE/lodestar-bench" "$WORK/lodestar-bench"
 LODESTAR=$WORK/lodestar
 BENCH=$WORK/lodestar-bench
 secure_cluster_files "$LODESTAR" "$WORK"
+one_source_many_proxies "$LODESTAR" "$WORK/tls.toml"
 "$LODESTAR" tls ca create --mesh --dir "$WORK/mesh-ca" >/dev/null
 printf 'mesh_ca_dir = "%s"\n' "$WORK/mesh-ca" >>"$WORK/tls.toml"
 

@@ -142,20 +142,13 @@ BENCH=$WORK/lodestar-bench
 # Secure by default: the cluster CA and management token (benches/lib.sh).
 . "$ROOT/benches/lib.sh"
 secure_cluster_files "$LODESTAR" "$WORK"
+one_source_many_proxies "$LODESTAR" "$WORK/tls.toml"
 
 three_member_addrs "$PORT"
 cat "$WORK/tls.toml" - >"$WORK/replica.toml" <<'TOML'
 xds_rebalance_interval_ms = 0
 xds_max_stream_age_s = 0
 TOML
-# Every simulated proxy connects from one address with one token: the
-# per-client stream quotas (issue 32) would refuse all but 1,000 per
-# replica. Raised past any scenario's count, so their bookkeeping is still
-# measured; only when the replicas' binary knows them (an A/B run against
-# an older build must not stop on an unknown setting).
-if grep -qa xds_max_streams_per_source "$LODESTAR"; then
-    printf 'xds_max_streams_per_credential = 1000000\nxds_max_streams_per_source = 1000000\n' >>"$WORK/replica.toml"
-fi
 
 # (b) three fresh replicas in $WORK/$1; sets PIDS and LEADER.
 start_cluster() {

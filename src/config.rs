@@ -8,7 +8,10 @@ use std::path::PathBuf;
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:8470";
 pub const DEFAULT_RAFT_ADDR: &str = "127.0.0.1:8471";
 pub const DEFAULT_XDS_ADDR: &str = "127.0.0.1:8472";
-pub const DEFAULT_SERVER_URL: &str = "http://127.0.0.1:8470";
+/// Where the CLI goes with no server named anywhere: the API of `lodestar
+/// server` started with no flags, which serves TLS (`--insecure` servers
+/// need `--server http://...`).
+pub const DEFAULT_SERVER_URL: &str = "https://127.0.0.1:8470";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
@@ -60,6 +63,8 @@ pub struct ServerConfig {
     pub history_revisions: u64,
     /// Largest accepted API request body.
     pub max_body_bytes: usize,
+    /// sled's page cache (see `store::open_db`).
+    pub store_cache_bytes: u64,
     /// How long a write may wait for a leader and a quorum.
     pub write_timeout_ms: u64,
     /// Group commit: under load, how long a batch of writes may wait for
@@ -115,6 +120,28 @@ pub struct ServerConfig {
     /// RESOURCE_EXHAUSTED, counted as `reason="subscription_limit"`.
     /// 0: no limit (each type is still held to 100,000 names).
     pub xds_max_subscription_bytes: usize,
+    /// Connections open at once on each port, TLS handshakes included, and
+    /// of them from one source address (an IPv6 client: its /64). Past
+    /// either, a new connection is closed as it is accepted, and counted in
+    /// `lodestar_connections_refused_total{port, reason="port_limit" |
+    /// "source_limit"}`. 0: no limit.
+    pub api_max_connections: usize,
+    pub api_max_connections_per_source: usize,
+    pub xds_max_connections: usize,
+    pub xds_max_connections_per_source: usize,
+    pub raft_max_connections: usize,
+    pub raft_max_connections_per_source: usize,
+    /// A TLS handshake that takes longer is dropped (every port).
+    pub tls_handshake_timeout_ms: u64,
+    /// HTTP/1.1 on the API port: a request whose headers take longer to
+    /// arrive is dropped with its connection. 0: no limit.
+    pub http_header_read_timeout_ms: u64,
+    /// A connection to the API or xDS port with no request in progress for
+    /// this long is closed. An open xDS stream or watch is a request in
+    /// progress, however quiet, so Envoys' streams are never cut; a client
+    /// that connects and sends nothing, or dribbles its request's headers,
+    /// is. 0: never.
+    pub conn_idle_timeout_ms: u64,
     /// Adaptive debounce window: isolated changes are pushed at once,
     /// bursts at most once per window (see `xds::push`). 0: every revision.
     pub push_debounce_ms: u64,
@@ -126,8 +153,9 @@ pub struct ServerConfig {
     /// A file holding a secret that is a management token on this replica
     /// (Consul's `initial_management`); give every replica the same file.
     pub initial_management_token_file: Option<PathBuf>,
-    /// Where the audit log (JSON lines) goes when ACLs are on; unset or
-    /// empty: stderr.
+    /// Where the audit log (JSON lines) goes when ACLs are on; `-`:
+    /// stderr. Unset or empty: stderr, but under systemd its own file
+    /// (see [`ServerConfig::audit_log_path`]).
     pub audit_log: Option<PathBuf>,
     /// Plaintext on every port, no client certificates, no credentials:
     /// for experiments only (logged loudly at startup).
@@ -157,8 +185,9 @@ pub struct ServerConfig {
     /// How often the certificate files are checked for changes (new
     /// connections get the new files; open ones keep theirs).
     pub tls_reload_interval_ms: u64,
-    /// Also write the CLI's client config here on first start, if no file
-    /// is there yet (as k3s writes its kubeconfig). Empty: only
+    /// Also write the CLI's client config here on first start (as k3s
+    /// writes its kubeconfig), unless a person wrote the file there: one an
+    /// earlier cluster's first start wrote is replaced. Empty: only
     /// `<data_dir>/client.toml`. `~` is the home directory.
     pub user_client_config: Option<PathBuf>,
     /// The mesh CA (workload certificates), Istio's `cacerts` layout:
@@ -195,6 +224,38 @@ impl ServerConfig {
         self.acl_enabled && !self.insecure
     }
 
+    /// The audit log's file (None: stderr). Unset, under systemd
+    /// (`systemd` is `Some`, with `$LOGS_DIRECTORY` if the unit has
+    /// `LogsDirectory=`): `$LOGS_DIRECTORY/audit.jsonl`, else
+    /// `<data_dir>/audit.jsonl`, so its JSON lines never mix with the human
+    /// log in the journal.
+    pub fn audit_log_path(&self, systemd: Option<Option<PathBuf>>) -> Option<PathBuf> {
+        match self.audit_log.as_deref().filter(|p| !p.as_os_str().is_empty()) {
+            Some(p) if p == std::path::Path::new("-") => None,
+            Some(p) => Some(p.to_path_buf()),
+            None => systemd.map(|logs| logs.filter(|d| !d.as_os_str().is_empty()).unwrap_or_else(|| self.data_dir.clone()).join("audit.jsonl")),
+        }
+    }
+
+    /// The connection limits of `port` (see `tls::conn`).
+    pub fn connection_limits(&self, port: crate::tls::Port) -> crate::tls::conn::Limits {
+        use crate::tls::Port;
+        let (max, per_source) = match port {
+            Port::Api => (self.api_max_connections, self.api_max_connections_per_source),
+            Port::Xds => (self.xds_max_connections, self.xds_max_connections_per_source),
+            Port::Raft => (self.raft_max_connections, self.raft_max_connections_per_source),
+        };
+        let idle = std::time::Duration::from_millis(self.conn_idle_timeout_ms);
+        crate::tls::conn::Limits {
+            max,
+            per_source,
+            handshake_timeout: std::time::Duration::from_millis(self.tls_handshake_timeout_ms),
+            // Members only (mutual TLS at the handshake); their channels
+            // may rest between forwarded writes.
+            idle_timeout: (port != Port::Raft && !idle.is_zero()).then_some(idle),
+        }
+    }
+
     /// The mesh-wide settings translation reads.
     pub fn mesh_config(&self) -> crate::mesh::MeshConfig {
         crate::mesh::MeshConfig {
@@ -226,6 +287,15 @@ impl Default for ServerConfig {
             xds_max_streams_per_source: 2000,
             xds_max_subscription_bytes: 1024 * 1024,
             push_debounce_ms: 20,
+            api_max_connections: 4096,
+            api_max_connections_per_source: 256,
+            xds_max_connections: 25_000,
+            xds_max_connections_per_source: 512,
+            raft_max_connections: 256,
+            raft_max_connections_per_source: 32,
+            tls_handshake_timeout_ms: 10_000,
+            http_header_read_timeout_ms: 10_000,
+            conn_idle_timeout_ms: 120_000,
             join: false,
             heartbeat_ms: 100,
             election_timeout_min_ms: 500,
@@ -234,6 +304,7 @@ impl Default for ServerConfig {
             logs_to_keep: 1_000,
             history_revisions: 10_000,
             max_body_bytes: 4 * 1024 * 1024,
+            store_cache_bytes: crate::store::DEFAULT_CACHE_BYTES,
             write_timeout_ms: 10_000,
             group_commit_wait_us: 5_000,
             domain_suffix: "cluster.local".into(),
@@ -288,6 +359,9 @@ impl ServerConfig {
         if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
             return Err("tls_cert_file and tls_key_file: give both or neither".into());
         }
+        if self.tls_handshake_timeout_ms == 0 {
+            return Err("tls_handshake_timeout_ms: must be at least 1".into());
+        }
         if self.ca_max_in_flight == 0 {
             return Err("ca_max_in_flight: must be at least 1".into());
         }
@@ -315,17 +389,29 @@ impl ServerConfig {
 
 /// What the CLI needs to reach a cluster: `client.toml`, written by a
 /// replica on first start (`<data_dir>/client.toml`, 0600) and read by the
-/// CLI (`--client-config`, `LODESTAR_CONFIG`, else `~/.config/lodestar/client.toml`).
+/// CLI (`--client-config`, `LODESTAR_CONFIG`, else `./lodestar-data/client.toml`,
+/// else `~/.config/lodestar/client.toml`: `cli::client::config_path`).
 /// Copy it to another machine and change `server` to use it from there.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClientConfig {
     /// Any replica's API, `https://HOST:PORT`.
     pub server: String,
+    /// More replicas' APIs: the CLI tries them in order (after `server`)
+    /// while one cannot be reached.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<String>,
     /// The CA bundle (PEM) the server's certificate is checked against.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub ca_pem: String,
+    /// Or the file holding it (relative to this file's directory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
     /// A credential for the API (the admin token on first start).
     pub token: Option<String>,
+    /// Or the file holding it (relative to this file's directory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
 }
 
 impl ClientConfig {
@@ -356,6 +442,18 @@ mod tests {
         assert_eq!((m.id, m.api_addr.as_str()), (2, "127.0.0.1:2"));
         assert!(Member::parse("x=1,2,3").is_err());
         assert!(Member::parse("1=a,b").is_err());
+    }
+
+    #[test]
+    fn audit_log_apart_under_systemd() {
+        let mut c = ServerConfig { data_dir: PathBuf::from("/var/lib/lodestar"), ..Default::default() };
+        assert_eq!(c.audit_log_path(None), None, "stderr, interactively");
+        assert_eq!(c.audit_log_path(Some(None)), Some(PathBuf::from("/var/lib/lodestar/audit.jsonl")));
+        assert_eq!(c.audit_log_path(Some(Some("/var/log/lodestar".into()))), Some(PathBuf::from("/var/log/lodestar/audit.jsonl")));
+        c.audit_log = Some("-".into());
+        assert_eq!(c.audit_log_path(Some(None)), None, "- is stderr, also under systemd");
+        c.audit_log = Some("/a.jsonl".into());
+        assert_eq!(c.audit_log_path(None), Some(PathBuf::from("/a.jsonl")));
     }
 
     #[test]

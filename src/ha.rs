@@ -184,7 +184,7 @@ pub async fn rebalance(node: Arc<Node>, ha: Arc<HaState>, sync: SyncRegistry, mu
         let n = excess(sync.len(), &peers);
         if n > 0 {
             let shed = sync.shed(n);
-            tracing::info!(mine = sync.len(), peers = ?peers, shed = shed.len(), "xDS: shedding streams above the fair share");
+            tracing::info!(mine = sync.len(), peers = %crate::logging::list(&peers), shed = shed.len(), "xDS: shedding streams above the fair share");
         }
     }
 }

@@ -28,11 +28,14 @@
 //! - [`agent`]: `lodestar agent`, a workload's certificate and its SDS
 //!   server for Envoy.
 //! - [`adapters`]: sources outside the API (a watched directory) fed into the store.
+//! - [`logging`]: the log, every field escaped (clients' text cannot forge lines).
 //! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
 //! - [`tls`]: TLS on the ports: the generated CA and certificates,
 //!   reloadable rustls configurations, the accept path, dialling peers.
 //! - [`server`]: starts a replica's ports and shuts it down.
 //! - [`config`]: server settings (TOML + flags).
+//! - [`logging`]: the binary's log lines (text on terminals in colour, or
+//!   JSON).
 //! - [`cli`]: the `lodestar` command line (the replica and client commands).
 //! - [`error`]: the one error vocabulary.
 //!
@@ -50,6 +53,7 @@ pub mod error;
 pub mod ha;
 pub mod health;
 pub mod jwks;
+pub mod logging;
 pub mod mesh;
 pub mod metrics;
 pub mod model;
@@ -78,4 +82,5 @@ pub mod proto {
     pub mod istio_ca {
         tonic::include_proto!("istio.v1.auth");
     }
+    include!(concat!(env!("OUT_DIR"), "/grpc_methods.rs"));
 }

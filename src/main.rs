@@ -1,15 +1,14 @@
-use clap::Parser;
-
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,openraft=warn,sled=warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
-    if let Err(e) = lodestar::cli::run(lodestar::cli::Cli::parse()).await {
+fn main() {
+    let cli = lodestar::cli::parse();
+    lodestar::logging::init(cli.log_format());
+    if !cli.is_daemon() {
+        lodestar::cli::exit_quietly_on_closed_pipe();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("starting the tokio runtime");
+    if let Err(e) = runtime.block_on(lodestar::cli::run(cli)) {
         eprintln!("{e:#}");
         std::process::exit(1);
     }

@@ -20,7 +20,7 @@
 //! its series (a write lock the first time a series is seen).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -118,29 +118,50 @@ impl EncodeMetric for Histogram {
     }
 }
 
+/// The most series one [`Family`] holds (see [`Family::with`]).
+pub const MAX_SERIES: usize = 1000;
+/// The label value of a family's series past [`MAX_SERIES`].
+pub const OVERFLOW: &str = "overflow";
+
 /// A metric with one series per set of label values.
 #[derive(Debug)]
 pub struct Family<M> {
     label_names: &'static [&'static str],
     series: family::Family<Vec<(&'static str, String)>, M>,
+    /// Series created (about: two threads creating the same one at once
+    /// both count it, so the bound errs low).
+    created: Arc<AtomicUsize>,
 }
 
 impl<M> Clone for Family<M> {
     fn clone(&self) -> Self {
-        Family { label_names: self.label_names, series: self.series.clone() }
+        Family { label_names: self.label_names, series: self.series.clone(), created: self.created.clone() }
     }
 }
 
 impl<M: Default + Clone> Family<M> {
     fn new(label_names: &'static [&'static str]) -> Self {
-        Family { label_names, series: family::Family::default() }
+        Family { label_names, series: family::Family::default(), created: Arc::default() }
     }
 
     /// The series for `values`, given in the order of the label names: a
     /// handle on it, not the family's lock guard, which would deadlock a
     /// caller that holds one while it asks for a series not seen yet.
+    ///
+    /// Label values must come from bounded sets (callers map client input
+    /// to a fixed vocabulary). As a backstop, a family holds at most
+    /// [`MAX_SERIES`]; a new set of values past that is counted in one
+    /// series whose every label is [`OVERFLOW`].
     pub fn with(&self, values: &[&str]) -> M {
-        let labels = self.label_names.iter().zip(values).map(|(n, v)| (*n, v.to_string())).collect();
+        let labels: Vec<(&'static str, String)> = self.label_names.iter().zip(values).map(|(n, v)| (*n, v.to_string())).collect();
+        if let Some(m) = self.series.get(&labels) {
+            return m.clone();
+        }
+        if self.created.fetch_add(1, Ordering::Relaxed) >= MAX_SERIES {
+            self.created.fetch_sub(1, Ordering::Relaxed);
+            let overflow = self.label_names.iter().map(|n| (*n, OVERFLOW.to_string())).collect();
+            return self.series.get_or_create(&overflow).clone();
+        }
         self.series.get_or_create(&labels).clone()
     }
 }
@@ -187,6 +208,10 @@ pub struct Metrics {
     // ACLs.
     pub acl_refusals: Family<Counter>,
     pub audit_dropped: Counter,
+    // Connections on the API, xDS and raft ports (`tls::conn`).
+    pub connections: Family<Gauge>,
+    pub connections_refused: Family<Counter>,
+    pub connections_closed: Family<Counter>,
     // The mesh CA (Istio's citadel_server_* names where they match).
     pub ca_csr: Counter,
     pub ca_issued: Counter,
@@ -259,6 +284,19 @@ pub fn metrics() -> &'static Metrics {
                 Family::new(&["reason"]),
             ),
             audit_dropped: register(r, "lodestar_audit_dropped_total", "Audit log lines dropped because the writer fell behind", Counter::default()),
+            connections: register(r, "lodestar_connections", "Connections open, by port (api, xds, raft), TLS handshakes included", Family::new(&["port"])),
+            connections_refused: register(
+                r,
+                "lodestar_connections_refused_total",
+                "Connections closed as they were accepted, by port and reason: port_limit (<port>_max_connections), source_limit (<port>_max_connections_per_source)",
+                Family::new(&["port", "reason"]),
+            ),
+            connections_closed: register(
+                r,
+                "lodestar_connections_closed_total",
+                "Connections the server closed, by port and reason: handshake_timeout (tls_handshake_timeout_ms), header_timeout (http_header_read_timeout_ms), idle (conn_idle_timeout_ms)",
+                Family::new(&["port", "reason"]),
+            ),
             ca_csr: register(r, "citadel_server_csr_count", "Certificate signing requests received by the mesh CA", Counter::default()),
             ca_issued: register(r, "citadel_server_success_cert_issuance_count", "Workload certificates issued", Counter::default()),
             ca_auth_failures: register(
@@ -372,6 +410,9 @@ mod tests {
                 "lodestar_api_request_duration_seconds histogram",
                 "lodestar_acl_refusals_total counter",
                 "lodestar_audit_dropped_total counter",
+                "lodestar_connections gauge",
+                "lodestar_connections_refused_total counter",
+                "lodestar_connections_closed_total counter",
                 "citadel_server_csr_count counter",
                 "citadel_server_success_cert_issuance_count counter",
                 "citadel_server_authentication_failure_count counter",
@@ -390,6 +431,23 @@ mod tests {
             assert!(text.contains(sample), "no {sample:?} in\n{text}");
         }
         assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    /// A family takes at most MAX_SERIES sets of label values; more are
+    /// counted together under `overflow`.
+    #[test]
+    fn a_family_holds_a_bounded_number_of_series() {
+        let mut r = Registry::default();
+        let f: Family<Counter> = register(&mut r, "x", "A family", Family::new(&["a", "b"]));
+        for i in 0..MAX_SERIES + 500 {
+            f.with(&[&i.to_string(), "y"]).inc();
+        }
+        f.with(&["0", "y"]).inc();
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode_registry(&mut out, &r).unwrap();
+        assert_eq!(out.lines().filter(|l| l.starts_with("x{")).count(), MAX_SERIES + 1);
+        assert!(out.contains("x{a=\"overflow\",b=\"overflow\"} 500\n"), "{out}");
+        assert!(out.contains("x{a=\"0\",b=\"y\"} 2\n"), "{out}");
     }
 
     /// Every metric the Grafana dashboard in ops/ queries is one we export.

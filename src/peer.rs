@@ -323,11 +323,38 @@ pub struct PeerService {
     tls: bool,
 }
 
+/// Refuses a call whose client certificate names no member before its
+/// message is read: the service would otherwise receive and decode up to
+/// [`MAX_PEER_MESSAGE`] from anyone with a certificate of the cluster CA
+/// (which may also sign certificates that name no member).
+#[derive(Clone, Copy)]
+pub struct MembersOnly {
+    tls: bool,
+}
+
+impl tonic::service::Interceptor for MembersOnly {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        match member_of(self.tls, req.extensions()) {
+            Ok(_) => Ok(req),
+            Err(s) => {
+                let remote = req.extensions().get::<ConnInfo>().map(|c| c.remote);
+                tracing::warn!(?remote, reason = s.message(), "raft port: refused a call before reading it");
+                Err(s)
+            }
+        }
+    }
+}
+
 impl PeerService {
-    pub fn server(replica: &Arc<Replica>, stop: tokio::sync::watch::Receiver<bool>, tls: bool) -> RaftPeerServer<PeerService> {
-        RaftPeerServer::new(PeerService { replica: Arc::downgrade(replica), stop, tls })
+    pub fn server(
+        replica: &Arc<Replica>,
+        stop: tokio::sync::watch::Receiver<bool>,
+        tls: bool,
+    ) -> tonic::service::interceptor::InterceptedService<RaftPeerServer<PeerService>, MembersOnly> {
+        let server = RaftPeerServer::new(PeerService { replica: Arc::downgrade(replica), stop, tls })
             .max_decoding_message_size(MAX_PEER_MESSAGE)
-            .max_encoding_message_size(MAX_PEER_MESSAGE)
+            .max_encoding_message_size(MAX_PEER_MESSAGE);
+        tonic::service::interceptor::InterceptedService::new(server, MembersOnly { tls })
     }
 
     fn replica(&self) -> Result<Arc<Replica>, Status> {
@@ -342,15 +369,21 @@ impl PeerService {
     /// handshake already checked the CA; the CA may also sign certificates
     /// that name no member, and those are refused here). None without TLS.
     fn caller<T>(&self, req: &Request<T>) -> Result<Option<NodeId>, Status> {
-        if !self.tls {
-            return Ok(None);
-        }
-        let cert = req.extensions().get::<ConnInfo>().and_then(|c| c.cert.clone());
-        match cert.as_deref().map(|c| (c.member(), c)) {
-            Some((Some(id), _)) => Ok(Some(id)),
-            Some((None, c)) => Err(Status::permission_denied(format!("the raft port is for members: the certificate of {} names none", c.identity()))),
-            None => Err(Status::unauthenticated("the raft port requires a member's client certificate")),
-        }
+        member_of(self.tls, req.extensions())
+    }
+}
+
+/// The member a call's client certificate names (see [`PeerService`]'s
+/// `caller`); an error for one that names none, or none at all.
+fn member_of(tls: bool, extensions: &tonic::Extensions) -> Result<Option<NodeId>, Status> {
+    if !tls {
+        return Ok(None);
+    }
+    let cert = extensions.get::<ConnInfo>().and_then(|c| c.cert.clone());
+    match cert.as_deref().map(|c| (c.member(), c)) {
+        Some((Some(id), _)) => Ok(Some(id)),
+        Some((None, c)) => Err(Status::permission_denied(format!("the raft port is for members: the certificate of {} names none", c.identity()))),
+        None => Err(Status::unauthenticated("the raft port requires a member's client certificate")),
     }
 }
 
@@ -360,8 +393,8 @@ impl PeerService {
 fn check_sender(caller: Option<NodeId>, claimed: Option<NodeId>) -> Result<(), Status> {
     match caller {
         Some(cert) if claimed != Some(cert) => {
-            tracing::warn!(cert, ?claimed, "raft: refused a message whose sender is not the member its certificate names");
             let claimed = claimed.map_or_else(|| "none".to_string(), |c| c.to_string());
+            tracing::warn!(cert, %claimed, "raft: refused a message whose sender is not the member its certificate names");
             Err(Status::permission_denied(format!("the certificate names member {cert}, the message claims member {claimed}")))
         }
         _ => Ok(()),

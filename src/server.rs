@@ -10,7 +10,7 @@ use crate::replica::Replica;
 use crate::store::log_store::LogStore;
 use crate::store::state_machine::StateMachine;
 use crate::store::types::{NodeId, NodeInfo, Raft};
-use crate::tls::conn::{ConnInfo, Incoming};
+use crate::tls::conn::Incoming;
 use crate::tls::Port;
 use crate::xds::resources::Generator;
 use anyhow::Context;
@@ -79,11 +79,12 @@ pub async fn run(config: ServerConfig, shutdown: impl Future<Output = ()> + Send
 pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let mut config = config;
+    // First: everything below is written into it.
+    crate::store::create_data_dir(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     // The management credential for the client config (see `tls::bootstrap`).
     let token = if config.acls_on() { crate::tls::bootstrap::ensure_management_token(&mut config)? } else { None };
     let config = Arc::new(config);
-    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-    let db = crate::store::open_db(&config.data_dir)
+    let db = crate::store::open_db(&config.data_dir, config.store_cache_bytes)
         .with_context(|| format!("opening the store in {} (is another replica using it?)", config.data_dir.display()))?;
 
     // The mesh CA (workload certificates): files on this replica.
@@ -160,10 +161,12 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // Every port accepts through `tls::conn::Incoming` (TLS handshakes
     // off the accept loop, TCP_NODELAY set: tonic ignores its builder's
     // nodelay with an incoming stream, and replies would wait on Nagle).
-    let with_tls = |port| tls.clone().map(|t| (t, port));
-    let raft_incoming = Incoming::new(raft_listener, with_tls(Port::Raft))?;
-    let api_incoming = Incoming::new(api_listener, with_tls(Port::Api))?;
-    let xds_incoming = Incoming::new(xds_listener, with_tls(Port::Xds))?;
+    // It also holds each port to its connection limits (`config::connection_limits`).
+    raise_open_file_limit(&config);
+    let incoming = |listener, port| Incoming::new(listener, port, tls.clone(), config.connection_limits(port));
+    let raft_incoming = incoming(raft_listener, Port::Raft)?;
+    let api_incoming = incoming(api_listener, Port::Api)?;
+    let xds_incoming = incoming(xds_listener, Port::Xds)?;
     if let Some(tls) = &tls {
         background_tls = Some(tokio::spawn(tls.clone().watch(Duration::from_millis(config.tls_reload_interval_ms.max(100)), stop_tx.subscribe())));
     }
@@ -175,11 +178,12 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     );
 
     let app = rest::router(replica.clone())
-        .merge(tonic::service::Routes::new(GrpcApi::server(replica.clone())).into_axum_router())
-        .layer(axum::middleware::from_fn(rest::track));
+        .merge(GrpcApi::router(replica.clone()))
+        .layer(axum::middleware::from_fn(rest::track))
+        .layer(axum::middleware::from_fn_with_state(config.max_body_bytes, rest::drain_unread_body));
     let api_stopped = stopped();
-    let app = app.into_make_service_with_connect_info::<ConnInfo>();
-    let api_server = tokio::spawn(async move { axum::serve(api_incoming, app).with_graceful_shutdown(api_stopped).await });
+    let header_timeout = (config.http_header_read_timeout_ms > 0).then(|| Duration::from_millis(config.http_header_read_timeout_ms));
+    let api_server = tokio::spawn(crate::api::serve::serve(api_incoming, app, header_timeout, api_stopped));
     // /metrics and /debug/* on a local address, if one is set (loopback
     // only: `ServerConfig::validate`), plaintext and without credentials.
     let observer = match &config.metrics_addr {
@@ -221,7 +225,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
-    let ca_service = Some(crate::ca::service::CaService::server(mesh_ca, replica.clone()));
+    let ca_service = Some(crate::ca::service::CaService::server(mesh_ca.clone(), replica.clone()));
     let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, ca_service, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
     let mut background = vec![
@@ -229,6 +233,10 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         tokio::spawn(crate::ha::gossip(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
         tokio::spawn(crate::ha::raft_metrics(node.clone(), stop_tx.subscribe())),
     ];
+    // The mesh CA's files are reloaded as the cluster TLS files are.
+    if let Some(ca) = &mesh_ca {
+        background.push(tokio::spawn(ca.clone().watch(Duration::from_millis(config.tls_reload_interval_ms.max(100)), stop_tx.subscribe())));
+    }
     if config.xds_rebalance_interval_ms > 0 {
         background.push(tokio::spawn(crate::ha::rebalance(node.clone(), replica.ha.clone(), replica.sync.clone(), stop_tx.subscribe())));
     }
@@ -301,6 +309,40 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     Ok(())
 }
 
+/// Raise the soft limit on open files to the hard limit (as Go programs
+/// do): every connection is a descriptor, and a replica that runs out of
+/// them can accept nobody. Warn if the ports' connection limits add up to
+/// more than that.
+fn raise_open_file_limit(config: &ServerConfig) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit write or read only the struct given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit = raised;
+        }
+    }
+    let ports = [config.api_max_connections, config.xds_max_connections, config.raft_max_connections];
+    let wanted: u64 = ports.iter().map(|&n| n as u64).sum();
+    // Descriptors besides connections: the store, logs, listeners, peers.
+    const RESERVE: u64 = 256;
+    let open_files: u64 = limit.rlim_cur;
+    if ports.contains(&0) || wanted + RESERVE > open_files {
+        tracing::warn!(
+            open_files,
+            api_max_connections = config.api_max_connections,
+            xds_max_connections = config.xds_max_connections,
+            raft_max_connections = config.raft_max_connections,
+            "the open-file limit is below the ports' connection limits (or one is 0: none): once descriptors run out, no client can connect; \
+             raise the limit (LimitNOFILE=, ulimit -n) or lower the *_max_connections settings"
+        );
+    }
+}
+
 /// Resolves when the raft core stops by itself (not asked to), with why.
 async fn raft_failed(raft: Raft) -> String {
     let mut metrics = raft.metrics();
@@ -333,12 +375,59 @@ async fn initialise(config: &ServerConfig, raft: &Raft) -> anyhow::Result<()> {
     } else {
         config.initial_members.iter().map(|m| (m.id, m.info())).collect()
     };
-    tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initialising a new cluster");
+    // One founding member starts the first election, so that two do not
+    // compete for the same term: the lowest id, once the others listen.
+    // Each other one waits its turn (by rank), and starts one only if no
+    // election reached it meanwhile (the ones before it are down).
+    let rank = members.keys().position(|id| *id == config.id).unwrap_or(0) as u64;
+    if rank == 0 {
+        wait_for_founders(config).await;
+    } else {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(rank * 2 * config.election_timeout_max_ms);
+        while tokio::time::Instant::now() < deadline {
+            if raft.is_initialized().await? {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tracing::info!(members = %crate::logging::list(members.keys()), "initialising a new cluster");
     match raft.initialize(members).await {
         Ok(()) => Ok(()),
         // Another founding member got there first: that is the goal.
         Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Before a new cluster's first election (by the lowest founding id):
+/// until the other founding members' raft ports accept connections, for at
+/// most two election timeouts. Members started a moment apart
+/// (`cluster/local`, a fleet booting) would otherwise fail the first vote
+/// requests to the ones not listening yet; a member that stays down is
+/// given up on, and the election goes ahead with the others.
+async fn wait_for_founders(config: &ServerConfig) {
+    let others: Vec<&str> = config.initial_members.iter().filter(|m| m.id != config.id).map(|m| m.raft_addr.as_str()).collect();
+    if others.is_empty() {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(2 * config.election_timeout_max_ms);
+    let mut waiting = others;
+    while !waiting.is_empty() && tokio::time::Instant::now() < deadline {
+        let mut still = Vec::new();
+        for addr in waiting {
+            let up = tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr)).await.is_ok_and(|r| r.is_ok());
+            if !up {
+                still.push(addr);
+            }
+        }
+        waiting = still;
+        if !waiting.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    if !waiting.is_empty() {
+        tracing::info!(unreachable = %waiting.join(", "), "founding members not listening yet; initialising without waiting longer");
     }
 }
 

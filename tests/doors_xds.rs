@@ -44,35 +44,7 @@ fn proxy_token(api: &str, args: &[&str]) -> (String, String) {
     (t["accessorId"].as_str().unwrap().to_string(), t["secret"].as_str().unwrap().to_string())
 }
 
-struct Stream<Req, Resp> {
-    tx: mpsc::Sender<Req>,
-    rx: tonic::Streaming<Resp>,
-}
-
-impl<Req, Resp> Stream<Req, Resp> {
-    async fn send(&self, r: Req) {
-        assert!(self.tx.send(r).await.is_ok(), "the request stream is closed");
-    }
-
-    async fn recv(&mut self) -> Resp {
-        match tokio::time::timeout(BOUND, self.rx.message()).await {
-            Ok(Ok(Some(r))) => r,
-            Ok(other) => panic!("stream ended: {:?}", other.err()),
-            Err(_) => panic!("no response within {BOUND:?}"),
-        }
-    }
-
-    /// The status the stream ends with (responses before it are skipped).
-    async fn end(&mut self) -> tonic::Status {
-        loop {
-            match tokio::time::timeout(BOUND, self.rx.message()).await.expect("the stream ends in time") {
-                Ok(Some(_)) => continue,
-                Ok(None) => return tonic::Status::ok("ended"),
-                Err(s) => return s,
-            }
-        }
-    }
-}
+type Stream<Req, Resp> = common::AdsStream<Req, Resp>;
 
 /// A SotW stream on member 1's xDS port `xds` with `token`, whose first
 /// request is `first` (the server reads it before it answers).

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{test_ca, tls_channel, Cluster};
+use common::{client_cert, test_ca, tls_channel, Cluster};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
@@ -15,7 +15,6 @@ use lodestar::proto::peer::Payload;
 use lodestar::tls::conn::PeerCert;
 use lodestar::tls::{client_config, roots_from_pem};
 use serde_json::json;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,21 +34,6 @@ async fn served_serial(addr: &str) -> String {
     let tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.expect("TLS handshake");
     let cert = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
     PeerCert::parse(&cert).unwrap().serial
-}
-
-/// A client certificate from the test CA naming `dns` (written into `dir`).
-fn client_cert(dir: &Path, dns: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let ca = test_ca();
-    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(&ca.ca_key_file).unwrap()).unwrap();
-    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.ca_pem, ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(vec![dns.to_string()]).unwrap();
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    let (c, k) = (dir.join(format!("{dns}.pem")), dir.join(format!("{dns}-key.pem")));
-    std::fs::write(&c, cert.pem()).unwrap();
-    std::fs::write(&k, key.serialize_pem()).unwrap();
-    (c, k)
 }
 
 /// The leader and its term once they have held for a second: a cluster

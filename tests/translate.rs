@@ -1,6 +1,7 @@
 //! Golden tests of translation: `tests/fixtures/translate/CASE/input.yaml`
 //! (the store's contents) and `proxy.json` (node id and metadata) in,
-//! `expected.json` (every resource the proxy gets, as proto-JSON) out.
+//! `expected.json` (every resource the proxy gets, as proto-JSON) out; a
+//! case may have more proxies (`proxy-NAME.json`, `expected-NAME.json`).
 //! `LODESTAR_BLESS=1 cargo nextest run --test translate` rewrites the
 //! expected files; review the diff before committing it.
 
@@ -42,35 +43,56 @@ fn render(cfg: &ProxyConfig) -> Value {
     Value::Object(out)
 }
 
+/// One case: `input.yaml` and, for each `proxy[-NAME].json` in it, the
+/// expected output `expected[-NAME].json` (one input seen by proxies of
+/// several namespaces). Objects the mesh leaves out are listed, by key, in
+/// `skipped.json` (none if absent).
 fn run_case(dir: &Path) {
     let input = std::fs::read_to_string(dir.join("input.yaml")).unwrap();
-    let proxy: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("proxy.json")).unwrap()).unwrap();
-    let proxy = ProxyIdentity::parse(proxy["id"].as_str().unwrap(), &proxy["metadata"]).unwrap();
     let applied = applied_from(&input);
     let mesh = Mesh::build(&applied, Arc::new(MeshConfig::default()));
-    assert!(mesh.skipped.is_empty(), "{:?}", mesh.skipped);
-    let cfg = translate(&mesh, &proxy);
+    let skipped: Vec<String> = mesh.skipped.iter().map(|(k, _)| k.to_string()).collect();
+    let want_skipped: Vec<String> =
+        std::fs::read_to_string(dir.join("skipped.json")).map_or_else(|_| Vec::new(), |t| serde_json::from_str(&t).expect("skipped.json: a list of keys"));
+    assert_eq!(skipped, want_skipped, "{}: skipped objects {:?}", dir.display(), mesh.skipped);
+    let mut proxies: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("proxy") && n.ends_with(".json")))
+        .collect();
+    proxies.sort();
+    assert!(!proxies.is_empty(), "{}: no proxy.json", dir.display());
+    for proxy_path in proxies {
+        let proxy: Value = serde_json::from_str(&std::fs::read_to_string(&proxy_path).unwrap()).unwrap();
+        let proxy = ProxyIdentity::parse(proxy["id"].as_str().unwrap(), &proxy["metadata"]).unwrap();
+        let name = proxy_path.file_name().and_then(|n| n.to_str()).unwrap_or_default().replacen("proxy", "expected", 1);
+        check_output(dir, &applied, &mesh, &proxy, &dir.join(name));
+    }
+}
+
+fn check_output(dir: &Path, applied: &Applied, mesh: &Mesh, proxy: &ProxyIdentity, expected_path: &Path) {
+    let cfg = translate(mesh, proxy);
     // Deterministic: the same snapshot gives the same bytes.
-    let again = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), &proxy);
+    let again = translate(&Mesh::build(applied, Arc::new(MeshConfig::default())), proxy);
     for t in ResourceType::PUSH_ORDER {
         let a: Vec<_> = cfg.of(t).into_iter().flatten().map(|(n, r)| (n.clone(), r.version.clone(), r.any.value.clone())).collect();
         let b: Vec<_> = again.of(t).into_iter().flatten().map(|(n, r)| (n.clone(), r.version.clone(), r.any.value.clone())).collect();
         assert_eq!(a, b, "{}: translation is not deterministic", dir.display());
     }
     let got = render(&cfg);
-    let expected_path = dir.join("expected.json");
     if std::env::var("LODESTAR_BLESS").is_ok() {
-        std::fs::write(&expected_path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
+        std::fs::write(expected_path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
     }
     let expected: Value =
-        serde_json::from_str(&std::fs::read_to_string(&expected_path).unwrap_or_else(|_| panic!("missing {}", expected_path.display()))).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(expected_path).unwrap_or_else(|_| panic!("missing {}", expected_path.display()))).unwrap();
     if got != expected {
         let g = serde_json::to_string_pretty(&got).unwrap();
         let e = serde_json::to_string_pretty(&expected).unwrap();
         let first = g.lines().zip(e.lines()).position(|(a, b)| a != b).unwrap_or(0);
         panic!(
-            "{}: output differs from expected.json at line {}:\n  got:      {}\n  expected: {}\n(LODESTAR_BLESS=1 to accept)",
+            "{}: output differs from {} at line {}:\n  got:      {}\n  expected: {}\n(LODESTAR_BLESS=1 to accept)",
             dir.display(),
+            expected_path.display(),
             first + 1,
             g.lines().nth(first).unwrap_or(""),
             e.lines().nth(first).unwrap_or("")
@@ -168,6 +190,68 @@ fn incremental_equals_full() {
             assert_eq!(got.revision, applied.revision());
         }
     }
+}
+
+/// A hostname several namespaces claim (the `duplicate-host` case): every
+/// path of the translator (EDS only, VirtualService only, out of scope,
+/// full) gives each namespace's proxy what a full translation gives, as
+/// claims come and go and the oldest changes.
+#[test]
+fn duplicate_hosts_incremental_equals_full() {
+    use lodestar::model::{Kind, ResourceKey};
+    use lodestar::translate::Translator;
+    use lodestar::xds::resources::Generator;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/duplicate-host");
+    let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let proxies: Vec<ProxyIdentity> = ["team-a", "team-b", "team-c", "team-e"]
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| ProxyIdentity::parse(&format!("sidecar~127.0.41.{}~client.{ns}~{ns}.svc.cluster.local", i + 1), &json!({})).unwrap())
+        .collect();
+    let translator = Translator::new(MeshConfig::default());
+    for proxy in &proxies {
+        translator.generate(proxy, &base).unwrap();
+    }
+    let put = |yaml: &str| {
+        let r = parse_resource(parse_documents(yaml, "change").unwrap().remove(0), "default").unwrap();
+        validate_spec(&r).unwrap();
+        Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }
+    };
+    let se = |ns: &str, addr: &str| {
+        put(&format!("apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: payments, namespace: {ns}}}\nspec:\n  hosts: [payments.example.com]\n  location: MESH_EXTERNAL\n  resolution: STATIC\n  ports: [{{number: 8080, name: http, protocol: HTTP}}]\n  endpoints: [{{address: {addr}}}]\n"))
+    };
+    let steps: Vec<Op> = vec![
+        // An endpoint of team-b's service (EDS only).
+        put("apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {name: reviews-2, namespace: team-b}\nspec: {service: reviews, address: 127.0.40.12, port: 19080, serviceAccount: reviews}\n"),
+        // team-e claims the host: its proxy switches to its own.
+        se("team-e", "127.0.40.5"),
+        // The oldest claim goes: team-c's proxy keeps its own, the others
+        // fall back to the next oldest (team-a's).
+        Op::Delete { key: ResourceKey::new(Kind::ServiceEntry, "team-b", "payments"), expected_revision: None, ignore_missing: false },
+        // team-b's VirtualService for its own service (VirtualService only).
+        put("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: team-b}\nspec:\n  hosts: [reviews]\n  http:\n  - route: [{destination: {host: payments.example.com, port: {number: 8080}}}]\n"),
+        // Back: team-b's is now the newest.
+        se("team-b", "127.0.40.22"),
+        // team-e's claim goes: its proxy falls back to the oldest, team-a's.
+        Op::Delete { key: ResourceKey::new(Kind::ServiceEntry, "team-e", "payments"), expected_revision: None, ignore_missing: false },
+    ];
+    let mut state = base.state.clone();
+    for (i, op) in steps.into_iter().enumerate() {
+        state.apply_txn(&Txn { ops: vec![op] }).0.unwrap();
+        let applied = Applied { state: state.clone(), ..Default::default() };
+        let mesh = Mesh::build(&applied, Arc::new(MeshConfig::default()));
+        for proxy in &proxies {
+            let got = translator.generate(proxy, &applied).unwrap();
+            assert_eq!(render(&got), render(&translate(&mesh, proxy)), "step {i}, proxy {}", proxy.id);
+        }
+    }
+    // Where it ended: team-e's proxy has team-a's payments (the oldest left
+    // exported to it), team-b's its own.
+    let applied = Applied { state, ..Default::default() };
+    let mesh = Mesh::build(&applied, Arc::new(MeshConfig::default()));
+    let addrs = |proxy: &ProxyIdentity| -> Value { render(&translate(&mesh, proxy))["EDS"]["outbound|8080||payments.example.com"]["endpoints"].clone() };
+    assert!(addrs(&proxies[3]).to_string().contains("127.0.40.1\""), "{}", addrs(&proxies[3]));
+    assert!(addrs(&proxies[1]).to_string().contains("127.0.40.22\""), "{}", addrs(&proxies[1]));
 }
 
 /// Instance changes (register, health, deregister) of services that keep

@@ -397,27 +397,9 @@ async fn channel(xds: &str) -> common::AdsClient {
     common::ads_client(1, xds)
 }
 
-struct Client<Req, Resp> {
-    tx: mpsc::Sender<Req>,
-    rx: tonic::Streaming<Resp>,
-}
-
+type Client<Req, Resp> = common::AdsStream<Req, Resp>;
 type Sotw = Client<DiscoveryRequest, DiscoveryResponse>;
 type Delta = Client<DeltaDiscoveryRequest, DeltaDiscoveryResponse>;
-
-impl<Req, Resp> Client<Req, Resp> {
-    async fn send(&self, r: Req) {
-        assert!(self.tx.send(r).await.is_ok(), "the request stream is closed");
-    }
-
-    async fn recv(&mut self) -> Resp {
-        match tokio::time::timeout(BOUND, self.rx.message()).await {
-            Ok(Ok(Some(r))) => r,
-            Ok(other) => panic!("stream ended: {:?}", other.err()),
-            Err(_) => panic!("no response within {BOUND:?}"),
-        }
-    }
-}
 
 /// Open a SotW stream whose first request is `first` (the server reads it
 /// before it answers the call).
@@ -868,7 +850,7 @@ async fn revisions_arriving_during_a_push_are_coalesced() {
 // fast as one client can, each from a client without credentials and from
 // one with the management token. Each is refused or closed, and the replica
 // still serves a well-behaved ADS client. Its memory (VmRSS, VmHWM) is
-// printed (`rss:` lines; `benches/xds-abuse.sh` collects them), not
+// printed (`rss:` lines; `benches/abuse.sh xds-port` collects them), not
 // asserted.
 
 /// A codec that sends bytes as they are: garbage where a request belongs.
@@ -933,13 +915,6 @@ async fn raw_stream(xds: &str, token: Option<&str>, messages: Vec<Vec<u8>>) -> t
     }
 }
 
-/// VmRSS and VmHWM of a process, in KiB.
-fn memory_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok()).unwrap_or(0);
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 /// A well-behaved ADS client is served the current config.
 async fn still_serves(cluster: &common::Cluster, after: &str) {
     let xds = cluster.replica(1).xds_addr();
@@ -962,7 +937,7 @@ async fn abuse(token: Option<&str>) {
     assert_eq!(status, 200, "{body}");
     still_serves(&cluster, "start").await;
     let report = |what: &str| {
-        let (rss, hwm) = memory_kib(pid);
+        let (rss, hwm) = common::memory_kib(pid);
         println!("rss: client={who} after={what} rss_kib={rss} hwm_kib={hwm}");
     };
     report("start");

@@ -88,6 +88,10 @@ pub async fn reconcile(node: &Node, source: &str, docs: Vec<Value>) -> Result<Op
         (Vec::new(), BTreeSet::new())
     } else {
         let (mut txn, _warnings) = apply_txn(items)?;
+        // A trusted source, but no namespace's object attaches to another's
+        // hostnames (`mesh::hosts`), whoever writes it.
+        let suffix = &node.config.domain_suffix;
+        crate::api::owned_hostnames(&crate::api::hostname_claims(&txn, suffix)?, suffix)?;
         // Secrets' keys sealed; unchanged ones keep their stored envelope.
         crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &current)?;
         let keys = txn.ops.iter().map(|o| o.key().clone()).collect();
@@ -102,7 +106,9 @@ pub async fn reconcile(node: &Node, source: &str, docs: Vec<Value>) -> Result<Op
         _ => true,
     });
     for (key, obj) in current.state.objects.iter() {
-        if owned_by(obj, source) && !desired.contains(key) {
+        // global-management records the ACL bootstrap: never deleted (`api::delete_txn`).
+        let bootstrap_record = key.kind == crate::model::Kind::Policy && key.name == crate::model::acl::GLOBAL_MANAGEMENT;
+        if owned_by(obj, source) && !desired.contains(key) && !bootstrap_record {
             ops.push(Op::Delete { key: key.clone(), expected_revision: None, ignore_missing: true });
         }
     }

@@ -117,7 +117,7 @@ impl Supervisor {
             Err(_) => false,
         };
         if drained {
-            tracing::info!(pid, drain = ?self.opts.drain, "draining Envoy's listeners");
+            tracing::info!(pid, drain = %crate::logging::secs(self.opts.drain), "draining Envoy's listeners");
             tokio::select! {
                 _ = child.wait() => { tracing::info!(pid, "Envoy exited while draining"); return; }
                 _ = tokio::time::sleep(self.opts.drain) => {}
@@ -133,7 +133,7 @@ impl Supervisor {
             }
         }
         match tokio::time::timeout(TERM_GRACE, child.wait()).await {
-            Ok(status) => tracing::info!(pid, status = ?status.ok(), "Envoy stopped"),
+            Ok(status) => tracing::info!(pid, status = %status.map_or_else(|e| e.to_string(), |s| s.to_string()), "Envoy stopped"),
             Err(_) => {
                 tracing::warn!(pid, "Envoy did not exit {TERM_GRACE:?} after SIGTERM; killing it");
                 let _ = child.kill().await;

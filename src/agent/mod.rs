@@ -302,7 +302,7 @@ pub type RegistrationPlan = Box<dyn FnOnce(&Identity) -> Result<register::Regist
 pub async fn first_identity(opts: &AgentOptions) -> Result<Identity> {
     match Identity::load(&opts.dir) {
         Ok(Some(id)) => {
-            tracing::info!(serial = %id.serial, identity = ?id.uris, "resumed from the certificate on disk");
+            tracing::info!(serial = %id.serial, identity = %id.uris.join(", "), "resumed from the certificate on disk");
             return Ok(id);
         }
         Ok(None) => {}
@@ -324,7 +324,7 @@ pub async fn first_identity(opts: &AgentOptions) -> Result<Identity> {
     {
         Ok(id) => {
             id.save(&opts.dir)?;
-            tracing::info!(serial = %id.serial, identity = ?id.uris, "obtained the first certificate with the join token");
+            tracing::info!(serial = %id.serial, identity = %id.uris.join(", "), "obtained the first certificate with the join token");
             Ok(id)
         }
         Err(e) => bail!("the join token was not accepted: {e}"),

@@ -90,7 +90,7 @@ where
 /// Serve the xDS socket at `path` until `shutdown`.
 pub async fn serve(path: PathBuf, upstream: CaClient, identity: watch::Receiver<Option<Arc<Identity>>>, shutdown: watch::Receiver<bool>) -> Result<()> {
     let listener = super::sds::bind_private_socket(&path)?;
-    tracing::info!(socket = %path.display(), servers = ?upstream.servers, "xDS proxy: forwarding ADS over mutual TLS");
+    tracing::info!(socket = %path.display(), servers = %upstream.servers.join(", "), "xDS proxy: forwarding ADS over mutual TLS");
     let mut stop = shutdown;
     tonic::transport::Server::builder()
         .add_service(Forward { upstream: Arc::new(upstream), identity })

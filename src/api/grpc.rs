@@ -4,7 +4,7 @@
 //! `authorization: Bearer <secret>` and the request's [`PeerIdentity`].
 
 use super::{ApplyItem, Caller, DeleteItem};
-use crate::auth::{parse_bearer, Credentials, PeerIdentity, Target, Verb};
+use crate::auth::{PeerIdentity, Target, Verb};
 use crate::error::{Code, Error};
 use crate::node::{ClusterStatus, Consistency};
 use crate::proto::api::lodestar_server::{Lodestar, LodestarServer};
@@ -42,18 +42,57 @@ impl GrpcApi {
         LodestarServer::new(GrpcApi { replica }).max_decoding_message_size(limit)
     }
 
-    /// The caller of `method`, authenticated (UNAUTHENTICATED otherwise).
+    /// The service as routes of the API port, behind [`precheck`]: every
+    /// method's caller is authenticated and held to the method's
+    /// [`Precheck`] before tonic decodes the request message.
+    pub fn router(replica: Arc<Replica>) -> axum::Router {
+        let acl = replica.acl.clone();
+        tonic::service::Routes::new(GrpcApi::server(replica)).into_axum_router().layer(axum::middleware::from_fn_with_state(acl, precheck))
+    }
+
+    /// The caller of `method`: the one [`precheck`] authenticated, or
+    /// authenticated now (UNAUTHENTICATED otherwise).
     fn caller<T>(&self, req: &Request<T>, method: &str) -> Result<Caller, Status> {
-        let acl = &self.replica.acl;
-        let op = format!("/lodestar.api.v1.Lodestar/{method}");
-        let ext = req.extensions();
-        let conn = ext.get::<axum::extract::ConnectInfo<crate::tls::conn::ConnInfo>>().map(|c| &c.0).or_else(|| ext.get::<crate::tls::conn::ConnInfo>());
-        let mut creds = Credentials { bearer: None, peer: super::peer_identity(conn, ext.get::<PeerIdentity>()) };
-        if let (Some(v), true) = (req.metadata().get("authorization"), acl.enabled) {
-            let malformed = || status_of(Caller::refuse(acl, &op, "malformed authorization metadata: expected `Bearer <secret>`"));
-            creds.bearer = Some(v.to_str().ok().and_then(|v| parse_bearer(v).ok()).ok_or_else(malformed)?);
+        if let Some(caller) = req.extensions().get::<Caller>() {
+            return Ok(caller.clone());
         }
-        Caller::authenticate(acl, &creds, &op).map_err(status_of)
+        let op = format!("{SERVICE_PATH}{method}");
+        let authorization = req.metadata().get("authorization").map(|v| v.as_bytes());
+        Caller::of_request(&self.replica.acl, &op, authorization, peer(req.extensions())).map_err(status_of)
+    }
+}
+
+/// The path prefix of the client API's methods.
+const SERVICE_PATH: &str = "/lodestar.api.v1.Lodestar/";
+
+/// The client-certificate identity of a request's connection.
+fn peer(ext: &axum::http::Extensions) -> Option<PeerIdentity> {
+    let conn = ext.get::<axum::extract::ConnectInfo<crate::tls::conn::ConnInfo>>().map(|c| &c.0).or_else(|| ext.get::<crate::tls::conn::ConnInfo>());
+    super::peer_identity(conn, ext.get::<PeerIdentity>())
+}
+
+/// Before a request message is decoded: its caller authenticated and held
+/// to the method's [`Precheck`] (gRPC status in a trailers-only answer
+/// otherwise), then passed on to the handler in the request's extensions.
+/// A credential that may do nothing of the kind (an Envoy's proxy token,
+/// say) never makes the replica decode a message.
+async fn precheck(
+    axum::extract::State(acl): axum::extract::State<Arc<crate::auth::Acl>>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let Some((method, need)) = req.uri().path().strip_prefix(SERVICE_PATH).and_then(|m| Some((m.to_string(), super::grpc_precheck(m)?))) else {
+        return next.run(req).await;
+    };
+    let op = format!("{SERVICE_PATH}{method}");
+    let authorization = req.headers().get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes());
+    let checked = Caller::of_request(&acl, &op, authorization, peer(req.extensions())).and_then(|c| c.precheck(need).map(|()| c));
+    match checked {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(e) => status_of(e).into_http(),
     }
 }
 
@@ -141,7 +180,10 @@ impl Lodestar for GrpcApi {
         caller.authorize_txn(Verb::Write, &txn).map_err(status_of)?;
         let node = &self.replica.node;
         crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current()).map_err(status_of)?;
-        warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
+        let applied = node.reader.current();
+        warnings.extend(super::policy_warnings(&txn, &applied, &node.config.root_namespace));
+        warnings.extend(super::claim_warnings(&txn, &applied, &node.config.domain_suffix));
+        warnings.extend(super::host_warnings(&txn, &applied, &node.config.domain_suffix));
         let ok = caller.write(&self.replica.node, Verb::Write, txn).await.map_err(status_of)?;
         Ok(Response::new(write_response(ok, warnings)))
     }

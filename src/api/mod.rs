@@ -1,19 +1,24 @@
 //! Client-facing APIs. `rest` (axum) and `grpc` (tonic) are thin: both turn
 //! requests into the calls below and [`Node`](crate::node::Node) methods,
-//! and map [`Error`] codes to statuses in one function each.
+//! and map [`Error`] codes to statuses in one function each. `serve` is the
+//! port's HTTP server (both share it).
 //!
 //! Both authorize through [`Caller`]: authenticated first (401 before the
-//! body is even read), then authorized for every resource the request
-//! touches, on the replica that received it, before anything is proposed
-//! to raft. The apply path never sees a token.
+//! body is even read), then held to a [`Precheck`] from the headers alone
+//! (403 before the body is read: a caller who may write nothing never makes
+//! a replica parse an apply), then authorized for every resource the
+//! request touches, on the replica that received it, before anything is
+//! proposed to raft. The apply path never sees a token.
 
 pub mod grpc;
 pub mod rest;
+pub mod serve;
 
 use crate::auth::audit::AuditEvent;
 use crate::auth::token::{self, Minted, NewToken};
 use crate::auth::{Acl, AclIndex, Credentials, PeerIdentity, Permission, Principal, Target, Verb};
 use crate::error::{Code, Error, FieldError, Result};
+use crate::mesh::hosts as mesh_hosts;
 use crate::model::acl::{ProxyBinding, GLOBAL_MANAGEMENT};
 use crate::model::kinds::CLUSTER_NAMESPACE;
 use crate::model::{self, Kind, ResourceKey, Selector, StoredObject};
@@ -36,6 +41,7 @@ pub fn peer_identity(conn: Option<&crate::tls::conn::ConnInfo>, explicit: Option
 /// Who is asking, once authenticated; checks each permission a request
 /// needs and writes the audit log. With ACLs off every check passes and
 /// nothing is audited.
+#[derive(Clone)]
 pub struct Caller {
     acl: Arc<Acl>,
     principal: Principal,
@@ -52,6 +58,35 @@ impl Caller {
                 crate::metrics::metrics().acl_refusals.with(&["unauthenticated"]).inc();
                 acl.audit(AuditEvent { reason: Some(r.reason.clone()), ..AuditEvent::new(r.who, op, "unauthenticated") });
                 Err(Error::unauthenticated(r.reason))
+            }
+        }
+    }
+
+    /// The caller of a request from its `authorization` header (REST) or
+    /// metadata (gRPC), raw, and its connection's client-certificate
+    /// identity: 401 (audited) when they stand for nobody or the header is
+    /// not `Bearer <secret>`. With ACLs off the header is not even read.
+    pub fn of_request(acl: &Arc<Acl>, op: &str, authorization: Option<&[u8]>, peer: Option<PeerIdentity>) -> Result<Caller> {
+        let mut creds = Credentials { bearer: None, peer };
+        if let (Some(v), true) = (authorization, acl.enabled) {
+            let secret = std::str::from_utf8(v).ok().and_then(|v| crate::auth::parse_bearer(v).ok());
+            creds.bearer = Some(secret.ok_or_else(|| Caller::refuse(acl, op, "malformed authorization: expected `Bearer <secret>`"))?);
+        }
+        Caller::authenticate(acl, &creds, op)
+    }
+
+    /// The bound a request is held to before its body is read: 403
+    /// (audited) when no policy of the caller could allow what it asks.
+    pub fn precheck(&self, need: Precheck) -> Result<()> {
+        match need {
+            Precheck::Cluster(verb) => self.authorize(verb, [Target::Cluster]),
+            Precheck::Any(verb) if !self.acl.enabled || self.principal.may_ever(verb) => Ok(()),
+            Precheck::Any(verb) => {
+                let reason = format!("lacks {verb} on any kind in any namespace (no policy grants it {verb} on anything)");
+                crate::metrics::metrics().acl_refusals.with(&["denied"]).inc();
+                let event = AuditEvent::new(self.principal.who.audit_name(), &self.op, "denied");
+                self.acl.audit(AuditEvent { verb: Some(verb.as_str()), reason: Some(reason.clone()), ..event });
+                Err(Error::permission_denied(format!("permission denied: {} {reason}; the request was refused before its body was read", self.principal.who)))
             }
         }
     }
@@ -97,7 +132,39 @@ impl Caller {
                 Op::Put { .. } | Op::SetStatus { .. } => needed.push(Permission::new(Verb::Write, Target::key(key))),
             }
         }
-        self.check(Some(verb), needed, |_| keys(txn))
+        self.check(Some(verb), needed, |_| keys(txn))?;
+        self.authorize_claims(txn)
+    }
+
+    /// The hostnames the transaction's registry Services, Instances and
+    /// ServiceEntries claim (`mesh::hosts`): another namespace's is
+    /// refused for everyone (400: it never takes effect), and one outside
+    /// the object's namespace's own, on a registry object, needs a policy
+    /// that grants it (403).
+    fn authorize_claims(&self, txn: &Txn) -> Result<()> {
+        let suffix = &self.acl.domain_suffix;
+        let claims = hostname_claims(txn, suffix)?;
+        owned_hostnames(&claims, suffix)?;
+        if !self.acl.enabled {
+            return Ok(());
+        }
+        let ungranted: Vec<&(usize, ResourceKey, mesh_hosts::Claim)> = claims
+            .iter()
+            .filter(|(_, key, c)| mesh_hosts::needs_grant(key.kind, &key.namespace, &c.hostname, suffix))
+            .filter(|(_, key, c)| !self.principal.may_claim(key.kind, &key.namespace, &c.hostname))
+            .collect();
+        let Some((_, key, _)) = ungranted.first() else { return Ok(()) };
+        let lacks = ungranted.iter().map(|(i, _, c)| format!("the hostname {} (resources[{i}].{})", c.hostname, c.field)).collect::<Vec<_>>().join(", ");
+        let message = format!(
+            "permission denied: {} may not claim {lacks}: a {} in {ns} uses NAME.{ns}.svc.{suffix}; any other hostname needs a policy rule that grants it \
+             (`hostnames`, with write on {} in {ns})",
+            self.principal.who,
+            key.kind.name(),
+            key.kind.plural(),
+            ns = key.namespace,
+        );
+        let resources = ungranted.iter().map(|(_, k, _)| k.to_string()).collect();
+        Err(self.deny(Some(Verb::Write), resources, format!("may not claim {lacks}"), message))
     }
 
     fn check(&self, verb: Option<Verb>, needed: Vec<Permission>, resources: impl FnOnce(&[Permission]) -> Vec<String>) -> Result<()> {
@@ -107,10 +174,15 @@ impl Caller {
         let Err(missing) = self.principal.check(needed) else { return Ok(()) };
         let lacks = missing.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
         let message = format!("permission denied: {} lacks {lacks}", self.principal.who);
+        Err(self.deny(verb, resources(&missing), format!("lacks {lacks}"), message))
+    }
+
+    /// A refusal (403): counted and audited.
+    fn deny(&self, verb: Option<Verb>, resources: Vec<String>, reason: String, message: String) -> Error {
         crate::metrics::metrics().acl_refusals.with(&["denied"]).inc();
         let event = AuditEvent::new(self.principal.who.audit_name(), &self.op, "denied");
-        self.acl.audit(AuditEvent { verb: verb.map(Verb::as_str), resources: resources(&missing), reason: Some(format!("lacks {lacks}")), ..event });
-        Err(Error::permission_denied(message))
+        self.acl.audit(AuditEvent { verb: verb.map(Verb::as_str), resources, reason: Some(reason), ..event });
+        Error::permission_denied(message)
     }
 
     /// Propose an authorized transaction; audit its outcome.
@@ -129,6 +201,32 @@ impl Caller {
         self.acl
             .audit(outcome(AuditEvent { verb: Some(verb.as_str()), resources, ..AuditEvent::new(self.principal.who.audit_name(), &self.op, "ok") }, result));
     }
+}
+
+/// What a request must at least be allowed, checked from its headers
+/// before its body is read or decoded ([`Caller::precheck`]); the handler
+/// then checks every resource the body names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precheck {
+    /// `verb` on some kind in some namespace.
+    Any(Verb),
+    /// `verb` on the cluster.
+    Cluster(Verb),
+}
+
+/// The precheck of a gRPC method of the client API (`Lodestar/{method}`);
+/// None for `AclBootstrap`, which needs no credential, and for names the
+/// service does not have (tonic answers UNIMPLEMENTED without reading them).
+pub fn grpc_precheck(method: &str) -> Option<Precheck> {
+    Some(match method {
+        "Apply" | "Heartbeat" => Precheck::Any(Verb::Write),
+        "Delete" => Precheck::Any(Verb::Delete),
+        "Get" | "List" => Precheck::Any(Verb::Read),
+        "Watch" => Precheck::Any(Verb::Watch),
+        "ClusterStatus" | "Wait" => Precheck::Cluster(Verb::Read),
+        "AddNode" | "RemoveNode" | "Snapshot" | "CreateToken" => Precheck::Cluster(Verb::Admin),
+        _ => return None,
+    })
 }
 
 /// The event with the outcome of an allowed operation: its revision, or
@@ -325,19 +423,65 @@ pub async fn create_token(caller: &Caller, replica: &Replica, req: TokenRequest)
     Ok(TokenCreated::new(minted, ok.revision))
 }
 
+/// The file in a replica's data directory that allows one more ACL
+/// bootstrap through that replica: it must hold the reset index the
+/// refusal named (Consul's `acl-bootstrap-reset`).
+pub const BOOTSTRAP_RESET_FILE: &str = "acl-bootstrap-reset";
+
+/// The reset index of the ACL objects of a revision, or None when there are
+/// none. Any policy, role, token or certificate revocation bars an
+/// anonymous bootstrap: each took `admin` on the cluster to create, so
+/// someone holds a management credential. The index is the newest of them:
+/// a token's creation (a join token's uses rewrite the object), another's
+/// last change. A
+/// bootstrap rewrites `global-management`, which cannot be deleted
+/// ([`delete_txn`]), so the index only moves forward and a reset file is
+/// good for one bootstrap.
+pub fn bootstrap_reset_index(applied: &Applied) -> Option<u64> {
+    crate::auth::acl::acl_objects(applied).map(|o| if o.key.kind == Kind::Token { o.create_revision } else { o.mod_revision }).max()
+}
+
 /// `POST /v1/acl/bootstrap` and gRPC `AclBootstrap`: no credentials
 /// needed. Creates the `global-management` policy and a token holding it,
-/// once: refused (409) when the store holds any token, and, for two racing
-/// bootstraps, by the policy's create-only precondition.
+/// once, on a cluster no one administers yet: refused (409, audited as
+/// denied) when the replica that receives it has a management token
+/// (`initial_management_token_file`, or a single node's generated
+/// `management.token`), and when the store holds any ACL object, unless
+/// `<data_dir>/acl-bootstrap-reset` on this replica holds the reset index
+/// (the operator's deliberate reset: the file is consumed). Two racing
+/// bootstraps: the policy's precondition lets one through.
 pub async fn acl_bootstrap(replica: &Replica, op: &str) -> Result<TokenCreated> {
     let acl = &replica.acl;
-    let done = || Error::conflict("ACLs are bootstrapped already: the store holds tokens or the global-management policy");
-    let applied = replica.node.read(Consistency::Linearizable).await?;
     let event = AuditEvent { verb: Some(Verb::Admin.as_str()), ..AuditEvent::new("anonymous".into(), op, "ok") };
-    if acl.index_at(&applied).has_tokens() {
-        acl.audit(AuditEvent { outcome: "denied", reason: Some("bootstrapped already".into()), ..event });
-        return Err(done());
+    let deny = |reason: String, message: String| {
+        crate::metrics::metrics().acl_refusals.with(&["denied"]).inc();
+        acl.audit(AuditEvent { outcome: "denied", reason: Some(reason), ..event.clone() });
+        Err(Error::conflict(message))
+    };
+    if acl.has_management_token() {
+        return deny(
+            "this replica has a management token".into(),
+            "ACL bootstrap is disabled: this replica has a management token (initial_management_token_file; a single node generates \
+             <data_dir>/management.token): use it instead"
+                .into(),
+        );
     }
+    let applied = replica.node.read(Consistency::Linearizable).await?;
+    let policy_key = ResourceKey::new(Kind::Policy, CLUSTER_NAMESPACE, GLOBAL_MANAGEMENT);
+    if let Some(index) = bootstrap_reset_index(&applied) {
+        let reset = replica.node.config.data_dir.join(BOOTSTRAP_RESET_FILE);
+        if let Err(why) = consume_reset_file(&reset, index).await {
+            return deny(
+                format!("bootstrapped already (reset index {index}): {why}"),
+                format!(
+                    "ACL bootstrap no longer allowed: ACLs are bootstrapped already, the store holds ACL objects (reset index: {index}). \
+                     To bootstrap again, write {index} into the file {BOOTSTRAP_RESET_FILE} in the data directory of the replica you send it to"
+                ),
+            );
+        }
+        tracing::warn!(index, file = %reset.display(), "ACL bootstrap reset: the reset file held the reset index (consumed); bootstrapping again");
+    }
+    let expected = applied.state.get(&policy_key).map_or(0, |p| p.mod_revision);
     let policy = json!({
         "apiVersion": "acl.lodestar.io/v1", "kind": "Policy",
         "metadata": {"name": GLOBAL_MANAGEMENT, "namespace": CLUSTER_NAMESPACE},
@@ -347,15 +491,32 @@ pub async fn acl_bootstrap(replica: &Replica, op: &str) -> Result<TokenCreated> 
         NewToken { description: Some("Bootstrap management token".into()), policies: vec![GLOBAL_MANAGEMENT.into()], ..Default::default() },
         crate::auth::acl::unix_now(),
     );
-    let txn = Txn { ops: vec![create_op(policy)?, create_op(minted.document.clone())?] };
-    let event = AuditEvent { resources: keys(&txn), ..event };
+    let Op::Put { body, key, .. } = create_op(policy)? else { return Err(Error::internal("a generated policy is no put")) };
+    let txn = Txn { ops: vec![Op::Put { body, key, expected_revision: Some(expected) }, create_op(minted.document.clone())?] };
+    let event = AuditEvent { resources: keys(&txn), ..event.clone() };
     let result = replica.node.write(txn).await;
     acl.audit(outcome(event, result.as_ref().map(|ok| Some(ok.revision))));
     match result {
         Ok(ok) => Ok(TokenCreated::new(minted, ok.revision)),
-        Err(e) if e.code == Code::Conflict => Err(done()),
+        Err(e) if e.code == Code::Conflict => Err(Error::conflict("ACL bootstrap no longer allowed: another bootstrap got there first")),
         Err(e) => Err(e),
     }
+}
+
+/// Take the reset file if it holds `index` (removing it: one file, one
+/// bootstrap; two requests racing on this replica cannot both remove it);
+/// else why not, for the audit log.
+async fn consume_reset_file(path: &std::path::Path, index: u64) -> std::result::Result<(), String> {
+    let text = match tokio::fs::read_to_string(path).await {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(format!("no {BOOTSTRAP_RESET_FILE} file")),
+        Err(e) => return Err(format!("{BOOTSTRAP_RESET_FILE}: {e}")),
+    };
+    if text.trim().parse::<u64>() != Ok(index) {
+        tracing::warn!(file = %path.display(), index, "ACL bootstrap refused: the reset file does not hold the reset index");
+        return Err(format!("{BOOTSTRAP_RESET_FILE} does not hold the reset index"));
+    }
+    tokio::fs::remove_file(path).await.map_err(|e| format!("{BOOTSTRAP_RESET_FILE} could not be consumed: {e}"))
 }
 
 /// One resource to apply, with an optional optimistic-concurrency check.
@@ -410,6 +571,79 @@ pub fn apply_txn(items: Vec<ApplyItem>) -> Result<(Txn, Vec<String>)> {
     } else {
         Err(Error::invalid_fields(errors))
     }
+}
+
+/// Every hostname claimed by the puts of `txn` (`mesh::hosts::claims`),
+/// with the index of its op and its object's key.
+pub fn hostname_claims(txn: &Txn, suffix: &str) -> Result<Vec<(usize, ResourceKey, mesh_hosts::Claim)>> {
+    let mut out = Vec::new();
+    for (i, op) in txn.ops.iter().enumerate() {
+        let Op::Put { key, body, .. } = op else { continue };
+        if !matches!(key.kind, Kind::Service | Kind::Instance | Kind::ServiceEntry) {
+            continue;
+        }
+        let body: Value = serde_json::from_str(body).map_err(|e| Error::internal(format!("a validated body does not parse: {e}")))?;
+        let typed = model::parse_typed(key.kind, body.get("spec").unwrap_or(&Value::Null))
+            .map_err(|e| Error::internal(format!("a validated spec does not parse: {e:?}")))?;
+        out.extend(mesh_hosts::claims(key.kind, &key.namespace, &key.name, &typed, suffix).into_iter().map(|c| (i, key.clone(), c)));
+    }
+    Ok(out)
+}
+
+/// 400 naming every claim of a hostname another namespace owns (or one
+/// spanning every namespace's): what `Mesh::build` would leave out.
+pub fn owned_hostnames(claims: &[(usize, ResourceKey, mesh_hosts::Claim)], suffix: &str) -> Result<()> {
+    let invalid: Vec<FieldError> = claims
+        .iter()
+        .filter_map(|(i, key, c)| Some(FieldError::new(format!("resources[{i}].{}", c.field), mesh_hosts::refusal(&key.namespace, &c.hostname, suffix)?)))
+        .collect();
+    if invalid.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::invalid_fields(invalid))
+    }
+}
+
+/// Apply-time warnings for a write that claims a hostname no namespace
+/// owns that another object claims too: legal, and resolved per proxy (its
+/// own namespace's, else the oldest), which the warning spells out. Checks
+/// the ServiceEntries and registry Services stored at `applied` (an
+/// Instance's claim of such a hostname is rare and granted); a write that
+/// claims none (an Instance of its namespace's service) costs nothing.
+pub fn claim_warnings(txn: &Txn, applied: &Applied, suffix: &str) -> Vec<String> {
+    let Ok(mut claims) = hostname_claims(txn, suffix) else { return Vec::new() };
+    claims.retain(|(_, _, c)| mesh_hosts::owner(&c.hostname, suffix) == mesh_hosts::Owner::Nobody);
+    if claims.is_empty() {
+        return Vec::new();
+    }
+    let written: std::collections::BTreeSet<&ResourceKey> = txn.ops.iter().map(|o| o.key()).collect();
+    let mut stored: std::collections::BTreeMap<String, Vec<(&ResourceKey, u64)>> = std::collections::BTreeMap::new();
+    for kind in [Kind::Service, Kind::ServiceEntry] {
+        let lo = ResourceKey::new(kind, "", "");
+        for (key, obj) in applied.state.objects.range(lo..).take_while(|(k, _)| k.kind == kind).filter(|(k, _)| !written.contains(k)) {
+            let Ok(typed) = obj.typed() else { continue };
+            for c in mesh_hosts::claims(kind, &key.namespace, &key.name, typed, suffix)
+                .into_iter()
+                .filter(|c| claims.iter().any(|(_, _, w)| w.hostname == c.hostname))
+            {
+                stored.entry(c.hostname).or_default().push((key, obj.create_revision));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (i, key, c) in &claims {
+        let Some(others) = stored.get(&c.hostname) else { continue };
+        // The written object keeps its age if it exists; a new one is the newest.
+        let age = applied.state.get(key).map_or(u64::MAX, |o| o.create_revision);
+        let oldest = others.iter().copied().chain([(key, age)]).min_by_key(|(k, rev)| (*rev, (*k).clone())).map_or(key, |(k, _)| k);
+        let list = others.iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>().join(", ");
+        out.push(format!(
+            "resources[{i}] ({key}): {} {} is also claimed by {list}; each proxy uses its own namespace's (a registry Service's, else the oldest \
+             ServiceEntry's), else the oldest ({oldest})",
+            c.field, c.hostname
+        ));
+    }
+    out
 }
 
 /// Apply-time warnings for AuthorizationPolicies that cannot do what they
@@ -471,6 +705,88 @@ pub fn policy_warnings(txn: &Txn, applied: &crate::store::Applied, root_ns: &str
     out
 }
 
+/// Apply-time warnings for a host that is both a registry service's (a
+/// Service, or the service of an Instance) and a ServiceEntry's in the
+/// same namespace: the registry's instances are served for it
+/// (`Mesh::build` keeps one service per hostname and namespace, the
+/// registry's first), and the ServiceEntry's endpoints are not. Claims
+/// from different namespaces are resolved per proxy: [`claim_warnings`]
+/// says so. Only for hosts the transaction puts:
+/// the ServiceEntries and Services are few (a kind's range of the store);
+/// Instances are read only when the transaction puts a ServiceEntry.
+pub fn host_warnings(txn: &Txn, applied: &crate::store::Applied, suffix: &str) -> Vec<String> {
+    use crate::model::istio::Validated;
+    use crate::model::TypedSpec;
+    use std::collections::BTreeSet;
+    let touched: BTreeSet<&ResourceKey> = txn
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Put { key, .. } | Op::Delete { key, .. } => Some(key),
+            _ => None,
+        })
+        .collect();
+    let puts: Vec<(ResourceKey, TypedSpec)> = txn
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Put { key, body, .. } if matches!(key.kind, Kind::Service | Kind::Instance | Kind::ServiceEntry) => {
+                let body: Value = serde_json::from_str(body).ok()?;
+                Some((key.clone(), crate::model::parse_typed(key.kind, body.get("spec").unwrap_or(&Value::Null)).ok()?))
+            }
+            _ => None,
+        })
+        .collect();
+    if puts.is_empty() {
+        return Vec::new();
+    }
+    // Every host an object stands for, as the mesh names it.
+    let hosts = |key: &ResourceKey, typed: &TypedSpec| -> Vec<String> {
+        match typed {
+            TypedSpec::Service(spec) => vec![spec.hostname.clone().unwrap_or_else(|| format!("{}.{}.svc.{suffix}", key.name, key.namespace))],
+            TypedSpec::Instance(spec) => vec![crate::mesh::instance_hostname(spec, &key.namespace, suffix)],
+            TypedSpec::Istio(Validated::ServiceEntry { spec, .. }) => {
+                spec.hosts.iter().map(|h| crate::model::istio::resolve_short_name(h, &key.namespace, suffix)).collect()
+            }
+            _ => Vec::new(),
+        }
+    };
+    // The stored objects of `kind` the transaction leaves in place, and
+    // those it puts.
+    let of_kind = |kind: Kind| -> Vec<(ResourceKey, Vec<String>)> {
+        let stored = applied.state.objects.range(ResourceKey::new(kind, "", "")..).take_while(|(k, _)| k.kind == kind).filter(|(k, _)| !touched.contains(k));
+        let stored = stored.filter_map(|(k, o)| Some((k.clone(), hosts(k, o.typed().ok()?))));
+        stored.chain(puts.iter().filter(|(k, _)| k.kind == kind).map(|(k, t)| (k.clone(), hosts(k, t)))).collect()
+    };
+    let mut out = BTreeSet::new();
+    let registry_put = puts.iter().any(|(k, _)| k.kind != Kind::ServiceEntry);
+    let entries = if registry_put { of_kind(Kind::ServiceEntry) } else { Vec::new() };
+    for (key, typed) in puts.iter().filter(|(k, _)| k.kind != Kind::ServiceEntry) {
+        for host in hosts(key, typed) {
+            for (se, _) in entries.iter().filter(|(se, h)| se.namespace == key.namespace && h.contains(&host)) {
+                out.insert(format!(
+                    "{key}: {host} is also the host of ServiceEntry {}/{}: the registry's instances are served for it, not the ServiceEntry's endpoints",
+                    se.namespace, se.name
+                ));
+            }
+        }
+    }
+    if puts.iter().any(|(k, _)| k.kind == Kind::ServiceEntry) {
+        let registry: Vec<(ResourceKey, Vec<String>)> = of_kind(Kind::Service).into_iter().chain(of_kind(Kind::Instance)).collect();
+        for (key, typed) in puts.iter().filter(|(k, _)| k.kind == Kind::ServiceEntry) {
+            for host in hosts(key, typed) {
+                if let Some((r, _)) = registry.iter().find(|(r, h)| r.namespace == key.namespace && h.contains(&host)) {
+                    out.insert(format!(
+                        "{key}: {host} is also a registry service's ({} {}/{}): its instances are served for it, not this ServiceEntry's endpoints",
+                        r.kind, r.namespace, r.name
+                    ));
+                }
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
 /// A resource named for deletion.
 #[derive(Debug, Clone)]
 pub struct DeleteItem {
@@ -489,6 +805,11 @@ pub fn delete_txn(items: Vec<DeleteItem>, ignore_missing: bool) -> Result<Txn> {
     for (i, item) in items.into_iter().enumerate() {
         let path = format!("resources[{i}]");
         match key_of(&item.kind, item.namespace.as_deref(), &item.name) {
+            Ok(key) if key.kind == Kind::Policy && key.name == GLOBAL_MANAGEMENT => errors.push(FieldError::new(
+                path,
+                "the global-management policy cannot be deleted: it records that ACLs were bootstrapped (it may be changed; \
+                 to bootstrap again, see the reset procedure)",
+            )),
             Ok(key) => ops.push(Op::Delete { key, expected_revision: item.expected_revision, ignore_missing }),
             Err(e) => errors.extend(e.fields.into_iter().map(|f| f.under(&path))),
         }
@@ -624,8 +945,7 @@ pub struct ServiceView {
 pub fn registry_services(applied: &Applied, config: &crate::config::ServerConfig, namespace: Option<&str>) -> Vec<ServiceView> {
     use crate::mesh::{Health, Mesh};
     let mesh = Mesh::build(applied, Arc::new(config.mesh_config()));
-    mesh.services
-        .values()
+    mesh.all_services()
         .filter(|s| s.sources.iter().any(|(k, _)| matches!(k.kind, Kind::Service | Kind::Instance)))
         .filter(|s| namespace.is_none_or(|ns| ns.is_empty() || s.namespace == ns))
         .map(|s| {

@@ -5,8 +5,8 @@
 //! and authorizes what it touches; the verb of each route is in the README
 //! ("Tokens and policies").
 
-use super::{ApplyItem, Caller, DeleteItem, WriteResult};
-use crate::auth::{parse_bearer, Acl, Credentials, PeerIdentity, Target, Verb};
+use super::{ApplyItem, Caller, DeleteItem, Precheck, WriteResult};
+use crate::auth::{Acl, PeerIdentity, Target, Verb};
 use crate::error::{Code, Error, Result};
 use crate::model::documents::parse_documents;
 use crate::node::{ClusterStatus, Consistency, Node};
@@ -90,12 +90,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
         let acl = parts.extensions.get::<Arc<Acl>>().cloned().ok_or_else(|| Error::internal("the router has no ACL state"))?;
         let op = format!("{} {}", parts.method, parts.extensions.get::<axum::extract::MatchedPath>().map_or(parts.uri.path(), |p| p.as_str()));
         let conn = parts.extensions.get::<axum::extract::ConnectInfo<crate::tls::conn::ConnInfo>>().map(|c| &c.0);
-        let mut creds = Credentials { bearer: None, peer: super::peer_identity(conn, parts.extensions.get::<PeerIdentity>()) };
-        if let (Some(v), true) = (parts.headers.get(header::AUTHORIZATION), acl.enabled) {
-            let malformed = || Caller::refuse(&acl, &op, "malformed Authorization header: expected `Bearer <secret>`");
-            creds.bearer = Some(v.to_str().ok().and_then(|v| parse_bearer(v).ok()).ok_or_else(malformed)?);
-        }
-        Caller::authenticate(&acl, &creds, &op)
+        let peer = super::peer_identity(conn, parts.extensions.get::<PeerIdentity>());
+        Caller::of_request(&acl, &op, parts.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()), peer)
     }
 }
 
@@ -149,11 +145,15 @@ fn revision_headers(revision: u64) -> [(header::HeaderName, HeaderValue); 1] {
 }
 
 async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response> {
+    caller.precheck(Precheck::Any(Verb::Write))?;
     let bytes = read_body(&node, body).await?;
     let (mut txn, mut warnings) = apply_body(is_yaml(&headers), &bytes)?;
     caller.authorize_txn(Verb::Write, &txn)?;
     crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current())?;
-    warnings.extend(super::policy_warnings(&txn, &node.reader.current(), &node.config.root_namespace));
+    let applied = node.reader.current();
+    warnings.extend(super::policy_warnings(&txn, &applied, &node.config.root_namespace));
+    warnings.extend(super::claim_warnings(&txn, &applied, &node.config.domain_suffix));
+    warnings.extend(super::host_warnings(&txn, &applied, &node.config.domain_suffix));
     let ok = caller.write(&node, Verb::Write, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
 }
@@ -200,6 +200,7 @@ struct DeleteQuery {
 }
 
 async fn delete_many(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<DeleteQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+    caller.precheck(Precheck::Any(Verb::Delete))?;
     let bytes = read_body(&node, body).await?;
     let txn = delete_body(is_yaml(&headers), &bytes, q.ignore_not_found)?;
     caller.authorize_txn(Verb::Delete, &txn)?;
@@ -339,7 +340,7 @@ struct AddMember {
 }
 
 async fn add_member(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Json<ClusterStatus>> {
-    caller.authorize(Verb::Admin, [Target::Cluster])?;
+    caller.precheck(Precheck::Cluster(Verb::Admin))?;
     let bytes = read_body(&replica.node, body).await?;
     let m: AddMember = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
     let result = replica.node.add_node(m.id, NodeInfo { raft_addr: m.raft_addr, api_addr: m.api_addr, xds_addr: m.xds_addr }).await;
@@ -377,6 +378,7 @@ async fn metrics(caller: Caller) -> Result<Response> {
 /// Create a token (`admin` on the cluster); the answer holds its secret,
 /// shown this once.
 async fn create_token(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Response> {
+    caller.precheck(Precheck::Cluster(Verb::Admin))?;
     let bytes = read_body(&replica.node, body).await?;
     let req: super::TokenRequest = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
     Ok(Json(super::create_token(&caller, &replica, req).await?).into_response())
@@ -417,18 +419,111 @@ async fn debug_checks(State(replica): State<Arc<Replica>>, caller: Caller) -> Re
 /// for REST and gRPC: labelled by route pattern (or gRPC method), never by
 /// raw path, so the series stay bounded.
 pub async fn track(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let route = match req.extensions().get::<axum::extract::MatchedPath>() {
-        Some(p) => p.as_str().to_string(),
-        None if req.uri().path().starts_with("/lodestar.") => req.uri().path().to_string(),
-        None => "unmatched".to_string(),
-    };
-    let method = req.method().as_str().to_string();
+    // Labels come from bounded sets only, whatever the client sends: this
+    // runs before authentication, and every new label value is a series
+    // kept for the life of the process.
+    let route = route_label(req.extensions().get::<axum::extract::MatchedPath>().map(|p| p.as_str()), req.uri().path()).to_string();
+    let method = method_label(req.method());
     let started = std::time::Instant::now();
     let resp = next.run(req).await;
     let m = crate::metrics::metrics();
-    m.api_duration.with(&[&method, &route]).observe(started.elapsed());
-    m.api_requests.with(&[&method, &route, resp.status().as_str()]).inc();
+    m.api_duration.with(&[method, &route]).observe(started.elapsed());
+    m.api_requests.with(&[method, &route, resp.status().as_str()]).inc();
     resp
+}
+
+/// How much of an unread HTTP/2 request body is read after the answer, and
+/// for how long (see [`drain_unread_body`]).
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An HTTP/2 request whose body the handler leaves unread (a 401 or 403
+/// answered before the body, a body over the limit): the rest of its body
+/// is read and dropped after the answer, up to `max_body_bytes` and for at
+/// most 10 s, so the stream ends cleanly and a client still sending (curl
+/// `-d @file`) sees the status. Dropped unread, hyper resets the stream
+/// (RST_STREAM, as RFC 9113 8.1 allows) and curl reports `(92) HTTP/2
+/// stream 1 was not closed cleanly` instead of the 401. HTTP/1.1 closes
+/// the connection instead, which clients read fine; gRPC reads its own.
+pub async fn drain_unread_body(State(max_bytes): State<usize>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let grpc = req.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if req.version() != axum::http::Version::HTTP_2 || grpc || http_body::Body::is_end_stream(req.body()) {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let req = axum::extract::Request::from_parts(parts, Body::new(Drained { body: Some(body), max_bytes }));
+    next.run(req).await
+}
+
+/// A request body that, dropped before its end, is read to the end in a
+/// task of its own (bounded), then dropped.
+struct Drained {
+    body: Option<Body>,
+    max_bytes: usize,
+}
+
+impl http_body::Body for Drained {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<http_body::Frame<Bytes>, axum::Error>>> {
+        match self.get_mut().body.as_mut() {
+            Some(b) => std::pin::Pin::new(b).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(http_body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.as_ref().map(http_body::Body::size_hint).unwrap_or_default()
+    }
+}
+
+impl Drop for Drained {
+    fn drop(&mut self) {
+        let Some(body) = self.body.take().filter(|b| !http_body::Body::is_end_stream(b)) else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let max_bytes = self.max_bytes;
+        runtime.spawn(async move {
+            let mut left = max_bytes;
+            let mut data = body.into_data_stream();
+            let _ = tokio::time::timeout(DRAIN_TIME, async {
+                while let Some(Ok(chunk)) = data.next().await {
+                    match left.checked_sub(chunk.len()) {
+                        Some(l) => left = l,
+                        None => break,
+                    }
+                }
+            })
+            .await;
+        });
+    }
+}
+
+/// A request's `route` label: the route template it matched (`/v1/resources/{kind}`);
+/// for a gRPC call, its method (`/lodestar.api.v1.Lodestar/Apply`) if the API
+/// has that method; anything else, `unmatched`.
+fn route_label<'a>(matched: Option<&'a str>, path: &str) -> &'a str {
+    const UNMATCHED: &str = "unmatched";
+    match matched {
+        // A gRPC service's route (tonic's `/{service}/{*rest}`): any method
+        // name matches it.
+        Some(m) if m.ends_with("/{*rest}") => crate::proto::GRPC_METHODS.iter().copied().find(|g| *g == path).unwrap_or(UNMATCHED),
+        Some(m) => m,
+        None => UNMATCHED,
+    }
+}
+
+/// A request's `method` label: the HTTP method if it is a standard one
+/// (HTTP allows any token as a method), else `other`.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    const STANDARD: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"];
+    STANDARD.into_iter().find(|m| *m == method.as_str()).unwrap_or("other")
 }
 
 #[derive(Deserialize)]
@@ -467,6 +562,10 @@ struct ConfigDumpQuery {
     kind: Option<String>,
 }
 
+/// The largest `/debug/authz` request (one request's method, path,
+/// headers and claims).
+const AUTHZ_BODY_LIMIT: usize = 1024 * 1024;
+
 #[derive(Deserialize)]
 struct AuthzQuery {
     #[serde(rename = "proxyID")]
@@ -476,8 +575,11 @@ struct AuthzQuery {
 /// Why a request would be allowed or denied at a connected proxy: Envoy's
 /// RBAC evaluation replayed over the config this replica serves it
 /// (`translate::explain`). The body is the request (JSON).
-async fn authz_check(State(sync): State<SyncRegistry>, caller: Caller, Query(q): Query<AuthzQuery>, body: axum::body::Bytes) -> Result<Response> {
-    caller.authorize(Verb::Read, [Target::Cluster])?;
+async fn authz_check(State(sync): State<SyncRegistry>, caller: Caller, Query(q): Query<AuthzQuery>, body: Body) -> Result<Response> {
+    caller.precheck(Precheck::Cluster(Verb::Read))?;
+    let body = axum::body::to_bytes(body, AUTHZ_BODY_LIMIT)
+        .await
+        .map_err(|_| Error::field("body", format!("request body is larger than the limit of {AUTHZ_BODY_LIMIT} bytes")))?;
     let req: crate::translate::explain::Request = serde_json::from_slice(&body).map_err(|e| Error::field("body", e.to_string()))?;
     let config = sync.config_of(&q.proxy_id).ok_or_else(|| Error::not_found(format!("proxy {:?} is not connected to this replica", q.proxy_id)))?;
     let explanation = crate::translate::explain::explain(&config, &req).map_err(|e| Error::field("port", e))?;
@@ -530,12 +632,11 @@ async fn registryz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Resp
     let applied = node.reader.current();
     let mesh = crate::mesh::Mesh::build(&applied, Arc::new(node.config.mesh_config()));
     let services: Vec<Value> = mesh
-        .services
-        .values()
+        .all_services()
         .map(|s| {
             json!({
                 "hostname": s.hostname, "namespace": s.namespace, "resolution": format!("{:?}", s.resolution), "meshExternal": s.mesh_external,
-                "exportTo": s.export_to,
+                "exportTo": s.export_to, "creationRevision": s.created,
                 "ports": s.ports.iter().map(|p| json!({"name": p.name, "number": p.number, "protocol": format!("{:?}", p.protocol)})).collect::<Vec<_>>(),
                 "instances": s.instances.iter().map(|i| json!({"address": i.address, "ports": i.ports, "port": i.default_port, "labels": i.labels,
                     "locality": i.locality, "weight": i.weight, "health": format!("{:?}", i.health), "source": i.source.as_ref().map(|k| k.to_string())})).collect::<Vec<_>>(),

@@ -26,6 +26,9 @@ pub struct Acl {
     /// (An observer's is never used.)
     cache: Mutex<(u64, Arc<AclIndex>)>,
     audit: Option<AuditLog>,
+    /// The mesh's domain suffix: which hostnames a namespace owns
+    /// (`NAME.NS.svc.SUFFIX`, `mesh::hosts`), checked on every write.
+    pub domain_suffix: String,
 }
 
 /// Secrets shorter than this are refused in `initial_management_token_file`.
@@ -53,12 +56,24 @@ impl Acl {
                 }
                 management = Some(super::token::hash_secret(secret));
             }
-            let path = config.audit_log.as_deref().filter(|p| !p.as_os_str().is_empty());
-            audit = Some(AuditLog::start(path).map_err(|e| format!("audit_log {}: {e}", path.map_or("stderr".into(), |p| p.display().to_string())))?);
+            let systemd = std::env::var_os("INVOCATION_ID").map(|_| std::env::var_os("LOGS_DIRECTORY").map(std::path::PathBuf::from));
+            let path = config.audit_log_path(systemd);
+            let to = path.as_ref().map_or("stderr".into(), |p| p.display().to_string());
+            audit = Some(AuditLog::start(path.as_deref()).map_err(|e| format!("audit_log {to}: {e}"))?);
+            tracing::info!(to = %to, "audit log (one JSON line per write and refusal)");
         }
         let applied = reader.current();
         let index = Arc::new(AclIndex::build(acl_objects(&applied).cloned()));
-        Ok(Arc::new(Acl { enabled: config.acls_on(), replica: config.id, management, reader, cache: Mutex::new((applied.revision(), index)), audit }))
+        let domain_suffix = config.domain_suffix.clone();
+        Ok(Arc::new(Acl {
+            enabled: config.acls_on(),
+            replica: config.id,
+            management,
+            reader,
+            cache: Mutex::new((applied.revision(), index)),
+            audit,
+            domain_suffix,
+        }))
     }
 
     /// For the local observer address (`metrics_addr`), which serves only
@@ -71,6 +86,7 @@ impl Acl {
             reader: self.reader.clone(),
             cache: Mutex::new((0, Arc::default())),
             audit: None,
+            domain_suffix: self.domain_suffix.clone(),
         })
     }
 
@@ -100,6 +116,12 @@ impl Acl {
         super::authenticate(&self.index(), self.management.as_ref(), creds, unix_now())
     }
 
+    /// Whether this replica has an initial management token (from
+    /// `initial_management_token_file`, or generated on a single node).
+    pub fn has_management_token(&self) -> bool {
+        self.management.is_some()
+    }
+
     /// Queue an audit event (ACLs on only).
     pub fn audit(&self, mut event: AuditEvent) {
         if let Some(a) = &self.audit {
@@ -115,7 +137,7 @@ pub fn unix_now() -> u64 {
 
 /// The ACL objects of a revision, in key order: Policy, Role and Token sort
 /// together, CertificateRevocation (added later) after every other kind.
-fn acl_objects(applied: &Applied) -> impl Iterator<Item = &Arc<StoredObject>> + '_ {
+pub fn acl_objects(applied: &Applied) -> impl Iterator<Item = &Arc<StoredObject>> + '_ {
     let from = |kind: Kind| applied.state.objects.range(ResourceKey::new(kind, "", "")..).take_while(|(k, _)| k.kind.is_acl()).map(|(_, o)| o);
     from(Kind::Policy).chain(from(Kind::CertificateRevocation))
 }

@@ -129,10 +129,6 @@ impl AclIndex {
         Some(format!("{spiffe_id} is revoked (CertificateRevocation {name}{reason}): the mesh CA signs no certificate for it"))
     }
 
-    pub fn has_tokens(&self) -> bool {
-        !self.tokens.is_empty()
-    }
-
     pub fn has_policy(&self, name: &str) -> bool {
         self.policies.contains_key(name)
     }

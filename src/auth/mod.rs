@@ -229,6 +229,20 @@ impl Principal {
         ))
     }
 
+    /// Whether any rule grants `verb` on anything at all (some kind in
+    /// some namespace, or the cluster): a bound checked from a request's
+    /// headers alone, before its body is read. A proxy or join credential
+    /// and a certificate no role names grant nothing, so they never get
+    /// past it.
+    pub fn may_ever(&self, verb: Verb) -> bool {
+        match &self.grants {
+            Grants::All => true,
+            Grants::Policies(p) => {
+                p.iter().flat_map(|pol| &pol.rules).any(|r| r.verbs.allows(verb) && !r.namespaces.is_empty() && r.kinds.as_ref().is_none_or(|k| !k.is_empty()))
+            }
+        }
+    }
+
     pub fn allows(&self, p: &Permission) -> bool {
         let policies = match &self.grants {
             Grants::All => return true,
@@ -246,6 +260,24 @@ impl Principal {
                             }
                     }
                 }
+        })
+    }
+
+    /// Whether it may write an object of `kind` in `namespace` that claims
+    /// `hostname`, one outside the namespace's own (`mesh::hosts::needs_grant`):
+    /// a rule that lets it write that kind there and whose `hostnames`
+    /// cover it (Consul's `service:write` on the name). Everything, for
+    /// the management credentials and with ACLs off.
+    pub fn may_claim(&self, kind: Kind, namespace: &str, hostname: &str) -> bool {
+        let policies = match &self.grants {
+            Grants::All => return true,
+            Grants::Policies(p) => p,
+        };
+        policies.iter().flat_map(|pol| &pol.rules).any(|r| {
+            r.verbs.allows(Verb::Write)
+                && r.kinds.as_ref().is_none_or(|k| k.contains(&kind))
+                && r.namespaces.iter().any(|pat| pat.matches(namespace))
+                && r.hostnames.iter().any(|h| crate::model::acl::hostname_pattern_covers(h, hostname))
         })
     }
 
@@ -366,7 +398,10 @@ mod tests {
         assert!(!a.allows(&Permission::new(Verb::Read, Target::kind(Kind::VirtualService, None))), "every namespace needs *");
         assert!(!a.allows(&Permission::new(Verb::Read, Target::Cluster)));
 
+        assert!(a.may_ever(Verb::Write) && a.may_ever(Verb::Read) && !a.may_ever(Verb::Delete) && !a.may_ever(Verb::Watch));
+
         let r = authenticate(&idx, None, &bearer("secret-r"), now).unwrap();
+        assert!(r.may_ever(Verb::Watch) && !r.may_ever(Verb::Write) && !r.may_ever(Verb::Delete));
         assert!(r.allows(&Permission::new(Verb::Read, Target::kind(Kind::Gateway, None))));
         assert!(r.allows(&Permission::new(Verb::Read, Target::Cluster)), "a rule over everything covers the cluster");
         assert!(!r.allows(&w(Kind::VirtualService, "a")));
@@ -430,8 +465,9 @@ mod tests {
         assert!(ns.may_be_proxy("shop", "cart").is_ok() && ns.may_be_proxy("shop", "web").is_ok());
         let e = ns.may_be_proxy("bank", "cart").unwrap_err();
         assert!(e.contains("bound to proxy identity shop") && e.contains("claims bank/cart"), "{e}");
-        // A proxy token grants nothing on the API.
+        // A proxy token grants nothing on the API: not even a body is read.
         assert!(!ns.allows(&Permission::new(Verb::Read, Target::kind(Kind::Service, Some("shop")))));
+        assert!(Verb::ALL.iter().all(|v| !ns.may_ever(*v)));
         let wl = authenticate(&idx, None, &bearer("secret-wl"), 0).unwrap();
         assert!(wl.may_be_proxy("shop", "cart").is_ok() && wl.may_be_proxy("shop", "web").is_err());
         // Secrets: a gateway token; not a plain proxy token.
@@ -455,6 +491,27 @@ mod tests {
         assert_eq!(bad(json!({"type": "proxy", "secretHash": h})), "spec.proxy");
         assert_eq!(bad(json!({"policies": ["p"], "proxy": {"namespace": "a"}, "secretHash": h})), "spec.proxy");
         assert_eq!(bad(json!({"type": "proxy", "proxy": {"namespace": "Bad_NS"}, "secretHash": h})), "spec.proxy");
+    }
+
+    #[test]
+    fn hostname_claims_need_a_grant() {
+        let idx = AclIndex::build(
+            [
+                policy("team-a", json!([{"verbs": ["read", "write"], "kinds": ["*"], "namespaces": ["team-a"]}])),
+                policy("pay", json!([{"verbs": ["write"], "kinds": ["services"], "namespaces": ["team-a"], "hostnames": ["*.pay.example.com"]}])),
+                token("t-a", "secret-a", json!({"policies": ["team-a"]})),
+                token("t-pay", "secret-pay", json!({"policies": ["team-a", "pay"]})),
+            ]
+            .into_iter(),
+        );
+        let a = authenticate(&idx, None, &bearer("secret-a"), 0).unwrap();
+        assert!(!a.may_claim(Kind::Service, "team-a", "api.pay.example.com"), "write on the namespace is not a grant");
+        let pay = authenticate(&idx, None, &bearer("secret-pay"), 0).unwrap();
+        assert!(pay.may_claim(Kind::Service, "team-a", "api.pay.example.com"));
+        assert!(!pay.may_claim(Kind::Instance, "team-a", "api.pay.example.com"), "the grant is for services only");
+        assert!(!pay.may_claim(Kind::Service, "team-b", "api.pay.example.com"), "and in team-a only");
+        assert!(!pay.may_claim(Kind::Service, "team-a", "api.example.com"));
+        assert!(Principal::anonymous().may_claim(Kind::Instance, "x", "anything.example"));
     }
 
     #[test]

@@ -43,7 +43,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use time::OffsetDateTime;
 
@@ -153,20 +153,35 @@ impl std::fmt::Display for MeshIdentity {
     }
 }
 
-/// What the CA signs with, loaded once from its directory.
+/// The mesh CA of a replica: what it signs with, from its directory,
+/// reloaded when the files change ([`MeshCa::watch`], every
+/// `tls_reload_interval_ms`, as the cluster TLS is): a replaced CA signs
+/// the next certificate, without a restart. Files caught mid-replacement
+/// (a key that does not match its certificate yet) keep the previous CA
+/// until they load.
 pub struct MeshCa {
+    dir: PathBuf,
+    pub trust_domain: String,
+    pub default_ttl: Duration,
+    pub max_ttl: Duration,
+    current: RwLock<(Arc<Signer>, crate::tls::Stamps)>,
+}
+
+/// One load of the CA's files.
+struct Signer {
     issuer: Issuer<'static, KeyPair>,
     /// PEMs after the leaf in every answer: the intermediates, then the root.
     chain: Vec<String>,
     root_pem: String,
-    /// Checks a renewing workload's certificate against the root.
+    /// Checks a renewing workload's certificate against the root(s): every
+    /// certificate in root-cert.pem, so a rotation can trust the old root
+    /// and the new one for a while.
     verifier: Arc<dyn ClientCertVerifier>,
-    pub trust_domain: String,
-    pub default_ttl: Duration,
-    pub max_ttl: Duration,
     /// Unix seconds: when the root and the signing certificate expire.
-    pub root_expiry: i64,
-    pub ca_expiry: i64,
+    root_expiry: i64,
+    ca_expiry: i64,
+    /// The signing certificate's subject, for the log.
+    subject: String,
 }
 
 fn pem_certs(path: &Path) -> std::result::Result<Vec<String>, PkiError> {
@@ -183,20 +198,32 @@ fn pem_of(der: &[u8]) -> String {
     pem::encode_config(&pem::Pem::new("CERTIFICATE", der.to_vec()), pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF))
 }
 
-fn not_after(pem: &str) -> Option<i64> {
+/// A PEM certificate's expiry (unix seconds) and subject.
+fn expiry_and_subject(pem: &str) -> Option<(i64, String)> {
     let der = CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
     let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
-    Some(cert.validity().not_after.timestamp())
+    Some((cert.validity().not_after.timestamp(), cert.subject().to_string()))
 }
 
-impl MeshCa {
-    /// Load the CA in `dir` (Istio's `cacerts` layout). `cert-chain.pem`
-    /// may be missing or empty for a self-signed root.
-    pub fn load(dir: &Path, trust_domain: &str, default_ttl: Duration, max_ttl: Duration) -> std::result::Result<MeshCa, PkiError> {
+/// The CA's files, as their modification stamps are taken.
+fn files(dir: &Path) -> [PathBuf; 4] {
+    [CA_CERT, CA_KEY, CERT_CHAIN, ROOT_CERT].map(|f| dir.join(f))
+}
+
+impl Signer {
+    fn load(dir: &Path) -> std::result::Result<Signer, PkiError> {
         let file_err = |p: &Path, msg: String| PkiError::File { path: p.to_path_buf(), msg };
         let (cert_path, key_path, root_path) = (dir.join(CA_CERT), dir.join(CA_KEY), dir.join(ROOT_CERT));
         let ca_pem = pki::read_file(&cert_path)?;
         let key = KeyPair::from_pem(&pki::read_file(&key_path)?).map_err(|e| file_err(&key_path, format!("reading the CA key: {e}")))?;
+        // rcgen takes any key: one that is not the certificate's (files caught
+        // mid-replacement) would sign certificates that verify nowhere.
+        let spki = CertificateDer::from_pem_slice(ca_pem.as_bytes())
+            .ok()
+            .and_then(|der| x509_parser::parse_x509_certificate(&der).ok().map(|(_, c)| c.public_key().raw.to_vec()));
+        if spki.as_deref() != Some(rcgen::PublicKeyData::subject_public_key_info(&key).as_slice()) {
+            return Err(file_err(&key_path, format!("not the key of the CA certificate {}", cert_path.display())));
+        }
         let issuer = Issuer::from_ca_cert_pem(&ca_pem, key).map_err(|e| file_err(&cert_path, format!("not a CA certificate for this key: {e}")))?;
         let roots = pem_certs(&root_path)?;
         let root_pem = roots.first().cloned().ok_or_else(|| file_err(&root_path, "no certificate in the file".into()))?;
@@ -210,13 +237,55 @@ impl MeshCa {
         chain.push(root_pem.clone());
         let store = crate::tls::roots_from_pem(&root_path).map_err(|e| file_err(&root_path, e.to_string()))?;
         let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(store)).build().map_err(|e| file_err(&root_path, e.to_string()))?;
-        let root_expiry = not_after(&root_pem).unwrap_or(0);
-        let ca_expiry = not_after(&ca_pem).unwrap_or(0);
-        Ok(MeshCa { issuer, chain, root_pem, verifier, trust_domain: trust_domain.to_string(), default_ttl, max_ttl, root_expiry, ca_expiry })
+        let root_expiry = expiry_and_subject(&root_pem).map_or(0, |e| e.0);
+        let (ca_expiry, subject) = expiry_and_subject(&ca_pem).unwrap_or_default();
+        Ok(Signer { issuer, chain, root_pem, verifier, root_expiry, ca_expiry, subject })
+    }
+}
+
+impl MeshCa {
+    /// Load the CA in `dir` (Istio's `cacerts` layout). `cert-chain.pem`
+    /// may be missing or empty for a self-signed root.
+    pub fn load(dir: &Path, trust_domain: &str, default_ttl: Duration, max_ttl: Duration) -> std::result::Result<MeshCa, PkiError> {
+        let stamps = crate::tls::stamps_of(files(dir).iter().map(PathBuf::as_path));
+        let signer = Signer::load(dir)?;
+        Ok(MeshCa { dir: dir.to_path_buf(), trust_domain: trust_domain.to_string(), default_ttl, max_ttl, current: RwLock::new((Arc::new(signer), stamps)) })
     }
 
-    pub fn root_pem(&self) -> &str {
-        &self.root_pem
+    fn signer(&self) -> Arc<Signer> {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).0.clone()
+    }
+
+    /// Load the files again if any changed since the last load; on a
+    /// failure the previous CA stays (and the next check tries again).
+    pub fn reload_if_changed(&self) -> std::result::Result<bool, PkiError> {
+        let now = crate::tls::stamps_of(files(&self.dir).iter().map(PathBuf::as_path));
+        if self.current.read().unwrap_or_else(|p| p.into_inner()).1 == now {
+            return Ok(false);
+        }
+        let signer = Signer::load(&self.dir)?;
+        let subject = signer.subject.clone();
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = (Arc::new(signer), now);
+        self.publish_expiry();
+        tracing::info!(dir = %self.dir.display(), issuer = %subject, "mesh CA: reloaded the CA files; new certificates are signed by it");
+        Ok(true)
+    }
+
+    /// Check the files every `every` until shutdown.
+    pub async fn watch(self: Arc<Self>, every: Duration, shutdown: tokio::sync::watch::Receiver<bool>) {
+        crate::tls::poll_reload(every, shutdown, "mesh CA", move || self.reload_if_changed().map_err(|e| e.to_string())).await
+    }
+
+    /// The root's and the signing certificate's expiry, as metrics.
+    pub fn publish_expiry(&self) {
+        let (signer, m) = (self.signer(), crate::metrics::metrics());
+        m.ca_root_expiry.set(signer.root_expiry);
+        m.ca_cert_chain_expiry.set(signer.ca_expiry);
+    }
+
+    /// The root certificate (PEM) workloads trust.
+    pub fn root_pem(&self) -> String {
+        self.signer().root_pem.clone()
     }
 
     /// Parse a PEM certificate request and check its signature (proof of
@@ -260,10 +329,11 @@ impl MeshCa {
         let now = OffsetDateTime::now_utc();
         params.not_before = now - BACKDATE;
         params.not_after = now + ttl;
-        let cert = params.signed_by(&csr.public_key, &self.issuer).map_err(|e| Error::internal(format!("signing: {e}")))?;
-        let mut chain = Vec::with_capacity(self.chain.len() + 1);
+        let signer = self.signer();
+        let cert = params.signed_by(&csr.public_key, &signer.issuer).map_err(|e| Error::internal(format!("signing: {e}")))?;
+        let mut chain = Vec::with_capacity(signer.chain.len() + 1);
         chain.push(cert.pem());
-        chain.extend(self.chain.iter().cloned());
+        chain.extend(signer.chain.iter().cloned());
         Ok(chain)
     }
 
@@ -271,7 +341,10 @@ impl MeshCa {
     /// that this CA's root verifies now, or why not.
     pub fn verify(&self, chain: &[CertificateDer<'static>]) -> std::result::Result<MeshIdentity, String> {
         let (leaf, intermediates) = chain.split_first().ok_or("no certificate")?;
-        self.verifier.verify_client_cert(leaf, intermediates, UnixTime::now()).map_err(|e| format!("not a current certificate of the mesh CA: {e}"))?;
+        self.signer()
+            .verifier
+            .verify_client_cert(leaf, intermediates, UnixTime::now())
+            .map_err(|e| format!("not a current certificate of the mesh CA: {e}"))?;
         let cert = crate::tls::conn::PeerCert::parse(leaf).ok_or("the certificate does not parse")?;
         cert.uris
             .iter()
@@ -461,6 +534,33 @@ mod tests {
         let key_mode = std::fs::metadata(dir.path().join(CA_KEY)).unwrap();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(key_mode.permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn replaced_files_sign_after_a_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca(dir.path());
+        let old_root = ca.root_pem();
+        assert!(!ca.reload_if_changed().unwrap(), "nothing changed");
+        let id = WorkloadId::parse("a/b").unwrap();
+        let key = KeyPair::generate().unwrap();
+        // A half-written replacement (the new certificate, the old key) keeps the old CA.
+        let other = tempfile::tempdir().unwrap();
+        create_dir(other.path(), "example.org").unwrap();
+        std::fs::copy(other.path().join(CA_CERT), dir.path().join(CA_CERT)).unwrap();
+        assert!(ca.reload_if_changed().is_err());
+        assert_eq!(ca.sign(&csr(&key, "x:y"), &id, None).unwrap().last(), Some(&old_root));
+        for f in [CA_KEY, CERT_CHAIN, ROOT_CERT] {
+            std::fs::copy(other.path().join(f), dir.path().join(f)).unwrap();
+        }
+        assert!(ca.reload_if_changed().unwrap());
+        let new_root = std::fs::read_to_string(other.path().join(ROOT_CERT)).unwrap();
+        assert_eq!(ca.root_pem().trim(), new_root.trim());
+        let chain = ca.sign(&csr(&key, "x:y"), &id, None).unwrap();
+        assert_eq!(chain.last().map(|r| r.trim()), Some(new_root.trim()));
+        // Verified by the new root, and the old CA's certificates no longer are.
+        let der = |pem: &str| CertificateDer::from_pem_slice(pem.as_bytes()).unwrap().into_owned();
+        assert_eq!(ca.verify_workload(&[der(&chain[0])]).unwrap(), id);
     }
 
     #[test]

@@ -79,6 +79,28 @@ const GRANTS_KEPT: usize = 256;
 /// `security.ImpersonatedIdentity`).
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
 
+/// The service as the xDS port serves it, behind [`credential_shown`].
+pub type CaServer = tonic::service::interceptor::InterceptedService<IstioCertificateServiceServer<CaService>, CredentialCheck>;
+
+type CredentialCheck = fn(Request<()>) -> std::result::Result<Request<()>, Status>;
+
+/// Before a request is decoded: a caller that shows no credential at all
+/// (no `authorization` metadata, no client certificate) is refused, so an
+/// anonymous caller never makes the replica decode a message or parse a
+/// CSR. Counted as the service's other refusals are; not logged (a flood
+/// of them would flood the log).
+fn credential_shown(req: Request<()>) -> std::result::Result<Request<()>, Status> {
+    let cert = req.extensions().get::<ConnInfo>().is_some_and(|c| c.cert.is_some());
+    if cert || req.metadata().contains_key("authorization") {
+        return Ok(req);
+    }
+    let m = crate::metrics::metrics();
+    m.ca_csr.inc();
+    m.ca_auth_failures.inc();
+    m.ca_errors.with(&[reason(Code::Unauthenticated)]).inc();
+    Err(Status::unauthenticated("a certificate needs a join token (authorization: Bearer) or the current mesh certificate as the client certificate"))
+}
+
 pub struct CaService {
     /// None: this replica has no mesh CA, and says so (UNAVAILABLE)
     /// rather than UNIMPLEMENTED.
@@ -95,16 +117,15 @@ pub struct CaService {
 }
 
 impl CaService {
-    pub fn server(ca: Option<Arc<MeshCa>>, replica: Arc<Replica>) -> IstioCertificateServiceServer<CaService> {
+    pub fn server(ca: Option<Arc<MeshCa>>, replica: Arc<Replica>) -> CaServer {
         if let Some(ca) = &ca {
-            let m = crate::metrics::metrics();
-            m.ca_root_expiry.set(ca.root_expiry);
-            m.ca_cert_chain_expiry.set(ca.ca_expiry);
+            ca.publish_expiry();
         }
         let config = &replica.node.config;
         let admission = Arc::new(Semaphore::new(config.ca_max_in_flight.max(1)));
         let queue_wait = Duration::from_millis(config.ca_max_queue_wait_ms);
-        IstioCertificateServiceServer::new(CaService { ca, replica, pending: Pending::default(), reads: Reads::default(), admission, queue_wait })
+        let service = CaService { ca, replica, pending: Pending::default(), reads: Reads::default(), admission, queue_wait };
+        IstioCertificateServiceServer::with_interceptor(service, credential_shown as CredentialCheck)
     }
 
     /// The caller's identity: its mesh certificate first (a renewing
@@ -458,15 +479,23 @@ impl IstioCertificateService for CaService {
         let m = crate::metrics::metrics();
         m.ca_csr.inc();
         let conn = req.extensions().get::<ConnInfo>().cloned();
-        let bearer = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(|s| s.trim().to_string());
+        // The API's parser: `Bearer` in any case; anything else is refused, not ignored.
+        let bearer = match req.metadata().get("authorization").map(|v| v.to_str().ok().and_then(|v| crate::auth::parse_bearer(v).ok())) {
+            None => Ok(None),
+            Some(Some(secret)) => Ok(Some(secret)),
+            Some(None) => Err(Error::unauthenticated("malformed authorization metadata: expected `Bearer <secret>`")),
+        };
         let wait = grpc_timeout(req.metadata()).map_or(self.queue_wait, |t| (t / 2).min(self.queue_wait));
-        let result = match tokio::time::timeout(wait, self.admission.clone().acquire_owned()).await {
-            Ok(Ok(_permit)) => self.create(conn.as_ref(), bearer.as_deref(), req.into_inner()).await,
-            _ => Err(Error::resource_exhausted(format!(
-                "the mesh CA on this replica is busy ({} requests in progress; waited {} ms for a turn): nothing was done, no join token use was consumed; retry after a backoff",
-                self.replica.node.config.ca_max_in_flight,
-                wait.as_millis()
-            ))),
+        let result = match bearer {
+            Err(e) => Err(e),
+            Ok(bearer) => match tokio::time::timeout(wait, self.admission.clone().acquire_owned()).await {
+                Ok(Ok(_permit)) => self.create(conn.as_ref(), bearer.as_deref(), req.into_inner()).await,
+                _ => Err(Error::resource_exhausted(format!(
+                    "the mesh CA on this replica is busy ({} requests in progress; waited {} ms for a turn): nothing was done, no join token use was consumed; retry after a backoff",
+                    self.replica.node.config.ca_max_in_flight,
+                    wait.as_millis()
+                ))),
+            },
         };
         m.ca_sign_duration.observe(started.elapsed());
         match result {
@@ -479,7 +508,7 @@ impl IstioCertificateService for CaService {
                     m.ca_auth_failures.inc();
                 }
                 m.ca_errors.with(&[reason(e.code)]).inc();
-                tracing::info!(remote = ?conn.map(|c| c.remote), error = %e.message, "certificate request refused");
+                tracing::info!(remote = %conn.map_or_else(|| "unknown".to_string(), |c| c.remote.to_string()), error = %e.message, "certificate request refused");
                 Err(crate::api::grpc::status_of(e))
             }
         }

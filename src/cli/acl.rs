@@ -15,6 +15,7 @@ pub enum TokenCommand {
     /// Create a token. Prints its accessor id and its secret, which is
     /// shown this once (the store keeps only its hash).
     Create {
+        /// What it is for (shown by `token list`).
         #[arg(long)]
         description: Option<String>,
         /// A policy it holds; repeat for more.
@@ -38,7 +39,7 @@ pub enum TokenCommand {
         gateway: bool,
         /// A join token instead: the workload identity NAMESPACE/SERVICE_ACCOUNT
         /// whose first certificate it obtains from the mesh CA (`lodestar
-        /// agent --join-token`). No policies or roles.
+        /// agent --join-token-file`). No policies or roles.
         #[arg(long, conflicts_with = "host")]
         workload: Option<String>,
         /// A host agent's join token instead: the host NAME's first
@@ -54,6 +55,7 @@ pub enum TokenCommand {
         /// A source address range the join token is accepted from; repeat.
         #[arg(long = "cidr")]
         cidrs: Vec<String>,
+        /// json: the whole answer (default: the accessor id and secret).
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
@@ -61,20 +63,30 @@ pub enum TokenCommand {
     List,
     /// One token, by accessor id.
     Read {
+        /// Its accessor id (`token list`).
         accessor: String,
+        /// json (default: yaml).
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
     /// Delete a token: every replica refuses it once it applied the delete.
-    Revoke { accessor: String },
+    Revoke {
+        /// Its accessor id (`token list`).
+        accessor: String,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum PolicyCommand {
-    /// Create a policy from rules VERBS:KINDS:NAMESPACES, each a comma list,
-    /// e.g. `--rule read,watch:*:*` or `--rule write,delete:vs,dr:team-a,team-a-*`.
+    /// Create a policy from rules VERBS:KINDS:NAMESPACES[:HOSTNAMES], each a
+    /// comma list, e.g. `--rule read,watch:*:*`, `--rule
+    /// write,delete:vs,dr:team-a,team-a-*` or `--rule
+    /// write:services,instances:team-a:*.team-a.example.com` (hostnames the
+    /// registry services and instances it writes may claim).
     Create {
+        /// The policy's name.
         name: String,
+        /// What it is for.
         #[arg(long)]
         description: Option<String>,
         /// One rule; repeat for more.
@@ -88,13 +100,19 @@ pub enum PolicyCommand {
 /// What policies and roles both answer.
 #[derive(Subcommand)]
 pub enum ObjectCommand {
+    /// Every one, as a table.
     List,
+    /// One, as YAML (or JSON).
     Read {
+        /// Its name.
         name: String,
+        /// json (default: yaml).
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
+    /// Delete one.
     Delete {
+        /// Its name.
         name: String,
     },
 }
@@ -104,9 +122,12 @@ pub enum RoleCommand {
     /// Create a role: policies, and the client-certificate identities that
     /// hold it.
     Create {
+        /// The role's name.
         name: String,
+        /// What it is for.
         #[arg(long)]
         description: Option<String>,
+        /// A policy it grants; repeat for more.
         #[arg(long = "policy", required = true)]
         policies: Vec<String>,
         /// A client-certificate identity (SPIFFE id or subject name); repeat.
@@ -122,6 +143,7 @@ pub enum AclCommand {
     /// Create the first management token (policy global-management), once.
     /// Needs no token; refused once the store holds any token.
     Bootstrap {
+        /// json: the whole answer (default: the accessor id and secret).
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
@@ -146,6 +168,8 @@ pub enum CertCommand {
         /// x509 -noout -serial` prints it).
         #[arg(long)]
         serial: Option<String>,
+        /// Why, kept with the entry (shown by `cert revocations` and in
+        /// the refusals it causes).
         #[arg(long)]
         reason: Option<String>,
         /// The CertificateRevocation's name (default: from the id or serial).
@@ -155,7 +179,10 @@ pub enum CertCommand {
     /// The deny list.
     Revocations,
     /// Take an entry (a CertificateRevocation, by name) off the deny list.
-    Unrevoke { name: String },
+    Unrevoke {
+        /// The CertificateRevocation's name (`cert revocations` lists them).
+        name: String,
+    },
 }
 
 pub async fn cert(client: &Client, command: CertCommand) -> Result<()> {
@@ -233,7 +260,16 @@ pub async fn policy(client: &Client, command: PolicyCommand) -> Result<()> {
         PolicyCommand::Object(c) => {
             let row = |p: &Value| {
                 let rules = p["spec"]["rules"].as_array().into_iter().flatten();
-                let rules: Vec<String> = rules.map(|r| format!("{}:{}:{}", joined(&r["verbs"]), joined(&r["kinds"]), joined(&r["namespaces"]))).collect();
+                let rules: Vec<String> = rules
+                    .map(|r| {
+                        let rule = format!("{}:{}:{}", joined(&r["verbs"]), joined(&r["kinds"]), joined(&r["namespaces"]));
+                        if r["hostnames"].as_array().is_some_and(|h| !h.is_empty()) {
+                            format!("{rule}:{}", joined(&r["hostnames"]))
+                        } else {
+                            rule
+                        }
+                    })
+                    .collect();
                 vec![name(p), s(&p["spec"]["description"]), rules.join(" ")]
             };
             object(client, "policies", c, &["NAME", "DESCRIPTION", "RULES"], row).await
@@ -272,14 +308,20 @@ pub async fn acl(client: &Client, command: AclCommand) -> Result<()> {
     }
 }
 
-/// `VERBS:KINDS:NAMESPACES`, each a comma-separated list.
+/// `VERBS:KINDS:NAMESPACES[:HOSTNAMES]`, each a comma-separated list.
 fn parse_rule(rule: &str) -> Result<Value> {
     let parts: Vec<&str> = rule.split(':').collect();
-    let [verbs, kinds, namespaces] = parts.as_slice() else {
-        bail!("--rule {rule:?}: expected VERBS:KINDS:NAMESPACES, e.g. read,watch:*:team-a");
+    let (verbs, kinds, namespaces, hostnames) = match parts.as_slice() {
+        [v, k, n] => (v, k, n, None),
+        [v, k, n, h] => (v, k, n, Some(h)),
+        _ => bail!("--rule {rule:?}: expected VERBS:KINDS:NAMESPACES[:HOSTNAMES], e.g. read,watch:*:team-a"),
     };
     let list = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect::<Vec<_>>();
-    Ok(json!({"verbs": list(verbs), "kinds": list(kinds), "namespaces": list(namespaces)}))
+    let mut out = json!({"verbs": list(verbs), "kinds": list(kinds), "namespaces": list(namespaces)});
+    if let Some(h) = hostnames {
+        out["hostnames"] = json!(list(h));
+    }
+    Ok(out)
 }
 
 /// Create-only: an existing object of that name is a conflict, not replaced.
@@ -364,5 +406,8 @@ mod tests {
         let r = super::parse_rule("read,watch:vs,dr:a,b-*").unwrap();
         assert_eq!(r, serde_json::json!({"verbs": ["read", "watch"], "kinds": ["vs", "dr"], "namespaces": ["a", "b-*"]}));
         assert!(super::parse_rule("read:*").is_err());
+        let r = super::parse_rule("write:services,instances:team-a:*.team-a.example.com,api.example.com").unwrap();
+        assert_eq!(r["hostnames"], serde_json::json!(["*.team-a.example.com", "api.example.com"]));
+        assert!(super::parse_rule("write:*:a:b:c").is_err());
     }
 }

@@ -46,6 +46,10 @@ pub struct AgentArgs {
     pub proxy: BootstrapArgs,
     #[command(flatten)]
     pub run: RunArgs,
+    /// text (colour on a terminal, unless NO_COLOR is set) or json (one
+    /// object per line).
+    #[arg(long, value_enum, default_value = "text", env = "LODESTAR_LOG_FORMAT")]
+    pub log_format: crate::logging::LogFormat,
 }
 
 /// Envoy as a child process, and the workload's registration.
@@ -94,6 +98,7 @@ pub struct RunArgs {
     /// `region/zone/subzone`.
     #[arg(long)]
     pub locality: Option<String>,
+    /// The instance's load-balancing weight (default 1).
     #[arg(long)]
     pub weight: Option<u32>,
     /// Health check: a replica GETs this http:// URL.
@@ -105,6 +110,7 @@ pub struct RunArgs {
     /// Probe interval, e.g. 5s.
     #[arg(long)]
     pub check_interval: Option<String>,
+    /// How long one health check may take (HTTP/TCP), e.g. 1s.
     #[arg(long)]
     pub check_timeout: Option<String>,
     /// The lease's TTL; keepalives go every third of it.

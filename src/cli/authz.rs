@@ -29,8 +29,10 @@ pub struct CheckArgs {
     /// The original client address (`remoteIpBlocks`), if not the source.
     #[arg(long)]
     remote: Option<String>,
+    /// The request's method.
     #[arg(long, default_value = "GET")]
     method: String,
+    /// The request's path (with its query, if any).
     #[arg(long, default_value = "/")]
     path: String,
     /// The Host / :authority header.

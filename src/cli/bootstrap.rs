@@ -70,11 +70,13 @@ pub struct BootstrapArgs {
     /// Workload name (e.g. productpage-v1).
     #[arg(long)]
     pub name: String,
+    /// The workload's namespace: its config and the identity it claims.
     #[arg(long, default_value = crate::model::DEFAULT_NAMESPACE)]
     pub namespace: String,
     /// A workload label, KEY=VALUE; repeat for each.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// Envoy's admin port.
     #[arg(long, default_value_t = 15000)]
     pub admin_port: u16,
     /// Where Envoy's admin listens. Default: --ip if it is a loopback
@@ -83,6 +85,7 @@ pub struct BootstrapArgs {
     /// it: any other address warns.
     #[arg(long, value_name = "IP")]
     pub admin_address: Option<String>,
+    /// The mesh's DNS suffix (the replicas' domain_suffix).
     #[arg(long, default_value = "cluster.local")]
     pub domain_suffix: String,
     /// Use incremental xDS (DELTA_GRPC) instead of state of the world.
@@ -95,6 +98,18 @@ pub struct BootstrapArgs {
     /// Envoy only.
     #[arg(long, env = "LODESTAR_PROXY_TOKEN_FILE")]
     pub proxy_token_file: Option<std::path::PathBuf>,
+    /// Without --proxy-token-file: make no proxy token either, and write
+    /// no credential (the xDS port then refuses the proxy while ACLs are
+    /// on). By default one is made with the CLI's credential.
+    #[arg(long, conflicts_with = "proxy_token_file")]
+    pub no_proxy_token: bool,
+    /// Where the proxy token that bootstrap makes (without
+    /// --proxy-token-file) is written, 0600, for Envoy to read (the
+    /// bootstrap names the file, never holds the secret). Default:
+    /// NAME.NAMESPACE.proxy-token in the current directory (replaced).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["proxy_token_file", "no_proxy_token"])]
+    pub proxy_token_out: Option<std::path::PathBuf>,
+    /// yaml or json.
     #[arg(short, long, value_enum, default_value = "yaml")]
     pub output: Format,
     /// Write a gRPC xDS bootstrap (GRPC_XDS_BOOTSTRAP) for a proxyless gRPC
@@ -138,12 +153,75 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> 
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    let doc = bootstrap(&args, &servers, ca_pem, token.as_ref().map(|t| t.path.as_path()))?;
+    // Check everything else before a token is made for it.
+    bootstrap(&args, &servers, ca_pem, None)?;
+    let token = match token {
+        Some(t) => Some(t.path),
+        None if args.no_proxy_token => None,
+        None => mint_proxy_token(client, ca_pem.is_some(), &args).await?,
+    };
+    let doc = bootstrap(&args, &servers, ca_pem, token.as_deref())?;
     match args.output {
         Format::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
         Format::Yaml => print!("{}", yaml_serde::to_string(&doc)?),
     }
     Ok(())
+}
+
+/// Without `--proxy-token-file`, on a cluster with TLS (so ACLs, by
+/// default): a proxy token for this proxy (`NAMESPACE/NAME`; a gateway's,
+/// `--gateway`, for `--node-type router`), made with the CLI's own
+/// credential when it may make tokens (`admin` on the cluster, as the
+/// management token in the client config a server writes), written to
+/// `--proxy-token-out` (0600) for Envoy to read: the path of that file.
+/// Else a warning that the xDS port will refuse this Envoy, naming the
+/// command that makes a token. A plaintext (`--insecure`) cluster takes no
+/// credential (and a bootstrap without the CA sends none): nothing to make.
+pub async fn mint_proxy_token(client: &Client, tls: bool, args: &BootstrapArgs) -> Result<Option<std::path::PathBuf>> {
+    if client.base().starts_with("http://") || !tls {
+        return Ok(None);
+    }
+    let identity = format!("{}/{}", args.namespace, args.name);
+    let mut body = serde_json::json!({"proxy": identity, "description": format!("lodestar bootstrap for {}.{}", args.name, args.namespace)});
+    if args.node_type == NodeType::Router {
+        body["gateway"] = json!(true);
+    }
+    let made = client.post("/v1/acl/tokens", &body).await.and_then(|t| {
+        let field = |k: &str| t[k].as_str().map(String::from).ok_or_else(|| anyhow!("the answer has no {k}"));
+        Ok((field("accessorId")?, field("secret")?))
+    });
+    let (accessor, secret) = match made {
+        Ok(made) => made,
+        Err(e) => {
+            eprintln!(
+                "Warning: this bootstrap has no proxy credential, so the xDS port will refuse its Envoy (ACLs are on), and could not make one: {e:#}\n  \
+                 With an admin's token: lodestar token create --proxy {identity} -o json, put the secret in a file (readable by Envoy only), then pass --proxy-token-file FILE."
+            );
+            return Ok(None);
+        }
+    };
+    let out = match &args.proxy_token_out {
+        Some(p) => p.clone(),
+        None => std::path::PathBuf::from(format!("{}.{}.proxy-token", args.name, args.namespace)),
+    };
+    let written = crate::tls::pki::write_file(&out, &secret, true)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| std::fs::canonicalize(&out).with_context(|| format!("{}", out.display())));
+    let path = match written {
+        Ok(path) => path,
+        Err(e) => {
+            // Not left behind where no one has its secret.
+            let revoked = client.delete(&format!("/v1/resources/tokens/lodestar-system/{accessor}")).await;
+            let left = if revoked.is_ok() { "revoked it".to_string() } else { format!("revoke it: lodestar token revoke {accessor}") };
+            bail!("writing the proxy token made for {identity} to {}: {e:#} (made accessor {accessor}; {left})", out.display());
+        }
+    };
+    let gateway = if args.node_type == NodeType::Router { " (a gateway's: served its namespace's Secrets)" } else { "" };
+    eprintln!(
+        "Made a proxy token for {identity}{gateway} (accessor {accessor}; `lodestar token revoke {accessor}` ends it), in {} (0600), which Envoy reads: keep it readable by Envoy only.",
+        path.display()
+    );
+    Ok(Some(path))
 }
 
 /// `--proxy-token-file`, if given: checked to hold one token, by its
@@ -174,11 +252,13 @@ pub fn admin_host(args: &BootstrapArgs) -> Result<String> {
         });
     };
     let ip: IpAddr = addr.parse().map_err(|_| anyhow!("--admin-address {addr:?} is not an IP address"))?;
+    // Once, however often the bootstrap is built.
+    static WARNED: std::sync::Once = std::sync::Once::new();
     if !ip.is_loopback() {
-        eprintln!(
+        WARNED.call_once(|| eprintln!(
             "warning: Envoy's admin will listen on {addr}:{}, which is not a loopback address: whoever reaches it reads the whole config (/config_dump) and can stop Envoy (/quitquitquit); keep it on loopback unless a firewall guards it",
             args.admin_port
-        );
+        ));
     }
     Ok(addr.clone())
 }

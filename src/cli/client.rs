@@ -1,55 +1,121 @@
 //! A small REST client for the CLI, with server errors rendered for people.
+//!
+//! Where the CLI's settings come from ([`Access::resolve`]), first found
+//! wins: `--client-config` / `LODESTAR_CONFIG`; else `./lodestar-data/client.toml`
+//! (the server started in this directory); else `~/.config/lodestar/client.toml`.
+//! `--server`, `--ca-file` and `--token` (or their environment variables)
+//! override the file's fields. Errors about TLS and credentials name the
+//! file, the server and where the CA and token came from ([`Origin`]), so a
+//! stale config is found at once.
+//!
+//! A bare `HOST:PORT` is https. The token never goes to an `http://` server
+//! (any of the listed ones) unless `--insecure` says so.
 
 use crate::config::{expand_home, ClientConfig, DEFAULT_SERVER_URL};
 use anyhow::{anyhow, Context, Result};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
-/// How the CLI reaches a cluster: `--server`, `--ca-file` and `--token`
-/// (or their environment variables) over the client config file
-/// (`--client-config`, `LODESTAR_CONFIG`, else `~/.config/lodestar/client.toml`,
-/// else `./lodestar-data/client.toml`: what `lodestar server` writes on
-/// its first start).
+/// How the CLI reaches a cluster (see the module doc).
 #[derive(Clone, Default)]
 pub struct Access {
-    pub server: Option<String>,
+    /// Replicas' API URLs, tried in order while one cannot be reached.
+    pub servers: Vec<String>,
     /// The CA bundle (PEM) servers' certificates are checked against.
     pub ca_pem: Option<String>,
     pub token: Option<String>,
+    pub origin: Origin,
+    /// `--insecure`: the token may go to an `http://` server, in the clear.
+    pub insecure: bool,
 }
 
-/// Where the CLI looks for its client config when none is named.
+/// Where the CLI's server, CA and token came from, for error messages.
+#[derive(Clone, Debug, Default)]
+pub struct Origin {
+    /// The client config read, if any.
+    pub config: Option<PathBuf>,
+    pub server: String,
+    pub ca: String,
+    pub token: String,
+}
+
+/// Where the CLI looks for its client config when none is named, in order.
 pub fn default_config_paths() -> Vec<PathBuf> {
-    vec![expand_home(Path::new("~/.config/lodestar/client.toml")), PathBuf::from("./lodestar-data/client.toml")]
+    vec![PathBuf::from("./lodestar-data/client.toml"), expand_home(Path::new("~/.config/lodestar/client.toml"))]
+}
+
+fn looked_for() -> String {
+    default_config_paths().iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" or ")
 }
 
 impl Access {
     pub fn resolve(server: Option<String>, config: Option<PathBuf>, ca_file: Option<PathBuf>, token: Option<String>) -> Result<Access> {
-        let file = match config {
-            Some(path) => Some(read_client_config(&path)?),
-            None => default_config_paths().into_iter().find(|p| p.exists()).map(|p| read_client_config(&p)).transpose()?,
-        }
-        .unwrap_or_default();
-        let ca_pem = match ca_file {
-            Some(path) => Some(std::fs::read_to_string(&path).with_context(|| format!("reading the CA file {}", path.display()))?),
-            None => Some(file.ca_pem).filter(|p| !p.is_empty()),
+        let path = config.or_else(|| default_config_paths().into_iter().find(|p| p.exists()));
+        let file = path.as_deref().map(read_client_config).transpose()?.unwrap_or_default();
+        let named = |p: &Path| format!("the client config {}", p.display());
+        let from_file = path.as_deref().map(named).unwrap_or_default();
+        let relative = |f: &Path| match path.as_deref().and_then(Path::parent) {
+            Some(dir) if f.is_relative() => dir.join(f),
+            _ => f.to_path_buf(),
         };
-        Ok(Access { server: server.or(Some(file.server).filter(|s| !s.is_empty())), ca_pem, token: token.or(file.token) })
+        let (ca_pem, ca) = match (ca_file, file.ca_file.as_deref()) {
+            (Some(p), _) => {
+                let pem = std::fs::read_to_string(&p).with_context(|| format!("reading the CA file {}", p.display()))?;
+                (Some(pem), format!("--ca-file {}", p.display()))
+            }
+            (None, _) if !file.ca_pem.is_empty() => (Some(file.ca_pem.clone()), format!("ca_pem in {from_file}")),
+            (None, Some(f)) => {
+                let f = relative(f);
+                let pem = std::fs::read_to_string(&f).with_context(|| format!("reading ca_file {} of {from_file}", f.display()))?;
+                (Some(pem), format!("{} (ca_file in {from_file})", f.display()))
+            }
+            (None, None) if path.is_some() => (None, format!("none in {from_file}: the system's roots only")),
+            (None, None) => (None, format!("none (no client config at {}): the system's roots only", looked_for())),
+        };
+        let (token, token_origin) = match (token, &file.token, file.token_file.as_deref()) {
+            (Some(t), _, _) => (Some(t), "--token or LODESTAR_TOKEN".to_string()),
+            (None, Some(t), _) => (Some(t.clone()), format!("token in {from_file}")),
+            (None, None, Some(f)) => {
+                let f = relative(f);
+                let t = std::fs::read_to_string(&f).with_context(|| format!("reading token_file {} of {from_file}", f.display()))?;
+                (Some(t.trim().to_string()), format!("{} (token_file in {from_file})", f.display()))
+            }
+            (None, None, None) => (None, "none".to_string()),
+        };
+        let (servers, server_origin) = match server {
+            Some(s) => (vec![s], "--server or LODESTAR_SERVER".to_string()),
+            None => {
+                let listed: Vec<String> = std::iter::once(&file.server).chain(&file.servers).filter(|s| !s.is_empty()).cloned().collect();
+                if listed.is_empty() {
+                    (vec![DEFAULT_SERVER_URL.to_string()], "the default".to_string())
+                } else {
+                    (listed, from_file.clone())
+                }
+            }
+        };
+        let origin = Origin { config: path, server: server_origin, ca, token: token_origin };
+        Ok(Access { servers, ca_pem, token, origin, insecure: false })
     }
 
-    /// A REST client for `server` (default: this access's server).
-    pub fn client(&self, server: Option<&str>) -> Result<Client> {
-        let base = server.map(str::to_string).or_else(|| self.server.clone()).unwrap_or_else(|| DEFAULT_SERVER_URL.to_string());
-        let base = base.trim_end_matches('/').to_string();
-        // A bare address: TLS unless there is no CA to check it with.
-        let base = if base.contains("://") {
-            base
-        } else if self.ca_pem.is_some() {
-            format!("https://{base}")
-        } else {
-            format!("http://{base}")
-        };
-        Ok(Client { base, http: self.http()?, token: self.token.clone() })
+    /// A REST client for these servers (none: the default server). A bare
+    /// `HOST:PORT` is https (checked against the CA, else the system's
+    /// roots); plaintext only when asked for with `http://`, and then
+    /// without the token unless `insecure`.
+    pub fn client(&self) -> Result<Client> {
+        let mut bases: Vec<String> = self.servers.iter().map(|s| base_url(s)).collect();
+        if bases.is_empty() {
+            bases.push(DEFAULT_SERVER_URL.to_string());
+        }
+        Ok(Client {
+            bases: Arc::new(bases),
+            current: Arc::default(),
+            http: self.http()?,
+            token: self.token.clone(),
+            insecure: self.insecure,
+            origin: Arc::new(self.origin.clone()),
+        })
     }
 
     /// An HTTP client trusting the CA (and only it) when there is one.
@@ -75,13 +141,24 @@ impl Access {
     }
 
     fn http_builder(&self) -> Result<reqwest::ClientBuilder> {
-        let mut builder = reqwest::Client::builder().tcp_nodelay(true);
+        let mut builder = reqwest::Client::builder().tcp_nodelay(true).connect_timeout(std::time::Duration::from_secs(5));
         if let Some(pem) = &self.ca_pem {
             for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes()).context("the CA bundle")? {
                 builder = builder.add_root_certificate(cert);
             }
         }
         Ok(builder)
+    }
+}
+
+/// A server as given (`https://host:port`, or a bare `host:port`: TLS,
+/// as servers serve by default), without a trailing slash.
+fn base_url(server: &str) -> String {
+    let s = server.trim_end_matches('/');
+    if s.contains("://") {
+        s.to_string()
+    } else {
+        format!("https://{s}")
     }
 }
 
@@ -116,80 +193,171 @@ pub type ApiClient = crate::proto::api::lodestar_client::LodestarClient<tonic::s
 
 fn read_client_config(path: &Path) -> Result<ClientConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading the client config {}", path.display()))?;
-    ClientConfig::from_toml(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+    ClientConfig::from_toml(&text).map_err(|e| anyhow!("the client config {}: {e}", path.display()))
 }
 
+/// A REST client of one or more replicas: a request goes to the last one
+/// that answered, and on to the next when one cannot be reached.
+#[derive(Clone)]
 pub struct Client {
-    base: String,
+    bases: Arc<Vec<String>>,
+    current: Arc<AtomicUsize>,
     http: reqwest::Client,
     token: Option<String>,
+    insecure: bool,
+    origin: Arc<Origin>,
+}
+
+/// Why a credential is not sent to a plaintext server.
+fn plaintext_refusal(base: &str) -> anyhow::Error {
+    anyhow!(
+        "refusing to send the token to {base} over plaintext http (anyone on the path could read it and act as you): use https:// \
+         with the cluster's CA (--ca-file, or a client config), or pass --insecure to send it in the clear anyway"
+    )
 }
 
 impl Client {
     /// Another replica, reached the same way.
     pub fn with_server(&self, server: &str) -> Client {
-        let scheme = self.base.split("://").next().unwrap_or("https");
+        let scheme = self.base().split("://").next().unwrap_or("https").to_string();
         let base = if server.contains("://") { server.trim_end_matches('/').to_string() } else { format!("{scheme}://{server}") };
-        Client { base, http: self.http.clone(), token: self.token.clone() }
+        Client { bases: Arc::new(vec![base]), current: Arc::default(), ..self.clone() }
+    }
+
+    /// The server requests go to now.
+    pub fn base(&self) -> &str {
+        &self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
+        format!("{}{}", self.base(), path)
     }
 
-    /// Every request carries the token, if there is one.
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let req = self.http.request(method, self.url(path));
-        match &self.token {
-            Some(t) => req.bearer_auth(t),
-            None => req,
+    /// Send to the current server, then to the others in turn while one
+    /// cannot be reached (nothing was sent to it, so a write is safe to
+    /// send again). Every request carries the token, if there is one; with
+    /// a token and without `--insecure`, nothing is sent if any of the
+    /// servers is `http://` (which one answers depends on which are up).
+    async fn execute(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<reqwest::Response> {
+        if self.token.is_some() && !self.insecure {
+            if let Some(plain) = self.bases.iter().find(|b| b.starts_with("http://")) {
+                return Err(plaintext_refusal(plain));
+            }
+        }
+        let n = self.bases.len();
+        let first = self.current.load(Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let mut req = self.http.request(method.clone(), format!("{}{}", self.bases[i], path));
+            if let Some(t) = &self.token {
+                req = req.bearer_auth(t);
+            }
+            if let Some(b) = body {
+                req = req.json(b);
+            }
+            match self.send_showing_progress(req, &self.bases[i]).await {
+                Ok(resp) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return Ok(resp);
+                }
+                Err(e) if e.is_connect() && k + 1 < n => failures.push(self.unreachable(&self.bases[i], &e)),
+                Err(e) => {
+                    failures.push(self.unreachable(&self.bases[i], &e));
+                    break;
+                }
+            }
+        }
+        Err(anyhow!("{}", failures.join("\n")))
+    }
+
+    /// Send; on a terminal, say so while the answer takes long (a write
+    /// waits for a leader while one is being elected).
+    async fn send_showing_progress(&self, req: reqwest::RequestBuilder, base: &str) -> reqwest::Result<reqwest::Response> {
+        let send = req.send();
+        tokio::pin!(send);
+        let started = std::time::Instant::now();
+        let mut progress = super::progress::Progress::new();
+        loop {
+            tokio::select! {
+                r = &mut send => return r,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => progress.show(&format!(
+                    "waiting for {base}: no answer after {}s (is the cluster electing a leader?)",
+                    started.elapsed().as_secs()
+                )),
+            }
         }
     }
 
-    fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
+    /// Why `base` could not be reached, with what to do about it.
+    fn unreachable(&self, base: &str, e: &reqwest::Error) -> String {
         // reqwest puts the TLS cause (an unknown CA, a name mismatch) in
         // the source chain, not in the top message.
         let mut msg = e.to_string();
-        let mut source = std::error::Error::source(&e);
+        let mut source = std::error::Error::source(e);
         while let Some(s) = source {
             msg = format!("{msg}: {s}");
             source = s.source();
         }
-        anyhow!("cannot reach {}: {msg}", self.base)
+        let o = &self.origin;
+        let hint = if msg.contains("BadSignature") || msg.contains("UnknownIssuer") || msg.contains("invalid peer certificate") {
+            format!(
+                "\n  The server's certificate is not signed by the CA the CLI trusts ({}).\n  A cluster started anew has a new CA: use the client config it wrote (<data_dir>/client.toml) with --client-config or LODESTAR_CONFIG, or its CA with --ca-file <data_dir>/tls/ca.pem.",
+                o.ca
+            )
+        } else if msg.contains("invalid HTTP version") && base.starts_with("http://") {
+            "\n  The server speaks TLS: use https://.".to_string()
+        } else if base.starts_with("https://") && (msg.contains("corrupt message") || msg.contains("InvalidContentType")) {
+            "\n  The server does not speak TLS (started with --insecure?): use http://.".to_string()
+        } else {
+            String::new()
+        };
+        format!("cannot reach {base} (server from {}): {msg}{hint}", o.server)
     }
 
-    async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value> {
-        let resp = req.send().await.map_err(|e| self.unreachable(e))?;
-        let status = resp.status();
-        let text = resp.text().await?;
-        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        if status.is_success() {
+    /// What the server said about the credential, with where it came from.
+    fn auth_hint(&self, status: u16) -> String {
+        match status {
+            401 => format!("\n  (server {}; token: {})", self.base(), self.origin.token),
+            403 => format!("\n  (server {}; token: {})", self.base(), self.origin.token),
+            _ => String::new(),
+        }
+    }
+
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<Value> {
+        let (status, body) = self.any(method, path, body).await?;
+        if (200..300).contains(&status) {
             return Ok(body);
         }
-        Err(anyhow!(render_error(status.as_u16(), &body)))
+        Err(anyhow!("{}{}", render_error(status, &body), self.auth_hint(status)))
+    }
+
+    /// Any status: (status, JSON body, or the text as a JSON string).
+    async fn any(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+        let resp = self.execute(method, path, body).await?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.map_err(|e| anyhow!("reading the answer of {}: {e}", self.base()))?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
     }
 
     pub async fn get(&self, path: &str) -> Result<Value> {
-        self.send(self.request(reqwest::Method::GET, path)).await
+        self.send(reqwest::Method::GET, path, None).await
     }
     /// GET a binary body (a backup file).
     pub async fn get_bytes(&self, path: &str) -> Result<Vec<u8>> {
-        let resp = self.request(reqwest::Method::GET, path).send().await.map_err(|e| self.unreachable(e))?;
+        let resp = self.execute(reqwest::Method::GET, path, None).await?;
         let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| anyhow!("reading the answer of {}: {e}", self.base))?;
+        let bytes = resp.bytes().await.map_err(|e| anyhow!("reading the answer of {}: {e}", self.base()))?;
         if status.is_success() {
             return Ok(bytes.to_vec());
         }
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Err(anyhow!(render_error(status.as_u16(), &body)))
+        Err(anyhow!("{}{}", render_error(status.as_u16(), &body), self.auth_hint(status.as_u16())))
     }
     /// GET, whatever the status: (status, JSON body).
     pub async fn get_any(&self, path: &str) -> Result<(u16, Value)> {
-        let resp = self.request(reqwest::Method::GET, path).send().await.map_err(|e| self.unreachable(e))?;
-        let status = resp.status().as_u16();
-        let text = resp.text().await?;
-        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+        self.any(reqwest::Method::GET, path, None).await
     }
     /// The token this client sends, if any.
     pub fn token(&self) -> Option<&str> {
@@ -197,28 +365,22 @@ impl Client {
     }
     /// The same client with another token (`lodestar agent --token-file`).
     pub fn with_token(&self, token: Option<String>) -> Client {
-        Client { base: self.base.clone(), http: self.http.clone(), token }
+        Client { token, ..self.clone() }
     }
     /// POST, whatever the status: (status, JSON body); Err only when no
     /// answer came. For callers that act on the status (the agent's
     /// keepalive: 404 means the lease is gone).
     pub async fn post_any(&self, path: &str, body: &Value) -> Result<(u16, Value)> {
-        let resp = self.request(reqwest::Method::POST, path).json(body).send().await.map_err(|e| self.unreachable(e))?;
-        let status = resp.status().as_u16();
-        let text = resp.text().await?;
-        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+        self.any(reqwest::Method::POST, path, Some(body)).await
     }
     pub async fn delete_any(&self, path: &str) -> Result<(u16, Value)> {
-        let resp = self.request(reqwest::Method::DELETE, path).send().await.map_err(|e| self.unreachable(e))?;
-        let status = resp.status().as_u16();
-        let text = resp.text().await?;
-        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+        self.any(reqwest::Method::DELETE, path, None).await
     }
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        self.send(self.request(reqwest::Method::POST, path).json(body)).await
+        self.send(reqwest::Method::POST, path, Some(body)).await
     }
     pub async fn delete(&self, path: &str) -> Result<Value> {
-        self.send(self.request(reqwest::Method::DELETE, path)).await
+        self.send(reqwest::Method::DELETE, path, None).await
     }
 }
 
@@ -245,4 +407,44 @@ pub fn render_error(status: u16, body: &Value) -> String {
         out = format!("server answered {status}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn access(servers: &[&str], token: Option<&str>, insecure: bool) -> Access {
+        Access { servers: servers.iter().map(|s| s.to_string()).collect(), token: token.map(str::to_string), insecure, ..Access::default() }
+    }
+
+    #[tokio::test]
+    async fn no_token_over_plaintext_without_insecure() {
+        // A bare address is https, as is the default.
+        assert_eq!(access(&["127.0.0.1:1"], None, false).client().unwrap().url("/x"), "https://127.0.0.1:1/x");
+        assert_eq!(Access::default().client().unwrap().url(""), crate::config::DEFAULT_SERVER_URL);
+        assert!(DEFAULT_SERVER_URL.starts_with("https://"));
+        // http:// with a token: refused before anything is sent, saying how to proceed.
+        let c = access(&["http://127.0.0.1:1"], Some("s3cr3t"), false).client().unwrap();
+        let e = c.get("/v1/cluster").await.unwrap_err().to_string();
+        assert!(e.contains("refusing to send the token") && e.contains("--insecure") && !e.contains("s3cr3t"), "{e}");
+        assert!(c.with_server("127.0.0.2:1").post("/v1/apply", &serde_json::json!({})).await.unwrap_err().to_string().contains("refusing"));
+        // Without a token, or with --insecure, the request is made (and fails to connect here).
+        for c in [access(&["http://127.0.0.1:1"], None, false), access(&["http://127.0.0.1:1"], Some("t"), true)] {
+            let e = c.client().unwrap().get("/v1/cluster").await.unwrap_err().to_string();
+            assert!(e.contains("cannot reach http://127.0.0.1:1"), "{e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn every_listed_server_is_checked_for_plaintext() {
+        // A plaintext server anywhere in the list: the token is sent to none
+        // of them, even though the first (down) would be tried first.
+        let c = access(&["https://127.0.0.1:1", "http://127.0.0.1:2"], Some("s3cr3t"), false).client().unwrap();
+        let e = c.get("/v1/cluster").await.unwrap_err().to_string();
+        assert!(e.contains("refusing to send the token to http://127.0.0.1:2") && !e.contains("cannot reach"), "{e}");
+        // With --insecure, failover goes through both (neither answers here).
+        let c = access(&["https://127.0.0.1:1", "http://127.0.0.1:2"], Some("t"), true).client().unwrap();
+        let e = c.get("/v1/cluster").await.unwrap_err().to_string();
+        assert!(e.contains("cannot reach https://127.0.0.1:1") && e.contains("cannot reach http://127.0.0.1:2"), "{e}");
+    }
 }

@@ -8,6 +8,7 @@ mod agent;
 mod authz;
 mod bootstrap;
 pub mod client;
+mod progress;
 mod proxy;
 mod registry;
 mod snapshot;
@@ -16,30 +17,104 @@ use crate::config::{Member, ServerConfig};
 use crate::model::documents::parse_documents;
 use crate::model::Kind;
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use client::Client;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
+/// `lodestar get KIND`'s help: every kind the server stores.
+fn kinds_help() -> String {
+    format!("The kind: {}", Kind::cli_names_help())
+}
+
+/// Where `--help` lists the options every client command takes.
+const CLIENT_OPTIONS: &str = "Client options (every command that talks to a cluster)";
+
 #[derive(Parser)]
 #[command(name = "lodestar", version, about = "Lodestar: an Envoy control plane for Istio traffic rules, without Kubernetes")]
 pub struct Cli {
-    /// API URL of any replica (default http://127.0.0.1:8470).
-    #[arg(long = "server", value_name = "URL", global = true, env = "LODESTAR_SERVER", action = clap::ArgAction::Append)]
+    /// A replica's API URL, e.g. https://127.0.0.1:8470; a bare HOST:PORT
+    /// is https (default: the client config's `server` and `servers`,
+    /// tried in turn while one is down; else https://127.0.0.1:8470).
+    #[arg(long = "server", value_name = "URL", global = true, env = "LODESTAR_SERVER", action = clap::ArgAction::Append, help_heading = CLIENT_OPTIONS)]
     servers: Vec<String>,
-    /// Client config (server, CA, token), as `lodestar server` writes it on
-    /// first start; default ~/.config/lodestar/client.toml, else
-    /// ./lodestar-data/client.toml.
-    #[arg(long = "client-config", value_name = "FILE", global = true, env = "LODESTAR_CONFIG")]
+    /// Client config (servers, CA, token) as `lodestar server` writes it on
+    /// first start. Default: ./lodestar-data/client.toml if there is one,
+    /// else ~/.config/lodestar/client.toml.
+    #[arg(long = "client-config", value_name = "FILE", global = true, env = "LODESTAR_CONFIG", help_heading = CLIENT_OPTIONS)]
     client_config: Option<PathBuf>,
-    /// CA bundle (PEM) to check the server's certificate against.
-    #[arg(long, value_name = "FILE", global = true, env = "LODESTAR_CACERT")]
+    /// CA bundle (PEM) to check the server's certificate against (default:
+    /// the client config's).
+    #[arg(long, value_name = "FILE", global = true, env = "LODESTAR_CACERT", help_heading = CLIENT_OPTIONS)]
     ca_file: Option<PathBuf>,
     /// API token (default: the client config's).
-    #[arg(long, global = true, env = "LODESTAR_TOKEN", hide_env_values = true)]
+    #[arg(long, global = true, env = "LODESTAR_TOKEN", hide_env_values = true, help_heading = CLIENT_OPTIONS)]
     token: Option<String>,
+    /// Client commands: send the token to an http:// server too, in the
+    /// clear (refused otherwise). `server`: plaintext on every port and no
+    /// credentials at all, for experiments only (logged loudly).
+    #[arg(long, global = true)]
+    insecure: bool,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The client options' ids, hidden from the commands that take none.
+const CLIENT_ARGS: [&str; 4] = ["servers", "client_config", "ca_file", "token"];
+
+/// The command line, with the client options hidden from `--help` of the
+/// commands that never talk to a cluster: `server` (where `--server` would
+/// read like a listen address), `tls ca create` and the offline
+/// `snapshot restore` and `snapshot status`; `--insecure` too from the
+/// offline ones (it means something to `server` and the client commands).
+pub fn command() -> clap::Command {
+    let cmd = Cli::command();
+    // A subcommand that has an argument of a global's id keeps its own
+    // (clap does not propagate over it): give these hidden copies. Added
+    // to `tls`, they reach its subcommands the same way.
+    let hidden =
+        |ids: &[&str]| -> Vec<clap::Arg> { cmd.get_arguments().filter(|a| ids.contains(&a.get_id().as_str())).map(|a| a.clone().hide(true)).collect() };
+    let (client, offline) = (hidden(&CLIENT_ARGS), hidden(&[&CLIENT_ARGS[..], &["insecure"]].concat()));
+    let hide = move |c: clap::Command| c.args(offline.clone());
+    let (h1, h2) = (hide.clone(), hide.clone());
+    cmd.mut_subcommand("server", move |c| c.args(client))
+        .mut_subcommand("tls", h1)
+        .mut_subcommand("snapshot", move |s| s.mut_subcommand("restore", h2).mut_subcommand("status", hide))
+}
+
+/// Parse the process's arguments (clap's exit on errors and `--help`).
+pub fn parse() -> Cli {
+    let matches = command().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+impl Cli {
+    /// The log format asked for (`--log-format` of `server` and `agent`).
+    pub fn log_format(&self) -> crate::logging::LogFormat {
+        match &self.command {
+            Command::Server(a) => a.log_format,
+            Command::Agent(a) => a.log_format,
+            _ => Default::default(),
+        }
+    }
+
+    /// A command that runs until stopped and owns its output (a replica, an
+    /// agent); the others are short-lived tools whose output may be piped.
+    pub fn is_daemon(&self) -> bool {
+        matches!(self.command, Command::Server(_) | Command::Agent(_))
+    }
+}
+
+/// A short-lived command ends quietly when its output is closed (`lodestar
+/// get vs | head -1`), as Unix tools do: SIGPIPE's default action, which
+/// Rust's runtime sets to ignore (then `println!` panics on EPIPE). Sockets
+/// are unaffected: Rust sends on them with MSG_NOSIGNAL.
+pub fn exit_quietly_on_closed_pipe() {
+    // SAFETY: resets one signal's disposition to the default, at startup,
+    // before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 #[derive(Subcommand)]
@@ -60,27 +135,43 @@ enum Command {
         /// With --wait: how long, e.g. 30s.
         #[arg(long, default_value = "30s")]
         timeout: String,
+        /// With --wait: also wait for this proxy (NAME.NAMESPACE) to be
+        /// connected, e.g. an Envoy just started; repeat for more.
+        #[arg(long = "proxy", value_name = "NAME.NAMESPACE", requires = "wait")]
+        proxies: Vec<String>,
     },
     /// Wait until every proxy connected to any replica has ACKed a revision
-    /// (or newer); fails listing NACKs, or the proxies still behind.
+    /// (or newer); fails listing NACKs, or the proxies still behind. On a
+    /// terminal it shows which proxies are still behind.
     Wait {
+        /// The revision to wait for (`apply` prints it); default: the
+        /// cluster's current one.
         #[arg(long)]
-        revision: u64,
+        revision: Option<u64>,
+        /// How long, e.g. 30s.
         #[arg(long, default_value = "30s")]
         timeout: String,
+        /// Also wait for this proxy (NAME.NAMESPACE) to be connected, e.g.
+        /// an Envoy just started; repeat for more.
+        #[arg(long = "proxy", value_name = "NAME.NAMESPACE")]
+        proxies: Vec<String>,
     },
     /// Show resources.
     Get {
-        /// virtualservice|vs, destinationrule|dr, serviceentry|se, gateway|gw, sidecar, workloadentry|we, service|svc, instance, lease
+        #[arg(help = kinds_help())]
         kind: String,
+        /// One object by name (default: a list).
         name: Option<String>,
+        /// The namespace (default: default).
         #[arg(short, long)]
         namespace: Option<String>,
         /// Every namespace.
         #[arg(short = 'A', long)]
         all_namespaces: bool,
+        /// Only objects whose labels match, e.g. app=reviews,version!=v1.
         #[arg(short = 'l', long)]
         selector: Option<String>,
+        /// yaml, json, or wide (a table with more columns).
         #[arg(short, long, value_enum)]
         output: Option<Output>,
         /// Serve from the replica's local state instead of a linearizable read.
@@ -90,14 +181,21 @@ enum Command {
         #[arg(short = 's', long)]
         service: Option<String>,
     },
-    /// Delete resources by name or from files.
+    /// Delete resources by kind and name, or those in files (as kubectl:
+    /// every one found is deleted, and each one not found is reported).
     Delete {
+        /// The kind (`lodestar get --help` lists them).
         kind: Option<String>,
+        /// The object's name.
         name: Option<String>,
+        /// The namespace of KIND NAME, and of file objects that name none
+        /// (default: default).
         #[arg(short, long)]
         namespace: Option<String>,
+        /// A file, a directory (recursively) or - for stdin; repeat for more.
         #[arg(short = 'f', long = "filename")]
         files: Vec<String>,
+        /// Succeed when an object is not there.
         #[arg(long)]
         ignore_not_found: bool,
     },
@@ -110,7 +208,9 @@ enum Command {
     Register(registry::RegisterArgs),
     /// Remove a service instance.
     Deregister {
+        /// The instance's name (`lodestar get instances`).
         name: String,
+        /// Its namespace (default: default).
         #[arg(short, long)]
         namespace: Option<String>,
     },
@@ -120,9 +220,12 @@ enum Command {
     ProxyStatus,
     /// The config a replica serves a proxy (NAME.NAMESPACE or the full node id).
     ProxyConfig {
+        /// Which part of its config.
         #[arg(value_enum)]
         kind: proxy::ConfigType,
+        /// NAME.NAMESPACE, or the full node id.
         proxy: String,
+        /// json: the resources as served (default: a table).
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
@@ -195,7 +298,9 @@ enum TlsCommand {
 
 #[derive(Subcommand)]
 enum CaCommand {
+    /// Create a CA (a new key and self-signed certificate) in DIR.
     Create {
+        /// Where to write it (created if missing).
         #[arg(long)]
         dir: PathBuf,
         /// The mesh CA instead, for workload certificates, in Istio's
@@ -213,23 +318,31 @@ enum CaCommand {
 enum ClusterCommand {
     /// Members, leader, term, and each replica's applied revision.
     Status {
+        /// yaml or json (default: a table).
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
     /// Add a replica: it joins as a learner, catches up, then becomes a voter.
     /// Start it first with `lodestar server --join ...`.
     AddNode {
+        /// Its member id (unique, never reused).
         #[arg(long)]
         id: u64,
+        /// Its raft peer address, HOST:PORT.
         #[arg(long)]
         raft_addr: String,
+        /// Its API address, HOST:PORT.
         #[arg(long)]
         api_addr: String,
+        /// Its xDS address, HOST:PORT.
         #[arg(long)]
         xds_addr: String,
     },
     /// Remove a replica from the cluster.
-    RemoveNode { id: u64 },
+    RemoveNode {
+        /// Its member id (`lodestar cluster status`).
+        id: u64,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -244,8 +357,11 @@ pub struct ServerArgs {
     /// TOML config file; flags override it.
     #[arg(long, short)]
     config: Option<PathBuf>,
+    /// This replica's member id (default 1).
     #[arg(long)]
     id: Option<u64>,
+    /// Where it keeps its store, certificates and tokens (default
+    /// ./lodestar-data).
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// REST and gRPC client API (default 127.0.0.1:8470).
@@ -266,18 +382,20 @@ pub struct ServerArgs {
     /// Keep the store in step with this directory of YAML/JSON resources.
     #[arg(long)]
     watch_dir: Option<PathBuf>,
-    /// Plaintext on every port, no credentials: anyone who can reach a
-    /// port can do anything. For experiments only (logged loudly).
-    #[arg(long)]
-    insecure: bool,
     /// Serve /metrics and /debug/* also here, without TLS or a token
     /// (a loopback address only), e.g. for a local Prometheus.
     #[arg(long)]
     metrics_addr: Option<String>,
+    /// text (colour on a terminal, unless NO_COLOR is set) or json (one
+    /// object per line).
+    #[arg(long, value_enum, default_value = "text", env = "LODESTAR_LOG_FORMAT")]
+    pub log_format: crate::logging::LogFormat,
 }
 
 impl ServerArgs {
-    pub fn into_config(self) -> Result<ServerConfig> {
+    /// The configuration: the file, overridden by the flags; `insecure`
+    /// is the global `--insecure`.
+    pub fn into_config(self, insecure: bool) -> Result<ServerConfig> {
         let mut c = match &self.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -304,7 +422,7 @@ impl ServerArgs {
             c.initial_members = self.initial_members;
         }
         c.join |= self.join;
-        c.insecure |= self.insecure;
+        c.insecure |= insecure;
         if self.metrics_addr.is_some() {
             c.metrics_addr = self.metrics_addr;
         }
@@ -316,13 +434,13 @@ impl ServerArgs {
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
-    let Cli { servers, client_config, ca_file, token, command } = cli;
+    let Cli { servers, client_config, ca_file, token, insecure, command } = cli;
     if servers.len() > 1 {
         bail!("--server given {} times; this command talks to one replica", servers.len());
     }
     match command {
         Command::Server(args) => {
-            let config = args.into_config()?;
+            let config = args.into_config(insecure)?;
             return crate::server::run(config, crate::server::shutdown_signal()).await;
         }
         Command::Tls { command: TlsCommand::Ca { command: CaCommand::Create { dir, mesh: true, trust_domain } } } => {
@@ -341,18 +459,24 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         _ => {}
     }
-    let access = client::Access::resolve(servers.into_iter().next(), client_config, ca_file, token)?;
-    let client = access.client(None)?;
+    let access = client::Access { insecure, ..client::Access::resolve(servers.into_iter().next(), client_config, ca_file, token)? };
+    let client = access.client()?;
     match command {
         Command::Server(_) | Command::Tls { .. } => unreachable!("handled above"),
-        Command::Apply { files, namespace, wait: w, timeout } => {
+        Command::Apply { files, namespace, wait: w, timeout, proxies } => {
             let revision = apply(&client, &files, namespace.as_deref()).await?;
             if w {
-                wait(&client, revision, &timeout).await?;
+                wait(&client, revision, &timeout, &proxies).await?;
             }
             Ok(())
         }
-        Command::Wait { revision, timeout } => wait(&client, revision, &timeout).await,
+        Command::Wait { revision, timeout, proxies } => {
+            let revision = match revision {
+                Some(r) => r,
+                None => current_revision(&client).await?,
+            };
+            wait(&client, revision, &timeout, &proxies).await
+        }
         Command::Get { kind, name, namespace, all_namespaces, selector, output, stale, service } => {
             let k = parse_kind(&kind)?;
             if k == Kind::Service && name.is_none() && selector.is_none() && output.is_none() {
@@ -404,18 +528,17 @@ fn read_documents(files: &[String]) -> Result<Vec<Value>> {
     Ok(docs)
 }
 
+/// A directory's resource files as the server's watched directory finds
+/// them (`adapters::directory`: links below it are not followed, bounded
+/// depth and count); any other path as given.
 fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
     if meta.is_dir() {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
-        entries.sort();
-        for e in entries {
-            if e.is_dir() {
-                collect(&e, out)?;
-            } else if e.extension().and_then(|x| x.to_str()).is_some_and(|x| matches!(x, "yaml" | "yml" | "json")) {
-                out.push(e);
-            }
+        let walk = crate::adapters::directory::resource_files(path, &Default::default()).map_err(|e| anyhow!(e))?;
+        for link in &walk.skipped_links {
+            eprintln!("warning: {}: a symbolic link, not followed (name the file itself to apply it)", link.display());
         }
+        out.extend(walk.files.into_iter().map(|f| f.0));
     } else {
         out.push(path.to_path_buf());
     }
@@ -435,9 +558,59 @@ pub(crate) fn print_write_result(result: &Value) {
     eprintln!("revision {}", result["revision"]);
 }
 
-/// `lodestar wait`: report the proxies' convergence on `revision`.
-async fn wait(client: &Client, revision: u64, timeout: &str) -> Result<()> {
-    let (status, r) = client.get_any(&format!("/v1/wait?revision={revision}&timeout={}", urlencode(timeout))).await?;
+/// The cluster's newest revision (its replicas' highest applied one).
+async fn current_revision(client: &Client) -> Result<u64> {
+    let status = client.get("/v1/cluster").await?;
+    status["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["status"]["revision"].as_u64())
+        .max()
+        .ok_or_else(|| anyhow!("no replica reported its revision"))
+}
+
+/// `lodestar wait` (and `apply --wait`): until each of `proxies` is
+/// connected, then until every connected proxy has ACKed `revision`; on a
+/// terminal, with a line saying what is still awaited.
+async fn wait(client: &Client, revision: u64, timeout: &str, proxies: &[String]) -> Result<()> {
+    let limit = crate::model::istio::duration::parse_duration(timeout).map_err(|e| anyhow!("--timeout: {e}"))?;
+    let deadline = std::time::Instant::now() + limit;
+    let mut progress = progress::Progress::new();
+    let since_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    for p in proxies {
+        loop {
+            match proxy::presence(client, p, since_ms.saturating_sub(limit.as_millis() as u64)).await? {
+                proxy::Presence::Connected => break,
+                presence if std::time::Instant::now() >= deadline => {
+                    progress.clear();
+                    let why = match presence {
+                        proxy::Presence::Refused(why) => format!("; refused: {why}"),
+                        _ => String::new(),
+                    };
+                    bail!("proxy {p} did not connect to any replica within {timeout}{why} (lodestar proxy-status lists the connected and the refused)")
+                }
+                proxy::Presence::Refused(why) => progress.show(&format!("waiting for proxy {p} to connect (refused: {why})")),
+                proxy::Presence::Absent => progress.show(&format!("waiting for proxy {p} to connect")),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    // Ask in short rounds, so the line can show who is still behind.
+    let (status, r) = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let round = left.min(std::time::Duration::from_secs(1));
+        let (status, r) = client.get_any(&format!("/v1/wait?revision={revision}&timeout={}ms", round.as_millis().max(1))).await?;
+        if status != 503 || r.get("error").is_some() || left <= round {
+            break (status, r);
+        }
+        let pending: Vec<&str> = r["pending"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        progress.show(&format!("revision {revision}: {} of {} proxies in sync; behind: {}", r["synced"], r["proxies"], pending.join(", ")));
+    };
+    progress.clear();
+    if r.get("error").is_some() {
+        bail!("{}", client::render_error(status, &r));
+    }
     let list = |k: &str| r[k].as_array().map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect::<Vec<_>>()).unwrap_or_default();
     for u in list("unreachable") {
         eprintln!("warning: {u}");
@@ -643,25 +816,48 @@ fn summary(kind: Kind, spec: &Value) -> String {
 }
 
 async fn delete(client: &Client, kind: Option<String>, name: Option<String>, namespace: Option<String>, files: &[String], ignore: bool) -> Result<()> {
-    let ignore_q = query(&[("ignoreNotFound", ignore.then_some("true"))]);
-    let result = match (files.is_empty(), kind, name) {
+    match (files.is_empty(), kind, name) {
         (false, None, None) => {
             let docs = read_documents(files)?;
             let refs: Vec<Value> = docs
                 .iter()
                 .map(|d| json!({"kind": d["kind"], "name": d["metadata"]["name"], "namespace": d["metadata"]["namespace"].as_str().or(namespace.as_deref())}))
                 .collect();
-            client.post(&format!("/v1/delete{ignore_q}"), &json!({ "resources": refs })).await?
+            // As kubectl: delete every object that is there (in one
+            // write), then report each one that was not.
+            let mut result = client.post("/v1/delete?ignoreNotFound=true", &json!({ "resources": refs })).await?;
+            let mut missing = Vec::new();
+            if let Some(items) = result.get_mut("items").and_then(Value::as_array_mut) {
+                items.retain(|i| {
+                    let found = i["action"] != "not-found";
+                    if !found {
+                        missing.push(format!("{} {}/{}", i["kind"].as_str().unwrap_or("").to_ascii_lowercase(), s(&i["namespace"]), s(&i["name"])));
+                    }
+                    found
+                });
+            }
+            print_write_result(&result);
+            if ignore || missing.is_empty() {
+                return Ok(());
+            }
+            for m in &missing {
+                eprintln!("Error from server (NotFound): {m} not found");
+            }
+            bail!("{} of {} objects not found (--ignore-not-found to accept that)", missing.len(), docs.len())
         }
         (true, Some(kind), Some(name)) => {
             let kind = parse_kind(&kind)?;
             let ns = namespace.as_deref().unwrap_or(crate::model::DEFAULT_NAMESPACE);
-            client.delete(&format!("/v1/resources/{}/{ns}/{name}{ignore_q}", kind.plural())).await?
+            let ignore_q = query(&[("ignoreNotFound", ignore.then_some("true"))]);
+            print_write_result(&client.delete(&format!("/v1/resources/{}/{ns}/{name}{ignore_q}", kind.plural())).await?);
+            Ok(())
         }
         _ => bail!("use either `delete KIND NAME` or `delete -f FILE`"),
-    };
-    print_write_result(&result);
-    Ok(())
+    }
+}
+
+fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or("")
 }
 
 async fn cluster(client: &Client, command: ClusterCommand) -> Result<()> {
@@ -697,4 +893,65 @@ async fn cluster(client: &Client, command: ClusterCommand) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::FromArgMatches;
+
+    /// Every command and option says what it is for in `--help`.
+    #[test]
+    fn every_option_has_a_description() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments().filter(|a| !a.is_hide_set() && !["help", "version"].contains(&a.get_id().as_str())) {
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", a.get_long().map_or_else(|| a.get_id().to_string(), |l| format!("--{l}"))));
+                }
+            }
+            for sc in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+                let sub = format!("{path} {}", sc.get_name());
+                if sc.get_about().is_none() && sc.get_long_about().is_none() {
+                    missing.push(format!("{sub} (the command)"));
+                }
+                walk(sc, &sub, missing);
+            }
+        }
+        let mut cmd = super::command();
+        cmd.build();
+        let mut missing = Vec::new();
+        walk(&cmd, "lodestar", &mut missing);
+        assert!(missing.is_empty(), "{} options or commands without a description:\n{}", missing.len(), missing.join("\n"));
+    }
+
+    /// The client options are not offered where nothing talks to a
+    /// cluster (`lodestar server --server` would read like a listen
+    /// address), and are everywhere else.
+    #[test]
+    fn client_options_only_on_client_commands() {
+        let mut cmd = super::command();
+        cmd.build();
+        let shown = |path: &[&str], id: &str| {
+            let mut c = &cmd;
+            for p in path {
+                c = c.find_subcommand(p).unwrap();
+            }
+            c.get_arguments().any(|a| a.get_id() == id && !a.is_hide_set())
+        };
+        for path in [&["server"][..], &["tls", "ca", "create"], &["snapshot", "restore"], &["snapshot", "status"]] {
+            assert!(!shown(path, "servers"), "{path:?} shows --server");
+        }
+        for path in [&["get"][..], &["apply"], &["snapshot", "save"], &["token", "create"], &["bootstrap"]] {
+            assert!(shown(path, "servers"), "{path:?} lacks --server");
+        }
+        // --insecure: the server's plaintext, a client's token over http://.
+        for path in [&["server"][..], &["get"], &["apply"], &["bootstrap"]] {
+            assert!(shown(path, "insecure"), "{path:?} lacks --insecure");
+        }
+        for path in [&["tls", "ca", "create"][..], &["snapshot", "restore"], &["snapshot", "status"]] {
+            assert!(!shown(path, "insecure"), "{path:?} shows --insecure");
+        }
+        // They still parse where shown, before or after the command.
+        let cli = super::Cli::from_arg_matches(&super::command().get_matches_from(["lodestar", "get", "vs", "--server", "https://x:1"])).unwrap();
+        assert_eq!(cli.servers, ["https://x:1"]);
+    }
 }

@@ -38,6 +38,8 @@ fn state(t: &Value) -> &'static str {
 
 pub async fn status(client: &Client) -> Result<()> {
     let mut rows = vec![["NAME", "REPLICA", "CDS", "LDS", "EDS", "RDS", "REVISION", "PROTOCOL"].map(String::from).to_vec()];
+    let mut refused = vec![["REFUSED", "REPLICA", "WHEN", "WHY"].map(String::from).to_vec()];
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     for (id, member) in members(client).await? {
         let syncz = match member.get("/debug/syncz").await {
             Ok(s) => s,
@@ -59,13 +61,64 @@ pub async fn status(client: &Client) -> Result<()> {
                 p["protocol"].as_str().unwrap_or("").to_string(),
             ]);
         }
+        for r in syncz["refused"].as_array().into_iter().flatten() {
+            let who = r["proxy"].as_str().or(r["remote"].as_str()).unwrap_or("?");
+            let ago = now_ms.saturating_sub(r["at_ms"].as_u64().unwrap_or(now_ms)) / 1000;
+            refused.push(vec![who.to_string(), id.to_string(), format!("{ago}s ago"), format!("{}: {}", s(&r["code"]), s(&r["reason"]))]);
+        }
     }
     if rows.len() == 1 {
         eprintln!("No proxies connected.");
-        return Ok(());
+    } else {
+        super::print_rows(rows);
     }
-    super::print_rows(rows);
+    // Streams refused for their credentials: a proxy that never shows up
+    // above is usually here, with the reason.
+    if refused.len() > 1 {
+        println!();
+        super::print_rows(refused);
+    }
     Ok(())
+}
+
+fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or("")
+}
+
+/// Whether a proxy (NAME.NAMESPACE or the full node id) is connected to a
+/// replica; else whether it was refused (the newest reason), or, since
+/// `since_ms` (Unix ms), any stream was refused before it said who it is
+/// (no credential: refused before its first request); else neither.
+pub enum Presence {
+    Connected,
+    Refused(String),
+    Absent,
+}
+
+fn names(id: &str, proxy: &str) -> bool {
+    id == proxy || id.split('~').nth(2) == Some(proxy)
+}
+
+pub(super) async fn presence(client: &Client, proxy: &str, since_ms: u64) -> Result<Presence> {
+    let mut refused: Option<(u64, String)> = None;
+    for (id, member) in members(client).await? {
+        let Ok(syncz) = member.get("/debug/syncz").await else { continue };
+        if syncz["proxies"].as_array().into_iter().flatten().filter_map(|p| p["id"].as_str()).any(|i| names(i, proxy)) {
+            return Ok(Presence::Connected);
+        }
+        for r in syncz["refused"].as_array().into_iter().flatten() {
+            let at = r["at_ms"].as_u64().unwrap_or(0);
+            let about = match r["proxy"].as_str() {
+                Some(p) if names(p, proxy) => format!("{} by replica {id}: {}", s(&r["code"]), s(&r["reason"])),
+                None if at >= since_ms => format!("a stream from {} was refused by replica {id} ({}: {})", s(&r["remote"]), s(&r["code"]), s(&r["reason"])),
+                _ => continue,
+            };
+            if refused.as_ref().is_none_or(|(t, _)| at >= *t) {
+                refused = Some((at, about));
+            }
+        }
+    }
+    Ok(refused.map_or(Presence::Absent, |(_, why)| Presence::Refused(why)))
 }
 
 /// The replica serving `proxy` (NAME.NAMESPACE or the full node id), and
@@ -74,8 +127,7 @@ pub(super) async fn find(client: &Client, proxy: &str) -> Result<(Client, String
     for (_, member) in members(client).await? {
         let Ok(syncz) = member.get("/debug/syncz").await else { continue };
         // By full node id, or by the NAME.NAMESPACE part istioctl users type.
-        let id =
-            syncz["proxies"].as_array().into_iter().flatten().filter_map(|p| p["id"].as_str()).find(|id| *id == proxy || id.split('~').nth(2) == Some(proxy));
+        let id = syncz["proxies"].as_array().into_iter().flatten().filter_map(|p| p["id"].as_str()).find(|id| names(id, proxy));
         if let Some(id) = id {
             return Ok((member, id.to_string()));
         }

@@ -14,8 +14,10 @@ pub struct RegisterArgs {
     /// Instance name (default SERVICE-ADDRESS-PORT, dots as dashes).
     #[arg(long)]
     pub name: Option<String>,
+    /// Its namespace (default: default).
     #[arg(short, long)]
     pub namespace: Option<String>,
+    /// The address clients connect to (its Envoy's, on bare metal).
     #[arg(long)]
     pub address: String,
     /// `PORT` (every service port) or `NAME=PORT`; repeatable.
@@ -27,6 +29,7 @@ pub struct RegisterArgs {
     /// `region/zone/subzone`.
     #[arg(long)]
     pub locality: Option<String>,
+    /// Its load-balancing weight (default 1).
     #[arg(long)]
     pub weight: Option<u32>,
     /// TTL check: heartbeat within this (`lodestar heartbeat`), e.g. 10s.
@@ -41,6 +44,7 @@ pub struct RegisterArgs {
     /// Probe interval (HTTP/TCP), e.g. 5s.
     #[arg(long)]
     pub interval: Option<String>,
+    /// How long one probe may take (HTTP/TCP), e.g. 1s.
     #[arg(long)]
     pub timeout: Option<String>,
     /// Delete the instance once unhealthy this long.
@@ -58,7 +62,9 @@ pub struct RegisterArgs {
 /// What to renew (an instance's TTL, a lease), once or repeatedly.
 #[derive(Args)]
 pub struct Renew {
+    /// The instance's or lease's name.
     pub name: String,
+    /// Its namespace (default: default).
     #[arg(short, long)]
     pub namespace: Option<String>,
     /// Keep renewing at this interval (e.g. 2s) instead of once.
@@ -73,9 +79,12 @@ pub struct Renew {
 pub enum LeaseCommand {
     /// Create a lease (instances name it with `register --lease`).
     Grant {
+        /// The lease's name.
         name: String,
+        /// How long it lives without a keepalive, e.g. 15s.
         #[arg(long)]
         ttl: String,
+        /// Its namespace (default: default).
         #[arg(short, long)]
         namespace: Option<String>,
     },
@@ -83,7 +92,9 @@ pub enum LeaseCommand {
     Keepalive(Renew),
     /// Revoke a lease: it and every instance it owns go, in one write.
     Revoke {
+        /// The lease's name.
         name: String,
+        /// Its namespace (default: default).
         #[arg(short, long)]
         namespace: Option<String>,
     },
@@ -179,14 +190,27 @@ pub async fn heartbeat(client: &Client, kind: &str, r: &Renew) -> Result<()> {
     if every.is_zero() {
         bail!("--every must be greater than 0");
     }
-    let mut sent = 0u64;
+    let times = count.map_or_else(|| "until stopped".to_string(), |c| format!("{c} times"));
+    eprintln!("renewing {kind}/{name} every {}, {times}", r.every.as_deref().unwrap_or_default());
+    // On a terminal, a line that says it is alive; a failure is always said.
+    let mut progress = super::progress::Progress::new();
+    let (mut sent, mut renewed) = (0u64, 0u64);
     loop {
         match client.post(&path, &json!({})).await {
-            Ok(_) => {}
-            Err(e) => eprintln!("heartbeat {kind}/{name}: {e}"),
+            Ok(r) => {
+                renewed += 1;
+                let at = crate::auth::audit::now_text();
+                progress.show(&format!("{kind}/{name}: renewed {renewed} times, last at {} UTC for {}s", &at[11..19], r["ttlSeconds"]));
+            }
+            Err(e) => {
+                progress.clear();
+                eprintln!("heartbeat {kind}/{name}: {e}");
+            }
         }
         sent += 1;
         if count.is_some_and(|c| sent >= c) {
+            progress.clear();
+            eprintln!("{kind}/{name}: renewed {renewed} of {sent} times");
             return Ok(());
         }
         tokio::time::sleep(every).await;

@@ -14,6 +14,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
@@ -22,6 +23,7 @@ pub enum SnapshotCommand {
     /// linearizable read: it holds every write acknowledged before) and write
     /// it to FILE atomically.
     Save {
+        /// Where to write the backup.
         file: PathBuf,
         /// Back up the replica's local applied state without asking the leader.
         #[arg(long)]
@@ -35,7 +37,9 @@ pub enum SnapshotCommand {
     Restore(RestoreArgs),
     /// Check a backup file (format, checksum, contents) and show what it holds.
     Status {
+        /// The backup file.
         file: PathBuf,
+        /// json (default: a summary for people).
         #[arg(short, long, value_enum)]
         output: Option<StatusFormat>,
     },
@@ -103,7 +107,8 @@ fn write_atomically(file: &Path, bytes: &[u8]) -> Result<()> {
     };
     let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
     let written = (|| -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        // A backup holds every object, token hashes included: its owner's only.
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, file)?;
@@ -132,10 +137,10 @@ async fn restore(args: RestoreArgs) -> Result<()> {
         initial_members: args.initial_members,
         join: false,
         watch_dir: None,
-        insecure: false,
         metrics_addr: None,
+        log_format: Default::default(),
     };
-    let config = server.into_config()?;
+    let config = server.into_config(false)?;
     config.validate().map_err(|e| anyhow!("invalid configuration: {e}"))?;
     if config.join && config.initial_members.is_empty() {
         // Without members this would make a single-node cluster: surely not
@@ -226,6 +231,8 @@ mod tests {
         super::write_atomically(&f, b"one").unwrap();
         super::write_atomically(&f, b"two").unwrap();
         assert_eq!(std::fs::read(&f).unwrap(), b"two");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600, "a backup is its owner's only");
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1, "no temporary file left behind");
     }
 }

@@ -118,7 +118,9 @@ async fn run_check(node: Arc<Node>, checks: Checks, key: ResourceKey, check: Hea
         if let Some(want) = want.filter(|w| stored != Some(*w)) {
             let op = Op::SetStatus { key: key.clone(), status: status_json(want, text, node.id), expected_revision: None };
             match node.write(Txn { ops: vec![op] }).await {
-                Ok(ok) => tracing::info!(%key, health = ?want, revision = ok.revision, "registry: health changed"),
+                Ok(ok) => {
+                    tracing::info!(%key, health = if want == HealthState::Healthy { "healthy" } else { "unhealthy" }, revision = ok.revision, "registry: health changed")
+                }
                 Err(e) => tracing::debug!(%key, error = %e, "registry: health change not committed"),
             }
         }

@@ -8,8 +8,17 @@
 //! - `ServiceEntry` (hosts × ports), with `endpoints` or a `workloadSelector`
 //!   over `WorkloadEntry`s in its namespace.
 //!
-//! Pure: no IO. Objects whose stored spec no longer parses are skipped and
-//! listed in `Mesh::skipped`.
+//! Services are keyed by hostname and namespace: each namespace has at
+//! most one service per hostname, and a hostname claimed by several
+//! namespaces (ServiceEntries for one external host, say) is resolved per
+//! proxy by [`resolve`], as Istio does. What a namespace may claim at
+//! all is `hosts`' rule (another namespace's `*.NS.svc.DOMAIN` never).
+//!
+//! Pure: no IO. Objects whose stored spec no longer parses, and claims of
+//! hostnames another namespace owns, are skipped and listed in
+//! `Mesh::skipped`.
+
+pub mod hosts;
 
 use crate::model::istio::common::Protocol;
 use crate::model::istio::service_entry::{Location, Resolution as SeResolution};
@@ -141,14 +150,19 @@ pub struct Service {
     /// The resources this service was built from, with their revisions:
     /// what a cache of its translation depends on.
     pub sources: Vec<(ResourceKey, u64)>,
+    /// The create revision of what declared it (its registry Service or
+    /// ServiceEntry; an implied service: its oldest Instance): among
+    /// namespaces claiming one hostname, the oldest wins (Istio's
+    /// creationTimestamp).
+    pub created: u64,
 }
 
 impl Service {
     /// Equal in everything but the instances: a change between two such
     /// services is an endpoint change (EDS only).
     pub fn same_shape(&self, other: &Service) -> bool {
-        (&self.hostname, &self.namespace, &self.ports, &self.addresses, self.mesh_external, self.resolution, &self.export_to)
-            == (&other.hostname, &other.namespace, &other.ports, &other.addresses, other.mesh_external, other.resolution, &other.export_to)
+        (&self.hostname, &self.namespace, &self.ports, &self.addresses, self.mesh_external, self.resolution, &self.export_to, self.created)
+            == (&other.hostname, &other.namespace, &other.ports, &other.addresses, other.mesh_external, other.resolution, &other.export_to, other.created)
     }
 
     /// Declared by a registry `Service` (not implied by its instances).
@@ -175,13 +189,38 @@ pub fn exported_to(export_to: &[String], own: &str, namespace: &str) -> bool {
     export_to.is_empty() || export_to.iter().any(|e| e == "*" || e == namespace || (e == "." && own == namespace))
 }
 
+/// Host resolution for a proxy in `namespace` (Istio's, in
+/// `SidecarScope`): among the services claiming one hostname (`claims`,
+/// oldest first) that are exported to `namespace` and that `admit` lets
+/// through, its own namespace's; else the oldest (lowest create revision,
+/// then namespace name). The one place a hostname becomes a service for a
+/// proxy (through `translate::scope::ProxyScope`): any new lookup by name
+/// (Gateway API routes, virtual IPs) belongs here too, so that every part
+/// of a proxy's config agrees on one service per hostname.
+pub fn resolve<'a>(claims: &'a [Arc<Service>], namespace: &str, admit: impl Fn(&Service) -> bool) -> Option<&'a Arc<Service>> {
+    let mut candidates = claims.iter().filter(|s| s.visible_to(namespace) && admit(s));
+    let first = candidates.next()?;
+    if first.namespace == namespace {
+        return Some(first);
+    }
+    Some(candidates.find(|s| s.namespace == namespace).unwrap_or(first))
+}
+
+/// Whether two claim lists resolve alike for every proxy: the same
+/// namespaces, visibility and order (their other contents may differ).
+pub fn same_claimants(a: &[Arc<Service>], b: &[Arc<Service>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (&x.namespace, &x.export_to, x.created) == (&y.namespace, &y.export_to, y.created))
+}
+
 /// Everything translation reads, at one revision.
 #[derive(Debug, Clone, Default)]
 pub struct Mesh {
     pub revision: u64,
     pub config: Arc<MeshConfig>,
-    /// By hostname. Shared between revisions that changed no service.
-    pub services: Arc<BTreeMap<String, Arc<Service>>>,
+    /// By hostname: every namespace's service for it (at most one per
+    /// namespace), oldest first; [`resolve`] picks a proxy's. Shared
+    /// between revisions that changed no service.
+    pub services: Arc<BTreeMap<String, Vec<Arc<Service>>>>,
     /// Oldest first (Istio's precedence among conflicting rules).
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
     pub destination_rules: Vec<Arc<Config<DestinationRule>>>,
@@ -209,6 +248,16 @@ pub struct Mesh {
 }
 
 impl Mesh {
+    /// The services claiming `hostname`, oldest first.
+    pub fn claims(&self, hostname: &str) -> &[Arc<Service>] {
+        self.services.get(hostname).map_or(&[], Vec::as_slice)
+    }
+
+    /// Every service of every namespace, by hostname then age.
+    pub fn all_services(&self) -> impl Iterator<Item = &Arc<Service>> + '_ {
+        self.services.values().flatten()
+    }
+
     /// VirtualServices that may name `host` (exact or wildcard), oldest first.
     pub fn virtual_services_for_host(&self, host: &str) -> Vec<&Arc<Config<VirtualService>>> {
         let mut out: Vec<&Arc<Config<VirtualService>>> = self.vs_by_host.get(host).into_iter().flatten().collect();
@@ -331,8 +380,12 @@ impl Mesh {
                 _ => None,
             }
         };
-        let mut services: Option<BTreeMap<String, Arc<Service>>> = None;
+        let mut services: Option<BTreeMap<String, Vec<Arc<Service>>>> = None;
         let mut hosts = BTreeSet::new();
+        // An Instance is in its own namespace's service of its hostname.
+        fn own<'a>(services: &'a mut BTreeMap<String, Vec<Arc<Service>>>, host: &str, ns: &str) -> Option<&'a mut Service> {
+            services.get_mut(host)?.iter_mut().find(|s| s.namespace == ns).map(Arc::make_mut)
+        }
         for d in prev_objects.diff(&applied.state.objects) {
             let (key, old, new) = (d.key(), d.before(), d.after());
             if key.kind != Kind::Instance {
@@ -342,7 +395,7 @@ impl Mesh {
             if let Some(old) = old {
                 let spec = spec_of(old)?;
                 let host = instance_hostname(&spec, &key.namespace, suffix);
-                let svc = Arc::make_mut(services.get_mut(&host)?);
+                let svc = own(services, &host, &key.namespace)?;
                 svc.instances.retain(|i| i.source.as_ref() != Some(key));
                 svc.sources.retain(|(k, _)| k != key);
                 if !svc.declared() && svc.instances.is_empty() {
@@ -353,7 +406,7 @@ impl Mesh {
             if let Some(new) = new {
                 let spec = spec_of(new)?;
                 let host = instance_hostname(&spec, &key.namespace, suffix);
-                let svc = Arc::make_mut(services.get_mut(&host)?);
+                let svc = own(services, &host, &key.namespace)?;
                 svc.instances.push(registry_instance(new, &spec));
                 svc.instances.sort();
                 svc.sources.push((key.clone(), new.mod_revision));
@@ -365,13 +418,14 @@ impl Mesh {
             return Some((Mesh { revision: applied.revision(), ..self.clone() }, hosts));
         };
         // An implied service takes its ports from its first instance (in
-        // key order): if that changed them, the shape changed.
+        // key order), and its age from its oldest: if that changed them, the
+        // shape (or the order of the claims) changed.
         for host in &hosts {
-            let svc = services.get(host)?;
-            if !svc.declared() {
+            for svc in services.get(host)?.iter().filter(|s| !s.declared()) {
                 let first = svc.instances.iter().filter_map(|i| i.source.as_ref()).min()?;
                 let spec = spec_of(applied.state.get(first)?)?;
-                if implied_ports(&spec) != svc.ports {
+                let oldest = svc.instances.iter().filter_map(|i| Some(applied.state.get(i.source.as_ref()?)?.create_revision)).min()?;
+                if implied_ports(&spec) != svc.ports || oldest != svc.created {
                     return None;
                 }
             }
@@ -507,33 +561,58 @@ impl Mesh {
         mesh.request_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
 
         let suffix = &config.domain_suffix;
-        let mut services: BTreeMap<String, Service> = BTreeMap::new();
+        // By (hostname, namespace): one service per namespace and hostname.
+        // Registry services first, then ServiceEntries oldest first, so that
+        // within a namespace the registry's and then the oldest entry's win.
+        let mut services: BTreeMap<(String, String), Service> = BTreeMap::new();
+        let mut refuse = |key: &ResourceKey, field: &str, hostname: &str| -> bool {
+            let why = hosts::refusal(&key.namespace, hostname, suffix);
+            if let Some(why) = &why {
+                mesh.skipped.push((key.clone(), format!("{field}: {why}")));
+            }
+            why.is_some()
+        };
 
         // Registry services, declared.
         for (obj, spec) in &declared {
             let ns = &obj.key.namespace;
             let hostname = spec.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", obj.key.name));
+            if refuse(&obj.key, "spec.hostname", &hostname) {
+                continue;
+            }
             let ports = spec.ports.iter().map(|p| ServicePort::new(&p.name, p.number, p.protocol.as_deref(), p.target_port)).collect();
-            services.insert(
-                hostname.clone(),
-                Service {
-                    hostname,
-                    namespace: ns.to_string(),
-                    ports,
-                    addresses: spec.addresses.clone(),
-                    mesh_external: false,
-                    resolution: Resolution::Static,
-                    export_to: spec.export_to.clone(),
-                    instances: Vec::new(),
-                    sources: vec![(obj.key.clone(), obj.mod_revision)],
-                },
-            );
+            let svc = Service {
+                hostname: hostname.clone(),
+                namespace: ns.to_string(),
+                ports,
+                addresses: spec.addresses.clone(),
+                mesh_external: false,
+                resolution: Resolution::Static,
+                export_to: spec.export_to.clone(),
+                instances: Vec::new(),
+                sources: vec![(obj.key.clone(), obj.mod_revision)],
+                created: obj.create_revision,
+            };
+            // Two Services of one namespace naming one hostname: the older.
+            match services.entry((hostname, ns.to_string())) {
+                std::collections::btree_map::Entry::Occupied(mut e) if (obj.create_revision, &obj.key) < (e.get().created, &e.get().sources[0].0) => {
+                    e.insert(svc);
+                }
+                std::collections::btree_map::Entry::Occupied(_) => {}
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(svc);
+                }
+            }
         }
-        // Registry instances; an undeclared service is implied by its instances.
+        // Registry instances join their own namespace's service of their
+        // hostname; an undeclared service is implied by its instances.
         for (obj, spec) in &instances {
             let ns = &obj.key.namespace;
             let hostname = instance_hostname(spec, ns, suffix);
-            let svc = services.entry(hostname.clone()).or_insert_with(|| Service {
+            if refuse(&obj.key, "spec.service", &hostname) {
+                continue;
+            }
+            let svc = services.entry((hostname.clone(), ns.to_string())).or_insert_with(|| Service {
                 hostname: hostname.clone(),
                 namespace: ns.to_string(),
                 ports: implied_ports(spec),
@@ -543,11 +622,16 @@ impl Mesh {
                 export_to: Vec::new(),
                 instances: Vec::new(),
                 sources: Vec::new(),
+                created: obj.create_revision,
             });
+            if !svc.declared() {
+                svc.created = svc.created.min(obj.create_revision);
+            }
             svc.instances.push(registry_instance(obj, spec));
             svc.sources.push((obj.key.clone(), obj.mod_revision));
         }
-        // ServiceEntries: one service per host.
+        // ServiceEntries: one service per host, oldest entry first.
+        entries.sort_by(|(a, _), (b, _)| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         for (obj, se) in &entries {
             let ns = &obj.key.namespace;
             let resolution = match se.resolution() {
@@ -567,10 +651,12 @@ impl Mesh {
                     }
                 }
             }
-            for host in &se.hosts {
+            for (i, host) in se.hosts.iter().enumerate() {
                 let hostname = istio::resolve_short_name(host, ns, suffix);
-                // The first (oldest key order) definition of a host wins.
-                services.entry(hostname.clone()).or_insert_with(|| Service {
+                if refuse(&obj.key, &format!("spec.hosts[{i}]"), &hostname) {
+                    continue;
+                }
+                services.entry((hostname.clone(), ns.to_string())).or_insert_with(|| Service {
                     hostname,
                     namespace: ns.to_string(),
                     ports: ports.clone(),
@@ -580,14 +666,18 @@ impl Mesh {
                     export_to: se.export_to.clone(),
                     instances: insts.clone(),
                     sources: sources.clone(),
+                    created: obj.create_revision,
                 });
             }
         }
-        let mut by_host = BTreeMap::new();
-        for (_, mut svc) in services {
+        let mut by_host: BTreeMap<String, Vec<Arc<Service>>> = BTreeMap::new();
+        for ((hostname, _), mut svc) in services {
             svc.instances.sort();
             svc.sources.sort();
-            by_host.insert(svc.hostname.clone(), Arc::new(svc));
+            by_host.entry(hostname).or_default().push(Arc::new(svc));
+        }
+        for claims in by_host.values_mut() {
+            claims.sort_by(|a, b| (a.created, &a.namespace).cmp(&(b.created, &b.namespace)));
         }
         mesh.services = Arc::new(by_host);
         mesh.index_rules();
@@ -601,7 +691,7 @@ impl Mesh {
             Kind::DestinationRule => self.destination_rules.len(),
             Kind::Gateway => self.gateways.len(),
             Kind::Sidecar => self.sidecars.len(),
-            _ => self.services.len(),
+            _ => self.all_services().count(),
         }
     }
 }

@@ -13,6 +13,10 @@
 //!   - verbs: [read, watch, write, delete]   # read | write | delete | watch | admin | *
 //!     kinds: ["*"]                          # kind names (vs, VirtualService, ...) or *
 //!     namespaces: [team-a, "team-a-*"]      # names, prefixes ending in *, or *
+//!   - verbs: [write]                        # registry Services and Instances in team-a
+//!     kinds: [services, instances]          # may also claim these hostnames (beyond
+//!     namespaces: [team-a]                  # NAME.team-a.svc.DOMAIN, always theirs)
+//!     hostnames: ["*.team-a.example.com"]
 //! ---
 //! apiVersion: acl.lodestar.io/v1
 //! kind: Role
@@ -109,12 +113,17 @@ impl NamePattern {
 }
 
 /// One rule of a policy, validated: these verbs on these kinds (`None`:
-/// every kind but the ACL kinds) in these namespaces.
+/// every kind but the ACL kinds) in these namespaces; and the hostnames
+/// that registry Services and Instances it lets its holder write there may
+/// claim besides their namespace's own (`mesh::hosts`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     pub verbs: Verbs,
     pub kinds: Option<BTreeSet<Kind>>,
     pub namespaces: Vec<NamePattern>,
+    /// `*` (any hostname no namespace owns), `*.example.com` (its
+    /// subdomains) or an exact hostname; lower case.
+    pub hostnames: Vec<String>,
 }
 
 impl Rule {
@@ -131,6 +140,10 @@ pub struct RuleSpec {
     pub verbs: Vec<String>,
     pub kinds: Vec<String>,
     pub namespaces: Vec<String>,
+    /// Hostnames the registry objects this rule lets its holder write may
+    /// claim (none: only their namespace's own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hostnames: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -510,13 +523,40 @@ pub fn validate_policy(spec: &PolicySpec) -> Result<Policy, Vec<FieldError>> {
                 errors.push(FieldError::new(format!("{path}.{field}"), "required: at least one (\"*\" for all)"));
             }
         }
-        rules.push(Rule { verbs, kinds, namespaces });
+        for (j, h) in r.hostnames.iter().enumerate() {
+            if let Err(e) = check_hostname_pattern(h) {
+                errors.push(FieldError::new(format!("{path}.hostnames[{j}]"), e));
+            }
+        }
+        let writes_registry = verbs.allows(Verb::Write) && kinds.as_ref().is_none_or(|k| k.contains(&Kind::Service) || k.contains(&Kind::Instance));
+        if !r.hostnames.is_empty() && !writes_registry {
+            errors.push(FieldError::new(
+                format!("{path}.hostnames"),
+                "hostnames are claimed by registry services and instances: the rule must grant write on services or instances (or kinds [\"*\"])",
+            ));
+        }
+        rules.push(Rule { verbs, kinds, namespaces, hostnames: r.hostnames.clone() });
     }
     if errors.is_empty() {
         Ok(Policy { rules })
     } else {
         Err(errors)
     }
+}
+
+/// A `hostnames` entry: `*`, `*.` and a DNS subdomain, or a DNS subdomain.
+fn check_hostname_pattern(h: &str) -> Result<(), String> {
+    if h == "*" {
+        return Ok(());
+    }
+    check_dns_subdomain(h.strip_prefix("*.").unwrap_or(h))
+        .map_err(|e| format!("{h:?}: {e} (expected a lower-case hostname, *.DOMAIN for its subdomains, or * for any hostname no namespace owns)"))
+}
+
+/// Whether a `hostnames` entry covers `hostname` (an exact name, or a
+/// wildcard no broader than the entry).
+pub fn hostname_pattern_covers(pattern: &str, hostname: &str) -> bool {
+    super::istio::host_matches(pattern, hostname.trim_end_matches('.'))
 }
 
 fn parse_name_pattern(n: &str) -> Result<NamePattern, String> {
@@ -724,6 +764,30 @@ mod tests {
         assert!(p.rules[1].verbs.allows(Verb::Read) && !p.rules[1].verbs.allows(Verb::Write));
         assert!(p.rules[1].namespaces[0].matches("team-x") && !p.rules[1].namespaces[0].matches("other"));
         assert_eq!(p.rules[1].kinds.as_ref().map(|k| k.len()), Some(2));
+    }
+
+    #[test]
+    fn hostname_grants() {
+        let rule = |hostnames: serde_json::Value, verbs: serde_json::Value, kinds: serde_json::Value| json!({"rules": [{"verbs": verbs, "kinds": kinds, "namespaces": ["a"], "hostnames": hostnames}]});
+        let Ok(AclSpec::Policy(p)) = validate(Kind::Policy, &rule(json!(["*.a.example.com", "api.example.com", "*"]), json!(["write"]), json!(["services"])))
+        else {
+            panic!()
+        };
+        assert_eq!(p.rules[0].hostnames, ["*.a.example.com", "api.example.com", "*"]);
+        assert!(hostname_pattern_covers("*.a.example.com", "pay.a.example.com") && !hostname_pattern_covers("*.a.example.com", "a.example.com"));
+        assert!(hostname_pattern_covers("api.example.com", "api.example.com.") && !hostname_pattern_covers("api.example.com", "x.api.example.com"));
+        assert!(hostname_pattern_covers("*", "anything.example"));
+        // Bad patterns, and a rule that writes no registry objects.
+        let errs = validate(Kind::Policy, &rule(json!(["API.example.com", "*foo.com", "a*.b", ""]), json!(["write"]), json!(["*"]))).unwrap_err();
+        let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["spec.rules[0].hostnames[0]", "spec.rules[0].hostnames[1]", "spec.rules[0].hostnames[2]", "spec.rules[0].hostnames[3]"]);
+        for (verbs, kinds) in [(json!(["read"]), json!(["services"])), (json!(["write"]), json!(["vs"]))] {
+            let errs = validate(Kind::Policy, &rule(json!(["api.example.com"]), verbs, kinds)).unwrap_err();
+            assert_eq!(errs[0].field, "spec.rules[0].hostnames", "{errs:?}");
+        }
+        // Stored policies without the field read as before.
+        let Ok(AclSpec::Policy(p)) = validate(Kind::Policy, &json!({"rules": [{"verbs": ["*"], "kinds": ["*"], "namespaces": ["*"]}]})) else { panic!() };
+        assert!(p.rules[0].hostnames.is_empty());
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub enum TypedSpec {
 /// Returns warnings (accepted but not acted upon) or every field error.
 pub fn validate_spec(resource: &NewResource) -> Result<Vec<String>, Vec<FieldError>> {
     if resource.key.kind == Kind::Secret {
-        return secret::decode(&resource.body).map(|_| Vec::new());
+        return secret::decode(&resource.body).map(|_| secret::warnings(&resource.body));
     }
     let spec = resource.body.get("spec").unwrap_or(&Value::Null);
     let typed = typed_spec(resource.key.kind, spec)?;

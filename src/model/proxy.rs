@@ -4,9 +4,11 @@
 //! - `node.id` = `TYPE~IP~NAME.NAMESPACE~NAMESPACE.svc.DOMAIN`, TYPE being
 //!   `sidecar` or `router` (a gateway), e.g.
 //!   `sidecar~127.0.0.2~productpage-v1.default~default.svc.cluster.local`.
-//! - `node.metadata` may carry `NAMESPACE`, `LABELS` (a map), `INSTANCE_IPS`
-//!   (comma-separated; the first is the proxy's address) and `NAME`; they win
-//!   over what the id says. `LODESTAR_SDS: "true"` (set by `lodestar agent`'s
+//! - `node.metadata` may carry `LABELS` (a map), `INSTANCE_IPS`
+//!   (comma-separated; the first is the proxy's address, winning over the
+//!   id's), and `NAMESPACE` and `NAME`, which must be what the id says:
+//!   the namespace a proxy's credential is checked against is the one in
+//!   its id (NAME.NAMESPACE: the namespace is the part after the last dot). `LODESTAR_SDS: "true"` (set by `lodestar agent`'s
 //!   bootstrap) says the proxy has the static cluster `sds-grpc` to a local
 //!   SDS server with the secrets `default` and `ROOTCA`: only such a proxy
 //!   is given listeners and clusters that use them (mutual TLS), since any
@@ -68,11 +70,19 @@ impl ProxyIdentity {
             Some("grpc") => return Err(format!("node id {node_id:?}: metadata GENERATOR \"grpc\" (a proxyless gRPC client) needs the type sidecar")),
             Some(other) => return Err(format!("node id {node_id:?}: metadata GENERATOR {other:?} is not supported (only \"grpc\")")),
         };
-        let (name, id_namespace) = name_ns.split_once('.').unwrap_or((name_ns, ""));
+        // The node id names the namespace (a DNS label: the last part), and
+        // metadata may repeat it but never say another: streams, their
+        // config and NACKs are found by node id, so an id must not name a
+        // namespace other than the one its credential was checked for.
+        let (name, namespace) = name_ns
+            .rsplit_once('.')
+            .filter(|(name, ns)| !name.is_empty() && !ns.is_empty())
+            .ok_or_else(|| format!("node id {node_id:?}: no namespace (NAME.NAMESPACE in the third part)"))?;
         let meta_str = |k: &str| metadata.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
-        let namespace = meta_str("NAMESPACE").unwrap_or(id_namespace);
-        if namespace.is_empty() {
-            return Err(format!("node id {node_id:?}: no namespace (NAME.NAMESPACE, or metadata NAMESPACE)"));
+        for (key, id_says) in [("NAMESPACE", namespace), ("NAME", name)] {
+            if let Some(meta) = meta_str(key).filter(|m| *m != id_says) {
+                return Err(format!("node id {node_id:?} says {} {id_says:?} but its metadata {key} says {meta:?}", key.to_ascii_lowercase()));
+            }
         }
         let ip = meta_str("INSTANCE_IPS").and_then(|ips| ips.split(',').map(str::trim).find(|s| !s.is_empty())).unwrap_or(ip);
         if ip.parse::<std::net::IpAddr>().is_err() {
@@ -87,7 +97,7 @@ impl ProxyIdentity {
             id: node_id.to_string(),
             kind,
             ip: ip.to_string(),
-            name: meta_str("NAME").unwrap_or(name).to_string(),
+            name: name.to_string(),
             namespace: namespace.to_string(),
             labels,
             sds: metadata.get(SDS_METADATA).is_some_and(|v| v.as_str() == Some("true") || v.as_bool() == Some(true)),
@@ -127,5 +137,23 @@ mod tests {
         assert!(ProxyIdentity::parse("gateway~1.2.3.4~a.b~b.svc.cluster.local", &json!({})).is_err());
         let id = ProxyIdentity::node_id(ProxyKind::Sidecar, "127.0.0.2", "a", "ns", "cluster.local");
         assert_eq!(ProxyIdentity::parse(&id, &json!({})).unwrap().namespace, "ns");
+    }
+
+    /// The id names the namespace; metadata may not name another (nor
+    /// another workload), so ids of two namespaces never collide.
+    #[test]
+    fn the_node_id_names_the_namespace() {
+        let id = "sidecar~127.0.0.2~web.team-b~team-b.svc.cluster.local";
+        let e = ProxyIdentity::parse(id, &json!({"NAMESPACE": "team-a"})).unwrap_err();
+        assert!(e.contains("namespace \"team-b\"") && e.contains("NAMESPACE says \"team-a\""), "{e}");
+        let e = ProxyIdentity::parse(id, &json!({"NAME": "db"})).unwrap_err();
+        assert!(e.contains("NAME says \"db\""), "{e}");
+        let p = ProxyIdentity::parse(id, &json!({"NAMESPACE": "team-b", "NAME": "web"})).unwrap();
+        assert_eq!((p.name.as_str(), p.namespace.as_str()), ("web", "team-b"));
+        // No namespace in the id: refused, whatever the metadata says.
+        assert!(ProxyIdentity::parse("sidecar~127.0.0.2~web~x", &json!({"NAMESPACE": "team-a"})).unwrap_err().contains("no namespace"));
+        // A workload name with dots: the namespace is the last part.
+        let p = ProxyIdentity::parse(&ProxyIdentity::node_id(ProxyKind::Sidecar, "127.0.0.2", "web.v2", "shop", "cluster.local"), &json!({})).unwrap();
+        assert_eq!((p.name.as_str(), p.namespace.as_str()), ("web.v2", "shop"));
     }
 }

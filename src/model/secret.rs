@@ -16,6 +16,13 @@
 //! ([`redact`]): `get`, `list`, watches and debug output show the
 //! certificate and not the key, not even sealed.
 //!
+//! Metadata: kubectl's `last-applied-configuration` annotation (which
+//! `kubectl get secret -o yaml` prints, and which holds the whole Secret,
+//! key included) is dropped, with a warning; `managedFields` is dropped
+//! for every kind (`resource::parse_resource`). Any other annotation that
+//! holds private-key material (a PEM key block, base64 of one, or the key
+//! itself) is refused, naming it.
+//!
 //! Pure: parsing and checks only; no key material is encrypted or
 //! decrypted here.
 
@@ -62,6 +69,63 @@ pub struct Decoded {
     pub public: BTreeMap<String, String>,
     /// The private key's entry name and PEM text.
     pub key: Option<(String, Zeroizing<Vec<u8>>)>,
+}
+
+/// kubectl's annotation holding the object as last applied: for a
+/// Secret, its private key. Never stored on a Secret.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The warnings of a Secret body as written: what is dropped from it.
+pub fn warnings(body: &Value) -> Vec<String> {
+    match annotations(body).and_then(|a| a.get(LAST_APPLIED)) {
+        Some(_) => vec![format!(
+            "metadata.annotations.{LAST_APPLIED}: dropped: kubectl's copy of the whole Secret holds its private key, which is only ever stored sealed"
+        )],
+        None => Vec::new(),
+    }
+}
+
+fn annotations(body: &Value) -> Option<&Map<String, Value>> {
+    body.get("metadata")?.get("annotations")?.as_object()
+}
+
+/// Whether `text` holds private-key material: a PEM private key block
+/// (`PRIVATE KEY-----`, as in `-----BEGIN EC PRIVATE KEY-----`), the same
+/// in base64 (at any of the three alignments, as a copy of `data[tls.key]`
+/// carries it), or a line of `key`'s own PEM body (the key's DER in base64,
+/// without its armour).
+pub fn holds_key_material(text: &str, key: Option<&[u8]>) -> bool {
+    const MARKER: &[u8] = b"PRIVATE KEY-----";
+    if text.contains(std::str::from_utf8(MARKER).unwrap_or_default()) {
+        return true;
+    }
+    let b64 = base64::engine::general_purpose::STANDARD_NO_PAD;
+    let in_base64 = (0..3usize).any(|offset| {
+        // Only the characters that depend on the marker's bytes alone.
+        let mut bytes = vec![0u8; offset];
+        bytes.extend_from_slice(MARKER);
+        let encoded = b64.encode(&bytes);
+        let (first, last) = ((offset * 8).div_ceil(6), bytes.len() * 8 / 6);
+        text.contains(&encoded[first..last])
+    });
+    in_base64
+        || key.is_some_and(|k| String::from_utf8_lossy(k).lines().map(str::trim).filter(|l| l.len() >= 40 && !l.starts_with("-----")).any(|l| text.contains(l)))
+}
+
+/// Errors for annotations (other than [`LAST_APPLIED`], dropped) that
+/// hold private-key material; never quoting them.
+fn annotation_errors(body: &Value, key: Option<&[u8]>) -> Vec<FieldError> {
+    annotations(body)
+        .into_iter()
+        .flatten()
+        .filter(|(name, v)| name.as_str() != LAST_APPLIED && v.as_str().is_some_and(|t| holds_key_material(t, key)))
+        .map(|(name, _)| {
+            FieldError::new(
+                format!("metadata.annotations.{name}"),
+                "holds private-key material: a Secret's key belongs in data (tls.key or key), where it is sealed; annotations are stored and shown as they are",
+            )
+        })
+        .collect()
 }
 
 /// Decode and check a Secret body as written (before sealing): every
@@ -183,6 +247,7 @@ pub fn decode(body: &Value) -> Result<Decoded, Vec<FieldError>> {
         }
         sealed_key = Some((name, bytes.clone()));
     }
+    errors.extend(annotation_errors(body, sealed_key.as_ref().map(|(_, k)| k.as_slice())));
     if errors.is_empty() {
         Ok(Decoded { secret_type, public, key: sealed_key })
     } else {
@@ -226,13 +291,23 @@ fn key_matches(key: &PrivateKeyDer<'static>, leaf: &CertificateDer<'static>) -> 
     Ok(())
 }
 
-/// The stored body: the input's metadata and type, the certificate and CA
-/// as `data` (base64), and the sealed key as `sealed.<key name>`.
+/// The stored body: the input's metadata (without [`LAST_APPLIED`] and
+/// `managedFields`) and type, the certificate and CA as `data` (base64),
+/// and the sealed key as `sealed.<key name>`.
 pub fn stored_body(input: &Value, decoded: &Decoded, sealed: Option<String>) -> Value {
     let mut out = Map::new();
     for k in ["apiVersion", "kind", "metadata"] {
         if let Some(v) = input.get(k) {
             out.insert(k.into(), v.clone());
+        }
+    }
+    if let Some(meta) = out.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+        if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            a.remove(LAST_APPLIED);
+            if a.is_empty() {
+                meta.remove("annotations");
+            }
         }
     }
     out.insert("type".into(), Value::String(decoded.secret_type.clone()));
@@ -284,6 +359,11 @@ pub fn check_sealed(body: &Value) -> Result<(), String> {
         if data.keys().any(|k| is_key_name(k)) {
             return Err("a Secret is stored with its private key sealed, never in data".into());
         }
+    }
+    if let Some(name) =
+        annotations(body).into_iter().flatten().find_map(|(n, v)| (n == LAST_APPLIED || v.as_str().is_some_and(|t| holds_key_material(t, None))).then_some(n))
+    {
+        return Err(format!("a Secret is stored without private-key material in its annotations ({name})"));
     }
     Ok(())
 }
@@ -339,6 +419,40 @@ mod tests {
         // The input form itself is refused by the store's check.
         assert!(check_sealed(&body).is_err());
         assert!(check_sealed(&json!({"stringData": {"cert": "x"}})).is_err());
+    }
+
+    #[test]
+    fn kubectl_annotations_are_dropped_and_keys_in_annotations_refused() {
+        let (cert, key) = pair();
+        let data = json!({"tls.crt": b64(&cert), "tls.key": b64(&key)});
+        let last_applied = json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls", "data": data,
+            "metadata": {"name": "gw", "namespace": "default"}})
+        .to_string();
+        let body = json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls", "data": data,
+            "metadata": {"name": "gw", "namespace": "default", "annotations": {LAST_APPLIED: last_applied, "team": "edge"}, "managedFields": [{"manager": "kubectl"}]}});
+        assert!(holds_key_material(&last_applied, None), "base64 of a PEM key block");
+        let d = decode(&body).unwrap();
+        assert_eq!(warnings(&body).len(), 1);
+        let stored = stored_body(&body, &d, Some("ENVELOPE".into()));
+        assert_eq!(stored["metadata"]["annotations"], json!({"team": "edge"}));
+        assert!(stored["metadata"].get("managedFields").is_none());
+        check_sealed(&stored).unwrap();
+        let text = stored.to_string();
+        assert!(!text.contains(&b64(&key)) && !holds_key_material(&text, Some(key.as_bytes())), "{text}");
+        // The annotation alone would be refused by the store's last check.
+        let mut kept = stored.clone();
+        kept["metadata"]["annotations"][LAST_APPLIED] = json!(last_applied);
+        assert!(check_sealed(&kept).unwrap_err().contains(LAST_APPLIED));
+        // Key material in any other annotation: refused, the field named, nothing quoted.
+        let body_text = |ann: Value| json!({"type": "kubernetes.io/tls", "data": data, "metadata": {"name": "gw", "annotations": ann}});
+        let pem_body: String = key.lines().filter(|l| !l.starts_with("-----")).collect();
+        for (i, ann) in [key.clone(), b64(&key), format!("x{}", b64(&format!("ab{key}"))), pem_body].into_iter().enumerate() {
+            let e = decode(&body_text(json!({"note": ann}))).unwrap_err();
+            assert!(has(&e, "metadata.annotations.note", "private-key material"), "{i}: {e:?}");
+            assert!(e.iter().all(|e| !e.reason.contains("PRIVATE")), "{e:?}");
+        }
+        // Certificates and ordinary text are fine.
+        assert!(decode(&body_text(json!({"cert": cert, "b64": b64(&cert), "note": "rotated by ops"}))).is_ok());
     }
 
     #[test]

@@ -252,7 +252,7 @@ pub async fn restore(backup: &Backup, data_dir: &Path, id: NodeId, members: BTre
     }
     check_new_data_dir(data_dir)?;
     let created = !data_dir.exists();
-    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    super::create_data_dir(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
     let result = write_restored(backup, data_dir, members).await;
     if result.is_err() {
         let _ = if created { std::fs::remove_dir_all(data_dir) } else { std::fs::remove_dir_all(data_dir.join("db")) };
@@ -261,7 +261,7 @@ pub async fn restore(backup: &Backup, data_dir: &Path, id: NodeId, members: BTre
 }
 
 async fn write_restored(backup: &Backup, data_dir: &Path, members: BTreeMap<NodeId, NodeInfo>) -> anyhow::Result<()> {
-    let db = super::open_db(data_dir).with_context(|| format!("creating the store in {}", data_dir.display()))?;
+    let db = super::open_db(data_dir, super::DEFAULT_CACHE_BYTES).with_context(|| format!("creating the store in {}", data_dir.display()))?;
     let log_id = restored_log_id();
     let voters: BTreeSet<NodeId> = members.keys().copied().collect();
     let membership = StoredMembership::new(Some(log_id), Membership::new(vec![voters], members));
@@ -436,13 +436,15 @@ mod tests {
         let members = BTreeMap::from([(1, info(10)), (2, info(20))]);
         let dir = tmp.path().join("n1");
         restore(&b, &dir, 1, members.clone()).await.unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700, "a data dir is its owner's only");
 
         // sled releases its file lock when its flusher thread lets go of
         // the store, shortly after the last handle is dropped: in the same
         // process, opening it again may wait for that.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let db = loop {
-            match super::super::open_db(&dir) {
+            match super::super::open_db(&dir, super::super::DEFAULT_CACHE_BYTES) {
                 Ok(db) => break db,
                 Err(e) if std::time::Instant::now() < deadline => {
                     let _ = e;

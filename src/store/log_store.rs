@@ -369,7 +369,7 @@ mod tests {
     impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Builder {
         async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
             let dir = tempfile::tempdir().map_err(read_err)?;
-            let db = crate::store::open_db(dir.path()).map_err(read_err)?;
+            let db = crate::store::open_db(dir.path(), crate::store::DEFAULT_CACHE_BYTES).map_err(read_err)?;
             let log = LogStore::open(&db)?;
             let (sm, _reader) = StateMachine::open(&db, 1000).map_err(read_err)?;
             Ok((dir, log, sm))
@@ -412,7 +412,7 @@ mod tests {
     #[tokio::test]
     async fn purged_entries_are_never_read_and_leave_the_tree_in_the_background() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path()).unwrap();
+        let db = crate::store::open_db(dir.path(), crate::store::DEFAULT_CACHE_BYTES).unwrap();
         let mut store = LogStore::open(&db).unwrap();
         put(&store, 1..=1000);
 
@@ -444,7 +444,7 @@ mod tests {
     #[test]
     fn an_unreadable_last_purged_fails_the_open() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path()).unwrap();
+        let db = crate::store::open_db(dir.path(), crate::store::DEFAULT_CACHE_BYTES).unwrap();
         db.open_tree("raft_meta").unwrap().insert(LAST_PURGED, b"not a log id".as_slice()).unwrap();
         let err = LogStore::open(&db).err().expect("open fails");
         assert!(err.to_string().contains("read"), "{err}");

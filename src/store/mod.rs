@@ -24,8 +24,30 @@ pub use state::{Event, EventType, State};
 pub use state_machine::{Applied, StoreReader};
 pub use types::{Command, NodeId, NodeInfo, Op, Raft, Txn, TxnOk, TypeConfig};
 
+/// sled's page cache when nothing else is asked (`store_cache_bytes`).
+pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Create a replica's data directory, its owner's only (0700, and any
+/// parent it has to create): it holds the store, the management token, the
+/// TLS keys and the mesh CA. One that exists is used as it is, with a
+/// warning when others may read it.
+pub fn create_data_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if !dir.exists() {
+        return std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
+    }
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        tracing::warn!(dir = %dir.display(), mode = format!("{:o}", mode & 0o777), "the data directory may be read by other users (chmod 700 it)");
+    }
+    Ok(())
+}
+
 /// Open a replica's sled database (`DATA_DIR/db`): the raft log, raft
 /// metadata, state machine and snapshots. One process at a time.
-pub fn open_db(data_dir: &std::path::Path) -> sled::Result<sled::Db> {
-    sled::Config::new().path(data_dir.join("db")).mode(sled::Mode::HighThroughput).open()
+/// `cache_bytes` bounds sled's page cache: the applied state is in memory
+/// already (`StoreReader`), so the cache only serves the log and writes
+/// (sled's own default is 1 GiB; `benches/RESULTS.md`, issue 33).
+pub fn open_db(data_dir: &std::path::Path, cache_bytes: u64) -> sled::Result<sled::Db> {
+    sled::Config::new().path(data_dir.join("db")).mode(sled::Mode::HighThroughput).cache_capacity(cache_bytes).open()
 }

@@ -109,8 +109,10 @@ impl ObjectRecord {
     pub(crate) fn from_object(o: &StoredObject) -> Self {
         ObjectRecord { key: o.key.clone(), create_revision: o.create_revision, mod_revision: o.mod_revision, version: o.version, body: o.text().to_string() }
     }
+    /// The object, its body kept as text until read (see
+    /// `StoredObject::from_stored_text`).
     pub(crate) fn into_object(self) -> Result<StoredObject, serde_json::Error> {
-        Ok(StoredObject::new(self.key, self.create_revision, self.mod_revision, self.version, serde_json::from_str(&self.body)?))
+        StoredObject::from_stored_text(self.key, self.create_revision, self.mod_revision, self.version, Arc::from(self.body))
     }
 }
 
@@ -138,6 +140,11 @@ struct SnapshotBody {
 struct StoredSnapshot {
     meta: SnapshotMeta,
     data: Vec<u8>,
+}
+
+/// A log position for a log line (`T1-N1-42`; `none`), not its Debug form.
+fn log_id(id: &Option<LogId>) -> String {
+    id.map_or_else(|| "none".to_string(), |l| l.to_string())
 }
 
 fn sm_err(verb: ErrorVerb, e: impl ToString) -> StorageError {
@@ -436,7 +443,7 @@ impl StateMachine {
         if let Some(bytes) = snapshots.get(CURRENT_SNAPSHOT).map_err(|e| snap_err(ErrorVerb::Read, e))? {
             let snap: StoredSnapshot = codec::decode(&bytes).map_err(|e| snap_err(ErrorVerb::Read, e))?;
             if snap.meta.last_log_id > applied.last_applied {
-                tracing::warn!(snapshot = ?snap.meta.last_log_id, applied = ?applied.last_applied, "state older than the saved snapshot; restoring from it");
+                tracing::warn!(snapshot = %log_id(&snap.meta.last_log_id), applied = %log_id(&applied.last_applied), "state older than the saved snapshot; restoring from it");
                 applied = write_snapshot_state(&tree, &snap.data)?;
                 objects_at = applied.state.revision;
                 replayed.clear();
@@ -694,7 +701,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             applied
         };
         self.db.flush_async().await.map_err(|e| sm_err(ErrorVerb::Write, e))?;
-        tracing::info!(last_log_id = ?meta.last_log_id, revision = applied.state.revision, "installed snapshot");
+        tracing::info!(last_log_id = %log_id(&meta.last_log_id), revision = applied.state.revision, "installed snapshot");
         self.publish(applied, Some(WatchMsg::Reset));
         Ok(())
     }
@@ -766,7 +773,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         self.snapshots.insert(CURRENT_SNAPSHOT, codec::encode(&stored)).map_err(|e| snap_err(ErrorVerb::Write, e))?;
         // Durable before openraft may purge the log it covers.
         self.db.flush_async().await.map_err(|e| snap_err(ErrorVerb::Write, e))?;
-        tracing::info!(last_log_id = ?meta.last_log_id, objects = applied.state.objects.len(), bytes = stored.data.len(), "built snapshot");
+        tracing::info!(last_log_id = %log_id(&meta.last_log_id), objects = applied.state.objects.len(), bytes = stored.data.len(), "built snapshot");
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(stored.data)) })
     }
 }

@@ -65,9 +65,14 @@ fn hosts(config: &ServerConfig) -> Vec<String> {
     hosts
 }
 
+/// The first line of every client config a replica writes: how a later
+/// first start knows the file is its to replace.
+const WRITTEN_BY: &str = "# Written by lodestar server";
+
 /// Write the CLI's client config on first start: `<data_dir>/client.toml`,
-/// and `user_client_config` if no file is there yet. Returns the paths
-/// written.
+/// and `user_client_config` unless a person wrote that file (a file an
+/// earlier cluster's first start wrote is replaced: the CLI would
+/// otherwise trust a CA that is gone). Returns the paths written.
 pub fn write_client_config(config: &ServerConfig, files: &TlsFiles, token: Option<String>) -> Result<Vec<PathBuf>, PkiError> {
     let own = config.data_dir.join("client.toml");
     if own.exists() {
@@ -77,14 +82,32 @@ pub fn write_client_config(config: &ServerConfig, files: &TlsFiles, token: Optio
         Ok(a) if a.ip().is_unspecified() => format!("127.0.0.1:{}", a.port()),
         _ => config.api_addr.clone(),
     };
-    let client = ClientConfig { server: format!("https://{host}"), ca_pem: pki::read_file(&files.ca)?, token };
-    let text = format!("# Written by lodestar server (replica {}) on its first start: the CLI's server, CA and credential.\n{}", config.id, client.to_toml());
+    let client = ClientConfig { server: format!("https://{host}"), ca_pem: pki::read_file(&files.ca)?, token, ..Default::default() };
+    let data_dir = std::fs::canonicalize(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
+    let text = format!(
+        "{WRITTEN_BY} (replica {}, data dir {}) on its first start: the CLI's server, CA and credential.\n{}",
+        config.id,
+        data_dir.display(),
+        client.to_toml()
+    );
     pki::write_file(&own, &text, true)?;
     let mut written = vec![own];
     if let Some(user) = config.user_client_config.as_deref().filter(|p| !p.as_os_str().is_empty()).map(expand_home) {
-        if !user.exists() {
-            pki::write_file(&user, &text, true)?;
-            written.push(user);
+        match std::fs::read_to_string(&user) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                pki::write_file(&user, &text, true)?;
+                written.push(user);
+            }
+            Ok(old) if old.starts_with(WRITTEN_BY) => {
+                let was = old.lines().next().unwrap_or_default().trim_start_matches(WRITTEN_BY).trim().to_string();
+                pki::write_file(&user, &text, true)?;
+                tracing::info!(path = %user.display(), was = %was, "replaced the client config an earlier cluster's first start wrote");
+                written.push(user);
+            }
+            _ => tracing::warn!(
+                path = %user.display(),
+                "left this client config alone (not written by lodestar server); the CLI reads ./lodestar-data/client.toml first when run in the directory the server was started in, or pass --client-config"
+            ),
         }
     }
     Ok(written)

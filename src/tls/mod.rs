@@ -218,36 +218,44 @@ impl Tls {
     }
 
     /// Check the files every `every` until shutdown.
-    pub async fn watch(self: Arc<Self>, every: Duration, mut shutdown: watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                _ = shutdown.wait_for(|s| *s) => return,
-                _ = tick.tick() => {}
+    pub async fn watch(self: Arc<Self>, every: Duration, shutdown: watch::Receiver<bool>) {
+        poll_reload(every, shutdown, "TLS", move || self.reload_if_changed().map_err(|e| e.to_string())).await
+    }
+}
+
+/// Call `reload` every `every` until shutdown: how certificate files
+/// (this module's, and the mesh CA's) are picked up. A failure is logged
+/// once until a reload succeeds again; the caller keeps what it had.
+pub async fn poll_reload(every: Duration, mut shutdown: watch::Receiver<bool>, what: &str, reload: impl Fn() -> Result<bool, String>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = tick.tick() => {}
+        }
+        match reload() {
+            Ok(_) => failing = false,
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "{what}: the changed certificate files do not load; still using the previous ones");
             }
-            match self.reload_if_changed() {
-                Ok(_) => failing = false,
-                Err(e) if !failing => {
-                    failing = true;
-                    tracing::warn!(error = %e, "TLS: the changed certificate files do not load; still serving the previous ones");
-                }
-                Err(_) => {}
-            }
+            Err(_) => {}
         }
     }
 }
 
-/// What the files looked like when read: modification time and size each.
-type Stamps = Vec<Option<(SystemTime, u64)>>;
+/// What files looked like when read: modification time and size each.
+pub type Stamps = Vec<Option<(SystemTime, u64)>>;
+
+/// The stamps of `paths` now (None for a file that is not there).
+pub fn stamps_of<'a>(paths: impl Iterator<Item = &'a Path>) -> Stamps {
+    paths.map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len())))).collect()
+}
 
 fn stamps(files: &TlsFiles, mesh_root: Option<&Path>) -> Stamps {
-    [files.ca.as_path(), files.cert.as_path(), files.key.as_path()]
-        .into_iter()
-        .chain(mesh_root)
-        .map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len()))))
-        .collect()
+    stamps_of([files.ca.as_path(), files.cert.as_path(), files.key.as_path()].into_iter().chain(mesh_root))
 }
 
 fn build(files: &TlsFiles, verify_incoming: bool, mesh_root: Option<&Path>) -> Result<Configs, TlsError> {
@@ -302,6 +310,8 @@ enum ClientAuth {
 pub struct PeerConnector {
     tls: Option<Arc<ClientTlsSource>>,
     server_name: ServerName<'static>,
+    /// The local address to connect from; None: the system's choice.
+    source: Option<std::net::IpAddr>,
 }
 
 /// Where a connector takes its client configuration from on each dial.
@@ -324,8 +334,29 @@ impl ClientTlsSource {
 impl PeerConnector {
     pub fn new(tls: Option<Arc<ClientTlsSource>>, server_name: &str) -> Result<PeerConnector, TlsError> {
         let server_name = ServerName::try_from(server_name.to_string()).map_err(|e| TlsError::Config(format!("{server_name:?}: {e}")))?;
-        Ok(PeerConnector { tls, server_name })
+        Ok(PeerConnector { tls, server_name, source: None })
     }
+
+    /// Connect from `ip` (e.g. one of the many loopback addresses, to
+    /// look like another client to a server's per-source limits).
+    pub fn with_source(self, ip: std::net::IpAddr) -> PeerConnector {
+        PeerConnector { source: Some(ip), ..self }
+    }
+}
+
+/// A TCP connection to `addr` (HOST:PORT), from `source` if given.
+pub async fn connect_tcp(addr: &str, source: Option<std::net::IpAddr>) -> std::io::Result<tokio::net::TcpStream> {
+    let Some(ip) = source else { return tokio::net::TcpStream::connect(addr).await };
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr}: no address"));
+    for target in tokio::net::lookup_host(addr).await?.filter(|a| a.is_ipv4() == ip.is_ipv4()) {
+        let socket = if ip.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket.bind(std::net::SocketAddr::new(ip, 0))?;
+        match socket.connect(target).await {
+            Ok(tcp) => return Ok(tcp),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 impl tonic::codegen::Service<tonic::codegen::http::Uri> for PeerConnector {
@@ -338,18 +369,18 @@ impl tonic::codegen::Service<tonic::codegen::http::Uri> for PeerConnector {
     }
 
     fn call(&mut self, uri: tonic::codegen::http::Uri) -> Self::Future {
-        let (tls, server_name) = (self.tls.clone(), self.server_name.clone());
+        let (tls, server_name, source) = (self.tls.clone(), self.server_name.clone(), self.source);
         Box::pin(async move {
             let authority = uri.authority().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("no address in {uri}")))?;
-            let tcp = tokio::net::TcpStream::connect(authority.as_str()).await?;
+            let tcp = connect_tcp(authority.as_str(), source).await?;
             tcp.set_nodelay(true)?;
             let remote = tcp.peer_addr()?;
             let conn = match tls {
-                None => conn::Conn::Plain(tcp, conn::ConnInfo { remote, cert: None, tls: false, closer: Default::default() }),
+                None => conn::Conn::plain(tcp, conn::ConnInfo::new(remote, None, false)),
                 Some(tls) => {
                     let stream = tokio_rustls::TlsConnector::from(tls.config()).connect(server_name, tcp).await?;
                     let cert = conn::PeerCert::of(stream.get_ref().1);
-                    conn::Conn::Tls(Box::new(stream.into()), conn::ConnInfo { remote, cert, tls: true, closer: Default::default() })
+                    conn::Conn::tls(stream.into(), conn::ConnInfo::new(remote, cert, true))
                 }
             };
             Ok(hyper_util::rt::TokioIo::new(conn))

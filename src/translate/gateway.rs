@@ -30,7 +30,8 @@
 use super::l4::{self, Chains, L4Chain};
 use super::listener::{self, Routes, TlsChain};
 use super::route::{self, RouteCtx};
-use super::{add_service_clusters, route_resource, scope, ClusterCache};
+use super::scope::ProxyScope;
+use super::{add_service_clusters, route_resource, ClusterCache};
 use crate::mesh::{Mesh, Service};
 use crate::model::istio::common::Protocol;
 use crate::model::istio::gateway::{Server, ServerTlsMode};
@@ -179,7 +180,7 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
         authz.guard_tcp(&mut l);
         cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
     }
-    let all: BTreeMap<String, Arc<Service>> = scope::visible_services(mesh, proxy).map(|s| (s.hostname.clone(), s.clone())).collect();
+    let all: BTreeMap<String, Arc<Service>> = ProxyScope::new(mesh, proxy, None).services().map(|s| (s.hostname.clone(), s.clone())).collect();
     add_service_clusters(cfg, mesh, proxy, &all, cache);
 }
 
@@ -197,8 +198,9 @@ fn route_table(name: &str, port: u32, servers: &[GatewayServer], mesh: &Mesh, pr
         ..Default::default()
     };
     let mut vhosts: BTreeMap<String, VirtualHost> = BTreeMap::new();
+    let scope = ProxyScope::new(mesh, proxy, None);
     for s in servers {
-        let ctx = RouteCtx { mesh, proxy, port, gateway: Some(&s.gateway) };
+        let ctx = RouteCtx { mesh, proxy, scope: &scope, port, gateway: Some(&s.gateway) };
         for vs in mesh.virtual_services.iter().filter(|vs| ctx.vs_applies(vs)) {
             for h in &vs.spec.hosts {
                 let host = resolve_short_name(h, &vs.key.namespace, suffix);
@@ -229,11 +231,12 @@ fn route_table(name: &str, port: u32, servers: &[GatewayServer], mesh: &Mesh, pr
 fn l4_chains(port: u32, servers: &[GatewayServer], mesh: &Mesh, proxy: &ProxyIdentity) -> Chains {
     let suffix = &mesh.config.domain_suffix;
     let mut chains = Chains::default();
+    let scope = ProxyScope::new(mesh, proxy, None);
     for s in servers {
-        let ctx = RouteCtx { mesh, proxy, port, gateway: Some(&s.gateway) };
+        let ctx = RouteCtx { mesh, proxy, scope: &scope, port, gateway: Some(&s.gateway) };
         match s.server.tls.as_ref().map(|t| t.mode()) {
             Some(ServerTlsMode::AutoPassthrough) => {
-                for svc in scope::visible_services(mesh, proxy).filter(|svc| s.admits(&svc.hostname, &svc.namespace)) {
+                for svc in scope.services().filter(|svc| s.admits(&svc.hostname, &svc.namespace)) {
                     let dr = super::destination_rule_for(mesh, &proxy.namespace, svc);
                     let subsets = std::iter::once("").chain(dr.into_iter().flat_map(|d| d.spec.subsets.iter().map(|s| s.name.as_str())));
                     for subset in subsets {

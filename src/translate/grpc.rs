@@ -60,16 +60,18 @@ pub fn listener_name(host: &str, port: u32) -> String {
 
 /// Everything a proxyless gRPC client may ask for.
 pub fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
-    let sc = scope::sidecar_for(mesh, proxy);
-    let plans = scope::egress_plans(mesh, proxy, sc.map(|s| s.as_ref()));
+    let sc = scope::sidecar_for(mesh, proxy).map(|s| s.as_ref());
+    let services = scope::ProxyScope::new(mesh, proxy, sc);
+    let plans = scope::egress_plans(&services, proxy, sc);
     let suffix = &mesh.config.domain_suffix;
     let mut reachable: BTreeMap<String, Arc<Service>> = BTreeMap::new();
     for plan in &plans {
-        let ctx = RouteCtx { mesh, proxy, port: plan.port, gateway: None };
-        for svc in plan.services.values() {
+        let ctx = RouteCtx { mesh, proxy, scope: &services, port: plan.port, gateway: None };
+        let members: Vec<&Service> = plan.services.values().map(|s| s.as_ref()).collect();
+        let unique = route::unique_domains(&members, plan.port, &proxy.namespace, suffix);
+        for (svc, domains) in plan.services.values().zip(unique).filter(|(_, d)| !d.is_empty()) {
             reachable.insert(svc.hostname.clone(), svc.clone());
             let name = listener_name(&svc.hostname, plan.port);
-            let domains = route::domains(svc, plan.port, &proxy.namespace, suffix);
             let vhost = grpc_virtual_host(route::virtual_host(&ctx, svc, domains.clone()));
             let table = RouteConfiguration { name: name.clone(), virtual_hosts: vec![vhost], ..Default::default() };
             cfg.insert(ResourceType::Route, super::route_resource(&table));

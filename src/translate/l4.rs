@@ -125,7 +125,7 @@ pub fn destinations(ctx: &RouteCtx, vs_ns: &str, route: &[RouteDestination]) -> 
             // No port given: the service's only port, else the listener's.
             let port = match &d.destination.port {
                 Some(p) => p.number,
-                None => match ctx.mesh.services.get(&host).map(|s| s.ports.as_slice()) {
+                None => match ctx.scope.service(&host).map(|s| s.ports.as_slice()) {
                     Some([only]) => only.number,
                     _ => ctx.port,
                 },

@@ -49,8 +49,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 /// The DestinationRule for a service, as a proxy in `proxy_ns` sees it:
-/// Istio looks in the proxy's namespace, then the service's, then any other
-/// (the root namespace's mesh-wide rules); an exact host beats a wildcard.
+/// Istio looks in the proxy's namespace, then the service's, then the root
+/// namespace's (mesh-wide rules), and nowhere else (so a rule in a third
+/// namespace never changes how others reach a service); an exact host beats
+/// a wildcard.
 pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -> Option<&'a Arc<Config<DestinationRule>>> {
     let suffix = &mesh.config.domain_suffix;
     let candidates: Vec<&'a Arc<Config<DestinationRule>>> = mesh
@@ -65,7 +67,7 @@ pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -
             return Some(dr);
         }
     }
-    candidates.first().copied()
+    None
 }
 
 /// Clusters and load assignments depend only on the service, the port,
@@ -234,24 +236,22 @@ fn assemble_route(name: &str, parts: &[VhostPart]) -> XdsResource {
 
 fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) {
     let sc = scope::sidecar_for(mesh, proxy);
-    let plans = scope::egress_plans(mesh, proxy, sc.map(|s| s.as_ref()));
+    let services = scope::ProxyScope::new(mesh, proxy, sc.map(|s| s.as_ref()));
+    let plans = scope::egress_plans(&services, proxy, sc.map(|s| s.as_ref()));
     let suffix = &mesh.config.domain_suffix;
     let mut reachable: BTreeMap<String, Arc<Service>> = BTreeMap::new();
     for plan in &plans {
         reachable.extend(plan.services.iter().map(|(k, v)| (k.clone(), v.clone())));
         let http: Vec<&Arc<Service>> = plan.services.values().filter(|s| s.port(plan.port).is_some_and(|p| p.is_http())).collect();
-        let ctx = RouteCtx { mesh, proxy, port: plan.port, gateway: None };
+        let ctx = RouteCtx { mesh, proxy, scope: &services, port: plan.port, gateway: None };
         if !http.is_empty() {
             let route_name = plan.route_name(&proxy.ip);
-            let mut seen = BTreeSet::new();
-            let parts: Vec<VhostPart> = http
-                .iter()
-                .map(|svc| {
-                    // Envoy rejects a domain listed by two virtual hosts.
-                    let domains = route::domains(svc, plan.port, &proxy.namespace, suffix).into_iter().filter(|d| seen.insert(d.clone())).collect();
-                    VhostPart::build(&ctx, svc, domains)
-                })
-                .collect();
+            let services: Vec<&Service> = http.iter().map(|s| s.as_ref()).collect();
+            let domains = route::unique_domains(&services, plan.port, &proxy.namespace, suffix);
+            // A service left with no name of its own here gets no virtual
+            // host (Envoy refuses one without domains).
+            let parts: Vec<VhostPart> =
+                services.iter().zip(domains).filter(|(_, d)| !d.is_empty()).map(|(svc, domains)| VhostPart::build(&ctx, svc, domains)).collect();
             cfg.insert(ResourceType::Route, assemble_route(&route_name, &parts));
             rds.insert(route_name.clone(), RdsParts { port: plan.port, parts: Arc::new(parts) });
             let l = listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name));
@@ -464,11 +464,7 @@ impl Translator {
             if host.contains('*') || deps.contains(host) {
                 return false;
             }
-            match (prev.mesh.services.get(host), mesh.services.get(host)) {
-                (Some(a), Some(b)) => a.namespace == b.namespace && a.export_to == b.export_to,
-                (None, None) => true,
-                _ => false,
-            }
+            crate::mesh::same_claimants(prev.mesh.claims(host), mesh.claims(host))
         };
         let hosts_of = |o: &crate::model::StoredObject| -> Option<Vec<String>> {
             let ns = &o.key.namespace;
@@ -574,11 +570,11 @@ impl Translator {
             }
         }
         for h in &hosts {
-            match (prev.mesh.services.get(h), mesh.services.get(h)) {
-                // The clusters expect the service's identities (mutual
-                // TLS): a change to those is a cluster change.
-                (Some(a), Some(b)) if a.same_shape(b) && a.identities() == b.identities() => {}
-                _ => return None,
+            let (before, after) = (prev.mesh.claims(h), mesh.claims(h));
+            // The clusters expect the service's identities (mutual TLS): a
+            // change to those is a cluster change.
+            if before.is_empty() || before.len() != after.len() || !before.iter().zip(after).all(|(a, b)| a.same_shape(b) && a.identities() == b.identities()) {
+                return None;
             }
         }
         Some(hosts)
@@ -588,6 +584,7 @@ impl Translator {
         let mut cfg = prev.config.clone();
         cfg.revision = mesh.revision;
         let mut rds = prev.rds.clone();
+        let services = scope::ProxyScope::of(mesh, proxy);
         for (name, table) in rds.iter_mut() {
             if !table.parts.iter().any(|p| hosts.contains(&p.hostname)) {
                 continue;
@@ -602,9 +599,9 @@ impl Translator {
                 cfg.insert_shared(ResourceType::Route, after);
                 continue;
             }
-            let ctx = RouteCtx { mesh, proxy, port: table.port, gateway: None };
+            let ctx = RouteCtx { mesh, proxy, scope: &services, port: table.port, gateway: None };
             for part in Arc::make_mut(&mut table.parts).iter_mut().filter(|p| hosts.contains(&p.hostname)) {
-                let Some(svc) = mesh.services.get(&part.hostname) else { continue };
+                let Some(svc) = services.service(&part.hostname) else { continue };
                 *part = VhostPart::build(&ctx, svc, part.domains.as_ref().clone());
             }
             let after = intern::resource(Arc::new(assemble_route(name, &table.parts)));
@@ -624,11 +621,12 @@ impl Translator {
 /// VirtualServices changed), so the set of listeners is too.
 fn l4_incremental(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, hosts: &BTreeSet<String>) {
     let sc = scope::sidecar_for(mesh, proxy);
-    for plan in scope::egress_plans(mesh, proxy, sc.map(|s| s.as_ref())) {
+    let services = scope::ProxyScope::new(mesh, proxy, sc.map(|s| s.as_ref()));
+    for plan in scope::egress_plans(&services, proxy, sc.map(|s| s.as_ref())) {
         if !plan.services.keys().any(|h| hosts.contains(h)) || plan.services.values().any(|s| s.port(plan.port).is_some_and(|p| p.is_http())) {
             continue;
         }
-        let ctx = RouteCtx { mesh, proxy, port: plan.port, gateway: None };
+        let ctx = RouteCtx { mesh, proxy, scope: &services, port: plan.port, gateway: None };
         let services: Vec<&Service> = plan.services.values().map(|s| s.as_ref()).collect();
         let name = plan.listener_name();
         match l4::sidecar_listener(&ctx, &name, &plan.bind, &services) {
@@ -665,10 +663,11 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
     cfg.revision = mesh.revision;
     let Some(eds) = prev.config.of(ResourceType::Endpoint) else { return cfg };
     let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds };
+    let services = scope::ProxyScope::of(mesh, proxy);
     // Only the clusters of the changed hosts: their names follow from the
     // service's ports and the subsets of its DestinationRule.
     for host in hosts {
-        let Some(svc) = mesh.services.get(host) else { continue };
+        let Some(svc) = services.service(host) else { continue };
         let dr = destination_rule_for(mesh, &proxy.namespace, svc).map(|d| &d.spec);
         let subsets = std::iter::once(None).chain(dr.into_iter().flat_map(|d| d.subsets.iter().map(|s| Some(s.name.as_str()))));
         for subset in subsets {

@@ -38,6 +38,8 @@ pub const CORS_FILTER: &str = "envoy.filters.http.cors";
 pub struct RouteCtx<'a> {
     pub mesh: &'a Mesh,
     pub proxy: &'a ProxyIdentity,
+    /// Which service each hostname is, for this proxy.
+    pub scope: &'a super::scope::ProxyScope<'a>,
     pub port: u32,
     /// `Some("ns/name")` for gateway routes; `None` for the mesh.
     pub gateway: Option<&'a str>,
@@ -83,9 +85,20 @@ impl RouteCtx<'_> {
     }
 }
 
-/// The oldest VirtualService that applies here and names `host`.
+/// The oldest VirtualService that applies here and names `host`. On a
+/// sidecar, a hostname a namespace owns (`NAME.NS.svc.DOMAIN`, see
+/// `mesh::hosts`) is routed only by VirtualServices of that namespace, of
+/// the proxy's own (its client-side rules) and of the root namespace: one
+/// in a third namespace cannot redirect other namespaces' traffic to it
+/// (stricter than Istio, where any exported VirtualService may).
 pub fn virtual_service_for<'a>(ctx: &RouteCtx<'a>, host: &str) -> Option<&'a Config<VirtualService>> {
-    ctx.mesh.virtual_services_for_host(host).into_iter().find(|vs| ctx.vs_applies(vs)).map(|v| v.as_ref())
+    let config = &ctx.mesh.config;
+    let owner = match crate::mesh::hosts::owner(host, &config.domain_suffix) {
+        crate::mesh::hosts::Owner::Namespace(ns) if ctx.gateway.is_none() => Some(ns),
+        _ => None,
+    };
+    let may_route = |ns: &str| owner.as_ref().is_none_or(|o| ns == o || ns == ctx.proxy.namespace || ns == config.root_namespace);
+    ctx.mesh.virtual_services_for_host(host).into_iter().find(|vs| may_route(&vs.key.namespace) && ctx.vs_applies(vs)).map(|v| v.as_ref())
 }
 
 /// Domains a service answers to from a proxy in `proxy_ns`: the FQDN and,
@@ -106,6 +119,25 @@ pub fn domains(svc: &Service, port: u32, proxy_ns: &str, suffix: &str) -> Vec<St
     for n in names {
         out.push(format!("{n}:{port}"));
         out.push(n);
+    }
+    out
+}
+
+/// The [`domains`] of each of `services` (in order) on `port`, none listed
+/// twice (Envoy refuses a domain two virtual hosts list): the names of
+/// services in the mesh's domain (`NAME.NS.svc.SUFFIX`, whose owner
+/// namespace alone declares them, and their short forms) come before any
+/// other service's, so that an entry for the external name `reviews.team-b`
+/// cannot take the short name `reviews.team-b` of team-b's service; then
+/// first come, first served.
+pub fn unique_domains(services: &[&Service], port: u32, proxy_ns: &str, suffix: &str) -> Vec<Vec<String>> {
+    let in_mesh = format!(".svc.{suffix}");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = vec![Vec::new(); services.len()];
+    for first in [true, false] {
+        for (i, svc) in services.iter().enumerate().filter(|(_, s)| s.hostname.ends_with(&in_mesh) == first) {
+            out[i] = domains(svc, port, proxy_ns, suffix).into_iter().filter(|d| seen.insert(d.clone())).collect();
+        }
     }
     out
 }
@@ -306,7 +338,7 @@ fn route(ctx: &RouteCtx, vs: &Config<VirtualService>, r: &HttpRoute, name: Strin
             .port
             .as_ref()
             .map(|p| p.number)
-            .or_else(|| ctx.mesh.services.get(&host).filter(|s| s.ports.len() == 1).map(|s| s.ports[0].number))
+            .or_else(|| ctx.scope.service(&host).filter(|s| s.ports.len() == 1).map(|s| s.ports[0].number))
             .unwrap_or(ctx.port);
         outbound_cluster_name(port, d.subset.as_deref().unwrap_or(""), &host)
     };
@@ -441,7 +473,7 @@ fn cors_policy(c: &crate::model::istio::virtual_service::CorsPolicy) -> CorsPoli
 /// Hash policies from the destination's DestinationRule consistentHash.
 fn hash_policies(ctx: &RouteCtx, dest: &Destination, ns: &str) -> Vec<HashPolicy> {
     let host = resolve_short_name(&dest.host, ns, &ctx.mesh.config.domain_suffix);
-    let Some(svc) = ctx.mesh.services.get(&host) else { return Vec::new() };
+    let Some(svc) = ctx.scope.service(&host) else { return Vec::new() };
     let Some(dr) = destination_rule_for(ctx.mesh, &ctx.proxy.namespace, svc) else { return Vec::new() };
     let subset_policy = dest.subset.as_ref().and_then(|s| dr.spec.subsets.iter().find(|x| &x.name == s)).and_then(|s| s.traffic_policy.as_ref());
     let lb = subset_policy.and_then(|p| p.load_balancer.as_ref()).or_else(|| dr.spec.traffic_policy.as_ref().and_then(|p| p.load_balancer.as_ref()));

@@ -12,10 +12,10 @@
 //! can see (hosts `*/*` by default). This is the documented default: a
 //! workload calls `http://reviews:9080` through `PROXY_IP:9080`.
 
-use crate::mesh::{Config, Mesh, Service};
+use crate::mesh::{resolve, Config, Mesh, Service};
 use crate::model::istio::sidecar::CaptureMode;
 use crate::model::istio::{host_matches, Sidecar};
-use crate::model::proxy::ProxyIdentity;
+use crate::model::proxy::{ProxyIdentity, ProxyKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -68,13 +68,61 @@ impl EgressPlan {
     }
 }
 
-/// Services a proxy may use at all: exported to its namespace.
-pub fn visible_services<'a>(mesh: &'a Mesh, proxy: &'a ProxyIdentity) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
-    mesh.services.values().filter(move |s| s.visible_to(&proxy.namespace))
+/// How one proxy sees the services: for each hostname, the one
+/// [`crate::mesh::resolve`] picks among those exported to its namespace,
+/// preferring those its Sidecar's egress `hosts` admit (so that its
+/// listeners, clusters and routes agree on one service per hostname; a
+/// name no egress entry admits is still resolved, for a route's port).
+pub struct ProxyScope<'a> {
+    pub mesh: &'a Mesh,
+    namespace: &'a str,
+    /// The `hosts` of the egress entries its listeners are built from;
+    /// `None`: every service (no Sidecar, a gateway).
+    egress: Option<Vec<&'a str>>,
+}
+
+impl<'a> ProxyScope<'a> {
+    pub fn new(mesh: &'a Mesh, proxy: &'a ProxyIdentity, sidecar: Option<&'a Config<Sidecar>>) -> ProxyScope<'a> {
+        let egress = sidecar
+            .map(|s| &s.spec.egress)
+            .filter(|e| !e.is_empty())
+            .map(|egress| egress.iter().filter(|e| e.capture_mode != Some(CaptureMode::Iptables)).flat_map(|e| e.hosts.iter().map(String::as_str)).collect());
+        ProxyScope { mesh, namespace: &proxy.namespace, egress }
+    }
+
+    /// A proxy's scope: a sidecar's (or proxyless client's) Sidecar
+    /// applies; a gateway sees every service exported to it.
+    pub fn of(mesh: &'a Mesh, proxy: &'a ProxyIdentity) -> ProxyScope<'a> {
+        let sidecar = if proxy.kind == ProxyKind::Router { None } else { sidecar_for(mesh, proxy) };
+        ProxyScope::new(mesh, proxy, sidecar.map(|s| s.as_ref()))
+    }
+
+    /// Whether its egress entries admit `svc` (any of them).
+    fn admits(&self, svc: &Service) -> bool {
+        self.egress.as_ref().is_none_or(|hosts| hosts.iter().any(|h| egress_host_admits(h, svc, self.namespace)))
+    }
+
+    /// The service this proxy uses for `hostname`.
+    pub fn service(&self, hostname: &str) -> Option<&'a Arc<Service>> {
+        self.pick(self.mesh.claims(hostname))
+    }
+
+    /// Every hostname it can see, resolved.
+    pub fn services(&self) -> impl Iterator<Item = &'a Arc<Service>> + '_ {
+        self.mesh.services.values().filter_map(|claims| self.pick(claims))
+    }
+
+    fn pick(&self, claims: &'a [Arc<Service>]) -> Option<&'a Arc<Service>> {
+        match claims {
+            // Most hostnames have one claim: nothing to choose.
+            [one] => one.visible_to(self.namespace).then_some(one),
+            _ => resolve(claims, self.namespace, |s| self.admits(s)).or_else(|| resolve(claims, self.namespace, |_| true)),
+        }
+    }
 }
 
 /// The egress listeners of a sidecar proxy.
-pub fn egress_plans(mesh: &Mesh, proxy: &ProxyIdentity, sidecar: Option<&Config<Sidecar>>) -> Vec<EgressPlan> {
+pub fn egress_plans(scope: &ProxyScope, proxy: &ProxyIdentity, sidecar: Option<&Config<Sidecar>>) -> Vec<EgressPlan> {
     let default_hosts = vec!["*/*".to_string()];
     let entries: Vec<(Option<u32>, Option<String>, &Vec<String>)> = match sidecar.map(|s| &s.spec.egress) {
         Some(egress) if !egress.is_empty() => egress
@@ -84,10 +132,11 @@ pub fn egress_plans(mesh: &Mesh, proxy: &ProxyIdentity, sidecar: Option<&Config<
             .collect(),
         _ => vec![(None, None, &default_hosts)],
     };
+    let services: Vec<&Arc<Service>> = scope.services().collect();
     let mut plans: BTreeMap<(String, u32), EgressPlan> = BTreeMap::new();
     for (port, bind, hosts) in entries {
         let bind = bind.filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
-        for svc in visible_services(mesh, proxy) {
+        for svc in &services {
             if !hosts.iter().any(|h| egress_host_admits(h, svc, &proxy.namespace)) {
                 continue;
             }
@@ -97,7 +146,7 @@ pub fn egress_plans(mesh: &Mesh, proxy: &ProxyIdentity, sidecar: Option<&Config<
                 }
                 let plan =
                     plans.entry((bind.clone(), p.number)).or_insert_with(|| EgressPlan { bind: bind.clone(), port: p.number, services: BTreeMap::new() });
-                plan.services.entry(svc.hostname.clone()).or_insert_with(|| svc.clone());
+                plan.services.entry(svc.hostname.clone()).or_insert_with(|| (*svc).clone());
             }
         }
     }

@@ -30,6 +30,7 @@ use super::sotw::SotwStream;
 use super::status::{Protocol, StreamHandle, SyncRegistry};
 use crate::model::proxy::ProxyIdentity;
 use crate::store::Applied;
+use crate::tls::conn::Tracked;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
@@ -176,7 +177,7 @@ pub async fn serve(
     generator: Arc<dyn Generator>,
     registry: SyncRegistry,
     options: ServeOptions,
-    ca: Option<crate::proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer<crate::ca::service::CaService>>,
+    ca: Option<crate::ca::service::CaServer>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
     let service = AdsService::new(applied, generator, registry, options, shutdown.clone());
@@ -187,9 +188,11 @@ pub async fn serve(
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
-        .add_service(service.into_server())
+        // Requests count on their connection while they last (a stream: as
+        // long as it is open), for the port's idle timeout (`tls::conn`).
+        .add_service(Tracked(service.into_server()))
         // Istio's CSR service shares the port, as on istiod (see `ca`).
-        .add_optional_service(ca)
+        .add_optional_service(ca.map(Tracked))
         // `Incoming` sets TCP_NODELAY (tonic ignores its builder's with an
         // incoming stream) and does the TLS handshakes.
         .serve_with_incoming_shutdown(incoming.into_stream(), stopped(shutdown))
@@ -376,7 +379,7 @@ impl AdsService {
             .await
             .map_err(|e| Status::unavailable(format!("cannot generate the configuration of {}: {e}", identity.id)))?;
         if self.shared.log.line(StreamEvent::Opened) {
-            tracing::info!(proxy = %identity.id, stream = handle.stream(), protocol = ?V::PROTOCOL, revision = config.revision, "xDS stream opened");
+            tracing::info!(proxy = %identity.id, stream = handle.stream(), protocol = V::PROTOCOL.as_str(), revision = config.revision, "xDS stream opened");
         } else {
             tracing::debug!(proxy = %identity.id, stream = handle.stream(), protocol = ?V::PROTOCOL, revision = config.revision, "xDS stream opened");
         }

@@ -62,6 +62,15 @@ pub enum Protocol {
     Delta,
 }
 
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Sotw => "sotw",
+            Protocol::Delta => "delta",
+        }
+    }
+}
+
 /// One connected proxy (one ADS stream).
 #[derive(Debug, Clone, Serialize)]
 pub struct ProxyStatus {

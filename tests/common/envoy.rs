@@ -101,9 +101,10 @@ pub fn bootstrap_yaml(o: &EnvoyOptions) -> String {
     if let Some(api) = &o.server_api {
         cmd.arg("--server").arg(api);
     }
-    if let Some(f) = &o.proxy_token_file {
-        cmd.arg("--proxy-token-file").arg(f);
-    }
+    match &o.proxy_token_file {
+        Some(f) => cmd.arg("--proxy-token-file").arg(f),
+        None => cmd.arg("--no-proxy-token"),
+    };
     let out = cmd.output().expect("run lodestar bootstrap");
     assert!(out.status.success(), "lodestar bootstrap failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).expect("bootstrap is UTF-8")

@@ -49,7 +49,7 @@ pub fn test_ca() -> &'static TestCa {
         let token_file = dir.join("management.token");
         lodestar::tls::pki::write_file(&token_file, &format!("{token}\n"), true).unwrap();
         let client_config = dir.join("client.toml");
-        let config = lodestar::config::ClientConfig { server: String::new(), ca_pem: ca_pem.clone(), token: Some(token.clone()) };
+        let config = lodestar::config::ClientConfig { ca_pem: ca_pem.clone(), token: Some(token.clone()), ..Default::default() };
         std::fs::write(&client_config, config.to_toml()).unwrap();
         let anonymous_client_config = dir.join("anonymous-client.toml");
         std::fs::write(&anonymous_client_config, lodestar::config::ClientConfig { token: None, ..config }.to_toml()).unwrap();
@@ -127,6 +127,41 @@ pub type AdsClient = envoy_types::pb::envoy::service::discovery::v3::aggregated_
 
 pub fn ads_client(id: u64, addr: &str) -> AdsClient {
     ads_client_as(id, addr, Some(management_token()))
+}
+
+/// One ADS stream of a test: requests go in through `tx`, responses come
+/// out of `rx`, each awaited within [`STREAM_BOUND`].
+pub struct AdsStream<Req, Resp> {
+    pub tx: tokio::sync::mpsc::Sender<Req>,
+    pub rx: tonic::Streaming<Resp>,
+}
+
+/// How long an [`AdsStream`] waits for a response or its end.
+pub const STREAM_BOUND: Duration = Duration::from_secs(20);
+
+impl<Req, Resp> AdsStream<Req, Resp> {
+    pub async fn send(&self, r: Req) {
+        assert!(self.tx.send(r).await.is_ok(), "the request stream is closed");
+    }
+
+    pub async fn recv(&mut self) -> Resp {
+        match tokio::time::timeout(STREAM_BOUND, self.rx.message()).await {
+            Ok(Ok(Some(r))) => r,
+            Ok(other) => panic!("stream ended: {:?}", other.err()),
+            Err(_) => panic!("no response within {STREAM_BOUND:?}"),
+        }
+    }
+
+    /// The status the stream ends with (responses before it are skipped).
+    pub async fn end(&mut self) -> tonic::Status {
+        loop {
+            match tokio::time::timeout(STREAM_BOUND, self.rx.message()).await.expect("the stream ends in time") {
+                Ok(Some(_)) => continue,
+                Ok(None) => return tonic::Status::ok("ended"),
+                Err(s) => return s,
+            }
+        }
+    }
 }
 
 /// The same, sending `token` (none: no credential).
@@ -560,4 +595,26 @@ pub fn results(out: &str) -> Vec<std::collections::BTreeMap<String, String>> {
 pub fn number(r: &std::collections::BTreeMap<String, String>, key: &str) -> f64 {
     let v = r.get(key).unwrap_or_else(|| panic!("no {key} in {r:?}"));
     v.parse().unwrap_or_else(|_| panic!("{key}={v} is not a number"))
+}
+
+/// A client certificate from the test CA naming `dns` (written into `dir`).
+pub fn client_cert(dir: &std::path::Path, dns: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let ca = test_ca();
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(&ca.ca_key_file).unwrap()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.ca_pem, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec![dns.to_string()]).unwrap();
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (c, k) = (dir.join(format!("{dns}.pem")), dir.join(format!("{dns}-key.pem")));
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (c, k)
+}
+
+/// VmRSS and VmHWM of a process, in KiB.
+pub fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok()).unwrap_or(0);
+    (field("VmRSS:"), field("VmHWM:"))
 }

@@ -16,10 +16,10 @@
 //!   replicas' xDS ports, as agents renewing.
 //! - [`http`]: `http`, a bounded HTTP load against any URL (e.g. through
 //!   an Envoy sidecar): statuses and p50/p90/p99/max latency.
-//! - [`abuse`]: `xds-abuse`, what one proxy token can make a replica hold
-//!   on its xDS port (NACK text, node labels, subscriptions, streams).
+//! - [`abuse`]: `abuse`, the attacks of issue 32 replayed against a
+//!   replica: did each door hold, and the replica's memory.
 //!
-//! `churn` and `xds` print their command line (`command:`) and end with
+//! `churn`, `xds` and `abuse` print their command line (`command:`) and end with
 //! `result:` lines of `key=value` pairs, for scripts and tests.
 
 mod abuse;
@@ -76,9 +76,10 @@ enum Command {
     /// A bounded HTTP/1.1 load against one URL (e.g. through an Envoy):
     /// keep-alive workers; statuses, p50/p90/p99/max latency.
     Http(http::HttpArgs),
-    /// One proxy token against one replica's xDS port: NACK text, node
-    /// labels, subscriptions or a stream flood; the replica's RSS.
-    XdsAbuse(abuse::AbuseArgs),
+    /// An attack on a replica (issue 32: anonymous bootstrap, alias bombs,
+    /// metric labels, idle connections, slowloris, xDS floods...); prints
+    /// `result: held=true|false ...` and, with --pid, its memory.
+    Abuse(abuse::AbuseArgs),
 }
 
 impl Cli {
@@ -87,6 +88,10 @@ impl Cli {
         match self.command {
             Command::Churn(a) => Command::Churn(churn::ChurnArgs { servers: self.servers, ..a }),
             Command::Xds(a) => Command::Xds(xds::XdsArgs { servers: self.servers, ..a }),
+            Command::Abuse(mut a) => {
+                a.servers = self.servers;
+                Command::Abuse(a)
+            }
             Command::Csr(mut a) => {
                 a.servers = self.servers;
                 Command::Csr(a)
@@ -101,7 +106,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Write(args) => write::run(args).await,
         Command::Csr(args) => csr::run(args).await,
         Command::Http(args) => http::run(args).await,
-        Command::XdsAbuse(args) => abuse::run(args).await,
+        Command::Abuse(args) => abuse::run(args).await,
         Command::Churn(args) => {
             let report = churn::run(args).await?;
             report.print();

@@ -1110,7 +1110,9 @@ where
                                     sender_vote: vote,
                                 });
                             }
-                            Err(err) => tracing::error!({error=%err, target=display(&target)}, "while requesting vote"),
+                            // Lodestar patch: warn, not error (upstream): a
+                            // peer that is down or not started yet.
+                            Err(err) => tracing::warn!({error=%err, target=display(&target)}, "while requesting vote"),
                         }
                     }
                 }
@@ -1567,7 +1569,10 @@ where
         };
 
         if Some(sender_vote) != my_vote.as_ref() {
-            tracing::warn!(
+            // Lodestar patch: debug, not warn (upstream): a vote answer that
+            // arrives after the vote moved on is normal in every election,
+            // first start included.
+            tracing::debug!(
                 "A message will be ignored because vote changed: msg sent by vote: {}; current my vote: {}; when ({})",
                 sender_vote,
                 my_vote.display(),

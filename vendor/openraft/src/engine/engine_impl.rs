@@ -689,7 +689,10 @@ where C: RaftTypeConfig
             return Ok(());
         }
 
-        tracing::error!(
+        // Lodestar patch: info, not error (upstream): the refusal goes back
+        // to the caller as `NotAllowed`, and founding members that all call
+        // `initialize` (as Lodestar's do) expect it on all but the first.
+        tracing::info!(
             last_log_id = display(self.state.last_log_id().summary()),
             vote = display(self.state.vote_ref()),
             "Can not initialize"
