@@ -12,6 +12,18 @@
 #
 #   benches/abuse.sh                  every scenario
 #   benches/abuse.sh SCENARIO...      some of them (see lodestar-bench abuse --help)
+#
+# Besides lodestar-bench's scenarios, what one proxy token may make a
+# replica hold within the xDS limits:
+#   nack-texts-1000                   1,000 streams (one credential's quota)
+#                                     each NACKing with 3 MB of text: what
+#                                     is kept (4 KiB a stream) does not
+#                                     grow with the streams
+#   node-metadata-at-caps             100 streams whose nodes are at the
+#                                     caps: 256 labels of 240 bytes (64 KiB)
+#   delta-subscriptions-in-budget     30 delta streams, each 6,000 names of
+#                                     100 bytes (just under the 1 MiB a
+#                                     stream's subscriptions may take)
 #   benches/abuse.sh xds-port         the xDS port's older abuse tests
 #                                     (tests/xds.rs xds_abuse_*: garbage,
 #                                     a 100 MiB request, a million names,
@@ -27,14 +39,15 @@
 #   BENCH_NO_BUILD=1        use target/$PROFILE's binaries as they are
 #
 # Needs: cargo, curl. Every wait is bounded; every process started here is
-# killed on exit. The attacks the other branches of issue 32 close
-# (bootstrap, yaml-aliases, reader-apply, the xDS quotas) report
-# held=false on a build without their fixes; the memory ones then take the
-# replica to a few hundred MB.
+# killed on exit. On a build without issue 32's fixes the attacks report
+# held=false; the memory ones then take the replica to a few hundred MB.
+# The xDS memory scenarios read the replica's memory once it is back under
+# the bound (the allocator gives the megabyte requests' freed buffers back
+# after some seconds), 30 s at most, with their streams still open.
 set -euo pipefail
 
 ALL=(bootstrap yaml-aliases reader-apply metric-labels idle-flood-api idle-flood-xds silent-connections-api silent-connections-xds slowloris
-    xds-stream-flood nack-texts node-metadata delta-subscriptions)
+    xds-stream-flood nack-texts node-metadata delta-subscriptions nack-texts-1000 node-metadata-at-caps delta-subscriptions-in-budget)
 PORT=${BENCH_PORT_BASE:-19900}
 PROFILE=${BENCH_PROFILE:-release}
 TIMEOUTS=${BENCH_TIMEOUTS:-short}
@@ -113,6 +126,9 @@ for s in "${SCENARIOS[@]}"; do
         idle-flood-api | idle-flood-xds) args=(--scenario idle-flood --port "${s##*-}" --source 127.0.0.50 --other-source 127.0.0.51) ;;
         silent-connections-api | silent-connections-xds) args=(--scenario silent-connections --port "${s##*-}" --close-within-s "$CLOSE_WITHIN") ;;
         slowloris) args=(--scenario slowloris --close-within-s "$CLOSE_WITHIN") ;;
+        nack-texts-1000) args=(--scenario nack-texts --count 1000) ;;
+        node-metadata-at-caps) args=(--scenario node-metadata --count 100 --bytes 61440 --label-bytes 240) ;;
+        delta-subscriptions-in-budget) args=(--scenario delta-subscriptions --count 30 --bytes 600000) ;;
         *) args=(--scenario "$s") ;;
     esac
     start_replica "$s"

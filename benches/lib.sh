@@ -68,11 +68,17 @@ _bench_cleanup() {
 
 # one_source_many_proxies LODESTAR FILE: the simulated proxies and agents of
 # a benchmark all connect from 127.0.0.1, one connection each, thousands of
-# them: lift the xDS port's per-source connection limit (FILE: the replicas'
-# config), if LODESTAR has it (an older build under test does not).
+# them, with one token: lift the xDS port's per-source connection limit,
+# and raise its stream quotas per credential and per source past any
+# benchmark's count (their bookkeeping is still measured) (FILE: the
+# replicas' config), each if LODESTAR has it (an older build under test
+# does not, and must not stop on an unknown setting).
 one_source_many_proxies() {
     local lodestar=$1 file=$2
     if grep -qa xds_max_connections_per_source "$lodestar"; then
         printf 'xds_max_connections_per_source = 0\n' >>"$file"
+    fi
+    if grep -qa xds_max_streams_per_source "$lodestar"; then
+        printf 'xds_max_streams_per_credential = 1000000\nxds_max_streams_per_source = 1000000\n' >>"$file"
     fi
 }

@@ -31,7 +31,9 @@
 # The replicas run with stream rebalancing and the maximum stream age off
 # (xds_rebalance_interval_ms = 0, xds_max_stream_age_s = 0): the simulated
 # proxies do not reconnect, and idle puts every stream on one replica on
-# purpose. Everything else is the default configuration.
+# purpose; and with the per-credential and per-source stream quotas raised
+# out of reach (every proxy is one token from one address). Everything else
+# is the default configuration.
 #
 # Environment:
 #   BENCH_ROUNDS=1         run every scenario this many times, each on a fresh

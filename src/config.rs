@@ -102,6 +102,24 @@ pub struct ServerConfig {
     /// would take more ends with RESOURCE_EXHAUSTED, counted as
     /// `reason="request_buffer_full"`. 0: no limit.
     pub xds_max_buffered_request_bytes: usize,
+    /// xDS streams one credential (a proxy token, a workload certificate's
+    /// identity, a management token) may have open on this replica, so
+    /// that one credential cannot take every place of `xds_max_streams`;
+    /// more are refused with RESOURCE_EXHAUSTED, counted as
+    /// `reason="credential_quota"`. 0: no limit.
+    pub xds_max_streams_per_credential: usize,
+    /// The same per source address (the TCP peer's), above the
+    /// per-credential one: a host runs the proxies of several namespaces,
+    /// and one credential filling its quota leaves room for the others
+    /// there. Counted as `reason="source_quota"`. Behind a NAT or a proxy
+    /// that hides the proxies' addresses, raise it (or 0: no limit).
+    pub xds_max_streams_per_source: usize,
+    /// What one xDS stream's subscribed resource names may hold, every
+    /// type together: each name counts its length plus 64 bytes. About
+    /// 8,000 names of 60 bytes in the default; a stream over it ends with
+    /// RESOURCE_EXHAUSTED, counted as `reason="subscription_limit"`.
+    /// 0: no limit (each type is still held to 100,000 names).
+    pub xds_max_subscription_bytes: usize,
     /// Connections open at once on each port, TLS handshakes included, and
     /// of them from one source address (an IPv6 client: its /64). Past
     /// either, a new connection is closed as it is accepted, and counted in
@@ -265,6 +283,9 @@ impl Default for ServerConfig {
             xds_rebalance_interval_ms: 1000,
             xds_max_streams: 20_000,
             xds_max_buffered_request_bytes: 64 * 1024 * 1024,
+            xds_max_streams_per_credential: 1000,
+            xds_max_streams_per_source: 2000,
+            xds_max_subscription_bytes: 1024 * 1024,
             push_debounce_ms: 20,
             api_max_connections: 4096,
             api_max_connections_per_source: 256,

@@ -248,7 +248,7 @@ pub fn metrics() -> &'static Metrics {
             convergence_time: register(r, "pilot_proxy_convergence_time", "Seconds from a revision's push to a proxy ACKing it", Histogram::default()),
             push_triggers: register(r, "pilot_push_triggers", "Revisions pushed to the proxies (after debouncing)", Counter::default()),
             streams_shed: register(r, "lodestar_xds_streams_shed_total", "Streams closed to rebalance or at their maximum age", Counter::default()),
-            streams_refused: register(r, "lodestar_xds_streams_refused_total", "Streams refused or ended by the server: not_ready, behind, unauthenticated, permission_denied, stream_limit (xds_max_streams), request_buffer_full (xds_max_buffered_request_bytes)", Family::new(&["reason"])),
+            streams_refused: register(r, "lodestar_xds_streams_refused_total", "Streams refused or ended by the server: not_ready, behind, unauthenticated, permission_denied, stream_limit (xds_max_streams), request_buffer_full (xds_max_buffered_request_bytes), credential_quota (xds_max_streams_per_credential), source_quota (xds_max_streams_per_source), subscription_limit (xds_max_subscription_bytes)", Family::new(&["reason"])),
             xds_request_buffer: register(
                 r,
                 "lodestar_xds_request_buffer_bytes",

@@ -219,6 +219,9 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         secrets,
         max_streams: config.xds_max_streams,
         max_buffered_request_bytes: config.xds_max_buffered_request_bytes,
+        max_streams_per_credential: config.xds_max_streams_per_credential,
+        max_streams_per_source: config.xds_max_streams_per_source,
+        max_subscription_bytes: config.xds_max_subscription_bytes,
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));

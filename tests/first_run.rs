@@ -228,7 +228,8 @@ async fn pipes_renewals_deletes_and_warnings() {
 }
 
 /// Item 1: `lodestar bootstrap` with the management token makes the proxy
-/// its token, and its Envoy gets its config; without a credential that may
+/// its token, in a file its Envoy reads (issue 32 item 5: never in the
+/// bootstrap), and its Envoy gets its config; without a credential that may
 /// make tokens it warns, its Envoy is refused, and `proxy-status` and
 /// `wait --proxy` say why.
 #[tokio::test]
@@ -239,10 +240,37 @@ async fn bootstrap_makes_the_proxy_token_or_says_why_not() {
     let tmp = tempfile::tempdir().unwrap();
     let ip = |n: u8| format!("{}.{n}", r.ip.rsplit_once('.').unwrap().0);
 
-    let (ok, yaml, err) = common::cli(&api, &["bootstrap", "--name", "web", "--namespace", "shop", "--ip", &ip(20)]);
+    // Run where a user keeps the bootstrap: the token goes to a file there.
+    let out = common::cli_command()
+        .current_dir(tmp.path())
+        .args(["--server", &api, "bootstrap", "--name", "web", "--namespace", "shop", "--ip", &ip(20)])
+        .output()
+        .unwrap();
+    let (ok, yaml, err) = (out.status.success(), text(&out.stdout), text(&out.stderr));
     assert!(ok && err.contains("Made a proxy token for shop/web"), "{err}");
-    assert!(yaml.contains("authorization") && !yaml.contains(common::management_token()), "a token of its own, not the admin's: {yaml}");
+    let file = tmp.path().join("web.shop.proxy-token");
+    let secret = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}; {err}", file.display()));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600, "Envoy's only");
+    }
+    let file = std::fs::canonicalize(&file).unwrap();
+    assert!(err.contains(&file.display().to_string()), "says where: {err}");
+    // Envoy reads the file: the bootstrap names it and holds no secret.
+    assert!(yaml.contains("authorization") && yaml.contains(&file.display().to_string()), "{yaml}");
+    assert!(!secret.is_empty() && !yaml.contains(&secret) && !yaml.contains(common::management_token()), "a token of its own, read from its file: {yaml}");
     let good = start_envoy(tmp.path(), "good", &yaml);
+    // A gateway's bootstrap makes a gateway's token (served its namespace's
+    // Secrets), written where --proxy-token-out says.
+    let out_file = tmp.path().join("ingress.token");
+    let (ok, yaml, err) = common::cli(
+        &api,
+        &["bootstrap", "--node-type", "router", "--name", "ingress", "--namespace", "shop", "--ip", &ip(22), "--proxy-token-out", out_file.to_str().unwrap()],
+    );
+    assert!(ok && err.contains("Made a proxy token for shop/ingress (a gateway's"), "{err}");
+    assert!(yaml.contains(out_file.to_str().unwrap()) && !yaml.contains(std::fs::read_to_string(&out_file).unwrap().as_str()), "{yaml}");
+    let (ok, tokens, err) = common::cli(&api, &["token", "list"]);
+    assert!(ok && tokens.contains("shop/ingress (gateway)") && tokens.contains("shop/web") && !tokens.contains("shop/web (gateway)"), "{tokens}{err}");
     let (ok, out, err) = common::cli(&api, &["wait", "--proxy", "web.shop", "--timeout", "20s"]);
     assert!(ok && out.contains("proxies in sync"), "{out}{err}\n{}", envoy_log(tmp.path(), "good"));
 

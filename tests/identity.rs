@@ -655,11 +655,13 @@ async fn envoy_rotates_the_agents_certificate_over_sds() {
         serial = next;
     }
     let after = envoy_stats(&admin).await;
+    // Not `*.update_success`: the first certificate expires about when the
+    // second rotation comes, and its xDS stream ends then (and its
+    // connection: the Envoy dials again with the rotated certificate), so
+    // the same versions may be delivered again on a new stream.
     for stat in [
         "listener_manager.lds.version",
         "cluster_manager.cds.version",
-        "listener_manager.lds.update_success",
-        "cluster_manager.cds.update_success",
         "listener_manager.listener_modified",
         "listener_manager.listener_added",
         "cluster_manager.cluster_modified",

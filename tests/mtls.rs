@@ -561,15 +561,11 @@ async fn rotation_under_open_streams(ttl_s: u64, rotations: usize) {
     let client = workload(tmp.path(), &api, &xds, "web", &client_ip, Some(&ttl)).await;
     let server = workload(tmp.path(), &api, &xds, "reviews", &server_ip, Some(&ttl)).await;
     wait_synced(&api, rev).await;
-    let watched = [
-        "listener_manager.lds.update_success",
-        "cluster_manager.cds.update_success",
-        "listener_manager.lds.version",
-        "cluster_manager.cds.version",
-        "listener_manager.listener_modified",
-        "listener_manager.listener_in_place_updated",
-        "cluster_manager.cluster_modified",
-    ];
+    // Not the LDS/CDS deliveries and versions: the xDS stream ends when the
+    // certificate it was opened with expires (its connection too, and the
+    // Envoy dials again with the rotated one), and the new stream delivers
+    // the same listeners and clusters again, at the current revision.
+    let watched = ["listener_manager.listener_modified", "listener_manager.listener_in_place_updated", "cluster_manager.cluster_modified"];
     let pick = |m: &std::collections::BTreeMap<String, u64>| watched.iter().map(|k| (k.to_string(), m.get(*k).copied())).collect::<Vec<_>>();
     let (client_before, server_before) = (pick(&client.stats().await), pick(&server.stats().await));
 

@@ -397,27 +397,9 @@ async fn channel(xds: &str) -> common::AdsClient {
     common::ads_client(1, xds)
 }
 
-struct Client<Req, Resp> {
-    tx: mpsc::Sender<Req>,
-    rx: tonic::Streaming<Resp>,
-}
-
+type Client<Req, Resp> = common::AdsStream<Req, Resp>;
 type Sotw = Client<DiscoveryRequest, DiscoveryResponse>;
 type Delta = Client<DeltaDiscoveryRequest, DeltaDiscoveryResponse>;
-
-impl<Req, Resp> Client<Req, Resp> {
-    async fn send(&self, r: Req) {
-        assert!(self.tx.send(r).await.is_ok(), "the request stream is closed");
-    }
-
-    async fn recv(&mut self) -> Resp {
-        match tokio::time::timeout(BOUND, self.rx.message()).await {
-            Ok(Ok(Some(r))) => r,
-            Ok(other) => panic!("stream ended: {:?}", other.err()),
-            Err(_) => panic!("no response within {BOUND:?}"),
-        }
-    }
-}
 
 /// Open a SotW stream whose first request is `first` (the server reads it
 /// before it answers the call).
@@ -1013,16 +995,17 @@ async fn abuse(token: Option<&str>) {
         assert_eq!(s.code(), tonic::Code::Ok, "the first request is served: {s:?}");
     }
     drop(many);
-    // Delta subscriptions add up: 60,000 names, then 60,000 more, on one
-    // stream (each request under the limit, the stream over it).
+    // Delta subscriptions add up: 10,000 names, then 10,000 more, on one
+    // stream (each request under the stream's subscription budget,
+    // xds_max_subscription_bytes, the stream over it).
     if token.is_some() {
-        let names = |from: usize| (from..from + 60_000).map(|i| format!("n{i}")).collect::<Vec<_>>();
+        let names = |from: usize| (from..from + 10_000).map(|i| format!("n{i}")).collect::<Vec<_>>();
         let mut first = DeltaDiscoveryRequest { type_url: EDS.type_url(), resource_names_subscribe: names(0), ..Default::default() };
         first.node = Some(node(NODE));
         let (tx, rx) = mpsc::channel(4);
         tx.send(first).await.unwrap();
         let mut rx = common::ads_client(1, &xds).delta_aggregated_resources(ReceiverStream::new(rx)).await.expect("delta stream").into_inner();
-        let more = DeltaDiscoveryRequest { type_url: EDS.type_url(), resource_names_subscribe: names(60_000), ..Default::default() };
+        let more = DeltaDiscoveryRequest { type_url: EDS.type_url(), resource_names_subscribe: names(10_000), ..Default::default() };
         tx.send(more).await.unwrap();
         let end = loop {
             match tokio::time::timeout(BOUND, rx.message()).await.expect("the stream ends in time") {
@@ -1032,12 +1015,13 @@ async fn abuse(token: Option<&str>) {
             }
         };
         assert_eq!(end.code(), tonic::Code::ResourceExhausted, "{end:?}");
-        assert!(end.message().contains("120000"), "{}", end.message());
+        assert!(end.message().contains("xds_max_subscription_bytes"), "{}", end.message());
     }
     report("million-names");
     still_serves(&cluster, "a million names").await;
 
-    // 4,000 streams over 4 connections, as fast as they open. Each
+    // 4,000 streams over 4 connections, as fast as they open (one
+    // credential from one address: 1,000 are served, its quota). Each
     // response is dropped as soon as it comes; the request side stays open
     // until the flood is over, then ends, as a client that goes away.
     let channels: Vec<common::AdsClient> = (0..4).map(|_| common::ads_client_as(1, &xds, token)).collect();
@@ -1055,14 +1039,15 @@ async fn abuse(token: Option<&str>) {
                 Ok(_) => {
                     opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-                Err(s) => refused(&s, tonic::Code::Ok, "a stream flood"),
+                // One credential from one address: its quota, then refused.
+                Err(s) => refused(&s, tonic::Code::ResourceExhausted, "a stream flood"),
             }
         }
     })
     .await;
     let opened = opened.into_inner();
     if token.is_some() {
-        assert_eq!(opened, 4000, "an authenticated client's streams are served");
+        assert_eq!(opened, 1000, "an authenticated client's streams are served up to its quota (xds_max_streams_per_credential)");
     } else {
         assert_eq!(opened, 0, "no stream opens without credentials");
     }

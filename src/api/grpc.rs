@@ -317,7 +317,7 @@ impl Lodestar for GrpcApi {
         let created = super::create_token(
             &caller,
             &self.replica,
-            super::TokenRequest { description, policies: r.policies, roles: r.roles, ttl, proxy, ..Default::default() },
+            super::TokenRequest { description, policies: r.policies, roles: r.roles, ttl, proxy, gateway: r.gateway, ..Default::default() },
         )
         .await
         .map_err(status_of)?;

@@ -271,6 +271,9 @@ pub struct TokenRequest {
     /// `NAMESPACE` or `NAMESPACE/NAME`: a proxy token for the xDS port.
     #[serde(default)]
     pub proxy: Option<String>,
+    /// With `proxy`: a gateway's token, served its namespace's Secrets.
+    #[serde(default)]
+    pub gateway: bool,
     /// A workload join token (mesh CA) for `NAMESPACE/SERVICE_ACCOUNT`
     /// instead of an API token: no policies or roles.
     #[serde(default)]
@@ -310,12 +313,15 @@ pub fn token_txn(req: TokenRequest, index: &AclIndex) -> Result<(Txn, Minted)> {
     let mut errors = Vec::new();
     let proxy = match req.proxy.as_deref().filter(|p| !p.is_empty()).map(ProxyBinding::parse) {
         None => None,
-        Some(Ok(b)) => Some(b),
+        Some(Ok(b)) => Some(ProxyBinding { gateway: req.gateway, ..b }),
         Some(Err(e)) => {
             errors.push(FieldError::new("proxy", e));
             None
         }
     };
+    if req.gateway && req.proxy.as_deref().is_none_or(str::is_empty) {
+        errors.push(FieldError::new("gateway", "only a proxy token (proxy NAMESPACE[/NAME]) is a gateway's"));
+    }
     let join = join_binding(&req, &mut errors);
     if proxy.is_some() && join.is_some() {
         errors.push(FieldError::new("proxy", "a token is a proxy token or a join token (workload or host), not both"));
@@ -423,10 +429,11 @@ pub async fn create_token(caller: &Caller, replica: &Replica, req: TokenRequest)
 pub const BOOTSTRAP_RESET_FILE: &str = "acl-bootstrap-reset";
 
 /// The reset index of the ACL objects of a revision, or None when there are
-/// none. Any policy, role or token bars an anonymous bootstrap: each took
-/// `admin` on the cluster to create, so someone holds a management
-/// credential. The index is the newest of them: a token's creation (a join
-/// token's uses rewrite the object), a policy's or role's last change. A
+/// none. Any policy, role, token or certificate revocation bars an
+/// anonymous bootstrap: each took `admin` on the cluster to create, so
+/// someone holds a management credential. The index is the newest of them:
+/// a token's creation (a join token's uses rewrite the object), another's
+/// last change. A
 /// bootstrap rewrites `global-management`, which cannot be deleted
 /// ([`delete_txn`]), so the index only moves forward and a reset file is
 /// good for one bootstrap.

@@ -135,8 +135,9 @@ pub fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// The ACL objects of a revision, in key order (the ACL kinds sort after
-/// every other kind but those added after them).
+/// The ACL objects of a revision, in key order: Policy, Role and Token sort
+/// together, CertificateRevocation (added later) after every other kind.
 pub fn acl_objects(applied: &Applied) -> impl Iterator<Item = &Arc<StoredObject>> + '_ {
-    applied.state.objects.range(ResourceKey::new(Kind::Policy, "", "")..).take_while(|(k, _)| k.kind.is_acl()).map(|(_, o)| o)
+    let from = |kind: Kind| applied.state.objects.range(ResourceKey::new(kind, "", "")..).take_while(|(k, _)| k.kind.is_acl()).map(|(_, o)| o);
+    from(Kind::Policy).chain(from(Kind::CertificateRevocation))
 }

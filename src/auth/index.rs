@@ -3,7 +3,7 @@
 //! certificate identities they list. Built from the objects alone (pure);
 //! `acl::Acl` keeps one per replica and rebuilds it when they change.
 
-use crate::model::acl::{AclSpec, Policy, ProxyBinding, RoleSpec};
+use crate::model::acl::{AclSpec, Policy, ProxyBinding, Revocation, RoleSpec};
 use crate::model::{StoredObject, TypedSpec};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,6 +30,21 @@ pub struct AclIndex {
     identities: HashMap<String, Vec<String>>,
     /// Workload join tokens (mesh CA), by hash: never API credentials.
     join_tokens: HashMap<[u8; 32], Arc<StoredObject>>,
+    /// The mesh CA's deny list (CertificateRevocation objects, by name).
+    revocations: Vec<(String, Revocation, Option<String>)>,
+}
+
+/// What the deny list needs of a mesh certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertFacts {
+    /// Its SPIFFE id.
+    pub spiffe_id: String,
+    /// Its serial, as `model::acl::normalize_serial` writes it.
+    pub serial: String,
+    /// When it was signed (unix seconds).
+    pub issued_at: i64,
+    /// Its notAfter (unix seconds).
+    pub not_after: i64,
 }
 
 impl AclIndex {
@@ -48,6 +63,10 @@ impl AclIndex {
                         idx.identities.entry(id.clone()).or_default().push(name.clone());
                     }
                     idx.roles.insert(name, r.clone());
+                }
+                Ok(TypedSpec::Acl(AclSpec::Revocation(r))) => {
+                    let reason = obj.body().pointer("/spec/reason").and_then(|v| v.as_str()).map(str::to_string);
+                    idx.revocations.push((name, r.clone(), reason));
                 }
                 Ok(TypedSpec::Acl(AclSpec::Token(t))) if t.spec.join.is_some() => {
                     idx.join_tokens.insert(t.secret_hash, obj.clone());
@@ -84,6 +103,30 @@ impl AclIndex {
     /// (its spec and `status.used`, and the revision a use is written at).
     pub fn join_token(&self, hash: &[u8; 32]) -> Option<&Arc<StoredObject>> {
         self.join_tokens.get(hash)
+    }
+
+    /// Why the deny list refuses this certificate (naming the
+    /// CertificateRevocation and its reason), if it does.
+    pub fn revoked(&self, cert: &CertFacts) -> Option<String> {
+        let (name, _, reason) = self.revocations.iter().find(|(_, r, _)| match r {
+            Revocation::Serial(s) => *s == cert.serial,
+            Revocation::Identity { spiffe_id, issued_before } => {
+                // Times are whole seconds: a certificate signed in the
+                // revocation's second is revoked too.
+                *spiffe_id == cert.spiffe_id && issued_before.is_none_or(|t| cert.issued_at <= i64::try_from(t).unwrap_or(i64::MAX))
+            }
+        })?;
+        let reason = reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        Some(format!("certificate {} of {} is revoked (CertificateRevocation {name}{reason})", cert.serial, cert.spiffe_id))
+    }
+
+    /// Whether every certificate of this SPIFFE id is refused, new ones
+    /// too (a revocation with no `issuedBefore`): the CA signs none.
+    pub fn banned(&self, spiffe_id: &str) -> Option<String> {
+        let (name, _, reason) =
+            self.revocations.iter().find(|(_, r, _)| matches!(r, Revocation::Identity { spiffe_id: id, issued_before: None } if id == spiffe_id))?;
+        let reason = reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        Some(format!("{spiffe_id} is revoked (CertificateRevocation {name}{reason}): the mesh CA signs no certificate for it"))
     }
 
     pub fn has_policy(&self, name: &str) -> bool {

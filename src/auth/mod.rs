@@ -205,6 +205,30 @@ impl Principal {
         Err(format!("{} is not a proxy credential (a proxy token, or a workload certificate with a SPIFFE id); {claims}", self.who))
     }
 
+    /// Whether this principal, already allowed to be a proxy of
+    /// `namespace` ([`Self::may_be_proxy`]), may be served that namespace's
+    /// Secrets (the gateway certificates and keys of SDS): a proxy token
+    /// created with `--gateway`, or a principal allowed to read Secrets in
+    /// the namespace (a workload certificate's identity through a Role,
+    /// as Istio asks the gateway's service account to be allowed to read
+    /// secrets; `admin` on the cluster). The error says why not.
+    pub fn may_have_secrets(&self, namespace: &str) -> Result<(), String> {
+        if let Some(b) = &self.proxy {
+            return if b.gateway {
+                Ok(())
+            } else {
+                Err(format!("{} is a proxy token without --gateway: only a gateway's token is served its namespace's secrets", self.who))
+            };
+        }
+        if self.allows(&Permission::new(Verb::Read, Target::kind(Kind::Secret, Some(namespace)))) {
+            return Ok(());
+        }
+        Err(format!(
+            "{} may not read secrets in namespace {namespace}: a gateway's credential is a proxy token made with --gateway, or a certificate identity that a Role grants read on secrets there",
+            self.who
+        ))
+    }
+
     /// Whether any rule grants `verb` on anything at all (some kind in
     /// some namespace, or the cluster): a bound checked from a request's
     /// headers alone, before its body is read. A proxy or join credential
@@ -428,6 +452,10 @@ mod tests {
                 policy("admin", json!([{"verbs": ["admin"], "kinds": ["*"], "namespaces": ["*"]}])),
                 token("t-ns", "secret-ns", json!({"type": "proxy", "proxy": {"namespace": "shop"}})),
                 token("t-wl", "secret-wl", json!({"type": "proxy", "proxy": {"namespace": "shop", "name": "cart"}})),
+                token("t-gw", "secret-gw", json!({"type": "proxy", "proxy": {"namespace": "shop", "name": "ingress", "gateway": true}})),
+                policy("shop-secrets", json!([{"verbs": ["read"], "kinds": ["secrets"], "namespaces": ["shop"]}])),
+                object(json!({"apiVersion": "acl.lodestar.io/v1", "kind": "Role", "metadata": {"name": "shop-gateway"},
+                              "spec": {"policies": ["shop-secrets"], "identities": ["spiffe://cluster.local/ns/shop/sa/ingress"]}})),
                 token("t-admin", "secret-admin", json!({"policies": ["admin"]})),
                 token("t-a", "secret-a", json!({"policies": ["admin"], "expiresAt": "2020-01-01T00:00:00Z"})),
             ]
@@ -442,10 +470,17 @@ mod tests {
         assert!(Verb::ALL.iter().all(|v| !ns.may_ever(*v)));
         let wl = authenticate(&idx, None, &bearer("secret-wl"), 0).unwrap();
         assert!(wl.may_be_proxy("shop", "cart").is_ok() && wl.may_be_proxy("shop", "web").is_err());
+        // Secrets: a gateway token; not a plain proxy token.
+        assert!(ns.may_have_secrets("shop").unwrap_err().contains("without --gateway"));
+        assert!(authenticate(&idx, None, &bearer("secret-gw"), 0).unwrap().may_have_secrets("shop").is_ok());
         assert!(authenticate(&idx, None, &bearer("secret-admin"), 0).unwrap().may_be_proxy("any", "thing").is_ok());
         let cert = |id: &str| authenticate(&idx, None, &Credentials { bearer: None, peer: Some(PeerIdentity(id.into())) }, 0).unwrap();
         assert!(cert("spiffe://cluster.local/ns/shop/sa/cart").may_be_proxy("shop", "x").is_ok());
         assert!(cert("spiffe://cluster.local/ns/shop/sa/cart").may_be_proxy("bank", "x").is_err());
+        // A certificate identity is a gateway of the namespaces a Role lets it read secrets in.
+        assert!(cert("spiffe://cluster.local/ns/shop/sa/ingress").may_have_secrets("shop").is_ok());
+        assert!(cert("spiffe://cluster.local/ns/shop/sa/ingress").may_have_secrets("bank").is_err());
+        assert!(cert("spiffe://cluster.local/ns/shop/sa/cart").may_have_secrets("shop").unwrap_err().contains("may not read secrets"));
         assert!(cert("member-1.lodestar").may_be_proxy("shop", "x").is_err());
         assert_eq!(spiffe_namespace("spiffe://td/ns/a/sa/b"), Some("a"));
         assert_eq!(spiffe_namespace("spiffe://td/ns//sa/b"), None);
@@ -486,5 +521,32 @@ mod tests {
         assert!(parse_bearer("Basic abc").is_err());
         assert!(parse_bearer("abc").is_err());
         assert!(!format!("{:?}", bearer("s3cr3t")).contains("s3cr3t"));
+    }
+
+    #[test]
+    fn the_deny_list_by_identity_time_and_serial() {
+        use crate::auth::index::CertFacts;
+        let revocation = |name: &str, spec: Value| {
+            object(json!({"apiVersion": "acl.lodestar.io/v1", "kind": "CertificateRevocation", "metadata": {"name": name}, "spec": spec}))
+        };
+        let at = |t: &str| crate::model::acl::parse_rfc3339(t).unwrap() as i64;
+        let idx = AclIndex::build(
+            [
+                revocation("cart", json!({"spiffeId": "spiffe://td/ns/shop/sa/cart", "issuedBefore": "2026-06-01T00:00:00Z", "reason": "key leaked"})),
+                revocation("bank", json!({"spiffeId": "spiffe://td/ns/bank/sa/teller"})),
+                revocation("one", json!({"serial": "0A:0B"})),
+            ]
+            .into_iter(),
+        );
+        let cert = |id: &str, serial: &str, issued: &str| CertFacts { spiffe_id: id.into(), serial: serial.into(), issued_at: at(issued), not_after: i64::MAX };
+        let why = idx.revoked(&cert("spiffe://td/ns/shop/sa/cart", "1", "2026-05-31T23:59:59Z")).unwrap();
+        assert!(why.contains("CertificateRevocation cart: key leaked"), "{why}");
+        assert!(idx.revoked(&cert("spiffe://td/ns/shop/sa/cart", "2", "2026-06-01T00:00:00Z")).is_some(), "signed in the revocation's second");
+        assert_eq!(idx.revoked(&cert("spiffe://td/ns/shop/sa/cart", "2", "2026-06-01T00:00:01Z")), None, "signed after: a new join");
+        assert!(idx.revoked(&cert("spiffe://td/ns/bank/sa/teller", "3", "2030-01-01T00:00:00Z")).is_some(), "every certificate");
+        assert!(idx.revoked(&cert("spiffe://td/ns/shop/sa/web", "a0b", "2030-01-01T00:00:00Z")).is_some(), "by serial");
+        assert_eq!(idx.revoked(&cert("spiffe://td/ns/shop/sa/web", "a0c", "2020-01-01T00:00:00Z")), None);
+        assert!(idx.banned("spiffe://td/ns/bank/sa/teller").is_some());
+        assert_eq!(idx.banned("spiffe://td/ns/shop/sa/cart"), None, "a time-bound revocation lets new certificates through");
     }
 }

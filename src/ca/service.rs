@@ -15,6 +15,11 @@
 //!
 //! Anything else is UNAUTHENTICATED. The CSR gives only its public key.
 //!
+//! **The deny list** (CertificateRevocation objects, `auth::index`): a
+//! certificate it covers renews no more (UNAUTHENTICATED), and an identity
+//! revoked with no `issuedBefore` gets no new certificate, by join token
+//! either (PERMISSION_DENIED). Read linearizably, as join tokens are.
+//!
 //! **A use is idempotent per key.** The token's status records which keys
 //! (a hash of the CSR's public key) its uses were granted to. A request for
 //! a key already granted is answered again without consuming a use: an
@@ -43,6 +48,7 @@
 //! caller is authenticated, so it is told what it lacks.
 
 use super::{HostId, MeshCa, MeshIdentity, WorkloadId};
+use crate::auth::index::CertFacts;
 use crate::error::{Code, Error, Result};
 use crate::model::acl::{hex, AclSpec};
 use crate::model::TypedSpec;
@@ -123,17 +129,22 @@ impl CaService {
     }
 
     /// The caller's identity: its mesh certificate first (a renewing
-    /// workload or host burns no join token), else its bearer token.
-    async fn authenticate(&self, ca: &MeshCa, conn: Option<&ConnInfo>, bearer: Option<&str>, key: KeyHash) -> Result<MeshIdentity> {
+    /// workload or host burns no join token), else its bearer token; and
+    /// the certificate's facts when it was the credential (checked against
+    /// the deny list, [`Self::check_deny_list`]).
+    async fn authenticate(&self, ca: &MeshCa, conn: Option<&ConnInfo>, bearer: Option<&str>, key: KeyHash) -> Result<(MeshIdentity, Option<CertFacts>)> {
         let mut why = None;
         if let Some(cert) = conn.and_then(|c| c.cert.as_ref()) {
             match ca.verify(&cert.chain) {
-                Ok(id) => return Ok(id),
+                Ok(id) => match cert.chain.first().and_then(|c| super::cert_facts(c)) {
+                    Some(facts) => return Ok((id, Some(facts))),
+                    None => why = Some("the certificate does not parse".to_string()),
+                },
                 Err(e) => why = Some(e),
             }
         }
         match (bearer, conn) {
-            (Some(secret), Some(conn)) => self.join(secret, conn, key).await,
+            (Some(secret), Some(conn)) => self.join(secret, conn, key).await.map(|id| (id, None)),
             (Some(_), None) => Err(Error::internal("no connection information for this request")),
             (None, _) => Err(Error::unauthenticated(match why {
                 Some(e) => format!("the client certificate is no mesh identity ({e}), and no join token (authorization: Bearer) was given"),
@@ -210,11 +221,32 @@ impl CaService {
         let ttl = u64::try_from(req.validity_duration).map_err(|_| Error::field("validity_duration", "must not be negative"))?;
         let impersonated = impersonated(req.metadata.as_ref(), &ca.trust_domain)?;
         let key = key_hash(&csr);
-        let caller = self.authenticate(ca, conn, bearer, key).await?;
+        let (caller, cert) = self.authenticate(ca, conn, bearer, key).await?;
         let id = self.subject(caller, impersonated).await?;
+        self.check_deny_list(ca, cert.as_ref(), &id).await?;
         let chain = ca.sign_parsed(&csr, &id, Some(Duration::from_secs(ttl)))?;
         tracing::debug!(identity = %id, remote = ?conn.map(|c| c.remote), "issued a mesh certificate");
         Ok(chain)
+    }
+}
+
+impl CaService {
+    /// The deny list, at a linearizable read (a revocation written through
+    /// any replica is seen: a revoked certificate renewed on a replica
+    /// behind would give a new one, signed after the revocation):
+    /// UNAUTHENTICATED if the caller's certificate is revoked,
+    /// PERMISSION_DENIED if every certificate of `id` is (no new one is
+    /// signed, join token or not).
+    async fn check_deny_list(&self, ca: &MeshCa, cert: Option<&CertFacts>, id: &MeshIdentity) -> Result<()> {
+        let applied = linearizable(&self.replica, &self.reads).await?;
+        let index = self.replica.acl.index_at(&applied);
+        if let Some(why) = cert.and_then(|c| index.revoked(c)) {
+            return Err(Error::unauthenticated(why));
+        }
+        if let Some(why) = index.banned(&id.spiffe(&ca.trust_domain)) {
+            return Err(Error::permission_denied(why));
+        }
+        Ok(())
     }
 }
 

@@ -1,6 +1,7 @@
-//! `lodestar token|policy|role|acl ...`: ACL management. Policies and roles
-//! are ordinary resources (`lodestar apply -f` works too); tokens are made
-//! by the server (`POST /v1/acl/tokens`), which shows the secret once.
+//! `lodestar token|policy|role|acl|cert ...`: ACL management. Policies,
+//! roles and certificate revocations are ordinary resources (`lodestar
+//! apply -f` works too); tokens are made by the server (`POST
+//! /v1/acl/tokens`), which shows the secret once.
 
 use super::client::Client;
 use super::{print_rows, query, Output};
@@ -31,6 +32,11 @@ pub enum TokenCommand {
         /// namespace (and workload name). Needs no policy.
         #[arg(long, value_name = "NAMESPACE[/NAME]", conflicts_with = "workload")]
         proxy: Option<String>,
+        /// With --proxy: a gateway's token, served its namespace's Secrets
+        /// (gateway certificates and keys) over SDS. A proxy token without
+        /// it is served none.
+        #[arg(long, requires = "proxy")]
+        gateway: bool,
         /// A join token instead: the workload identity NAMESPACE/SERVICE_ACCOUNT
         /// whose first certificate it obtains from the mesh CA (`lodestar
         /// agent --join-token-file`). No policies or roles.
@@ -143,10 +149,88 @@ pub enum AclCommand {
     },
 }
 
+#[derive(Subcommand)]
+pub enum CertCommand {
+    /// Put mesh certificates on the deny list: they renew no more and open
+    /// no xDS stream, and their open streams end. Creates (or, for the
+    /// same SPIFFE id or serial, replaces) a CertificateRevocation.
+    Revoke {
+        /// Every certificate of this identity signed until now
+        /// (spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/SERVICE_ACCOUNT): the
+        /// workload gets a new one only with a new join token.
+        #[arg(long, required_unless_present = "serial", conflicts_with = "serial")]
+        spiffe_id: Option<String>,
+        /// With --spiffe-id: new certificates too (the CA signs none for
+        /// the identity, join token or not, until `cert unrevoke`).
+        #[arg(long, requires = "spiffe_id")]
+        all: bool,
+        /// One certificate, by serial (hex, colons allowed, as `openssl
+        /// x509 -noout -serial` prints it).
+        #[arg(long)]
+        serial: Option<String>,
+        /// Why, kept with the entry (shown by `cert revocations` and in
+        /// the refusals it causes).
+        #[arg(long)]
+        reason: Option<String>,
+        /// The CertificateRevocation's name (default: from the id or serial).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// The deny list.
+    Revocations,
+    /// Take an entry (a CertificateRevocation, by name) off the deny list.
+    Unrevoke {
+        /// The CertificateRevocation's name (`cert revocations` lists them).
+        name: String,
+    },
+}
+
+pub async fn cert(client: &Client, command: CertCommand) -> Result<()> {
+    use crate::model::acl::{format_rfc3339, hex, normalize_serial};
+    match command {
+        CertCommand::Revoke { spiffe_id, all, serial, reason, name } => {
+            let (default_name, spec) = match (spiffe_id, serial) {
+                (Some(id), _) => {
+                    let digest = ring::digest::digest(&ring::digest::SHA256, id.as_bytes());
+                    let issued_before = (!all).then(|| format_rfc3339(crate::auth::acl::unix_now()));
+                    (format!("id-{}", &hex(digest.as_ref())[..16]), json!({"spiffeId": id, "issuedBefore": issued_before, "reason": reason}))
+                }
+                (None, Some(serial)) => {
+                    let normalized = normalize_serial(&serial).ok_or_else(|| anyhow!("--serial {serial:?}: expected hex digits (colons allowed)"))?;
+                    (format!("serial-{normalized}"), json!({"serial": serial, "reason": reason}))
+                }
+                (None, None) => bail!("give --spiffe-id or --serial"),
+            };
+            let mut spec = spec;
+            if let Some(m) = spec.as_object_mut() {
+                m.retain(|_, v| !v.is_null());
+            }
+            let name = name.unwrap_or(default_name);
+            let doc = json!({"apiVersion": format!("{ACL_GROUP}/v1"), "kind": "CertificateRevocation", "metadata": {"name": name}, "spec": spec});
+            let result = client.post("/v1/apply", &json!({"resources": [doc]})).await?;
+            super::print_write_result(&result);
+            Ok(())
+        }
+        CertCommand::Revocations => {
+            let row = |r: &Value| {
+                let spec = &r["spec"];
+                let what = spec["spiffeId"].as_str().map_or_else(|| format!("serial {}", s(&spec["serial"])), str::to_string);
+                let before = if spec["spiffeId"].is_string() { spec["issuedBefore"].as_str().unwrap_or("(all)").to_string() } else { String::new() };
+                vec![name(r), what, before, s(&spec["reason"])]
+            };
+            object(client, "certificaterevocations", ObjectCommand::List, &["NAME", "REVOKED", "ISSUED-BEFORE", "REASON"], row).await
+        }
+        CertCommand::Unrevoke { name } => delete(client, "certificaterevocations", &name).await,
+    }
+}
+
 pub async fn token(client: &Client, command: TokenCommand) -> Result<()> {
     match command {
-        TokenCommand::Create { description, policies, roles, ttl, proxy, workload, host, uses, cidrs, output } => {
+        TokenCommand::Create { description, policies, roles, ttl, proxy, gateway, workload, host, uses, cidrs, output } => {
             let mut body = json!({"description": description, "policies": policies, "roles": roles, "ttl": ttl, "proxy": proxy});
+            if gateway {
+                body["gateway"] = json!(true);
+            }
             if workload.is_some() || host.is_some() || uses.is_some() || !cidrs.is_empty() {
                 body["workload"] = json!(workload);
                 body["host"] = json!(host);
@@ -305,11 +389,12 @@ fn joined(v: &Value) -> String {
     v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default()
 }
 
-/// A proxy token's identity, `NAMESPACE[/NAME]`.
+/// A proxy token's identity, `NAMESPACE[/NAME]`, and ` (gateway)`.
 fn proxy_of(spec: &Value) -> String {
+    let gateway = if spec["proxy"]["gateway"] == true { " (gateway)" } else { "" };
     match (spec["proxy"]["namespace"].as_str(), spec["proxy"]["name"].as_str()) {
-        (Some(ns), Some(n)) => format!("{ns}/{n}"),
-        (Some(ns), None) => ns.to_string(),
+        (Some(ns), Some(n)) => format!("{ns}/{n}{gateway}"),
+        (Some(ns), None) => format!("{ns}{gateway}"),
         _ => String::new(),
     }
 }

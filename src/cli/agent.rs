@@ -57,9 +57,8 @@ pub struct AgentArgs {
 pub struct RunArgs {
     /// Run Envoy as a child process with the bootstrap written to
     /// --bootstrap (default DIR/bootstrap.yaml): restarted with backoff if
-    /// it dies, drained and stopped on SIGTERM/SIGINT. Its admin port then
-    /// binds loopback only (--ip if that is a loopback address, else
-    /// 127.0.0.1).
+    /// it dies, drained and stopped on SIGTERM/SIGINT, through its admin
+    /// (--admin-address: loopback by default).
     #[arg(long)]
     pub run_envoy: bool,
     /// The Envoy binary for --run-envoy.
@@ -175,11 +174,7 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
     }
     let envoy = if args.run.run_envoy {
         let drain = crate::model::istio::duration::parse_duration(&args.run.drain_time).map_err(|e| anyhow!("--drain-time {:?}: {e}", args.run.drain_time))?;
-        let admin_host = match args.proxy.ip.parse::<std::net::IpAddr>() {
-            Ok(ip) if ip.is_loopback() => args.proxy.ip.clone(),
-            _ => "127.0.0.1".to_string(),
-        };
-        Some((admin_host, drain))
+        Some((bootstrap::admin_host(&args.proxy)?, drain))
     } else {
         None
     };
@@ -197,11 +192,9 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
     } else if let Some(path) = &args.bootstrap {
         // Envoy presents the workload certificate on the xDS port; a proxy
         // token, if given, is sent too.
-        let mut doc = bootstrap::bootstrap(&args.proxy, &servers, Some(ca_pem), bootstrap::proxy_token(&args.proxy)?.as_deref())?;
+        let token = bootstrap::proxy_token(&args.proxy)?;
+        let mut doc = bootstrap::bootstrap(&args.proxy, &servers, Some(ca_pem), token.as_ref().map(|t| t.path.as_path()))?;
         add_sds(&mut doc, &socket)?;
-        if let Some((admin_host, _)) = &envoy {
-            doc["admin"]["address"]["socket_address"]["address"] = serde_json::json!(admin_host);
-        }
         let text = match args.proxy.output {
             bootstrap::Format::Json => serde_json::to_string_pretty(&doc)?,
             bootstrap::Format::Yaml => yaml_serde::to_string(&doc)?,

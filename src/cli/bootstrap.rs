@@ -12,6 +12,16 @@
 //!   client config or `--ca-file`): the CA is inlined, and the server's
 //!   certificate must name a member (`member-<id>.lodestar`), so a proxy
 //!   talks to no one else the CA may have signed.
+//! - Envoy's admin listens on loopback (`--ip` if it is a loopback
+//!   address, else 127.0.0.1, as Istio's does), since whoever reaches it
+//!   reads the whole config and can stop Envoy; `--admin-address` puts it
+//!   elsewhere, with a warning.
+//! - A proxy token (`--proxy-token-file`) is not written into the
+//!   bootstrap: Envoy reads the file itself. `GrpcService.initial_metadata`
+//!   takes only literal values (shown by `/config_dump`), so the token is
+//!   sent by the `credential_injector` upstream filter of `xds-grpc`,
+//!   from a static `generic_secret` whose `filename` is the token file:
+//!   secrets are redacted from `/config_dump`, the file name too.
 //!
 //! With `--grpc` it writes a gRPC xDS bootstrap instead (the file
 //! `GRPC_XDS_BOOTSTRAP` names, for proxyless gRPC applications; gRFC A27):
@@ -54,7 +64,7 @@ pub struct BootstrapArgs {
     /// sidecar, or router for a gateway.
     #[arg(long, value_enum, default_value = "sidecar")]
     pub node_type: NodeType,
-    /// The proxy's address: where its listeners and its admin port bind.
+    /// The proxy's address: where its listeners bind.
     #[arg(long, default_value = "127.0.0.1")]
     pub ip: String,
     /// Workload name (e.g. productpage-v1).
@@ -69,6 +79,12 @@ pub struct BootstrapArgs {
     /// Envoy's admin port.
     #[arg(long, default_value_t = 15000)]
     pub admin_port: u16,
+    /// Where Envoy's admin listens. Default: --ip if it is a loopback
+    /// address, else 127.0.0.1. The admin serves the whole config
+    /// (/config_dump) and stops Envoy (/quitquitquit) for whoever reaches
+    /// it: any other address warns.
+    #[arg(long, value_name = "IP")]
+    pub admin_address: Option<String>,
     /// The mesh's DNS suffix (the replicas' domain_suffix).
     #[arg(long, default_value = "cluster.local")]
     pub domain_suffix: String,
@@ -77,8 +93,9 @@ pub struct BootstrapArgs {
     pub delta: bool,
     /// A file holding this proxy's token (`lodestar token create --proxy
     /// NAMESPACE[/NAME]`), sent on the xDS stream as gRPC metadata
-    /// `authorization: Bearer <secret>`. The bootstrap then holds the
-    /// secret: keep it readable by Envoy only.
+    /// `authorization: Bearer <secret>`. Envoy reads the file itself (the
+    /// bootstrap names it, never holds the secret): keep it readable by
+    /// Envoy only.
     #[arg(long, env = "LODESTAR_PROXY_TOKEN_FILE")]
     pub proxy_token_file: Option<std::path::PathBuf>,
     /// Without --proxy-token-file: make no proxy token either, and write
@@ -86,6 +103,12 @@ pub struct BootstrapArgs {
     /// on). By default one is made with the CLI's credential.
     #[arg(long, conflicts_with = "proxy_token_file")]
     pub no_proxy_token: bool,
+    /// Where the proxy token that bootstrap makes (without
+    /// --proxy-token-file) is written, 0600, for Envoy to read (the
+    /// bootstrap names the file, never holds the secret). Default:
+    /// NAME.NAMESPACE.proxy-token in the current directory (replaced).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["proxy_token_file", "no_proxy_token"])]
+    pub proxy_token_out: Option<std::path::PathBuf>,
     /// yaml or json.
     #[arg(short, long, value_enum, default_value = "yaml")]
     pub output: Format,
@@ -133,9 +156,9 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> 
     // Check everything else before a token is made for it.
     bootstrap(&args, &servers, ca_pem, None)?;
     let token = match token {
-        Some(t) => Some(t),
+        Some(t) => Some(t.path),
         None if args.no_proxy_token => None,
-        None => mint_proxy_token(client, &args).await,
+        None => mint_proxy_token(client, ca_pem.is_some(), &args).await?,
     };
     let doc = bootstrap(&args, &servers, ca_pem, token.as_deref())?;
     match args.output {
@@ -146,49 +169,103 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> 
 }
 
 /// Without `--proxy-token-file`, on a cluster with TLS (so ACLs, by
-/// default): a proxy token for this proxy (`NAMESPACE/NAME`), made with the
-/// CLI's own credential when it may make tokens (`admin` on the cluster,
-/// as the management token in the client config a server writes); else a
-/// warning that the xDS port will refuse this Envoy, naming the command
-/// that makes a token. A plaintext (`--insecure`) cluster takes no
-/// credential: nothing to make.
-pub async fn mint_proxy_token(client: &Client, args: &BootstrapArgs) -> Option<String> {
-    if client.base().starts_with("http://") {
-        return None;
+/// default): a proxy token for this proxy (`NAMESPACE/NAME`; a gateway's,
+/// `--gateway`, for `--node-type router`), made with the CLI's own
+/// credential when it may make tokens (`admin` on the cluster, as the
+/// management token in the client config a server writes), written to
+/// `--proxy-token-out` (0600) for Envoy to read: the path of that file.
+/// Else a warning that the xDS port will refuse this Envoy, naming the
+/// command that makes a token. A plaintext (`--insecure`) cluster takes no
+/// credential (and a bootstrap without the CA sends none): nothing to make.
+pub async fn mint_proxy_token(client: &Client, tls: bool, args: &BootstrapArgs) -> Result<Option<std::path::PathBuf>> {
+    if client.base().starts_with("http://") || !tls {
+        return Ok(None);
     }
     let identity = format!("{}/{}", args.namespace, args.name);
-    let body = serde_json::json!({"proxy": identity, "description": format!("lodestar bootstrap for {}.{}", args.name, args.namespace)});
+    let mut body = serde_json::json!({"proxy": identity, "description": format!("lodestar bootstrap for {}.{}", args.name, args.namespace)});
+    if args.node_type == NodeType::Router {
+        body["gateway"] = json!(true);
+    }
     let made = client.post("/v1/acl/tokens", &body).await.and_then(|t| {
         let field = |k: &str| t[k].as_str().map(String::from).ok_or_else(|| anyhow!("the answer has no {k}"));
         Ok((field("accessorId")?, field("secret")?))
     });
-    match made {
-        Ok((accessor, secret)) => {
-            eprintln!(
-                "Made a proxy token for {identity} (accessor {accessor}; `lodestar token revoke {accessor}` ends it). The bootstrap holds its secret: keep the file readable by Envoy only."
-            );
-            Some(secret)
-        }
+    let (accessor, secret) = match made {
+        Ok(made) => made,
         Err(e) => {
             eprintln!(
                 "Warning: this bootstrap has no proxy credential, so the xDS port will refuse its Envoy (ACLs are on), and could not make one: {e:#}\n  \
                  With an admin's token: lodestar token create --proxy {identity} -o json, put the secret in a file (readable by Envoy only), then pass --proxy-token-file FILE."
             );
-            None
+            return Ok(None);
         }
-    }
+    };
+    let out = match &args.proxy_token_out {
+        Some(p) => p.clone(),
+        None => std::path::PathBuf::from(format!("{}.{}.proxy-token", args.name, args.namespace)),
+    };
+    let written = crate::tls::pki::write_file(&out, &secret, true)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| std::fs::canonicalize(&out).with_context(|| format!("{}", out.display())));
+    let path = match written {
+        Ok(path) => path,
+        Err(e) => {
+            // Not left behind where no one has its secret.
+            let revoked = client.delete(&format!("/v1/resources/tokens/lodestar-system/{accessor}")).await;
+            let left = if revoked.is_ok() { "revoked it".to_string() } else { format!("revoke it: lodestar token revoke {accessor}") };
+            bail!("writing the proxy token made for {identity} to {}: {e:#} (made accessor {accessor}; {left})", out.display());
+        }
+    };
+    let gateway = if args.node_type == NodeType::Router { " (a gateway's: served its namespace's Secrets)" } else { "" };
+    eprintln!(
+        "Made a proxy token for {identity}{gateway} (accessor {accessor}; `lodestar token revoke {accessor}` ends it), in {} (0600), which Envoy reads: keep it readable by Envoy only.",
+        path.display()
+    );
+    Ok(Some(path))
 }
 
-/// The secret in `--proxy-token-file`, if given.
-pub fn proxy_token(args: &BootstrapArgs) -> Result<Option<String>> {
+/// `--proxy-token-file`, if given: checked to hold one token, by its
+/// absolute path (Envoy reads it, from wherever it runs).
+pub struct TokenFile {
+    pub path: std::path::PathBuf,
+}
+
+/// See [`TokenFile`].
+pub fn proxy_token(args: &BootstrapArgs) -> Result<Option<TokenFile>> {
     let Some(path) = &args.proxy_token_file else { return Ok(None) };
     let text = std::fs::read_to_string(path).with_context(|| format!("--proxy-token-file {}", path.display()))?;
-    let t = text.trim().to_string();
+    let t = text.trim();
     if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
         bail!("--proxy-token-file {}: expected one token (no spaces)", path.display());
     }
-    Ok(Some(t))
+    let path = std::fs::canonicalize(path).with_context(|| format!("--proxy-token-file {}", path.display()))?;
+    Ok(Some(TokenFile { path }))
 }
+
+/// Where Envoy's admin listens (see `--admin-address`); a warning on
+/// stderr when that is not a loopback address.
+pub fn admin_host(args: &BootstrapArgs) -> Result<String> {
+    let Some(addr) = &args.admin_address else {
+        return Ok(match args.ip.parse::<IpAddr>() {
+            Ok(ip) if ip.is_loopback() => args.ip.clone(),
+            _ => "127.0.0.1".to_string(),
+        });
+    };
+    let ip: IpAddr = addr.parse().map_err(|_| anyhow!("--admin-address {addr:?} is not an IP address"))?;
+    // Once, however often the bootstrap is built.
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if !ip.is_loopback() {
+        WARNED.call_once(|| eprintln!(
+            "warning: Envoy's admin will listen on {addr}:{}, which is not a loopback address: whoever reaches it reads the whole config (/config_dump) and can stop Envoy (/quitquitquit); keep it on loopback unless a firewall guards it",
+            args.admin_port
+        ));
+    }
+    Ok(addr.clone())
+}
+
+/// The static secret holding the proxy token, sent by `xds-grpc`'s
+/// credential injector.
+const TOKEN_SECRET: &str = "lodestar-proxy-token";
 
 /// Every member's xDS address, from `GET /v1/cluster`.
 pub(super) async fn member_xds_addrs(client: &Client) -> Result<Vec<String>> {
@@ -223,9 +300,9 @@ fn socket_address(host: &str, port: u16) -> Value {
 }
 
 /// The bootstrap document for `args`, connecting to `xds_servers`, over
-/// TLS checked against `ca_pem` when given, presenting `token` (a proxy
-/// token's secret) when given.
-pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&str>, token: Option<&str>) -> Result<Value> {
+/// TLS checked against `ca_pem` when given, presenting the proxy token in
+/// the file `token_file` (an absolute path, read by Envoy) when given.
+pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&str>, token_file: Option<&std::path::Path>) -> Result<Value> {
     let kind = match args.node_type {
         NodeType::Sidecar => ProxyKind::Sidecar,
         NodeType::Router => ProxyKind::Router,
@@ -281,7 +358,7 @@ pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&s
         });
     }
 
-    let mut grpc_service = json!({
+    let grpc_service = json!({
         "envoy_grpc": {
             "cluster_name": XDS_CLUSTER,
             // Reconnect fast after a replica fails (Envoy's default
@@ -289,11 +366,34 @@ pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&s
             "retry_policy": {"retry_back_off": {"base_interval": "0.25s", "max_interval": "5s"}}
         }
     });
-    if let Some(t) = token {
+    let mut secrets = Vec::new();
+    if let Some(path) = token_file {
         if ca_pem.is_none() {
             bail!("a proxy token is only sent over TLS: the bootstrap has no CA (pass --ca-file or a client config)");
         }
-        grpc_service["initial_metadata"] = json!([{"key": "authorization", "value": format!("Bearer {t}")}]);
+        // Every request on xds-grpc (the ADS stream) gets `authorization:
+        // Bearer <the file's token>`; the secret is never in the bootstrap.
+        let http = &mut xds_cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
+        http["http_filters"] = json!([
+            {"name": "envoy.filters.http.credential_injector", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.credential_injector.v3.CredentialInjector",
+                "overwrite": true,
+                "credential": {"name": "envoy.http.injected_credentials.generic", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.http.injected_credentials.generic.v3.Generic",
+                    "credential": {"name": TOKEN_SECRET},
+                    "header": "authorization",
+                    "header_value_prefix": "Bearer "
+                }}
+            }},
+            {"name": "envoy.filters.http.upstream_codec", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"
+            }}
+        ]);
+        secrets.push(json!({"name": TOKEN_SECRET, "generic_secret": {"secret": {"filename": path.display().to_string()}}}));
+    }
+    let mut static_resources = json!({"clusters": [xds_cluster]});
+    if !secrets.is_empty() {
+        static_resources["secrets"] = json!(secrets);
     }
 
     Ok(json!({
@@ -303,7 +403,7 @@ pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&s
             "cluster": format!("{}.{}", args.name, args.namespace),
             "metadata": metadata
         },
-        "admin": {"address": socket_address(&args.ip, args.admin_port)},
+        "admin": {"address": socket_address(&admin_host(args)?, args.admin_port)},
         "dynamic_resources": {
             "ads_config": {
                 "api_type": if args.delta { "DELTA_GRPC" } else { "GRPC" },
@@ -314,7 +414,7 @@ pub fn bootstrap(args: &BootstrapArgs, xds_servers: &[String], ca_pem: Option<&s
             "cds_config": {"ads": {}, "resource_api_version": "V3"},
             "lds_config": {"ads": {}, "resource_api_version": "V3"}
         },
-        "static_resources": {"clusters": [xds_cluster]}
+        "static_resources": static_resources
     }))
 }
 
@@ -436,9 +536,17 @@ mod tests {
     #[test]
     fn router_delta_and_names() {
         let a = args(&["--name", "ingress", "--namespace", "istio-system", "--node-type", "router", "--delta", "--domain-suffix", "example.org"]);
-        let b = bootstrap(&a, &["localhost:8472".into(), "[::1]:8472".into()], Some("CA PEM"), Some("s3cr3t")).unwrap();
+        let token = std::path::Path::new("/etc/lodestar/proxy.token");
+        let b = bootstrap(&a, &["localhost:8472".into(), "[::1]:8472".into()], Some("CA PEM"), Some(token)).unwrap();
+        // The token file is named, for Envoy to read; no literal metadata.
         let grpc = &b["dynamic_resources"]["ads_config"]["grpc_services"][0];
-        assert_eq!(grpc["initial_metadata"][0], json!({"key": "authorization", "value": "Bearer s3cr3t"}));
+        assert!(grpc.get("initial_metadata").is_none(), "{grpc}");
+        assert_eq!(b["static_resources"]["secrets"][0], json!({"name": TOKEN_SECRET, "generic_secret": {"secret": {"filename": "/etc/lodestar/proxy.token"}}}));
+        let filters =
+            &b["static_resources"]["clusters"][0]["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["http_filters"];
+        let generic = &filters[0]["typed_config"]["credential"]["typed_config"];
+        assert_eq!((generic["credential"]["name"].as_str(), generic["header_value_prefix"].as_str()), (Some(TOKEN_SECRET), Some("Bearer ")));
+        assert_eq!(filters[1]["name"], "envoy.filters.http.upstream_codec", "the codec ends the upstream filters");
         assert_eq!(b["node"]["id"], "router~127.0.0.1~ingress.istio-system~istio-system.svc.example.org");
         assert_eq!(b["dynamic_resources"]["ads_config"]["api_type"], "DELTA_GRPC");
         let cluster = &b["static_resources"]["clusters"][0];
@@ -447,6 +555,20 @@ mod tests {
         let tls = &cluster["transport_socket"]["typed_config"]["common_tls_context"];
         assert_eq!(tls["validation_context"]["trusted_ca"]["inline_string"], "CA PEM");
         assert_eq!(tls["alpn_protocols"][0], "h2");
+    }
+
+    /// Envoy's admin binds loopback unless told otherwise: --ip when it is
+    /// a loopback address (several Envoys on one host, each on its own
+    /// 127.x), else 127.0.0.1, never the proxy's routable address.
+    #[test]
+    fn admin_listens_on_loopback_by_default() {
+        let admin = |flags: &[&str]| {
+            let b = bootstrap(&args(flags), &["127.0.0.1:1".into()], None, None).unwrap();
+            b["admin"]["address"]["socket_address"]["address"].as_str().unwrap().to_string()
+        };
+        assert_eq!(admin(&["--name", "x", "--ip", "10.1.2.3"]), "127.0.0.1");
+        assert_eq!(admin(&["--name", "x", "--ip", "127.0.0.7"]), "127.0.0.7");
+        assert_eq!(admin(&["--name", "x", "--ip", "10.1.2.3", "--admin-address", "10.1.2.3"]), "10.1.2.3");
     }
 
     #[test]
@@ -483,7 +605,9 @@ mod tests {
         assert!(bootstrap(&a, &["127.0.0.1".into()], None, None).unwrap_err().to_string().contains("HOST:PORT"));
         assert!(bootstrap(&a, &[], None, None).is_err());
         // Never a token over plaintext.
-        assert!(bootstrap(&a, &["127.0.0.1:1".into()], None, Some("t")).unwrap_err().to_string().contains("only sent over TLS"));
+        let token = std::path::Path::new("/t");
+        assert!(bootstrap(&a, &["127.0.0.1:1".into()], None, Some(token)).unwrap_err().to_string().contains("only sent over TLS"));
+        assert!(bootstrap(&args(&["--name", "x", "--admin-address", "localhost"]), &["127.0.0.1:1".into()], None, None).is_err());
         assert!(parse_label("novalue").is_err());
     }
 }

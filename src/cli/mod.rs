@@ -271,6 +271,12 @@ enum Command {
         #[command(subcommand)]
         command: acl::AclCommand,
     },
+    /// The mesh CA's deny list: revoke workload certificates by SPIFFE id
+    /// or serial (CertificateRevocation objects; admin only).
+    Cert {
+        #[command(subcommand)]
+        command: acl::CertCommand,
+    },
     /// Authorization: why a request is allowed or denied at a proxy.
     Authz {
         #[command(subcommand)]
@@ -496,6 +502,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Policy { command } => acl::policy(&client, command).await,
         Command::Role { command } => acl::role(&client, command).await,
         Command::Acl { command } => acl::acl(&client, command).await,
+        Command::Cert { command } => acl::cert(&client, command).await,
     }
 }
 

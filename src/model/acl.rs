@@ -200,6 +200,10 @@ pub struct ProxyBinding {
     /// The workload name (`NAME` in the node id or metadata); none: any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The proxy may be a gateway of the namespace: it is served the
+    /// namespace's Secrets over SDS (`lodestar token create --gateway`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gateway: bool,
 }
 
 impl ProxyBinding {
@@ -209,7 +213,7 @@ impl ProxyBinding {
             Some((ns, name)) => (ns, Some(name.to_string())),
             None => (s, None),
         };
-        let b = ProxyBinding { namespace: ns.to_string(), name };
+        let b = ProxyBinding { namespace: ns.to_string(), name, gateway: false };
         b.check().map(|_| b)
     }
 
@@ -350,12 +354,113 @@ pub struct Token {
     pub secret_hash: [u8; 32],
 }
 
+/// A CertificateRevocation: an entry of the mesh CA's deny list. A
+/// certificate it covers renews no more (`CreateCertificate` with it as
+/// client certificate) and opens no xDS stream; an open one ends.
+///
+/// ```yaml
+/// apiVersion: acl.lodestar.io/v1
+/// kind: CertificateRevocation
+/// metadata: {name: cart-key-leak}
+/// spec:
+///   spiffeId: spiffe://cluster.local/ns/shop/sa/cart
+///   issuedBefore: "2026-11-30T10:00:00Z"  # certificates signed before; omitted: every one, new ones too
+///   reason: the key leaked
+/// # or
+///   serial: "6e:b2:26:f9"                  # one certificate (any case, colons or not)
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RevocationSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spiffe_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// RFC 3339 UTC; only with `spiffeId`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued_before: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A validated revocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Revocation {
+    /// Certificates naming this SPIFFE id, signed before this time (unix
+    /// seconds; in its second too); none: all of them.
+    Identity { spiffe_id: String, issued_before: Option<u64> },
+    /// The certificate with this serial ([`normalize_serial`]).
+    Serial(String),
+}
+
+/// A serial as the deny list compares them: lowercase hex, no colons or
+/// spaces, no leading zeros (`openssl x509 -serial` prints
+/// `serial=0A1B...`, the agent's log `0a:1b:...`). None if it is not hex.
+pub fn normalize_serial(s: &str) -> Option<String> {
+    let digits: String = s.trim().trim_start_matches("serial=").chars().filter(|c| *c != ':' && *c != ' ').collect::<String>().to_ascii_lowercase();
+    if digits.is_empty() || digits.len() > 64 || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let trimmed = digits.trim_start_matches('0');
+    Some(if trimmed.is_empty() { "0".to_string() } else { trimmed.to_string() })
+}
+
+pub fn validate_revocation(spec: &RevocationSpec) -> Result<Revocation, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    if spec.reason.as_ref().is_some_and(|r| r.len() > 1024 || r.chars().any(char::is_control)) {
+        errors.push(FieldError::new("spec.reason", "at most 1024 characters, none of them control characters"));
+    }
+    let revocation = match (&spec.spiffe_id, &spec.serial) {
+        (Some(id), None) => {
+            let shape = id.strip_prefix("spiffe://").and_then(|rest| rest.split_once('/')).is_some_and(|(td, path)| !td.is_empty() && !path.is_empty());
+            if !shape || id.len() > 2048 || id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                errors.push(FieldError::new("spec.spiffeId", format!("{id:?} is not a SPIFFE id (spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/SERVICE_ACCOUNT)")));
+            }
+            let issued_before = match spec.issued_before.as_deref().map(parse_rfc3339) {
+                None => None,
+                Some(Ok(t)) => Some(t),
+                Some(Err(e)) => {
+                    errors.push(FieldError::new("spec.issuedBefore", e));
+                    None
+                }
+            };
+            Revocation::Identity { spiffe_id: id.clone(), issued_before }
+        }
+        (None, Some(serial)) => {
+            if spec.issued_before.is_some() {
+                errors.push(FieldError::new("spec.issuedBefore", "only with spiffeId: a serial names one certificate"));
+            }
+            match normalize_serial(serial) {
+                Some(s) => Revocation::Serial(s),
+                None => {
+                    errors.push(FieldError::new("spec.serial", format!("{serial:?} is not a certificate serial (hex digits, colons allowed)")));
+                    Revocation::Serial(String::new())
+                }
+            }
+        }
+        (Some(_), Some(_)) => {
+            errors.push(FieldError::new("spec.serial", "a revocation names a spiffeId or a serial, not both"));
+            Revocation::Serial(String::new())
+        }
+        (None, None) => {
+            errors.push(FieldError::new("spec.spiffeId", "a revocation needs a spiffeId or a serial"));
+            Revocation::Serial(String::new())
+        }
+    };
+    if errors.is_empty() {
+        Ok(revocation)
+    } else {
+        Err(errors)
+    }
+}
+
 /// A validated ACL object's spec.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AclSpec {
     Policy(Policy),
     Role(RoleSpec),
     Token(Token),
+    Revocation(Revocation),
 }
 
 pub fn validate(kind: Kind, spec: &serde_json::Value) -> Result<AclSpec, Vec<FieldError>> {
@@ -363,6 +468,7 @@ pub fn validate(kind: Kind, spec: &serde_json::Value) -> Result<AclSpec, Vec<Fie
         Kind::Policy => validate_policy(&super::parse_spec(spec)?).map(AclSpec::Policy),
         Kind::Role => validate_role(&super::parse_spec(spec)?).map(AclSpec::Role),
         Kind::Token => validate_token(super::parse_spec(spec)?).map(AclSpec::Token),
+        Kind::CertificateRevocation => validate_revocation(&super::parse_spec(spec)?).map(AclSpec::Revocation),
         other => Err(vec![FieldError::new("kind", format!("{other} is not an ACL kind"))]),
     }
 }
@@ -728,5 +834,31 @@ mod tests {
         assert_eq!(validate(Kind::Token, &none).unwrap_err()[0].field, "spec.join.namespace");
         let errs = validate(Kind::Token, &json!({"policies": ["p"], "join": {"namespace": "a", "serviceAccount": "b"}, "secretHash": hash})).unwrap_err();
         assert_eq!(errs[0].field, "spec.join");
+    }
+
+    #[test]
+    fn revocations_name_an_identity_or_a_serial() {
+        let ok = |spec: serde_json::Value| match validate(Kind::CertificateRevocation, &spec) {
+            Ok(AclSpec::Revocation(r)) => r,
+            other => panic!("{spec}: {other:?}"),
+        };
+        let id = "spiffe://cluster.local/ns/shop/sa/cart";
+        assert_eq!(
+            ok(json!({"spiffeId": id, "issuedBefore": "2026-01-01T00:00:00Z", "reason": "leaked"})),
+            Revocation::Identity { spiffe_id: id.into(), issued_before: Some(parse_rfc3339("2026-01-01T00:00:00Z").unwrap()) }
+        );
+        assert_eq!(ok(json!({"spiffeId": id})), Revocation::Identity { spiffe_id: id.into(), issued_before: None });
+        assert_eq!(ok(json!({"serial": "00:6E:B2:26"})), Revocation::Serial("6eb226".into()));
+        assert_eq!(normalize_serial("serial=0A1B"), Some("a1b".into()));
+        assert_eq!(normalize_serial("00"), Some("0".into()));
+        assert_eq!(normalize_serial("xyz"), None);
+        let field = |spec: serde_json::Value| validate(Kind::CertificateRevocation, &spec).unwrap_err()[0].field.clone();
+        assert_eq!(field(json!({})), "spec.spiffeId");
+        assert_eq!(field(json!({"spiffeId": id, "serial": "01"})), "spec.serial");
+        assert_eq!(field(json!({"spiffeId": "cluster.local/ns/a/sa/b"})), "spec.spiffeId");
+        assert_eq!(field(json!({"spiffeId": id, "issuedBefore": "yesterday"})), "spec.issuedBefore");
+        assert_eq!(field(json!({"serial": "01", "issuedBefore": "2026-01-01T00:00:00Z"})), "spec.issuedBefore");
+        assert_eq!(field(json!({"serial": "not hex"})), "spec.serial");
+        assert_eq!(field(json!({"serial": "01", "extra": 1})), "spec.extra");
     }
 }

@@ -41,6 +41,10 @@ pub enum Kind {
     /// CA) for Gateway `credentialName`. The key is stored sealed
     /// (`crate::secrets`), never in the clear (`model::secret`).
     Secret,
+    /// ACL: the mesh CA's deny list, one entry per object: a SPIFFE id
+    /// (its certificates signed before a time, or all) or a certificate
+    /// serial (`model::acl::RevocationSpec`).
+    CertificateRevocation,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
@@ -108,10 +112,18 @@ const KINDS: &[KindInfo] = &[
     },
     KindInfo { kind: Kind::WorkloadGroup, name: "WorkloadGroup", plural: "workloadgroups", short: &["wg"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
     KindInfo { kind: Kind::Secret, name: "Secret", plural: "secrets", short: &[], group: CORE_GROUP, versions: CORE_VERSIONS },
+    KindInfo {
+        kind: Kind::CertificateRevocation,
+        name: "CertificateRevocation",
+        plural: "certificaterevocations",
+        short: &["certrevocation"],
+        group: ACL_GROUP,
+        versions: ACL_VERSIONS,
+    },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 18] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -129,6 +141,7 @@ impl Kind {
         Kind::PeerAuthentication,
         Kind::WorkloadGroup,
         Kind::Secret,
+        Kind::CertificateRevocation,
     ];
 
     fn info(self) -> &'static KindInfo {
@@ -185,7 +198,8 @@ impl Kind {
         self.group() == ISTIO_GROUP || self.group() == SECURITY_GROUP
     }
 
-    /// Tokens, policies and roles: what authorization reads. They never
+    /// Tokens, policies, roles and certificate revocations: what
+    /// authorization reads. They never
     /// affect translation, and every verb on them needs `admin` on the
     /// cluster (see `auth`).
     pub fn is_acl(self) -> bool {
@@ -258,6 +272,7 @@ mod tests {
             ("Token", Kind::Token),
             ("secrets", Kind::Secret),
             ("Secret", Kind::Secret),
+            ("certificaterevocations", Kind::CertificateRevocation),
         ] {
             assert_eq!(Kind::from_cli_name(name), Some(kind), "{name}");
         }

@@ -29,7 +29,8 @@ pub enum TypedSpec {
     Service(registry::ServiceSpec),
     Instance(registry::InstanceSpec),
     Lease(registry::LeaseSpec),
-    /// Policy, Role or Token: read by `auth`, never by translation.
+    /// Policy, Role, Token or CertificateRevocation: read by `auth` (and
+    /// the mesh CA), never by translation.
     Acl(acl::AclSpec),
     /// A Secret: its body is read whole (`secret::Stored`), by the xDS
     /// layer only; translation names secrets, never reads them.
@@ -55,7 +56,7 @@ fn typed_spec(kind: Kind, spec: &Value) -> Result<TypedSpec, Vec<FieldError>> {
         Kind::Service => registry::validate_service(spec).map(TypedSpec::Service),
         Kind::Instance => registry::validate_instance(spec).map(TypedSpec::Instance),
         Kind::Lease => registry::validate_lease(spec).map(TypedSpec::Lease),
-        Kind::Policy | Kind::Role | Kind::Token => acl::validate(kind, spec).map(TypedSpec::Acl),
+        Kind::Policy | Kind::Role | Kind::Token | Kind::CertificateRevocation => acl::validate(kind, spec).map(TypedSpec::Acl),
         Kind::Secret => Ok(TypedSpec::Secret),
         istio_kind => istio::validate(istio_kind.name(), spec)
             .map(TypedSpec::Istio)

@@ -30,7 +30,7 @@ use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -99,15 +99,58 @@ pub struct ConnInfo {
     pub cert: Option<Arc<PeerCert>>,
     /// The connection is TLS (what a private key may travel over).
     pub tls: bool,
+    /// Ends the connection from the server's side (see [`Closer`]).
+    pub closer: Closer,
     /// The connection's requests in progress, on a port with an idle
     /// timeout (see [`Activity`]); None otherwise, and on the client side.
     pub activity: Option<Arc<Activity>>,
 }
 
+/// Ends a connection from the server's side: its reads see the end of the
+/// stream, so the HTTP/2 server closes it and the client dials again. The
+/// credential of a TLS connection is the client certificate of its
+/// handshake: a stream that ends because that certificate expired or was
+/// revoked closes its connection, else a client would retry on the same
+/// connection, with the same certificate, forever (`xds::server`).
+#[derive(Debug, Clone, Default)]
+pub struct Closer(Arc<CloserState>);
+
+#[derive(Debug, Default)]
+struct CloserState {
+    closed: AtomicBool,
+    reader: AtomicWaker,
+}
+
+impl Closer {
+    pub fn close(&self) {
+        self.0.closed.store(true, Ordering::Release);
+        self.0.reader.wake();
+    }
+
+    /// Close after `delay`: time for a refusal's status to reach the
+    /// client before its connection goes.
+    pub fn close_after(&self, delay: Duration) {
+        let closer = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            closer.close();
+        });
+    }
+
+    /// Whether it is closed; if not, `cx` is woken when it is.
+    fn poll_closed(&self, cx: &Context<'_>) -> bool {
+        if self.0.closed.load(Ordering::Acquire) {
+            return true;
+        }
+        self.0.reader.register(cx.waker());
+        self.0.closed.load(Ordering::Acquire)
+    }
+}
+
 impl ConnInfo {
     /// A connection this side dialled, or one accepted without limits.
     pub fn new(remote: SocketAddr, cert: Option<Arc<PeerCert>>, tls: bool) -> ConnInfo {
-        ConnInfo { remote, cert, tls, activity: None }
+        ConnInfo { remote, cert, tls, activity: None, closer: Closer::default() }
     }
 }
 
@@ -432,9 +475,9 @@ macro_rules! delegate {
 
 impl AsyncRead for Conn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        // Idle too long: the end of the stream, as if the client had
-        // closed it (there is no request in progress to cut short).
-        if self.idle.as_mut().is_some_and(|i| i.expired(cx)) {
+        // Closed by the server (a credential that ended), or idle too long:
+        // the end of the stream, as if the client had closed it.
+        if self.info.closer.poll_closed(cx) || self.idle.as_mut().is_some_and(|i| i.expired(cx)) {
             return Poll::Ready(Ok(()));
         }
         delegate!(self, s => s.poll_read(cx, buf))

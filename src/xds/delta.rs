@@ -61,7 +61,13 @@ impl DeltaStream {
     /// The most names subscribed for one type (delta subscriptions
     /// accumulate over requests).
     pub fn most_names(&self) -> usize {
-        self.types.values().map(|s| s.sub.names.len()).max().unwrap_or(0)
+        self.types.values().map(|s| s.sub.names().len()).max().unwrap_or(0)
+    }
+
+    /// What every type's subscribed names cost together (see
+    /// `session::name_cost`).
+    pub fn subscribed_bytes(&self) -> usize {
+        self.types.values().map(|s| s.sub.bytes()).sum()
     }
 
     pub fn on_request(&mut self, req: &DeltaDiscoveryRequest, config: &ProxyConfig) -> (Received, Option<DeltaDiscoveryResponse>) {
@@ -73,7 +79,7 @@ impl DeltaStream {
             // What the client kept is only its business if it is subscribed.
             let known =
                 req.initial_resource_versions.iter().filter(|(name, _)| sub.wants(name)).map(|(n, v)| (Arc::from(n.as_str()), version_key(v))).collect();
-            let newly: BTreeSet<String> = sub.names.clone();
+            let newly: BTreeSet<String> = sub.names().clone();
             self.types.insert(t, Box::new(TypeState { sub, known, ..Default::default() }));
             let response = self.diff(t, config, &newly, true);
             return (Received::Initial(t), response);
@@ -95,10 +101,10 @@ impl DeltaStream {
             if name == WILDCARD && t.wildcard_allowed() {
                 state.sub.wildcard = false;
                 // The client drops what only the wildcard gave it.
-                let names = &state.sub.names;
+                let names = state.sub.names();
                 state.known.retain(|k, _| names.contains(&**k));
             } else {
-                state.sub.names.remove(name);
+                state.sub.remove(name);
                 if !state.sub.wildcard {
                     state.known.remove(name.as_str());
                 }
@@ -109,7 +115,7 @@ impl DeltaStream {
             if name == WILDCARD && t.wildcard_allowed() {
                 state.sub.wildcard = true;
             } else {
-                state.sub.names.insert(name.clone());
+                state.sub.insert(name);
                 // The client asks for it now: send it even if we believe it
                 // has it (a re-subscription after an unsubscribe, or a retry).
                 state.known.remove(name.as_str());

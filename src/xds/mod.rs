@@ -2,7 +2,8 @@
 //! (`json`), the ADS server (`server`; `service` is its gRPC service with
 //! small codec buffers; the per-stream protocol state is in
 //! `sotw` and `delta`), and who is in sync (`status`, served at
-//! `GET /debug/syncz`). `secrets` adds a gateway's SDS secrets to its
+//! `GET /debug/syncz`), and what one credential, source or stream may
+//! hold (`limits`). `secrets` adds a gateway's SDS secrets to its
 //! config after translation (the one place a sealed key is opened).
 //!
 //! Every replica serves ADS from its own applied store state. Revisions are
@@ -11,6 +12,7 @@
 
 mod delta;
 pub mod json;
+pub mod limits;
 pub mod push;
 pub mod resources;
 pub mod secrets;

@@ -5,7 +5,11 @@
 //! The one place a sealed private key is opened. Rules (as Istio's SDS
 //! for gateways):
 //! - only a gateway proxy (`ProxyKind::Router`) gets secrets, and only
-//!   those of its own namespace (its identity is authenticated: ACLs on);
+//!   those of its own namespace (its identity is authenticated: ACLs on),
+//!   and only if its credential is a gateway's: a proxy token made with
+//!   `--gateway`, or a certificate identity a Role lets read secrets in
+//!   the namespace (`auth::Principal::may_have_secrets`, checked by the
+//!   server at the stream's start and at every revision);
 //! - never over a plaintext connection (`--insecure`): nothing is served,
 //!   and the stream says why once in the log;
 //! - a secret that is missing (or does not open) is not served: Envoy

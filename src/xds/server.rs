@@ -61,6 +61,11 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 const MAX_PENDING_RESETS: usize = 20;
 const MAX_LOCAL_ERROR_RESETS: usize = 1024;
 
+/// How long a connection whose client certificate was refused lives on,
+/// so that the refusal's status reaches the client before the connection
+/// closes (`tls::conn::Closer`).
+const CLOSE_DELAY: Duration = Duration::from_millis(500);
+
 /// Per-stream lines (opened, closed, refused) written at info (refusals at
 /// warn) in each window, at most; past that they are written at debug only
 /// and counted, and one info line per window sums them up. A flood of
@@ -130,6 +135,15 @@ pub struct ServeOptions {
     /// take more ends with RESOURCE_EXHAUSTED. 0: no limit (each stream
     /// is still held to one request's limit).
     pub max_buffered_request_bytes: usize,
+    /// Streams one credential (`xds_max_streams_per_credential`) and one
+    /// source address (`xds_max_streams_per_source`) may have open on this
+    /// replica; more are refused with RESOURCE_EXHAUSTED. 0: no limit.
+    pub max_streams_per_credential: usize,
+    pub max_streams_per_source: usize,
+    /// What one stream's subscribed names may cost, every type together
+    /// (`xds_max_subscription_bytes`, see `session::name_cost`); a stream
+    /// over it ends with RESOURCE_EXHAUSTED. 0: no limit.
+    pub max_subscription_bytes: usize,
 }
 
 impl Default for ServeOptions {
@@ -145,6 +159,9 @@ impl Default for ServeOptions {
             secrets: None,
             max_streams: 0,
             max_buffered_request_bytes: 0,
+            max_streams_per_credential: 0,
+            max_streams_per_source: 0,
+            max_subscription_bytes: 0,
         }
     }
 }
@@ -274,6 +291,8 @@ struct Shared {
     streams: Arc<AtomicUsize>,
     /// Bytes of incomplete requests held across streams.
     pub(super) request_budget: Arc<super::service::RequestBudget>,
+    /// Streams per credential and per source address.
+    quotas: Arc<super::limits::Quotas>,
 }
 
 impl AdsService {
@@ -285,7 +304,8 @@ impl AdsService {
         shutdown: watch::Receiver<bool>,
     ) -> AdsService {
         let request_budget = Arc::new(super::service::RequestBudget::new(options.max_buffered_request_bytes));
-        let shared = Shared { applied, generator, registry, options, shutdown, log: StreamLog::default(), streams: Arc::default(), request_budget };
+        let quotas = super::limits::Quotas::new(options.max_streams_per_credential, options.max_streams_per_source);
+        let shared = Shared { applied, generator, registry, options, shutdown, log: StreamLog::default(), streams: Arc::default(), request_budget, quotas };
         AdsService { shared: Arc::new(shared) }
     }
 
@@ -300,25 +320,22 @@ impl AdsService {
     /// Read the first request, identify the proxy, generate its config and
     /// start the stream task.
     async fn open<V: Variant>(&self, mut caller: StreamCaller, mut inbound: Requests<V::Req>) -> Result<Response<Outbound<V::Resp>>, Status> {
-        // A SPIFFE id from a certificate the mesh CA did not issue (the
-        // cluster CA's, say) is no workload identity.
-        let chain = std::mem::take(&mut caller.chain);
-        if caller.peer.as_ref().is_some_and(|p| p.0.starts_with("spiffe://")) {
-            let verified = self.shared.options.mesh_ca.as_ref().is_some_and(|ca| ca.verify_workload(&chain).is_ok());
-            if !verified {
-                caller.peer = None;
-            }
-        }
+        self.verify_mesh_cert(&mut caller);
         // Credentials first: an unauthenticated stream is refused before
         // its first request is read, and costs no translation.
         let principal = authenticate(&self.shared, &caller, None)?;
-        // The replica-wide stream limit, counted from here: a stream holds
-        // its place until it ends, first request or not.
+        // Its credential's and its source's quotas, then the replica-wide
+        // stream limit, counted from here: a stream holds its places until
+        // it ends, first request or not.
+        let quota = self.admit_quota(&caller, &principal)?;
         let permit = self.admit_stream(&caller)?;
         let first = tokio::select! {
             m = inbound.message() => m?.ok_or_else(|| Status::invalid_argument("the stream closed before its first request"))?,
             _ = stopped(self.shared.shutdown.clone()) => return Err(Status::unavailable("the server is shutting down")),
         };
+        if let Some(node) = V::node(&first) {
+            super::limits::check_node(node)?;
+        }
         let identity = Arc::new(proxy_identity(V::node(&first))?);
         // The identity it claims must be one its credential is for.
         authorize(&self.shared, &caller, &principal, &identity)?;
@@ -357,9 +374,7 @@ impl AdsService {
         });
         // Secrets (SDS): a gateway on a TLS connection with an authenticated
         // identity, for its own namespace only (see `xds::secrets`).
-        let authenticated = self.shared.options.acl.as_ref().is_some_and(|a| a.enabled);
-        let secrets = super::secrets::eligible(&identity, caller.tls, authenticated, self.shared.options.secrets.as_ref())
-            .map(|key| Arc::new(super::secrets::SecretSource::new(key, &identity)));
+        let secrets = secrets_for(&self.shared, &caller, &principal, &identity).map(|key| Arc::new(super::secrets::SecretSource::new(key, &identity)));
         let config = generate(&self.shared.generator, &identity, current, &handle, secrets.as_ref().ok())
             .await
             .map_err(|e| Status::unavailable(format!("cannot generate the configuration of {}: {e}", identity.id)))?;
@@ -371,6 +386,7 @@ impl AdsService {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let max_age = self.shared.options.max_stream_age.map(|a| jittered(a, handle.stream()));
         let caller = self.shared.options.acl.as_ref().filter(|a| a.enabled).map(|_| Box::new(caller));
+        let cert_expiry = caller.as_ref().filter(|c| c.bearer.as_ref().is_ok_and(Option::is_none)).and_then(|c| c.mesh_cert.as_ref()).map(|c| c.not_after);
         let stream = StreamTask {
             shared: self.shared.clone(),
             identity,
@@ -384,7 +400,10 @@ impl AdsService {
             refresh,
             secrets,
             said_why_no_secrets: false,
+            cert_expiry,
+            nack_log: Default::default(),
             _permit: permit,
+            _quota: quota,
         };
         // Requests come boxed (see `Requests::message`): an async fn keeps
         // room for its arguments for the future's whole life, and an
@@ -396,6 +415,53 @@ impl AdsService {
 }
 
 impl AdsService {
+    /// A client certificate naming a SPIFFE id is a workload identity only
+    /// if the mesh CA issued it (not the cluster CA, say) and it is
+    /// current: then its facts are kept for the checks while the stream
+    /// lives (expiry, the deny list); else it is no identity, and why is
+    /// kept for the refusal.
+    fn verify_mesh_cert(&self, caller: &mut StreamCaller) {
+        let chain = std::mem::take(&mut caller.chain);
+        if !caller.peer.as_ref().is_some_and(|p| p.0.starts_with("spiffe://")) {
+            return;
+        }
+        let Some(ca) = &self.shared.options.mesh_ca else {
+            caller.peer = None;
+            return;
+        };
+        let facts = ca
+            .verify_workload(&chain)
+            .and_then(|_| chain.first().and_then(|c| crate::ca::cert_facts(c)).ok_or_else(|| "the certificate does not parse".into()));
+        match facts {
+            Ok(f) => caller.mesh_cert = Some(f),
+            Err(why) => {
+                caller.peer = None;
+                caller.mesh_cert_refused = Some(why);
+            }
+        }
+    }
+
+    /// A place in the quotas of the stream's credential (ACLs on) and of
+    /// its source address, or RESOURCE_EXHAUSTED naming the setting
+    /// (counted, logged within the line budget, kept in `/debug/syncz`).
+    fn admit_quota(&self, caller: &StreamCaller, principal: &crate::auth::Principal) -> Result<super::limits::QuotaPermit, Status> {
+        let credential = (principal.who != crate::auth::Who::Anonymous).then(|| principal.who.audit_name());
+        let (over, limit) = match self.shared.quotas.admit(credential.as_deref(), caller.remote.map(|r| r.ip())) {
+            Ok(permit) => return Ok(permit),
+            Err(over) => over,
+        };
+        let reason = match over {
+            super::limits::Over::Credential => {
+                format!("{} has its limit of {limit} xDS streams open on this replica (xds_max_streams_per_credential)", principal.who)
+            }
+            super::limits::Over::Source => {
+                let ip = caller.remote.map_or_else(|| "-".to_string(), |r| r.ip().to_string());
+                format!("{ip} has its limit of {limit} xDS streams open on this replica (xds_max_streams_per_source)")
+            }
+        };
+        Err(refuse_with(&self.shared, caller, &principal.who.audit_name(), None, Code::ResourceExhausted, over.reason(), reason))
+    }
+
     /// A place under `max_streams`, or RESOURCE_EXHAUSTED (counted,
     /// logged within the line budget).
     fn admit_stream(&self, caller: &StreamCaller) -> Result<StreamPermit, Status> {
@@ -418,17 +484,39 @@ impl AdsService {
 
 /// The principal a stream's credentials stand for (anyone, as anything,
 /// without ACLs), or UNAUTHENTICATED. `proxy`: the node id, once known.
+/// A stream authenticated by its mesh certificate is refused once the
+/// certificate has expired or is on the deny list; a stream refused for a
+/// client certificate closes its connection (the certificate is the
+/// connection's: the client dials again with its current one).
 fn authenticate(shared: &Shared, caller: &StreamCaller, proxy: Option<&str>) -> Result<crate::auth::Principal, Status> {
     let Some(acl) = &shared.options.acl else { return Ok(crate::auth::Principal::anonymous()) };
+    let refused = |who: &str, why: String| {
+        if caller.mesh_cert.is_some() || caller.mesh_cert_refused.is_some() {
+            if let Some(c) = &caller.closer {
+                c.close_after(CLOSE_DELAY);
+            }
+        }
+        refuse(shared, caller, who, proxy, Code::Unauthenticated, why)
+    };
     let bearer = match &caller.bearer {
         Ok(b) => b.clone(),
-        Err(why) => return Err(refuse(shared, caller, "anonymous", proxy, Code::Unauthenticated, why.to_string())),
+        Err(why) => return Err(refused("anonymous", why.to_string())),
     };
+    let by_cert = bearer.is_none();
     let creds = crate::auth::Credentials { bearer, peer: caller.peer.clone() };
-    acl.authenticate(&creds).map_err(|r| {
-        let reason = format!("{}: a proxy sends a proxy token (gRPC metadata authorization: Bearer <secret>) or a workload certificate", r.reason);
-        refuse(shared, caller, &r.who, proxy, Code::Unauthenticated, reason)
-    })
+    let principal = acl.authenticate(&creds).map_err(|r| {
+        let cert = caller.mesh_cert_refused.as_ref().map(|e| format!("; the client certificate is no current mesh certificate ({e})")).unwrap_or_default();
+        let reason = format!("{}: a proxy sends a proxy token (gRPC metadata authorization: Bearer <secret>) or a workload certificate{cert}", r.reason);
+        refused(&r.who, reason)
+    })?;
+    if let (Some(cert), true, true) = (&caller.mesh_cert, by_cert, acl.enabled) {
+        let expired = (crate::auth::acl::unix_now() as i64 >= cert.not_after)
+            .then(|| format!("the client certificate {} expired at {}", cert.serial, crate::model::acl::format_rfc3339(cert.not_after.max(0) as u64)));
+        if let Some(why) = expired.or_else(|| acl.index().revoked(cert)) {
+            return Err(refused(&principal.who.audit_name(), format!("{why}: reconnect with a current certificate")));
+        }
+    }
+    Ok(principal)
 }
 
 /// PERMISSION_DENIED unless `principal` may be the proxy `identity` claims.
@@ -439,14 +527,37 @@ fn authorize(shared: &Shared, caller: &StreamCaller, principal: &crate::auth::Pr
 }
 
 /// Both, again, for an open stream.
-fn admit(shared: &Shared, caller: &StreamCaller, identity: &ProxyIdentity) -> Result<(), Status> {
+fn admit(shared: &Shared, caller: &StreamCaller, identity: &ProxyIdentity) -> Result<crate::auth::Principal, Status> {
     let principal = authenticate(shared, caller, Some(&identity.id))?;
-    authorize(shared, caller, &principal, identity)
+    authorize(shared, caller, &principal, identity)?;
+    Ok(principal)
+}
+
+/// The secrets key, if the stream is served its namespace's Secrets (a
+/// gateway, see `xds::secrets` and `Principal::may_have_secrets`), or why not.
+fn secrets_for(
+    shared: &Shared,
+    caller: &StreamCaller,
+    principal: &crate::auth::Principal,
+    identity: &ProxyIdentity,
+) -> Result<Arc<crate::secrets::SecretsKey>, String> {
+    let authenticated = shared.options.acl.as_ref().is_some_and(|a| a.enabled);
+    let key = super::secrets::eligible(identity, caller.tls, authenticated, shared.options.secrets.as_ref()).map_err(str::to_string)?;
+    principal.may_have_secrets(&identity.namespace)?;
+    Ok(key)
 }
 
 /// Count, remember (`/debug/syncz`), audit and log a refused stream.
 fn refuse(shared: &Shared, caller: &StreamCaller, who: &str, proxy: Option<&str>, code: Code, reason: String) -> Status {
     let label = if code == Code::Unauthenticated { "unauthenticated" } else { "permission_denied" };
+    refuse_with(shared, caller, who, proxy, code, label, reason)
+}
+
+/// [`refuse`] with the metric's reason label given. Only refusals for the
+/// credential itself (unauthenticated, permission denied) are audited: a
+/// quota refusal is no authorization decision, and a client hammering a
+/// full quota must not fill the audit log.
+fn refuse_with(shared: &Shared, caller: &StreamCaller, who: &str, proxy: Option<&str>, code: Code, label: &'static str, reason: String) -> Status {
     crate::metrics::metrics().streams_refused.with(&[label]).inc();
     let remote = caller.remote.map(|r| r.to_string());
     if shared.log.line(StreamEvent::Refused) {
@@ -454,13 +565,18 @@ fn refuse(shared: &Shared, caller: &StreamCaller, who: &str, proxy: Option<&str>
     } else {
         tracing::debug!(remote = remote.as_deref().unwrap_or("-"), proxy = proxy.unwrap_or("-"), who, reason = %reason, "xDS stream refused");
     }
-    if let Some(acl) = &shared.options.acl {
+    if let Some(acl) = shared.options.acl.as_ref().filter(|_| matches!(code, Code::Unauthenticated | Code::PermissionDenied)) {
         let mut event = crate::auth::audit::AuditEvent::new(who.to_string(), "xDS stream", "denied");
         event.resources = proxy.map(|p| vec![format!("proxy/{p}")]).unwrap_or_default();
         event.reason = Some(reason.clone());
         acl.audit(event);
     }
-    let refused = super::status::Refused { at_ms: 0, remote, proxy: proxy.map(str::to_string), who: who.to_string(), code: label, reason: reason.clone() };
+    let code_name = match code {
+        Code::Unauthenticated => "unauthenticated",
+        Code::PermissionDenied => "permission_denied",
+        _ => "resource_exhausted",
+    };
+    let refused = super::status::Refused { at_ms: 0, remote, proxy: proxy.map(str::to_string), who: who.to_string(), code: code_name, reason: reason.clone() };
     shared.registry.refuse(refused);
     Status::new(code, reason)
 }
@@ -513,6 +629,8 @@ trait Variant: Default + Send + 'static {
     fn type_of(resp: &Self::Resp) -> Option<ResourceType>;
     /// The most names the stream subscribes to for one type.
     fn most_names(&self) -> usize;
+    /// What its subscribed names cost together (`session::name_cost`).
+    fn subscribed_bytes(&self) -> usize;
 }
 
 impl Variant for SotwStream {
@@ -536,6 +654,9 @@ impl Variant for SotwStream {
     }
     fn most_names(&self) -> usize {
         SotwStream::most_names(self)
+    }
+    fn subscribed_bytes(&self) -> usize {
+        SotwStream::subscribed_bytes(self)
     }
     fn type_of(r: &DiscoveryResponse) -> Option<ResourceType> {
         ResourceType::from_type_url(&r.type_url)
@@ -569,6 +690,9 @@ impl Variant for DeltaStream {
     fn most_names(&self) -> usize {
         DeltaStream::most_names(self)
     }
+    fn subscribed_bytes(&self) -> usize {
+        DeltaStream::subscribed_bytes(self)
+    }
     fn type_of(r: &DeltaDiscoveryResponse) -> Option<ResourceType> {
         ResourceType::from_type_url(&r.type_url)
     }
@@ -596,9 +720,15 @@ struct StreamTask<V: Variant> {
     /// See `ServeOptions::refresh`.
     refresh: Option<watch::Receiver<u64>>,
     /// Where its SDS secrets come from, or why it gets none.
-    secrets: Result<Arc<super::secrets::SecretSource>, &'static str>,
+    secrets: Result<Arc<super::secrets::SecretSource>, String>,
     said_why_no_secrets: bool,
+    /// When the mesh certificate it was authenticated with expires (unix
+    /// seconds): the stream ends then, revision or not.
+    cert_expiry: Option<i64>,
+    /// How often its NACKs are logged (`limits::NackLog`).
+    nack_log: super::limits::NackLog,
     _permit: StreamPermit,
+    _quota: super::limits::QuotaPermit,
 }
 
 /// Why a stream stops.
@@ -614,6 +744,12 @@ enum End {
     /// The server closes it so its Envoy reconnects (rebalancing, max age):
     /// the stream ends UNAVAILABLE with this message.
     Closed(&'static str),
+}
+
+/// How long until unix time `at` (seconds).
+fn until_unix(at: i64) -> Duration {
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(at.max(0) as u64);
+    at.duration_since(std::time::SystemTime::now()).unwrap_or_default()
 }
 
 /// `age` ± 10%, spread by the stream id so streams opened together do not
@@ -668,12 +804,28 @@ impl<V: Variant> StreamTask<V> {
             }
         };
         tokio::pin!(aged);
+        // Boxed, and no timer at all for a stream without a certificate
+        // (a box of `pending` allocates nothing): idle streams stay small.
+        let mut expired: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match self.cert_expiry {
+            Some(at) => Box::pin(tokio::time::sleep(until_unix(at))),
+            None => Box::pin(std::future::pending()),
+        };
         loop {
             tokio::select! {
                 biased;
                 _ = stopped(self.shared.shutdown.clone()) => return End::Shutdown,
                 _ = closer.notified() => return End::Closed("rebalancing"),
                 _ = &mut aged => return End::Closed("max stream age reached"),
+                // Its certificate expired: refused by the check, which
+                // closes the connection too.
+                _ = &mut expired => {
+                    if let Some(caller) = &self.caller {
+                        if let Err(status) = admit(&self.shared, caller, &self.identity) {
+                            return End::Refused(Box::new(status));
+                        }
+                    }
+                    return End::Closed("its client certificate expired");
+                }
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => {
                         // Boxed (here and below): the task's size is that of
@@ -726,13 +878,25 @@ impl<V: Variant> StreamTask<V> {
             self.catch_up(v).await?;
         }
         let (received, response) = self.variant.on_request(&req, &self.config);
+        drop(req);
         // Delta subscriptions add up over requests: bound them per type as
-        // one request's names are (`service::MAX_NAMES`).
+        // one request's names are (`service::MAX_NAMES`), and every type's
+        // names together by what they hold (SotW too: each type keeps its
+        // last request's names).
         let most = self.variant.most_names();
         if most > super::service::MAX_NAMES {
+            crate::metrics::metrics().streams_refused.with(&["subscription_limit"]).inc();
             return Err(End::Invalid(Box::new(Status::resource_exhausted(format!(
                 "resource_names: a subscription to {most} resources of one type is over the limit of {}",
                 super::service::MAX_NAMES
+            )))));
+        }
+        let (bytes, limit) = (self.variant.subscribed_bytes(), self.shared.options.max_subscription_bytes);
+        if limit > 0 && bytes > limit {
+            crate::metrics::metrics().streams_refused.with(&["subscription_limit"]).inc();
+            return Err(End::Invalid(Box::new(Status::resource_exhausted(format!(
+                "resource_names: the stream's subscriptions take {bytes} bytes (each name counts {} bytes more than its length), over the limit of {limit} per stream (xds_max_subscription_bytes)",
+                super::session::NAME_OVERHEAD
             )))));
         }
         let id = &self.identity.id;
@@ -742,13 +906,19 @@ impl<V: Variant> StreamTask<V> {
                 self.handle.acked(t, &version);
             }
             Received::Nack { t, rejected_version, nonce, error } => {
-                tracing::warn!(proxy = %id, r#type = t.short(), version = rejected_version, error, "NACK: the proxy rejected a response");
+                match self.nack_log.warn(std::time::Instant::now()) {
+                    Some(skipped) => {
+                        let error = super::session::truncated(&error, super::limits::NACK_LOG_TEXT);
+                        tracing::warn!(proxy = %id, r#type = t.short(), version = rejected_version, error, skipped, "NACK: the proxy rejected a response (the last NACK of each type is in /debug/syncz; NACKs are logged once per 10s per stream, `skipped` at debug since)");
+                    }
+                    None => tracing::debug!(proxy = %id, r#type = t.short(), version = rejected_version, "NACK: the proxy rejected a response"),
+                }
                 self.handle.nacked(t, &rejected_version, &nonce, &error);
             }
             Received::Stale(t) => tracing::debug!(proxy = %id, r#type = t.short(), "request with a stale nonce ignored"),
             Received::Initial(ResourceType::Secret) | Received::Update(ResourceType::Secret) if self.secrets.is_err() && !self.said_why_no_secrets => {
                 self.said_why_no_secrets = true;
-                let why = self.secrets.as_ref().err().copied().unwrap_or_default();
+                let why = self.secrets.as_ref().err().cloned().unwrap_or_default();
                 tracing::warn!(proxy = %id, why, "the proxy asks for secrets (SDS) and is served none");
             }
             Received::Initial(t) | Received::Update(t) => tracing::debug!(proxy = %id, r#type = t.short(), "subscription"),
@@ -802,11 +972,21 @@ impl<V: Variant> StreamTask<V> {
         if next.revision() < self.config.revision || (next.revision() == self.config.revision && !same_revision) {
             return Ok(());
         }
-        // A token revoked or expired since the stream opened: nothing more
-        // is sent (the revocation is itself a new revision, so an open
-        // stream learns of it with the push that follows).
+        // A token revoked or expired since the stream opened, a certificate
+        // revoked: nothing more is sent (the revocation is itself a new
+        // revision, so an open stream learns of it with the push that
+        // follows). A credential no longer a gateway's is served no secrets.
         if let Some(caller) = &self.caller {
-            admit(&self.shared, caller, &self.identity).map_err(|s| End::Refused(Box::new(s)))?;
+            let principal = admit(&self.shared, caller, &self.identity).map_err(|s| End::Refused(Box::new(s)))?;
+            match (secrets_for(&self.shared, caller, &principal, &self.identity), &self.secrets) {
+                (Ok(_), Ok(_)) | (Err(_), Err(_)) => {}
+                (Ok(key), Err(_)) => self.secrets = Ok(Arc::new(super::secrets::SecretSource::new(key, &self.identity))),
+                (Err(why), Ok(_)) => {
+                    tracing::warn!(proxy = %self.identity.id, why, "the proxy's credential no longer allows it its namespace's secrets; they are withdrawn");
+                    self.secrets = Err(why);
+                    self.said_why_no_secrets = true;
+                }
+            }
         }
         let revision = next.revision();
         let started = std::time::Instant::now();

@@ -370,6 +370,15 @@ pub(super) struct StreamCaller {
     pub chain: Vec<rustls::pki_types::CertificateDer<'static>>,
     /// The connection is TLS: secrets (private keys) are served only then.
     pub tls: bool,
+    /// The mesh certificate the connection was authenticated with, once
+    /// the stream verified it (its expiry and the deny list are checked
+    /// again while the stream lives).
+    pub mesh_cert: Option<crate::auth::index::CertFacts>,
+    /// Why a client certificate naming a SPIFFE id is no current mesh
+    /// certificate (expired, another CA's), for the refusal.
+    pub mesh_cert_refused: Option<String>,
+    /// Closes the connection (see `tls::conn::Closer`).
+    pub closer: Option<crate::tls::conn::Closer>,
 }
 
 fn caller<B>(req: &http::Request<B>) -> StreamCaller {
@@ -385,6 +394,9 @@ fn caller<B>(req: &http::Request<B>) -> StreamCaller {
         remote: conn.map(|c| c.remote),
         chain: cert.map(|c| c.chain.clone()).unwrap_or_default(),
         tls: conn.is_some_and(|c| c.tls),
+        mesh_cert: None,
+        mesh_cert_refused: None,
+        closer: conn.map(|c| c.closer.clone()),
     }
 }
 

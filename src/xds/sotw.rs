@@ -51,7 +51,13 @@ struct TypeState {
 impl SotwStream {
     /// The most names subscribed for one type.
     pub fn most_names(&self) -> usize {
-        self.types.values().map(|s| s.sub.names.len()).max().unwrap_or(0)
+        self.types.values().map(|s| s.sub.names().len()).max().unwrap_or(0)
+    }
+
+    /// What every type's subscribed names cost together (see
+    /// `session::name_cost`).
+    pub fn subscribed_bytes(&self) -> usize {
+        self.types.values().map(|s| s.sub.bytes()).sum()
     }
 
     /// Handle one request against the stream's current config; at most one

@@ -26,7 +26,8 @@ struct Inner {
     closers: Mutex<BTreeMap<u64, Arc<tokio::sync::Notify>>>,
     /// Per stream: the config it serves (`/debug/config_dump`).
     configs: Mutex<BTreeMap<u64, Arc<super::resources::ProxyConfig>>>,
-    /// The last streams refused for their credentials, newest last.
+    /// The last streams refused for their credentials or their quotas,
+    /// newest last.
     refused: Mutex<std::collections::VecDeque<Refused>>,
 }
 
@@ -34,7 +35,8 @@ struct Inner {
 const REFUSED_KEPT: usize = 32;
 
 /// A stream refused for its credentials (unauthenticated, or a proxy
-/// claiming an identity its credential is not for).
+/// claiming an identity its credential is not for), or because its
+/// credential or source address has its quota of streams open.
 #[derive(Debug, Clone, Serialize)]
 pub struct Refused {
     /// Unix milliseconds.
@@ -45,7 +47,7 @@ pub struct Refused {
     pub proxy: Option<String>,
     /// `token:<accessor>`, `identity:<id>`, `anonymous`, `unknown-token`.
     pub who: String,
-    /// `unauthenticated` or `permission_denied`.
+    /// `unauthenticated`, `permission_denied` or `resource_exhausted`.
     pub code: &'static str,
     pub reason: String,
 }
@@ -133,7 +135,7 @@ pub struct Nack {
 #[derive(Debug, Clone, Serialize)]
 pub struct SyncStatus {
     pub proxies: Vec<ProxyStatus>,
-    /// The last streams refused for their credentials (at most 32).
+    /// The last streams refused for their credentials or quotas (at most 32).
     pub refused: Vec<Refused>,
 }
 

@@ -129,6 +129,41 @@ pub fn ads_client(id: u64, addr: &str) -> AdsClient {
     ads_client_as(id, addr, Some(management_token()))
 }
 
+/// One ADS stream of a test: requests go in through `tx`, responses come
+/// out of `rx`, each awaited within [`STREAM_BOUND`].
+pub struct AdsStream<Req, Resp> {
+    pub tx: tokio::sync::mpsc::Sender<Req>,
+    pub rx: tonic::Streaming<Resp>,
+}
+
+/// How long an [`AdsStream`] waits for a response or its end.
+pub const STREAM_BOUND: Duration = Duration::from_secs(20);
+
+impl<Req, Resp> AdsStream<Req, Resp> {
+    pub async fn send(&self, r: Req) {
+        assert!(self.tx.send(r).await.is_ok(), "the request stream is closed");
+    }
+
+    pub async fn recv(&mut self) -> Resp {
+        match tokio::time::timeout(STREAM_BOUND, self.rx.message()).await {
+            Ok(Ok(Some(r))) => r,
+            Ok(other) => panic!("stream ended: {:?}", other.err()),
+            Err(_) => panic!("no response within {STREAM_BOUND:?}"),
+        }
+    }
+
+    /// The status the stream ends with (responses before it are skipped).
+    pub async fn end(&mut self) -> tonic::Status {
+        loop {
+            match tokio::time::timeout(STREAM_BOUND, self.rx.message()).await.expect("the stream ends in time") {
+                Ok(Some(_)) => continue,
+                Ok(None) => return tonic::Status::ok("ended"),
+                Err(s) => return s,
+            }
+        }
+    }
+}
+
 /// The same, sending `token` (none: no credential).
 pub fn ads_client_as(id: u64, addr: &str, token: Option<&str>) -> AdsClient {
     let bearer = lodestar::cli::client::Bearer::new(token).unwrap();

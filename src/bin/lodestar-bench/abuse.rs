@@ -15,9 +15,16 @@
 //! | `silent-connections` | a TCP connection that never starts TLS, and a TLS connection that never sends a request | both closed by the replica within `--close-within-s` |
 //! | `slowloris` | an HTTP/1.1 request whose headers come one line a second | closed by the replica within `--close-within-s` |
 //! | `xds-stream-flood` | `--count` (5,000) xDS streams with one proxy token, then one with another namespace's | the other is served and the first credential was held to a quota |
-//! | `nack-texts` | `--count` (100) streams each NACKing with a `--bytes` (3 MB) error text | memory grew less than `--max-growth-kib` |
-//! | `node-metadata` | `--count` (100) streams each with `--bytes` (3 MB) of node metadata labels | refused, or memory grew less than `--max-growth-kib` |
-//! | `delta-subscriptions` | `--count` (50) delta streams each subscribing `--bytes` (6 MB) of resource names, 1 MB a request | memory grew less than `--max-growth-kib` |
+//! | `nack-texts` | `--count` (100) streams each NACKing with a `--bytes` (3 MB) error text, 8 at a time (within `xds_max_buffered_request_bytes`); memory read once the replica counted every NACK | memory grew less than `--max-growth-kib` |
+//! | `node-metadata` | `--count` (100) streams each with `--bytes` (3 MB) of node metadata, in labels of `--label-bytes` (1 KiB) | refused, or memory grew less than `--max-growth-kib` |
+//! | `delta-subscriptions` | `--count` (50) delta streams each subscribing `--bytes` (6 MB) of resource names of 100 bytes, 10,000 a request, each answered before the next | memory grew less than `--max-growth-kib` |
+//!
+//! The xDS scenarios hold their streams open while the replica's memory is
+//! read: once it is under `--max-growth-kib`, or after `--settle-s` (30 s;
+//! the replica's allocator gives freed buffers back after a while, so the
+//! megabyte requests' decoding shows for some seconds: `peak_growth_kib`). With `--count` and `--bytes` they also measure what a client may
+//! hold within the limits (`benches/abuse.sh`: `nack-texts-1000`,
+//! `node-metadata-at-caps`, `delta-subscriptions-in-budget`).
 //!
 //! The replica is the one of the first `--server` (its xDS address from
 //! `/v1/cluster` unless `--xds`). The scenarios that need a low-privilege
@@ -92,6 +99,10 @@ pub struct AbuseArgs {
     /// Bytes per attack item (default: per scenario).
     #[arg(long)]
     bytes: Option<usize>,
+    /// node-metadata: the bytes of one label, name and value (default
+    /// 1,024): `--bytes` / `--label-bytes` labels.
+    #[arg(long)]
+    label_bytes: Option<usize>,
     /// The address the attack comes from (idle-flood): a local address to
     /// bind, e.g. 127.0.0.50 (all of 127/8 is loopback on Linux).
     #[arg(long)]
@@ -111,6 +122,12 @@ pub struct AbuseArgs {
     /// Memory growth (KiB) at or above which a memory scenario did not hold.
     #[arg(long, default_value_t = 64 * 1024)]
     max_growth_kib: u64,
+    /// The xDS memory scenarios: how long (seconds) the replica may take to
+    /// give back what it freed (its allocator keeps freed buffers a while)
+    /// before its memory is held against `--max-growth-kib`; the streams
+    /// stay open meanwhile.
+    #[arg(long, default_value_t = 30)]
+    settle_s: u64,
 }
 
 /// How one scenario went.
@@ -586,6 +603,10 @@ impl Attack {
             .fact("refusals", codes.iter().map(|(c, n)| format!("{c}:{n}")).collect::<Vec<_>>().join(","))
             .fact("flood_seconds", format!("{flood_seconds:.1}"))
             .fact("other_namespace_served", other.is_ok());
+        // The replica's memory with the flood's streams still open.
+        if let Some(pid) = self.args.pid {
+            *self.memory_after.lock().unwrap() = Some(memory_kib(pid));
+        }
         drop(opened);
         Ok(match other {
             Err(s) => outcome.fact("other_error", format!("{:?}:{}", s.code(), s.message()).replace(' ', "_")),
@@ -601,27 +622,70 @@ impl Attack {
             Hold::Nack | Hold::Metadata => (self.args.count.unwrap_or(100), self.args.bytes.unwrap_or(3_000_000)),
             Hold::Subscriptions => (self.args.count.unwrap_or(50), self.args.bytes.unwrap_or(6_000_000)),
         };
+        let label_bytes = self.args.label_bytes.unwrap_or(1024).max(16);
         let token = self.proxy_token("abuse-a").await?;
         let clients = self.ads_clients(&token, count).await?;
+        let rejects_before = if matches!(what, Hold::Nack) { self.cds_rejects().await? } else { 0 };
         let (rss0, _) = memory_kib(pid);
         let started = Instant::now();
-        let outcomes: Vec<Result<Stream, tonic::Status>> =
-            futures::stream::iter(0..count).map(|i| what.attack(clients[i % clients.len()].clone(), i, bytes)).buffer_unordered(16).collect().await;
-        // Let the replica take in what was sent.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let after = memory_kib(pid);
-        *self.memory_after.lock().unwrap() = Some(after);
+        // NACKs of megabytes a few at a time, within the replica's budget
+        // for requests in progress (xds_max_buffered_request_bytes,
+        // 64 MiB), so that each is taken in rather than its stream ended.
+        let concurrency = if matches!(what, Hold::Nack) { 8 } else { 16 };
+        let outcomes: Vec<Result<Stream, tonic::Status>> = futures::stream::iter(0..count)
+            .map(|i| what.attack(clients[i % clients.len()].clone(), i, bytes, label_bytes))
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
         let open: Vec<&Stream> = outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
+        let mut outcome = Outcome::new(true);
+        if matches!(what, Hold::Nack) {
+            // The memory once the replica has taken in every NACK sent (a
+            // NACK is counted after its text is cut and logged).
+            let want = rejects_before + open.len() as u64;
+            let deadline = Instant::now() + 3 * STEP;
+            let mut counted = self.cds_rejects().await?;
+            while counted < want && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                counted = self.cds_rejects().await?;
+            }
+            outcome = outcome.fact("nacks_counted", format!("{}/{}", counted.saturating_sub(rejects_before), open.len()));
+        }
+        let attack_seconds = started.elapsed().as_secs_f64();
+        // What the replica holds for the streams, which stay open: its
+        // allocator keeps the buffers of what it took in and freed (the
+        // megabyte requests' decoding) for a while before it gives them
+        // back, so memory is read until it is under the bound or
+        // `--settle-s` passed. What a replica keeps per stream stays.
+        let settle = Instant::now();
+        let (after, grew) = loop {
+            let after = memory_kib(pid);
+            let grew = after.0.saturating_sub(rss0);
+            if grew < self.args.max_growth_kib || settle.elapsed() >= Duration::from_secs(self.args.settle_s) {
+                break (after, grew);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        *self.memory_after.lock().unwrap() = Some(after);
         let ended = open.iter().filter(|s| s.ended()).count();
         let refused = outcomes.len() - open.len();
-        let grew = after.0.saturating_sub(rss0);
-        Ok(Outcome::new(grew < self.args.max_growth_kib)
+        outcome.held = grew < self.args.max_growth_kib;
+        Ok(outcome
             .fact("streams", count)
             .fact("bytes_each", bytes)
             .fact("refused", refused)
             .fact("ended_by_server", ended)
             .fact("rss_growth_kib", grew)
-            .fact("seconds", format!("{:.1}", started.elapsed().as_secs_f64())))
+            .fact("peak_growth_kib", after.1.saturating_sub(rss0))
+            .fact("seconds", format!("{attack_seconds:.1}"))
+            .fact("settled_after_s", format!("{:.1}", settle.elapsed().as_secs_f64())))
+    }
+
+    /// The replica's `pilot_total_xds_rejects{type="cds"}`: the CDS NACKs
+    /// it has counted.
+    async fn cds_rejects(&self) -> Result<u64> {
+        let text = String::from_utf8(self.admin.get_bytes("/metrics").await?)?;
+        Ok(text.lines().find_map(|l| l.strip_prefix("pilot_total_xds_rejects{type=\"cds\"} ")?.trim().parse::<f64>().ok()).unwrap_or(0.0) as u64)
     }
 }
 
@@ -667,14 +731,19 @@ impl http_body::Body for SlowBody {
 enum Hold {
     /// A NACK whose error text is `bytes` long.
     Nack,
-    /// Node metadata labels adding up to `bytes`.
+    /// Node metadata labels adding up to `bytes`, of `label_bytes` each.
     Metadata,
-    /// Delta subscriptions: `bytes` of resource names, 1 MB a request.
+    /// Delta subscriptions: `bytes` of resource names of 100 bytes, 10,000
+    /// (1 MB) a request, each answered before the next is sent.
     Subscriptions,
 }
 
+/// Resource names per delta request, and each name's length.
+const NAMES_PER_REQUEST: usize = 10_000;
+const NAME_BYTES: usize = 100;
+
 impl Hold {
-    async fn attack(self, client: AdsClient, i: usize, bytes: usize) -> Result<Stream, tonic::Status> {
+    async fn attack(self, client: AdsClient, i: usize, bytes: usize, label_bytes: usize) -> Result<Stream, tonic::Status> {
         match self {
             Hold::Nack => {
                 let s = open_sotw(client, first_request(&node("abuse-a", i, None))).await?;
@@ -686,13 +755,18 @@ impl Hold {
                 Ok(s)
             }
             Hold::Metadata => {
-                // Labels of 1 KiB each.
-                let labels: Struct = Struct { fields: (0..bytes / 1024).map(|k| (format!("abuse-{k}"), string_value("v".repeat(1000)))).collect() };
+                let name = |k: usize| format!("abuse-{k:0>8}");
+                let value = "v".repeat(label_bytes.saturating_sub(name(0).len()));
+                let labels: Struct = Struct { fields: (0..bytes / label_bytes).map(|k| (name(k), string_value(value.clone()))).collect() };
                 let node = node("abuse-a", i, Some(labels));
                 open_sotw(client, first_request(&node)).await
             }
             Hold::Subscriptions => {
-                let names = |from: usize| (from..from + 10_000).map(|k| format!("abuse-{i}-{k:0>91}")).collect::<Vec<_>>();
+                let total = bytes / NAME_BYTES;
+                let prefix = format!("abuse-{i}-");
+                let names = |from: usize| {
+                    (from..total.min(from + NAMES_PER_REQUEST)).map(|k| format!("{prefix}{k:0>w$}", w = NAME_BYTES - prefix.len())).collect::<Vec<_>>()
+                };
                 let first = DeltaDiscoveryRequest {
                     type_url: ResourceType::Endpoint.type_url(),
                     node: Some(node("abuse-a", i, None)),
@@ -700,14 +774,17 @@ impl Hold {
                     ..Default::default()
                 };
                 let s = open_delta(client, first).await?;
-                for r in 1..bytes.div_ceil(1_000_000) {
-                    let more = DeltaDiscoveryRequest {
-                        type_url: ResourceType::Endpoint.type_url(),
-                        resource_names_subscribe: names(r * 10_000),
-                        ..Default::default()
-                    };
+                // The replica answers each request (with the names it does
+                // not have as removed): the next goes once it has.
+                for (answered, from) in (NAMES_PER_REQUEST..total).step_by(NAMES_PER_REQUEST).enumerate() {
+                    if !s.answered(answered + 1).await {
+                        break;
+                    }
+                    let more =
+                        DeltaDiscoveryRequest { type_url: ResourceType::Endpoint.type_url(), resource_names_subscribe: names(from), ..Default::default() };
                     s.send(Request::Delta(more)).await;
                 }
+                s.answered(total.div_ceil(NAMES_PER_REQUEST)).await;
                 Ok(s)
             }
         }
@@ -728,6 +805,8 @@ struct Stream {
     tx: mpsc::Sender<Request>,
     first_nonce: String,
     ended: Arc<std::sync::atomic::AtomicBool>,
+    /// Responses received so far (after the first, for a SotW stream).
+    responses: tokio::sync::watch::Receiver<usize>,
 }
 
 impl Stream {
@@ -736,6 +815,12 @@ impl Stream {
     }
     fn ended(&self) -> bool {
         self.ended.load(Ordering::Relaxed)
+    }
+    /// Whether `n` responses came (within a step) before the stream ended.
+    async fn answered(&self, n: usize) -> bool {
+        let mut responses = self.responses.clone();
+        let answered = matches!(tokio::time::timeout(STEP, responses.wait_for(|r| *r >= n)).await, Ok(Ok(_)));
+        answered
     }
 }
 
@@ -774,8 +859,8 @@ async fn open_sotw(mut client: AdsClient, first: DiscoveryRequest) -> Result<Str
     Ok(drain(tx, first.nonce, responses))
 }
 
-/// Open a delta stream with `first` (answered or not: subscriptions to
-/// names that do not exist get no response).
+/// Open a delta stream with `first`; its responses are counted
+/// ([`Stream::answered`]), not awaited here.
 async fn open_delta(mut client: AdsClient, first: DeltaDiscoveryRequest) -> Result<Stream, tonic::Status> {
     let (tx, rx) = mpsc::channel::<Request>(4);
     let requests = ReceiverStream::new(rx).filter_map(|r| async move {
@@ -789,21 +874,24 @@ async fn open_delta(mut client: AdsClient, first: DeltaDiscoveryRequest) -> Resu
     Ok(drain(tx, String::new(), call?.into_inner()))
 }
 
+/// Responses are read (and counted) until the stream ends: by the server,
+/// or by the client, whose request side ends once every handle of the
+/// [`Stream`] is dropped. (Not on the request side's receiver going away:
+/// tonic drops it as soon as the server ends the call, before the status
+/// is read.)
 fn drain<T: Send + 'static>(tx: mpsc::Sender<Request>, first_nonce: String, mut responses: tonic::Streaming<T>) -> Stream {
     let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = ended.clone();
-    let closed = tx.clone();
+    let (count, counted) = tokio::sync::watch::channel(0usize);
     tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                m = responses.message() => if !matches!(m, Ok(Some(_))) { break },
-                // Every handle of the stream dropped: the client goes away.
-                _ = closed.closed() => return,
-            }
+        while let Ok(Some(_)) = responses.message().await {
+            count.send_modify(|n| *n += 1);
         }
         flag.store(true, Ordering::Relaxed);
+        // Ended: whoever waits for a response stops waiting (`count` is
+        // dropped here).
     });
-    Stream { tx, first_nonce, ended }
+    Stream { tx, first_nonce, ended, responses: counted }
 }
 
 /// The highest resident memory of `pid` seen (KiB) into `peak`, sampled
