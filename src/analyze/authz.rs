@@ -16,7 +16,7 @@
 //! gateway proxies Gateways imply (policies on an ingress gateway select
 //! those); LST0005 reports only the registered ones.
 
-use super::{quote, selector_text, selects, slice, Ctx, Item, Message, IST0101, IST0127, LST0005};
+use super::{quote, selector_text, slice, Ctx, Item, Message, IST0101, IST0127, LST0005};
 use crate::model::istio::authorization_policy::{Action, DRY_RUN_ANNOTATION};
 use crate::model::istio::AuthorizationPolicy;
 use std::collections::BTreeMap;
@@ -28,7 +28,7 @@ pub(super) fn run(ctx: &Ctx, out: &mut Vec<Message>) {
         let selector = ap.spec.selector.as_ref().map(|s| &s.match_labels).filter(|l| !l.is_empty());
         let selects_none = match selector {
             Some(labels) if ap.ns() == root => !ctx.any_workload(labels, false),
-            Some(labels) => !workloads.iter().any(|w| w.namespace == ap.ns() && selects(labels, &w.labels)),
+            Some(labels) => !ctx.selected(labels).any(|w| (w.key.is_some() || w.gateway) && w.namespace == ap.ns()),
             None if ap.ns() == root => false,
             None => !workloads.iter().any(|w| w.namespace == ap.ns()),
         };
@@ -64,12 +64,12 @@ fn enforced(ap: &Item<AuthorizationPolicy>) -> bool {
 /// LST0005.
 fn uncovered_workloads(ctx: &Ctx, out: &mut Vec<Message>) {
     let root = ctx.root_ns();
-    let mut allow: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut allow: BTreeMap<&str, Vec<&Item<AuthorizationPolicy>>> = BTreeMap::new();
     for ap in ctx.ap.iter().filter(|ap| ap.spec.action() == Action::Allow && enforced(ap)) {
-        allow.entry(ap.ns()).or_default().push(ap.name());
+        allow.entry(ap.ns()).or_default().push(ap);
     }
     for w in ctx.workloads.iter().filter(|w| w.key.is_some()) {
-        let Some(names) = allow.get(w.namespace.as_str()) else { continue };
+        let Some(policies) = allow.get(w.namespace.as_str()) else { continue };
         let covered = ctx.ap.iter().filter(|ap| enforced(ap)).any(|ap| {
             let labels = ap.spec.selector.as_ref().map(|s| &s.match_labels);
             crate::model::istio::common::policy_applies(ap.ns(), labels, root, &w.namespace, &w.labels)
@@ -78,10 +78,10 @@ fn uncovered_workloads(ctx: &Ctx, out: &mut Vec<Message>) {
             let Some(key) = w.key else { continue };
             let text = format!(
                 "No AuthorizationPolicy applies to this workload although ALLOW policies {} in namespace {} select other workloads: every request to it is allowed.",
-                slice(names),
+                slice(policies.iter().map(|p| p.name())),
                 quote(&w.namespace)
             );
-            out.push(Message::new(LST0005, key, Some("metadata.labels".into()), text));
+            out.push(Message::new(LST0005, key, Some("metadata.labels".into()), text).naming(policies.iter().map(|p| p.key())));
         }
     }
 }

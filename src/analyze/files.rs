@@ -66,74 +66,91 @@ pub fn load(sources: &[Source], namespace: &str) -> Loaded {
     let mut out = Loaded::default();
     let mut objects = Vec::new();
     for source in sources {
-        let docs = match parse_documents(&source.text, &source.name) {
-            Ok(d) => d,
-            Err(e) => {
-                out.errors.push(e.to_string());
+        match parse_documents(&source.text, &source.name) {
+            Ok(docs) => {
+                let json = matches!(source.text.trim_start().chars().next(), Some('{') | Some('['));
+                let lines = if json { Vec::new() } else { resource_lines(&source.text) };
+                read(&mut out, &mut objects, &source.name, docs, &lines, namespace);
+            }
+            Err(e) => out.errors.push(e.to_string()),
+        }
+    }
+    out.finish(objects)
+}
+
+/// Documents already parsed (an API request's), named `name`.
+pub fn from_values(name: &str, docs: Vec<Value>, namespace: &str) -> Loaded {
+    let mut out = Loaded::default();
+    let mut objects = Vec::new();
+    read(&mut out, &mut objects, name, docs, &[], namespace);
+    out.finish(objects)
+}
+
+fn read(out: &mut Loaded, objects: &mut Vec<model::NewResource>, source: &str, docs: Vec<Value>, lines: &[ResourceLines], namespace: &str) {
+    let mut cursor = 0;
+    for (i, doc) in docs.into_iter().enumerate() {
+        let kind_field = doc.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
+        let name_field = doc.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string);
+        // The resource's lines: the next ones read with its kind and name.
+        let found = lines[cursor.min(lines.len())..].iter().position(|l| l.kind.as_deref() == Some(kind_field.as_str()) && l.name == name_field);
+        let found = found.map(|at| {
+            cursor += at + 1;
+            lines[cursor - 1].clone()
+        });
+        let origin = Origin { file: source.to_string(), lines: found };
+        let what = format!("{source}[{i}] ({kind_field} {})", name_field.as_deref().unwrap_or("?"));
+        let Some(kind) = Kind::from_kind_field(&kind_field).filter(|k| ours(*k, &doc)) else {
+            out.notes.push(format!("{what}: skipped: not a kind Lodestar stores"));
+            continue;
+        };
+        if kind.is_acl() {
+            out.notes.push(format!("{what}: skipped: ACL objects are not analyzed"));
+            continue;
+        }
+        let resource = match model::parse_resource(doc, namespace) {
+            Ok(r) => r,
+            Err(errors) => {
+                match name_field {
+                    Some(name) => {
+                        let key = ResourceKey::new(kind, namespace, name);
+                        out.messages.extend(errors.iter().map(|e| schema_error(&key, &e.to_string())));
+                        out.origins.insert(key, origin);
+                    }
+                    None => out.messages.extend(errors.iter().map(|e| Message {
+                        code: IST0106.code.into(),
+                        level: IST0106.level,
+                        resource: None,
+                        message: format!("Schema validation error: {what}: {e}"),
+                        field: None,
+                        related: Vec::new(),
+                    })),
+                }
                 continue;
             }
         };
-        let json = matches!(source.text.trim_start().chars().next(), Some('{') | Some('['));
-        let lines = resource_lines(&source.text);
-        let mut cursor = 0;
-        for (i, doc) in docs.into_iter().enumerate() {
-            let kind_field = doc.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
-            let name_field = doc.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string);
-            // The resource's lines: the next one read with its kind and name.
-            let found = lines[cursor.min(lines.len())..].iter().position(|l| l.kind.as_deref() == Some(kind_field.as_str()) && l.name == name_field);
-            let found = found.map(|at| {
-                cursor += at + 1;
-                lines[cursor - 1].clone()
-            });
-            let origin = Origin { file: source.name.clone(), lines: if json { None } else { found } };
-            let what = format!("{}[{i}] ({kind_field} {})", source.name, name_field.as_deref().unwrap_or("?"));
-            let Some(kind) = Kind::from_kind_field(&kind_field).filter(|k| ours(*k, &doc)) else {
-                out.notes.push(format!("{what}: skipped: not a kind Lodestar stores"));
-                continue;
-            };
-            if kind.is_acl() {
-                out.notes.push(format!("{what}: skipped: ACL objects are not analyzed"));
-                continue;
-            }
-            let resource = match model::parse_resource(doc, namespace) {
-                Ok(r) => r,
-                Err(errors) => {
-                    let ns = namespace.to_string();
-                    match name_field {
-                        Some(name) => {
-                            let key = ResourceKey::new(kind, ns, name);
-                            out.messages.extend(errors.iter().map(|e| schema_error(&key, &e.to_string())));
-                            out.origins.insert(key, origin);
-                        }
-                        None => out.messages.extend(errors.iter().map(|e| Message {
-                            code: IST0106.code.into(),
-                            level: IST0106.level,
-                            resource: None,
-                            message: format!("Schema validation error: {what}: {e}"),
-                            field: None,
-                        })),
-                    }
-                    continue;
-                }
-            };
-            let key = resource.key.clone();
-            out.origins.insert(key.clone(), origin);
-            match model::validate_spec(&resource) {
-                Err(errors) => out.messages.extend(errors.iter().map(|e| schema_error(&key, &e.to_string()))),
-                // A file's later document replaces an earlier one of the same object.
-                Ok(_) => objects.push(resource),
-            }
+        let key = resource.key.clone();
+        out.origins.insert(key.clone(), origin);
+        match model::validate_spec(&resource) {
+            Err(errors) => out.messages.extend(errors.iter().map(|e| schema_error(&key, &e.to_string()))),
+            Ok(_) => objects.push(resource),
         }
     }
-    let mut seen = BTreeMap::new();
-    for r in objects {
-        seen.insert(r.key.clone(), r.body);
+}
+
+impl Loaded {
+    /// The objects into the state, as one write of them all stores them:
+    /// a later document replaces an earlier one of the same object.
+    fn finish(mut self, objects: Vec<model::NewResource>) -> Loaded {
+        let mut seen = BTreeMap::new();
+        for r in objects {
+            seen.insert(r.key.clone(), r.body);
+        }
+        self.state.revision = 1;
+        for (key, body) in seen {
+            self.state.objects.insert(Arc::new(StoredObject::new(key, 1, 1, 1, body)));
+        }
+        self
     }
-    out.state.revision = 1;
-    for (key, body) in seen {
-        out.state.objects.insert(Arc::new(StoredObject::new(key, 1, 1, 1, body)));
-    }
-    out
 }
 
 /// The document is of Lodestar's kind by that name: its apiVersion's

@@ -37,11 +37,14 @@ fn bind(s: &Server) -> &str {
     s.bind.as_deref().unwrap_or("")
 }
 
+/// A gateway's hosts on one port, each with its bind.
+type HostBinds<'a> = BTreeMap<&'a str, &'a str>;
+
 /// IST0145.
 fn conflicts(ctx: &Ctx, gateways: &[&Item<Gateway>], out: &mut Vec<Message>) {
     // (selector text, port) → gateway → host → bind; a later server on a
     // port replaces an earlier one's hosts (as Istio's index does).
-    let mut index: BTreeMap<(String, u32), BTreeMap<String, BTreeMap<&str, &str>>> = BTreeMap::new();
+    let mut index: BTreeMap<(String, u32), BTreeMap<String, HostBinds>> = BTreeMap::new();
     for gw in gateways {
         let sel = selector_text(&gw.spec.selector);
         for s in &gw.spec.servers {
@@ -58,7 +61,7 @@ fn conflicts(ctx: &Ctx, gateways: &[&Item<Gateway>], out: &mut Vec<Message>) {
                 let other_sel = selector_text(&other.spec.selector);
                 other_sel == sel
                     || ((other_sel.contains(&sel) || sel.contains(&other_sel))
-                        && ctx.workloads.iter().any(|w| selects(&gw.spec.selector, &w.labels) && selects(&other.spec.selector, &w.labels)))
+                        && ctx.selected(&gw.spec.selector).any(|w| selects(&other.spec.selector, &w.labels)))
             })
             .collect();
         for (i, s) in gw.spec.servers.iter().enumerate() {
@@ -73,7 +76,8 @@ fn conflicts(ctx: &Ctx, gateways: &[&Item<Gateway>], out: &mut Vec<Message>) {
             if !with.is_empty() {
                 let names = with.into_iter().collect::<Vec<_>>().join(",");
                 let text = format!("Conflict with gateways {names} (workload selector {sel}, port {}, hosts {}).", s.port.number(), s.hosts.join(","));
-                out.push(Message::new(IST0145, gw.key(), Some(format!("spec.servers[{i}]")), text));
+                let related: Vec<&ResourceKey> = candidates.iter().filter(|o| names.split(',').any(|n| n == o.full_name())).map(|o| o.key()).collect();
+                out.push(Message::new(IST0145, gw.key(), Some(format!("spec.servers[{i}]")), text).naming(related));
             }
         }
     }
@@ -106,7 +110,7 @@ fn duplicate_certificates(gateways: &[&Item<Gateway>], out: &mut Vec<Message>) {
                             "Duplicate certificate in multiple gateways {} may cause 404s if clients re-use HTTP2 connections.",
                             slice([gw.full_name(), other.full_name()])
                         );
-                        out.push(Message::new(IST0138, gw.key(), Some(format!("spec.servers[{i}].tls")), text));
+                        out.push(Message::new(IST0138, gw.key(), Some(format!("spec.servers[{i}].tls")), text).naming([other.key()]));
                     }
                 }
             }
@@ -124,14 +128,15 @@ fn credentials(ctx: &Ctx, gw: &Item<Gateway>, out: &mut Vec<Message>) {
         for (credential, field) in names.filter(|(c, _)| !c.is_empty()) {
             let (ns, name) = credential.split_once('/').unwrap_or((workload.namespace.as_str(), credential.as_str()));
             let field = Some(format!("spec.servers[{i}].tls.{field}"));
-            match ctx.state.get(&ResourceKey::new(Kind::Secret, ns, name)) {
-                None => out.push(Message::new(IST0101, gw.key(), field, format!("Referenced credentialName not found: {}", quote(credential)))),
+            let key = ResourceKey::new(Kind::Secret, ns, name);
+            match ctx.state.get(&key) {
+                None => out.push(Message::new(IST0101, gw.key(), field, format!("Referenced credentialName not found: {}", quote(credential))).naming([&key])),
                 Some(secret) if !usable(secret, ctx.opts.now) => {
                     let text = format!(
                         "The credential referenced by the Gateway {} in namespace {ns} is invalid, which can cause the traffic not to work as expected.",
                         gw.name()
                     );
-                    out.push(Message::new(IST0161, gw.key(), field, text));
+                    out.push(Message::new(IST0161, gw.key(), field, text).naming([&key]));
                 }
                 Some(_) => {}
             }

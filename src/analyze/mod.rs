@@ -56,7 +56,8 @@ use crate::model::istio::{
 use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
 use crate::store::state::State;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::OnceCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -205,11 +206,23 @@ pub struct Message {
     /// (`spec.http[0].route[0].destination.host`), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// Other resources the message names (the conflicting VirtualServices,
+    /// the Gateway): who may not read them may not see it (the API).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub related: Vec<Resource>,
 }
 
 impl Message {
     pub(crate) fn new(code: &Code, key: &ResourceKey, field: Option<String>, message: String) -> Message {
-        Message { code: code.code.to_string(), level: code.level, resource: Some(Resource::of(key)), message, field }
+        Message { code: code.code.to_string(), level: code.level, resource: Some(Resource::of(key)), message, field, related: Vec::new() }
+    }
+
+    /// The same, naming other resources too.
+    pub(crate) fn naming<'k>(mut self, keys: impl IntoIterator<Item = &'k ResourceKey>) -> Message {
+        self.related.extend(keys.into_iter().map(Resource::of));
+        self.related.sort();
+        self.related.dedup();
+        self
     }
 
     /// `Kind namespace/name`.
@@ -485,6 +498,59 @@ pub(crate) struct Ctx<'a> {
     /// The whole store, when `state` is a part of it (`on_write`): where
     /// the few lookups across every namespace look instead.
     pub universe: Option<&'a State>,
+    /// `workloads` by each of their labels (indexes into it): a selector
+    /// looks only at the workloads carrying its rarest label.
+    by_label: HashMap<(String, String), Vec<usize>>,
+    /// Each DestinationRule's host, resolved (`dr`'s order), and the
+    /// exact ones by host: a lookup by host is not a scan of every rule.
+    dr_hosts: Vec<String>,
+    dr_exact: HashMap<String, Vec<usize>>,
+    dr_wildcard: Vec<usize>,
+    /// The universe's workloads, indexed as `by_label` (built on first use).
+    universe_index: OnceCell<LabelIndex>,
+}
+
+/// Label sets (with whether each is only a ServiceEntry's inline
+/// endpoint) indexed by each of their labels.
+#[derive(Default)]
+struct LabelIndex {
+    sets: Vec<(BTreeMap<String, String>, bool)>,
+    by_label: HashMap<(String, String), Vec<usize>>,
+}
+
+impl LabelIndex {
+    fn push(&mut self, labels: BTreeMap<String, String>, endpoint: bool) {
+        let i = self.sets.len();
+        for (k, v) in &labels {
+            self.by_label.entry((k.clone(), v.clone())).or_default().push(i);
+        }
+        self.sets.push((labels, endpoint));
+    }
+
+    fn any(&self, selector: &BTreeMap<String, String>, endpoints: bool) -> bool {
+        let ok = |i: &usize| {
+            let (labels, endpoint) = &self.sets[*i];
+            (endpoints || !endpoint) && selects(selector, labels)
+        };
+        match rarest(&self.by_label, selector) {
+            Some(list) => list.iter().any(ok),
+            None if selector.is_empty() => (0..self.sets.len()).any(|i| ok(&i)),
+            None => false,
+        }
+    }
+}
+
+/// The shortest list of `index` among the selector's labels; `None` for an
+/// empty selector, or an empty list when a label is on nothing.
+fn rarest<'i>(index: &'i HashMap<(String, String), Vec<usize>>, selector: &BTreeMap<String, String>) -> Option<&'i [usize]> {
+    let mut best: Option<&[usize]> = None;
+    for (k, v) in selector {
+        let list = index.get(&(k.clone(), v.clone())).map_or(&[][..], Vec::as_slice);
+        if best.is_none_or(|b| list.len() < b.len()) {
+            best = Some(list);
+        }
+    }
+    best
 }
 
 impl<'a> Ctx<'a> {
@@ -508,6 +574,11 @@ impl<'a> Ctx<'a> {
             wildcard_services: Vec::new(),
             namespaces: BTreeSet::new(),
             universe: None,
+            by_label: HashMap::new(),
+            dr_hosts: Vec::new(),
+            dr_exact: HashMap::new(),
+            dr_wildcard: Vec::new(),
+            universe_index: OnceCell::new(),
         };
         for (key, obj) in state.objects.iter() {
             if key.kind.is_acl() {
@@ -568,11 +639,12 @@ impl<'a> Ctx<'a> {
                 TypedSpec::Service(_) | TypedSpec::Lease(_) | TypedSpec::Acl(_) | TypedSpec::Secret => {}
             }
         }
+        ctx.index_workloads(0);
         // Gateways no registered workload stands for.
         let implied: Vec<Workload> = ctx
             .gw
             .iter()
-            .filter(|g| !g.spec.selector.is_empty() && !ctx.workloads.iter().any(|w| w.key.is_some() && selects(&g.spec.selector, &w.labels)))
+            .filter(|g| !g.spec.selector.is_empty() && !ctx.selected(&g.spec.selector).any(|w| w.key.is_some()))
             .map(|g| Workload {
                 key: None,
                 gateway: true,
@@ -581,9 +653,52 @@ impl<'a> Ctx<'a> {
                 labels: g.spec.selector.clone(),
             })
             .collect();
+        let from = ctx.workloads.len();
         ctx.workloads.extend(implied);
+        ctx.index_workloads(from);
+        let suffix = opts.mesh.domain_suffix.clone();
+        for (i, dr) in ctx.dr.iter().enumerate() {
+            let host = crate::model::istio::resolve_short_name(&dr.spec.host, dr.ns(), &suffix);
+            if host.starts_with('*') {
+                ctx.dr_wildcard.push(i);
+            } else {
+                ctx.dr_exact.entry(host.clone()).or_default().push(i);
+            }
+            ctx.dr_hosts.push(host);
+        }
         ctx.wildcard_services = ctx.mesh.services.iter().filter(|(h, _)| h.starts_with('*')).flat_map(|(_, c)| c.iter().cloned()).collect();
         ctx
+    }
+
+    fn index_workloads(&mut self, from: usize) {
+        for (i, w) in self.workloads.iter().enumerate().skip(from) {
+            for (k, v) in &w.labels {
+                self.by_label.entry((k.clone(), v.clone())).or_default().push(i);
+            }
+        }
+    }
+
+    /// The workloads carrying every label of `selector` (all of them for
+    /// an empty one), in `workloads`' order.
+    pub fn selected<'c>(&'c self, selector: &'c BTreeMap<String, String>) -> Box<dyn Iterator<Item = &'c Workload<'a>> + 'c> {
+        match rarest(&self.by_label, selector) {
+            Some(list) => Box::new(list.iter().map(|i| &self.workloads[*i]).filter(move |w| selects(selector, &w.labels))),
+            None => Box::new(self.workloads.iter()),
+        }
+    }
+
+    /// The DestinationRules whose (resolved) host matches `hostname`, as
+    /// `host_matches` has it, in `dr`'s order, with their resolved hosts.
+    pub fn destination_rules_for_host<'c>(&'c self, hostname: &str) -> Vec<(&'c Item<'a, DestinationRule>, &'c str)> {
+        let mut idx: Vec<usize> = self.dr_exact.get(hostname).cloned().unwrap_or_default();
+        idx.extend(self.dr_wildcard.iter().copied().filter(|i| crate::model::istio::host_matches(&self.dr_hosts[*i], hostname)));
+        if hostname.starts_with('*') {
+            // A wildcard service: exact rules its pattern covers too.
+            idx = (0..self.dr.len()).filter(|i| crate::model::istio::host_matches(&self.dr_hosts[*i], hostname)).collect();
+        }
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| (&self.dr[i], self.dr_hosts[i].as_str())).collect()
     }
 
     pub fn suffix(&self) -> &str {
@@ -602,11 +717,11 @@ impl<'a> Ctx<'a> {
     /// The workloads a Gateway's selector picks (registered ones, else the
     /// one it implies); none for an empty selector (Lodestar serves a
     /// Gateway to no proxy then).
-    pub fn gateway_workloads(&self, gw: &Gateway) -> Vec<&Workload<'a>> {
+    pub fn gateway_workloads<'c>(&'c self, gw: &'c Gateway) -> Vec<&'c Workload<'a>> {
         if gw.selector.is_empty() {
             return Vec::new();
         }
-        self.workloads.iter().filter(|w| selects(&gw.selector, &w.labels)).collect()
+        self.selected(&gw.selector).collect()
     }
 
     /// The service a destination host names, looked up as Istio's analyzers
@@ -636,17 +751,11 @@ impl<'a> Ctx<'a> {
     /// a registered one, a gateway's, or (with `endpoints`) a
     /// ServiceEntry's inline endpoint.
     pub fn any_workload(&self, selector: &BTreeMap<String, String>, endpoints: bool) -> bool {
-        if self.workloads.iter().any(|w| (endpoints || w.key.is_some() || w.gateway) && selects(selector, &w.labels)) {
+        if self.selected(selector).any(|w| endpoints || w.key.is_some() || w.gateway) {
             return true;
         }
         let Some(universe) = self.universe else { return false };
-        universe.objects.values().any(|o| match o.typed().map(|t| &**t) {
-            Ok(TypedSpec::Instance(_)) => selects(selector, &labels_of(o)),
-            Ok(TypedSpec::Istio(Validated::WorkloadEntry { spec, .. })) if spec.labels.is_empty() => selects(selector, &labels_of(o)),
-            Ok(TypedSpec::Istio(Validated::WorkloadEntry { spec, .. })) => selects(selector, &spec.labels),
-            Ok(TypedSpec::Istio(Validated::ServiceEntry { spec, .. })) => endpoints && spec.endpoints.iter().any(|e| selects(selector, &e.labels)),
-            _ => false,
-        })
+        self.universe_index.get_or_init(|| universe_workloads(universe)).any(selector, endpoints)
     }
 
     /// Some namespace matches `pattern` (`*`, `*suffix`, `prefix*`, or a
@@ -671,6 +780,22 @@ impl<'a> Ctx<'a> {
         let Some(value) = self.state.get(&key).and_then(|o| o.annotation(SUPPRESS_ANNOTATION).map(str::to_string)) else { return false };
         value == "*" || value.split(',').any(|c| c == m.code)
     }
+}
+
+/// Every workload of `state`: Instances, WorkloadEntries and (flagged)
+/// ServiceEntries' inline endpoints, by their labels.
+fn universe_workloads(state: &State) -> LabelIndex {
+    let mut index = LabelIndex::default();
+    for o in state.objects.values() {
+        match o.typed().map(|t| &**t) {
+            Ok(TypedSpec::Instance(_)) => index.push(labels_of(o), false),
+            Ok(TypedSpec::Istio(Validated::WorkloadEntry { spec, .. })) if spec.labels.is_empty() => index.push(labels_of(o), false),
+            Ok(TypedSpec::Istio(Validated::WorkloadEntry { spec, .. })) => index.push(spec.labels.clone(), false),
+            Ok(TypedSpec::Istio(Validated::ServiceEntry { spec, .. })) => spec.endpoints.iter().for_each(|e| index.push(e.labels.clone(), true)),
+            _ => {}
+        }
+    }
+    index
 }
 
 fn labels_of(obj: &StoredObject) -> BTreeMap<String, String> {

@@ -51,7 +51,7 @@ pub(super) fn run(ctx: &Ctx, out: &mut Vec<Message>) {
                     quote(ns),
                     quote(&w.name)
                 );
-                out.push(Message::new(IST0110, sc.key(), Some("spec.workloadSelector".into()), text));
+                out.push(Message::new(IST0110, sc.key(), Some("spec.workloadSelector".into()), text).naming(w.key));
             }
         }
     }

@@ -21,12 +21,17 @@
 //!   fall back to Istio's rule (a DestinationRule whose host names the
 //!   same `namespace/name`);
 //! - a gateway's pods are the registered workloads its selector picks, or
-//!   the gateway proxy it implies (IST0149).
+//!   the gateway proxy it implies (IST0149);
+//! - IST0132 matches a VirtualService's short host names resolved in its
+//!   namespace too (`reviews` is served by a Gateway host
+//!   `reviews.default.svc.cluster.local`, as translation binds it; Istio's
+//!   analyzer compares them as written).
 
 use super::{exported_to_all, quote, slice, Ctx, Item, Message, Workload, IST0101, IST0109, IST0112, IST0132, IST0140, IST0149, LST0003};
 use crate::mesh::Service;
 use crate::model::istio::common::Destination;
-use crate::model::istio::{host_matches, hosts_overlap, resolve_short_name, DestinationRule, VirtualService};
+use crate::model::istio::{hosts_overlap, resolve_short_name, DestinationRule, VirtualService};
+use crate::model::{Kind, ResourceKey};
 use std::collections::{BTreeMap, BTreeSet};
 
 const MESH: &str = "mesh";
@@ -134,19 +139,14 @@ fn namespaced_name(ctx: &Ctx, ns: &str, host: &str) -> (String, String) {
 /// namespace; in its namespace, else the service's, else the root
 /// namespace; an exact host before a wildcard; the oldest first.
 pub(super) fn destination_rule_for<'c, 'a>(ctx: &'c Ctx<'a>, proxy_ns: &str, svc: &Service) -> Option<&'c Item<'a, DestinationRule>> {
-    let suffix = ctx.suffix();
-    let mut candidates: Vec<&Item<DestinationRule>> = ctx
-        .dr
-        .iter()
-        .filter(|dr| host_matches(&resolve_short_name(&dr.spec.host, dr.ns(), suffix), &svc.hostname))
-        .filter(|dr| crate::mesh::exported_to(&dr.spec.export_to, dr.ns(), proxy_ns))
-        .collect();
-    candidates.sort_by(|a, b| (a.obj.create_revision, a.key()).cmp(&(b.obj.create_revision, b.key())));
+    let mut candidates: Vec<(&Item<DestinationRule>, &str)> =
+        ctx.destination_rules_for_host(&svc.hostname).into_iter().filter(|(dr, _)| crate::mesh::exported_to(&dr.spec.export_to, dr.ns(), proxy_ns)).collect();
+    candidates.sort_by(|(a, _), (b, _)| (a.obj.create_revision, a.key()).cmp(&(b.obj.create_revision, b.key())));
     for ns in [proxy_ns, svc.namespace.as_str(), ctx.root_ns()] {
-        let in_ns: Vec<&Item<DestinationRule>> = candidates.iter().copied().filter(|dr| dr.ns() == ns).collect();
-        let exact = in_ns.iter().copied().find(|dr| resolve_short_name(&dr.spec.host, dr.ns(), suffix) == svc.hostname);
-        if let Some(dr) = exact.or(in_ns.first().copied()) {
-            return Some(dr);
+        let in_ns: Vec<&(&Item<DestinationRule>, &str)> = candidates.iter().filter(|(dr, _)| dr.ns() == ns).collect();
+        let exact = in_ns.iter().find(|(_, host)| *host == svc.hostname);
+        if let Some((dr, _)) = exact.or(in_ns.first()) {
+            return Some(*dr);
         }
     }
     None
@@ -178,10 +178,10 @@ fn gateways(ctx: &Ctx, vs: &Item<VirtualService>, out: &mut Vec<Message>) {
                 Some((n, host)) if n == "*" || n == vs.ns() => Some(host),
                 Some(_) => None,
             })
-            .any(|g| vs.spec.hosts.iter().any(|h| hosts_overlap(g, h)));
+            .any(|g| vs.spec.hosts.iter().any(|h| hosts_overlap(g, h) || hosts_overlap(g, &resolve_short_name(h, vs.ns(), ctx.suffix()))));
         if !found {
             let text = format!("one or more host {} defined in VirtualService {} not found in Gateway {ns}/{name}.", slice(&vs.spec.hosts), vs.full_name());
-            out.push(Message::new(IST0132, vs.key(), field, text));
+            out.push(Message::new(IST0132, vs.key(), field, text).naming([&ResourceKey::new(Kind::Gateway, ns.as_str(), name.as_str())]));
         }
     }
 }
@@ -249,7 +249,7 @@ fn jwt_claim_routes(ctx: &Ctx, vs: &Item<VirtualService>, out: &mut Vec<Message>
                     gw.full_name(),
                     pod.name
                 );
-                out.push(Message::new(IST0149, vs.key(), Some(format!("spec.gateways[{i}]")), text));
+                out.push(Message::new(IST0149, vs.key(), Some(format!("spec.gateways[{i}]")), text).naming([gw.key()].into_iter().chain(pod.key)));
             }
         }
     }
@@ -314,7 +314,7 @@ fn conflicting_mesh_hosts(ctx: &Ctx, out: &mut Vec<Message>) {
                     "The VirtualServices {names} associated with mesh gateway define the same host {scope}/{host} which can lead to undefined behavior. \
                      This can be fixed by merging the conflicting VirtualServices into a single resource."
                 );
-                out.push(Message::new(IST0109, ctx.vs[*i].key(), Some("metadata.name".into()), text));
+                out.push(Message::new(IST0109, ctx.vs[*i].key(), Some("metadata.name".into()), text).naming(members.iter().map(|m| ctx.vs[*m].key())));
             }
         }
     }
@@ -324,11 +324,11 @@ fn conflicting_mesh_hosts(ctx: &Ctx, out: &mut Vec<Message>) {
 /// VirtualService of that host routes it by subsets (which the gateway's
 /// requests then bypass).
 fn ingress_subsets(ctx: &Ctx, out: &mut Vec<Message>) {
-    let mut by_subsets: Vec<(String, &str)> = Vec::new();
+    let mut by_subsets: Vec<(&Item<VirtualService>, &str)> = Vec::new();
     for vs in &ctx.vs {
         for d in vs.spec.http.iter().flat_map(|r| &r.route).map(|r| &r.destination) {
-            if d.subset.as_deref().is_some_and(|s| !s.is_empty()) && vs.spec.hosts.iter().any(|h| *h == d.host) {
-                by_subsets.push((vs.full_name(), d.host.as_str()));
+            if d.subset.as_deref().is_some_and(|s| !s.is_empty()) && vs.spec.hosts.contains(&d.host) {
+                by_subsets.push((vs, d.host.as_str()));
             }
         }
     }
@@ -336,8 +336,9 @@ fn ingress_subsets(ctx: &Ctx, out: &mut Vec<Message>) {
         for (i, r) in vs.spec.http.iter().enumerate() {
             for (j, d) in r.route.iter().enumerate().filter(|(_, d)| d.destination.subset.as_deref().is_none_or(str::is_empty)) {
                 for (subset_vs, _) in by_subsets.iter().filter(|(_, h)| *h == d.destination.host) {
-                    let text = format!("Subset in virtual service {subset_vs} has no effect on ingress gateway {} requests", vs.full_name());
-                    out.push(Message::new(IST0140, vs.key(), Some(format!("spec.http[{i}].route[{j}].destination.host")), text));
+                    let text = format!("Subset in virtual service {} has no effect on ingress gateway {} requests", subset_vs.full_name(), vs.full_name());
+                    let field = Some(format!("spec.http[{i}].route[{j}].destination.host"));
+                    out.push(Message::new(IST0140, vs.key(), field, text).naming([subset_vs.key()]));
                 }
             }
         }
@@ -377,7 +378,7 @@ fn gateway_duplicates(ctx: &Ctx, out: &mut Vec<Message>) {
             let text = format!(
                 "The VirtualServices {names} bound to gateway {gateway} define the same host {host}; the gateway uses only the oldest ({oldest}) for it."
             );
-            out.push(Message::new(LST0003, ctx.vs[*i].key(), Some("spec.hosts".into()), text));
+            out.push(Message::new(LST0003, ctx.vs[*i].key(), Some("spec.hosts".into()), text).naming(members.iter().map(|m| ctx.vs[*m].key())));
         }
     }
 }

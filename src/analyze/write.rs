@@ -67,6 +67,9 @@ pub fn on_write(before: &State, writes: &[(ResourceKey, Option<Arc<StoredObject>
     if families.is_empty() {
         return Vec::new();
     }
+    // A namespace's every workload matters only to the analyzers that
+    // look at workloads by namespace (not to a route's or a rule's).
+    scope.namespace_workloads = families.iter().any(|f| matches!(f, Family::Sidecar | Family::Authz | Family::Gateway));
     let (part_before, part_after) = (scope.part(before, options), scope.part(&after, options));
     let findings = |part: &State, whole: &State| {
         let mut ctx = Ctx::new(part, options);
@@ -158,6 +161,9 @@ struct Scope {
     /// A RequestAuthentication is written: VirtualServices with claim
     /// routes matter.
     claim_routes: bool,
+    /// Every Instance of the scope's namespaces matters, not only those
+    /// of its hosts.
+    namespace_workloads: bool,
 }
 
 /// A scope's hostnames, to test names as objects write them without
@@ -244,7 +250,7 @@ impl Scope {
         });
         let instances: Box<dyn Iterator<Item = &Arc<StoredObject>>> =
             if anywhere { Box::new(of_kind(Kind::Instance)) } else { Box::new(namespaces.iter().flat_map(|ns| in_ns(Kind::Instance, ns))) };
-        for o in instances.filter(|o| self.namespaces.contains(o.key.namespace.as_str()) || self.names_any(&hosts, o)) {
+        for o in instances.filter(|o| (self.namespace_workloads && self.namespaces.contains(o.key.namespace.as_str())) || self.names_any(&hosts, o)) {
             objects.insert(o.clone());
         }
         // Workload entries and sidecars of the scope's namespaces, and the
