@@ -59,7 +59,7 @@ fn grpc_req<T>(msg: T, token: Option<&str>) -> tonic::Request<T> {
 }
 
 fn apply_req(resources: &[Value]) -> ApplyRequest {
-    ApplyRequest { items: resources.iter().map(|r| ApplyItem { resource_json: r.to_string(), expected_revision: None }).collect() }
+    ApplyRequest { items: resources.iter().map(|r| ApplyItem { resource_json: r.to_string(), expected_revision: None }).collect(), ..Default::default() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -251,7 +251,7 @@ async fn grpc_api_and_errors() {
     let c = Cluster::start(1, "").await;
     let mut grpc = common::grpc_api(&c.replica(1).api());
     let ok = grpc
-        .apply(ApplyRequest { items: vec![ApplyItem { resource_json: vs("g", "grpc", "v1").to_string(), expected_revision: None }] })
+        .apply(ApplyRequest { items: vec![ApplyItem { resource_json: vs("g", "grpc", "v1").to_string(), expected_revision: None }], ..Default::default() })
         .await
         .unwrap()
         .into_inner();
@@ -260,16 +260,22 @@ async fn grpc_api_and_errors() {
     let obj: Value = serde_json::from_str(&got.resource_json).unwrap();
     assert_eq!(obj["metadata"]["modRevision"].as_u64(), Some(ok.revision));
 
-    let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: "{not json".into(), expected_revision: None }] }).await.unwrap_err();
+    let err = grpc
+        .apply(ApplyRequest { items: vec![ApplyItem { resource_json: "{not json".into(), expected_revision: None }], ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("items[0].resource_json"), "{}", err.message());
     let mut bad = vs("h", "grpc", "v1");
     bad["kind"] = json!("Nope");
-    let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad.to_string(), expected_revision: None }] }).await.unwrap_err();
+    let err = grpc
+        .apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad.to_string(), expected_revision: None }], ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("resources[0].kind"), "{}", err.message());
     let err = grpc
-        .apply(ApplyRequest { items: vec![ApplyItem { resource_json: vs("g", "grpc", "v2").to_string(), expected_revision: Some(999) }] })
+        .apply(ApplyRequest { items: vec![ApplyItem { resource_json: vs("g", "grpc", "v2").to_string(), expected_revision: Some(999) }], ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Aborted);
@@ -422,7 +428,10 @@ async fn deep_validation_names_spec_fields() {
     assert!(body["error"]["message"].as_str().unwrap().contains("htpp"), "{body}");
 
     let mut grpc = common::grpc_api(&api);
-    let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad.to_string(), expected_revision: None }] }).await.unwrap_err();
+    let err = grpc
+        .apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad.to_string(), expected_revision: None }], ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("resources[0].spec.http"), "{}", err.message());
 }

@@ -418,11 +418,13 @@ async fn bad_secrets_are_refused_naming_the_field() {
     use lodestar::proto::api::{ApplyItem, ApplyRequest, GetRequest};
     let mut grpc = common::grpc_api(&api);
     let bad = secret(&leaf.cert_pem, &other.key_pem).to_string();
-    let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad, expected_revision: None }] }).await.unwrap_err();
+    let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad, expected_revision: None }], ..Default::default() }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("data[tls.key]"), "{}", err.message());
     let good = secret(&leaf.cert_pem, &leaf.key_pem).to_string();
-    grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: good, expected_revision: None }] }).await.expect("a good Secret over gRPC");
+    grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: good, expected_revision: None }], ..Default::default() })
+        .await
+        .expect("a good Secret over gRPC");
     let got = grpc
         .get(GetRequest { kind: "secret".into(), namespace: "default".into(), name: "bad".into(), consistency: 0 })
         .await

@@ -337,7 +337,7 @@ async fn a_cluster_sharing_a_management_token() {
     assert!(line["reason"].as_str().unwrap().contains("lacks write on any kind in any namespace"), "{line}");
     // gRPC: refused before tonic decodes the message: a 5 MiB message
     // (over the 4 MiB decoding limit) is PERMISSION_DENIED, not a decoding error.
-    let big = ApplyRequest { items: vec![ApplyItem { resource_json: "x".repeat(5 * 1024 * 1024), expected_revision: None }] };
+    let big = ApplyRequest { items: vec![ApplyItem { resource_json: "x".repeat(5 * 1024 * 1024), expected_revision: None }], ..Default::default() };
     for token in [&reader, &proxy] {
         let e = grpc_api_as(&api, Some(token)).apply(big.clone()).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");

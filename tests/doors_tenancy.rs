@@ -154,10 +154,12 @@ async fn a_namespace_writer_cannot_claim_another_namespaces_hostnames() {
     // The gRPC API refuses the same way.
     let mut grpc = common::grpc_api_as(&api, Some(&secret(&common::token_create(&api, &["--policy", "team-a"]))));
     let item = |doc: &Value| lodestar::proto::api::ApplyItem { resource_json: doc.to_string(), expected_revision: None };
-    let err = grpc.apply(lodestar::proto::api::ApplyRequest { items: vec![item(&hijacks[1].0)] }).await.expect_err("a hijack over gRPC");
+    let err = grpc.apply(lodestar::proto::api::ApplyRequest { items: vec![item(&hijacks[1].0)], ..Default::default() }).await.expect_err("a hijack over gRPC");
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("spec.service"), "{err:?}");
-    let err = grpc.apply(lodestar::proto::api::ApplyRequest { items: vec![item(&service("team-a", "pay", Some("x.payments.example.com")))] }).await;
+    let err = grpc
+        .apply(lodestar::proto::api::ApplyRequest { items: vec![item(&service("team-a", "pay", Some("x.payments.example.com")))], ..Default::default() })
+        .await;
     assert_eq!(err.expect_err("an ungranted hostname over gRPC").code(), tonic::Code::PermissionDenied);
 
     // Nothing refused was stored; team-b's service is as it was.

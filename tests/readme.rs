@@ -51,7 +51,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_lodestar");
 /// answers (`# → TEXT`) each must hold.
 const SECTIONS: &[(&str, usize)] = &[
     ("Run a server", 0),
-    ("Walkthrough: traffic through Envoy", 2),
+    ("Walkthrough: traffic through Envoy", 4),
     ("Check config: `lodestar analyze`", 1),
     ("Connect an Envoy", 0),
     ("A three-replica cluster on one machine", 0),
@@ -121,7 +121,7 @@ fn quote(s: &str) -> String {
 /// line, mapped back to the README by [`Script::readme_line`].
 const PRELUDE: &str = r#"set -Eeuo pipefail
 trap '__s=$?; echo "README_FAILED script_line=$LINENO status=$__s command: $BASH_COMMAND" >&2; exit $__s' ERR
-__expect() { if [ "$2" != "$1" ]; then echo "README_MISMATCH readme_line=$3 want: $1" >&2; echo "got: $2" >&2; exit 1; fi; echo "README_CHECKED readme_line=$3: $1"; }
+__expect() { set -- "$1" "$(printf '%s' "$2" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//')" "$3"; if [ "$2" != "$1" ]; then echo "README_MISMATCH readme_line=$3 want: $1" >&2; echo "got: $2" >&2; exit 1; fi; echo "README_CHECKED readme_line=$3: $1"; }
 __expect_error() { case "$2" in *"$1"*) echo "README_CHECKED readme_line=$3: fails with $1" ;; *) echo "README_MISMATCH readme_line=$3 want an error holding: $1" >&2; echo "got: $2" >&2; exit 1 ;; esac; }
 __succeeded() { echo "README_MISMATCH readme_line=$1 want a failure; it succeeded" >&2; exit 1; }
 __ready() { for _ in $(seq 1 300); do if [ -f "$2" ] && curl -fsS --cacert "$2" "$1/readyz" >/dev/null 2>&1; then return 0; fi; sleep 0.1; done; echo "README_FAILED $1 not ready within 30s" >&2; return 1; }

@@ -100,6 +100,7 @@ fn write_response(ok: TxnOk, warnings: Vec<String>) -> WriteResponse {
     WriteResponse {
         revision: ok.revision,
         warnings,
+        preview_json: String::new(),
         items: ok
             .items
             .into_iter()
@@ -164,8 +165,9 @@ const SNAPSHOT_CHUNK: usize = 1024 * 1024;
 impl Lodestar for GrpcApi {
     async fn apply(&self, req: Request<ApplyRequest>) -> Result<Response<WriteResponse>, Status> {
         let caller = self.caller(&req, "Apply")?;
+        let req = req.into_inner();
+        let (dry_run, expected_revision) = (req.dry_run, req.expected_revision);
         let items = req
-            .into_inner()
             .items
             .into_iter()
             .enumerate()
@@ -176,17 +178,25 @@ impl Lodestar for GrpcApi {
             })
             .collect::<Result<Vec<_>, Error>>()
             .map_err(status_of)?;
-        let (mut txn, mut warnings) = super::apply_txn(items).map_err(status_of)?;
-        caller.authorize_txn(Verb::Write, &txn).map_err(status_of)?;
-        let node = &self.replica.node;
-        crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current()).map_err(status_of)?;
-        let applied = node.reader.current();
-        warnings.extend(super::policy_warnings(&txn, &applied, &node.config.root_namespace));
-        warnings.extend(super::claim_warnings(&txn, &applied, &node.config.domain_suffix));
-        warnings.extend(super::host_warnings(&txn, &applied, &node.config.domain_suffix));
-        warnings.extend(super::analyze::write_warnings(&caller, &txn, &applied, &node.config));
-        let ok = caller.write(&self.replica.node, Verb::Write, txn).await.map_err(status_of)?;
-        Ok(Response::new(write_response(ok, warnings)))
+        let (txn, warnings) = super::apply_txn(items).map_err(status_of)?;
+        match super::apply_authorized(&caller, &self.replica.node, txn, warnings, dry_run, expected_revision).await.map_err(status_of)? {
+            super::ApplyOutcome::Written(r) => Ok(Response::new(WriteResponse {
+                revision: r.revision,
+                items: r
+                    .items
+                    .into_iter()
+                    .map(|i| ItemResult { kind: i.kind, namespace: i.namespace, name: i.name, action: i.action, mod_revision: i.mod_revision })
+                    .collect(),
+                warnings: r.warnings,
+                preview_json: String::new(),
+            })),
+            super::ApplyOutcome::Preview(p) => Ok(Response::new(WriteResponse {
+                revision: p.base_revision,
+                items: Vec::new(),
+                warnings: Vec::new(),
+                preview_json: serde_json::to_string(&p).map_err(|e| status_of(Error::internal(e.to_string())))?,
+            })),
+        }
     }
 
     async fn delete(&self, req: Request<DeleteRequest>) -> Result<Response<WriteResponse>, Status> {

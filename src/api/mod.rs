@@ -11,6 +11,7 @@
 //! proposed to raft. The apply path never sees a token.
 
 pub mod analyze;
+pub mod dryrun;
 pub mod grpc;
 pub mod rest;
 pub mod serve;
@@ -887,6 +888,42 @@ pub fn list(applied: &Applied, kind: Kind, namespace: Option<&str>, selector: &S
 
 pub fn parse_selector(s: Option<&str>) -> Result<Selector> {
     Selector::parse(s.unwrap_or("")).map_err(|e| Error::invalid_fields(vec![e]))
+}
+
+/// What an apply answered: the write, or its preview.
+pub enum ApplyOutcome {
+    Written(WriteResult),
+    Preview(dryrun::Preview),
+}
+
+/// An apply's transaction, validated, on to the store: authorized (write on
+/// everything it touches), pinned to `expected_revision` if given, sealed,
+/// then previewed (`dry_run`: nothing proposed) or written; with the
+/// write's warnings either way. REST and gRPC share it.
+pub async fn apply_authorized(
+    caller: &Caller,
+    node: &crate::node::Node,
+    mut txn: Txn,
+    mut warnings: Vec<String>,
+    dry_run: bool,
+    expected_revision: Option<u64>,
+) -> Result<ApplyOutcome> {
+    caller.authorize_txn(Verb::Write, &txn)?;
+    let applied = if dry_run || expected_revision.is_some() { node.read(crate::node::Consistency::Linearizable).await? } else { node.reader.current() };
+    if let Some(base) = expected_revision {
+        dryrun::pin(&mut txn, &applied.state, base)?;
+    }
+    // A preview seals too: it shows what would be stored (never a value).
+    crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &applied)?;
+    warnings.extend(policy_warnings(&txn, &applied, &node.config.root_namespace));
+    warnings.extend(claim_warnings(&txn, &applied, &node.config.domain_suffix));
+    warnings.extend(host_warnings(&txn, &applied, &node.config.domain_suffix));
+    warnings.extend(analyze::write_warnings(caller, &txn, &applied, &node.config));
+    if dry_run {
+        return dryrun::preview(caller, &applied.state, &txn, warnings).map(ApplyOutcome::Preview);
+    }
+    let ok = caller.write(node, Verb::Write, txn).await?;
+    Ok(ApplyOutcome::Written(WriteResult::new(ok, warnings)))
 }
 
 /// The JSON shape of a write result, shared by REST and the CLI.

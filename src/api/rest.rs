@@ -145,19 +145,24 @@ fn revision_headers(revision: u64) -> [(header::HeaderName, HeaderValue); 1] {
     [(header::HeaderName::from_static(REVISION_HEADER), HeaderValue::from(revision))]
 }
 
-async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response> {
+/// `?dryRun=true`: preview, write nothing; `?expectedRevision=N`: only if
+/// nothing the body names changed after revision N (`api::dryrun`).
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ApplyQuery {
+    #[serde(default)]
+    dry_run: bool,
+    expected_revision: Option<u64>,
+}
+
+async fn apply(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<ApplyQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
     caller.precheck(Precheck::Any(Verb::Write))?;
     let bytes = read_body(&node, body).await?;
-    let (mut txn, mut warnings) = apply_body(is_yaml(&headers), &bytes)?;
-    caller.authorize_txn(Verb::Write, &txn)?;
-    crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current())?;
-    let applied = node.reader.current();
-    warnings.extend(super::policy_warnings(&txn, &applied, &node.config.root_namespace));
-    warnings.extend(super::claim_warnings(&txn, &applied, &node.config.domain_suffix));
-    warnings.extend(super::host_warnings(&txn, &applied, &node.config.domain_suffix));
-    warnings.extend(super::analyze::write_warnings(&caller, &txn, &applied, &node.config));
-    let ok = caller.write(&node, Verb::Write, txn).await?;
-    Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
+    let (txn, warnings) = apply_body(is_yaml(&headers), &bytes)?;
+    match super::apply_authorized(&caller, &node, txn, warnings, q.dry_run, q.expected_revision).await? {
+        super::ApplyOutcome::Written(result) => Ok((revision_headers(result.revision), Json(result)).into_response()),
+        super::ApplyOutcome::Preview(p) => Ok((revision_headers(p.base_revision), Json(p)).into_response()),
+    }
 }
 
 /// The body of `/v1/apply` (YAML when `yaml`, else JSON), parsed and

@@ -140,6 +140,17 @@ enum Command {
         /// connected, e.g. an Envoy just started; repeat for more.
         #[arg(long = "proxy", value_name = "NAME.NAMESPACE", requires = "wait")]
         proxies: Vec<String>,
+        /// Preview: what would change, field by field, at the current
+        /// revision; nothing is written.
+        #[arg(long, conflicts_with = "wait")]
+        dry_run: bool,
+        /// Apply only if nothing the files name changed after this
+        /// revision (a dry run's); refused otherwise, naming what changed.
+        #[arg(long, value_name = "REVISION")]
+        expected_revision: Option<u64>,
+        /// With --dry-run: json for pipelines (default: a summary).
+        #[arg(short, long, requires = "dry_run")]
+        output: Option<Output>,
     },
     /// Wait until every proxy connected to any replica has ACKed a revision
     /// (or newer); fails listing NACKs, or the proxies still behind. On a
@@ -469,8 +480,17 @@ pub async fn run(cli: Cli) -> Result<()> {
     let client = access.client()?;
     match command {
         Command::Server(_) | Command::Tls { .. } => unreachable!("handled above"),
-        Command::Apply { files, namespace, wait: w, timeout, proxies } => {
-            let revision = apply(&client, &files, namespace.as_deref()).await?;
+        Command::Apply { files, namespace, wait: w, timeout, proxies, dry_run, expected_revision, output } => {
+            let query = query(&[("dryRun", dry_run.then_some("true")), ("expectedRevision", expected_revision.map(|r| r.to_string()).as_deref())]);
+            if dry_run {
+                let preview = client.post(&format!("/v1/apply{query}"), &json!({ "resources": apply_documents(&files, namespace.as_deref())? })).await?;
+                match output {
+                    Some(Output::Json) => println!("{}", serde_json::to_string_pretty(&preview)?),
+                    _ => print!("{}", crate::api::dryrun::render(&preview)),
+                }
+                return Ok(());
+            }
+            let revision = apply(&client, &files, namespace.as_deref(), &query).await?;
             if w {
                 wait(&client, revision, &timeout, &proxies).await?;
             }
@@ -635,7 +655,15 @@ async fn wait(client: &Client, revision: u64, timeout: &str, proxies: &[String])
     }
 }
 
-async fn apply(client: &Client, files: &[String], namespace: Option<&str>) -> Result<u64> {
+async fn apply(client: &Client, files: &[String], namespace: Option<&str>, query: &str) -> Result<u64> {
+    let docs = apply_documents(files, namespace)?;
+    let result = client.post(&format!("/v1/apply{query}"), &json!({ "resources": docs })).await?;
+    print_write_result(&result);
+    result["revision"].as_u64().ok_or_else(|| anyhow!("the server answered no revision"))
+}
+
+/// The files' documents, those without a namespace given `namespace`.
+fn apply_documents(files: &[String], namespace: Option<&str>) -> Result<Vec<Value>> {
     let mut docs = read_documents(files)?;
     if docs.is_empty() {
         bail!("no resources found in {}", files.join(", "));
@@ -649,9 +677,7 @@ async fn apply(client: &Client, files: &[String], namespace: Option<&str>) -> Re
             }
         }
     }
-    let result = client.post("/v1/apply", &json!({ "resources": docs })).await?;
-    print_write_result(&result);
-    result["revision"].as_u64().ok_or_else(|| anyhow!("the server answered no revision"))
+    Ok(docs)
 }
 
 fn parse_kind(kind: &str) -> Result<Kind> {

@@ -368,7 +368,7 @@ pub(crate) fn status_text(s: tonic::Status) -> anyhow::Error {
 async fn register(client: &mut ApiClient, s: u32, n: u32) -> Result<u64> {
     // expectedRevision 0: it must not exist yet.
     let item = ApplyItem { resource_json: instance_doc(s, n).to_string(), expected_revision: Some(0) };
-    let r = client.apply(ApplyRequest { items: vec![item] }).await.map_err(status_text)?.into_inner();
+    let r = client.apply(ApplyRequest { items: vec![item], ..Default::default() }).await.map_err(status_text)?.into_inner();
     match r.items.first().map(|i| i.action.as_str()) {
         Some("created") if r.revision > 0 => Ok(r.revision),
         other => bail!("register of {} not acknowledged as created: {other:?} at revision {}", instance_name(s, n), r.revision),
@@ -457,8 +457,10 @@ pub(crate) async fn apply_all(client: &mut ApiClient, docs: &[Value]) -> Result<
     let mut revision = 0;
     for chunk in docs.chunks(SETUP_CHUNK) {
         let items = chunk.iter().map(|d| ApplyItem { resource_json: d.to_string(), expected_revision: None }).collect();
-        let r =
-            tokio::time::timeout(WRITE_TIMEOUT, client.apply(ApplyRequest { items })).await.map_err(|_| anyhow!("apply: no answer"))?.map_err(status_text)?;
+        let r = tokio::time::timeout(WRITE_TIMEOUT, client.apply(ApplyRequest { items, ..Default::default() }))
+            .await
+            .map_err(|_| anyhow!("apply: no answer"))?
+            .map_err(status_text)?;
         revision = revision.max(r.into_inner().revision);
     }
     Ok(revision)

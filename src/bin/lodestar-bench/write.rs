@@ -240,7 +240,7 @@ impl Conn {
                 }
             }
             Conn::Grpc(c) => {
-                let req = ApplyRequest { items: vec![ApplyItem { resource_json: doc.to_string(), expected_revision: None }] };
+                let req = ApplyRequest { items: vec![ApplyItem { resource_json: doc.to_string(), expected_revision: None }], ..Default::default() };
                 let r = c.apply(req).await.map_err(|s| anyhow!("{}: {}", s.code(), s.message()))?.into_inner();
                 match r.items.first().map(|i| i.action.as_str()) {
                     Some("created" | "configured") if r.revision > 0 => Ok(r.revision),

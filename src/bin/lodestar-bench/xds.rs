@@ -768,7 +768,7 @@ where
 
 async fn write_vs(mut client: ApiClient, mark: String) -> Result<u64> {
     let item = ApplyItem { resource_json: web_vs(&mark).to_string(), expected_revision: None };
-    let r = client.apply(ApplyRequest { items: vec![item] }).await.map_err(status_text)?.into_inner();
+    let r = client.apply(ApplyRequest { items: vec![item], ..Default::default() }).await.map_err(status_text)?.into_inner();
     match r.items.first().map(|i| i.action.as_str()) {
         Some("configured" | "created") if r.revision > 0 => Ok(r.revision),
         other => bail!("VirtualService write not acknowledged as a change: {other:?} at revision {}", r.revision),
@@ -779,7 +779,7 @@ async fn write_endpoint(mut client: ApiClient, k: u32, register: bool) -> Result
     let (revision, action, want) = if register {
         // expectedRevision 0: it must not exist yet.
         let item = ApplyItem { resource_json: instance_doc(&fanout_name(k), WEB, fanout_addr(k)).to_string(), expected_revision: Some(0) };
-        let r = client.apply(ApplyRequest { items: vec![item] }).await.map_err(status_text)?.into_inner();
+        let r = client.apply(ApplyRequest { items: vec![item], ..Default::default() }).await.map_err(status_text)?.into_inner();
         (r.revision, r.items.first().map(|i| i.action.clone()), "created")
     } else {
         let item = ResourceRef { kind: "Instance".into(), namespace: MESH_NS.into(), name: fanout_name(k), expected_revision: None };
