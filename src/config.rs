@@ -257,8 +257,8 @@ impl ServerConfig {
     }
 
     /// The mesh-wide settings translation reads.
-    pub fn mesh_config(&self) -> crate::mesh::MeshConfig {
-        crate::mesh::MeshConfig {
+    pub fn mesh_config(&self) -> crate::translate::mesh::MeshConfig {
+        crate::translate::mesh::MeshConfig {
             domain_suffix: self.domain_suffix.clone(),
             root_namespace: self.root_namespace.clone(),
             trust_domain: self.trust_domain.clone(),

@@ -54,7 +54,8 @@ pub mod ha;
 pub mod health;
 pub mod jwks;
 pub mod logging;
-pub mod mesh;
+// The mesh index is translation's input: it lives there; its old path stays.
+pub use translate::mesh;
 pub mod metrics;
 pub mod model;
 pub mod node;
@@ -62,6 +63,7 @@ pub mod peer;
 pub mod replica;
 pub mod secrets;
 pub mod server;
+pub mod state;
 // openraft's StorageError (224 bytes) is the error type its storage traits
 // require; boxing it in our helpers would only add conversions.
 #[allow(clippy::result_large_err)]

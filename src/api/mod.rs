@@ -18,7 +18,6 @@ use crate::auth::audit::AuditEvent;
 use crate::auth::token::{self, Minted, NewToken};
 use crate::auth::{Acl, AclIndex, Credentials, PeerIdentity, Permission, Principal, Target, Verb};
 use crate::error::{Code, Error, FieldError, Result};
-use crate::mesh::hosts as mesh_hosts;
 use crate::model::acl::{ProxyBinding, GLOBAL_MANAGEMENT};
 use crate::model::kinds::CLUSTER_NAMESPACE;
 use crate::model::{self, Kind, ResourceKey, Selector, StoredObject};
@@ -27,6 +26,7 @@ use crate::replica::Replica;
 use crate::store::types::{ItemResult, Op, Txn, TxnOk};
 use crate::store::watch::WatchFilter;
 use crate::store::Applied;
+use crate::translate::mesh::hosts as mesh_hosts;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -744,7 +744,7 @@ pub fn host_warnings(txn: &Txn, applied: &crate::store::Applied, suffix: &str) -
     let hosts = |key: &ResourceKey, typed: &TypedSpec| -> Vec<String> {
         match typed {
             TypedSpec::Service(spec) => vec![spec.hostname.clone().unwrap_or_else(|| format!("{}.{}.svc.{suffix}", key.name, key.namespace))],
-            TypedSpec::Instance(spec) => vec![crate::mesh::instance_hostname(spec, &key.namespace, suffix)],
+            TypedSpec::Instance(spec) => vec![crate::translate::mesh::instance_hostname(spec, &key.namespace, suffix)],
             TypedSpec::Istio(Validated::ServiceEntry { spec, .. }) => {
                 spec.hosts.iter().map(|h| crate::model::istio::resolve_short_name(h, &key.namespace, suffix)).collect()
             }
@@ -943,7 +943,7 @@ pub struct ServiceView {
 
 /// The registry's services at one snapshot (ServiceEntries excluded).
 pub fn registry_services(applied: &Applied, config: &crate::config::ServerConfig, namespace: Option<&str>) -> Vec<ServiceView> {
-    use crate::mesh::{Health, Mesh};
+    use crate::translate::mesh::{Health, Mesh};
     let mesh = Mesh::build(applied, Arc::new(config.mesh_config()));
     mesh.all_services()
         .filter(|s| s.sources.iter().any(|(k, _)| matches!(k.kind, Kind::Service | Kind::Instance)))

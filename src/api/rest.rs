@@ -589,7 +589,7 @@ async fn authz_check(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
 /// The config this replica serves a connected proxy, as proto-JSON.
 async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q): Query<ConfigDumpQuery>) -> Result<Response> {
     caller.authorize(Verb::Read, [Target::Cluster])?;
-    use crate::xds::resources::ResourceType;
+    use crate::translate::resources::ResourceType;
     let config = sync.config_of(&q.proxy_id).ok_or_else(|| Error::not_found(format!("proxy {:?} is not connected to this replica", q.proxy_id)))?;
     let wanted = match q.kind.as_deref() {
         None | Some("") | Some("all") => None,
@@ -611,7 +611,7 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
             .of(t)
             .into_iter()
             .flat_map(|m| m.values())
-            .map(|r| json!({"name": r.name, "version": r.version, "resource": crate::xds::json::any_to_json(&r.any).unwrap_or_else(|e| json!({"error": e}))}))
+            .map(|r| json!({"name": r.name, "version": r.version, "resource": crate::translate::json::any_to_json(&r.any).unwrap_or_else(|e| json!({"error": e}))}))
             .collect();
         let key = match t {
             ResourceType::Cluster => "clusters",
@@ -630,7 +630,7 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
 async fn registryz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Response> {
     caller.authorize(Verb::Read, [Target::Cluster])?;
     let applied = node.reader.current();
-    let mesh = crate::mesh::Mesh::build(&applied, Arc::new(node.config.mesh_config()));
+    let mesh = crate::translate::mesh::Mesh::build(&applied, Arc::new(node.config.mesh_config()));
     let services: Vec<Value> = mesh
         .all_services()
         .map(|s| {

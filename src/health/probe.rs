@@ -6,7 +6,7 @@ use crate::model::registry::{parse_host_port, parse_http_url, HealthCheck, Healt
 use crate::model::{Kind, ResourceKey, TypedSpec};
 use crate::node::Node;
 use crate::store::types::{Op, Txn};
-use crate::xds::resources::fnv1a;
+use crate::translate::resources::fnv1a;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,7 +11,6 @@
 //! over to another replica sees the same versions.
 
 mod delta;
-pub mod json;
 pub mod limits;
 pub mod push;
 pub mod resources;
@@ -28,6 +27,9 @@ use resources::Generator;
 use std::sync::Arc;
 
 pub use status::SyncRegistry;
+// The JSON rendering of what is served is translation's
+// (`translate::json`); its old path stays.
+pub use crate::translate::json;
 
 // What a stream does with a request's bytes, without a socket: framing and
 // limits (`decode_frame`), the proxy's identity from its node

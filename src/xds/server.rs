@@ -121,7 +121,7 @@ pub struct ServeOptions {
     /// identity only if this CA issued it.
     pub mesh_ca: Option<Arc<crate::ca::MeshCa>>,
     /// Changes when an input of translation other than the store changed
-    /// (key sets fetched from `jwksUri`s, `crate::jwks`): every stream
+    /// (key sets fetched from `jwksUri`s, the root's `jwks` fetcher): every stream
     /// then regenerates at its revision and pushes what changed.
     pub refresh: Option<watch::Receiver<u64>>,
     /// The cluster secrets key: gateways' `credentialName` secrets are
@@ -755,7 +755,7 @@ fn until_unix(at: i64) -> Duration {
 /// `age` ± 10%, spread by the stream id so streams opened together do not
 /// all close together.
 fn jittered(age: Duration, stream: u64) -> Duration {
-    let spread = (crate::xds::resources::fnv1a(&stream.to_le_bytes()) % 2001) as f64 / 10_000.0 - 0.1;
+    let spread = (crate::translate::resources::fnv1a(&stream.to_le_bytes()) % 2001) as f64 / 10_000.0 - 0.1;
     age.mul_f64(1.0 + spread)
 }
 
