@@ -5,7 +5,7 @@
 
 use super::{ApplyItem, Caller, DeleteItem};
 use crate::auth::{PeerIdentity, Target, Verb};
-use crate::error::{Code, Error};
+use crate::error::Error;
 use crate::node::{ClusterStatus, Consistency};
 use crate::proto::api::lodestar_server::{Lodestar, LodestarServer};
 use crate::proto::api::*;
@@ -17,19 +17,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
+/// The gRPC status of an error (its code's number, `Code::grpc_code`).
 pub fn status_of(e: Error) -> Status {
-    let code = match e.code {
-        Code::InvalidArgument => tonic::Code::InvalidArgument,
-        Code::NotFound => tonic::Code::NotFound,
-        Code::Conflict => tonic::Code::Aborted,
-        Code::Compacted => tonic::Code::OutOfRange,
-        Code::Unavailable => tonic::Code::Unavailable,
-        Code::Internal => tonic::Code::Internal,
-        Code::Unauthenticated => tonic::Code::Unauthenticated,
-        Code::PermissionDenied => tonic::Code::PermissionDenied,
-        Code::ResourceExhausted => tonic::Code::ResourceExhausted,
-    };
-    Status::new(code, e.message)
+    Status::new(tonic::Code::from(e.code.grpc_code()), e.message)
 }
 
 pub struct GrpcApi {

@@ -362,6 +362,14 @@ impl MeshCa {
     }
 }
 
+/// The xDS port's check of a client certificate naming a SPIFFE id.
+impl crate::xds::server::WorkloadCerts for MeshCa {
+    fn verify_workload(&self, chain: &[CertificateDer<'static>]) -> std::result::Result<crate::auth::index::CertFacts, String> {
+        MeshCa::verify_workload(self, chain)?;
+        chain.first().and_then(|c| cert_facts(c)).ok_or_else(|| "the certificate does not parse".into())
+    }
+}
+
 /// What the deny list (`auth::index::AclIndex::revoked`) and the xDS
 /// port's expiry timer need of a mesh certificate (DER): its SPIFFE id,
 /// serial, signing time (the mesh CA backdates `notBefore` by

@@ -509,7 +509,7 @@ impl IstioCertificateService for CaService {
                 }
                 m.ca_errors.with(&[reason(e.code)]).inc();
                 tracing::info!(remote = %conn.map_or_else(|| "unknown".to_string(), |c| c.remote.to_string()), error = %e.message, "certificate request refused");
-                Err(crate::api::grpc::status_of(e))
+                Err(Status::new(tonic::Code::from(e.code.grpc_code()), e.message))
             }
         }
     }

@@ -21,7 +21,7 @@ mod session;
 mod sotw;
 pub mod status;
 
-use crate::config::ServerConfig;
+use crate::translate::mesh::MeshConfig;
 use crate::translate::Translator;
 use resources::Generator;
 use std::sync::Arc;
@@ -41,6 +41,6 @@ pub use sotw::SotwStream;
 
 /// The generator a replica serves with (`server::run`): translation of the
 /// Istio config and registry in the applied store state.
-pub fn default_generator(config: &ServerConfig) -> Arc<dyn Generator> {
-    Arc::new(Translator::new(config.mesh_config()))
+pub fn default_generator(mesh: MeshConfig) -> Arc<dyn Generator> {
+    Arc::new(Translator::new(mesh))
 }

@@ -89,6 +89,15 @@ pub trait Fence: Send + Sync + 'static {
     async fn barrier(&self) -> Result<(), String>;
 }
 
+/// Which client certificates naming a SPIFFE id are workload identities:
+/// the mesh CA (the root's `ca::MeshCa` implements it). The server knows no
+/// CA, only this call.
+pub trait WorkloadCerts: Send + Sync + 'static {
+    /// The facts of the chain's leaf if the mesh CA issued it to a
+    /// workload and it is current, or why not.
+    fn verify_workload(&self, chain: &[rustls::pki_types::CertificateDer<'static>]) -> Result<crate::auth::index::CertFacts, String>;
+}
+
 /// A fence for a store with no other replicas to be behind.
 pub struct AlwaysCurrent;
 
@@ -119,14 +128,14 @@ pub struct ServeOptions {
     pub acl: Option<Arc<crate::auth::Acl>>,
     /// The mesh CA: a client certificate's SPIFFE id is a workload
     /// identity only if this CA issued it.
-    pub mesh_ca: Option<Arc<crate::ca::MeshCa>>,
+    pub mesh_ca: Option<Arc<dyn WorkloadCerts>>,
     /// Changes when an input of translation other than the store changed
     /// (key sets fetched from `jwksUri`s, the root's `jwks` fetcher): every stream
     /// then regenerates at its revision and pushes what changed.
     pub refresh: Option<watch::Receiver<u64>>,
     /// The cluster secrets key: gateways' `credentialName` secrets are
     /// served over SDS on their stream (`xds::secrets`); `None`: none are.
-    pub secrets: Option<Arc<crate::secrets::SecretsKey>>,
+    pub secrets: Option<Arc<dyn super::secrets::Unseal>>,
     /// Streams this replica serves at once (`xds_max_streams`); more are
     /// refused with RESOURCE_EXHAUSTED. 0: no limit.
     pub max_streams: usize,
@@ -171,15 +180,30 @@ impl Default for ServeOptions {
 ///
 /// `applied` is the store's applied-state channel
 /// (`StoreReader::subscribe_applied`); tests may drive one by hand.
-pub async fn serve(
+/// `also`: another gRPC service on the port (Istio's CSR service, the
+/// root's `ca::service`, wrapped in `Tracked`), generic so this module
+/// names no CA.
+pub async fn serve<C>(
     incoming: crate::tls::conn::Incoming,
     applied: watch::Receiver<Arc<Applied>>,
     generator: Arc<dyn Generator>,
     registry: SyncRegistry,
     options: ServeOptions,
-    ca: Option<crate::ca::service::CaServer>,
+    also: Option<C>,
     shutdown: watch::Receiver<bool>,
-) -> Result<(), tonic::transport::Error> {
+) -> Result<(), tonic::transport::Error>
+where
+    C: tonic::codegen::Service<
+            tonic::codegen::http::Request<tonic::body::Body>,
+            Response = tonic::codegen::http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    C::Future: Send + 'static,
+{
     let service = AdsService::new(applied, generator, registry, options, shutdown.clone());
     tokio::spawn(summarize_stream_log(service.shared.clone(), shutdown.clone()));
     tonic::transport::Server::builder()
@@ -192,7 +216,7 @@ pub async fn serve(
         // long as it is open), for the port's idle timeout (`tls::conn`).
         .add_service(Tracked(service.into_server()))
         // Istio's CSR service shares the port, as on istiod (see `ca`).
-        .add_optional_service(ca.map(Tracked))
+        .add_optional_service(also)
         // `Incoming` sets TCP_NODELAY (tonic ignores its builder's with an
         // incoming stream) and does the TLS handshakes.
         .serve_with_incoming_shutdown(incoming.into_stream(), stopped(shutdown))
@@ -429,10 +453,7 @@ impl AdsService {
             caller.peer = None;
             return;
         };
-        let facts = ca
-            .verify_workload(&chain)
-            .and_then(|_| chain.first().and_then(|c| crate::ca::cert_facts(c)).ok_or_else(|| "the certificate does not parse".into()));
-        match facts {
+        match ca.verify_workload(&chain) {
             Ok(f) => caller.mesh_cert = Some(f),
             Err(why) => {
                 caller.peer = None;
@@ -540,7 +561,7 @@ fn secrets_for(
     caller: &StreamCaller,
     principal: &crate::auth::Principal,
     identity: &ProxyIdentity,
-) -> Result<Arc<crate::secrets::SecretsKey>, String> {
+) -> Result<Arc<dyn super::secrets::Unseal>, String> {
     let authenticated = shared.options.acl.as_ref().is_some_and(|a| a.enabled);
     let key = super::secrets::eligible(identity, caller.tls, authenticated, shared.options.secrets.as_ref()).map_err(str::to_string)?;
     principal.may_have_secrets(&identity.namespace)?;

@@ -2,6 +2,8 @@
 //! three ports (API, raft peers, xDS), initialise the cluster when asked, and
 //! shut down gracefully.
 
+pub mod bootstrap;
+
 use crate::api::{grpc::GrpcApi, rest};
 use crate::config::ServerConfig;
 use crate::node::Node;
@@ -71,7 +73,7 @@ fn half_election_timeout_ms(c: &ServerConfig) -> u64 {
 /// Run a replica until `shutdown` resolves, serving xDS with
 /// [`crate::xds::default_generator`].
 pub async fn run(config: ServerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let generator = crate::xds::default_generator(&config);
+    let generator = crate::xds::default_generator(config.mesh_config());
     run_with(config, generator, shutdown).await
 }
 
@@ -82,7 +84,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // First: everything below is written into it.
     crate::store::create_data_dir(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     // The management credential for the client config (see `tls::bootstrap`).
-    let token = if config.acls_on() { crate::tls::bootstrap::ensure_management_token(&mut config)? } else { None };
+    let token = if config.acls_on() { bootstrap::ensure_management_token(&mut config)? } else { None };
     let config = Arc::new(config);
     let db = crate::store::open_db(&config.data_dir, config.store_cache_bytes)
         .with_context(|| format!("opening the store in {} (is another replica using it?)", config.data_dir.display()))?;
@@ -120,11 +122,11 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         tracing::warn!("INSECURE MODE: every port is plaintext and open, with no client certificates and no credentials. Anyone who can reach the API port can rewrite the mesh; anyone who can reach the raft port can speak as a peer. For experiments only.");
         None
     } else {
-        let files = crate::tls::bootstrap::ensure_files(&config)?;
+        let files = bootstrap::ensure_files(&config)?;
         let mesh_root = mesh_ca_dir.as_ref().map(|d| d.join(crate::ca::ROOT_CERT));
         let tls = crate::tls::Tls::load_with_mesh_root(files, config.verify_incoming, mesh_root).context("loading the TLS certificate files")?;
         tracing::info!(serial = tls.serial(), cert = %tls.files().cert.display(), ca = %tls.files().ca.display(), "TLS on every port");
-        for path in crate::tls::bootstrap::write_client_config(&config, tls.files(), token)? {
+        for path in bootstrap::write_client_config(&config, tls.files(), token)? {
             tracing::info!(
                 path = %path.display(),
                 "first start: wrote the CLI's client config (server, CA, and the management token with ACLs on; 0600); `lodestar` on this machine uses it. From another machine: copy it there, \
@@ -214,9 +216,9 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         fence_timeout: Duration::from_millis(config.xds_fence_timeout_ms),
         latest: Some(node.reader.subscribe_applied()),
         acl: Some(replica.acl.clone()),
-        mesh_ca: mesh_ca.clone(),
+        mesh_ca: mesh_ca.clone().map(|ca| ca as Arc<dyn crate::xds::server::WorkloadCerts>),
         refresh,
-        secrets,
+        secrets: secrets.map(|key| key as Arc<dyn crate::xds::secrets::Unseal>),
         max_streams: config.xds_max_streams,
         max_buffered_request_bytes: config.xds_max_buffered_request_bytes,
         max_streams_per_credential: config.xds_max_streams_per_credential,
@@ -225,7 +227,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
-    let ca_service = Some(crate::ca::service::CaService::server(mesh_ca.clone(), replica.clone()));
+    let ca_service = Some(crate::tls::conn::Tracked(crate::ca::service::CaService::server(mesh_ca.clone(), replica.clone())));
     let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, ca_service, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
     let mut background = vec![
