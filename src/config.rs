@@ -8,10 +8,9 @@ use std::path::PathBuf;
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:8470";
 pub const DEFAULT_RAFT_ADDR: &str = "127.0.0.1:8471";
 pub const DEFAULT_XDS_ADDR: &str = "127.0.0.1:8472";
-/// Where the CLI goes with no server named anywhere: the API of `lodestar
-/// server` started with no flags, which serves TLS (`--insecure` servers
-/// need `--server http://...`).
-pub const DEFAULT_SERVER_URL: &str = "https://127.0.0.1:8470";
+// What the CLI needs to reach a cluster is the client's (`client::config`);
+// its old paths stay.
+pub use crate::client::config::{expand_home, ClientConfig, DEFAULT_SERVER_URL};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
@@ -384,51 +383,6 @@ impl ServerConfig {
             return Err("verify_incoming: needs TLS, and insecure turns it off".into());
         }
         Ok(())
-    }
-}
-
-/// What the CLI needs to reach a cluster: `client.toml`, written by a
-/// replica on first start (`<data_dir>/client.toml`, 0600) and read by the
-/// CLI (`--client-config`, `LODESTAR_CONFIG`, else `./lodestar-data/client.toml`,
-/// else `~/.config/lodestar/client.toml`: `cli::client::config_path`).
-/// Copy it to another machine and change `server` to use it from there.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ClientConfig {
-    /// Any replica's API, `https://HOST:PORT`.
-    pub server: String,
-    /// More replicas' APIs: the CLI tries them in order (after `server`)
-    /// while one cannot be reached.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub servers: Vec<String>,
-    /// The CA bundle (PEM) the server's certificate is checked against.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub ca_pem: String,
-    /// Or the file holding it (relative to this file's directory).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<PathBuf>,
-    /// A credential for the API (the admin token on first start).
-    pub token: Option<String>,
-    /// Or the file holding it (relative to this file's directory).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token_file: Option<PathBuf>,
-}
-
-impl ClientConfig {
-    pub fn from_toml(text: &str) -> Result<ClientConfig, String> {
-        toml::from_str(text).map_err(|e| e.to_string())
-    }
-
-    pub fn to_toml(&self) -> String {
-        toml::to_string(self).expect("a client config serialises")
-    }
-}
-
-/// `~/x` as the home directory's `x`.
-pub fn expand_home(path: &std::path::Path) -> PathBuf {
-    match (path.strip_prefix("~"), std::env::var_os("HOME")) {
-        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
-        _ => path.to_path_buf(),
     }
 }
 

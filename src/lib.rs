@@ -48,6 +48,7 @@ pub mod api;
 pub mod auth;
 pub mod ca;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod ha;

@@ -75,9 +75,9 @@ const CAS_ATTEMPTS: usize = 10;
 /// every key of a token with up to this many uses.
 const GRANTS_KEPT: usize = 256;
 
-/// The request metadata key of an impersonated identity (Istio's
-/// `security.ImpersonatedIdentity`).
-pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
+// The metadata key is on the wire for both sides (the agent asks with it):
+// it lives with the client.
+pub use crate::client::IMPERSONATED_IDENTITY;
 
 /// The service as the xDS port serves it, behind [`credential_shown`].
 pub type CaServer = tonic::service::interceptor::InterceptedService<IstioCertificateServiceServer<CaService>, CredentialCheck>;
