@@ -256,6 +256,29 @@ impl ServerConfig {
     }
 
     /// The mesh-wide settings translation reads.
+    /// What the ACLs take (`auth::acl::AclOptions`); the audit log's path
+    /// as it is under systemd when run by it.
+    pub fn acl_options(&self) -> crate::auth::acl::AclOptions {
+        let systemd = std::env::var_os("INVOCATION_ID").map(|_| std::env::var_os("LOGS_DIRECTORY").map(PathBuf::from));
+        crate::auth::acl::AclOptions {
+            enabled: self.acls_on(),
+            replica: self.id,
+            initial_management_token_file: self.initial_management_token_file.clone(),
+            audit_log: self.audit_log_path(systemd),
+            domain_suffix: self.domain_suffix.clone(),
+        }
+    }
+
+    /// What the node takes (`node::NodeOptions`).
+    pub fn node_options(&self) -> crate::node::NodeOptions {
+        crate::node::NodeOptions {
+            id: self.id,
+            info: self.node_info(),
+            group_commit_wait_us: self.group_commit_wait_us,
+            write_timeout_ms: self.write_timeout_ms,
+        }
+    }
+
     pub fn mesh_config(&self) -> crate::translate::mesh::MeshConfig {
         crate::translate::mesh::MeshConfig {
             domain_suffix: self.domain_suffix.clone(),

@@ -11,11 +11,13 @@
 //! helpers (heartbeats, proxy convergence), waiting for proxies.
 
 use crate::auth::Acl;
+use crate::config::ServerConfig;
 use crate::error::Result;
 use crate::ha::HaState;
 use crate::health::{Checks, Heartbeats};
 use crate::model::ResourceKey;
 use crate::node::{ClusterStatus, ForwardReply, ForwardRequest, MemberStatus, Node, NodeStatus, WaitReport};
+use crate::secrets::SecretsKey;
 use crate::xds::status::Convergence;
 use crate::xds::SyncRegistry;
 use std::sync::Arc;
@@ -33,16 +35,23 @@ pub struct Replica {
     pub sync: SyncRegistry,
     /// Who may use the API, and the audit log (`auth`).
     pub acl: Arc<Acl>,
+    /// The server's settings.
+    pub config: Arc<ServerConfig>,
+    /// The cluster secrets key, if this replica has one: the API and the
+    /// adapters seal Secrets' private keys with it before writing
+    /// (`secrets::seal_txn`).
+    pub secrets: Option<Arc<SecretsKey>>,
 }
 
 impl Replica {
-    pub fn new(node: Arc<Node>, acl: Arc<Acl>) -> Arc<Replica> {
-        Arc::new(Replica { node, ha: Default::default(), heartbeats: Default::default(), checks: Default::default(), sync: Default::default(), acl })
+    pub fn new(node: Arc<Node>, acl: Arc<Acl>, config: Arc<ServerConfig>, secrets: Option<Arc<SecretsKey>>) -> Arc<Replica> {
+        let (ha, heartbeats, checks, sync) = Default::default();
+        Arc::new(Replica { node, ha, heartbeats, checks, sync, acl, config, secrets })
     }
 
     /// Ready to serve (see `ha`).
     pub fn readiness(&self) -> std::result::Result<(), String> {
-        self.ha.readiness(&self.node)
+        self.ha.readiness(&self.node, Duration::from_millis(self.config.ready_max_lag_ms))
     }
 
     /// This replica's view of itself, as peers and `cluster status` see it.
@@ -153,6 +162,6 @@ impl crate::xds::server::Fence for Replica {
     }
 
     async fn barrier(&self) -> std::result::Result<(), String> {
-        crate::ha::confirm_current(&self.node, Duration::from_millis(self.node.config.xds_fence_timeout_ms)).await
+        crate::ha::confirm_current(&self.node, Duration::from_millis(self.config.xds_fence_timeout_ms)).await
     }
 }

@@ -28,7 +28,7 @@ pub struct GrpcApi {
 
 impl GrpcApi {
     pub fn server(replica: Arc<Replica>) -> LodestarServer<GrpcApi> {
-        let limit = replica.node.config.max_body_bytes;
+        let limit = replica.config.max_body_bytes;
         LodestarServer::new(GrpcApi { replica }).max_decoding_message_size(limit)
     }
 
@@ -169,11 +169,11 @@ impl Lodestar for GrpcApi {
         let (mut txn, mut warnings) = super::apply_txn(items).map_err(status_of)?;
         caller.authorize_txn(Verb::Write, &txn).map_err(status_of)?;
         let node = &self.replica.node;
-        crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current()).map_err(status_of)?;
+        crate::secrets::seal_txn(self.replica.secrets.as_deref(), &mut txn, &node.reader.current()).map_err(status_of)?;
         let applied = node.reader.current();
-        warnings.extend(super::policy_warnings(&txn, &applied, &node.config.root_namespace));
-        warnings.extend(super::claim_warnings(&txn, &applied, &node.config.domain_suffix));
-        warnings.extend(super::host_warnings(&txn, &applied, &node.config.domain_suffix));
+        warnings.extend(super::policy_warnings(&txn, &applied, &self.replica.config.root_namespace));
+        warnings.extend(super::claim_warnings(&txn, &applied, &self.replica.config.domain_suffix));
+        warnings.extend(super::host_warnings(&txn, &applied, &self.replica.config.domain_suffix));
         let ok = caller.write(&self.replica.node, Verb::Write, txn).await.map_err(status_of)?;
         Ok(Response::new(write_response(ok, warnings)))
     }

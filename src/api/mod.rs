@@ -469,7 +469,7 @@ pub async fn acl_bootstrap(replica: &Replica, op: &str) -> Result<TokenCreated> 
     let applied = replica.node.read(Consistency::Linearizable).await?;
     let policy_key = ResourceKey::new(Kind::Policy, CLUSTER_NAMESPACE, GLOBAL_MANAGEMENT);
     if let Some(index) = bootstrap_reset_index(&applied) {
-        let reset = replica.node.config.data_dir.join(BOOTSTRAP_RESET_FILE);
+        let reset = replica.config.data_dir.join(BOOTSTRAP_RESET_FILE);
         if let Err(why) = consume_reset_file(&reset, index).await {
             return deny(
                 format!("bootstrapped already (reset index {index}): {why}"),

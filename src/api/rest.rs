@@ -31,7 +31,8 @@ pub const OBJECTS_HEADER: &str = "x-lodestar-objects";
 
 /// The routes: those that only read or write the store take the `Node`;
 /// those about the replica's helpers (status, readiness, heartbeats,
-/// proxies) take the `Replica`.
+/// proxies) or its settings (body limits, the secrets key, the mesh's
+/// names) take the `Replica`.
 pub fn router(replica: Arc<Replica>) -> Router {
     let helpers = Router::new()
         .route("/v1/resources/{kind}/{namespace}/{name}/heartbeat", post(heartbeat))
@@ -43,13 +44,13 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/readyz", get(readyz))
         .route("/v1/acl/tokens", post(create_token))
         .route("/v1/acl/bootstrap", post(acl_bootstrap))
-        .with_state(replica.clone());
-    Router::new()
         .route("/v1/apply", post(apply))
         .route("/v1/delete", post(delete_many))
+        .route("/v1/registry/services", get(registry_services))
+        .with_state(replica.clone());
+    Router::new()
         .route("/v1/resources/{kind}", get(list))
         .route("/v1/resources/{kind}/{namespace}/{name}", get(get_one).delete(delete_one))
-        .route("/v1/registry/services", get(registry_services))
         .route("/v1/watch", get(watch_changes))
         .route("/v1/snapshot", get(snapshot))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -67,12 +68,14 @@ fn observe(replica: &Arc<Replica>) -> Router {
         .route("/debug/config_dump", get(config_dump))
         .route("/debug/authz", axum::routing::post(authz_check))
         .with_state(replica.sync.clone());
-    let node = Router::new()
+    let node = Router::new().route("/debug/configz", get(configz)).route("/metrics", get(metrics)).with_state(replica.node.clone());
+    Router::new()
+        .route("/debug/checks", get(debug_checks))
+        .route("/debug/push_status", get(push_status))
         .route("/debug/registryz", get(registryz))
-        .route("/debug/configz", get(configz))
-        .route("/metrics", get(metrics))
-        .with_state(replica.node.clone());
-    Router::new().route("/debug/checks", get(debug_checks)).route("/debug/push_status", get(push_status)).with_state(replica.clone()).merge(sync).merge(node)
+        .with_state(replica.clone())
+        .merge(sync)
+        .merge(node)
 }
 
 /// The same read-only routes for the local observer address
@@ -107,8 +110,8 @@ impl IntoResponse for Error {
 }
 
 /// Read a body with the configured size limit; over it is a 400 that says so.
-async fn read_body(node: &Node, body: Body) -> Result<Bytes> {
-    let limit = node.config.max_body_bytes;
+async fn read_body(replica: &Replica, body: Body) -> Result<Bytes> {
+    let limit = replica.config.max_body_bytes;
     axum::body::to_bytes(body, limit).await.map_err(|_| Error::field("body", format!("request body is larger than the limit of {limit} bytes")))
 }
 
@@ -144,16 +147,17 @@ fn revision_headers(revision: u64) -> [(header::HeaderName, HeaderValue); 1] {
     [(header::HeaderName::from_static(REVISION_HEADER), HeaderValue::from(revision))]
 }
 
-async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response> {
+async fn apply(State(replica): State<Arc<Replica>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response> {
+    let node = &replica.node;
     caller.precheck(Precheck::Any(Verb::Write))?;
-    let bytes = read_body(&node, body).await?;
+    let bytes = read_body(&replica, body).await?;
     let (mut txn, mut warnings) = apply_body(is_yaml(&headers), &bytes)?;
     caller.authorize_txn(Verb::Write, &txn)?;
-    crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &node.reader.current())?;
+    crate::secrets::seal_txn(replica.secrets.as_deref(), &mut txn, &node.reader.current())?;
     let applied = node.reader.current();
-    warnings.extend(super::policy_warnings(&txn, &applied, &node.config.root_namespace));
-    warnings.extend(super::claim_warnings(&txn, &applied, &node.config.domain_suffix));
-    warnings.extend(super::host_warnings(&txn, &applied, &node.config.domain_suffix));
+    warnings.extend(super::policy_warnings(&txn, &applied, &replica.config.root_namespace));
+    warnings.extend(super::claim_warnings(&txn, &applied, &replica.config.domain_suffix));
+    warnings.extend(super::host_warnings(&txn, &applied, &replica.config.domain_suffix));
     let ok = caller.write(&node, Verb::Write, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
 }
@@ -199,9 +203,10 @@ struct DeleteQuery {
     expected_revision: Option<u64>,
 }
 
-async fn delete_many(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<DeleteQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+async fn delete_many(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<DeleteQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+    let node = &replica.node;
     caller.precheck(Precheck::Any(Verb::Delete))?;
-    let bytes = read_body(&node, body).await?;
+    let bytes = read_body(&replica, body).await?;
     let txn = delete_body(is_yaml(&headers), &bytes, q.ignore_not_found)?;
     caller.authorize_txn(Verb::Delete, &txn)?;
     let ok = caller.write(&node, Verb::Delete, txn).await?;
@@ -341,7 +346,7 @@ struct AddMember {
 
 async fn add_member(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Json<ClusterStatus>> {
     caller.precheck(Precheck::Cluster(Verb::Admin))?;
-    let bytes = read_body(&replica.node, body).await?;
+    let bytes = read_body(&replica, body).await?;
     let m: AddMember = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
     let result = replica.node.add_node(m.id, NodeInfo { raft_addr: m.raft_addr, api_addr: m.api_addr, xds_addr: m.xds_addr }).await;
     caller.audit_result(Verb::Admin, vec![format!("members/{}", m.id)], result.as_ref().map(|_| None));
@@ -379,7 +384,7 @@ async fn metrics(caller: Caller) -> Result<Response> {
 /// shown this once.
 async fn create_token(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Response> {
     caller.precheck(Precheck::Cluster(Verb::Admin))?;
-    let bytes = read_body(&replica.node, body).await?;
+    let bytes = read_body(&replica, body).await?;
     let req: super::TokenRequest = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
     Ok(Json(super::create_token(&caller, &replica, req).await?).into_response())
 }
@@ -403,11 +408,12 @@ struct NamespaceQuery {
     consistency: Option<String>,
 }
 
-async fn registry_services(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<NamespaceQuery>) -> Result<Response> {
+async fn registry_services(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<NamespaceQuery>) -> Result<Response> {
+    let node = &replica.node;
     let ns = q.namespace.as_deref();
     caller.authorize(Verb::Read, [Target::kind(crate::model::Kind::Service, ns), Target::kind(crate::model::Kind::Instance, ns)])?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
-    Ok(Json(json!({"revision": applied.revision(), "services": super::registry_services(&applied, &node.config, q.namespace.as_deref())})).into_response())
+    Ok(Json(json!({"revision": applied.revision(), "services": super::registry_services(&applied, &replica.config, q.namespace.as_deref())})).into_response())
 }
 
 async fn debug_checks(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Response> {
@@ -627,10 +633,11 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
 
 /// The registry as translation sees it: every service with its ports and
 /// instances (health, locality, weight), at the local revision.
-async fn registryz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Response> {
+async fn registryz(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Response> {
+    let node = &replica.node;
     caller.authorize(Verb::Read, [Target::Cluster])?;
     let applied = node.reader.current();
-    let mesh = crate::translate::mesh::Mesh::build(&applied, Arc::new(node.config.mesh_config()));
+    let mesh = crate::translate::mesh::Mesh::build(&applied, Arc::new(replica.config.mesh_config()));
     let services: Vec<Value> = mesh
         .all_services()
         .map(|s| {
@@ -672,7 +679,7 @@ async fn push_status(State(replica): State<Arc<Replica>>, caller: Caller) -> Res
     let pushes: serde_json::Map<String, Value> = ["cds", "eds", "lds", "rds"].iter().map(|t| (t.to_string(), json!(m.xds_pushes.with(&[t]).get()))).collect();
     Ok(Json(json!({
         "appliedRevision": node.reader.current().revision(),
-        "debounceMs": node.config.push_debounce_ms,
+        "debounceMs": replica.config.push_debounce_ms,
         "pushTriggers": m.push_triggers.get(),
         "pushes": pushes,
         "connectedProxies": snapshot.proxies.len(),

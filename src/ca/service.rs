@@ -121,7 +121,7 @@ impl CaService {
         if let Some(ca) = &ca {
             ca.publish_expiry();
         }
-        let config = &replica.node.config;
+        let config = &replica.config;
         let admission = Arc::new(Semaphore::new(config.ca_max_in_flight.max(1)));
         let queue_wait = Duration::from_millis(config.ca_max_queue_wait_ms);
         let service = CaService { ca, replica, pending: Pending::default(), reads: Reads::default(), admission, queue_wait };
@@ -492,7 +492,7 @@ impl IstioCertificateService for CaService {
                 Ok(Ok(_permit)) => self.create(conn.as_ref(), bearer.as_deref(), req.into_inner()).await,
                 _ => Err(Error::resource_exhausted(format!(
                     "the mesh CA on this replica is busy ({} requests in progress; waited {} ms for a turn): nothing was done, no join token use was consumed; retry after a backoff",
-                    self.replica.node.config.ca_max_in_flight,
+                    self.replica.config.ca_max_in_flight,
                     wait.as_millis()
                 ))),
             },

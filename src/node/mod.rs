@@ -31,7 +31,6 @@ pub mod transport;
 pub use messages::{ClusterStatus, ForwardReply, ForwardRequest, MemberStatus, NodeStatus, WaitReport};
 pub use transport::{PeerError, Transport};
 
-use crate::config::ServerConfig;
 use crate::error::{Code, Error, Result};
 use crate::store::state_machine::StoreReader;
 use crate::store::types::{Command, Group, NodeId, NodeInfo, Raft, RequestId, Response, Txn, TxnOk, TxnResult};
@@ -95,12 +94,25 @@ enum Outcome {
     Failed(Error),
 }
 
+/// What a node takes from the server's settings
+/// (`config::ServerConfig::node_options`).
+#[derive(Debug, Clone, Default)]
+pub struct NodeOptions {
+    pub id: NodeId,
+    /// Where this replica serves each port, as peers see it.
+    pub info: NodeInfo,
+    /// How long the batcher waits to group writes into one entry.
+    pub group_commit_wait_us: u64,
+    /// How long a write waits for its commit.
+    pub write_timeout_ms: u64,
+}
+
 pub struct Node {
     pub id: NodeId,
     pub info: NodeInfo,
     pub raft: Raft,
     pub reader: StoreReader,
-    pub config: Arc<ServerConfig>,
+    options: NodeOptions,
     /// The other replicas, by raft address (`peer::PeerClients`).
     pub peers: Arc<dyn Transport>,
     batcher: mpsc::Sender<Pending>,
@@ -109,39 +121,29 @@ pub struct Node {
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
     /// The next request id's number (random start: see `RequestId`).
     next_seq: AtomicU64,
-    /// The cluster secrets key, if this replica has one: the API seals
-    /// Secrets' private keys with it before writing (`crate::secrets`).
-    pub secrets: Option<Arc<crate::secrets::SecretsKey>>,
 }
 
 impl Node {
-    pub fn new(
-        config: Arc<ServerConfig>,
-        raft: Raft,
-        reader: StoreReader,
-        peers: Arc<dyn Transport>,
-        secrets: Option<Arc<crate::secrets::SecretsKey>>,
-    ) -> Arc<Node> {
+    pub fn new(options: NodeOptions, raft: Raft, reader: StoreReader, peers: Arc<dyn Transport>) -> Arc<Node> {
         let (tx, rx) = mpsc::channel(16 * 1024);
         let node = Arc::new(Node {
-            id: config.id,
-            info: config.node_info(),
+            id: options.id,
+            info: options.info.clone(),
             raft,
             reader,
-            config,
+            options,
             peers,
             batcher: tx,
             read_floor: Default::default(),
             next_seq: AtomicU64::new(rand::random::<u64>() >> 1),
-            secrets,
         });
-        let group_wait = Duration::from_micros(node.config.group_commit_wait_us);
+        let group_wait = Duration::from_micros(node.options.group_commit_wait_us);
         tokio::spawn(batcher(Arc::downgrade(&node), rx, group_wait));
         node
     }
 
     pub fn write_timeout(&self) -> Duration {
-        Duration::from_millis(self.config.write_timeout_ms)
+        Duration::from_millis(self.options.write_timeout_ms)
     }
 
     /// Commit one atomic transaction through raft. Returns once it is
@@ -594,7 +596,7 @@ fn batch_results(resp: Response) -> Result<Vec<TxnResult>> {
 
 /// Refuse a transaction that would store a Secret's private key in the
 /// clear (`model::secret::check_sealed`): the API seals keys first
-/// (`crate::secrets::seal_txn`).
+/// (the root's `secrets::seal_txn`).
 fn unsealed_secrets(txn: &Txn) -> Result<()> {
     for op in &txn.ops {
         if let crate::store::Op::Put { key, body, .. } = op {

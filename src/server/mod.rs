@@ -141,9 +141,9 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let network = NetworkFactory { clients: crate::peer::PeerClients::new(tls.clone()) };
     let peers = network.clients.clone();
     let raft = Raft::new(config.id, Arc::new(raft_config(&config)?), network, log_store, state_machine).await?;
-    let node = Node::new(config.clone(), raft.clone(), reader, Arc::new(peers), secrets.clone());
-    let acl = crate::auth::Acl::start(&config, node.reader.clone()).map_err(|e| anyhow::anyhow!("ACLs: {e}"))?;
-    let replica = Replica::new(node.clone(), acl);
+    let node = Node::new(config.node_options(), raft.clone(), reader, Arc::new(peers));
+    let acl = crate::auth::Acl::start(&config.acl_options(), node.reader.clone()).map_err(|e| anyhow::anyhow!("ACLs: {e}"))?;
+    let replica = Replica::new(node.clone(), acl, config.clone(), secrets.clone());
 
     // Bind everything before initialising, so peers can reach us at once.
     let api_listener = TcpListener::bind(&config.api_addr).await.with_context(|| format!("binding the API port {}", config.api_addr))?;
@@ -231,7 +231,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, ca_service, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
     let mut background = vec![
-        tokio::spawn(crate::ha::freshness(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
+        tokio::spawn(crate::ha::freshness(node.clone(), replica.ha.clone(), Duration::from_millis(config.ready_max_lag_ms), stop_tx.subscribe())),
         tokio::spawn(crate::ha::gossip(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
         tokio::spawn(crate::ha::raft_metrics(node.clone(), stop_tx.subscribe())),
     ];
@@ -240,7 +240,14 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         background.push(tokio::spawn(ca.clone().watch(Duration::from_millis(config.tls_reload_interval_ms.max(100)), stop_tx.subscribe())));
     }
     if config.xds_rebalance_interval_ms > 0 {
-        background.push(tokio::spawn(crate::ha::rebalance(node.clone(), replica.ha.clone(), replica.sync.clone(), stop_tx.subscribe())));
+        background.push(tokio::spawn(crate::ha::rebalance(
+            node.clone(),
+            replica.ha.clone(),
+            replica.sync.clone(),
+            Duration::from_millis(config.xds_rebalance_interval_ms),
+            Duration::from_millis(config.ready_max_lag_ms),
+            stop_tx.subscribe(),
+        )));
     }
 
     // Registry health: the leader's TTL/lease expiry, everyone's share of probes.
@@ -249,7 +256,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
 
     let adapter = config.watch_dir.clone().map(|dir| {
         let source = crate::adapters::directory::Directory::new(dir, Duration::from_millis(config.watch_dir_poll_ms.max(50)));
-        tokio::spawn(crate::adapters::run(node.clone(), Box::new(source), stop_tx.subscribe()))
+        tokio::spawn(crate::adapters::run(replica.clone(), Box::new(source), stop_tx.subscribe()))
     });
 
     initialise(&config, &raft).await?;
