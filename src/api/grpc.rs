@@ -319,3 +319,30 @@ impl Lodestar for GrpcApi {
         Ok(Response::new(token_response(created)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::status_of;
+    use crate::error::{Code, Error};
+
+    /// Each error code's gRPC status, as the API has always answered
+    /// (`Code::grpc_code` holds the numbers so `error` knows no tonic).
+    #[test]
+    fn status_codes() {
+        let expected = [
+            (Code::InvalidArgument, tonic::Code::InvalidArgument),
+            (Code::NotFound, tonic::Code::NotFound),
+            (Code::Conflict, tonic::Code::Aborted),
+            (Code::Compacted, tonic::Code::OutOfRange),
+            (Code::Unavailable, tonic::Code::Unavailable),
+            (Code::Internal, tonic::Code::Internal),
+            (Code::Unauthenticated, tonic::Code::Unauthenticated),
+            (Code::PermissionDenied, tonic::Code::PermissionDenied),
+            (Code::ResourceExhausted, tonic::Code::ResourceExhausted),
+        ];
+        for (code, want) in expected {
+            let status = status_of(Error::new(code, "why"));
+            assert_eq!((status.code(), status.message()), (want, "why"), "{code:?}");
+        }
+    }
+}
