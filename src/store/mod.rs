@@ -1,4 +1,5 @@
-//! The replicated store: openraft over sled.
+//! The replicated store: openraft over sled. The pure state it applies to
+//! is `crate::state` (re-exported here at its old paths).
 //!
 //! - `types`: the raft type config and the commands in the log.
 //! - `codec`: the versioned encoding of everything persisted or sent to peers.

@@ -1,8 +1,18 @@
 //! Translation: a pure function from one mesh snapshot and one proxy to that
 //! proxy's Envoy resources (clusters, endpoints, listeners, routes). Golden
 //! tested in `tests/translate.rs`; deterministic (BTreeMaps throughout), so
-//! the same snapshot always gives the same bytes and versions.
+//! the same snapshot always gives the same bytes and versions. Its input is
+//! a `state::State` (no raft log id); it knows no tokio, tonic, axum, sled
+//! or openraft (`tests/tidy.rs`), and no xDS server: `xds` imports it.
 //!
+//! - `mesh`: the index translation reads (services, instances, rules by
+//!   host), built from one state; `mesh::hosts`: hostname ownership.
+//! - `resources`: what translation produces (`ProxyConfig`, `XdsResource`,
+//!   `ResourceType`) and the `Generator` trait.
+//! - `json`: proto-JSON rendering of resources (debug output, golden files).
+//! - `explain`: Envoy's RBAC evaluation replayed over a served config.
+//! - `intern`, `encode`, `util`: shared output, deterministic encoding,
+//!   small conversions (and the TLS transport socket).
 //! - `scope`: Sidecar selection, visibility, the egress listener plan.
 //! - `route`: VirtualService → routes.
 //! - `cluster`: services + DestinationRules → clusters and endpoints.

@@ -1,10 +1,14 @@
-//! The xDS side: what is served (`resources`) and its proto-JSON rendering
-//! (`json`), the ADS server (`server`; `service` is its gRPC service with
+//! The xDS side: what is served (`resources`: translation's output types,
+//! and the `Generator` as the server calls it; the proto-JSON rendering is
+//! `translate::json`), the ADS server (`server`; `service` is its gRPC service with
 //! small codec buffers; the per-stream protocol state is in
 //! `sotw` and `delta`), and who is in sync (`status`, served at
 //! `GET /debug/syncz`), and what one credential, source or stream may
 //! hold (`limits`). `secrets` adds a gateway's SDS secrets to its
 //! config after translation (the one place a sealed key is opened).
+//! The server reaches the replica only through traits defined here
+//! (`server::Fence`, `server::WorkloadCerts`, `secrets::Unseal`), as
+//! go-control-plane's server calls its callbacks.
 //!
 //! Every replica serves ADS from its own applied store state. Revisions are
 //! identical on every replica for the same state, so an Envoy that fails
