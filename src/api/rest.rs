@@ -158,7 +158,7 @@ async fn apply(State(replica): State<Arc<Replica>>, caller: Caller, headers: Hea
     warnings.extend(super::policy_warnings(&txn, &applied, &replica.config.root_namespace));
     warnings.extend(super::claim_warnings(&txn, &applied, &replica.config.domain_suffix));
     warnings.extend(super::host_warnings(&txn, &applied, &replica.config.domain_suffix));
-    let ok = caller.write(&node, Verb::Write, txn).await?;
+    let ok = caller.write(node, Verb::Write, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
 }
 
@@ -209,7 +209,7 @@ async fn delete_many(State(replica): State<Arc<Replica>>, caller: Caller, Query(
     let bytes = read_body(&replica, body).await?;
     let txn = delete_body(is_yaml(&headers), &bytes, q.ignore_not_found)?;
     caller.authorize_txn(Verb::Delete, &txn)?;
-    let ok = caller.write(&node, Verb::Delete, txn).await?;
+    let ok = caller.write(node, Verb::Delete, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, Vec::new()))).into_response())
 }
 

@@ -24,7 +24,7 @@
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
 
 pub mod config;
-pub mod progress;
+pub(crate) mod progress;
 
 use anyhow::{anyhow, Context, Result};
 pub use config::{expand_home, ClientConfig, DEFAULT_SERVER_URL};
