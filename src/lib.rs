@@ -12,7 +12,9 @@
 //! - [`model`]: pure domain types: kinds, resources, keys, selectors,
 //!   validation. Knows no IO crate.
 //! - [`state`]: the replicated state as a pure value: objects, transactions
-//!   and `apply_txn` (deterministic), dedup. Knows no IO crate.
+//!   and `apply_txn` (deterministic), dedup; the pure ACL side
+//!   (`state::access`: principals, permissions, the index, tokens). Knows
+//!   no IO crate.
 //! - [`logging`]: the log lines (text on terminals in colour, or JSON),
 //!   every field escaped (clients' text cannot forge lines).
 //! - [`translate`]: the push path's pure step: the [`mesh`] index of one
@@ -26,11 +28,10 @@
 //!   `node::Transport` trait.
 //! - [`tls`]: TLS on the ports: the generated CA and certificates,
 //!   reloadable rustls configurations, the accept path, dialling peers.
-//! - [`auth`]: ACLs: tokens, policies, roles, certificate identities; the
-//!   permission check (pure) and the audit log.
 //! - [`xds`]: the ADS server and its streams (SotW, delta, SDS, sync
-//!   status). Reaches fencing, the mesh CA and the secrets key only through
-//!   traits it defines (`Fence`, `WorkloadCerts`, `secrets::Unseal`).
+//!   status). Reaches admission, fencing, the mesh CA and the secrets key
+//!   only through traits it defines (`Admission`, `Fence`,
+//!   `WorkloadCerts`, `secrets::Unseal`).
 //! - [`client`]: what the CLI and the agent talk to replicas with: the REST
 //!   client, `client.toml`.
 //! - [`agent`]: `lodestar agent`, a workload's certificate and its SDS
@@ -43,6 +44,8 @@
 //!   service see it; implements `xds::server::Fence`.
 //! - [`api`]: REST (axum) and gRPC (tonic) client APIs, thin, one error map
 //!   each, one authorization check for both.
+//! - [`auth`]: ACLs at run time: the cached index, the management
+//!   credential, the audit log; implements `xds::server::Admission`.
 //! - [`ca`]: the mesh CA: workload certificates (SPIFFE ids), Istio's
 //!   CSR service on the xDS port, join tokens.
 //! - [`secrets`]: the cluster secrets key; Secrets' private keys sealed

@@ -26,11 +26,11 @@ const LAYERS: &[&[&str]] = &[
     &["translate"],
     &["store"],
     &["node"],
-    &["tls", "auth"],
+    &["tls"],
     &["xds"],
     &["client"],
     &["agent"],
-    &["adapters", "api", "ca", "cli", "config", "ha", "health", "jwks", "peer", "replica", "secrets", "server"],
+    &["adapters", "api", "auth", "ca", "cli", "config", "ha", "health", "jwks", "peer", "replica", "secrets", "server"],
 ];
 
 /// Imports that point up today, each to be removed before the crate split.

@@ -143,6 +143,28 @@ impl Acl {
     }
 }
 
+/// The xDS port's admission of streams (`xds::server::Admission`).
+impl crate::xds::server::Admission for Acl {
+    fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    fn authenticate(&self, creds: &Credentials) -> Result<Principal, Refusal> {
+        Acl::authenticate(self, creds)
+    }
+
+    fn revoked(&self, cert: &super::index::CertFacts) -> Option<String> {
+        self.index().revoked(cert)
+    }
+
+    fn refused(&self, who: &str, proxy: Option<&str>, reason: &str) {
+        let mut event = AuditEvent::new(who.to_string(), "xDS stream", "denied");
+        event.resources = proxy.map(|p| vec![format!("proxy/{p}")]).unwrap_or_default();
+        event.reason = Some(reason.to_string());
+        self.audit(event);
+    }
+}
+
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }

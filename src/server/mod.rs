@@ -215,7 +215,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         max_stream_age: (config.xds_max_stream_age_s > 0).then(|| Duration::from_secs(config.xds_max_stream_age_s)),
         fence_timeout: Duration::from_millis(config.xds_fence_timeout_ms),
         latest: Some(node.reader.subscribe_applied()),
-        acl: Some(replica.acl.clone()),
+        acl: Some(replica.acl.clone() as Arc<dyn crate::xds::server::Admission>),
         mesh_ca: mesh_ca.clone().map(|ca| ca as Arc<dyn crate::xds::server::WorkloadCerts>),
         refresh,
         secrets: secrets.map(|key| key as Arc<dyn crate::xds::secrets::Unseal>),

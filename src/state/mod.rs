@@ -11,6 +11,8 @@
 //! - `objects`: every stored object by key (a persistent ordered set).
 //! - `txn`: transactions, their ops and results, request ids.
 //! - `dedup`: applied request ids, so that a write sent twice applies once.
+//! - `access`: ACLs, the pure part: principals, permissions, the index of
+//!   one revision's ACL objects, tokens.
 
 use crate::error::{Error, FieldError};
 use crate::model::{Kind, ResourceKey, StoredObject};
@@ -19,6 +21,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use txn::{Action, ItemResult, Op, Txn, TxnOk, TxnResult};
 
+pub mod access;
 pub mod dedup;
 pub mod objects;
 pub mod txn;
