@@ -77,7 +77,7 @@ impl HaState {
     /// `ready_max_lag_ms` this replica applied a commit index it obtained
     /// from the leader (confirmed by a quorum).
     pub fn readiness(&self, node: &Node, bound: Duration) -> Result<(), String> {
-        let m = node.raft.metrics().borrow().clone();
+        let m = node.metrics().borrow().clone();
         if m.current_leader.is_none() {
             return Err("no known leader".into());
         }
@@ -138,10 +138,10 @@ pub async fn gossip(node: Arc<Node>, ha: Arc<HaState>, mut shutdown: watch::Rece
             _ = shutdown.wait_for(|s| *s) => return,
             _ = tick.tick() => {}
         }
-        let m = node.raft.metrics().borrow().clone();
+        let m = node.metrics().borrow().clone();
         let membership = m.membership_config.membership().clone();
         let asks = membership.nodes().filter(|(id, _)| **id != node.id).map(|(id, info)| {
-            let (peers, addr, id) = (node.peers.clone(), info.raft_addr.clone(), *id);
+            let (peers, addr, id) = (node.peers(), info.raft_addr.clone(), *id);
             async move { (id, peers.status(id, &addr, Duration::from_millis(500)).await.ok()) }
         });
         let answers = futures::future::join_all(asks).await;
@@ -207,7 +207,7 @@ pub async fn confirm_current(node: &Node, bound: Duration) -> Result<(), String>
 
 /// Raft's state as metrics, and leader changes counted.
 pub async fn raft_metrics(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
-    let mut rx = node.raft.metrics();
+    let mut rx = node.metrics();
     let mut leader = None;
     let m = crate::metrics::metrics();
     loop {
@@ -225,7 +225,7 @@ pub async fn raft_metrics(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) 
                 }
                 leader = r.current_leader;
             }
-            m.store_revision.set(node.reader.current().revision() as i64);
+            m.store_revision.set(node.reader().current().revision() as i64);
         }
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,

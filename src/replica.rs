@@ -61,14 +61,14 @@ impl Replica {
 
     /// Members from the local membership config, each asked for its status.
     pub async fn cluster_status(&self) -> ClusterStatus {
-        let m = self.node.raft.metrics().borrow().clone();
+        let m = self.node.metrics().borrow().clone();
         let asks = self.node.members().into_iter().map(|(id, info, voter)| {
             let role = if voter { "voter" } else { "learner" }.to_string();
             let local = (id == self.node.id).then(|| self.local_status());
             async move {
                 let (status, error) = match local {
                     Some(s) => (Some(s), None),
-                    None => match self.node.peers.status(id, &info.raft_addr, Duration::from_millis(1000)).await {
+                    None => match self.node.peers().status(id, &info.raft_addr, Duration::from_millis(1000)).await {
                         Ok(s) => (Some(s), None),
                         Err(e) => (None, Some(e.to_string())),
                     },
@@ -93,7 +93,7 @@ impl Replica {
                 let ttl = crate::health::leader_heartbeat(&self.node, &self.heartbeats, &key).await?;
                 Ok(ForwardReply::Heartbeat { ttl_ms: ttl.as_millis() as u64 })
             }
-            ForwardRequest::Heartbeat(_) => Ok(ForwardReply::NotLeader(self.node.raft.metrics().borrow().current_leader)),
+            ForwardRequest::Heartbeat(_) => Ok(ForwardReply::NotLeader(self.node.metrics().borrow().current_leader)),
             ForwardRequest::Convergence(revision) => Ok(ForwardReply::Convergence(self.local_convergence(revision))),
             req => self.node.handle_forward(req).await,
         }
@@ -125,7 +125,7 @@ impl Replica {
                 if id == self.node.id {
                     return Ok(self.local_convergence(revision));
                 }
-                match self.node.peers.forward(id, &info.raft_addr, &ForwardRequest::Convergence(revision), Duration::from_secs(1)).await {
+                match self.node.peers().forward(id, &info.raft_addr, &ForwardRequest::Convergence(revision), Duration::from_secs(1)).await {
                     Ok(Ok(ForwardReply::Convergence(r))) => Ok(r),
                     Ok(Ok(_)) => Err(format!("replica {id}: unexpected reply")),
                     Ok(Err(e)) => Err(format!("replica {id}: {e}")),

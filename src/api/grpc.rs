@@ -169,8 +169,8 @@ impl Lodestar for GrpcApi {
         let (mut txn, mut warnings) = super::apply_txn(items).map_err(status_of)?;
         caller.authorize_txn(Verb::Write, &txn).map_err(status_of)?;
         let node = &self.replica.node;
-        crate::secrets::seal_txn(self.replica.secrets.as_deref(), &mut txn, &node.reader.current()).map_err(status_of)?;
-        let applied = node.reader.current();
+        crate::secrets::seal_txn(self.replica.secrets.as_deref(), &mut txn, &node.reader().current()).map_err(status_of)?;
+        let applied = node.reader().current();
         warnings.extend(super::policy_warnings(&txn, &applied, &self.replica.config.root_namespace));
         warnings.extend(super::claim_warnings(&txn, &applied, &self.replica.config.domain_suffix));
         warnings.extend(super::host_warnings(&txn, &applied, &self.replica.config.domain_suffix));
@@ -247,8 +247,8 @@ impl Lodestar for GrpcApi {
         let mut filter = WatchFilter { kind, namespace: Some(r.namespace).filter(|n| !n.is_empty()), skip_acl: false };
         caller.authorize_watch(&mut filter).map_err(status_of)?;
         // History already compacted: OUT_OF_RANGE as the call's status.
-        check_start(&self.replica.node.reader, r.from_revision).map_err(status_of)?;
-        let stream = watch(self.replica.node.reader.clone(), r.from_revision, filter).map(|item| {
+        check_start(&self.replica.node.reader(), r.from_revision).map_err(status_of)?;
+        let stream = watch(self.replica.node.reader().clone(), r.from_revision, filter).map(|item| {
             item.map(|e| WatchEvent {
                 revision: e.revision,
                 r#type: e.kind.as_str().into(),

@@ -153,8 +153,8 @@ async fn apply(State(replica): State<Arc<Replica>>, caller: Caller, headers: Hea
     let bytes = read_body(&replica, body).await?;
     let (mut txn, mut warnings) = apply_body(is_yaml(&headers), &bytes)?;
     caller.authorize_txn(Verb::Write, &txn)?;
-    crate::secrets::seal_txn(replica.secrets.as_deref(), &mut txn, &node.reader.current())?;
-    let applied = node.reader.current();
+    crate::secrets::seal_txn(replica.secrets.as_deref(), &mut txn, &node.reader().current())?;
+    let applied = node.reader().current();
     warnings.extend(super::policy_warnings(&txn, &applied, &replica.config.root_namespace));
     warnings.extend(super::claim_warnings(&txn, &applied, &replica.config.domain_suffix));
     warnings.extend(super::host_warnings(&txn, &applied, &replica.config.domain_suffix));
@@ -298,8 +298,8 @@ async fn watch_changes(State(node): State<Arc<Node>>, caller: Caller, Query(q): 
         WatchFilter { kind: q.kind.as_deref().map(super::parse_kind).transpose()?, namespace: q.namespace.filter(|n| !n.is_empty()), skip_acl: false };
     caller.authorize_watch(&mut filter)?;
     // History already compacted: 410 now, not a 200 whose first line says so.
-    check_start(&node.reader, q.from_revision)?;
-    let stream = watch(node.reader.clone(), q.from_revision, filter).map(|item| {
+    check_start(&node.reader(), q.from_revision)?;
+    let stream = watch(node.reader().clone(), q.from_revision, filter).map(|item| {
         let line = match item {
             Ok(e) => json!({"revision": e.revision, "type": e.kind.as_str(), "object": e.object.to_json()}),
             Err(e) => json!({"error": {"code": e.code.as_str(), "message": e.message}}),
@@ -636,7 +636,7 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
 async fn registryz(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Response> {
     let node = &replica.node;
     caller.authorize(Verb::Read, [Target::Cluster])?;
-    let applied = node.reader.current();
+    let applied = node.reader().current();
     let mesh = crate::translate::mesh::Mesh::build(&applied, Arc::new(replica.config.mesh_config()));
     let services: Vec<Value> = mesh
         .all_services()
@@ -656,7 +656,7 @@ async fn registryz(State(replica): State<Arc<Replica>>, caller: Caller) -> Resul
 /// Every traffic rule at the local revision (kind, namespace, name, revisions).
 async fn configz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Response> {
     caller.authorize(Verb::Read, [Target::Cluster])?;
-    let applied = node.reader.current();
+    let applied = node.reader().current();
     let items: Vec<Value> = applied
         .state
         .objects
@@ -678,7 +678,7 @@ async fn push_status(State(replica): State<Arc<Replica>>, caller: Caller) -> Res
     }
     let pushes: serde_json::Map<String, Value> = ["cds", "eds", "lds", "rds"].iter().map(|t| (t.to_string(), json!(m.xds_pushes.with(&[t]).get()))).collect();
     Ok(Json(json!({
-        "appliedRevision": node.reader.current().revision(),
+        "appliedRevision": node.reader().current().revision(),
         "debounceMs": replica.config.push_debounce_ms,
         "pushTriggers": m.push_triggers.get(),
         "pushes": pushes,

@@ -107,14 +107,18 @@ pub struct NodeOptions {
     pub write_timeout_ms: u64,
 }
 
+/// Raft, the applied state and the peers are the node's own: helpers reach
+/// them through its methods ([`Node::reader`], [`Node::metrics`],
+/// [`Node::peers`]; [`Node::raft`] only for the raft network's inbound
+/// RPCs), never by field.
 pub struct Node {
     pub id: NodeId,
     pub info: NodeInfo,
-    pub raft: Raft,
-    pub reader: StoreReader,
+    raft: Raft,
+    reader: StoreReader,
     options: NodeOptions,
     /// The other replicas, by raft address (`peer::PeerClients`).
-    pub peers: Arc<dyn Transport>,
+    peers: Arc<dyn Transport>,
     batcher: mpsc::Sender<Pending>,
     /// The least read index while leading in a term: (term, index). See
     /// `leader_read_index`.
@@ -140,6 +144,27 @@ impl Node {
         let group_wait = Duration::from_micros(node.options.group_commit_wait_us);
         tokio::spawn(batcher(Arc::downgrade(&node), rx, group_wait));
         node
+    }
+
+    /// The applied state: the current snapshot, its changes, history.
+    pub fn reader(&self) -> &StoreReader {
+        &self.reader
+    }
+
+    /// Raft's view of the cluster (leader, term, membership, log indexes).
+    pub fn metrics(&self) -> tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, NodeInfo>> {
+        self.raft.metrics()
+    }
+
+    /// How this node reaches its peers.
+    pub fn peers(&self) -> &dyn Transport {
+        self.peers.as_ref()
+    }
+
+    /// Raft itself, for the raft network's inbound RPCs (`peer`) and the
+    /// server's start and shutdown.
+    pub fn raft(&self) -> &Raft {
+        &self.raft
     }
 
     pub fn write_timeout(&self) -> Duration {

@@ -142,7 +142,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let peers = network.clients.clone();
     let raft = Raft::new(config.id, Arc::new(raft_config(&config)?), network, log_store, state_machine).await?;
     let node = Node::new(config.node_options(), raft.clone(), reader, Arc::new(peers));
-    let acl = crate::auth::Acl::start(&config.acl_options(), node.reader.clone()).map_err(|e| anyhow::anyhow!("ACLs: {e}"))?;
+    let acl = crate::auth::Acl::start(&config.acl_options(), node.reader().clone()).map_err(|e| anyhow::anyhow!("ACLs: {e}"))?;
     let replica = Replica::new(node.clone(), acl, config.clone(), secrets.clone());
 
     // Bind everything before initialising, so peers can reach us at once.
@@ -205,7 +205,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let refresh = match generator.key_cell() {
         Some(cell) => {
             let options = crate::jwks::Options { refresh: Duration::from_secs(config.jwks_refresh_interval_s), ca_file: config.jwks_ca_file.clone() };
-            let (epochs, _task) = crate::jwks::spawn(node.reader.subscribe_applied(), cell, options, stop_tx.subscribe()).map_err(|e| anyhow::anyhow!(e))?;
+            let (epochs, _task) = crate::jwks::spawn(node.reader().subscribe_applied(), cell, options, stop_tx.subscribe()).map_err(|e| anyhow::anyhow!(e))?;
             Some(epochs)
         }
         None => None,
@@ -214,7 +214,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         fence: replica.clone(),
         max_stream_age: (config.xds_max_stream_age_s > 0).then(|| Duration::from_secs(config.xds_max_stream_age_s)),
         fence_timeout: Duration::from_millis(config.xds_fence_timeout_ms),
-        latest: Some(node.reader.subscribe_applied()),
+        latest: Some(node.reader().subscribe_applied()),
         acl: Some(replica.acl.clone() as Arc<dyn crate::xds::server::Admission>),
         mesh_ca: mesh_ca.clone().map(|ca| ca as Arc<dyn crate::xds::server::WorkloadCerts>),
         refresh,
@@ -226,7 +226,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         max_subscription_bytes: config.xds_max_subscription_bytes,
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
-    let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
+    let pushed = crate::xds::push::debounce(node.reader().subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
     let ca_service = Some(crate::tls::conn::Tracked(crate::ca::service::CaService::server(mesh_ca.clone(), replica.clone())));
     let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, ca_service, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
@@ -304,7 +304,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // Raft is stopped, so nothing more is applied: write the queued state
     // now, while everything is alive, rather than when the state machine is
     // dropped (maybe as the runtime goes away, after the flush below).
-    if let Err(e) = node.reader.checkpoint() {
+    if let Err(e) = node.reader().checkpoint() {
         tracing::error!(error = %e, "writing the last state checkpoint");
     }
     drop(replica);
