@@ -247,7 +247,7 @@ impl Lodestar for GrpcApi {
         let mut filter = WatchFilter { kind, namespace: Some(r.namespace).filter(|n| !n.is_empty()), skip_acl: false };
         caller.authorize_watch(&mut filter).map_err(status_of)?;
         // History already compacted: OUT_OF_RANGE as the call's status.
-        check_start(&self.replica.node.reader(), r.from_revision).map_err(status_of)?;
+        check_start(self.replica.node.reader(), r.from_revision).map_err(status_of)?;
         let stream = watch(self.replica.node.reader().clone(), r.from_revision, filter).map(|item| {
             item.map(|e| WatchEvent {
                 revision: e.revision,

@@ -298,7 +298,7 @@ async fn watch_changes(State(node): State<Arc<Node>>, caller: Caller, Query(q): 
         WatchFilter { kind: q.kind.as_deref().map(super::parse_kind).transpose()?, namespace: q.namespace.filter(|n| !n.is_empty()), skip_acl: false };
     caller.authorize_watch(&mut filter)?;
     // History already compacted: 410 now, not a 200 whose first line says so.
-    check_start(&node.reader(), q.from_revision)?;
+    check_start(node.reader(), q.from_revision)?;
     let stream = watch(node.reader().clone(), q.from_revision, filter).map(|item| {
         let line = match item {
             Ok(e) => json!({"revision": e.revision, "type": e.kind.as_str(), "object": e.object.to_json()}),
