@@ -8,10 +8,9 @@ use std::path::PathBuf;
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:8470";
 pub const DEFAULT_RAFT_ADDR: &str = "127.0.0.1:8471";
 pub const DEFAULT_XDS_ADDR: &str = "127.0.0.1:8472";
-/// Where the CLI goes with no server named anywhere: the API of `lodestar
-/// server` started with no flags, which serves TLS (`--insecure` servers
-/// need `--server http://...`).
-pub const DEFAULT_SERVER_URL: &str = "https://127.0.0.1:8470";
+// What the CLI needs to reach a cluster is the client's (`client::config`);
+// its old paths stay.
+pub use crate::client::config::{expand_home, ClientConfig, DEFAULT_SERVER_URL};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
@@ -257,8 +256,31 @@ impl ServerConfig {
     }
 
     /// The mesh-wide settings translation reads.
-    pub fn mesh_config(&self) -> crate::mesh::MeshConfig {
-        crate::mesh::MeshConfig {
+    /// What the ACLs take (`auth::acl::AclOptions`); the audit log's path
+    /// as it is under systemd when run by it.
+    pub fn acl_options(&self) -> crate::auth::acl::AclOptions {
+        let systemd = std::env::var_os("INVOCATION_ID").map(|_| std::env::var_os("LOGS_DIRECTORY").map(PathBuf::from));
+        crate::auth::acl::AclOptions {
+            enabled: self.acls_on(),
+            replica: self.id,
+            initial_management_token_file: self.initial_management_token_file.clone(),
+            audit_log: self.audit_log_path(systemd),
+            domain_suffix: self.domain_suffix.clone(),
+        }
+    }
+
+    /// What the node takes (`node::NodeOptions`).
+    pub fn node_options(&self) -> crate::node::NodeOptions {
+        crate::node::NodeOptions {
+            id: self.id,
+            info: self.node_info(),
+            group_commit_wait_us: self.group_commit_wait_us,
+            write_timeout_ms: self.write_timeout_ms,
+        }
+    }
+
+    pub fn mesh_config(&self) -> crate::translate::mesh::MeshConfig {
+        crate::translate::mesh::MeshConfig {
             domain_suffix: self.domain_suffix.clone(),
             root_namespace: self.root_namespace.clone(),
             trust_domain: self.trust_domain.clone(),
@@ -384,51 +406,6 @@ impl ServerConfig {
             return Err("verify_incoming: needs TLS, and insecure turns it off".into());
         }
         Ok(())
-    }
-}
-
-/// What the CLI needs to reach a cluster: `client.toml`, written by a
-/// replica on first start (`<data_dir>/client.toml`, 0600) and read by the
-/// CLI (`--client-config`, `LODESTAR_CONFIG`, else `./lodestar-data/client.toml`,
-/// else `~/.config/lodestar/client.toml`: `cli::client::config_path`).
-/// Copy it to another machine and change `server` to use it from there.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ClientConfig {
-    /// Any replica's API, `https://HOST:PORT`.
-    pub server: String,
-    /// More replicas' APIs: the CLI tries them in order (after `server`)
-    /// while one cannot be reached.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub servers: Vec<String>,
-    /// The CA bundle (PEM) the server's certificate is checked against.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub ca_pem: String,
-    /// Or the file holding it (relative to this file's directory).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<PathBuf>,
-    /// A credential for the API (the admin token on first start).
-    pub token: Option<String>,
-    /// Or the file holding it (relative to this file's directory).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token_file: Option<PathBuf>,
-}
-
-impl ClientConfig {
-    pub fn from_toml(text: &str) -> Result<ClientConfig, String> {
-        toml::from_str(text).map_err(|e| e.to_string())
-    }
-
-    pub fn to_toml(&self) -> String {
-        toml::to_string(self).expect("a client config serialises")
-    }
-}
-
-/// `~/x` as the home directory's `x`.
-pub fn expand_home(path: &std::path::Path) -> PathBuf {
-    match (path.strip_prefix("~"), std::env::var_os("HOME")) {
-        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
-        _ => path.to_path_buf(),
     }
 }
 

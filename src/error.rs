@@ -49,6 +49,22 @@ impl Code {
         }
     }
 
+    /// The gRPC status code (its number: this module knows no tonic;
+    /// `api::grpc::status_of` makes the status).
+    pub fn grpc_code(self) -> i32 {
+        match self {
+            Code::InvalidArgument => 3,
+            Code::NotFound => 5,
+            Code::Conflict => 10,  // ABORTED
+            Code::Compacted => 11, // OUT_OF_RANGE
+            Code::Unavailable => 14,
+            Code::Internal => 13,
+            Code::Unauthenticated => 16,
+            Code::PermissionDenied => 7,
+            Code::ResourceExhausted => 8,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Code::InvalidArgument => "InvalidArgument",

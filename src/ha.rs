@@ -26,7 +26,6 @@
 
 use crate::node::{Consistency, Node, NodeStatus};
 use crate::store::types::NodeId;
-use crate::xds::SyncRegistry;
 use openraft::ServerState;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -77,15 +76,14 @@ impl HaState {
     /// Ready to serve: a leader is known, and within the last
     /// `ready_max_lag_ms` this replica applied a commit index it obtained
     /// from the leader (confirmed by a quorum).
-    pub fn readiness(&self, node: &Node) -> Result<(), String> {
-        let m = node.raft.metrics().borrow().clone();
+    pub fn readiness(&self, node: &Node, bound: Duration) -> Result<(), String> {
+        let m = node.metrics().borrow().clone();
         if m.current_leader.is_none() {
             return Err("no known leader".into());
         }
         if !matches!(m.state, ServerState::Leader | ServerState::Follower | ServerState::Learner) {
             return Err(format!("raft state is {:?}", m.state));
         }
-        let bound = Duration::from_millis(node.config.ready_max_lag_ms);
         let why = || self.last_error().map(|e| format!(": {e}")).unwrap_or_default();
         match self.confirmed_ago() {
             Some(ago) if ago <= bound => Ok(()),
@@ -111,10 +109,10 @@ impl HaState {
 }
 
 /// Keep confirming that this replica is current (see the module docs).
-pub async fn freshness(node: Arc<Node>, ha: Arc<HaState>, mut shutdown: watch::Receiver<bool>) {
+/// `bound`: `ready_max_lag_ms`.
+pub async fn freshness(node: Arc<Node>, ha: Arc<HaState>, bound: Duration, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(FRESHNESS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let bound = Duration::from_millis(node.config.ready_max_lag_ms);
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
@@ -140,10 +138,10 @@ pub async fn gossip(node: Arc<Node>, ha: Arc<HaState>, mut shutdown: watch::Rece
             _ = shutdown.wait_for(|s| *s) => return,
             _ = tick.tick() => {}
         }
-        let m = node.raft.metrics().borrow().clone();
+        let m = node.metrics().borrow().clone();
         let membership = m.membership_config.membership().clone();
         let asks = membership.nodes().filter(|(id, _)| **id != node.id).map(|(id, info)| {
-            let (peers, addr, id) = (node.peers.clone(), info.raft_addr.clone(), *id);
+            let (peers, addr, id) = (node.peers(), info.raft_addr.clone(), *id);
             async move { (id, peers.status(id, &addr, Duration::from_millis(500)).await.ok()) }
         });
         let answers = futures::future::join_all(asks).await;
@@ -169,15 +167,23 @@ pub fn excess(mine: usize, ready_peer_streams: &[usize]) -> usize {
 }
 
 /// Shed streams above the fair share, once a second.
-pub async fn rebalance(node: Arc<Node>, ha: Arc<HaState>, sync: SyncRegistry, mut shutdown: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(node.config.xds_rebalance_interval_ms.max(100)));
+/// `every`: `xds_rebalance_interval_ms`; `bound`: `ready_max_lag_ms`.
+pub async fn rebalance(
+    node: Arc<Node>,
+    ha: Arc<HaState>,
+    sync: crate::xds::SyncRegistry,
+    every: Duration,
+    bound: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
             _ = tick.tick() => {}
         }
-        if ha.readiness(&node).is_err() {
+        if ha.readiness(&node, bound).is_err() {
             continue;
         }
         let peers: Vec<usize> = ha.live_peers().iter().filter(|p| p.ready).map(|p| p.xds_streams as usize).collect();
@@ -201,7 +207,7 @@ pub async fn confirm_current(node: &Node, bound: Duration) -> Result<(), String>
 
 /// Raft's state as metrics, and leader changes counted.
 pub async fn raft_metrics(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
-    let mut rx = node.raft.metrics();
+    let mut rx = node.metrics();
     let mut leader = None;
     let m = crate::metrics::metrics();
     loop {
@@ -219,7 +225,7 @@ pub async fn raft_metrics(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) 
                 }
                 leader = r.current_leader;
             }
-            m.store_revision.set(node.reader.current().revision() as i64);
+            m.store_revision.set(node.reader().current().revision() as i64);
         }
         tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,

@@ -28,7 +28,7 @@ use crate::metrics::metrics;
 use crate::model::istio::request_authentication::check_jwks;
 use crate::model::istio::Validated;
 use crate::model::{Kind, ResourceKey, TypedSpec};
-use crate::store::state::Objects;
+use crate::state::Objects;
 use crate::store::Applied;
 use crate::translate::jwt::{FetchedKeys, KeyCell};
 use std::collections::{BTreeMap, HashMap};

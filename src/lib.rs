@@ -3,43 +3,64 @@
 //! Envoys over xDS.
 //!
 //! # Layout
-//! - [`analyze`]: `lodestar analyze` (istioctl analyze's checks and
-//!   codes) over one store state; pure.
+//! Lowest layer first; a module imports only from layers above it in this
+//! list (the root modules also from each other), never in a circle
+//! (`tests/tidy.rs` keeps both). Each layer is a crate to be.
+//! - [`error`]: the one error vocabulary (codes as HTTP and gRPC numbers).
+//! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
+//! - [`proto`]: generated protobuf code (API, peer, Istio CA).
 //! - [`model`]: pure domain types: kinds, resources, keys, selectors,
 //!   validation. Knows no IO crate.
+//! - [`state`]: the replicated state as a pure value: objects, transactions
+//!   and `apply_txn` (deterministic), dedup; the pure ACL side
+//!   (`state::access`: principals, permissions, the index, tokens). Knows
+//!   no IO crate.
+//! - [`logging`]: the log lines (text on terminals in colour, or JSON),
+//!   every field escaped (clients' text cannot forge lines).
+//! - [`translate`]: the push path's pure step: the [`mesh`] index of one
+//!   `state::State` and its translation into one proxy's Envoy resources
+//!   (`translate::resources`: `ProxyConfig`, the `Generator` trait;
+//!   `translate::json`: proto-JSON). Knows no IO crate.
+//! - [`analyze`]: `lodestar analyze` (istioctl analyze's checks and
+//!   codes) over one `State`, the mesh index its model; pure.
 //! - [`store`]: openraft over sled: log, state machine, versioned codec,
-//!   immutable applied snapshots, watch.
+//!   immutable applied snapshots (`Applied` reads as a `State`), watch.
 //! - [`node`]: the core of a replica: batched writes, forwarding to the
-//!   leader, linearizable reads, membership. Knows none of the helpers
-//!   below; reaches its peers through the `node::Transport` trait.
-//! - [`ha`]: readiness, fencing reconnecting Envoys, spreading streams.
-//! - [`health`]: registry health at run time: TTLs, leases, probes.
+//!   leader, linearizable reads, membership. Reaches its peers through the
+//!   `node::Transport` trait.
+//! - [`tls`]: TLS on the ports: the generated CA and certificates,
+//!   reloadable rustls configurations, the accept path, dialling peers.
+//! - [`xds`]: the ADS server and its streams (SotW, delta, SDS, sync
+//!   status). Reaches admission, fencing, the mesh CA and the secrets key
+//!   only through traits it defines (`Admission`, `Fence`,
+//!   `WorkloadCerts`, `secrets::Unseal`).
+//! - [`client`]: what the CLI and the agent talk to replicas with: the REST
+//!   client, `client.toml`.
+//! - [`agent`]: `lodestar agent`, a workload's certificate and its SDS
+//!   server for Envoy. No server code.
+//!
+//! The root (wiring; imports all of the above):
+//! - [`server`]: starts a replica's ports and shuts it down; first-start
+//!   files (`server::bootstrap`).
 //! - [`replica`]: the node with its helpers, as the API, xDS and peer
-//!   service see it (status, peer requests for the helpers, waiting for
-//!   proxies).
-//! - [`peer`]: raft peer RPCs and forwarding over tonic (trusted peers
-//!   only); implements `node::Transport`.
+//!   service see it; implements `xds::server::Fence`.
 //! - [`api`]: REST (axum) and gRPC (tonic) client APIs, thin, one error map
 //!   each, one authorization check for both.
-//! - [`auth`]: ACLs: tokens, policies, roles, certificate identities; the
-//!   permission check (pure) and the audit log.
+//! - [`auth`]: ACLs at run time: the cached index, the management
+//!   credential, the audit log; implements `xds::server::Admission`.
 //! - [`ca`]: the mesh CA: workload certificates (SPIFFE ids), Istio's
 //!   CSR service on the xDS port, join tokens.
 //! - [`secrets`]: the cluster secrets key; Secrets' private keys sealed
 //!   before they are proposed, opened only where xDS serves them (SDS).
-//! - [`agent`]: `lodestar agent`, a workload's certificate and its SDS
-//!   server for Envoy.
+//! - [`ha`]: readiness, fencing reconnecting Envoys, spreading streams.
+//! - [`health`]: registry health at run time: TTLs, leases, probes.
+//! - [`peer`]: raft peer RPCs and forwarding over tonic (trusted peers
+//!   only); implements `node::Transport`.
+//! - [`jwks`]: fetches RequestAuthentication `jwksUri` key sets for
+//!   translation.
 //! - [`adapters`]: sources outside the API (a watched directory) fed into the store.
-//! - [`logging`]: the log, every field escaped (clients' text cannot forge lines).
-//! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
-//! - [`tls`]: TLS on the ports: the generated CA and certificates,
-//!   reloadable rustls configurations, the accept path, dialling peers.
-//! - [`server`]: starts a replica's ports and shuts it down.
 //! - [`config`]: server settings (TOML + flags).
-//! - [`logging`]: the binary's log lines (text on terminals in colour, or
-//!   JSON).
 //! - [`cli`]: the `lodestar` command line (the replica and client commands).
-//! - [`error`]: the one error vocabulary.
 //!
 //! The load generators are a separate binary, `lodestar-bench`
 //! (`src/bin/lodestar-bench/`), a client of this library's public API.
@@ -51,13 +72,15 @@ pub mod api;
 pub mod auth;
 pub mod ca;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod ha;
 pub mod health;
 pub mod jwks;
 pub mod logging;
-pub mod mesh;
+// The mesh index is translation's input: it lives there; its old path stays.
+pub use translate::mesh;
 pub mod metrics;
 pub mod model;
 pub mod node;
@@ -65,6 +88,7 @@ pub mod peer;
 pub mod replica;
 pub mod secrets;
 pub mod server;
+pub mod state;
 // openraft's StorageError (224 bytes) is the error type its storage traits
 // require; boxing it in our helpers would only add conversions.
 #[allow(clippy::result_large_err)]

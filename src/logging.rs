@@ -120,7 +120,7 @@ where
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
         let meta = event.metadata();
         let mut line = serde_json::Map::new();
-        line.insert("time".into(), crate::auth::audit::now_text().into());
+        line.insert("time".into(), now_text().into());
         line.insert("level".into(), meta.level().as_str().into());
         line.insert("target".into(), meta.target().into());
         event.record(&mut Fields(&mut line));
@@ -157,6 +157,14 @@ impl Visit for Fields<'_> {
     fn record_f64(&mut self, field: &Field, value: f64) {
         self.0.insert(field.name().to_string(), value.into());
     }
+}
+
+/// Now, as the JSON log and the audit log write it (RFC 3339, UTC,
+/// milliseconds).
+pub fn now_text() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let t = crate::model::acl::format_rfc3339(now.as_secs());
+    format!("{}.{:03}Z", t.trim_end_matches('Z'), now.subsec_millis())
 }
 
 #[cfg(test)]

@@ -362,7 +362,7 @@ impl PeerService {
     }
 
     fn raft(&self) -> Result<crate::store::types::Raft, Status> {
-        Ok(self.replica()?.node.raft.clone())
+        Ok(self.replica()?.node.raft().clone())
     }
 
     /// Who is calling: with TLS, the member its certificate names (the
@@ -468,7 +468,7 @@ impl RaftPeer for PeerService {
                 let rpc =
                     decode_payload::<AppendEntriesRequest<TypeConfig>>(&p).and_then(|rpc| check_sender(caller, rpc.vote.leader_id().voted_for()).map(|_| rpc));
                 let answer = match (rpc, live(&replica)) {
-                    (Ok(rpc), Ok(replica)) => Ok(payload(&replica.node.raft.append_entries(rpc).await)),
+                    (Ok(rpc), Ok(replica)) => Ok(payload(&replica.node.raft().append_entries(rpc).await)),
                     (Err(e), _) | (_, Err(e)) => Err(e),
                 };
                 let last = answer.is_err();

@@ -11,11 +11,13 @@
 //! helpers (heartbeats, proxy convergence), waiting for proxies.
 
 use crate::auth::Acl;
+use crate::config::ServerConfig;
 use crate::error::Result;
 use crate::ha::HaState;
 use crate::health::{Checks, Heartbeats};
 use crate::model::ResourceKey;
 use crate::node::{ClusterStatus, ForwardReply, ForwardRequest, MemberStatus, Node, NodeStatus, WaitReport};
+use crate::secrets::SecretsKey;
 use crate::xds::status::Convergence;
 use crate::xds::SyncRegistry;
 use std::sync::Arc;
@@ -33,16 +35,23 @@ pub struct Replica {
     pub sync: SyncRegistry,
     /// Who may use the API, and the audit log (`auth`).
     pub acl: Arc<Acl>,
+    /// The server's settings.
+    pub config: Arc<ServerConfig>,
+    /// The cluster secrets key, if this replica has one: the API and the
+    /// adapters seal Secrets' private keys with it before writing
+    /// (`secrets::seal_txn`).
+    pub secrets: Option<Arc<SecretsKey>>,
 }
 
 impl Replica {
-    pub fn new(node: Arc<Node>, acl: Arc<Acl>) -> Arc<Replica> {
-        Arc::new(Replica { node, ha: Default::default(), heartbeats: Default::default(), checks: Default::default(), sync: Default::default(), acl })
+    pub fn new(node: Arc<Node>, acl: Arc<Acl>, config: Arc<ServerConfig>, secrets: Option<Arc<SecretsKey>>) -> Arc<Replica> {
+        let (ha, heartbeats, checks, sync) = Default::default();
+        Arc::new(Replica { node, ha, heartbeats, checks, sync, acl, config, secrets })
     }
 
     /// Ready to serve (see `ha`).
     pub fn readiness(&self) -> std::result::Result<(), String> {
-        self.ha.readiness(&self.node)
+        self.ha.readiness(&self.node, Duration::from_millis(self.config.ready_max_lag_ms))
     }
 
     /// This replica's view of itself, as peers and `cluster status` see it.
@@ -52,14 +61,14 @@ impl Replica {
 
     /// Members from the local membership config, each asked for its status.
     pub async fn cluster_status(&self) -> ClusterStatus {
-        let m = self.node.raft.metrics().borrow().clone();
+        let m = self.node.metrics().borrow().clone();
         let asks = self.node.members().into_iter().map(|(id, info, voter)| {
             let role = if voter { "voter" } else { "learner" }.to_string();
             let local = (id == self.node.id).then(|| self.local_status());
             async move {
                 let (status, error) = match local {
                     Some(s) => (Some(s), None),
-                    None => match self.node.peers.status(id, &info.raft_addr, Duration::from_millis(1000)).await {
+                    None => match self.node.peers().status(id, &info.raft_addr, Duration::from_millis(1000)).await {
                         Ok(s) => (Some(s), None),
                         Err(e) => (None, Some(e.to_string())),
                     },
@@ -84,7 +93,7 @@ impl Replica {
                 let ttl = crate::health::leader_heartbeat(&self.node, &self.heartbeats, &key).await?;
                 Ok(ForwardReply::Heartbeat { ttl_ms: ttl.as_millis() as u64 })
             }
-            ForwardRequest::Heartbeat(_) => Ok(ForwardReply::NotLeader(self.node.raft.metrics().borrow().current_leader)),
+            ForwardRequest::Heartbeat(_) => Ok(ForwardReply::NotLeader(self.node.metrics().borrow().current_leader)),
             ForwardRequest::Convergence(revision) => Ok(ForwardReply::Convergence(self.local_convergence(revision))),
             req => self.node.handle_forward(req).await,
         }
@@ -116,7 +125,7 @@ impl Replica {
                 if id == self.node.id {
                     return Ok(self.local_convergence(revision));
                 }
-                match self.node.peers.forward(id, &info.raft_addr, &ForwardRequest::Convergence(revision), Duration::from_secs(1)).await {
+                match self.node.peers().forward(id, &info.raft_addr, &ForwardRequest::Convergence(revision), Duration::from_secs(1)).await {
                     Ok(Ok(ForwardReply::Convergence(r))) => Ok(r),
                     Ok(Ok(_)) => Err(format!("replica {id}: unexpected reply")),
                     Ok(Err(e)) => Err(format!("replica {id}: {e}")),
@@ -153,6 +162,6 @@ impl crate::xds::server::Fence for Replica {
     }
 
     async fn barrier(&self) -> std::result::Result<(), String> {
-        crate::ha::confirm_current(&self.node, Duration::from_millis(self.node.config.xds_fence_timeout_ms)).await
+        crate::ha::confirm_current(&self.node, Duration::from_millis(self.config.xds_fence_timeout_ms)).await
     }
 }

@@ -110,6 +110,13 @@ impl SecretsKey {
     }
 }
 
+/// How the xDS server opens the keys it serves over SDS (`xds::secrets`).
+impl crate::xds::secrets::Unseal for SecretsKey {
+    fn open(&self, namespace: &str, name: &str, envelope: &str) -> std::result::Result<Zeroizing<Vec<u8>>, String> {
+        SecretsKey::open(self, namespace, name, envelope)
+    }
+}
+
 /// Replace every Secret put of `txn` (the body as written: data,
 /// stringData) by its stored form, the private key sealed. `current`: the
 /// state the request is checked against; a Secret whose content is what is

@@ -14,7 +14,6 @@ pub mod directory;
 use crate::api::{apply_txn, ApplyItem};
 use crate::error::Error;
 use crate::model::{ResourceKey, StoredObject};
-use crate::node::Node;
 use crate::store::types::{Op, Txn};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -35,7 +34,7 @@ pub trait Source: Send + 'static {
 }
 
 /// Keep the store in step with `source` until shutdown.
-pub async fn run(node: Arc<Node>, mut source: Box<dyn Source>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(replica: Arc<crate::replica::Replica>, mut source: Box<dyn Source>, mut shutdown: watch::Receiver<bool>) {
     loop {
         let desired = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
@@ -44,7 +43,7 @@ pub async fn run(node: Arc<Node>, mut source: Box<dyn Source>, mut shutdown: wat
         match desired {
             Err(e) => tracing::error!(source = source.name(), error = e, "adapter: not applied; the store keeps the last good state"),
             Ok(docs) => loop {
-                match reconcile(&node, source.name(), docs.clone()).await {
+                match reconcile(&replica, source.name(), docs.clone()).await {
                     Ok(Some(rev)) => tracing::info!(source = source.name(), revision = rev, "adapter: store in step"),
                     Ok(None) => tracing::debug!(source = source.name(), "adapter: nothing to change"),
                     // No leader yet (starting up) or no quorum: try again.
@@ -70,7 +69,8 @@ fn owned_by(obj: &StoredObject, source: &str) -> bool {
 /// One atomic write that makes the source's resources exactly `docs`:
 /// puts for every document, deletes for what it owned and no longer
 /// lists. `None` when nothing changed.
-pub async fn reconcile(node: &Node, source: &str, docs: Vec<Value>) -> Result<Option<u64>, Error> {
+pub async fn reconcile(replica: &crate::replica::Replica, source: &str, docs: Vec<Value>) -> Result<Option<u64>, Error> {
+    let node = &replica.node;
     let items = docs
         .into_iter()
         .map(|mut d| {
@@ -90,10 +90,10 @@ pub async fn reconcile(node: &Node, source: &str, docs: Vec<Value>) -> Result<Op
         let (mut txn, _warnings) = apply_txn(items)?;
         // A trusted source, but no namespace's object attaches to another's
         // hostnames (`mesh::hosts`), whoever writes it.
-        let suffix = &node.config.domain_suffix;
+        let suffix = &replica.config.domain_suffix;
         crate::api::owned_hostnames(&crate::api::hostname_claims(&txn, suffix)?, suffix)?;
         // Secrets' keys sealed; unchanged ones keep their stored envelope.
-        crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &current)?;
+        crate::secrets::seal_txn(replica.secrets.as_deref(), &mut txn, &current)?;
         let keys = txn.ops.iter().map(|o| o.key().clone()).collect();
         (txn.ops, keys)
     };

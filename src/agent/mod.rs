@@ -256,7 +256,7 @@ impl CaClient {
 pub fn impersonation_metadata(spiffe_id: &str) -> envoy_types::pb::google::protobuf::Struct {
     use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
     let value = Value { kind: Some(Kind::StringValue(spiffe_id.to_string())) };
-    Struct { fields: [(crate::ca::service::IMPERSONATED_IDENTITY.to_string(), value)].into_iter().collect() }
+    Struct { fields: [(crate::client::IMPERSONATED_IDENTITY.to_string(), value)].into_iter().collect() }
 }
 
 #[derive(Debug)]

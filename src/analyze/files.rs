@@ -13,7 +13,7 @@
 use super::{schema::schema_error, Message, IST0106};
 use crate::model::documents::{parse_documents, resource_lines, ResourceLines};
 use crate::model::{self, Kind, ResourceKey, StoredObject};
-use crate::store::state::State;
+use crate::state::State;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -12,8 +12,8 @@
 //! Imports, and nothing else (a later refactor moves this into a pure
 //! crate): `crate::model` (kinds, keys, stored objects, the Istio and
 //! registry specs, documents), `crate::mesh` (the service model: hostname
-//! → the services claiming it, their ports and instances; `Mesh::from_state`,
-//! `mesh::resolve`, `mesh::exported_to`), `crate::store::state::State` (the
+//! → the services claiming it, their ports and instances; `Mesh::build`,
+//! `mesh::resolve`, `mesh::exported_to`), `crate::state::State` (the
 //! pure state: a persistent map of objects) and, outside the crate, serde,
 //! serde_json, yaml_serde and x509-parser (a Secret's certificate, IST0161).
 //! No tokio, tonic, axum, sled or openraft; no clock (the caller gives
@@ -49,12 +49,12 @@ pub mod write;
 
 pub use write::on_write;
 
-use crate::mesh::{MeshConfig, Service};
 use crate::model::istio::{
     AuthorizationPolicy, DestinationRule, Gateway, PeerAuthentication, RequestAuthentication, ServiceEntry, Sidecar, Validated, VirtualService,
 };
 use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
-use crate::store::state::State;
+use crate::state::State;
+use crate::translate::mesh::{MeshConfig, Service};
 use serde::{Deserialize, Serialize};
 use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -477,7 +477,7 @@ pub(crate) struct Workload<'a> {
 pub(crate) struct Ctx<'a> {
     pub opts: &'a Options,
     pub state: &'a State,
-    pub mesh: crate::mesh::Mesh,
+    pub mesh: crate::translate::mesh::Mesh,
     pub vs: Vec<Item<'a, VirtualService>>,
     pub dr: Vec<Item<'a, DestinationRule>>,
     pub gw: Vec<Item<'a, Gateway>>,
@@ -555,7 +555,7 @@ fn rarest<'i>(index: &'i HashMap<(String, String), Vec<usize>>, selector: &BTree
 
 impl<'a> Ctx<'a> {
     pub fn new(state: &'a State, opts: &'a Options) -> Ctx<'a> {
-        let mesh = crate::mesh::Mesh::from_state(state, opts.mesh.clone());
+        let mesh = crate::translate::mesh::Mesh::build(state, opts.mesh.clone());
         let mut ctx = Ctx {
             opts,
             state,

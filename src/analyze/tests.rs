@@ -8,7 +8,7 @@
 
 use super::files::{load, Source};
 use super::*;
-use crate::mesh::MeshConfig;
+use crate::translate::mesh::MeshConfig;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 

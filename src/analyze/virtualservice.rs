@@ -28,10 +28,10 @@
 //!   analyzer compares them as written).
 
 use super::{exported_to_all, quote, slice, Ctx, Item, Message, Workload, IST0101, IST0109, IST0112, IST0132, IST0140, IST0149, LST0003};
-use crate::mesh::Service;
 use crate::model::istio::common::Destination;
 use crate::model::istio::{hosts_overlap, resolve_short_name, DestinationRule, VirtualService};
 use crate::model::{Kind, ResourceKey};
+use crate::translate::mesh::Service;
 use std::collections::{BTreeMap, BTreeSet};
 
 const MESH: &str = "mesh";
@@ -115,7 +115,7 @@ fn destinations(ctx: &Ctx, vs: &Item<VirtualService>, out: &mut Vec<Message>) {
 fn subset_defined(ctx: &Ctx, ns: &str, host: &str, subset: &str) -> bool {
     let fqdn = resolve_short_name(host, ns, ctx.suffix());
     let has = |dr: &DestinationRule| dr.subsets.iter().any(|s| s.name == subset);
-    match crate::mesh::resolve(ctx.mesh.claims(&fqdn), ns, |_| true) {
+    match crate::translate::mesh::resolve(ctx.mesh.claims(&fqdn), ns, |_| true) {
         Some(svc) => destination_rule_for(ctx, ns, svc).is_some_and(|dr| has(dr.spec)),
         None => {
             let want = namespaced_name(ctx, ns, host);
@@ -139,8 +139,11 @@ fn namespaced_name(ctx: &Ctx, ns: &str, host: &str) -> (String, String) {
 /// namespace; in its namespace, else the service's, else the root
 /// namespace; an exact host before a wildcard; the oldest first.
 pub(super) fn destination_rule_for<'c, 'a>(ctx: &'c Ctx<'a>, proxy_ns: &str, svc: &Service) -> Option<&'c Item<'a, DestinationRule>> {
-    let mut candidates: Vec<(&Item<DestinationRule>, &str)> =
-        ctx.destination_rules_for_host(&svc.hostname).into_iter().filter(|(dr, _)| crate::mesh::exported_to(&dr.spec.export_to, dr.ns(), proxy_ns)).collect();
+    let mut candidates: Vec<(&Item<DestinationRule>, &str)> = ctx
+        .destination_rules_for_host(&svc.hostname)
+        .into_iter()
+        .filter(|(dr, _)| crate::translate::mesh::exported_to(&dr.spec.export_to, dr.ns(), proxy_ns))
+        .collect();
     candidates.sort_by(|(a, _), (b, _)| (a.obj.create_revision, a.key()).cmp(&(b.obj.create_revision, b.key())));
     for ns in [proxy_ns, svc.namespace.as_str(), ctx.root_ns()] {
         let in_ns: Vec<&(&Item<DestinationRule>, &str)> = candidates.iter().filter(|(dr, _)| dr.ns() == ns).collect();

@@ -24,7 +24,7 @@
 use super::{run, Ctx, Family, Message, Options, IST0106, IST0127, IST0133};
 use crate::model::istio::{hosts_overlap, resolve_short_name, Validated};
 use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
-use crate::store::state::{Objects, State};
+use crate::state::{Objects, State};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -126,7 +126,7 @@ fn hosts_of(obj: &StoredObject, suffix: &str) -> Vec<String> {
         TypedSpec::Istio(Validated::DestinationRule { spec, .. }) => vec![fqdn(&spec.host)],
         TypedSpec::Istio(Validated::ServiceEntry { spec, .. }) => spec.hosts.iter().map(|h| fqdn(h)).collect(),
         TypedSpec::Service(s) => vec![s.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", obj.key.name))],
-        TypedSpec::Instance(i) => vec![crate::mesh::instance_hostname(i, ns, suffix)],
+        TypedSpec::Instance(i) => vec![crate::translate::mesh::instance_hostname(i, ns, suffix)],
         _ => Vec::new(),
     }
 }
@@ -241,8 +241,8 @@ impl Scope {
         // one of its hosts (only a host's own namespace can claim a
         // NAME.NS.svc host; any namespace another).
         let mut namespaces: BTreeSet<String> = self.namespaces.clone();
-        let anywhere = self.hosts.iter().any(|h| match crate::mesh::hosts::owner(h, suffix) {
-            crate::mesh::hosts::Owner::Namespace(ns) => {
+        let anywhere = self.hosts.iter().any(|h| match crate::translate::mesh::hosts::owner(h, suffix) {
+            crate::translate::mesh::hosts::Owner::Namespace(ns) => {
                 namespaces.insert(ns);
                 false
             }

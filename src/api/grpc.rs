@@ -5,7 +5,7 @@
 
 use super::{ApplyItem, Caller, DeleteItem};
 use crate::auth::{PeerIdentity, Target, Verb};
-use crate::error::{Code, Error};
+use crate::error::Error;
 use crate::node::{ClusterStatus, Consistency};
 use crate::proto::api::lodestar_server::{Lodestar, LodestarServer};
 use crate::proto::api::*;
@@ -17,19 +17,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
+/// The gRPC status of an error (its code's number, `Code::grpc_code`).
 pub fn status_of(e: Error) -> Status {
-    let code = match e.code {
-        Code::InvalidArgument => tonic::Code::InvalidArgument,
-        Code::NotFound => tonic::Code::NotFound,
-        Code::Conflict => tonic::Code::Aborted,
-        Code::Compacted => tonic::Code::OutOfRange,
-        Code::Unavailable => tonic::Code::Unavailable,
-        Code::Internal => tonic::Code::Internal,
-        Code::Unauthenticated => tonic::Code::Unauthenticated,
-        Code::PermissionDenied => tonic::Code::PermissionDenied,
-        Code::ResourceExhausted => tonic::Code::ResourceExhausted,
-    };
-    Status::new(code, e.message)
+    Status::new(tonic::Code::from(e.code.grpc_code()), e.message)
 }
 
 pub struct GrpcApi {
@@ -38,7 +28,7 @@ pub struct GrpcApi {
 
 impl GrpcApi {
     pub fn server(replica: Arc<Replica>) -> LodestarServer<GrpcApi> {
-        let limit = replica.node.config.max_body_bytes;
+        let limit = replica.config.max_body_bytes;
         LodestarServer::new(GrpcApi { replica }).max_decoding_message_size(limit)
     }
 
@@ -179,7 +169,7 @@ impl Lodestar for GrpcApi {
             .collect::<Result<Vec<_>, Error>>()
             .map_err(status_of)?;
         let (txn, warnings) = super::apply_txn(items).map_err(status_of)?;
-        match super::apply_authorized(&caller, &self.replica.node, txn, warnings, dry_run, expected_revision).await.map_err(status_of)? {
+        match super::apply_authorized(&caller, &self.replica, txn, warnings, dry_run, expected_revision).await.map_err(status_of)? {
             super::ApplyOutcome::Written(r) => Ok(Response::new(WriteResponse {
                 revision: r.revision,
                 items: r
@@ -268,8 +258,8 @@ impl Lodestar for GrpcApi {
         let mut filter = WatchFilter { kind, namespace: Some(r.namespace).filter(|n| !n.is_empty()), skip_acl: false };
         caller.authorize_watch(&mut filter).map_err(status_of)?;
         // History already compacted: OUT_OF_RANGE as the call's status.
-        check_start(&self.replica.node.reader, r.from_revision).map_err(status_of)?;
-        let stream = watch(self.replica.node.reader.clone(), r.from_revision, filter).map(|item| {
+        check_start(self.replica.node.reader(), r.from_revision).map_err(status_of)?;
+        let stream = watch(self.replica.node.reader().clone(), r.from_revision, filter).map(|item| {
             item.map(|e| WatchEvent {
                 revision: e.revision,
                 r#type: e.kind.as_str().into(),
@@ -355,7 +345,7 @@ impl Lodestar for GrpcApi {
             .map_err(status_of)?;
         let node = &self.replica.node;
         let applied = node.read(consistency(r.consistency)).await.map_err(status_of)?;
-        let answer = super::analyze::analyze(&caller, &applied, &node.config, Some(&r.namespace), overlay);
+        let answer = super::analyze::analyze(&caller, &applied, &self.replica.config, Some(&r.namespace), overlay);
         Ok(Response::new(AnalyzeResponse {
             revision: answer.revision,
             messages: answer.messages.into_iter().map(analysis_message).collect(),
@@ -376,5 +366,32 @@ fn analysis_message(m: crate::analyze::Message) -> AnalysisMessage {
         message: m.message,
         field: m.field.unwrap_or_default(),
         related: m.related.iter().map(|r| r.to_string()).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_of;
+    use crate::error::{Code, Error};
+
+    /// Each error code's gRPC status, as the API has always answered
+    /// (`Code::grpc_code` holds the numbers so `error` knows no tonic).
+    #[test]
+    fn status_codes() {
+        let expected = [
+            (Code::InvalidArgument, tonic::Code::InvalidArgument),
+            (Code::NotFound, tonic::Code::NotFound),
+            (Code::Conflict, tonic::Code::Aborted),
+            (Code::Compacted, tonic::Code::OutOfRange),
+            (Code::Unavailable, tonic::Code::Unavailable),
+            (Code::Internal, tonic::Code::Internal),
+            (Code::Unauthenticated, tonic::Code::Unauthenticated),
+            (Code::PermissionDenied, tonic::Code::PermissionDenied),
+            (Code::ResourceExhausted, tonic::Code::ResourceExhausted),
+        ];
+        for (code, want) in expected {
+            let status = status_of(Error::new(code, "why"));
+            assert_eq!((status.code(), status.message()), (want, "why"), "{code:?}");
+        }
     }
 }

@@ -20,7 +20,6 @@ use crate::auth::audit::AuditEvent;
 use crate::auth::token::{self, Minted, NewToken};
 use crate::auth::{Acl, AclIndex, Credentials, PeerIdentity, Permission, Principal, Target, Verb};
 use crate::error::{Code, Error, FieldError, Result};
-use crate::mesh::hosts as mesh_hosts;
 use crate::model::acl::{ProxyBinding, GLOBAL_MANAGEMENT};
 use crate::model::kinds::CLUSTER_NAMESPACE;
 use crate::model::{self, Kind, ResourceKey, Selector, StoredObject};
@@ -29,6 +28,7 @@ use crate::replica::Replica;
 use crate::store::types::{ItemResult, Op, Txn, TxnOk};
 use crate::store::watch::WatchFilter;
 use crate::store::Applied;
+use crate::translate::mesh::hosts as mesh_hosts;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -471,7 +471,7 @@ pub async fn acl_bootstrap(replica: &Replica, op: &str) -> Result<TokenCreated> 
     let applied = replica.node.read(Consistency::Linearizable).await?;
     let policy_key = ResourceKey::new(Kind::Policy, CLUSTER_NAMESPACE, GLOBAL_MANAGEMENT);
     if let Some(index) = bootstrap_reset_index(&applied) {
-        let reset = replica.node.config.data_dir.join(BOOTSTRAP_RESET_FILE);
+        let reset = replica.config.data_dir.join(BOOTSTRAP_RESET_FILE);
         if let Err(why) = consume_reset_file(&reset, index).await {
             return deny(
                 format!("bootstrapped already (reset index {index}): {why}"),
@@ -746,7 +746,7 @@ pub fn host_warnings(txn: &Txn, applied: &crate::store::Applied, suffix: &str) -
     let hosts = |key: &ResourceKey, typed: &TypedSpec| -> Vec<String> {
         match typed {
             TypedSpec::Service(spec) => vec![spec.hostname.clone().unwrap_or_else(|| format!("{}.{}.svc.{suffix}", key.name, key.namespace))],
-            TypedSpec::Instance(spec) => vec![crate::mesh::instance_hostname(spec, &key.namespace, suffix)],
+            TypedSpec::Instance(spec) => vec![crate::translate::mesh::instance_hostname(spec, &key.namespace, suffix)],
             TypedSpec::Istio(Validated::ServiceEntry { spec, .. }) => {
                 spec.hosts.iter().map(|h| crate::model::istio::resolve_short_name(h, &key.namespace, suffix)).collect()
             }
@@ -902,23 +902,24 @@ pub enum ApplyOutcome {
 /// write's warnings either way. REST and gRPC share it.
 pub async fn apply_authorized(
     caller: &Caller,
-    node: &crate::node::Node,
+    replica: &crate::replica::Replica,
     mut txn: Txn,
     mut warnings: Vec<String>,
     dry_run: bool,
     expected_revision: Option<u64>,
 ) -> Result<ApplyOutcome> {
     caller.authorize_txn(Verb::Write, &txn)?;
-    let applied = if dry_run || expected_revision.is_some() { node.read(crate::node::Consistency::Linearizable).await? } else { node.reader.current() };
+    let (node, config) = (&replica.node, &replica.config);
+    let applied = if dry_run || expected_revision.is_some() { node.read(crate::node::Consistency::Linearizable).await? } else { node.reader().current() };
     if let Some(base) = expected_revision {
         dryrun::pin(&mut txn, &applied.state, base)?;
     }
     // A preview seals too: it shows what would be stored (never a value).
-    crate::secrets::seal_txn(node.secrets.as_deref(), &mut txn, &applied)?;
-    warnings.extend(policy_warnings(&txn, &applied, &node.config.root_namespace));
-    warnings.extend(claim_warnings(&txn, &applied, &node.config.domain_suffix));
-    warnings.extend(host_warnings(&txn, &applied, &node.config.domain_suffix));
-    warnings.extend(analyze::write_warnings(caller, &txn, &applied, &node.config));
+    crate::secrets::seal_txn(replica.secrets.as_deref(), &mut txn, &applied)?;
+    warnings.extend(policy_warnings(&txn, &applied, &config.root_namespace));
+    warnings.extend(claim_warnings(&txn, &applied, &config.domain_suffix));
+    warnings.extend(host_warnings(&txn, &applied, &config.domain_suffix));
+    warnings.extend(analyze::write_warnings(caller, &txn, &applied, config));
     if dry_run {
         return dryrun::preview(caller, &applied.state, &txn, warnings).map(ApplyOutcome::Preview);
     }
@@ -981,7 +982,7 @@ pub struct ServiceView {
 
 /// The registry's services at one snapshot (ServiceEntries excluded).
 pub fn registry_services(applied: &Applied, config: &crate::config::ServerConfig, namespace: Option<&str>) -> Vec<ServiceView> {
-    use crate::mesh::{Health, Mesh};
+    use crate::translate::mesh::{Health, Mesh};
     let mesh = Mesh::build(applied, Arc::new(config.mesh_config()));
     mesh.all_services()
         .filter(|s| s.sources.iter().any(|(k, _)| matches!(k.kind, Kind::Service | Kind::Instance)))

@@ -31,7 +31,8 @@ pub const OBJECTS_HEADER: &str = "x-lodestar-objects";
 
 /// The routes: those that only read or write the store take the `Node`;
 /// those about the replica's helpers (status, readiness, heartbeats,
-/// proxies) take the `Replica`.
+/// proxies) or its settings (body limits, the secrets key, the mesh's
+/// names) take the `Replica`.
 pub fn router(replica: Arc<Replica>) -> Router {
     let helpers = Router::new()
         .route("/v1/resources/{kind}/{namespace}/{name}/heartbeat", post(heartbeat))
@@ -43,14 +44,14 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/readyz", get(readyz))
         .route("/v1/acl/tokens", post(create_token))
         .route("/v1/acl/bootstrap", post(acl_bootstrap))
-        .with_state(replica.clone());
-    Router::new()
         .route("/v1/apply", post(apply))
         .route("/v1/delete", post(delete_many))
-        .route("/v1/resources/{kind}", get(list))
-        .route("/v1/resources/{kind}/{namespace}/{name}", get(get_one).delete(delete_one))
         .route("/v1/registry/services", get(registry_services))
         .route("/v1/analyze", get(analyze_live).post(analyze_with))
+        .with_state(replica.clone());
+    Router::new()
+        .route("/v1/resources/{kind}", get(list))
+        .route("/v1/resources/{kind}/{namespace}/{name}", get(get_one).delete(delete_one))
         .route("/v1/watch", get(watch_changes))
         .route("/v1/snapshot", get(snapshot))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -68,12 +69,14 @@ fn observe(replica: &Arc<Replica>) -> Router {
         .route("/debug/config_dump", get(config_dump))
         .route("/debug/authz", axum::routing::post(authz_check))
         .with_state(replica.sync.clone());
-    let node = Router::new()
+    let node = Router::new().route("/debug/configz", get(configz)).route("/metrics", get(metrics)).with_state(replica.node.clone());
+    Router::new()
+        .route("/debug/checks", get(debug_checks))
+        .route("/debug/push_status", get(push_status))
         .route("/debug/registryz", get(registryz))
-        .route("/debug/configz", get(configz))
-        .route("/metrics", get(metrics))
-        .with_state(replica.node.clone());
-    Router::new().route("/debug/checks", get(debug_checks)).route("/debug/push_status", get(push_status)).with_state(replica.clone()).merge(sync).merge(node)
+        .with_state(replica.clone())
+        .merge(sync)
+        .merge(node)
 }
 
 /// The same read-only routes for the local observer address
@@ -108,8 +111,8 @@ impl IntoResponse for Error {
 }
 
 /// Read a body with the configured size limit; over it is a 400 that says so.
-async fn read_body(node: &Node, body: Body) -> Result<Bytes> {
-    let limit = node.config.max_body_bytes;
+async fn read_body(replica: &Replica, body: Body) -> Result<Bytes> {
+    let limit = replica.config.max_body_bytes;
     axum::body::to_bytes(body, limit).await.map_err(|_| Error::field("body", format!("request body is larger than the limit of {limit} bytes")))
 }
 
@@ -155,11 +158,11 @@ struct ApplyQuery {
     expected_revision: Option<u64>,
 }
 
-async fn apply(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<ApplyQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+async fn apply(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<ApplyQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
     caller.precheck(Precheck::Any(Verb::Write))?;
-    let bytes = read_body(&node, body).await?;
+    let bytes = read_body(&replica, body).await?;
     let (txn, warnings) = apply_body(is_yaml(&headers), &bytes)?;
-    match super::apply_authorized(&caller, &node, txn, warnings, q.dry_run, q.expected_revision).await? {
+    match super::apply_authorized(&caller, &replica, txn, warnings, q.dry_run, q.expected_revision).await? {
         super::ApplyOutcome::Written(result) => Ok((revision_headers(result.revision), Json(result)).into_response()),
         super::ApplyOutcome::Preview(p) => Ok((revision_headers(p.base_revision), Json(p)).into_response()),
     }
@@ -206,12 +209,13 @@ struct DeleteQuery {
     expected_revision: Option<u64>,
 }
 
-async fn delete_many(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<DeleteQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+async fn delete_many(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<DeleteQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+    let node = &replica.node;
     caller.precheck(Precheck::Any(Verb::Delete))?;
-    let bytes = read_body(&node, body).await?;
+    let bytes = read_body(&replica, body).await?;
     let txn = delete_body(is_yaml(&headers), &bytes, q.ignore_not_found)?;
     caller.authorize_txn(Verb::Delete, &txn)?;
-    let ok = caller.write(&node, Verb::Delete, txn).await?;
+    let ok = caller.write(node, Verb::Delete, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, Vec::new()))).into_response())
 }
 
@@ -300,8 +304,8 @@ async fn watch_changes(State(node): State<Arc<Node>>, caller: Caller, Query(q): 
         WatchFilter { kind: q.kind.as_deref().map(super::parse_kind).transpose()?, namespace: q.namespace.filter(|n| !n.is_empty()), skip_acl: false };
     caller.authorize_watch(&mut filter)?;
     // History already compacted: 410 now, not a 200 whose first line says so.
-    check_start(&node.reader, q.from_revision)?;
-    let stream = watch(node.reader.clone(), q.from_revision, filter).map(|item| {
+    check_start(node.reader(), q.from_revision)?;
+    let stream = watch(node.reader().clone(), q.from_revision, filter).map(|item| {
         let line = match item {
             Ok(e) => json!({"revision": e.revision, "type": e.kind.as_str(), "object": e.object.to_json()}),
             Err(e) => json!({"error": {"code": e.code.as_str(), "message": e.message}}),
@@ -348,7 +352,7 @@ struct AddMember {
 
 async fn add_member(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Json<ClusterStatus>> {
     caller.precheck(Precheck::Cluster(Verb::Admin))?;
-    let bytes = read_body(&replica.node, body).await?;
+    let bytes = read_body(&replica, body).await?;
     let m: AddMember = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
     let result = replica.node.add_node(m.id, NodeInfo { raft_addr: m.raft_addr, api_addr: m.api_addr, xds_addr: m.xds_addr }).await;
     caller.audit_result(Verb::Admin, vec![format!("members/{}", m.id)], result.as_ref().map(|_| None));
@@ -386,7 +390,7 @@ async fn metrics(caller: Caller) -> Result<Response> {
 /// shown this once.
 async fn create_token(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Response> {
     caller.precheck(Precheck::Cluster(Verb::Admin))?;
-    let bytes = read_body(&replica.node, body).await?;
+    let bytes = read_body(&replica, body).await?;
     let req: super::TokenRequest = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
     Ok(Json(super::create_token(&caller, &replica, req).await?).into_response())
 }
@@ -410,30 +414,37 @@ struct NamespaceQuery {
     consistency: Option<String>,
 }
 
-async fn registry_services(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<NamespaceQuery>) -> Result<Response> {
+async fn registry_services(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<NamespaceQuery>) -> Result<Response> {
+    let node = &replica.node;
     let ns = q.namespace.as_deref();
     caller.authorize(Verb::Read, [Target::kind(crate::model::Kind::Service, ns), Target::kind(crate::model::Kind::Instance, ns)])?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
-    Ok(Json(json!({"revision": applied.revision(), "services": super::registry_services(&applied, &node.config, q.namespace.as_deref())})).into_response())
+    Ok(Json(json!({"revision": applied.revision(), "services": super::registry_services(&applied, &replica.config, q.namespace.as_deref())})).into_response())
 }
 
 /// `lodestar analyze`: the findings on the live store, those the caller
 /// may read (`api::analyze`).
-async fn analyze_live(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<NamespaceQuery>) -> Result<Response> {
+async fn analyze_live(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<NamespaceQuery>) -> Result<Response> {
     caller.precheck(Precheck::Any(Verb::Read))?;
-    let applied = node.read(consistency(q.consistency.as_deref())?).await?;
-    let answer = super::analyze::analyze(&caller, &applied, &node.config, q.namespace.as_deref(), None);
+    let applied = replica.node.read(consistency(q.consistency.as_deref())?).await?;
+    let answer = super::analyze::analyze(&caller, &applied, &replica.config, q.namespace.as_deref(), None);
     Ok((revision_headers(answer.revision), Json(answer)).into_response())
 }
 
 /// `lodestar analyze FILE --live`: the body's resources (as `/v1/apply`
 /// takes them) laid over the live store, nothing written.
-async fn analyze_with(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<NamespaceQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+async fn analyze_with(
+    State(replica): State<Arc<Replica>>,
+    caller: Caller,
+    Query(q): Query<NamespaceQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response> {
     caller.precheck(Precheck::Any(Verb::Read))?;
-    let bytes = read_body(&node, body).await?;
+    let bytes = read_body(&replica, body).await?;
     let (docs, _) = documents(is_yaml(&headers), &bytes)?;
-    let applied = node.read(consistency(q.consistency.as_deref())?).await?;
-    let answer = super::analyze::analyze(&caller, &applied, &node.config, q.namespace.as_deref(), Some(docs));
+    let applied = replica.node.read(consistency(q.consistency.as_deref())?).await?;
+    let answer = super::analyze::analyze(&caller, &applied, &replica.config, q.namespace.as_deref(), Some(docs));
     Ok((revision_headers(answer.revision), Json(answer)).into_response())
 }
 
@@ -616,7 +627,7 @@ async fn authz_check(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
 /// The config this replica serves a connected proxy, as proto-JSON.
 async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q): Query<ConfigDumpQuery>) -> Result<Response> {
     caller.authorize(Verb::Read, [Target::Cluster])?;
-    use crate::xds::resources::ResourceType;
+    use crate::translate::resources::ResourceType;
     let config = sync.config_of(&q.proxy_id).ok_or_else(|| Error::not_found(format!("proxy {:?} is not connected to this replica", q.proxy_id)))?;
     let wanted = match q.kind.as_deref() {
         None | Some("") | Some("all") => None,
@@ -638,7 +649,7 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
             .of(t)
             .into_iter()
             .flat_map(|m| m.values())
-            .map(|r| json!({"name": r.name, "version": r.version, "resource": crate::xds::json::any_to_json(&r.any).unwrap_or_else(|e| json!({"error": e}))}))
+            .map(|r| json!({"name": r.name, "version": r.version, "resource": crate::translate::json::any_to_json(&r.any).unwrap_or_else(|e| json!({"error": e}))}))
             .collect();
         let key = match t {
             ResourceType::Cluster => "clusters",
@@ -654,10 +665,11 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
 
 /// The registry as translation sees it: every service with its ports and
 /// instances (health, locality, weight), at the local revision.
-async fn registryz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Response> {
+async fn registryz(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Response> {
+    let node = &replica.node;
     caller.authorize(Verb::Read, [Target::Cluster])?;
-    let applied = node.reader.current();
-    let mesh = crate::mesh::Mesh::build(&applied, Arc::new(node.config.mesh_config()));
+    let applied = node.reader().current();
+    let mesh = crate::translate::mesh::Mesh::build(&applied, Arc::new(replica.config.mesh_config()));
     let services: Vec<Value> = mesh
         .all_services()
         .map(|s| {
@@ -676,7 +688,7 @@ async fn registryz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Resp
 /// Every traffic rule at the local revision (kind, namespace, name, revisions).
 async fn configz(State(node): State<Arc<Node>>, caller: Caller) -> Result<Response> {
     caller.authorize(Verb::Read, [Target::Cluster])?;
-    let applied = node.reader.current();
+    let applied = node.reader().current();
     let items: Vec<Value> = applied
         .state
         .objects
@@ -698,8 +710,8 @@ async fn push_status(State(replica): State<Arc<Replica>>, caller: Caller) -> Res
     }
     let pushes: serde_json::Map<String, Value> = ["cds", "eds", "lds", "rds"].iter().map(|t| (t.to_string(), json!(m.xds_pushes.with(&[t]).get()))).collect();
     Ok(Json(json!({
-        "appliedRevision": node.reader.current().revision(),
-        "debounceMs": node.config.push_debounce_ms,
+        "appliedRevision": node.reader().current().revision(),
+        "debounceMs": replica.config.push_debounce_ms,
         "pushTriggers": m.push_triggers.get(),
         "pushes": pushes,
         "connectedProxies": snapshot.proxies.len(),

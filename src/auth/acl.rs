@@ -9,7 +9,6 @@
 use super::audit::{AuditEvent, AuditLog};
 use super::index::AclIndex;
 use super::{Credentials, Principal, Refusal};
-use crate::config::ServerConfig;
 use crate::model::{Kind, ResourceKey, StoredObject};
 use crate::store::state_machine::StoreReader;
 use crate::store::Applied;
@@ -34,13 +33,27 @@ pub struct Acl {
 /// Secrets shorter than this are refused in `initial_management_token_file`.
 const MIN_SECRET_LEN: usize = 16;
 
+/// What the ACLs take from the server's settings
+/// (`config::ServerConfig::acl_options`).
+#[derive(Debug, Clone, Default)]
+pub struct AclOptions {
+    /// `acl_enabled`.
+    pub enabled: bool,
+    /// This replica's id, for the audit log.
+    pub replica: u64,
+    pub initial_management_token_file: Option<std::path::PathBuf>,
+    /// Where the audit log goes (`audit_log`, resolved); `None`: stderr.
+    pub audit_log: Option<std::path::PathBuf>,
+    pub domain_suffix: String,
+}
+
 impl Acl {
     /// From the configuration: reads the initial management token file and
     /// starts the audit log writer (both only when ACLs are on).
-    pub fn start(config: &ServerConfig, reader: StoreReader) -> Result<Arc<Acl>, String> {
+    pub fn start(config: &AclOptions, reader: StoreReader) -> Result<Arc<Acl>, String> {
         let mut management = None;
         let mut audit = None;
-        if config.acls_on() {
+        if config.enabled {
             if let Some(path) = &config.initial_management_token_file {
                 let text = std::fs::read_to_string(path).map_err(|e| format!("initial_management_token_file {}: {e}", path.display()))?;
                 let secret = text.trim();
@@ -56,8 +69,7 @@ impl Acl {
                 }
                 management = Some(super::token::hash_secret(secret));
             }
-            let systemd = std::env::var_os("INVOCATION_ID").map(|_| std::env::var_os("LOGS_DIRECTORY").map(std::path::PathBuf::from));
-            let path = config.audit_log_path(systemd);
+            let path = config.audit_log.clone();
             let to = path.as_ref().map_or("stderr".into(), |p| p.display().to_string());
             audit = Some(AuditLog::start(path.as_deref()).map_err(|e| format!("audit_log {to}: {e}"))?);
             tracing::info!(to = %to, "audit log (one JSON line per write and refusal)");
@@ -66,8 +78,8 @@ impl Acl {
         let index = Arc::new(AclIndex::build(acl_objects(&applied).cloned()));
         let domain_suffix = config.domain_suffix.clone();
         Ok(Arc::new(Acl {
-            enabled: config.acls_on(),
-            replica: config.id,
+            enabled: config.enabled,
+            replica: config.replica,
             management,
             reader,
             cache: Mutex::new((applied.revision(), index)),
@@ -128,6 +140,28 @@ impl Acl {
             event.replica = self.replica;
             a.record(event);
         }
+    }
+}
+
+/// The xDS port's admission of streams (`xds::server::Admission`).
+impl crate::xds::server::Admission for Acl {
+    fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    fn authenticate(&self, creds: &Credentials) -> Result<Principal, Refusal> {
+        Acl::authenticate(self, creds)
+    }
+
+    fn revoked(&self, cert: &super::index::CertFacts) -> Option<String> {
+        self.index().revoked(cert)
+    }
+
+    fn refused(&self, who: &str, proxy: Option<&str>, reason: &str) {
+        let mut event = AuditEvent::new(who.to_string(), "xDS stream", "denied");
+        event.resources = proxy.map(|p| vec![format!("proxy/{p}")]).unwrap_or_default();
+        event.reason = Some(reason.to_string());
+        self.audit(event);
     }
 }
 

@@ -88,9 +88,6 @@ impl AuditLog {
     }
 }
 
-/// Now, as the audit log writes it.
-pub fn now_text() -> String {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let t = crate::model::acl::format_rfc3339(now.as_secs());
-    format!("{}.{:03}Z", t.trim_end_matches('Z'), now.subsec_millis())
-}
+// Now, as the audit log (and the JSON log) writes it: with the log lines,
+// so that `logging` needs no `auth`; its old path stays.
+pub use crate::logging::now_text;

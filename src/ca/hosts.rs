@@ -13,7 +13,7 @@
 
 use super::{HostId, WorkloadId};
 use crate::model::{Kind, ResourceKey, TypedSpec};
-use crate::store::state::State;
+use crate::state::State;
 
 /// The label that puts a WorkloadEntry on a host.
 pub const HOST_LABEL: &str = "lodestar.io/host";

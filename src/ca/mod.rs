@@ -362,11 +362,19 @@ impl MeshCa {
     }
 }
 
+/// The xDS port's check of a client certificate naming a SPIFFE id.
+impl crate::xds::server::WorkloadCerts for MeshCa {
+    fn verify_workload(&self, chain: &[CertificateDer<'static>]) -> std::result::Result<crate::state::access::index::CertFacts, String> {
+        MeshCa::verify_workload(self, chain)?;
+        chain.first().and_then(|c| cert_facts(c)).ok_or_else(|| "the certificate does not parse".into())
+    }
+}
+
 /// What the deny list (`auth::index::AclIndex::revoked`) and the xDS
 /// port's expiry timer need of a mesh certificate (DER): its SPIFFE id,
 /// serial, signing time (the mesh CA backdates `notBefore` by
 /// [`BACKDATE`]) and expiry. None if it does not parse or names no SPIFFE id.
-pub fn cert_facts(der: &[u8]) -> Option<crate::auth::index::CertFacts> {
+pub fn cert_facts(der: &[u8]) -> Option<crate::state::access::index::CertFacts> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let spiffe_id = cert.subject_alternative_name().ok()??.value.general_names.iter().find_map(|n| match n {
         x509_parser::extensions::GeneralName::URI(u) if u.starts_with("spiffe://") => Some(u.to_string()),
@@ -375,7 +383,7 @@ pub fn cert_facts(der: &[u8]) -> Option<crate::auth::index::CertFacts> {
     let serial = crate::model::acl::normalize_serial(&crate::model::acl::hex(cert.raw_serial()))?;
     let validity = cert.validity();
     let issued_at = validity.not_before.timestamp().saturating_add(BACKDATE.as_secs() as i64);
-    Some(crate::auth::index::CertFacts { spiffe_id, serial, issued_at, not_after: validity.not_after.timestamp() })
+    Some(crate::state::access::index::CertFacts { spiffe_id, serial, issued_at, not_after: validity.not_after.timestamp() })
 }
 
 /// Create a self-signed mesh root in `dir` in Istio's layout (the root

@@ -75,9 +75,9 @@ const CAS_ATTEMPTS: usize = 10;
 /// every key of a token with up to this many uses.
 const GRANTS_KEPT: usize = 256;
 
-/// The request metadata key of an impersonated identity (Istio's
-/// `security.ImpersonatedIdentity`).
-pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
+// The metadata key is on the wire for both sides (the agent asks with it):
+// it lives with the client.
+pub use crate::client::IMPERSONATED_IDENTITY;
 
 /// The service as the xDS port serves it, behind [`credential_shown`].
 pub type CaServer = tonic::service::interceptor::InterceptedService<IstioCertificateServiceServer<CaService>, CredentialCheck>;
@@ -121,7 +121,7 @@ impl CaService {
         if let Some(ca) = &ca {
             ca.publish_expiry();
         }
-        let config = &replica.node.config;
+        let config = &replica.config;
         let admission = Arc::new(Semaphore::new(config.ca_max_in_flight.max(1)));
         let queue_wait = Duration::from_millis(config.ca_max_queue_wait_ms);
         let service = CaService { ca, replica, pending: Pending::default(), reads: Reads::default(), admission, queue_wait };
@@ -492,7 +492,7 @@ impl IstioCertificateService for CaService {
                 Ok(Ok(_permit)) => self.create(conn.as_ref(), bearer.as_deref(), req.into_inner()).await,
                 _ => Err(Error::resource_exhausted(format!(
                     "the mesh CA on this replica is busy ({} requests in progress; waited {} ms for a turn): nothing was done, no join token use was consumed; retry after a backoff",
-                    self.replica.node.config.ca_max_in_flight,
+                    self.replica.config.ca_max_in_flight,
                     wait.as_millis()
                 ))),
             },
@@ -509,7 +509,7 @@ impl IstioCertificateService for CaService {
                 }
                 m.ca_errors.with(&[reason(e.code)]).inc();
                 tracing::info!(remote = %conn.map_or_else(|| "unknown".to_string(), |c| c.remote.to_string()), error = %e.message, "certificate request refused");
-                Err(crate::api::grpc::status_of(e))
+                Err(Status::new(tonic::Code::from(e.code.grpc_code()), e.message))
             }
         }
     }

@@ -8,8 +8,10 @@ mod agent;
 mod analyze;
 mod authz;
 mod bootstrap;
-pub mod client;
-mod progress;
+// The client side (REST client, its config, progress bars) is its own
+// module below the CLI and the agent; its old path stays.
+pub use crate::client;
+use crate::client::progress;
 mod proxy;
 mod registry;
 mod snapshot;

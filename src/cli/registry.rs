@@ -193,7 +193,7 @@ pub async fn heartbeat(client: &Client, kind: &str, r: &Renew) -> Result<()> {
     let times = count.map_or_else(|| "until stopped".to_string(), |c| format!("{c} times"));
     eprintln!("renewing {kind}/{name} every {}, {times}", r.every.as_deref().unwrap_or_default());
     // On a terminal, a line that says it is alive; a failure is always said.
-    let mut progress = super::progress::Progress::new();
+    let mut progress = crate::client::progress::Progress::new();
     let (mut sent, mut renewed) = (0u64, 0u64);
     loop {
         match client.post(&path, &json!({})).await {

@@ -82,7 +82,7 @@ pub async fn heartbeat(node: &Node, heartbeats: &Heartbeats, key: ResourceKey) -
 /// The leader's side of [`heartbeat`], also for heartbeats a follower
 /// forwarded (the caller checks that this node leads).
 pub async fn leader_heartbeat(node: &Node, heartbeats: &Heartbeats, key: &ResourceKey) -> Result<Duration> {
-    let mut applied = node.reader.current();
+    let mut applied = node.reader().current();
     if applied.state.get(key).is_none() {
         // A new leader may not have applied everything committed yet.
         applied = node.read(Consistency::Linearizable).await?;
@@ -161,7 +161,7 @@ impl Reaper {
     /// The writes due now: expired leases (deleting their instances with
     /// them), TTL transitions, deregistrations.
     fn due(&mut self, node: &Node, heartbeats: &Heartbeats, now: Instant) -> Vec<(&'static str, Op)> {
-        let m = node.raft.metrics().borrow().clone();
+        let m = node.metrics().borrow().clone();
         if m.state != ServerState::Leader {
             self.leading = None;
             self.first_seen.clear();
@@ -177,7 +177,7 @@ impl Reaper {
                 now
             }
         };
-        let applied = node.reader.current();
+        let applied = node.reader().current();
         let objects = &applied.state.objects;
         let mut ops = Vec::new();
         let mut present = std::collections::HashSet::new();

@@ -6,7 +6,7 @@ use crate::model::registry::{parse_host_port, parse_http_url, HealthCheck, Healt
 use crate::model::{Kind, ResourceKey, TypedSpec};
 use crate::node::Node;
 use crate::store::types::{Op, Txn};
-use crate::xds::resources::fnv1a;
+use crate::translate::resources::fnv1a;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +36,7 @@ pub async fn prober(node: Arc<Node>, checks: Checks, ha: Arc<HaState>, mut shutd
             _ = tick.tick() => {}
         }
         let live = ha.live_voters(&node);
-        let applied = node.reader.current();
+        let applied = node.reader().current();
         let mut desired: HashMap<ResourceKey, (u64, HealthCheck)> = HashMap::new();
         let lo = ResourceKey::new(Kind::Instance, "", "");
         for (key, obj) in applied.state.objects.range(lo..).take_while(|(k, _)| k.kind == Kind::Instance) {
@@ -105,7 +105,7 @@ async fn run_check(node: Arc<Node>, checks: Checks, key: ResourceKey, check: Hea
             c.consecutive_failures = fails;
             c.consecutive_successes = oks;
         }
-        let applied = node.reader.current();
+        let applied = node.reader().current();
         let Some(obj) = applied.state.get(&key) else { return };
         let stored = InstanceStatus::of(obj.body()).map(|s| s.health);
         let want = if fails >= check.unhealthy_threshold() {

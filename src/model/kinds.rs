@@ -39,7 +39,7 @@ pub enum Kind {
     WorkloadGroup,
     /// core/v1 `Secret` (Kubernetes' shape): a TLS certificate and key (and
     /// CA) for Gateway `credentialName`. The key is stored sealed
-    /// (`crate::secrets`), never in the clear (`model::secret`).
+    /// (the root's `secrets`), never in the clear (`model::secret`).
     Secret,
     /// ACL: the mesh CA's deny list, one entry per object: a SPIFFE id
     /// (its certificates signed before a time, or all) or a certificate

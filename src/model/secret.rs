@@ -10,7 +10,7 @@
 //! (for MUTUAL), or both. Every other key is refused as not supported.
 //!
 //! Stored: `data` keeps the certificate and CA (base64), never the private
-//! key: the API seals it (`crate::secrets`, AES-256-GCM) before the write is
+//! key: the API seals it (the root's `secrets`, AES-256-GCM) before the write is
 //! proposed, into `sealed.<key name>`, and [`check_sealed`] refuses any
 //! Secret write that carries a key in the clear. Reads leave `sealed` out
 //! ([`redact`]): `get`, `list`, watches and debug output show the
@@ -325,7 +325,7 @@ pub fn stored_body(input: &Value, decoded: &Decoded, sealed: Option<String>) -> 
 pub struct Stored {
     /// The certificate chain, PEM.
     pub cert_chain: Option<String>,
-    /// The sealed private key (`crate::secrets` envelope).
+    /// The sealed private key (the root's `secrets` envelope).
     pub sealed_key: Option<String>,
     /// The CA bundle, PEM.
     pub ca: Option<String>,

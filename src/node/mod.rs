@@ -31,7 +31,6 @@ pub mod transport;
 pub use messages::{ClusterStatus, ForwardReply, ForwardRequest, MemberStatus, NodeStatus, WaitReport};
 pub use transport::{PeerError, Transport};
 
-use crate::config::ServerConfig;
 use crate::error::{Code, Error, Result};
 use crate::store::state_machine::StoreReader;
 use crate::store::types::{Command, Group, NodeId, NodeInfo, Raft, RequestId, Response, Txn, TxnOk, TxnResult};
@@ -95,53 +94,81 @@ enum Outcome {
     Failed(Error),
 }
 
+/// What a node takes from the server's settings
+/// (`config::ServerConfig::node_options`).
+#[derive(Debug, Clone, Default)]
+pub struct NodeOptions {
+    pub id: NodeId,
+    /// Where this replica serves each port, as peers see it.
+    pub info: NodeInfo,
+    /// How long the batcher waits to group writes into one entry.
+    pub group_commit_wait_us: u64,
+    /// How long a write waits for its commit.
+    pub write_timeout_ms: u64,
+}
+
+/// Raft, the applied state and the peers are the node's own: helpers reach
+/// them through its methods ([`Node::reader`], [`Node::metrics`],
+/// [`Node::peers`]; [`Node::raft`] only for the raft network's inbound
+/// RPCs), never by field.
 pub struct Node {
     pub id: NodeId,
     pub info: NodeInfo,
-    pub raft: Raft,
-    pub reader: StoreReader,
-    pub config: Arc<ServerConfig>,
+    raft: Raft,
+    reader: StoreReader,
+    options: NodeOptions,
     /// The other replicas, by raft address (`peer::PeerClients`).
-    pub peers: Arc<dyn Transport>,
+    peers: Arc<dyn Transport>,
     batcher: mpsc::Sender<Pending>,
     /// The least read index while leading in a term: (term, index). See
     /// `leader_read_index`.
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
     /// The next request id's number (random start: see `RequestId`).
     next_seq: AtomicU64,
-    /// The cluster secrets key, if this replica has one: the API seals
-    /// Secrets' private keys with it before writing (`crate::secrets`).
-    pub secrets: Option<Arc<crate::secrets::SecretsKey>>,
 }
 
 impl Node {
-    pub fn new(
-        config: Arc<ServerConfig>,
-        raft: Raft,
-        reader: StoreReader,
-        peers: Arc<dyn Transport>,
-        secrets: Option<Arc<crate::secrets::SecretsKey>>,
-    ) -> Arc<Node> {
+    pub fn new(options: NodeOptions, raft: Raft, reader: StoreReader, peers: Arc<dyn Transport>) -> Arc<Node> {
         let (tx, rx) = mpsc::channel(16 * 1024);
         let node = Arc::new(Node {
-            id: config.id,
-            info: config.node_info(),
+            id: options.id,
+            info: options.info.clone(),
             raft,
             reader,
-            config,
+            options,
             peers,
             batcher: tx,
             read_floor: Default::default(),
             next_seq: AtomicU64::new(rand::random::<u64>() >> 1),
-            secrets,
         });
-        let group_wait = Duration::from_micros(node.config.group_commit_wait_us);
+        let group_wait = Duration::from_micros(node.options.group_commit_wait_us);
         tokio::spawn(batcher(Arc::downgrade(&node), rx, group_wait));
         node
     }
 
+    /// The applied state: the current snapshot, its changes, history.
+    pub fn reader(&self) -> &StoreReader {
+        &self.reader
+    }
+
+    /// Raft's view of the cluster (leader, term, membership, log indexes).
+    pub fn metrics(&self) -> tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, NodeInfo>> {
+        self.raft.metrics()
+    }
+
+    /// How this node reaches its peers.
+    pub fn peers(&self) -> &dyn Transport {
+        self.peers.as_ref()
+    }
+
+    /// Raft itself, for the raft network's inbound RPCs (`peer`) and the
+    /// server's start and shutdown.
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
     pub fn write_timeout(&self) -> Duration {
-        Duration::from_millis(self.config.write_timeout_ms)
+        Duration::from_millis(self.options.write_timeout_ms)
     }
 
     /// Commit one atomic transaction through raft. Returns once it is
@@ -594,7 +621,7 @@ fn batch_results(resp: Response) -> Result<Vec<TxnResult>> {
 
 /// Refuse a transaction that would store a Secret's private key in the
 /// clear (`model::secret::check_sealed`): the API seals keys first
-/// (`crate::secrets::seal_txn`).
+/// (the root's `secrets::seal_txn`).
 fn unsealed_secrets(txn: &Txn) -> Result<()> {
     for op in &txn.ops {
         if let crate::store::Op::Put { key, body, .. } = op {

@@ -55,10 +55,10 @@
 //! log id, as replicas of one log.
 
 use super::codec;
-use super::state::{Objects, State};
 use super::state_machine::{self, Applied, ObjectRecord, StateMachine};
 use super::types::{LogId, NodeId, NodeInfo, SnapshotMeta, StoredMembership};
 use crate::model::StoredObject;
+use crate::state::{Objects, State};
 use anyhow::{bail, Context};
 use openraft::storage::RaftStateMachine;
 use openraft::{CommittedLeaderId, Membership};

@@ -1,9 +1,8 @@
-//! The replicated store: openraft over sled.
+//! The replicated store: openraft over sled. The pure state it applies to
+//! is `crate::state` (re-exported here at its old paths).
 //!
 //! - `types`: the raft type config and the commands in the log.
 //! - `codec`: the versioned encoding of everything persisted or sent to peers.
-//! - `dedup`: applied request ids, so that a write sent twice applies once.
-//! - `state`: the pure in-memory state and transaction semantics.
 //! - `log_store`: the raft log in sled, with group-commit fsync.
 //! - `state_machine`: applies entries, persists them, publishes snapshots.
 //! - `watch`: history replay plus live changes.
@@ -12,15 +11,13 @@
 
 pub mod backup;
 pub mod codec;
-pub mod dedup;
 pub mod log_store;
-pub mod objects;
-pub mod state;
 pub mod state_machine;
 pub mod types;
 pub mod watch;
 
-pub use state::{Event, EventType, State};
+// The pure state moved to `crate::state`; its old paths stay.
+pub use crate::state::{self, dedup, objects, Event, EventType, State};
 pub use state_machine::{Applied, StoreReader};
 pub use types::{Command, NodeId, NodeInfo, Op, Raft, Txn, TxnOk, TypeConfig};
 

@@ -37,10 +37,10 @@
 //! reads look at the queue first.
 
 use super::codec;
-use super::dedup::Dedup;
-use super::state::{Event, EventType, State};
 use super::types::{Command, Entry, Group, LogId, Response, SnapshotMeta, StorageError, StoredMembership, Txn, TxnResult, TypeConfig};
 use crate::model::{ResourceKey, StoredObject};
+use crate::state::dedup::Dedup;
+use crate::state::{Event, EventType, State};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
@@ -77,6 +77,15 @@ pub struct Applied {
     pub compacted: u64,
     /// Request ids applied recently, with their results (`dedup`).
     pub dedup: Dedup,
+}
+
+/// An applied snapshot reads as its state: what translation and the
+/// other pure steps take (`&State`), without raft's log id.
+impl std::ops::Deref for Applied {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
 }
 
 impl Applied {

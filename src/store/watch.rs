@@ -8,10 +8,10 @@
 //! the history it needs was compacted, which ends the stream with
 //! `Code::Compacted` (etcd's ErrCompacted).
 
-use super::state::Event;
 use super::state_machine::{StoreReader, WatchMsg};
 use crate::error::{Code, Error};
 use crate::model::Kind;
+use crate::state::Event;
 use futures::Stream;
 use tokio::sync::broadcast::error::RecvError;
 

@@ -16,7 +16,6 @@
 //! with `verify_incoming`) as an identity besides tokens; the xDS port
 //! accepts one (proxies also authenticate with tokens).
 
-pub mod bootstrap;
 pub mod conn;
 pub mod pki;
 

@@ -3,9 +3,9 @@
 
 use super::mtls::{self, UpstreamMtls};
 use super::util::{ads_config_source, any, duration, istio_duration};
-use crate::mesh::{Health, Instance, Resolution, Service, ServicePort};
 use crate::model::istio::destination_rule::{ClientTlsMode, ConnectionPoolSettings, LoadBalancerSettings, OutlierDetection, SimpleLb, TrafficPolicy};
 use crate::model::istio::DestinationRule;
+use crate::translate::mesh::{Health, Instance, Resolution, Service, ServicePort};
 use envoy_types::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
     cluster::{ClusterDiscoveryType, CommonLbConfig, DiscoveryType, EdsClusterConfig, LbConfig, LbPolicy, MaglevLbConfig, RingHashLbConfig},
@@ -135,7 +135,7 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
         apply_outlier(&mut c, od);
     }
     if let Some(ctx) = policy.tls.as_ref().and_then(super::tls::upstream) {
-        c.transport_socket = Some(super::tls::transport_socket(&ctx));
+        c.transport_socket = Some(super::util::transport_socket(&ctx));
     }
     let trust_domain = &up.mesh.config.trust_domain;
     let sni = || mtls::mesh_sni(port.number, subset.unwrap_or(""), &svc.hostname);
@@ -143,7 +143,7 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
         Some(tls) if up.client_sds => {
             let sans = if tls.subject_alt_names.is_empty() { mtls::service_identities(svc, trust_domain) } else { tls.subject_alt_names.clone() };
             let sni = tls.sni.clone().filter(|s| !s.is_empty()).unwrap_or_else(sni);
-            c.transport_socket = Some(super::tls::transport_socket(&mtls::upstream(&sni, &sans)));
+            c.transport_socket = Some(super::util::transport_socket(&mtls::upstream(&sni, &sans)));
         }
         Some(_) => {
             c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32));

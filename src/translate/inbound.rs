@@ -22,10 +22,10 @@ use super::listener::{self, Routes, HCM};
 use super::mtls::{self, Inbound};
 use super::util::any;
 use super::{cluster, util};
-use crate::mesh::{Config, Mesh};
 use crate::model::istio::Sidecar;
 use crate::model::proxy::ProxyIdentity;
-use crate::xds::resources::{ProxyConfig, ResourceType, XdsResource};
+use crate::translate::mesh::{Config, Mesh};
+use crate::translate::resources::{ProxyConfig, ResourceType, XdsResource};
 use envoy_types::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster};
 use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::envoy::config::route::v3::{
@@ -80,7 +80,7 @@ fn inbound_listener(name: &str, bind: &str, port: u32, mode: Inbound, trust_doma
             ..Default::default()
         }),
         filters: filters(true),
-        transport_socket: Some(super::tls::transport_socket(&mtls::downstream(trust_domain))),
+        transport_socket: Some(super::util::transport_socket(&mtls::downstream(trust_domain))),
         ..Default::default()
     };
     let plaintext_chain = || FilterChain { name: "plaintext".into(), filters: filters(false), ..Default::default() };
@@ -125,7 +125,7 @@ fn inbound_listener(name: &str, bind: &str, port: u32, mode: Inbound, trust_doma
 /// workload can trust it.
 pub fn inbound_filters(stat_prefix: &str, port: u32, is_http: bool, cluster_name: &str, first: &[HttpFilter]) -> Vec<Filter> {
     if !is_http {
-        return vec![super::l4::tcp_proxy_filter(stat_prefix, &[(cluster_name.to_string(), 1)])];
+        return vec![super::listener::tcp_proxy_filter(stat_prefix, &[(cluster_name.to_string(), 1)])];
     }
     let rc = RouteConfiguration {
         name: format!("inbound|{port}||"),

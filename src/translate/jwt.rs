@@ -15,7 +15,7 @@
 //! from there.
 //!
 //! Keys: a rule's inline `jwks`, else the key set the control plane fetched
-//! from its `jwksUri` (`crate::jwks`, handed to translation in
+//! from its `jwksUri` (the root's `jwks` fetcher, handed to translation in
 //! `Mesh::jwks`), served inline: Envoy never calls the issuer. A `jwksUri`
 //! not fetched (yet, or ever) gets `UNFETCHED_JWKS`, a key whose private
 //! half nobody has, so its tokens are rejected (fail closed, as Istio's
@@ -27,10 +27,10 @@
 
 use super::encode::put_sorted_message_map;
 use super::scope::policy_selects;
-use crate::mesh::{Config, Mesh};
 use crate::model::istio::request_authentication::{JwtRule, DEFAULT_SPACE_DELIMITED_CLAIMS};
 use crate::model::istio::RequestAuthentication;
 use crate::model::proxy::ProxyIdentity;
+use crate::translate::mesh::{Config, Mesh};
 use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource};
 use envoy_types::pb::envoy::config::route::v3::{route_match::PathSpecifier, RouteMatch};
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
@@ -42,8 +42,8 @@ use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{http_filter, HttpFilter};
 use envoy_types::pb::google::protobuf::{Any, Empty};
 use prost::{Message, Name};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 pub const JWT_AUTHN_FILTER: &str = "envoy.filters.http.jwt_authn";
 /// Where the verified payload goes in the dynamic metadata of
@@ -59,28 +59,9 @@ pub const UNFETCHED_JWKS: &str = concat!(
     r#""}]}"#
 );
 
-/// Key sets fetched from `jwksUri`s: the last good JWKS text by URI.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct FetchedKeys {
-    pub sets: BTreeMap<String, Arc<str>>,
-}
-
-/// The current [`FetchedKeys`], shared by the fetcher (writes) and the
-/// translator (reads); replaced whole, never edited in place.
-#[derive(Debug, Default)]
-pub struct KeyCell {
-    current: Mutex<Arc<FetchedKeys>>,
-}
-
-impl KeyCell {
-    pub fn get(&self) -> Arc<FetchedKeys> {
-        self.current.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    pub fn set(&self, keys: FetchedKeys) {
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
-    }
-}
+// Fetched key sets are an input of the mesh index (`mesh::FetchedKeys`);
+// their old paths here stay.
+pub use super::mesh::{FetchedKeys, KeyCell};
 
 /// The RequestAuthentications that apply to `proxy`, in mesh order (oldest
 /// first).

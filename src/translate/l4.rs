@@ -20,19 +20,14 @@
 //! match wins (the order is Istio's: routes in order, VirtualServices
 //! oldest first).
 
-use super::listener::TCP_PROXY;
+use super::listener::tcp_proxy_filter;
 use super::route::RouteCtx;
-use super::util::any;
 use super::{cluster::socket_address, outbound_cluster_name};
-use crate::mesh::{Config, Service};
 use crate::model::istio::virtual_service::RouteDestination;
 use crate::model::istio::{resolve_short_name, VirtualService};
+use crate::translate::mesh::{Config, Service};
 use envoy_types::pb::envoy::config::core::v3::CidrRange;
-use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, FilterChainMatch, Listener};
-use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
-    tcp_proxy::{weighted_cluster::ClusterWeight, ClusterSpecifier, WeightedCluster},
-    TcpProxy,
-};
+use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::google::protobuf::UInt32Value;
 use std::collections::BTreeSet;
 
@@ -86,18 +81,6 @@ fn filter_chain(stat_prefix: &str, c: L4Chain) -> FilterChain {
         ..Default::default()
     });
     FilterChain { filter_chain_match, filters: vec![tcp_proxy_filter(stat_prefix, &c.clusters)], ..Default::default() }
-}
-
-/// A TCP proxy to one cluster, or split across weighted clusters.
-pub fn tcp_proxy_filter(stat_prefix: &str, clusters: &[(String, u32)]) -> Filter {
-    let cluster_specifier = match clusters {
-        [(one, _)] => ClusterSpecifier::Cluster(one.clone()),
-        many => ClusterSpecifier::WeightedClusters(WeightedCluster {
-            clusters: many.iter().map(|(n, w)| ClusterWeight { name: n.clone(), weight: *w, ..Default::default() }).collect(),
-        }),
-    };
-    let tcp = TcpProxy { stat_prefix: stat_prefix.to_string(), cluster_specifier: Some(cluster_specifier), ..Default::default() };
-    Filter { name: TCP_PROXY.into(), config_type: Some(filter::ConfigType::TypedConfig(any(&tcp))) }
 }
 
 /// `10.0.0.0/8` or a bare address (a /32 or /128).

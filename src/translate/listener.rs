@@ -16,6 +16,10 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     http_connection_manager::{CodecType, ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails},
     http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
+    tcp_proxy::{weighted_cluster::ClusterWeight, ClusterSpecifier, WeightedCluster},
+    TcpProxy,
+};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
 
 pub const HCM: &str = "envoy.filters.network.http_connection_manager";
@@ -67,7 +71,7 @@ pub fn http_listener_with(name: &str, ip: &str, port: u32, routes: Routes, first
 
 /// A TCP proxy to one cluster, or split across weighted clusters.
 pub fn tcp_listener(name: &str, ip: &str, port: u32, clusters: Vec<(String, u32)>) -> Listener {
-    listener(name, ip, port, super::l4::tcp_proxy_filter(name, &clusters))
+    listener(name, ip, port, tcp_proxy_filter(name, &clusters))
 }
 
 /// One filter chain of an HTTPS listener: TLS terminated with `tls`, then
@@ -110,12 +114,24 @@ pub fn https_listener(name: &str, ip: &str, port: u32, chains: Vec<TlsChain>, fi
                 name: c.route,
                 filter_chain_match: (!c.server_names.is_empty()).then(|| FilterChainMatch { server_names: c.server_names, ..Default::default() }),
                 filters: vec![Filter { name: HCM.into(), config_type: Some(filter::ConfigType::TypedConfig(any(&hcm))) }],
-                transport_socket: Some(super::tls::transport_socket(&c.tls)),
+                transport_socket: Some(super::util::transport_socket(&c.tls)),
                 ..Default::default()
             }
         })
         .collect();
     Listener { name: name.to_string(), address: Some(socket_address(ip, port)), filter_chains, listener_filters, ..Default::default() }
+}
+
+/// A TCP proxy to one cluster, or split across weighted clusters.
+pub fn tcp_proxy_filter(stat_prefix: &str, clusters: &[(String, u32)]) -> Filter {
+    let cluster_specifier = match clusters {
+        [(one, _)] => ClusterSpecifier::Cluster(one.clone()),
+        many => ClusterSpecifier::WeightedClusters(WeightedCluster {
+            clusters: many.iter().map(|(n, w)| ClusterWeight { name: n.clone(), weight: *w, ..Default::default() }).collect(),
+        }),
+    };
+    let tcp = TcpProxy { stat_prefix: stat_prefix.to_string(), cluster_specifier: Some(cluster_specifier), ..Default::default() };
+    Filter { name: TCP_PROXY.into(), config_type: Some(filter::ConfigType::TypedConfig(any(&tcp))) }
 }
 
 /// The TLS inspector, which reads SNI from the ClientHello: only needed

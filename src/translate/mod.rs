@@ -1,8 +1,18 @@
 //! Translation: a pure function from one mesh snapshot and one proxy to that
 //! proxy's Envoy resources (clusters, endpoints, listeners, routes). Golden
 //! tested in `tests/translate.rs`; deterministic (BTreeMaps throughout), so
-//! the same snapshot always gives the same bytes and versions.
+//! the same snapshot always gives the same bytes and versions. Its input is
+//! a `state::State` (no raft log id); it knows no tokio, tonic, axum, sled
+//! or openraft (`tests/tidy.rs`), and no xDS server: `xds` imports it.
 //!
+//! - `mesh`: the index translation reads (services, instances, rules by
+//!   host), built from one state; `mesh::hosts`: hostname ownership.
+//! - `resources`: what translation produces (`ProxyConfig`, `XdsResource`,
+//!   `ResourceType`) and the `Generator` trait.
+//! - `json`: proto-JSON rendering of resources (debug output, golden files).
+//! - `explain`: Envoy's RBAC evaluation replayed over a served config.
+//! - `intern`, `encode`, `util`: shared output, deterministic encoding,
+//!   small conversions (and the TLS transport socket).
 //! - `scope`: Sidecar selection, visibility, the egress listener plan.
 //! - `route`: VirtualService → routes.
 //! - `cluster`: services + DestinationRules → clusters and endpoints.
@@ -25,21 +35,24 @@ pub mod gateway;
 pub mod grpc;
 pub mod inbound;
 pub mod intern;
+pub mod json;
 pub mod jwt;
 pub mod l4;
 pub mod listener;
+pub mod mesh;
 pub mod mtls;
+pub mod resources;
 pub mod route;
 pub mod scope;
 pub mod tls;
 pub mod util;
 
-use crate::mesh::{Config, Mesh, MeshConfig, Service};
 use crate::model::istio::{resolve_short_name, DestinationRule};
 use crate::model::proxy::{ProxyIdentity, ProxyKind};
-use crate::store::state::Objects;
-use crate::store::Applied;
-use crate::xds::resources::{Generator, ProxyConfig, ResourceType, XdsResource};
+use crate::state::Objects;
+use crate::state::State;
+use crate::translate::mesh::{Config, Mesh, MeshConfig, Service};
+use crate::translate::resources::{Generator, ProxyConfig, ResourceType, XdsResource};
 pub use cluster::outbound_cluster_name;
 use envoy_types::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster};
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
@@ -58,7 +71,7 @@ pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -
     let candidates: Vec<&'a Arc<Config<DestinationRule>>> = mesh
         .destination_rules_for_host(&svc.hostname)
         .into_iter()
-        .filter(|dr| crate::mesh::exported_to(&dr.spec.export_to, &dr.key.namespace, proxy_ns))
+        .filter(|dr| crate::translate::mesh::exported_to(&dr.spec.export_to, &dr.key.namespace, proxy_ns))
         .collect();
     let exact = |dr: &&Arc<Config<DestinationRule>>| resolve_short_name(&dr.spec.host, &dr.key.namespace, suffix) == svc.hostname;
     for ns_pref in [proxy_ns, svc.namespace.as_str(), mesh.config.root_namespace.as_str()] {
@@ -201,7 +214,7 @@ struct VhostPart {
 impl VhostPart {
     fn build(ctx: &RouteCtx, svc: &Service, domains: Vec<String>) -> VhostPart {
         let bytes = encode::virtual_host_bytes(&route::virtual_host(ctx, svc, domains.clone()));
-        let hash = crate::xds::resources::fnv1a(&bytes);
+        let hash = crate::translate::resources::fnv1a(&bytes);
         let (bytes, domains) = (intern::bytes(hash, Arc::new(bytes)), intern::domains(Arc::new(domains)));
         VhostPart { hostname: svc.hostname.clone(), domains, bytes, hash }
     }
@@ -231,7 +244,7 @@ fn assemble_route(name: &str, parts: &[VhostPart]) -> XdsResource {
     for p in parts {
         summary.extend_from_slice(&p.hash.to_le_bytes());
     }
-    XdsResource::with_version::<RouteConfiguration>(name.to_string(), encoded, format!("{:016x}", crate::xds::resources::fnv1a(&summary)))
+    XdsResource::with_version::<RouteConfiguration>(name.to_string(), encoded, format!("{:016x}", crate::translate::resources::fnv1a(&summary)))
 }
 
 fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) {
@@ -322,7 +335,7 @@ pub struct Translator {
     clusters: ClusterCache,
     /// Route tables rebuilt for a VirtualService change, at one revision.
     route_steps: Mutex<RouteSteps>,
-    /// Key sets fetched from `jwksUri`s (written by `crate::jwks`).
+    /// Key sets fetched from `jwksUri`s (written by the root's `jwks` fetcher).
     keys: Arc<jwt::KeyCell>,
 }
 
@@ -395,13 +408,13 @@ impl Translator {
         steps.steps.entry(Arc::as_ptr(&step.before) as usize).or_default().push(step);
     }
 
-    /// The mesh at `applied`'s revision, built once per revision and
+    /// The mesh at `state`'s revision, built once per revision and
     /// updated from the previous one when only traffic rules changed.
-    pub fn mesh(&self, applied: &Applied) -> Arc<Mesh> {
+    pub fn mesh(&self, state: &State) -> Arc<Mesh> {
         let keys = self.keys.get();
         let mut cached = self.mesh.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((m, objects)) = &*cached {
-            if m.revision == applied.revision() {
+            if m.revision == state.revision() {
                 if Arc::ptr_eq(&m.jwks, &keys) {
                     return m.clone();
                 }
@@ -413,33 +426,33 @@ impl Translator {
             }
         }
         let m = match &*cached {
-            Some((prev, objects)) if prev.revision < applied.revision() => {
-                prev.update_instances(objects, applied).map(|(m, _)| m).or_else(|| prev.update_rules(objects, applied))
+            Some((prev, objects)) if prev.revision < state.revision() => {
+                prev.update_instances(objects, state).map(|(m, _)| m).or_else(|| prev.update_rules(objects, state))
             }
             _ => None,
         };
-        let mut m = m.unwrap_or_else(|| Mesh::build(applied, self.config.clone()));
+        let mut m = m.unwrap_or_else(|| Mesh::build(state, self.config.clone()));
         m.jwks = keys;
         let m = Arc::new(m);
         // Services no mesh shares any more are no use to the cluster cache.
         self.clusters.prune();
-        *cached = Some((m.clone(), applied.state.objects.clone()));
+        *cached = Some((m.clone(), state.objects.clone()));
         m
     }
 
     /// Hosts whose virtual hosts a set of changes can affect, if the changes
     /// allow an incremental translation (only VirtualServices, naming exact
     /// hosts, with no TCP routes): `None` means translate in full.
-    /// What changed between a proxy's last translation and `applied`:
+    /// What changed between a proxy's last translation and `state`:
     /// diffed once per pair of revisions and shared by every proxy making
     /// the same step (most of them, most of the time).
-    fn changes(&self, prev: &Previous, applied: &Applied) -> Arc<Vec<Change>> {
-        let step = (prev.config.revision, applied.revision());
+    fn changes(&self, prev: &Previous, state: &State) -> Arc<Vec<Change>> {
+        let step = (prev.config.revision, state.revision());
         let mut cache = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, c)) = cache.iter().find(|(s, _)| *s == step) {
             return c.clone();
         }
-        let list: Vec<Change> = prev.objects.diff(&applied.state.objects).map(|d| (d.key().clone(), d.before().cloned(), d.after().cloned())).collect();
+        let list: Vec<Change> = prev.objects.diff(&state.objects).map(|d| (d.key().clone(), d.before().cloned(), d.after().cloned())).collect();
         let list = Arc::new(list);
         if cache.len() >= 16 {
             cache.pop_front();
@@ -455,7 +468,7 @@ impl Translator {
     /// same visibility (so the proxy's scope itself cannot change).
     /// Anything else (Sidecars, Gateways, WorkloadEntries, wildcard hosts,
     /// services appearing or going) is treated as affecting everyone.
-    fn unaffected(&self, prev: &Previous, applied: &Applied, mesh: &Mesh) -> bool {
+    fn unaffected(&self, prev: &Previous, state: &State, mesh: &Mesh) -> bool {
         use crate::model::istio::Validated;
         use crate::model::{Kind, TypedSpec};
         let suffix = &self.config.domain_suffix;
@@ -464,7 +477,7 @@ impl Translator {
             if host.contains('*') || deps.contains(host) {
                 return false;
             }
-            crate::mesh::same_claimants(prev.mesh.claims(host), mesh.claims(host))
+            crate::translate::mesh::same_claimants(prev.mesh.claims(host), mesh.claims(host))
         };
         let hosts_of = |o: &crate::model::StoredObject| -> Option<Vec<String>> {
             let ns = &o.key.namespace;
@@ -475,7 +488,7 @@ impl Translator {
                 (k, _) if k.is_acl() => Vec::new(),
                 // Listeners name secrets; their content is SDS's (xds).
                 (Kind::Secret, _) => Vec::new(),
-                (_, TypedSpec::Instance(i)) => vec![crate::mesh::instance_hostname(i, ns, suffix)],
+                (_, TypedSpec::Instance(i)) => vec![crate::translate::mesh::instance_hostname(i, ns, suffix)],
                 (_, TypedSpec::Service(svc)) => vec![svc.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", o.key.name))],
                 // A delegate (no hosts) routes under whichever roots name it.
                 (_, TypedSpec::Istio(Validated::VirtualService { spec, .. })) if spec.hosts.is_empty() => return None,
@@ -500,7 +513,7 @@ impl Translator {
                 _ => return None,
             })
         };
-        self.changes(prev, applied)
+        self.changes(prev, state)
             .iter()
             .all(|(_, old, new)| old.iter().chain(new.iter()).all(|o| hosts_of(o).is_some_and(|hosts| hosts.iter().all(|h| neutral(h)))))
     }
@@ -510,7 +523,7 @@ impl Translator {
     /// changes allow an incremental translation: only VirtualServices,
     /// naming exact hosts. The flag says whether any of them had or has
     /// `tls` or `tcp` routes. `None` means translate in full.
-    fn vs_only_hosts(&self, prev: &Previous, applied: &Applied) -> Option<(BTreeSet<String>, bool)> {
+    fn vs_only_hosts(&self, prev: &Previous, state: &State) -> Option<(BTreeSet<String>, bool)> {
         let suffix = &self.config.domain_suffix;
         let mut hosts = BTreeSet::new();
         let mut l4 = false;
@@ -536,7 +549,7 @@ impl Translator {
             }
             Some(())
         };
-        for (_, old, new) in self.changes(prev, applied).iter() {
+        for (_, old, new) in self.changes(prev, state).iter() {
             for o in old.iter().chain(new.iter()) {
                 add(o)?;
             }
@@ -547,26 +560,26 @@ impl Translator {
     /// Whether every change since the proxy's last translation is to an
     /// AuthorizationPolicy or a RequestAuthentication (both only shape the
     /// filters of inbound and gateway listeners).
-    fn authz_only(&self, prev: &Previous, applied: &Applied) -> bool {
+    fn authz_only(&self, prev: &Previous, state: &State) -> bool {
         use crate::model::Kind;
-        self.changes(prev, applied).iter().all(|(key, _, _)| matches!(key.kind, Kind::AuthorizationPolicy | Kind::RequestAuthentication))
+        self.changes(prev, state).iter().all(|(key, _, _)| matches!(key.kind, Kind::AuthorizationPolicy | Kind::RequestAuthentication))
     }
 
     /// Hosts whose endpoints changed, if every change since the proxy's last
     /// translation is to registry Instances of services that kept their
     /// shape: then only EDS changes (Pilot's incremental EDS). `None`
     /// means translate in full.
-    fn endpoints_only_hosts(&self, prev: &Previous, applied: &Applied, mesh: &Mesh) -> Option<BTreeSet<String>> {
+    fn endpoints_only_hosts(&self, prev: &Previous, state: &State, mesh: &Mesh) -> Option<BTreeSet<String>> {
         let mut hosts = BTreeSet::new();
         let suffix = &self.config.domain_suffix;
-        for (key, old, new) in self.changes(prev, applied).iter() {
+        for (key, old, new) in self.changes(prev, state).iter() {
             if key.kind != crate::model::Kind::Instance {
                 return None;
             }
             for o in old.iter().chain(new.iter()) {
                 let typed = o.typed().ok()?;
                 let crate::model::TypedSpec::Instance(spec) = typed.as_ref() else { return None };
-                hosts.insert(crate::mesh::instance_hostname(spec, &key.namespace, suffix));
+                hosts.insert(crate::translate::mesh::instance_hostname(spec, &key.namespace, suffix));
             }
         }
         for h in &hosts {
@@ -684,10 +697,10 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
 }
 
 impl Generator for Translator {
-    fn generate(&self, proxy: &ProxyIdentity, applied: &Applied) -> Result<ProxyConfig, String> {
-        let mesh = self.mesh(applied);
+    fn generate(&self, proxy: &ProxyIdentity, state: &State) -> Result<ProxyConfig, String> {
+        let mesh = self.mesh(state);
         let prev = self.previous.lock().unwrap_or_else(|p| p.into_inner()).get(&proxy.id).cloned();
-        let prev = prev.filter(|p| p.identity == *proxy && p.config.revision <= applied.revision());
+        let prev = prev.filter(|p| p.identity == *proxy && p.config.revision <= state.revision());
         // Set when the config is derived from `prev` incrementally: it keeps
         // prev's clusters and route tables' hosts, so its dependencies.
         let mut incremental = true;
@@ -698,20 +711,20 @@ impl Generator for Translator {
                 incremental = false;
                 translate_with_parts(&mesh, proxy, Some(&self.clusters))
             }
-            (Some(p), _) if p.config.revision == applied.revision() => return Ok(p.config.clone()),
+            (Some(p), _) if p.config.revision == state.revision() => return Ok(p.config.clone()),
             // Nothing this proxy depends on changed: its config is the same
             // at the new revision, with no translation at all.
-            (Some(p), ProxyKind::Sidecar) if self.unaffected(p, applied, &mesh) => {
+            (Some(p), ProxyKind::Sidecar) if self.unaffected(p, state, &mesh) => {
                 let mut config = p.config.clone();
-                config.revision = applied.revision();
+                config.revision = state.revision();
                 (config, p.rds.clone())
             }
             // Only AuthorizationPolicies or RequestAuthentications changed:
             // only the inbound listeners (where their filters are) can differ.
-            (Some(p), ProxyKind::Sidecar) if self.authz_only(p, applied) => (authz_incremental(p, &mesh, proxy), p.rds.clone()),
-            (Some(p), kind) => match self.endpoints_only_hosts(p, applied, &mesh) {
+            (Some(p), ProxyKind::Sidecar) if self.authz_only(p, state) => (authz_incremental(p, &mesh, proxy), p.rds.clone()),
+            (Some(p), kind) => match self.endpoints_only_hosts(p, state, &mesh) {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
-                None => match (kind, self.vs_only_hosts(p, applied)) {
+                None => match (kind, self.vs_only_hosts(p, state)) {
                     (ProxyKind::Sidecar, Some((hosts, l4))) => {
                         let (mut cfg, rds) = self.incremental(p, &mesh, proxy, &hosts);
                         if l4 {
@@ -749,8 +762,7 @@ impl Generator for Translator {
         if let Some(d) = prev.as_ref().filter(|_| incremental).and_then(|p| p.deps.get()) {
             let _ = deps.set(d.clone());
         }
-        let entry =
-            Arc::new(Previous { identity: proxy.clone(), objects: applied.state.objects.clone(), mesh: mesh.clone(), config: config.clone(), rds, deps });
+        let entry = Arc::new(Previous { identity: proxy.clone(), objects: state.objects.clone(), mesh: mesh.clone(), config: config.clone(), rds, deps });
         self.previous.lock().unwrap_or_else(|p| p.into_inner()).insert(proxy.id.clone(), entry);
         Ok(config)
     }

@@ -16,9 +16,9 @@
 //!   istio`, matched by the cluster's `transport_socket_matches`),
 //!   plaintext to the others, in one cluster, as Istio does.
 
-use crate::mesh::{Instance, Mesh, Service};
 use crate::model::istio::peer_authentication::{compose, Candidate, EffectiveMtls, MtlsMode};
 use crate::model::proxy::ProxyIdentity;
+use crate::translate::mesh::{Instance, Mesh, Service};
 use envoy_types::pb::envoy::config::core::v3::{
     api_config_source::ApiType, config_source::ConfigSourceSpecifier, grpc_service::EnvoyGrpc, grpc_service::TargetSpecifier, ApiConfigSource, ApiVersion,
     ConfigSource, GrpcService, Metadata,
@@ -187,7 +187,7 @@ impl UpstreamMtls<'_> {
         for p in &self.mesh.peer_authentications {
             text.push_str(&format!("{}|{}|{};", p.key, p.create_revision, p.mod_revision));
         }
-        crate::xds::resources::fnv1a(text.as_bytes()) | 1
+        crate::translate::resources::fnv1a(text.as_bytes()) | 1
     }
 }
 
@@ -206,6 +206,6 @@ pub fn mesh_socket_match(sni: &str, sans: &[String]) -> envoy_types::pb::envoy::
     envoy_types::pb::envoy::config::cluster::v3::cluster::TransportSocketMatch {
         name: "tlsMode-istio".into(),
         r#match: Some(tls_mode_istio()),
-        transport_socket: Some(super::tls::transport_socket(&upstream(sni, sans))),
+        transport_socket: Some(super::util::transport_socket(&upstream(sni, sans))),
     }
 }

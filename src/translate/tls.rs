@@ -7,13 +7,11 @@
 //! store's Secrets. (Mutual TLS with the workload certificates, over the
 //! agent's SDS, is `mtls`.)
 
-use super::util::any;
 use crate::model::istio::destination_rule::{ClientTlsMode, ClientTlsSettings};
 use crate::model::istio::gateway::{ServerTlsMode, ServerTlsSettings, TlsProtocol};
 use crate::model::secret::CA_SUFFIX;
 use envoy_types::pb::envoy::config::core::v3::{
-    config_source::ConfigSourceSpecifier, data_source::Specifier, transport_socket, AggregatedConfigSource, ApiVersion, ConfigSource, DataSource,
-    TransportSocket,
+    config_source::ConfigSourceSpecifier, data_source::Specifier, AggregatedConfigSource, ApiVersion, ConfigSource, DataSource,
 };
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
@@ -23,16 +21,12 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use envoy_types::pb::google::protobuf::BoolValue;
-use prost::{Message, Name};
-
-pub const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
 
 /// What an HTTPS server offers in ALPN: HTTP/2 first, as Istio does.
 const ALPN_HTTP: [&str; 2] = ["h2", "http/1.1"];
 
-pub fn transport_socket<M: Message + Name>(context: &M) -> TransportSocket {
-    TransportSocket { name: TLS_TRANSPORT_SOCKET.into(), config_type: Some(transport_socket::ConfigType::TypedConfig(any(context))) }
-}
+// The transport socket wrapper is shared with `mtls`: it lives in `util`.
+pub use super::util::{transport_socket, TLS_TRANSPORT_SOCKET};
 
 pub fn file(path: &str) -> DataSource {
     DataSource { specifier: Some(Specifier::Filename(path.to_string())), ..Default::default() }

@@ -6,11 +6,18 @@ use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendA
 use envoy_types::pb::envoy::config::core::v3::{
     config_source::ConfigSourceSpecifier, AggregatedConfigSource, ApiVersion, ConfigSource, HeaderValue, HeaderValueOption,
 };
+use envoy_types::pb::envoy::config::core::v3::{transport_socket, TransportSocket};
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, RegexMatcher, StringMatcher};
 use envoy_types::pb::envoy::r#type::v3::{fractional_percent::DenominatorType, FractionalPercent};
 use envoy_types::pb::google::protobuf::{Any, Duration};
 use prost::{Message, Name};
 use std::collections::BTreeMap;
+
+pub const TLS_TRANSPORT_SOCKET: &str = "envoy.transport_sockets.tls";
+
+pub fn transport_socket<M: Message + Name>(context: &M) -> TransportSocket {
+    TransportSocket { name: TLS_TRANSPORT_SOCKET.into(), config_type: Some(transport_socket::ConfigType::TypedConfig(any(context))) }
+}
 
 pub fn any<M: Message + Name>(m: &M) -> Any {
     Any { type_url: M::type_url(), value: m.encode_to_vec() }

@@ -192,7 +192,7 @@ impl DeltaStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::resources::XdsResource;
+    use crate::translate::resources::XdsResource;
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
     use envoy_types::pb::google::rpc::Status;

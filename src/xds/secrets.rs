@@ -28,15 +28,23 @@ use super::resources::{fnv1a, ResourceMap, XdsResource};
 use crate::model::proxy::{ProxyIdentity, ProxyKind};
 use crate::model::secret::{Stored, CA_SUFFIX};
 use crate::model::{Kind, ResourceKey};
-use crate::secrets::SecretsKey;
 use crate::store::Applied;
 use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, DataSource};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, CertificateValidationContext, Secret, TlsCertificate};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+/// What opens a Secret's sealed private key: the cluster secrets key (the
+/// root's `secrets::SecretsKey` implements it). The xDS side holds no key
+/// material and knows no cipher, only this call.
+pub trait Unseal: Send + Sync + 'static {
+    /// The private key of Secret `namespace/name` from its stored envelope,
+    /// or why not (saying nothing of the content).
+    fn open(&self, namespace: &str, name: &str, envelope: &str) -> Result<zeroize::Zeroizing<Vec<u8>>, String>;
+}
+
 /// Why a stream gets no secrets, or `Ok` if it may have its namespace's.
-pub fn eligible(proxy: &ProxyIdentity, tls: bool, authenticated: bool, key: Option<&Arc<SecretsKey>>) -> Result<Arc<SecretsKey>, &'static str> {
+pub fn eligible(proxy: &ProxyIdentity, tls: bool, authenticated: bool, key: Option<&Arc<dyn Unseal>>) -> Result<Arc<dyn Unseal>, &'static str> {
     if proxy.kind != ProxyKind::Router {
         return Err("only gateway proxies (node type router) are served secrets");
     }
@@ -55,13 +63,13 @@ type Built = (Vec<(ResourceKey, u64)>, Arc<ResourceMap>);
 /// What a stream serves from: the key, and the last map built with the
 /// objects it was built from (a Secret unchanged is not opened again).
 pub struct SecretSource {
-    key: Arc<SecretsKey>,
+    key: Arc<dyn Unseal>,
     namespace: String,
     cache: Mutex<Option<Built>>,
 }
 
 impl SecretSource {
-    pub fn new(key: Arc<SecretsKey>, proxy: &ProxyIdentity) -> SecretSource {
+    pub fn new(key: Arc<dyn Unseal>, proxy: &ProxyIdentity) -> SecretSource {
         SecretSource { key, namespace: proxy.namespace.clone(), cache: Mutex::new(None) }
     }
 

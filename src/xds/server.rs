@@ -29,6 +29,8 @@ use super::session::Received;
 use super::sotw::SotwStream;
 use super::status::{Protocol, StreamHandle, SyncRegistry};
 use crate::model::proxy::ProxyIdentity;
+use crate::state::access::index::CertFacts;
+use crate::state::access::{Credentials, Principal, Refusal, Who};
 use crate::store::Applied;
 use crate::tls::conn::Tracked;
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -89,6 +91,30 @@ pub trait Fence: Send + Sync + 'static {
     async fn barrier(&self) -> Result<(), String>;
 }
 
+/// Which client certificates naming a SPIFFE id are workload identities:
+/// the mesh CA (the root's `ca::MeshCa` implements it). The server knows no
+/// CA, only this call.
+pub trait WorkloadCerts: Send + Sync + 'static {
+    /// The facts of the chain's leaf if the mesh CA issued it to a
+    /// workload and it is current, or why not.
+    fn verify_workload(&self, chain: &[rustls::pki_types::CertificateDer<'static>]) -> Result<CertFacts, String>;
+}
+
+/// Who may open a stream as which proxy: the replica's ACLs (the root's
+/// `auth::Acl` implements it). The server knows no token store and no
+/// audit log, only these calls (go-control-plane's callbacks).
+pub trait Admission: Send + Sync + 'static {
+    /// ACLs on: every stream authenticates, and is checked again while it
+    /// lives.
+    fn enabled(&self) -> bool;
+    /// The principal a stream's credentials stand for, or why not.
+    fn authenticate(&self, creds: &Credentials) -> Result<Principal, Refusal>;
+    /// Why a mesh certificate is refused (the deny list), if it is.
+    fn revoked(&self, cert: &CertFacts) -> Option<String>;
+    /// Record a stream refused for its credential (the audit log).
+    fn refused(&self, who: &str, proxy: Option<&str>, reason: &str);
+}
+
 /// A fence for a store with no other replicas to be behind.
 pub struct AlwaysCurrent;
 
@@ -116,17 +142,17 @@ pub struct ServeOptions {
     /// debounced: new streams and catching up read this one.
     pub latest: Option<watch::Receiver<Arc<Applied>>>,
     /// Who may open a stream as which proxy; `None`: anyone, as anything.
-    pub acl: Option<Arc<crate::auth::Acl>>,
+    pub acl: Option<Arc<dyn Admission>>,
     /// The mesh CA: a client certificate's SPIFFE id is a workload
     /// identity only if this CA issued it.
-    pub mesh_ca: Option<Arc<crate::ca::MeshCa>>,
+    pub mesh_ca: Option<Arc<dyn WorkloadCerts>>,
     /// Changes when an input of translation other than the store changed
-    /// (key sets fetched from `jwksUri`s, `crate::jwks`): every stream
+    /// (key sets fetched from `jwksUri`s, the root's `jwks` fetcher): every stream
     /// then regenerates at its revision and pushes what changed.
     pub refresh: Option<watch::Receiver<u64>>,
     /// The cluster secrets key: gateways' `credentialName` secrets are
     /// served over SDS on their stream (`xds::secrets`); `None`: none are.
-    pub secrets: Option<Arc<crate::secrets::SecretsKey>>,
+    pub secrets: Option<Arc<dyn super::secrets::Unseal>>,
     /// Streams this replica serves at once (`xds_max_streams`); more are
     /// refused with RESOURCE_EXHAUSTED. 0: no limit.
     pub max_streams: usize,
@@ -171,15 +197,30 @@ impl Default for ServeOptions {
 ///
 /// `applied` is the store's applied-state channel
 /// (`StoreReader::subscribe_applied`); tests may drive one by hand.
-pub async fn serve(
+/// `also`: another gRPC service on the port (Istio's CSR service, the
+/// root's `ca::service`, wrapped in `Tracked`), generic so this module
+/// names no CA.
+pub async fn serve<C>(
     incoming: crate::tls::conn::Incoming,
     applied: watch::Receiver<Arc<Applied>>,
     generator: Arc<dyn Generator>,
     registry: SyncRegistry,
     options: ServeOptions,
-    ca: Option<crate::ca::service::CaServer>,
+    also: Option<C>,
     shutdown: watch::Receiver<bool>,
-) -> Result<(), tonic::transport::Error> {
+) -> Result<(), tonic::transport::Error>
+where
+    C: tonic::codegen::Service<
+            tonic::codegen::http::Request<tonic::body::Body>,
+            Response = tonic::codegen::http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    C::Future: Send + 'static,
+{
     let service = AdsService::new(applied, generator, registry, options, shutdown.clone());
     tokio::spawn(summarize_stream_log(service.shared.clone(), shutdown.clone()));
     tonic::transport::Server::builder()
@@ -192,7 +233,7 @@ pub async fn serve(
         // long as it is open), for the port's idle timeout (`tls::conn`).
         .add_service(Tracked(service.into_server()))
         // Istio's CSR service shares the port, as on istiod (see `ca`).
-        .add_optional_service(ca.map(Tracked))
+        .add_optional_service(also)
         // `Incoming` sets TCP_NODELAY (tonic ignores its builder's with an
         // incoming stream) and does the TLS handshakes.
         .serve_with_incoming_shutdown(incoming.into_stream(), stopped(shutdown))
@@ -385,7 +426,7 @@ impl AdsService {
         }
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let max_age = self.shared.options.max_stream_age.map(|a| jittered(a, handle.stream()));
-        let caller = self.shared.options.acl.as_ref().filter(|a| a.enabled).map(|_| Box::new(caller));
+        let caller = self.shared.options.acl.as_ref().filter(|a| a.enabled()).map(|_| Box::new(caller));
         let cert_expiry = caller.as_ref().filter(|c| c.bearer.as_ref().is_ok_and(Option::is_none)).and_then(|c| c.mesh_cert.as_ref()).map(|c| c.not_after);
         let stream = StreamTask {
             shared: self.shared.clone(),
@@ -429,10 +470,7 @@ impl AdsService {
             caller.peer = None;
             return;
         };
-        let facts = ca
-            .verify_workload(&chain)
-            .and_then(|_| chain.first().and_then(|c| crate::ca::cert_facts(c)).ok_or_else(|| "the certificate does not parse".into()));
-        match facts {
+        match ca.verify_workload(&chain) {
             Ok(f) => caller.mesh_cert = Some(f),
             Err(why) => {
                 caller.peer = None;
@@ -444,8 +482,8 @@ impl AdsService {
     /// A place in the quotas of the stream's credential (ACLs on) and of
     /// its source address, or RESOURCE_EXHAUSTED naming the setting
     /// (counted, logged within the line budget, kept in `/debug/syncz`).
-    fn admit_quota(&self, caller: &StreamCaller, principal: &crate::auth::Principal) -> Result<super::limits::QuotaPermit, Status> {
-        let credential = (principal.who != crate::auth::Who::Anonymous).then(|| principal.who.audit_name());
+    fn admit_quota(&self, caller: &StreamCaller, principal: &Principal) -> Result<super::limits::QuotaPermit, Status> {
+        let credential = (principal.who != Who::Anonymous).then(|| principal.who.audit_name());
         let (over, limit) = match self.shared.quotas.admit(credential.as_deref(), caller.remote.map(|r| r.ip())) {
             Ok(permit) => return Ok(permit),
             Err(over) => over,
@@ -488,8 +526,8 @@ impl AdsService {
 /// certificate has expired or is on the deny list; a stream refused for a
 /// client certificate closes its connection (the certificate is the
 /// connection's: the client dials again with its current one).
-fn authenticate(shared: &Shared, caller: &StreamCaller, proxy: Option<&str>) -> Result<crate::auth::Principal, Status> {
-    let Some(acl) = &shared.options.acl else { return Ok(crate::auth::Principal::anonymous()) };
+fn authenticate(shared: &Shared, caller: &StreamCaller, proxy: Option<&str>) -> Result<Principal, Status> {
+    let Some(acl) = &shared.options.acl else { return Ok(Principal::anonymous()) };
     let refused = |who: &str, why: String| {
         if caller.mesh_cert.is_some() || caller.mesh_cert_refused.is_some() {
             if let Some(c) = &caller.closer {
@@ -503,16 +541,16 @@ fn authenticate(shared: &Shared, caller: &StreamCaller, proxy: Option<&str>) -> 
         Err(why) => return Err(refused("anonymous", why.to_string())),
     };
     let by_cert = bearer.is_none();
-    let creds = crate::auth::Credentials { bearer, peer: caller.peer.clone() };
+    let creds = Credentials { bearer, peer: caller.peer.clone() };
     let principal = acl.authenticate(&creds).map_err(|r| {
         let cert = caller.mesh_cert_refused.as_ref().map(|e| format!("; the client certificate is no current mesh certificate ({e})")).unwrap_or_default();
         let reason = format!("{}: a proxy sends a proxy token (gRPC metadata authorization: Bearer <secret>) or a workload certificate{cert}", r.reason);
         refused(&r.who, reason)
     })?;
-    if let (Some(cert), true, true) = (&caller.mesh_cert, by_cert, acl.enabled) {
-        let expired = (crate::auth::acl::unix_now() as i64 >= cert.not_after)
+    if let (Some(cert), true, true) = (&caller.mesh_cert, by_cert, acl.enabled()) {
+        let expired = (unix_now() as i64 >= cert.not_after)
             .then(|| format!("the client certificate {} expired at {}", cert.serial, crate::model::acl::format_rfc3339(cert.not_after.max(0) as u64)));
-        if let Some(why) = expired.or_else(|| acl.index().revoked(cert)) {
+        if let Some(why) = expired.or_else(|| acl.revoked(cert)) {
             return Err(refused(&principal.who.audit_name(), format!("{why}: reconnect with a current certificate")));
         }
     }
@@ -520,14 +558,14 @@ fn authenticate(shared: &Shared, caller: &StreamCaller, proxy: Option<&str>) -> 
 }
 
 /// PERMISSION_DENIED unless `principal` may be the proxy `identity` claims.
-fn authorize(shared: &Shared, caller: &StreamCaller, principal: &crate::auth::Principal, identity: &ProxyIdentity) -> Result<(), Status> {
+fn authorize(shared: &Shared, caller: &StreamCaller, principal: &Principal, identity: &ProxyIdentity) -> Result<(), Status> {
     principal
         .may_be_proxy(&identity.namespace, &identity.name)
         .map_err(|why| refuse(shared, caller, &principal.who.audit_name(), Some(&identity.id), Code::PermissionDenied, why))
 }
 
 /// Both, again, for an open stream.
-fn admit(shared: &Shared, caller: &StreamCaller, identity: &ProxyIdentity) -> Result<crate::auth::Principal, Status> {
+fn admit(shared: &Shared, caller: &StreamCaller, identity: &ProxyIdentity) -> Result<Principal, Status> {
     let principal = authenticate(shared, caller, Some(&identity.id))?;
     authorize(shared, caller, &principal, identity)?;
     Ok(principal)
@@ -535,13 +573,8 @@ fn admit(shared: &Shared, caller: &StreamCaller, identity: &ProxyIdentity) -> Re
 
 /// The secrets key, if the stream is served its namespace's Secrets (a
 /// gateway, see `xds::secrets` and `Principal::may_have_secrets`), or why not.
-fn secrets_for(
-    shared: &Shared,
-    caller: &StreamCaller,
-    principal: &crate::auth::Principal,
-    identity: &ProxyIdentity,
-) -> Result<Arc<crate::secrets::SecretsKey>, String> {
-    let authenticated = shared.options.acl.as_ref().is_some_and(|a| a.enabled);
+fn secrets_for(shared: &Shared, caller: &StreamCaller, principal: &Principal, identity: &ProxyIdentity) -> Result<Arc<dyn super::secrets::Unseal>, String> {
+    let authenticated = shared.options.acl.as_ref().is_some_and(|a| a.enabled());
     let key = super::secrets::eligible(identity, caller.tls, authenticated, shared.options.secrets.as_ref()).map_err(str::to_string)?;
     principal.may_have_secrets(&identity.namespace)?;
     Ok(key)
@@ -566,10 +599,7 @@ fn refuse_with(shared: &Shared, caller: &StreamCaller, who: &str, proxy: Option<
         tracing::debug!(remote = remote.as_deref().unwrap_or("-"), proxy = proxy.unwrap_or("-"), who, reason = %reason, "xDS stream refused");
     }
     if let Some(acl) = shared.options.acl.as_ref().filter(|_| matches!(code, Code::Unauthenticated | Code::PermissionDenied)) {
-        let mut event = crate::auth::audit::AuditEvent::new(who.to_string(), "xDS stream", "denied");
-        event.resources = proxy.map(|p| vec![format!("proxy/{p}")]).unwrap_or_default();
-        event.reason = Some(reason.clone());
-        acl.audit(event);
+        acl.refused(who, proxy, &reason);
     }
     let code_name = match code {
         Code::Unauthenticated => "unauthenticated",
@@ -579,6 +609,10 @@ fn refuse_with(shared: &Shared, caller: &StreamCaller, who: &str, proxy: Option<
     let refused = super::status::Refused { at_ms: 0, remote, proxy: proxy.map(str::to_string), who: who.to_string(), code: code_name, reason: reason.clone() };
     shared.registry.refuse(refused);
     Status::new(code, reason)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// A stream's queued responses. Boxed: the channel allocates its slots in
@@ -755,7 +789,7 @@ fn until_unix(at: i64) -> Duration {
 /// `age` ± 10%, spread by the stream id so streams opened together do not
 /// all close together.
 fn jittered(age: Duration, stream: u64) -> Duration {
-    let spread = (crate::xds::resources::fnv1a(&stream.to_le_bytes()) % 2001) as f64 / 10_000.0 - 0.1;
+    let spread = (crate::translate::resources::fnv1a(&stream.to_le_bytes()) % 2001) as f64 / 10_000.0 - 0.1;
     age.mul_f64(1.0 + spread)
 }
 

@@ -363,7 +363,7 @@ fn trailers(status: &Status) -> http::HeaderMap {
 /// client certificate's identity, and the remote address.
 pub(super) struct StreamCaller {
     pub bearer: Result<Option<String>, &'static str>,
-    pub peer: Option<crate::auth::PeerIdentity>,
+    pub peer: Option<crate::state::access::PeerIdentity>,
     pub remote: Option<std::net::SocketAddr>,
     /// The client certificate chain, until the stream opens (a SPIFFE id
     /// counts only from a certificate of the mesh CA).
@@ -373,7 +373,7 @@ pub(super) struct StreamCaller {
     /// The mesh certificate the connection was authenticated with, once
     /// the stream verified it (its expiry and the deny list are checked
     /// again while the stream lives).
-    pub mesh_cert: Option<crate::auth::index::CertFacts>,
+    pub mesh_cert: Option<crate::state::access::index::CertFacts>,
     /// Why a client certificate naming a SPIFFE id is no current mesh
     /// certificate (expired, another CA's), for the refusal.
     pub mesh_cert_refused: Option<String>,
@@ -385,12 +385,12 @@ fn caller<B>(req: &http::Request<B>) -> StreamCaller {
     let conn = req.extensions().get::<crate::tls::conn::ConnInfo>();
     let bearer = match req.headers().get(http::header::AUTHORIZATION) {
         None => Ok(None),
-        Some(v) => v.to_str().map_err(|_| "malformed authorization: expected `Bearer <secret>`").and_then(crate::auth::parse_bearer).map(Some),
+        Some(v) => v.to_str().map_err(|_| "malformed authorization: expected `Bearer <secret>`").and_then(crate::state::access::parse_bearer).map(Some),
     };
     let cert = conn.and_then(|c| c.cert.as_ref());
     StreamCaller {
         bearer,
-        peer: cert.map(|c| crate::auth::PeerIdentity(c.identity())),
+        peer: cert.map(|c| crate::state::access::PeerIdentity(c.identity())),
         remote: conn.map(|c| c.remote),
         chain: cert.map(|c| c.chain.clone()).unwrap_or_default(),
         tls: conn.is_some_and(|c| c.tls),

@@ -1,7 +1,7 @@
 //! `WorkloadGroup`: the template of workloads that register themselves
 //! (Istio's VM auto-registration). Lodestar's `lodestar agent
 //! --workload-group NS/NAME` reads it and registers its host as a registry
-//! Instance built from the template (see `crate::agent::register`).
+//! Instance built from the template (see `lodestar agent`, `agent::register`).
 //!
 //! Validation mirrors Istio's `ValidateWorkloadGroup` and
 //! `validateReadinessProbe` (`pkg/config/validation`): a template is

@@ -28,9 +28,9 @@ use crate::model::istio::{
 };
 use crate::model::registry::{protocol_from_name, HealthState, InstanceSpec, InstanceStatus, ServiceSpec};
 use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
-use crate::store::Applied;
+use crate::state::State;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Mesh-wide settings that translation needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,9 +242,9 @@ pub struct Mesh {
     pub dr_wildcard: Vec<Arc<Config<DestinationRule>>>,
     /// RequestAuthentications, oldest first.
     pub request_authentications: Vec<Arc<Config<RequestAuthentication>>>,
-    /// Key sets fetched from `jwksUri`s (`crate::jwks`): an input of
+    /// Key sets fetched from `jwksUri`s (the root's `jwks` fetcher): an input of
     /// translation that is not in the store; replaced when they change.
-    pub jwks: Arc<crate::translate::jwt::FetchedKeys>,
+    pub jwks: Arc<FetchedKeys>,
 }
 
 impl Mesh {
@@ -281,15 +281,15 @@ impl Mesh {
         out
     }
 
-    /// The mesh at `applied`'s revision from the mesh at the revision of
+    /// The mesh at `state`'s revision from the mesh at the revision of
     /// `prev_objects`, when the changes in between touch only traffic rules
     /// (VirtualService, DestinationRule, Gateway, Sidecar; ACL objects are
     /// no part of the mesh and are skipped): services are
     /// shared, only the changed rules are re-read. `None` when something
     /// else changed (then `build` it).
-    pub fn update_rules(&self, prev_objects: &crate::store::state::Objects, applied: &Applied) -> Option<Mesh> {
+    pub fn update_rules(&self, prev_objects: &crate::state::Objects, state: &State) -> Option<Mesh> {
         let mut changed: Vec<(&ResourceKey, Option<&Arc<StoredObject>>)> = Vec::new();
-        for d in prev_objects.diff(&applied.state.objects) {
+        for d in prev_objects.diff(&state.objects) {
             let (key, now) = (d.key(), d.after());
             // Tokens, policies, roles and Secrets are no part of the mesh,
             // nor are WorkloadGroups (templates the agents read).
@@ -305,7 +305,7 @@ impl Mesh {
             changed.push((key, now));
         }
         let mut mesh = Mesh {
-            revision: applied.revision(),
+            revision: state.revision(),
             config: self.config.clone(),
             services: self.services.clone(),
             virtual_services: self.virtual_services.clone(),
@@ -367,12 +367,12 @@ impl Mesh {
         Some(mesh)
     }
 
-    /// The mesh at `applied`'s revision when every change since
+    /// The mesh at `state`'s revision when every change since
     /// `prev_objects` is to registry Instances of services that exist in
     /// both and keep their shape (ports, addresses): only those services'
     /// instance lists are rebuilt, everything else is shared. Returns the
     /// hostnames whose endpoints changed. `None`: build it.
-    pub fn update_instances(&self, prev_objects: &crate::store::state::Objects, applied: &Applied) -> Option<(Mesh, BTreeSet<String>)> {
+    pub fn update_instances(&self, prev_objects: &crate::state::Objects, state: &State) -> Option<(Mesh, BTreeSet<String>)> {
         let suffix = &self.config.domain_suffix;
         let spec_of = |o: &StoredObject| -> Option<InstanceSpec> {
             match o.typed().ok()?.as_ref() {
@@ -386,7 +386,7 @@ impl Mesh {
         fn own<'a>(services: &'a mut BTreeMap<String, Vec<Arc<Service>>>, host: &str, ns: &str) -> Option<&'a mut Service> {
             services.get_mut(host)?.iter_mut().find(|s| s.namespace == ns).map(Arc::make_mut)
         }
-        for d in prev_objects.diff(&applied.state.objects) {
+        for d in prev_objects.diff(&state.objects) {
             let (key, old, new) = (d.key(), d.before(), d.after());
             if key.kind != Kind::Instance {
                 return None;
@@ -415,7 +415,7 @@ impl Mesh {
             }
         }
         let Some(services) = services else {
-            return Some((Mesh { revision: applied.revision(), ..self.clone() }, hosts));
+            return Some((Mesh { revision: state.revision(), ..self.clone() }, hosts));
         };
         // An implied service takes its ports from its first instance (in
         // key order), and its age from its oldest: if that changed them, the
@@ -423,14 +423,14 @@ impl Mesh {
         for host in &hosts {
             for svc in services.get(host)?.iter().filter(|s| !s.declared()) {
                 let first = svc.instances.iter().filter_map(|i| i.source.as_ref()).min()?;
-                let spec = spec_of(applied.state.get(first)?)?;
-                let oldest = svc.instances.iter().filter_map(|i| Some(applied.state.get(i.source.as_ref()?)?.create_revision)).min()?;
+                let spec = spec_of(state.get(first)?)?;
+                let oldest = svc.instances.iter().filter_map(|i| Some(state.get(i.source.as_ref()?)?.create_revision)).min()?;
                 if implied_ports(&spec) != svc.ports || oldest != svc.created {
                     return None;
                 }
             }
         }
-        Some((Mesh { revision: applied.revision(), services: Arc::new(services), ..self.clone() }, hosts))
+        Some((Mesh { revision: state.revision(), services: Arc::new(services), ..self.clone() }, hosts))
     }
 
     fn vs_hosts(&self, vs: &Config<VirtualService>) -> Vec<String> {
@@ -520,14 +520,8 @@ fn protocol(name: &str) -> Protocol {
 }
 
 impl Mesh {
-    pub fn build(applied: &Applied, config: Arc<MeshConfig>) -> Mesh {
-        Mesh::from_state(&applied.state, config)
-    }
-
-    /// The mesh of one store state (`build` without the raft metadata):
-    /// what `analyze` reads, of the live store or of files.
-    pub fn from_state(state: &crate::store::State, config: Arc<MeshConfig>) -> Mesh {
-        let mut mesh = Mesh { revision: state.revision, config: config.clone(), ..Default::default() };
+    pub fn build(state: &State, config: Arc<MeshConfig>) -> Mesh {
+        let mut mesh = Mesh { revision: state.revision(), config: config.clone(), ..Default::default() };
         let mut declared: Vec<(Arc<StoredObject>, ServiceSpec)> = Vec::new();
         let mut instances: Vec<(Arc<StoredObject>, InstanceSpec)> = Vec::new();
         let mut entries: Vec<(Arc<StoredObject>, ServiceEntry)> = Vec::new();
@@ -764,4 +758,27 @@ fn implied_ports(spec: &InstanceSpec) -> Vec<ServicePort> {
         .iter()
         .map(|(name, &number)| ServicePort { name: name.clone(), number, protocol: protocol(protocol_from_name(name)), target_port: None })
         .collect()
+}
+
+/// Key sets fetched from `jwksUri`s: the last good JWKS text by URI.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FetchedKeys {
+    pub sets: BTreeMap<String, Arc<str>>,
+}
+
+/// The current [`FetchedKeys`], shared by the fetcher (writes) and the
+/// translator (reads); replaced whole, never edited in place.
+#[derive(Debug, Default)]
+pub struct KeyCell {
+    current: Mutex<Arc<FetchedKeys>>,
+}
+
+impl KeyCell {
+    pub fn get(&self) -> Arc<FetchedKeys> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn set(&self, keys: FetchedKeys) {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+    }
 }

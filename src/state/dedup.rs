@@ -13,7 +13,7 @@
 //! again only until it has an answer, so a copy of a group can follow the
 //! first within a few entries of its origin's: the window is far larger.
 
-use super::types::{NodeId, RequestId, TxnResult};
+use super::txn::{NodeId, RequestId, TxnResult};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -76,7 +76,7 @@ impl Dedup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::types::TxnOk;
+    use crate::state::txn::TxnOk;
 
     fn results(revision: u64) -> Arc<Vec<TxnResult>> {
         Arc::new(vec![Ok(TxnOk { revision, items: Vec::new() })])

@@ -2,6 +2,8 @@
 //! three ports (API, raft peers, xDS), initialise the cluster when asked, and
 //! shut down gracefully.
 
+pub mod bootstrap;
+
 use crate::api::{grpc::GrpcApi, rest};
 use crate::config::ServerConfig;
 use crate::node::Node;
@@ -71,7 +73,7 @@ fn half_election_timeout_ms(c: &ServerConfig) -> u64 {
 /// Run a replica until `shutdown` resolves, serving xDS with
 /// [`crate::xds::default_generator`].
 pub async fn run(config: ServerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let generator = crate::xds::default_generator(&config);
+    let generator = crate::xds::default_generator(config.mesh_config());
     run_with(config, generator, shutdown).await
 }
 
@@ -82,7 +84,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // First: everything below is written into it.
     crate::store::create_data_dir(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     // The management credential for the client config (see `tls::bootstrap`).
-    let token = if config.acls_on() { crate::tls::bootstrap::ensure_management_token(&mut config)? } else { None };
+    let token = if config.acls_on() { bootstrap::ensure_management_token(&mut config)? } else { None };
     let config = Arc::new(config);
     let db = crate::store::open_db(&config.data_dir, config.store_cache_bytes)
         .with_context(|| format!("opening the store in {} (is another replica using it?)", config.data_dir.display()))?;
@@ -120,11 +122,11 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         tracing::warn!("INSECURE MODE: every port is plaintext and open, with no client certificates and no credentials. Anyone who can reach the API port can rewrite the mesh; anyone who can reach the raft port can speak as a peer. For experiments only.");
         None
     } else {
-        let files = crate::tls::bootstrap::ensure_files(&config)?;
+        let files = bootstrap::ensure_files(&config)?;
         let mesh_root = mesh_ca_dir.as_ref().map(|d| d.join(crate::ca::ROOT_CERT));
         let tls = crate::tls::Tls::load_with_mesh_root(files, config.verify_incoming, mesh_root).context("loading the TLS certificate files")?;
         tracing::info!(serial = tls.serial(), cert = %tls.files().cert.display(), ca = %tls.files().ca.display(), "TLS on every port");
-        for path in crate::tls::bootstrap::write_client_config(&config, tls.files(), token)? {
+        for path in bootstrap::write_client_config(&config, tls.files(), token)? {
             tracing::info!(
                 path = %path.display(),
                 "first start: wrote the CLI's client config (server, CA, and the management token with ACLs on; 0600); `lodestar` on this machine uses it. From another machine: copy it there, \
@@ -139,9 +141,9 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let network = NetworkFactory { clients: crate::peer::PeerClients::new(tls.clone()) };
     let peers = network.clients.clone();
     let raft = Raft::new(config.id, Arc::new(raft_config(&config)?), network, log_store, state_machine).await?;
-    let node = Node::new(config.clone(), raft.clone(), reader, Arc::new(peers), secrets.clone());
-    let acl = crate::auth::Acl::start(&config, node.reader.clone()).map_err(|e| anyhow::anyhow!("ACLs: {e}"))?;
-    let replica = Replica::new(node.clone(), acl);
+    let node = Node::new(config.node_options(), raft.clone(), reader, Arc::new(peers));
+    let acl = crate::auth::Acl::start(&config.acl_options(), node.reader().clone()).map_err(|e| anyhow::anyhow!("ACLs: {e}"))?;
+    let replica = Replica::new(node.clone(), acl, config.clone(), secrets.clone());
 
     // Bind everything before initialising, so peers can reach us at once.
     let api_listener = TcpListener::bind(&config.api_addr).await.with_context(|| format!("binding the API port {}", config.api_addr))?;
@@ -203,7 +205,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let refresh = match generator.key_cell() {
         Some(cell) => {
             let options = crate::jwks::Options { refresh: Duration::from_secs(config.jwks_refresh_interval_s), ca_file: config.jwks_ca_file.clone() };
-            let (epochs, _task) = crate::jwks::spawn(node.reader.subscribe_applied(), cell, options, stop_tx.subscribe()).map_err(|e| anyhow::anyhow!(e))?;
+            let (epochs, _task) = crate::jwks::spawn(node.reader().subscribe_applied(), cell, options, stop_tx.subscribe()).map_err(|e| anyhow::anyhow!(e))?;
             Some(epochs)
         }
         None => None,
@@ -212,11 +214,11 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         fence: replica.clone(),
         max_stream_age: (config.xds_max_stream_age_s > 0).then(|| Duration::from_secs(config.xds_max_stream_age_s)),
         fence_timeout: Duration::from_millis(config.xds_fence_timeout_ms),
-        latest: Some(node.reader.subscribe_applied()),
-        acl: Some(replica.acl.clone()),
-        mesh_ca: mesh_ca.clone(),
+        latest: Some(node.reader().subscribe_applied()),
+        acl: Some(replica.acl.clone() as Arc<dyn crate::xds::server::Admission>),
+        mesh_ca: mesh_ca.clone().map(|ca| ca as Arc<dyn crate::xds::server::WorkloadCerts>),
         refresh,
-        secrets,
+        secrets: secrets.map(|key| key as Arc<dyn crate::xds::secrets::Unseal>),
         max_streams: config.xds_max_streams,
         max_buffered_request_bytes: config.xds_max_buffered_request_bytes,
         max_streams_per_credential: config.xds_max_streams_per_credential,
@@ -224,12 +226,12 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         max_subscription_bytes: config.xds_max_subscription_bytes,
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
-    let pushed = crate::xds::push::debounce(node.reader.subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
-    let ca_service = Some(crate::ca::service::CaService::server(mesh_ca.clone(), replica.clone()));
+    let pushed = crate::xds::push::debounce(node.reader().subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
+    let ca_service = Some(crate::tls::conn::Tracked(crate::ca::service::CaService::server(mesh_ca.clone(), replica.clone())));
     let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, ca_service, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
     let mut background = vec![
-        tokio::spawn(crate::ha::freshness(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
+        tokio::spawn(crate::ha::freshness(node.clone(), replica.ha.clone(), Duration::from_millis(config.ready_max_lag_ms), stop_tx.subscribe())),
         tokio::spawn(crate::ha::gossip(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
         tokio::spawn(crate::ha::raft_metrics(node.clone(), stop_tx.subscribe())),
     ];
@@ -238,7 +240,14 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         background.push(tokio::spawn(ca.clone().watch(Duration::from_millis(config.tls_reload_interval_ms.max(100)), stop_tx.subscribe())));
     }
     if config.xds_rebalance_interval_ms > 0 {
-        background.push(tokio::spawn(crate::ha::rebalance(node.clone(), replica.ha.clone(), replica.sync.clone(), stop_tx.subscribe())));
+        background.push(tokio::spawn(crate::ha::rebalance(
+            node.clone(),
+            replica.ha.clone(),
+            replica.sync.clone(),
+            Duration::from_millis(config.xds_rebalance_interval_ms),
+            Duration::from_millis(config.ready_max_lag_ms),
+            stop_tx.subscribe(),
+        )));
     }
 
     // Registry health: the leader's TTL/lease expiry, everyone's share of probes.
@@ -247,7 +256,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
 
     let adapter = config.watch_dir.clone().map(|dir| {
         let source = crate::adapters::directory::Directory::new(dir, Duration::from_millis(config.watch_dir_poll_ms.max(50)));
-        tokio::spawn(crate::adapters::run(node.clone(), Box::new(source), stop_tx.subscribe()))
+        tokio::spawn(crate::adapters::run(replica.clone(), Box::new(source), stop_tx.subscribe()))
     });
 
     initialise(&config, &raft).await?;
@@ -295,7 +304,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // Raft is stopped, so nothing more is applied: write the queued state
     // now, while everything is alive, rather than when the state machine is
     // dropped (maybe as the runtime goes away, after the flush below).
-    if let Err(e) = node.reader.checkpoint() {
+    if let Err(e) = node.reader().checkpoint() {
         tracing::error!(error = %e, "writing the last state checkpoint");
     }
     drop(replica);

@@ -2,9 +2,9 @@
 //! a CA and certificate when none were supplied, and the CLI's client
 //! config. Each step happens once: files that exist are used as they are.
 
-use super::pki::{self, PkiError};
-use super::TlsFiles;
 use crate::config::{expand_home, ClientConfig, ServerConfig};
+use crate::tls::pki::{self, PkiError};
+use crate::tls::TlsFiles;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

@@ -1,7 +1,7 @@
 //! The ACL objects of one revision, indexed for authentication: tokens by
 //! the SHA-256 of their secret, policies and roles by name, roles by the
 //! certificate identities they list. Built from the objects alone (pure);
-//! `acl::Acl` keeps one per replica and rebuilds it when they change.
+//! the root's `auth::Acl` keeps one per replica and rebuilds it when they change.
 
 use crate::model::acl::{AclSpec, Policy, ProxyBinding, Revocation, RoleSpec};
 use crate::model::{StoredObject, TypedSpec};

@@ -10,9 +10,24 @@
 //!
 //! A bare `HOST:PORT` is https. The token never goes to an `http://` server
 //! (any of the listed ones) unless `--insecure` says so.
+//!
+//! What the CLI, the agent and the bench use to talk to replicas; knows no
+//! server code (`tests/tidy.rs`).
+//!
+//! # Layout
+//! - `config`: `client.toml` ([`ClientConfig`]).
+//! - `progress`: progress lines for long operations on a terminal.
 
-use crate::config::{expand_home, ClientConfig, DEFAULT_SERVER_URL};
+/// The request metadata key of an impersonated identity (Istio's
+/// `security.ImpersonatedIdentity`): a host agent asks the CSR service for
+/// a workload's certificate with it.
+pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
+
+pub mod config;
+pub(crate) mod progress;
+
 use anyhow::{anyhow, Context, Result};
+pub use config::{expand_home, ClientConfig, DEFAULT_SERVER_URL};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -277,7 +292,7 @@ impl Client {
         let send = req.send();
         tokio::pin!(send);
         let started = std::time::Instant::now();
-        let mut progress = super::progress::Progress::new();
+        let mut progress = progress::Progress::new();
         loop {
             tokio::select! {
                 r = &mut send => return r,
@@ -421,7 +436,7 @@ mod tests {
     async fn no_token_over_plaintext_without_insecure() {
         // A bare address is https, as is the default.
         assert_eq!(access(&["127.0.0.1:1"], None, false).client().unwrap().url("/x"), "https://127.0.0.1:1/x");
-        assert_eq!(Access::default().client().unwrap().url(""), crate::config::DEFAULT_SERVER_URL);
+        assert_eq!(Access::default().client().unwrap().url(""), crate::client::DEFAULT_SERVER_URL);
         assert!(DEFAULT_SERVER_URL.starts_with("https://"));
         // http:// with a token: refused before anything is sent, saying how to proceed.
         let c = access(&["http://127.0.0.1:1"], Some("s3cr3t"), false).client().unwrap();

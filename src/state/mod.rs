@@ -5,15 +5,28 @@
 //! revision can be handed to readers (API, xDS) as its own snapshot while
 //! the state machine moves on.
 //! Nothing here does IO; the state machine persists what `apply_txn` returns.
+//! Knows no tokio, tonic, axum, sled or openraft (`tests/tidy.rs`).
+//!
+//! # Layout
+//! - `objects`: every stored object by key (a persistent ordered set).
+//! - `txn`: transactions, their ops and results, request ids.
+//! - `dedup`: applied request ids, so that a write sent twice applies once.
+//! - `access`: ACLs, the pure part: principals, permissions, the index of
+//!   one revision's ACL objects, tokens.
 
-use super::types::{Action, ItemResult, Op, Txn, TxnOk, TxnResult};
 use crate::error::{Error, FieldError};
 use crate::model::{Kind, ResourceKey, StoredObject};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use txn::{Action, ItemResult, Op, Txn, TxnOk, TxnResult};
 
-pub use super::objects::Objects;
+pub mod access;
+pub mod dedup;
+pub mod objects;
+pub mod txn;
+
+pub use objects::Objects;
 
 #[derive(Debug, Clone, Default)]
 pub struct State {
@@ -47,6 +60,11 @@ pub struct Event {
 }
 
 impl State {
+    /// The revision this state is at (as `Applied::revision`).
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
     pub fn get(&self, key: &ResourceKey) -> Option<&Arc<StoredObject>> {
         self.objects.get(key)
     }

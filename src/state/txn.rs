@@ -1,0 +1,108 @@
+//! Transactions: what a write asks of the state and what it answers.
+//! Persisted inside raft log entries and sent between peers, so enum
+//! variant order is part of the format: append, never reorder.
+
+use crate::error::Error;
+use crate::model::ResourceKey;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A replica's id in the cluster (raft's node id).
+pub type NodeId = u64;
+
+/// Names one group of writes: the replica that first sent it and a number
+/// that replica never uses twice (a random start, then counting up, so a
+/// restart does not reuse numbers either).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RequestId {
+    pub origin: NodeId,
+    pub seq: u64,
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{:x}", self.origin, self.seq)
+    }
+}
+
+/// An atomic multi-resource write: all ops apply at one revision, or none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Txn {
+    pub ops: Vec<Op>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Op {
+    Put {
+        key: ResourceKey,
+        /// The normalised body as JSON text (bincode cannot carry
+        /// `serde_json::Value`, and text keeps the log self-describing).
+        /// Shared: encoded exactly as a `String`, and cloning an entry (the
+        /// log's cache, a batch kept for a retry) copies no body.
+        body: std::sync::Arc<str>,
+        expected_revision: Option<u64>,
+    },
+    Delete {
+        key: ResourceKey,
+        expected_revision: Option<u64>,
+        /// Deleting a missing object succeeds instead of failing the txn.
+        ignore_missing: bool,
+    },
+    /// Replace an object's `status` (JSON text), leaving its spec alone:
+    /// how replicas record health. Fails if the object is gone.
+    SetStatus { key: ResourceKey, status: String, expected_revision: Option<u64> },
+}
+
+impl Op {
+    pub fn key(&self) -> &ResourceKey {
+        match self {
+            Op::Put { key, .. } | Op::Delete { key, .. } | Op::SetStatus { key, .. } => key,
+        }
+    }
+
+    pub fn expected_revision(&self) -> Option<u64> {
+        match self {
+            Op::Put { expected_revision, .. } | Op::Delete { expected_revision, .. } | Op::SetStatus { expected_revision, .. } => *expected_revision,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Action {
+    Created,
+    Configured,
+    Unchanged,
+    Deleted,
+    /// A delete with `ignore_missing` of an object that was not there.
+    NotFound,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Created => "created",
+            Action::Configured => "configured",
+            Action::Unchanged => "unchanged",
+            Action::Deleted => "deleted",
+            Action::NotFound => "not-found",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemResult {
+    pub key: ResourceKey,
+    pub action: Action,
+    /// The object's modRevision after the write (0 once deleted).
+    pub mod_revision: u64,
+}
+
+/// A committed transaction: the revision it produced (or the current one,
+/// when nothing changed) and what happened to each resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnOk {
+    pub revision: u64,
+    pub items: Vec<ItemResult>,
+}
+
+pub type TxnResult = Result<TxnOk, Error>;
