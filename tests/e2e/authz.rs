@@ -4,10 +4,10 @@
 //! (`127.A.B.50`, `.51`) through it. Every case of the matrix is a real
 //! request; the expected status is what Istio documents for it.
 
-mod common;
+use crate::kit;
 
-use common::envoy::{EnvoyOptions, Upstream};
-use common::mesh::*;
+use kit::envoy::{EnvoyOptions, Upstream};
+use kit::mesh::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -108,7 +108,7 @@ impl Bench {
         for h in &headers {
             args.extend(["--header", h.as_str()]);
         }
-        let (ok, stdout, stderr) = common::cli(&self.fx.api(1), &args);
+        let (ok, stdout, stderr) = kit::cli(&self.fx.api(1), &args);
         assert!(ok || stdout.starts_with("DENIED"), "authz check failed: {stdout}{stderr}");
         (ok, stdout)
     }
@@ -309,12 +309,11 @@ spec:
     let api = b.fx.api(1);
     for (path, want) in [("/ok", "200:30"), ("/denied/x", "403:30")] {
         let url = b.url(8000, path);
-        let out =
-            common::bench(&api, &["http", "--url", &url, "--requests", "30", "--concurrency", "3", "--header", "host=web.default.svc.cluster.local"]).await;
-        let r = &common::results(&out)[0];
-        assert_eq!(common::number(r, "requests"), 30.0, "{path}");
-        assert_eq!(common::number(r, "errors"), 0.0, "{path}");
+        let out = kit::bench(&api, &["http", "--url", &url, "--requests", "30", "--concurrency", "3", "--header", "host=web.default.svc.cluster.local"]).await;
+        let r = &kit::results(&out)[0];
+        assert_eq!(kit::number(r, "requests"), 30.0, "{path}");
+        assert_eq!(kit::number(r, "errors"), 0.0, "{path}");
         assert_eq!(r["statuses"], want, "{path}");
-        assert!(common::number(r, "p50_ms") > 0.0 && common::number(r, "p50_ms") <= common::number(r, "max_ms"), "{path}: {r:?}");
+        assert!(kit::number(r, "p50_ms") > 0.0 && kit::number(r, "p50_ms") <= kit::number(r, "max_ms"), "{path}: {r:?}");
     }
 }

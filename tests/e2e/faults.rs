@@ -50,12 +50,12 @@
 //! anything. A failing run keeps its history and the replicas' logs
 //! (printed path) and prints the anomaly.
 
-#[path = "support/linearizability.rs"]
+#[path = "../support/linearizability.rs"]
 mod checker;
-mod common;
+use crate::kit;
 
 use checker::{Call, Op, Outcome};
-use common::*;
+use kit::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

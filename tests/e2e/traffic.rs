@@ -10,10 +10,10 @@
 //! Envoy rejected nothing. Waits are bounded polls, never sleeps; every
 //! load loop is bounded in count and time.
 
-mod common;
+use crate::kit;
 
-use common::envoy::{EnvoyOptions, Upstream};
-use common::mesh::*;
+use kit::envoy::{EnvoyOptions, Upstream};
+use kit::mesh::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -780,7 +780,7 @@ async fn ingress_gateway_routes_to_a_mesh_service() {
     // Applied with the CLI this time.
     let file = fx.tmp.path().join("gateway.yaml");
     std::fs::write(&file, &yaml).unwrap();
-    let out = common::cli_command().args(["--server", &fx.api(1), "apply", "-f"]).arg(&file).env_remove("LODESTAR_SERVER").output().expect("lodestar apply");
+    let out = kit::cli_command().args(["--server", &fx.api(1), "apply", "-f"]).arg(&file).env_remove("LODESTAR_SERVER").output().expect("lodestar apply");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "lodestar apply: {stderr}");
     let rev: u64 = stderr.lines().find_map(|l| l.strip_prefix("revision ")).and_then(|v| v.trim().parse().ok()).expect("revision in the CLI output");
@@ -864,7 +864,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_terminates_tls_simple_and_mutual() {
-    use common::tls::{Ca, TlsClient};
+    use kit::tls::{Ca, TlsClient};
     let fx = Fixture::start(1).await;
     let shop = fx.upstream(11, "shop").await;
     let partner_api = fx.upstream(12, "partner-api").await;
@@ -952,7 +952,7 @@ async fn gateway_terminates_tls_simple_and_mutual() {
 
     // What Lodestar cannot serve as asked is refused at apply time, naming
     // the field: a gateway terminating with the mesh certificate.
-    // (`credentialName` is served: tests/credentials.rs.)
+    // (`credentialName` is served: tests/e2e/credentials.rs.)
     let refused = r#"
 apiVersion: networking.istio.io/v1
 kind: Gateway
@@ -1266,7 +1266,7 @@ async fn istio_config_as_written_applies_and_is_served() {
 // the SNI name (tls_inspector) and passes the connection through.
 
 /// `${name.ip}` and `${name.port}` of TLS backends.
-fn render_tls(template: &str, upstreams: &[(&str, &common::tls::TlsUpstream)]) -> String {
+fn render_tls(template: &str, upstreams: &[(&str, &kit::tls::TlsUpstream)]) -> String {
     let mut out = template.to_string();
     for (name, u) in upstreams {
         out = out.replace(&format!("${{{name}.ip}}"), &u.addr.ip().to_string()).replace(&format!("${{{name}.port}}"), &u.addr.port().to_string());
@@ -1276,7 +1276,7 @@ fn render_tls(template: &str, upstreams: &[(&str, &common::tls::TlsUpstream)]) -
 
 /// `n` GETs over new TLS connections (SNI `client.server_name`) to `addr`,
 /// `concurrency` at a time: answers by body, failures by "error".
-async fn tls_load(client: &common::tls::TlsClient<'_>, addr: std::net::SocketAddr, n: usize, concurrency: usize) -> BTreeMap<String, usize> {
+async fn tls_load(client: &kit::tls::TlsClient<'_>, addr: std::net::SocketAddr, n: usize, concurrency: usize) -> BTreeMap<String, usize> {
     use futures::StreamExt;
     let replies: Vec<String> = futures::stream::iter(0..n)
         .map(|_| async move {
@@ -1297,7 +1297,7 @@ async fn tls_load(client: &common::tls::TlsClient<'_>, addr: std::net::SocketAdd
 }
 
 /// Until a TLS GET with this SNI answers 200; the body.
-async fn wait_tls(client: &common::tls::TlsClient<'_>, addr: std::net::SocketAddr) -> String {
+async fn wait_tls(client: &kit::tls::TlsClient<'_>, addr: std::net::SocketAddr) -> String {
     let deadline = Instant::now() + BOUND;
     loop {
         match client.get(addr, client.server_name, "/").await {
@@ -1372,7 +1372,7 @@ async fn tls_routed_by_sni_through_a_sidecar_with_a_weighted_canary_delta() {
 }
 
 async fn tls_routed_by_sni(delta: bool) {
-    use common::tls::{Ca, TlsClient, TlsUpstream};
+    use kit::tls::{Ca, TlsClient, TlsUpstream};
     const N: usize = 400;
     let fx = Fixture::start(1).await;
     let ca = Ca::new("backends CA");
@@ -1465,7 +1465,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_passes_tls_through_by_sni() {
-    use common::tls::{Ca, TlsClient, TlsUpstream};
+    use kit::tls::{Ca, TlsClient, TlsUpstream};
     let fx = Fixture::start(1).await;
     let ca = Ca::new("backends CA");
     let a = TlsUpstream::start(&fx.ip(11), "backend-a", &ca.server(&["a.passthrough.test"])).await;
@@ -1731,7 +1731,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egress_gateway_passes_tls_by_sni() {
-    use common::tls::{Ca, TlsClient, TlsUpstream};
+    use kit::tls::{Ca, TlsClient, TlsUpstream};
     let fx = Fixture::start(1).await;
     let ca = Ca::new("external CA");
     let ext = TlsUpstream::start(&fx.ip(11), "external", &ca.server(&["external.example.test"])).await;
@@ -1788,7 +1788,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn destination_rule_originates_tls_to_an_external_host() {
-    use common::tls::{Ca, TlsUpstream};
+    use kit::tls::{Ca, TlsUpstream};
     let fx = Fixture::start(1).await;
     let ca = Ca::new("external CA");
     let ext = TlsUpstream::start(&fx.ip(11), "secure-external", &ca.server(&["secure.external.test"])).await;

@@ -12,11 +12,11 @@
 //! - The raft port refuses a non-member certificate before reading its
 //!   message (item 15).
 
-mod common;
+use crate::kit;
 
-use common::{results, Cluster};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use kit::{results, Cluster};
 use lodestar::proto::peer::raft_peer_client::RaftPeerClient;
 use lodestar::proto::peer::Payload;
 use lodestar::xds::resources::ResourceType;
@@ -34,7 +34,7 @@ const CAPS_TOML: &str = "api_max_connections_per_source = 40\nxds_max_connection
 async fn abuse(api: &str, args: &[&str]) -> std::collections::BTreeMap<String, String> {
     let args: Vec<String> = std::iter::once("abuse").chain(args.iter().copied()).map(String::from).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = common::bench(api, &args).await;
+    let out = kit::bench(api, &args).await;
     results(&out).pop().unwrap_or_else(|| panic!("no result line in\n{out}"))
 }
 
@@ -69,7 +69,7 @@ async fn metric_labels_and_connection_floods_from_one_address_are_bounded() {
     for port in ["api", "xds"] {
         let r = abuse(&api, &["--scenario", "idle-flood", "--port", port, "--count", "200", "--source", &flood, "--other-source", &other]).await;
         held(&r);
-        assert_eq!(common::number(&r, "flood_open"), 40.0, "{r:?}");
+        assert_eq!(kit::number(&r, "flood_open"), 40.0, "{r:?}");
     }
     // Item 8: 4,000 requests on distinct bogus paths and methods, without
     // credentials, add no series.
@@ -77,7 +77,7 @@ async fn metric_labels_and_connection_floods_from_one_address_are_bounded() {
     let metrics = c.http.get(format!("{api}/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(!metrics.contains("abuse") && !metrics.contains("Bogus"), "a client's path or method is a label value:\n{metrics}");
     // A gRPC method the API has is still labelled by its name.
-    common::grpc_api(&api).cluster_status(lodestar::proto::api::ClusterStatusRequest {}).await.unwrap();
+    kit::grpc_api(&api).cluster_status(lodestar::proto::api::ClusterStatusRequest {}).await.unwrap();
     let metrics = c.http.get(format!("{api}/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("route=\"/lodestar.api.v1.Lodestar/ClusterStatus\""), "{metrics}");
     for port in ["api", "xds"] {
@@ -103,7 +103,7 @@ async fn silent_connections_and_slowloris_are_closed() {
         held(r);
     }
     // The slowloris was cut by the header timeout (2 s), not the idle one (4 s).
-    assert!(common::number(&slowloris, "closed_after_s") < 3.9, "{slowloris:?}");
+    assert!(kit::number(&slowloris, "closed_after_s") < 3.9, "{slowloris:?}");
     let metrics = c.http.get(format!("{api}/metrics")).send().await.unwrap().text().await.unwrap();
     for series in [
         "lodestar_connections_closed_total{port=\"api\",reason=\"idle\"}",
@@ -127,7 +127,7 @@ async fn quiet_streams_are_kept_and_node_ids_cannot_forge_log_lines() {
     let first = DiscoveryRequest { type_url: ResourceType::Cluster.type_url(), node: Some(Node { id, ..Default::default() }), ..Default::default() };
     let (tx, rx) = mpsc::channel(4);
     tx.send(first).await.unwrap();
-    let mut stream = common::ads_client(1, &r.xds_addr()).stream_aggregated_resources(ReceiverStream::new(rx)).await.expect("the stream opens").into_inner();
+    let mut stream = kit::ads_client(1, &r.xds_addr()).stream_aggregated_resources(ReceiverStream::new(rx)).await.expect("the stream opens").into_inner();
     stream.message().await.expect("a first response").expect("a first response");
 
     // Quiet for twice the idle timeout: still open.
@@ -158,20 +158,20 @@ async fn the_raft_port_refuses_a_non_member_before_reading_its_message() {
     let r = c.replica(1);
     let pid = r.pid().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = common::client_cert(dir.path(), "someone.example");
-    let channel = common::tls_channel(&r.raft_addr(), &lodestar::tls::pki::member_name(1), Some((&cert, &key)));
+    let (cert, key) = kit::client_cert(dir.path(), "someone.example");
+    let channel = kit::tls_channel(&r.raft_addr(), &lodestar::tls::pki::member_name(1), Some((&cert, &key)));
     let mut raft = RaftPeerClient::new(channel).max_encoding_message_size(64 << 20);
-    let (_, hwm_before) = common::memory_kib(pid);
+    let (_, hwm_before) = kit::memory_kib(pid);
     let started = Instant::now();
     let err = raft.append_entries(Payload { data: vec![7; 48 << 20] }).await.expect_err("a non-member's message");
     let took = started.elapsed();
-    let (_, hwm_after) = common::memory_kib(pid);
+    let (_, hwm_after) = kit::memory_kib(pid);
     let grew = hwm_after.saturating_sub(hwm_before);
     println!("raft: refused a 48 MiB message in {took:?}; the replica's peak memory grew {grew} KiB");
     assert!(grew < 16 * 1024, "the replica took in the message: its peak memory grew {grew} KiB ({err:?})");
     assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("names none"), "{err:?}");
     // And the replica carries on.
-    let (status, body) = common::apply(&c.http, &r.api(), vec![common::vs("after", "default", "v1")]).await;
+    let (status, body) = kit::apply(&c.http, &r.api(), vec![kit::vs("after", "default", "v1")]).await;
     assert_eq!(status, 200, "{body}");
 }

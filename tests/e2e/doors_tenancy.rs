@@ -11,14 +11,14 @@
 //! - a proxy credential for team-a cannot open a stream under a node id
 //!   that names team-b.
 
-mod common;
+use crate::kit;
 
-use common::envoy::EnvoyOptions;
-use common::mesh::{get, render, wait_for, Fixture};
-use common::Cluster;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::google::protobuf::{value::Kind as PbKind, Struct, Value as PbValue};
+use kit::envoy::EnvoyOptions;
+use kit::mesh::{get, render, wait_for, Fixture};
+use kit::Cluster;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ const BOUND: Duration = Duration::from_secs(20);
 fn client_as(secret: &str) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {secret}").parse().unwrap());
-    common::anonymous_http_builder().default_headers(headers).build().unwrap()
+    kit::anonymous_http_builder().default_headers(headers).build().unwrap()
 }
 
 /// A policy through the CLI (as the management token).
@@ -37,7 +37,7 @@ fn policy(api: &str, name: &str, rules: &[&str]) {
     for r in rules {
         args.extend(["--rule", r]);
     }
-    let (ok, _, err) = common::cli(api, &args);
+    let (ok, _, err) = kit::cli(api, &args);
     assert!(ok, "policy create {name}: {err}");
 }
 
@@ -66,7 +66,7 @@ fn service_entry(ns: &str, name: &str, hosts: &[&str]) -> Value {
 
 /// A refused apply: the status, and the error's message and field paths.
 async fn refused(http: &reqwest::Client, api: &str, doc: Value, status: u16) -> (String, Vec<String>) {
-    let (got, body) = common::apply(http, api, vec![doc.clone()]).await;
+    let (got, body) = kit::apply(http, api, vec![doc.clone()]).await;
     assert_eq!(got, status, "{doc}\n{body:#}");
     let message = body["error"]["message"].as_str().unwrap_or_default().to_string();
     let fields = body["error"]["fields"].as_array().into_iter().flatten().filter_map(|f| f["field"].as_str().map(String::from)).collect();
@@ -84,12 +84,12 @@ async fn a_namespace_writer_cannot_claim_another_namespaces_hostnames() {
     let c = Cluster::start(1, "").await;
     let api = c.replica(1).api();
     policy(&api, "team-a", &["read,watch,write,delete:*:team-a"]);
-    let writer = client_as(&secret(&common::token_create(&api, &["--policy", "team-a"])));
+    let writer = client_as(&secret(&kit::token_create(&api, &["--policy", "team-a"])));
 
     // team-b's service, by the management token.
-    let (status, body) = common::apply(&c.http, &api, vec![service("team-b", "reviews", None), instance("team-b", "reviews-1", "reviews", "127.0.0.20")]).await;
+    let (status, body) = kit::apply(&c.http, &api, vec![service("team-b", "reviews", None), instance("team-b", "reviews-1", "reviews", "127.0.0.20")]).await;
     assert_eq!(status, 200, "{body:#}");
-    let before: Value = common::get_json(&c.http, &format!("{api}/debug/registryz")).await.1;
+    let before: Value = kit::get_json(&c.http, &format!("{api}/debug/registryz")).await.1;
 
     let theirs = "reviews.team-b.svc.cluster.local";
     let hijacks = [
@@ -114,22 +114,22 @@ async fn a_namespace_writer_cannot_claim_another_namespaces_hostnames() {
     // A hostname no namespace owns: a registry Service needs the grant...
     let (message, _) = refused(&writer, &api, service("team-a", "pay", Some("api.payments.example.com")), 403).await;
     policy(&api, "team-a-payments", &["write:services:team-a:*.payments.example.com"]);
-    let payer = client_as(&secret(&common::token_create(&api, &["--policy", "team-a", "--policy", "team-a-payments"])));
+    let payer = client_as(&secret(&kit::token_create(&api, &["--policy", "team-a", "--policy", "team-a-payments"])));
     assert!(message.contains("may not claim the hostname api.payments.example.com (resources[0].spec.hostname)"), "{message}");
     assert!(message.contains("hostnames"), "{message}");
     // ...which covers Services (not Instances) in team-a, under *.payments.example.com.
-    let (status, body) = common::apply(&payer, &api, vec![service("team-a", "pay", Some("api.payments.example.com"))]).await;
+    let (status, body) = kit::apply(&payer, &api, vec![service("team-a", "pay", Some("api.payments.example.com"))]).await;
     assert_eq!(status, 200, "{body:#}");
     refused(&payer, &api, service("team-a", "pay-2", Some("api.example.com")), 403).await;
     refused(&payer, &api, instance("team-a", "pay-1", "api.payments.example.com", "127.0.0.21"), 403).await;
     // Its own hostnames need nothing.
-    let (status, body) = common::apply(&writer, &api, vec![service("team-a", "web", None), instance("team-a", "web-1", "web", "127.0.0.22")]).await;
+    let (status, body) = kit::apply(&writer, &api, vec![service("team-a", "web", None), instance("team-a", "web-1", "web", "127.0.0.22")]).await;
     assert_eq!(status, 200, "{body:#}");
     // ...and a ServiceEntry may name an external host team-b names too,
     // with a warning that says who wins.
-    let (status, body) = common::apply(&c.http, &api, vec![service_entry("team-b", "api", &["api.example.com"])]).await;
+    let (status, body) = kit::apply(&c.http, &api, vec![service_entry("team-b", "api", &["api.example.com"])]).await;
     assert_eq!(status, 200, "{body:#}");
-    let (status, body) = common::apply(&writer, &api, vec![service_entry("team-a", "api", &["api.example.com"])]).await;
+    let (status, body) = kit::apply(&writer, &api, vec![service_entry("team-a", "api", &["api.example.com"])]).await;
     assert_eq!(status, 200, "{body:#}");
     let warnings = body["warnings"].to_string();
     assert!(warnings.contains("api.example.com is also claimed by serviceentries/team-b/api"), "{warnings}");
@@ -139,12 +139,12 @@ async fn a_namespace_writer_cannot_claim_another_namespaces_hostnames() {
     // no warning that the registry's instances are served instead; in
     // team-a, they are (one service per hostname and namespace, the
     // registry's first), and both warnings say so.
-    let (status, body) = common::apply(&c.http, &api, vec![service_entry("team-b", "pay", &["api.payments.example.com"])]).await;
+    let (status, body) = kit::apply(&c.http, &api, vec![service_entry("team-b", "pay", &["api.payments.example.com"])]).await;
     assert_eq!(status, 200, "{body:#}");
     let warnings = body["warnings"].to_string();
     assert!(warnings.contains("api.payments.example.com is also claimed by services/team-a/pay"), "{warnings}");
     assert!(!warnings.contains("is also a registry service's"), "another namespace's registry Service does not win here: {warnings}");
-    let (status, body) = common::apply(&writer, &api, vec![service_entry("team-a", "pay-entry", &["api.payments.example.com"])]).await;
+    let (status, body) = kit::apply(&writer, &api, vec![service_entry("team-a", "pay-entry", &["api.payments.example.com"])]).await;
     assert_eq!(status, 200, "{body:#}");
     let warnings = body["warnings"].to_string();
     assert!(warnings.contains("api.payments.example.com is also claimed by services/team-a/pay"), "{warnings}");
@@ -152,7 +152,7 @@ async fn a_namespace_writer_cannot_claim_another_namespaces_hostnames() {
     assert!(!warnings.contains("Service team-b"), "{warnings}");
 
     // The gRPC API refuses the same way.
-    let mut grpc = common::grpc_api_as(&api, Some(&secret(&common::token_create(&api, &["--policy", "team-a"]))));
+    let mut grpc = kit::grpc_api_as(&api, Some(&secret(&kit::token_create(&api, &["--policy", "team-a"]))));
     let item = |doc: &Value| lodestar::proto::api::ApplyItem { resource_json: doc.to_string(), expected_revision: None };
     let err = grpc.apply(lodestar::proto::api::ApplyRequest { items: vec![item(&hijacks[1].0)] }).await.expect_err("a hijack over gRPC");
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
@@ -162,10 +162,10 @@ async fn a_namespace_writer_cannot_claim_another_namespaces_hostnames() {
 
     // Nothing refused was stored; team-b's service is as it was.
     for (kind, name) in [("services", "reviews"), ("instances", "hijack"), ("serviceentries", "hijack"), ("serviceentries", "all")] {
-        let (status, _) = common::get_json(&c.http, &format!("{api}/v1/resources/{kind}/team-a/{name}")).await;
+        let (status, _) = kit::get_json(&c.http, &format!("{api}/v1/resources/{kind}/team-a/{name}")).await;
         assert_eq!(status, 404, "{kind}/team-a/{name} was stored");
     }
-    let after: Value = common::get_json(&c.http, &format!("{api}/debug/registryz")).await.1;
+    let after: Value = kit::get_json(&c.http, &format!("{api}/debug/registryz")).await.1;
     let reviews = |v: &Value| v["services"].as_array().into_iter().flatten().filter(|s| s["hostname"] == theirs).cloned().collect::<Vec<_>>();
     assert_eq!(reviews(&before), reviews(&after));
     assert_eq!(reviews(&after).len(), 1, "{after:#}");
@@ -200,9 +200,9 @@ async fn a_hostname_claimed_twice_resolves_per_proxy_through_real_envoys() {
     fx.apply(&render(&(entry("team-b", "payments.example.com", "b", "\"*\"") + &entry("team-b", "ledger.example.com", "b", "\"*\"")), &ups)).await;
     // team-a's, by a writer scoped to team-a.
     policy(&api, "team-a", &["read,watch,write,delete:*:team-a"]);
-    let writer = client_as(&secret(&common::token_create(&api, &["--policy", "team-a"])));
+    let writer = client_as(&secret(&kit::token_create(&api, &["--policy", "team-a"])));
     let yaml = render(&(entry("team-a", "payments.example.com", "a", "\"*\"") + &entry("team-a", "ledger.example.com", "a", "\".\"")), &ups);
-    let rev = common::mesh::apply_yaml(&writer, &api, &yaml).await;
+    let rev = kit::mesh::apply_yaml(&writer, &api, &yaml).await;
 
     let mut ob = EnvoyOptions::new("client", &fx.ip(2));
     ob.namespace = "team-b".into();
@@ -246,7 +246,7 @@ async fn open(xds: &str, token: &str, id: &str, namespace: &str) -> Result<Strin
         DiscoveryRequest { node: Some(node(id, namespace)), type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(), ..Default::default() };
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(first).await.unwrap();
-    let mut client = common::ads_client_as(1, xds, Some(token));
+    let mut client = kit::ads_client_as(1, xds, Some(token));
     let mut stream = client.stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
     let resp = tokio::time::timeout(BOUND, stream.message()).await.expect("an answer in time")?.expect("a response");
     drop(tx);
@@ -263,7 +263,7 @@ async fn open(xds: &str, token: &str, id: &str, namespace: &str) -> Result<Strin
 async fn a_proxy_credential_cannot_send_another_namespaces_node_id() {
     let c = Cluster::start(1, "").await;
     let (api, xds) = (c.replica(1).api(), c.replica(1).xds_addr());
-    let token = secret(&common::token_create(&api, &["--proxy", "team-a"]));
+    let token = secret(&kit::token_create(&api, &["--proxy", "team-a"]));
     let theirs = "sidecar~127.0.0.9~web.team-b~team-b.svc.cluster.local";
 
     let err = open(&xds, &token, theirs, "team-a").await.expect_err("team-b's node id under team-a's credential");
@@ -276,6 +276,6 @@ async fn a_proxy_credential_cannot_send_another_namespaces_node_id() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert!(open(&xds, &token, "sidecar~127.0.0.9~web.team-a~team-a.svc.cluster.local", "team-a").await.is_ok());
     // No stream of team-b's id was ever opened on the replica.
-    let syncz = common::mesh::syncz(&c.http, &api).await;
+    let syncz = kit::mesh::syncz(&c.http, &api).await;
     assert!(!syncz["proxies"].to_string().contains("web.team-b"), "{syncz:#}");
 }

@@ -1,9 +1,9 @@
 //! Three-replica behaviour with real processes: forwarding, linearizable
 //! reads, leader failure under load, snapshot catch-up, membership changes.
 
-mod common;
+use crate::kit;
 
-use common::*;
+use kit::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -170,7 +170,7 @@ async fn add_and_remove_members() {
     let joiner = c.spawn_joiner(4, "");
     let (raft, apia, xds) = (joiner.raft_addr(), joiner.api_addr(), joiner.xds_addr());
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let out = common::cli_command()
+    let out = kit::cli_command()
         .args(["--server", &api1, "cluster", "add-node", "--id", "4", "--raft-addr", &raft, "--api-addr", &apia, "--xds-addr", &xds])
         .output()
         .unwrap();
@@ -185,7 +185,7 @@ async fn add_and_remove_members() {
     assert_eq!(list["items"].as_array().unwrap().len(), 20);
 
     // Phase 2: remove node 2 (whatever its role) and stop it.
-    let out = common::cli_command().args(["--server", &api1, "cluster", "remove-node", "2"]).output().unwrap();
+    let out = kit::cli_command().args(["--server", &api1, "cluster", "remove-node", "2"]).output().unwrap();
     assert!(out.status.success(), "remove-node: {}", String::from_utf8_lossy(&out.stderr));
     c.stop(2);
     let leader = c.wait_for_leader(Duration::from_secs(20)).await;

@@ -4,11 +4,11 @@
 //! HTTP traffic. Waits are bounded polls; measured times are printed, never
 //! asserted (the figures go in the closing note).
 
-mod common;
+use crate::kit;
 
-use common::envoy::{Envoy, EnvoyOptions, Upstream};
-use common::forward::Forwarder;
-use common::mesh::*;
+use kit::envoy::{Envoy, EnvoyOptions, Upstream};
+use kit::forward::Forwarder;
+use kit::mesh::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -282,11 +282,11 @@ async fn lagging_replica(delta: bool) {
     let cut_off = Instant::now();
     // For a while it can neither catch up nor serve: it refuses.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (s, ready) = common::get_json(&fx.client, &format!("{}/readyz", fx.api(lagging))).await;
+    let (s, ready) = kit::get_json(&fx.client, &format!("{}/readyz", fx.api(lagging))).await;
     assert_eq!(s, 503, "a replica without a quorum is not ready: {ready}");
     // It may have accepted the stream before it knew it was cut off, but it
     // sent nothing older than what the Envoy holds.
-    let (_, syncz) = common::get_json(&fx.client, &format!("{}/debug/syncz", fx.api(lagging))).await;
+    let (_, syncz) = kit::get_json(&fx.client, &format!("{}/debug/syncz", fx.api(lagging))).await;
     for p in syncz["proxies"].as_array().into_iter().flatten() {
         for t in TYPES {
             if let Some(v) = p["types"][t]["sent_version"].as_str() {
@@ -380,7 +380,7 @@ async fn whole_cluster_down_then_up() {
     // Acknowledged writes, each its own revision.
     let mut acked = Vec::new();
     for i in 0..20 {
-        let (s, body) = common::apply(&fx.client, &fx.api(1 + (i % 3)), vec![common::vs(&format!("vs-{i}"), "default", "a")]).await;
+        let (s, body) = kit::apply(&fx.client, &fx.api(1 + (i % 3)), vec![kit::vs(&format!("vs-{i}"), "default", "a")]).await;
         assert_eq!(s, 200, "{body}");
         acked.push(body["revision"].as_u64().unwrap());
     }
@@ -402,12 +402,12 @@ async fn whole_cluster_down_then_up() {
         assert!(Instant::now() < deadline, "the Envoy did not reconnect");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (_, list) = common::get_json(&fx.client, &format!("{}/v1/resources/vs", fx.api(2))).await;
+    let (_, list) = kit::get_json(&fx.client, &format!("{}/v1/resources/vs", fx.api(2))).await;
     let names: Vec<&str> = list["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
     assert_eq!(names.len(), 20, "{names:?} at revision {}; acknowledged: {acked:?}", list["revision"]);
     assert!(list["revision"].as_u64().unwrap() >= *acked.last().unwrap());
     // And new config flows again.
-    let (s, _) = common::apply(
+    let (s, _) = kit::apply(
         &fx.client,
         &fx.api(3),
         vec![json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",

@@ -2,9 +2,9 @@
 //! cluster, `snapshot restore` into the data dirs of a new cluster on other
 //! addresses, and the refusals (corrupt or foreign file, used data dir).
 
-mod common;
+use crate::kit;
 
-use common::*;
+use kit::*;
 use lodestar::proto::api::SnapshotRequest;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -73,7 +73,7 @@ spec: {service: productpage, address: 127.0.11.1, port: 19080}
 "#;
 
 fn lodestar(args: &[&str]) -> (bool, String, String) {
-    let out = common::cli_command().args(args).output().unwrap();
+    let out = kit::cli_command().args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -153,7 +153,7 @@ async fn backup_restores_into_a_new_cluster() {
     assert!(out.contains(&format!("revision:  {revision}")) && out.contains("checksum ok") && out.contains("Instance"), "{out}");
 
     // The gRPC equivalent serves the same state.
-    let mut grpc = common::grpc_api(&api);
+    let mut grpc = kit::grpc_api(&api);
     let mut stream = grpc.snapshot(SnapshotRequest { consistency: 0 }).await.unwrap().into_inner();
     let mut bytes = Vec::new();
     while let Some(chunk) = stream.message().await.unwrap() {

@@ -10,9 +10,9 @@
 //! Every test ends by checking `/debug/syncz`: the client's stream NACKed
 //! nothing.
 
-mod common;
+use crate::kit;
 
-use common::{cli, cli_command, Cluster};
+use kit::{cli, cli_command, Cluster};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -162,7 +162,7 @@ fn agent(api: &str, xds_servers: &str, dir: &Path) -> (Proc, PathBuf) {
 
 /// The same, with more arguments for the agent.
 fn agent_with(api: &str, xds_servers: &str, dir: &Path, extra: &[&str]) -> (Proc, PathBuf) {
-    let secret = common::token_create(api, &["--workload", "shop/client"])["secret"].as_str().unwrap().to_string();
+    let secret = kit::token_create(api, &["--workload", "shop/client"])["secret"].as_str().unwrap().to_string();
     let token_file = dir.join("join.token");
     std::fs::write(&token_file, secret).unwrap();
     let (certs, bootstrap) = (dir.join("certs"), dir.join("grpc-bootstrap.json"));
@@ -257,7 +257,7 @@ spec:
 }
 
 async fn apply(c: &Cluster, replica: u64, yaml: &str) -> u64 {
-    common::mesh::apply_yaml(&c.http, &c.replica(replica).api(), yaml).await
+    kit::mesh::apply_yaml(&c.http, &c.replica(replica).api(), yaml).await
 }
 
 /// `flaky` (one server at .14) with `attempts` retries on `unavailable`.
@@ -293,7 +293,7 @@ spec:
 async fn grpc_streams(c: &Cluster, live: &[u64]) -> Vec<(u64, Value)> {
     let mut out = Vec::new();
     for id in live {
-        let s = common::mesh::syncz(&c.http, &c.replica(*id).api()).await;
+        let s = kit::mesh::syncz(&c.http, &c.replica(*id).api()).await;
         for p in s["proxies"].as_array().into_iter().flatten().filter(|p| p["kind"] == "grpc") {
             out.push((*id, p.clone()));
         }
@@ -411,7 +411,7 @@ async fn weighted_split_and_header_route_through_lodestar() {
     let mut intruder = Client::start(&other, dir.path().join("intruder.log"));
     let t = intruder.call(TARGET, "/lodestar.test.Echo/Call", &[], 3);
     assert!(t.replies.is_empty() && t.errors.values().sum::<u64>() == 3, "{t:?}");
-    let syncz = common::mesh::syncz(&c.http, &c.replica(1).api()).await;
+    let syncz = kit::mesh::syncz(&c.http, &c.replica(1).api()).await;
     let refused =
         syncz["refused"].as_array().unwrap().iter().any(|x| x["code"] == "permission_denied" && x["proxy"].as_str().is_some_and(|id| id.contains(".bank~")));
     assert!(refused, "{syncz:#}");

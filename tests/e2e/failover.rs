@@ -5,9 +5,9 @@
 //! sent again (as a follower does when it cannot tell whether the first
 //! one arrived) is applied once.
 
-mod common;
+use crate::kit;
 
-use common::*;
+use kit::*;
 use lodestar::model::{Kind, ResourceKey};
 use lodestar::node::{ForwardReply, ForwardRequest};
 use lodestar::proto::peer::raft_peer_client::RaftPeerClient;

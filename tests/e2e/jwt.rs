@@ -6,11 +6,11 @@
 //! keys serves new connections, while open ones finish on the old config
 //! (Envoy's listener drain).
 
-mod common;
+use crate::kit;
 
-use common::envoy::{loopback_prefix, EnvoyOptions, Upstream};
-use common::mesh::*;
-use common::Cluster;
+use kit::envoy::{loopback_prefix, EnvoyOptions, Upstream};
+use kit::mesh::*;
+use kit::Cluster;
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
 use serde_json::{json, Value};
@@ -173,10 +173,10 @@ async fn jwt_authn_on_a_real_envoy_delta() {
 }
 
 async fn jwt_authn_on_a_real_envoy(delta: bool) {
-    common::envoy::envoy_binary();
+    kit::envoy::envoy_binary();
     // Fetch jwksUris every second, so the test sees a rotation quickly.
     let cluster = Cluster::start(1, "jwks_refresh_interval_s = 1\n").await;
-    let client = common::http_builder().no_proxy().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let client = kit::http_builder().no_proxy().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let fx = Fixture { cluster, prefix: loopback_prefix(), tmp: tempfile::tempdir().unwrap(), client };
     // Istio's defaultEndpoint is the workload on 127.0.0.1.
     let echo = Upstream::start("127.0.0.1", "httpbin").await;
@@ -414,12 +414,12 @@ spec:
     let api = fx.api(1);
     let check = |claims: Value| {
         let c = claims.to_string();
-        common::cli(&api, &["authz", "check", "--proxy", "ingressgateway.istio-system", "--path", "/echo", "--jwt-claims", &c]).1
+        kit::cli(&api, &["authz", "check", "--proxy", "ingressgateway.istio-system", "--path", "/echo", "--jwt-claims", &c]).1
     };
     assert!(check(json!({"iss": "gw-issuer", "sub": "alice"})).starts_with("ALLOWED: allowed by ns[istio-system]-policy[require-jwt]-rule[0]"));
     let out = check(json!({"iss": "gw-issuer", "sub": "bob"}));
     assert!(out.starts_with("DENIED") && out.contains("JWT claim sub = \"bob\" does not match"), "{out}");
-    let out = common::cli(&api, &["authz", "check", "--proxy", "ingressgateway.istio-system", "--path", "/echo"]).1;
+    let out = kit::cli(&api, &["authz", "check", "--proxy", "ingressgateway.istio-system", "--path", "/echo"]).1;
     assert!(out.starts_with("DENIED") && out.contains("no verified JWT"), "{out}");
     p.envoy.assert_no_rejections().await;
 }

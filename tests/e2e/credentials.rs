@@ -13,12 +13,12 @@
 //! verify only its kind; `caCertCredentialName`: the client CA from its own
 //! Secret, winning over the credential's.
 
-mod common;
+use crate::kit;
 
 use base64::Engine;
-use common::mesh::*;
-use common::tls::{Ca, Leaf, Offer, TlsClient};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
+use kit::mesh::*;
+use kit::tls::{Ca, Leaf, Offer, TlsClient};
 use prost::{Message, Name};
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -62,8 +62,8 @@ spec:
 
 /// A gateway proxy (node type router, `istio: ingressgateway`) of
 /// istio-system, where its Secrets are, at `127.A.B.n`.
-fn gateway_options(fx: &Fixture, name: &str, n: u8) -> common::envoy::EnvoyOptions {
-    let mut o = common::envoy::EnvoyOptions::new(name, &fx.ip(n));
+fn gateway_options(fx: &Fixture, name: &str, n: u8) -> kit::envoy::EnvoyOptions {
+    let mut o = kit::envoy::EnvoyOptions::new(name, &fx.ip(n));
     o.namespace = "istio-system".into();
     o.node_type = "router".into();
     o.labels = vec![("istio".into(), "ingressgateway".into())];
@@ -83,7 +83,7 @@ async fn until_ok<T, F: std::future::Future<Output = Result<T, String>>>(what: &
     }
 }
 
-fn shop_service(u: &common::envoy::Upstream) -> String {
+fn shop_service(u: &kit::envoy::Upstream) -> String {
     format!(
         "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {{name: shop, namespace: default}}\nspec:\n  ports: [{{name: http, number: 9080}}]\n---\n\
          apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {{name: shop-1, namespace: default}}\nspec: {{service: shop, address: {}, port: {}}}\n",
@@ -153,7 +153,7 @@ async fn ask_for_secret(addr: &str, node_id: &str, names: &[&str]) -> Vec<Secret
 async fn ask_member_for_secret(id: u64, addr: &str, node_id: &str, names: &[&str]) -> Vec<Secret> {
     use envoy_types::pb::envoy::config::core::v3::Node;
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
-    let mut client = common::ads_client(id, addr);
+    let mut client = kit::ads_client(id, addr);
     let req = DiscoveryRequest {
         node: Some(Node { id: node_id.into(), cluster: "test".into(), ..Default::default() }),
         type_url: Secret::type_url(),
@@ -226,7 +226,7 @@ async fn gateway_serves_secrets_over_sds() {
     wait_for_leaf(&client, simple_delta, second.der(), "rotated certificate, delta").await;
     assert_eq!(listener_version(&p, 8443).await, lds_before, "a Secret change must not change the listener");
     // Applying the same Secret again changes nothing (its sealed key is kept).
-    let (status, body) = common::apply(&fx.client, &fx.api(1), vec![serde_yaml_value(&tls_secret("shop-credential", "istio-system", &second))]).await;
+    let (status, body) = kit::apply(&fx.client, &fx.api(1), vec![serde_yaml_value(&tls_secret("shop-credential", "istio-system", &second))]).await;
     assert_eq!(status, 200, "{body:#}");
     assert_eq!(body["items"][0]["action"], "unchanged", "{body:#}");
 
@@ -266,7 +266,7 @@ async fn gateway_serves_secrets_over_sds() {
 
     // Nor does any store file, a backup, or the replica's log.
     let backup = fx.tmp.path().join("backup.snap");
-    let (ok, _, err) = common::cli(&api, &["snapshot", "save", backup.to_str().unwrap()]);
+    let (ok, _, err) = kit::cli(&api, &["snapshot", "save", backup.to_str().unwrap()]);
     assert!(ok, "snapshot save: {err}");
     let mut stored = files(&fx.cluster.replica(1).data_dir());
     stored.push((backup.clone(), std::fs::read(&backup).unwrap()));
@@ -391,7 +391,7 @@ fn serde_yaml_value(yaml: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_secrets_are_refused_naming_the_field() {
-    let c = common::Cluster::start(1, "").await;
+    let c = kit::Cluster::start(1, "").await;
     let api = c.replica(1).api();
     let ca = Ca::new("lodestar test CA");
     let leaf = ca.server(&["a.example.test"]);
@@ -405,7 +405,7 @@ async fn bad_secrets_are_refused_naming_the_field() {
         ("a key of another certificate", secret(&leaf.cert_pem, &other.key_pem), "resources[0].data[tls.key]", "does not match the certificate"),
         ("a key that is not PEM", secret(&leaf.cert_pem, "garbage"), "resources[0].data[tls.key]", "no PEM private key"),
     ] {
-        let (status, out) = common::apply(&c.http, &api, vec![body]).await;
+        let (status, out) = kit::apply(&c.http, &api, vec![body]).await;
         assert_eq!(status, 400, "{what}: {out:#}");
         let fields = out["error"]["fields"].as_array().cloned().unwrap_or_default();
         assert!(fields.iter().any(|f| f["field"] == field && f["reason"].as_str().is_some_and(|r| r.contains(reason))), "{what}: {out:#}");
@@ -416,7 +416,7 @@ async fn bad_secrets_are_refused_naming_the_field() {
     // Over gRPC: the same checks (INVALID_ARGUMENT naming the field), and a
     // good Secret is stored with its key sealed, read back without it.
     use lodestar::proto::api::{ApplyItem, ApplyRequest, GetRequest};
-    let mut grpc = common::grpc_api(&api);
+    let mut grpc = kit::grpc_api(&api);
     let bad = secret(&leaf.cert_pem, &other.key_pem).to_string();
     let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad, expected_revision: None }] }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
@@ -436,7 +436,7 @@ async fn bad_secrets_are_refused_naming_the_field() {
     assert!(!got.contains("sealed") && !got.contains("tls.key"), "{got}");
 
     // A Gateway naming a credential it cannot use is refused too.
-    let (status, out) = common::apply(
+    let (status, out) = kit::apply(
         &c.http,
         &api,
         vec![serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "Gateway", "metadata": {"name": "g", "namespace": "default"},
@@ -447,7 +447,7 @@ async fn bad_secrets_are_refused_naming_the_field() {
     assert_eq!(status, 400, "{out:#}");
     assert!(out.to_string().contains("spec.servers[0].tls.caCertificates"), "{out:#}");
     // credentialNames and caCertCredentialName: each bad one named by path.
-    let (status, out) = common::apply(
+    let (status, out) = kit::apply(
         &c.http,
         &api,
         vec![serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "Gateway", "metadata": {"name": "g", "namespace": "default"},
@@ -478,10 +478,10 @@ async fn bad_secrets_are_refused_naming_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_share_the_secrets_key() {
     let ca_dir = tempfile::tempdir().unwrap();
-    let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca_dir.path()).output().unwrap();
+    let out = kit::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca_dir.path()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(ca_dir.path().join("secrets.key").exists(), "the mesh CA comes with the cluster secrets key");
-    let c = common::Cluster::start(3, &format!("mesh_ca_dir = {:?}\n", ca_dir.path())).await;
+    let c = kit::Cluster::start(3, &format!("mesh_ca_dir = {:?}\n", ca_dir.path())).await;
     let leaf = Ca::new("lodestar test CA").server(&["shop.example.test"]);
     let yaml = tls_secret("shop-credential", "istio-system", &leaf);
     let r = c.http.post(format!("{}/v1/apply", c.replica(2).api())).header("content-type", "application/yaml").body(yaml).send().await.unwrap();

@@ -267,7 +267,7 @@ fn readme_runs_as_printed() {
     for (name, min_checks) in SECTIONS {
         let blocks = all.get(*name).unwrap_or_else(|| {
             panic!(
-                "README section {name:?} not found or has no ```sh block: renamed? update SECTIONS in tests/readme.rs (headings: {:?})",
+                "README section {name:?} not found or has no ```sh block: renamed? update SECTIONS in tests/e2e/readme.rs (headings: {:?})",
                 all.keys().collect::<Vec<_>>()
             )
         });

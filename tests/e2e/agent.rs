@@ -6,13 +6,13 @@
 //! real replica with ACLs: STRICT mutual TLS between them, the Envoy
 //! killed and restarted, a lost lease re-created, SIGTERM deregistering
 //! and stopping Envoy. (The served certificate's SAN, EKU and lifetime are
-//! checked in `tests/identity.rs`.)
+//! checked in `tests/e2e/identity.rs`.)
 
-mod common;
+use crate::kit;
 
-use common::envoy::Upstream;
-use common::mesh::{plain, via_client};
-use common::{cli, Cluster};
+use kit::envoy::Upstream;
+use kit::mesh::{plain, via_client};
+use kit::{cli, Cluster};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -107,7 +107,7 @@ fn alive(pid: u32) -> bool {
 
 /// `lodestar token create ARGS...`: the new token's secret.
 fn secret(api: &str, args: &[&str]) -> String {
-    common::token_create(api, args)["secret"].as_str().unwrap().to_string()
+    kit::token_create(api, args)["secret"].as_str().unwrap().to_string()
 }
 
 /// Start `lodestar agent` for `shop/NAME` at `ip` with Envoy as its child
@@ -117,13 +117,13 @@ fn start_agent(root: &Path, api: &str, xds: &str, name: &str, ip: &str, registra
     std::fs::create_dir_all(&dir).unwrap();
     let join = dir.join("join.token");
     std::fs::write(&join, secret(api, &["--workload", &format!("{NS}/{name}")])).unwrap();
-    let mut cmd = common::cli_command();
+    let mut cmd = kit::cli_command();
     cmd.args(["--server", api, "agent", "--dir"]).arg(dir.join("identity")).args(["--xds-servers", xds, "--name", name, "--namespace", NS]);
     cmd.args(["--ip", ip, "--admin-port", "15000", "-o", "json", "--join-token-file"]).arg(&join);
     cmd.args(["--run-envoy", "--drain-time", "2s", "--lease-ttl", "3s"]).args(registration);
     let log = dir.join("agent.log");
     let child = cmd
-        .env("LODESTAR_ENVOY", common::envoy::envoy_binary())
+        .env("LODESTAR_ENVOY", kit::envoy::envoy_binary())
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
@@ -133,11 +133,11 @@ fn start_agent(root: &Path, api: &str, xds: &str, name: &str, ip: &str, registra
 }
 
 async fn get(api: &str, path: &str) -> (u16, Value) {
-    common::get_json(&common::http(), &format!("{api}{path}")).await
+    kit::get_json(&kit::http(), &format!("{api}{path}")).await
 }
 
 async fn apply(api: &str, yaml: &str) -> (u16, Value) {
-    let r = common::http().post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(yaml.to_string()).send().await.unwrap();
+    let r = kit::http().post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(yaml.to_string()).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
@@ -213,7 +213,7 @@ async fn agent_runs_envoy_registers_and_deregisters_on_sigterm() {
     let cluster = Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
-    let p = common::loopback_prefix();
+    let p = kit::loopback_prefix();
     let (client_ip, server_ip) = (format!("{p}.20"), format!("{p}.21"));
     let app = Upstream::start("127.0.0.1", "reviews-app").await;
 
@@ -355,7 +355,7 @@ async fn agent_runs_envoy_registers_and_deregisters_on_sigterm() {
     // 5. The lease lost (revoked behind the agent's back, as an expiry
     // after a partition would): the agent registers again.
     let web_lease = format!("/v1/resources/leases/shop/web-{}", dashed(&client_ip));
-    let r = common::http().delete(format!("{api}{web_lease}")).send().await.unwrap();
+    let r = kit::http().delete(format!("{api}{web_lease}")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(get(&api, &web_path).await.0, 404, "the instance went with its lease");
     eventually("the instance registered again", Duration::from_secs(20), || client.logs(), || async { get(&api, &web_path).await.0 == 200 }).await;
@@ -397,7 +397,7 @@ async fn agent_refuses_a_registration_it_cannot_make() {
     let cluster = Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
-    let p = common::loopback_prefix();
+    let p = kit::loopback_prefix();
     let (status, body) = apply(
         &api,
         "apiVersion: networking.istio.io/v1\nkind: WorkloadGroup\nmetadata: {name: db, namespace: shop}\nspec:\n  template: {serviceAccount: db, ports: {tcp: 5432}}\n",
@@ -409,7 +409,7 @@ async fn agent_refuses_a_registration_it_cannot_make() {
         let dir = tmp.path().join(name);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("join.token"), secret(&api, &["--workload", &format!("{NS}/{name}")])).unwrap();
-        let out = common::cli_command()
+        let out = kit::cli_command()
             .args(["--server", &api, "agent", "--dir"])
             .arg(dir.join("identity"))
             .args(["--xds-servers", &xds, "--name", name, "--namespace", NS, "--ip", &format!("{p}.30")])

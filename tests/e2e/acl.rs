@@ -4,9 +4,9 @@
 //! three replicas within the stated bound, expiry, bootstrap, the CLI, the
 //! audit log, and no secret in logs, debug output, metrics or backups.
 
-mod common;
+use crate::kit;
 
-use common::*;
+use kit::*;
 use lodestar::proto::api::{AddNodeRequest, ApplyItem, ApplyRequest, ClusterStatusRequest, CreateTokenRequest, DeleteRequest, ListRequest, ResourceRef};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -152,7 +152,7 @@ async fn a_read_only_token_cannot_apply_delete_or_change_membership() {
         assert!(msg.contains(missing), "{msg:?} should name {missing:?}");
     };
     // A body it may not send at all is refused before it is read
-    // (tests/doors_api.rs shows that it is never read).
+    // (tests/e2e/doors_api.rs shows that it is never read).
     let (status, body) = apply(&ro, &api, vec![vs("y", "ro", "v1")]).await;
     denied(status, &body, "lacks write on any kind in any namespace");
     let (status, body) = send(ro.delete(format!("{api}/v1/resources/vs/ro/x"))).await;
@@ -343,7 +343,7 @@ async fn bootstrap_cli_and_token_objects() {
 
     // Bootstrap: refused, since this replica has a management token (the
     // harness gives every replica its file); the one legitimate bootstrap
-    // and its reset are in tests/doors_api.rs.
+    // and its reset are in tests/e2e/doors_api.rs.
     let (ok, out, err) = cli_with(&api, None, &["acl", "bootstrap"]);
     assert!(!ok && err.contains("has a management token"), "{out}{err}");
     let boot = management_token().to_string();

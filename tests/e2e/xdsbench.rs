@@ -2,19 +2,19 @@
 //! process: the convergence and idle scenarios succeed and print their
 //! figures (the `result:` lines parse). No timing checks.
 
-mod common;
+use crate::kit;
 
-use common::{number, results};
+use kit::{number, results};
 
 async fn bench(api: &str, args: &[&str]) -> String {
     let mut all = vec!["xds"];
     all.extend(args);
-    common::bench(api, &all).await
+    kit::bench(api, &all).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xds_bench_convergence_and_idle_succeed_and_print_figures() {
-    let cluster = common::Cluster::start(1, "").await;
+    let cluster = kit::Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
     let pid = r.child.as_ref().unwrap().id().to_string();

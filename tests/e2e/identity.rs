@@ -2,9 +2,9 @@
 //! xDS port, join tokens, and `lodestar agent` (renewal, resume, SDS to a
 //! real Envoy). Real replicas, real TLS, real processes.
 
-mod common;
+use crate::kit;
 
-use common::{cli, grpc_channel, tls_channel, Cluster};
+use kit::{cli, grpc_channel, tls_channel, Cluster};
 use lodestar::proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use lodestar::proto::istio_ca::IstioCertificateRequest;
 use rcgen::{CertificateParams, KeyPair, PublicKeyData, SanType};
@@ -80,12 +80,12 @@ async fn create_certificate(channel: tonic::transport::Channel, csr: &str, ttl: 
 
 /// `lodestar token create --workload ...` → (accessor, secret).
 fn join_token(api: &str, args: &[&str]) -> (String, String) {
-    let v = common::token_create(api, args);
+    let v = kit::token_create(api, args);
     (v["accessorId"].as_str().unwrap().to_string(), v["secret"].as_str().unwrap().to_string())
 }
 
 async fn metric(api: &str, name: &str) -> f64 {
-    let text = common::http().get(format!("{api}/metrics")).send().await.unwrap().text().await.unwrap();
+    let text = kit::http().get(format!("{api}/metrics")).send().await.unwrap().text().await.unwrap();
     text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
 }
 
@@ -250,7 +250,7 @@ async fn a_busy_ca_turns_requests_away_before_consuming_a_use() {
 async fn a_single_use_token_signs_once_across_replicas() {
     let ca = tempfile::tempdir().unwrap();
     let (ok, _, err) = {
-        let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
+        let out = kit::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
         (out.status.success(), String::new(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     assert!(ok, "{err}");
@@ -290,7 +290,7 @@ async fn a_single_use_token_signs_once_across_replicas() {
 #[tokio::test]
 async fn a_token_with_n_uses_signs_n_times_under_concurrency() {
     let ca = tempfile::tempdir().unwrap();
-    let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
+    let out = kit::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
     assert!(out.status.success());
     let cluster = Cluster::start(3, &format!("mesh_ca_dir = {:?}\n", ca.path())).await;
     let api = cluster.replica(1).api();
@@ -330,7 +330,7 @@ struct Agent {
 impl Agent {
     fn start(dir: &Path, xds: &str, token_file: Option<&Path>, extra: &[&str]) -> Agent {
         let log = dir.with_extension("log");
-        let mut cmd = common::cli_command();
+        let mut cmd = kit::cli_command();
         cmd.args(["agent", "--dir"]).arg(dir).args(["--xds-servers", xds, "--name", "cart", "--namespace", "shop"]).args(extra);
         if let Some(t) = token_file {
             cmd.arg("--join-token-file").arg(t);
@@ -533,7 +533,7 @@ async fn served_serial(addr: &str) -> Result<String, String> {
 }
 
 async fn envoy_stats(admin: &str) -> std::collections::BTreeMap<String, u64> {
-    let text = common::http().get(format!("{admin}/stats")).send().await.unwrap().text().await.unwrap();
+    let text = kit::http().get(format!("{admin}/stats")).send().await.unwrap().text().await.unwrap();
     text.lines().filter_map(|l| l.split_once(": ")).filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?))).collect()
 }
 
@@ -542,7 +542,7 @@ async fn envoy_stats(admin: &str) -> std::collections::BTreeMap<String, u64> {
 /// rotation serves the new one with no listener or cluster change.
 #[tokio::test]
 async fn envoy_rotates_the_agents_certificate_over_sds() {
-    let envoy_bin = common::envoy::envoy_binary();
+    let envoy_bin = kit::envoy::envoy_binary();
     let cluster = Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
@@ -550,7 +550,7 @@ async fn envoy_rotates_the_agents_certificate_over_sds() {
     let (dir, token_file, bootstrap) = (tmp.path().join("agent"), tmp.path().join("join.token"), tmp.path().join("bootstrap.json"));
     let (_, secret) = join_token(&api, &["--workload", "shop/cart"]);
     std::fs::write(&token_file, &secret).unwrap();
-    let ip = format!("{}.10", common::loopback_prefix());
+    let ip = format!("{}.10", kit::loopback_prefix());
     let mut agent = Agent::start(
         &dir,
         &xds,
@@ -561,7 +561,7 @@ async fn envoy_rotates_the_agents_certificate_over_sds() {
 
     // The bootstrap the agent wrote, plus a listener serving the SDS
     // certificate (a static fixture that needs no mesh config; the
-    // translated mutual TLS listeners are tested in tests/mtls.rs).
+    // translated mutual TLS listeners are tested in tests/e2e/mtls.rs).
     let mut doc: Value = serde_json::from_str(&std::fs::read_to_string(&bootstrap).unwrap()).unwrap();
     let sds_config = serde_json::json!({"resource_api_version": "V3", "api_config_source": {"api_type": "GRPC", "transport_api_version": "V3", "grpc_services": [{"envoy_grpc": {"cluster_name": "sds-grpc"}}]}});
     doc["static_resources"]["listeners"] = serde_json::json!([{
@@ -614,7 +614,7 @@ async fn envoy_rotates_the_agents_certificate_over_sds() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut served = Err(String::new());
     while Instant::now() < deadline {
-        let ready = common::http().get(format!("{admin}/ready")).send().await.is_ok_and(|r| r.status().is_success());
+        let ready = kit::http().get(format!("{admin}/ready")).send().await.is_ok_and(|r| r.status().is_success());
         if ready {
             served = served_serial(&probe).await;
             if served.is_ok() {
@@ -680,7 +680,7 @@ async fn envoy_rotates_the_agents_certificate_over_sds() {
 #[tokio::test]
 async fn bench_csr_renews_through_the_replicas() {
     let ca = tempfile::tempdir().unwrap();
-    let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
+    let out = kit::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
     assert!(out.status.success());
     let cluster = Cluster::start(2, &format!("mesh_ca_dir = {:?}\n", ca.path())).await;
     let api = cluster.replica(1).api();
@@ -688,11 +688,10 @@ async fn bench_csr_renews_through_the_replicas() {
     let token = ca.path().join("bench.token");
     std::fs::write(&token, &secret).unwrap();
     let servers = cluster.replicas.iter().map(|r| r.xds_addr()).collect::<Vec<_>>().join(",");
-    let out =
-        common::bench(&api, &["csr", "--xds-servers", &servers, "--join-token-file", token.to_str().unwrap(), "--clients", "4", "--requests", "40"]).await;
-    let r = &common::results(&out)[0];
-    assert_eq!(common::number(r, "certs"), 40.0);
-    assert_eq!(common::number(r, "errors"), 0.0);
+    let out = kit::bench(&api, &["csr", "--xds-servers", &servers, "--join-token-file", token.to_str().unwrap(), "--clients", "4", "--requests", "40"]).await;
+    let r = &kit::results(&out)[0];
+    assert_eq!(kit::number(r, "certs"), 40.0);
+    assert_eq!(kit::number(r, "errors"), 0.0);
     // Both replicas signed.
     for id in [1, 2] {
         assert!(metric(&cluster.replica(id).api(), "citadel_server_success_cert_issuance_count").await >= 10.0, "replica {id}");
@@ -704,7 +703,7 @@ async fn bench_csr_renews_through_the_replicas() {
 #[tokio::test]
 async fn agent_renews_through_the_other_replicas_when_one_dies() {
     let ca = tempfile::tempdir().unwrap();
-    let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
+    let out = kit::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
     assert!(out.status.success());
     let mut cluster = Cluster::start(3, &format!("mesh_ca_dir = {:?}\n", ca.path())).await;
     let api = cluster.replica(2).api();
@@ -754,7 +753,7 @@ fn cert_files(dir: &Path, name: &str, chain: &[String], key: &KeyPair) -> (PathB
 #[tokio::test]
 async fn a_host_obtains_only_identities_registered_on_it() {
     let ca = tempfile::tempdir().unwrap();
-    let out = common::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
+    let out = kit::cli_command().args(["tls", "ca", "create", "--mesh", "--dir"]).arg(ca.path()).output().unwrap();
     assert!(out.status.success());
     let cluster = Cluster::start(3, &format!("mesh_ca_dir = {:?}\n", ca.path())).await;
     let (r1, r2) = (cluster.replica(1), cluster.replica(2));
@@ -774,11 +773,11 @@ async fn a_host_obtains_only_identities_registered_on_it() {
         assert_eq!(leaf.spki, key.subject_public_key_info());
         hosts.push(cert_files(tmp.path(), name, &chain, &key));
     }
-    let as_host = |i: usize, r: &common::Replica| tls_channel(&r.xds_addr(), &lodestar::tls::pki::member_name(r.id), Some((&hosts[i].0, &hosts[i].1)));
+    let as_host = |i: usize, r: &kit::Replica| tls_channel(&r.xds_addr(), &lodestar::tls::pki::member_name(r.id), Some((&hosts[i].0, &hosts[i].1)));
 
     // Registrations: shop/cart on node-a (an Instance), bank/pay on node-b
     // (a WorkloadEntry), shop/web on no host.
-    let (status, body) = common::apply(
+    let (status, body) = kit::apply(
         &cluster.http,
         &api,
         vec![

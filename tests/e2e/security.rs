@@ -4,12 +4,12 @@
 //! certificate replaced on disk is served to new connections while open
 //! streams and the raft leader carry on.
 
-mod common;
+use crate::kit;
 
-use common::{client_cert, test_ca, tls_channel, Cluster};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use kit::{client_cert, test_ca, tls_channel, Cluster};
 use lodestar::proto::peer::raft_peer_client::RaftPeerClient;
 use lodestar::proto::peer::Payload;
 use lodestar::tls::conn::PeerCert;
@@ -131,7 +131,7 @@ async fn a_member_with_another_members_certificate_is_refused() {
     let until = Instant::now() + Duration::from_secs(5);
     let mut i = 0;
     while Instant::now() < until {
-        let (status, body) = common::apply(&c.http, &api, vec![common::vs("w", "default", &format!("v{i}"))]).await;
+        let (status, body) = kit::apply(&c.http, &api, vec![kit::vs("w", "default", &format!("v{i}"))]).await;
         assert_eq!(status, 200, "{body}");
         last = body["revision"].as_u64().unwrap();
         i += 1;
@@ -169,7 +169,7 @@ async fn replaced_certificate_files_are_served_without_a_restart() {
     let before = served_serial(&r.api_addr()).await;
 
     // An open ADS stream to the leader, with its first response.
-    let mut xds = common::ads_client(leader, &r.xds_addr());
+    let mut xds = kit::ads_client(leader, &r.xds_addr());
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let node = Node { id: "sidecar~127.0.0.9~rot.default~default.svc.cluster.local".into(), ..Default::default() };
     tx.send(DiscoveryRequest { node: Some(node), type_url: CLUSTER_TYPE.into(), ..Default::default() }).await.unwrap();
@@ -204,7 +204,7 @@ async fn replaced_certificate_files_are_served_without_a_restart() {
 
     // The open stream is still pushed to: a new service means new clusters.
     let svc = json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": "rotated", "namespace": "default"}, "spec": {"ports": [{"name": "http", "number": 9080}]}});
-    let (status, body) = common::apply(&c.http, &r.api(), vec![svc]).await;
+    let (status, body) = kit::apply(&c.http, &r.api(), vec![svc]).await;
     assert_eq!(status, 200, "{body}");
     let pushed = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.expect("a push on the open stream").unwrap().unwrap();
     assert_ne!(pushed.version_info, first.version_info);
@@ -226,7 +226,7 @@ async fn first_start_with_acls_writes_a_working_admin_client_config() {
     // replica generates its own.
     let mut c = Cluster::prepare(1, "");
     c.replicas[0].management_token = false;
-    c.http = common::anonymous_http_builder().build().unwrap();
+    c.http = kit::anonymous_http_builder().build().unwrap();
     c.spawn_all();
     // The probes stay open: wait on /readyz (the status needs a token).
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -249,15 +249,11 @@ async fn first_start_with_acls_writes_a_working_admin_client_config() {
     assert_eq!(config.server, r.api());
 
     // No token: 401, even with the CA.
-    let (status, _) = common::get_json(&c.http, &format!("{}/v1/resources/vs", r.api())).await;
+    let (status, _) = kit::get_json(&c.http, &format!("{}/v1/resources/vs", r.api())).await;
     assert_eq!(status, 401);
     // The CLI with the written client config alone: server, CA and token.
-    let out = std::process::Command::new(common::BIN)
-        .env_remove("LODESTAR_SERVER")
-        .env("LODESTAR_CONFIG", &client_config)
-        .args(["get", "vs", "-A"])
-        .output()
-        .unwrap();
+    let out =
+        std::process::Command::new(kit::BIN).env_remove("LODESTAR_SERVER").env("LODESTAR_CONFIG", &client_config).args(["get", "vs", "-A"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!r.log().contains(&secret), "the secret reached the log");
 }
@@ -273,7 +269,7 @@ async fn first_start_with_acls_writes_a_working_admin_client_config() {
 /// the Envoys' open streams on every replica.
 #[tokio::test(flavor = "multi_thread")]
 async fn proxies_need_a_token_for_the_identity_they_claim() {
-    use common::envoy::{Envoy, EnvoyOptions};
+    use kit::envoy::{Envoy, EnvoyOptions};
     let mut c = Cluster::prepare(3, "");
     for r in &mut c.replicas {
         r.extra_toml = format!("metrics_addr = \"{}:7009\"\n", r.ip);
@@ -284,18 +280,18 @@ async fn proxies_need_a_token_for_the_identity_they_claim() {
     let dir = tempfile::tempdir().unwrap();
 
     // A proxy token for namespace shop, through the CLI.
-    let (ok, out, err) = common::cli(&api, &["token", "create", "--proxy", "shop", "--description", "shop proxies"]);
+    let (ok, out, err) = kit::cli(&api, &["token", "create", "--proxy", "shop", "--description", "shop proxies"]);
     assert!(ok, "{out}{err}");
     let created = out.clone();
     let secret = out.lines().find_map(|l| l.strip_prefix("SecretID:")).expect("the secret").trim().to_string();
     let token_file = dir.path().join("shop.token");
     std::fs::write(&token_file, format!("{secret}\n")).unwrap();
     // It grants nothing on the API.
-    let proxy_api = common::anonymous_http_builder()
+    let proxy_api = kit::anonymous_http_builder()
         .default_headers([(reqwest::header::AUTHORIZATION, format!("Bearer {secret}").parse().unwrap())].into_iter().collect())
         .build()
         .unwrap();
-    assert_eq!(common::get_json(&proxy_api, &format!("{api}/v1/resources/vs?namespace=shop")).await.0, 403);
+    assert_eq!(kit::get_json(&proxy_api, &format!("{api}/v1/resources/vs?namespace=shop")).await.0, 403);
 
     // One Envoy per replica, each dialling only that replica.
     let connected = |e: &std::collections::BTreeMap<String, u64>| e.get("control_plane.connected_state") == Some(&1);
@@ -311,7 +307,7 @@ async fn proxies_need_a_token_for_the_identity_they_claim() {
         envoys.push(e);
     }
     for r in &c.replicas {
-        let (_, syncz) = common::get_json(&c.http, &format!("{}/debug/syncz", r.api())).await;
+        let (_, syncz) = kit::get_json(&c.http, &format!("{}/debug/syncz", r.api())).await;
         let id = format!("sidecar~{prefix}.{}~web-{}.shop~shop.svc.cluster.local", 20 + r.id, r.id);
         assert!(syncz["proxies"].as_array().unwrap().iter().any(|p| p["id"] == id.as_str()), "replica {} serves {id}: {syncz}", r.id);
     }
@@ -362,22 +358,22 @@ async fn proxies_need_a_token_for_the_identity_they_claim() {
     assert!(!metrics.contains(&secret), "the secret is in the metrics");
     // The observer address serves nothing else; the API port wants a token.
     assert_eq!(observer.get(format!("{local}/v1/resources/vs")).send().await.unwrap().status().as_u16(), 404);
-    let anonymous = common::anonymous_http_builder().build().unwrap();
+    let anonymous = kit::anonymous_http_builder().build().unwrap();
     for path in ["/metrics", "/debug/syncz", "/debug/configz"] {
-        assert_eq!(common::get_json(&anonymous, &format!("{}{path}", r1.api())).await.0, 401, "{path} without a token");
+        assert_eq!(kit::get_json(&anonymous, &format!("{}{path}", r1.api())).await.0, 401, "{path} without a token");
         assert_eq!(c.http.get(format!("{}{path}", r1.api())).send().await.unwrap().status().as_u16(), 200, "{path} with the management token");
     }
 
     // Revoking the token closes the open streams at the next revision (the
     // revocation's own), on every replica; reconnecting is refused.
     let accessor = created.lines().find_map(|l| l.strip_prefix("AccessorID:")).expect("the accessor").trim().to_string();
-    let (ok, out, err) = common::cli(&api, &["token", "revoke", &accessor]);
+    let (ok, out, err) = kit::cli(&api, &["token", "revoke", &accessor]);
     assert!(ok, "{out}{err}");
     for e in envoys.iter_mut() {
         e.wait_for_stats("disconnected after the revocation", Duration::from_secs(20), disconnected).await;
     }
     for r in &c.replicas {
-        let (_, syncz) = common::get_json(&c.http, &format!("{}/debug/syncz", r.api())).await;
+        let (_, syncz) = kit::get_json(&c.http, &format!("{}/debug/syncz", r.api())).await;
         assert!(!syncz["proxies"].as_array().unwrap().iter().any(|p| p["id"].as_str().is_some_and(|id| id.contains(".shop~"))), "{syncz}");
         let revoked = syncz["refused"]
             .as_array()
@@ -424,7 +420,7 @@ async fn a_spiffe_id_counts_only_from_the_mesh_ca() {
     let err = xds.stream_aggregated_resources(futures::stream::iter(vec![first()])).await.expect_err("a cluster-CA SPIFFE id as a proxy credential");
     assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
     // The same certificate with the management token: served.
-    let bearer = lodestar::cli::client::Bearer::new(Some(common::management_token())).unwrap();
+    let bearer = lodestar::cli::client::Bearer::new(Some(kit::management_token())).unwrap();
     let mut xds = AggregatedDiscoveryServiceClient::with_interceptor(tls_channel(&r.xds_addr(), &member, Some((&cert_file, &key_file))), bearer);
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(first()).await.unwrap();

@@ -3,10 +3,10 @@
 //! Envoys routing to real upstreams; a watched directory feeding the store.
 //! Every wait is a bounded poll; no timing is asserted.
 
-mod common;
+use crate::kit;
 
-use common::mesh::*;
-use common::Cluster;
+use kit::mesh::*;
+use kit::Cluster;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,13 +25,13 @@ const REVIEWS_SERVICE: &str =
     "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {name: reviews, namespace: default}\nspec:\n  ports: [{name: http, number: 9080}]\n";
 
 async fn apply_json(fx: &Fixture, resources: Vec<Value>) -> u64 {
-    let (status, body) = common::apply(&fx.client, &fx.api(1), resources).await;
+    let (status, body) = kit::apply(&fx.client, &fx.api(1), resources).await;
     assert_eq!(status, 200, "apply: {body:#}");
     body["revision"].as_u64().unwrap()
 }
 
 async fn get_instance(client: &reqwest::Client, api: &str, name: &str) -> (u16, Value) {
-    common::get_json(client, &format!("{api}/v1/resources/instances/default/{name}")).await
+    kit::get_json(client, &format!("{api}/v1/resources/instances/default/{name}")).await
 }
 
 /// Poll until `pred` holds for the instance (status code, body).
@@ -83,7 +83,7 @@ async fn failed_http_check_takes_an_instance_out_of_traffic() {
         let mut probed: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         let mut all_live = true;
         for id in 1..=3u64 {
-            let (_, v) = common::get_json(&fx.client, &format!("{}/debug/checks", fx.api(id))).await;
+            let (_, v) = kit::get_json(&fx.client, &format!("{}/debug/checks", fx.api(id))).await;
             all_live &= v["liveVoters"] == json!([1, 2, 3]);
             for c in v["checks"].as_array().unwrap() {
                 probed.entry(c["instance"].as_str().unwrap().to_string()).or_default().push(id);
@@ -113,7 +113,7 @@ async fn failed_http_check_takes_an_instance_out_of_traffic() {
     assert!(tally_count(&replies, "reviews-1") > 0 && tally_count(&replies, "reviews-3") > 0);
 
     // `lodestar get instances -s reviews` shows it.
-    let (ok, out, err) = common::cli(&fx.api(2), &["get", "instances", "-s", "reviews"]);
+    let (ok, out, err) = kit::cli(&fx.api(2), &["get", "instances", "-s", "reviews"]);
     assert!(ok, "{err}");
     let line = out.lines().find(|l| l.contains("reviews-2")).unwrap_or_else(|| panic!("{out}"));
     assert!(line.contains("Unhealthy"), "{out}");
@@ -132,7 +132,7 @@ async fn lapsed_ttl_turns_unhealthy_then_deregisters() {
     let c = Cluster::start(1, "").await;
     let api = c.replica(1).api();
     let addr: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
-    let (status, body) = common::apply(&c.http, &api, vec![instance("ttl-1", "ttl-svc", &addr, json!({"ttl": "1s", "deregisterAfter": "1s"}))]).await;
+    let (status, body) = kit::apply(&c.http, &api, vec![instance("ttl-1", "ttl-svc", &addr, json!({"ttl": "1s", "deregisterAfter": "1s"}))]).await;
     assert_eq!(status, 200, "{body:#}");
     // Heartbeats keep it healthy for well over its TTL.
     for _ in 0..12 {
@@ -170,7 +170,7 @@ async fn lease_revocation_and_expiry_remove_owned_instances_in_one_revision() {
     docs.extend((0..3).map(|i| owned(&format!("a-{i}"), "agent-a", 9000 + i)));
     docs.extend((0..2).map(|i| owned(&format!("b-{i}"), "agent-b", 9100 + i)));
     docs.push(instance("free", "leased", &"127.0.0.1:9200".parse().unwrap(), Value::Null));
-    let (status, body) = common::apply(&c.http, &api, docs).await;
+    let (status, body) = kit::apply(&c.http, &api, docs).await;
     assert_eq!(status, 200, "{body:#}");
 
     let r = c.http.delete(format!("{api}/v1/resources/leases/default/agent-a")).send().await.unwrap();
@@ -189,7 +189,7 @@ async fn lease_revocation_and_expiry_remove_owned_instances_in_one_revision() {
     for name in ["b-0", "b-1"] {
         wait_instance(&c.http, &api, name, "expired with its lease", |s, _| s == 404).await;
     }
-    let (s, _) = common::get_json(&c.http, &format!("{api}/v1/resources/leases/default/agent-b")).await;
+    let (s, _) = kit::get_json(&c.http, &format!("{api}/v1/resources/leases/default/agent-b")).await;
     assert_eq!(s, 404);
     let (s, _) = get_instance(&c.http, &api, "free").await;
     assert_eq!(s, 200, "an instance without a lease stays");
@@ -229,7 +229,7 @@ async fn leader_failover_expires_no_heartbeating_instance() {
     let api1 = c.replica(1).api();
     let names: Vec<String> = (0..5).map(|i| format!("hb-{i}")).collect();
     let docs = names.iter().enumerate().map(|(i, n)| instance(n, "hb", &format!("127.0.0.1:{}", 9300 + i).parse().unwrap(), json!({"ttl": "2s"}))).collect();
-    let (status, body) = common::apply(&c.http, &api1, docs).await;
+    let (status, body) = kit::apply(&c.http, &api1, docs).await;
     assert_eq!(status, 200, "{body:#}");
     let registered = body["revision"].as_u64().unwrap();
 
@@ -333,7 +333,7 @@ async fn watched_directory_is_followed() {
     let c = Cluster::start(3, &toml).await;
     let api = c.replica(2).api();
     // Written through the API: never touched by the adapter.
-    let (s, _) = common::apply(&c.http, &api, vec![instance("manual", "web", &"127.0.0.1:8000".parse().unwrap(), Value::Null)]).await;
+    let (s, _) = kit::apply(&c.http, &api, vec![instance("manual", "web", &"127.0.0.1:8000".parse().unwrap(), Value::Null)]).await;
     assert_eq!(s, 200);
 
     std::fs::create_dir(dir.path().join("web")).unwrap();
@@ -350,7 +350,7 @@ async fn watched_directory_is_followed() {
     write("vs.yaml", "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: web}\nspec:\n  hosts: [web]\n  http:\n  - route:\n    - destination: {host: web}\n");
     let b = wait_instance(&c.http, &api, "web-2", "applied from the directory", |s, _| s == 200).await;
     assert_eq!(b["metadata"]["annotations"]["lodestar.io/source"], "directory");
-    let (s, _) = common::get_json(&c.http, &format!("{api}/v1/resources/virtualservices/default/web")).await;
+    let (s, _) = kit::get_json(&c.http, &format!("{api}/v1/resources/virtualservices/default/web")).await;
     assert_eq!(s, 200);
 
     // Edit: the address follows.
@@ -372,7 +372,7 @@ async fn watched_directory_is_followed() {
     std::fs::remove_file(dir.path().join("vs.yaml")).unwrap();
     std::fs::remove_dir_all(dir.path().join("web")).unwrap();
     wait_instance(&c.http, &api, "web-1", "deleted with its file", |s, _| s == 404).await;
-    let (s, _) = common::get_json(&c.http, &format!("{api}/v1/resources/virtualservices/default/web")).await;
+    let (s, _) = kit::get_json(&c.http, &format!("{api}/v1/resources/virtualservices/default/web")).await;
     assert_eq!(s, 404);
     let (s, _) = get_instance(&c.http, &api, "manual").await;
     assert_eq!(s, 200);
@@ -404,17 +404,17 @@ async fn bad_registrations_name_the_field() {
         (two_checks, "resources[0].spec.healthCheck", "exactly one"),
         (lease0, "resources[0].spec.ttl", "greater than 0"),
     ] {
-        let (status, body) = common::apply(&c.http, &api, vec![doc]).await;
+        let (status, body) = kit::apply(&c.http, &api, vec![doc]).await;
         assert_eq!(status, 400, "{body:#}");
         let fields = body["error"]["fields"].as_array().unwrap();
         assert!(fields.iter().any(|f| f["field"] == field && f["reason"].as_str().unwrap().contains(reason)), "want {field}: {reason}; got {body:#}");
     }
-    let (_, list) = common::get_json(&c.http, &format!("{api}/v1/resources/instances")).await;
+    let (_, list) = kit::get_json(&c.http, &format!("{api}/v1/resources/instances")).await;
     assert_eq!(list["items"], json!([]));
     // Heartbeats for what does not exist, or has no TTL.
     let r = c.http.post(format!("{api}/v1/resources/leases/default/nope/heartbeat")).send().await.unwrap();
     assert_eq!(r.status(), 404);
-    let (s, _) = common::apply(&c.http, &api, vec![base()]).await;
+    let (s, _) = kit::apply(&c.http, &api, vec![base()]).await;
     assert_eq!(s, 200);
     let r = c.http.post(format!("{api}/v1/resources/instances/default/x/heartbeat")).send().await.unwrap();
     assert_eq!(r.status(), 400);

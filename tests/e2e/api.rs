@@ -1,10 +1,10 @@
 //! The client API on a real single-replica server: atomic apply, optimistic
 //! concurrency, bad input, watch, gRPC, and the CLI round trip.
 
-mod common;
+use crate::kit;
 
-use common::*;
 use futures::StreamExt;
+use kit::*;
 use lodestar::proto::api::{ApplyItem, ApplyRequest, GetRequest, WatchRequest};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -80,7 +80,7 @@ async fn bad_input_is_400_naming_the_field() {
     let api = c.replica(1).api();
     let post = |body: String, ct: &'static str| {
         // A fresh connection each: the server closes one whose body it refused unread.
-        let http = common::http();
+        let http = kit::http();
         let url = format!("{api}/v1/apply");
         async move {
             let r = http.post(url).header("content-type", ct).body(body).send().await.unwrap();
@@ -187,7 +187,7 @@ async fn watch_replays_then_follows() {
     assert_eq!((e["revision"].as_u64(), e["object"]["metadata"]["name"].as_str()), (Some(live_rev), Some("live")));
 
     // gRPC: same replay from revision 0 (everything), filtered by kind.
-    let mut grpc = common::grpc_api(&api);
+    let mut grpc = kit::grpc_api(&api);
     let mut stream = grpc.watch(WatchRequest { from_revision: Some(0), kind: "vs".into(), namespace: "watch".into() }).await.unwrap().into_inner();
     let mut seen = Vec::new();
     while seen.len() < 7 {
@@ -223,7 +223,7 @@ async fn watch_from_a_compacted_revision_is_told_so() {
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains(&format!("oldest available is {oldest}")), "{message}");
 
-    let mut grpc = common::grpc_api(&api);
+    let mut grpc = kit::grpc_api(&api);
     let Err(status) = grpc.watch(WatchRequest { from_revision: Some(1), kind: String::new(), namespace: "compact".into() }).await else {
         panic!("a watch from a compacted revision was served")
     };
@@ -249,7 +249,7 @@ async fn watch_from_a_compacted_revision_is_told_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_api_and_errors() {
     let c = Cluster::start(1, "").await;
-    let mut grpc = common::grpc_api(&c.replica(1).api());
+    let mut grpc = kit::grpc_api(&c.replica(1).api());
     let ok = grpc
         .apply(ApplyRequest { items: vec![ApplyItem { resource_json: vs("g", "grpc", "v1").to_string(), expected_revision: None }] })
         .await
@@ -421,7 +421,7 @@ async fn deep_validation_names_spec_fields() {
     assert_eq!(status, 400, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("htpp"), "{body}");
 
-    let mut grpc = common::grpc_api(&api);
+    let mut grpc = kit::grpc_api(&api);
     let err = grpc.apply(ApplyRequest { items: vec![ApplyItem { resource_json: bad.to_string(), expected_revision: None }] }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("resources[0].spec.http"), "{}", err.message());

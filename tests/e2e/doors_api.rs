@@ -7,9 +7,9 @@
 //! token over plaintext, file modes, and the mesh CA reloaded from its
 //! files. Real replicas, real TLS, the real CLI.
 
-mod common;
+use crate::kit;
 
-use common::*;
+use kit::*;
 use lodestar::proto::api::{AclBootstrapRequest, ApplyItem, ApplyRequest, GetRequest};
 use lodestar::proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use lodestar::proto::istio_ca::IstioCertificateRequest;
@@ -403,7 +403,7 @@ async fn a_cluster_sharing_a_management_token() {
 
     // Item 6: a Secret as kubectl prints it; its key reaches no store,
     // output, backup or raft log.
-    let leaf = common::tls::Ca::new("shop CA").server(&["shop.example.com"]);
+    let leaf = kit::tls::Ca::new("shop CA").server(&["shop.example.com"]);
     let (crt, key) = (b64(&leaf.cert_pem), b64(&leaf.key_pem));
     let last_applied = json!({"apiVersion": "v1", "data": {"tls.crt": crt, "tls.key": key}, "kind": "Secret",
         "metadata": {"annotations": {}, "name": "shop-credential", "namespace": "istio-system"}, "type": "kubernetes.io/tls"})

@@ -11,9 +11,8 @@
 //! the one a later, known change causes, never by waiting for silence.
 //! Waits are bounded polls.
 
-mod common;
+use crate::kit;
 
-use common::envoy::{loopback_prefix, Envoy, EnvoyOptions, Upstream};
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::{
@@ -31,6 +30,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, Delt
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use envoy_types::util::pack_any;
+use kit::envoy::{loopback_prefix, Envoy, EnvoyOptions, Upstream};
 use lodestar::config::ServerConfig;
 use lodestar::model::proxy::ProxyIdentity;
 use lodestar::model::Kind;
@@ -83,9 +83,9 @@ impl InProcess {
             heartbeat_ms: 50,
             election_timeout_min_ms: 200,
             election_timeout_max_ms: 400,
-            tls_ca_file: Some(common::test_ca().ca_file.clone()),
-            tls_ca_key_file: Some(common::test_ca().ca_key_file.clone()),
-            initial_management_token_file: Some(common::test_ca().token_file.clone()),
+            tls_ca_file: Some(kit::test_ca().ca_file.clone()),
+            tls_ca_key_file: Some(kit::test_ca().ca_key_file.clone()),
+            initial_management_token_file: Some(kit::test_ca().token_file.clone()),
             user_client_config: None,
             ..Default::default()
         };
@@ -93,7 +93,7 @@ impl InProcess {
         let task = tokio::spawn(lodestar::server::run_with(config, generator, async move {
             let _ = stopped.await;
         }));
-        let r = InProcess { api: format!("https://{ip}:7000"), xds: format!("{ip}:7002"), http: common::http(), stop: Some(stop), task: Some(task), _dir: dir };
+        let r = InProcess { api: format!("https://{ip}:7000"), xds: format!("{ip}:7002"), http: kit::http(), stop: Some(stop), task: Some(task), _dir: dir };
         let deadline = Instant::now() + BOUND;
         loop {
             let ready = r.http.get(format!("{}/readyz", r.api)).timeout(Duration::from_secs(2)).send().await;
@@ -107,7 +107,7 @@ impl InProcess {
 
     /// Apply documents; the revision they produced.
     async fn apply(&self, docs: Vec<Value>) -> u64 {
-        let (status, body) = common::apply(&self.http, &self.api, docs).await;
+        let (status, body) = kit::apply(&self.http, &self.api, docs).await;
         assert_eq!(status, 200, "apply: {body}");
         body["revision"].as_u64().expect("revision")
     }
@@ -147,7 +147,7 @@ impl Drop for InProcess {
 }
 
 async fn syncz(http: &reqwest::Client, api: &str) -> Value {
-    let (status, body) = common::get_json(http, &format!("{api}/debug/syncz")).await;
+    let (status, body) = kit::get_json(http, &format!("{api}/debug/syncz")).await;
     assert_eq!(status, 200, "syncz: {body}");
     body
 }
@@ -393,11 +393,11 @@ fn dnames(r: &DeltaDiscoveryResponse) -> Vec<String> {
         .collect()
 }
 
-async fn channel(xds: &str) -> common::AdsClient {
-    common::ads_client(1, xds)
+async fn channel(xds: &str) -> kit::AdsClient {
+    kit::ads_client(1, xds)
 }
 
-type Client<Req, Resp> = common::AdsStream<Req, Resp>;
+type Client<Req, Resp> = kit::AdsStream<Req, Resp>;
 type Sotw = Client<DiscoveryRequest, DiscoveryResponse>;
 type Delta = Client<DeltaDiscoveryRequest, DeltaDiscoveryResponse>;
 
@@ -428,7 +428,7 @@ fn dr(name: &str, host: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sotw_subscribe_ack_nack_stale_and_late_names() {
     let r = InProcess::start(Arc::new(VsGenerator)).await;
-    let rev1 = r.apply(vec![common::vs("a", "default", "v1"), common::vs("b", "default", "v1")]).await;
+    let rev1 = r.apply(vec![kit::vs("a", "default", "v1"), kit::vs("b", "default", "v1")]).await;
 
     let mut c = sotw(&r.xds, first(req(CDS, &[], "", ""))).await.unwrap();
     let cds1 = c.recv().await;
@@ -444,7 +444,7 @@ async fn sotw_subscribe_ack_nack_stale_and_late_names() {
 
     // A change to `a`: clusters, then endpoints (make before break); the
     // listeners and routes it did not change are not sent.
-    let rev2 = r.apply(vec![common::vs("a", "default", "v2")]).await;
+    let rev2 = r.apply(vec![kit::vs("a", "default", "v2")]).await;
     let p1 = c.recv().await;
     let p2 = c.recv().await;
     assert_eq!((kind_of(&p1.type_url), p1.version_info.clone()), (CDS, rev2.to_string()));
@@ -466,7 +466,7 @@ async fn sotw_subscribe_ack_nack_stale_and_late_names() {
     let rev3 = r.apply(vec![dr("a", "a.default.svc.cluster.local")]).await;
     assert!(rev3 > rev2);
     // `c` was requested before it existed: it arrives with the clusters.
-    let rev4 = r.apply(vec![common::vs("c", "default", "v1")]).await;
+    let rev4 = r.apply(vec![kit::vs("c", "default", "v1")]).await;
     let p3 = c.recv().await;
     let p4 = c.recv().await;
     assert_eq!((kind_of(&p3.type_url), p3.version_info.clone(), names(&p3).len()), (CDS, rev4.to_string(), 3));
@@ -476,9 +476,9 @@ async fn sotw_subscribe_ack_nack_stale_and_late_names() {
 
     // A generation failure keeps the last config and shows in syncz; the
     // next good revision is pushed.
-    let bad = r.apply(vec![common::vs("d", "default", "fail")]).await;
+    let bad = r.apply(vec![kit::vs("d", "default", "fail")]).await;
     r.wait_syncz("generate error", |s| proxy(s, NODE).is_some_and(|p| p["generate_error"].as_str().is_some_and(|e| e.contains("cannot translate d")))).await;
-    let good = r.apply(vec![common::vs("d", "default", "ok")]).await;
+    let good = r.apply(vec![kit::vs("d", "default", "ok")]).await;
     assert!(good > bad);
     let p5 = c.recv().await;
     assert_eq!((kind_of(&p5.type_url), p5.version_info.clone(), names(&p5).len()), (CDS, good.to_string(), 4));
@@ -489,7 +489,7 @@ async fn sotw_subscribe_ack_nack_stale_and_late_names() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sotw_reconnect_with_last_version() {
     let r = InProcess::start(Arc::new(VsGenerator)).await;
-    let rev = r.apply(vec![common::vs("a", "default", "v1")]).await;
+    let rev = r.apply(vec![kit::vs("a", "default", "v1")]).await;
     let mut c = sotw(&r.xds, first(req(LDS, &[], "", ""))).await.unwrap();
     let l1 = c.recv().await;
     c.send(ack(&l1, &[])).await;
@@ -513,7 +513,7 @@ async fn sotw_reconnect_with_last_version() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_subscriptions_removals_and_reconnect() {
     let r = InProcess::start(Arc::new(VsGenerator)).await;
-    let rev1 = r.apply(vec![common::vs("a", "default", "v1"), common::vs("b", "default", "v1")]).await;
+    let rev1 = r.apply(vec![kit::vs("a", "default", "v1"), kit::vs("b", "default", "v1")]).await;
 
     let mut d = delta(&r.xds, dreq(CDS, &[], &[], "")).await;
     let c1 = d.recv().await;
@@ -536,7 +536,7 @@ async fn delta_subscriptions_removals_and_reconnect() {
     d.send(dreq(CDS, &[], &[], &c2.nonce)).await;
 
     // Changing a: CDS then EDS, only a.
-    let rev3 = r.apply(vec![common::vs("a", "default", "v2")]).await;
+    let rev3 = r.apply(vec![kit::vs("a", "default", "v2")]).await;
     let c3 = d.recv().await;
     let e3 = d.recv().await;
     assert_eq!((kind_of(&c3.type_url), dnames(&c3), c3.system_version_info.clone()), (CDS, vec!["a".to_string()], rev3.to_string()));
@@ -547,13 +547,13 @@ async fn delta_subscriptions_removals_and_reconnect() {
     // Unsubscribed from EDS a: the next change sends clusters only, and a
     // NACK of it is recorded.
     d.send(dreq(EDS, &[], &["a"], "")).await;
-    let rev4 = r.apply(vec![common::vs("a", "default", "v3")]).await;
+    let rev4 = r.apply(vec![kit::vs("a", "default", "v3")]).await;
     let c4 = d.recv().await;
     assert_eq!((kind_of(&c4.type_url), c4.system_version_info.clone()), (CDS, rev4.to_string()));
     let mut n = dreq(CDS, &[], &[], &c4.nonce);
     n.error_detail = Some(RpcStatus { code: 3, message: "delta says no".into(), details: vec![] });
     d.send(n).await;
-    let rev5 = r.apply(vec![common::vs("c", "default", "v1")]).await;
+    let rev5 = r.apply(vec![kit::vs("c", "default", "v1")]).await;
     let c5 = d.recv().await;
     assert_eq!((kind_of(&c5.type_url), dnames(&c5), c5.system_version_info.clone()), (CDS, vec!["c".to_string()], rev5.to_string()));
     let s = r.wait_syncz("delta NACK", |s| proxy(s, NODE).is_some_and(|p| !p["types"]["CDS"]["last_nack"].is_null())).await;
@@ -596,7 +596,7 @@ async fn large_messages_and_headers_across_idle_periods() {
     // About 110 bytes of CDS per name (a DNS label: at most 63 characters):
     // 300 of them are a response of several 16 KiB HTTP/2 frames.
     let name = |i: usize| format!("a-service-name-long-enough-to-span-several-frames-{i:03}");
-    let mut rev = r.apply((0..300).map(|i| common::vs(&name(i), "default", "v1")).collect()).await;
+    let mut rev = r.apply((0..300).map(|i| kit::vs(&name(i), "default", "v1")).collect()).await;
 
     // A 64 KiB first request (the node) and a 12 KiB header: both span
     // several reads of the server's 4 KiB read buffer.
@@ -622,7 +622,7 @@ async fn large_messages_and_headers_across_idle_periods() {
         r.wait_syncz("CDS acked", |s| acked(s, NODE, CDS, rev)).await;
         // Idle now: nothing in flight either way. The next change pushes
         // the whole set again.
-        rev = r.apply(vec![common::vs(&format!("late-{round}"), "default", "v1")]).await;
+        rev = r.apply(vec![kit::vs(&format!("late-{round}"), "default", "v1")]).await;
     }
     drop(c);
     // Stop the replica before the test's runtime goes away: dropped
@@ -649,8 +649,8 @@ async fn streams_end_cleanly_on_shutdown() {
 /// empty) config: it connects, ACKs CDS and LDS, and shows up in syncz.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_connects_to_a_replica_process() {
-    common::envoy::envoy_binary();
-    let cluster = common::Cluster::start(1, "").await;
+    kit::envoy::envoy_binary();
+    let cluster = kit::Cluster::start(1, "").await;
     let api = cluster.replica(1).api();
     let tmp = tempfile::tempdir().unwrap();
     let mut o = EnvoyOptions::new("productpage-v1", &format!("{}.2", loopback_prefix()));
@@ -667,7 +667,7 @@ async fn envoy_connects_to_a_replica_process() {
 }
 
 async fn envoy_smoke(delta: bool) {
-    common::envoy::envoy_binary();
+    kit::envoy::envoy_binary();
     let prefix = loopback_prefix();
     let upstream = Upstream::start(&format!("{prefix}.3"), "reviews-v2").await;
     let envoy_ip = format!("{prefix}.2");
@@ -709,7 +709,7 @@ async fn envoy_smoke(delta: bool) {
 
     // A cluster Envoy must reject: the NACK (Envoy's own error text) is in
     // syncz, and Envoy keeps serving the last good config.
-    let bad_rev = r.apply(vec![common::vs("broken", "default", "x")]).await;
+    let bad_rev = r.apply(vec![kit::vs("broken", "default", "x")]).await;
     let s = r.wait_syncz("CDS NACK", |s| proxy(s, &id).is_some_and(|p| !p["types"]["CDS"]["last_nack"].is_null())).await;
     let n = &proxy(&s, &id).unwrap()["types"]["CDS"]["last_nack"];
     assert_eq!(n["rejected_version"], bad_rev.to_string().as_str(), "{s:#}");
@@ -733,8 +733,8 @@ async fn envoy_routes_through_served_config_delta() {
 /// it reconnects to another and is in sync there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_fails_over_to_another_replica() {
-    common::envoy::envoy_binary();
-    let mut cluster = common::Cluster::start(3, "").await;
+    kit::envoy::envoy_binary();
+    let mut cluster = kit::Cluster::start(3, "").await;
     let tmp = tempfile::tempdir().unwrap();
     let mut o = EnvoyOptions::new("details-v1", &format!("{}.2", loopback_prefix()));
     o.server_api = Some(cluster.replica(1).api());
@@ -754,7 +754,7 @@ async fn envoy_fails_over_to_another_replica() {
 }
 
 /// The live replica that has proxy `id` in sync for CDS and LDS.
-async fn replica_serving(cluster: &common::Cluster, id: &str) -> u64 {
+async fn replica_serving(cluster: &kit::Cluster, id: &str) -> u64 {
     let deadline = Instant::now() + BOUND;
     loop {
         for r in cluster.replicas.iter().filter(|r| r.child.is_some()) {
@@ -811,13 +811,13 @@ async fn revisions_arriving_during_a_push_are_coalesced() {
     let gate = Arc::new(Gate::default());
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let r = InProcess::start(Arc::new(GatedGenerator { gate: gate.clone(), seen: seen.clone() })).await;
-    let rev0 = r.apply(vec![common::vs("a", "default", "v0")]).await;
+    let rev0 = r.apply(vec![kit::vs("a", "default", "v0")]).await;
     let mut c = sotw(&r.xds, first(req(CDS, &[], "", ""))).await.unwrap();
     assert_eq!(c.recv().await.version_info, rev0.to_string());
 
     // The stream is stuck generating revision A ...
     gate.set(true);
-    let a = r.apply(vec![common::vs("a", "default", "v1")]).await;
+    let a = r.apply(vec![kit::vs("a", "default", "v1")]).await;
     let deadline = Instant::now() + BOUND;
     while !seen.lock().unwrap().contains(&a) {
         assert!(Instant::now() < deadline, "generation for {a} did not start");
@@ -826,7 +826,7 @@ async fn revisions_arriving_during_a_push_are_coalesced() {
     // ... while B, C and D commit.
     let mut last = a;
     for tag in ["v2", "v3", "v4"] {
-        last = r.apply(vec![common::vs("a", "default", tag)]).await;
+        last = r.apply(vec![kit::vs("a", "default", tag)]).await;
     }
     // The debouncer hands the newest to the streams within its window
     // (later on a loaded machine): wait for it (in this process) before
@@ -896,7 +896,7 @@ impl tonic::codec::Decoder for RawDecoder {
 /// the first response).
 async fn raw_stream(xds: &str, token: Option<&str>, messages: Vec<Vec<u8>>) -> tonic::Status {
     let bearer = lodestar::cli::client::Bearer::new(token).unwrap();
-    let channel = tonic::service::interceptor::InterceptedService::new(common::grpc_channel(1, xds), bearer);
+    let channel = tonic::service::interceptor::InterceptedService::new(kit::grpc_channel(1, xds), bearer);
     let mut grpc = tonic::client::Grpc::new(channel);
     if let Err(e) = grpc.ready().await {
         return tonic::Status::unavailable(format!("not ready: {e}"));
@@ -916,7 +916,7 @@ async fn raw_stream(xds: &str, token: Option<&str>, messages: Vec<Vec<u8>>) -> t
 }
 
 /// A well-behaved ADS client is served the current config.
-async fn still_serves(cluster: &common::Cluster, after: &str) {
+async fn still_serves(cluster: &kit::Cluster, after: &str) {
     let xds = cluster.replica(1).xds_addr();
     let rev = cluster.local_revision(1).await.unwrap();
     let mut c = sotw(&xds, first(req(CDS, &[], "", ""))).await.unwrap_or_else(|e| panic!("after {after}: a well-behaved stream refused: {e}"));
@@ -930,14 +930,14 @@ fn frame_of(m: &impl Message) -> Vec<u8> {
 
 async fn abuse(token: Option<&str>) {
     let who = if token.is_some() { "authenticated" } else { "unauthenticated" };
-    let cluster = common::Cluster::start(1, "").await;
+    let cluster = kit::Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (xds, pid) = (r.xds_addr(), r.pid().unwrap());
-    let (status, body) = common::apply(&cluster.http, &r.api(), vec![common::vs("web", "default", "v1")]).await;
+    let (status, body) = kit::apply(&cluster.http, &r.api(), vec![kit::vs("web", "default", "v1")]).await;
     assert_eq!(status, 200, "{body}");
     still_serves(&cluster, "start").await;
     let report = |what: &str| {
-        let (rss, hwm) = common::memory_kib(pid);
+        let (rss, hwm) = kit::memory_kib(pid);
         println!("rss: client={who} after={what} rss_kib={rss} hwm_kib={hwm}");
     };
     report("start");
@@ -956,7 +956,7 @@ async fn abuse(token: Option<&str>) {
     let mut sink = Vec::new();
     let closed = tokio::time::timeout(BOUND, tcp.read_to_end(&mut sink)).await;
     assert!(closed.is_ok(), "a connection sending garbage instead of TLS is closed");
-    let roots = lodestar::tls::roots_from_pem(&common::test_ca().ca_file).unwrap();
+    let roots = lodestar::tls::roots_from_pem(&kit::test_ca().ca_file).unwrap();
     let tls = tokio_rustls::TlsConnector::from(Arc::new(lodestar::tls::client_config(roots, None).unwrap()));
     let name = rustls::pki_types::ServerName::try_from(lodestar::tls::pki::member_name(1)).unwrap();
     let mut conn = tls.connect(name, tokio::net::TcpStream::connect(&xds).await.unwrap()).await.expect("TLS handshake");
@@ -1004,7 +1004,7 @@ async fn abuse(token: Option<&str>) {
         first.node = Some(node(NODE));
         let (tx, rx) = mpsc::channel(4);
         tx.send(first).await.unwrap();
-        let mut rx = common::ads_client(1, &xds).delta_aggregated_resources(ReceiverStream::new(rx)).await.expect("delta stream").into_inner();
+        let mut rx = kit::ads_client(1, &xds).delta_aggregated_resources(ReceiverStream::new(rx)).await.expect("delta stream").into_inner();
         let more = DeltaDiscoveryRequest { type_url: EDS.type_url(), resource_names_subscribe: names(10_000), ..Default::default() };
         tx.send(more).await.unwrap();
         let end = loop {
@@ -1024,7 +1024,7 @@ async fn abuse(token: Option<&str>) {
     // credential from one address: 1,000 are served, its quota). Each
     // response is dropped as soon as it comes; the request side stays open
     // until the flood is over, then ends, as a client that goes away.
-    let channels: Vec<common::AdsClient> = (0..4).map(|_| common::ads_client_as(1, &xds, token)).collect();
+    let channels: Vec<kit::AdsClient> = (0..4).map(|_| kit::ads_client_as(1, &xds, token)).collect();
     let (gone_tx, gone_rx) = tokio::sync::watch::channel(false);
     let opened = std::sync::atomic::AtomicUsize::new(0);
     futures::StreamExt::for_each_concurrent(futures::stream::iter(0..4000usize), 512, |i| {
@@ -1067,14 +1067,14 @@ async fn xds_abuse_without_credentials_is_refused_and_the_replica_keeps_serving(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xds_abuse_with_the_management_token_is_refused_and_the_replica_keeps_serving() {
-    abuse(Some(common::management_token())).await;
+    abuse(Some(kit::management_token())).await;
 }
 
 // ---------------------------------------------------------------------------
 // Replica-wide limits and the stream log, against a replica process.
 
 /// A metric's value in the replica's `/metrics` (0 if absent).
-async fn metric(cluster: &common::Cluster, series: &str) -> f64 {
+async fn metric(cluster: &kit::Cluster, series: &str) -> f64 {
     let text = cluster.http.get(format!("{}/metrics", cluster.replica(1).api())).send().await.unwrap().text().await.unwrap();
     text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
 }
@@ -1083,7 +1083,7 @@ async fn metric(cluster: &common::Cluster, series: &str) -> f64 {
 /// naming the setting, and counted; when one ends, another may open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_over_the_replica_limit_are_refused_until_one_ends() {
-    let cluster = common::Cluster::start(1, "xds_max_streams = 5").await;
+    let cluster = kit::Cluster::start(1, "xds_max_streams = 5").await;
     let xds = cluster.replica(1).xds_addr();
     let mut open = Vec::new();
     for _ in 0..5 {
@@ -1140,7 +1140,7 @@ impl http_body::Body for HeldBody {
 /// `chunks` and then stays open until `release`: the grpc-status it ends
 /// with (from its headers or trailers).
 async fn held_stream(xds: String, chunks: Vec<Vec<u8>>, mut release: tokio::sync::watch::Receiver<bool>) -> tonic::Code {
-    let mut ch = common::grpc_channel(1, &xds);
+    let mut ch = kit::grpc_channel(1, &xds);
     let release = Box::pin(async move {
         let _ = release.wait_for(|r| *r).await;
     });
@@ -1150,7 +1150,7 @@ async fn held_stream(xds: String, chunks: Vec<Vec<u8>>, mut release: tokio::sync
         .uri(format!("http://{xds}/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
-        .header("authorization", format!("Bearer {}", common::management_token()))
+        .header("authorization", format!("Bearer {}", kit::management_token()))
         .body(tonic::body::Body::new(body))
         .unwrap();
     std::future::poll_fn(|cx| tonic::client::GrpcService::poll_ready(&mut ch, cx)).await.expect("channel ready");
@@ -1176,7 +1176,7 @@ async fn held_stream(xds: String, chunks: Vec<Vec<u8>>, mut release: tokio::sync
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn incomplete_requests_across_streams_share_one_budget() {
     const BUDGET: usize = 1024 * 1024;
-    let cluster = common::Cluster::start(1, &format!("xds_max_buffered_request_bytes = {BUDGET}")).await;
+    let cluster = kit::Cluster::start(1, &format!("xds_max_buffered_request_bytes = {BUDGET}")).await;
     let xds = cluster.replica(1).xds_addr();
     // 700 KB of a 900 KB request, then nothing more.
     let partial = || {
@@ -1222,7 +1222,7 @@ async fn incomplete_requests_across_streams_share_one_budget() {
 async fn a_burst_of_streams_yields_a_bounded_number_of_log_lines() {
     use lodestar::xds::server::{STREAM_LOG_LINES, STREAM_LOG_WINDOW};
     const STREAMS: usize = 300;
-    let cluster = common::Cluster::start(1, "").await;
+    let cluster = kit::Cluster::start(1, "").await;
     let started = Instant::now();
     let xds = cluster.replica(1).xds_addr();
     let client = channel(&xds).await;

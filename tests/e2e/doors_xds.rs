@@ -4,11 +4,11 @@
 //! the proxy token in its bootstrap; gateway secrets and the mesh CA's
 //! deny list.
 //!
-//! Real replicas as processes (`common::Cluster`), hand-rolled ADS clients
+//! Real replicas as processes (`kit::Cluster`), hand-rolled ADS clients
 //! over TLS, real Envoys and `lodestar agent`s where it matters. Waits are
 //! bounded polls.
 
-mod common;
+use crate::kit;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse};
@@ -40,42 +40,42 @@ fn req(t: ResourceType, names: &[String], nonce: &str) -> DiscoveryRequest {
 
 /// A proxy token bound to `namespace`: (accessor, secret).
 fn proxy_token(api: &str, args: &[&str]) -> (String, String) {
-    let t = common::token_create(api, args);
+    let t = kit::token_create(api, args);
     (t["accessorId"].as_str().unwrap().to_string(), t["secret"].as_str().unwrap().to_string())
 }
 
-type Stream<Req, Resp> = common::AdsStream<Req, Resp>;
+type Stream<Req, Resp> = kit::AdsStream<Req, Resp>;
 
 /// A SotW stream on member 1's xDS port `xds` with `token`, whose first
 /// request is `first` (the server reads it before it answers).
 async fn sotw(xds: &str, token: &str, first: DiscoveryRequest) -> Result<Stream<DiscoveryRequest, DiscoveryResponse>, tonic::Status> {
     let (tx, rx) = mpsc::channel(4);
     tx.send(first).await.unwrap();
-    let rx = common::ads_client_as(1, xds, Some(token)).stream_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
+    let rx = kit::ads_client_as(1, xds, Some(token)).stream_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
     Ok(Stream { tx, rx })
 }
 
 async fn delta(xds: &str, token: &str, first: DeltaDiscoveryRequest) -> Stream<DeltaDiscoveryRequest, DeltaDiscoveryResponse> {
     let (tx, rx) = mpsc::channel(4);
     tx.send(first).await.unwrap();
-    let rx = common::ads_client_as(1, xds, Some(token)).delta_aggregated_resources(ReceiverStream::new(rx)).await.expect("a delta stream").into_inner();
+    let rx = kit::ads_client_as(1, xds, Some(token)).delta_aggregated_resources(ReceiverStream::new(rx)).await.expect("a delta stream").into_inner();
     Stream { tx, rx }
 }
 
 /// A metric's value in the replica's `/metrics` (0 if absent).
-async fn metric(cluster: &common::Cluster, series: &str) -> f64 {
+async fn metric(cluster: &kit::Cluster, series: &str) -> f64 {
     let text = cluster.http.get(format!("{}/metrics", cluster.replica(1).api())).send().await.unwrap().text().await.unwrap();
     text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
 }
 
-async fn syncz(cluster: &common::Cluster) -> Value {
-    let (status, body) = common::get_json(&cluster.http, &format!("{}/debug/syncz", cluster.replica(1).api())).await;
+async fn syncz(cluster: &kit::Cluster) -> Value {
+    let (status, body) = kit::get_json(&cluster.http, &format!("{}/debug/syncz", cluster.replica(1).api())).await;
     assert_eq!(status, 200, "{body}");
     body
 }
 
 /// Poll `/debug/syncz` until `pred` holds.
-async fn wait_syncz(cluster: &common::Cluster, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+async fn wait_syncz(cluster: &kit::Cluster, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + BOUND;
     loop {
         let s = syncz(cluster).await;
@@ -96,7 +96,7 @@ async fn wait_syncz(cluster: &common::Cluster, what: &str, pred: impl Fn(&Value)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nack_of_megabytes_is_kept_and_logged_cut_and_once_per_interval() {
     use lodestar::xds::limits::{MAX_NACK_TEXT, NACK_LOG_TEXT};
-    let cluster = common::Cluster::start(1, "").await;
+    let cluster = kit::Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (_, secret) = proxy_token(&r.api(), &["--proxy", "team-a"]);
     let id = node_id("web", "team-a");
@@ -136,7 +136,7 @@ async fn a_nack_of_megabytes_is_kept_and_logged_cut_and_once_per_interval() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_metadata_over_the_caps_is_refused_naming_the_limit() {
     use lodestar::xds::limits::{MAX_NODE_LABELS, MAX_NODE_METADATA};
-    let cluster = common::Cluster::start(1, "").await;
+    let cluster = kit::Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (_, secret) = proxy_token(&r.api(), &["--proxy", "team-a"]);
     let s = |v: &str| PbValue { kind: Some(PbKind::StringValue(v.into())) };
@@ -177,7 +177,7 @@ fn names(from: usize, count: usize) -> Vec<String> {
 /// subscriptions of two types that together go past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_past_the_stream_budget_end_the_stream() {
-    let cluster = common::Cluster::start(1, "").await;
+    let cluster = kit::Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (_, secret) = proxy_token(&r.api(), &["--proxy", "team-a"]);
     let series = "lodestar_xds_streams_refused_total{reason=\"subscription_limit\"}";
@@ -216,7 +216,7 @@ async fn subscriptions_past_the_stream_budget_end_the_stream() {
 /// from it; a stream that ends gives its place back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_quotas_per_credential_and_per_source() {
-    let cluster = common::Cluster::start(1, "xds_max_streams_per_credential = 20\nxds_max_streams_per_source = 30").await;
+    let cluster = kit::Cluster::start(1, "xds_max_streams_per_credential = 20\nxds_max_streams_per_source = 30").await;
     let r = cluster.replica(1);
     let xds = r.xds_addr();
     let (accessor_a, secret_a) = proxy_token(&r.api(), &["--proxy", "team-a"]);
@@ -283,21 +283,21 @@ async fn stream_quotas_per_credential_and_per_source() {
 /// Envoy reads the file itself (a static `generic_secret`, redacted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_reads_its_proxy_token_from_the_file_and_config_dump_shows_none() {
-    let cluster = common::Cluster::start(1, "").await;
+    let cluster = kit::Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (_, secret) = proxy_token(&r.api(), &["--proxy", "team-a"]);
     let tmp = tempfile::tempdir().unwrap();
     let token_file = tmp.path().join("proxy.token");
     std::fs::write(&token_file, format!("{secret}\n")).unwrap();
-    let ip = format!("{}.7", common::loopback_prefix());
-    let mut o = common::envoy::EnvoyOptions::new("web", &ip);
+    let ip = format!("{}.7", kit::loopback_prefix());
+    let mut o = kit::envoy::EnvoyOptions::new("web", &ip);
     o.namespace = "team-a".into();
     o.server_api = Some(r.api());
     o.proxy_token_file = Some(token_file);
     let id = o.node_id();
-    let bootstrap = common::envoy::bootstrap_yaml(&o);
+    let bootstrap = kit::envoy::bootstrap_yaml(&o);
     assert!(!bootstrap.contains(&secret), "the bootstrap holds the token:\n{bootstrap}");
-    let mut envoy = common::envoy::Envoy::start(&tmp.path().join("envoy"), o);
+    let mut envoy = kit::envoy::Envoy::start(&tmp.path().join("envoy"), o);
     envoy.wait_ready(BOUND).await;
     // Served: only the token could have authenticated it (no certificate).
     wait_syncz(&cluster, "the Envoy connected", |s| s["proxies"].as_array().is_some_and(|p| p.iter().any(|p| p["id"] == id.as_str()))).await;
@@ -376,7 +376,7 @@ async fn envoys_admin_is_not_reachable_on_the_proxys_address() {
     let token_file = tmp.path().join("proxy.token");
     std::fs::write(&token_file, "not-a-real-token\n").unwrap();
     let bootstrap = |extra: &[&str]| {
-        let mut cmd = common::cli_command();
+        let mut cmd = kit::cli_command();
         cmd.args(["bootstrap", "--name", "web", "--ip", IP, "--admin-port", "15000", "--xds-servers", "127.0.0.1:1", "-o", "json", "--proxy-token-file"])
             .arg(&token_file)
             .args(extra);
@@ -394,7 +394,7 @@ async fn envoys_admin_is_not_reachable_on_the_proxys_address() {
     let _envoy = Kill(
         std::process::Command::new("ip")
             .args(["netns", "exec", &ns.0])
-            .arg(common::envoy::envoy_binary())
+            .arg(kit::envoy::envoy_binary())
             .arg("-c")
             .arg(&path)
             .args(["--use-dynamic-base-id", "--log-level", "info"])
@@ -426,15 +426,15 @@ use lodestar::proto::istio_ca::IstioCertificateRequest;
 
 /// An ADS client over TLS presenting `identity` (certificate and key
 /// files) and no token.
-fn ads_with_cert(xds: &str, identity: (&std::path::Path, &std::path::Path)) -> common::AdsClient {
-    let channel = common::tls_channel(xds, &lodestar::tls::pki::member_name(1), Some(identity));
+fn ads_with_cert(xds: &str, identity: (&std::path::Path, &std::path::Path)) -> kit::AdsClient {
+    let channel = kit::tls_channel(xds, &lodestar::tls::pki::member_name(1), Some(identity));
     envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient::with_interceptor(
         channel,
         lodestar::cli::client::Bearer::new(None).unwrap(),
     )
 }
 
-async fn sotw_on(mut client: common::AdsClient, first: DiscoveryRequest) -> Result<Stream<DiscoveryRequest, DiscoveryResponse>, tonic::Status> {
+async fn sotw_on(mut client: kit::AdsClient, first: DiscoveryRequest) -> Result<Stream<DiscoveryRequest, DiscoveryResponse>, tonic::Status> {
     let (tx, rx) = mpsc::channel(4);
     tx.send(first).await.unwrap();
     let rx = client.stream_aggregated_resources(ReceiverStream::new(rx)).await?.into_inner();
@@ -461,7 +461,7 @@ impl MeshCert {
 async fn certificate(xds: &str, bearer: Option<&str>, renew: Option<&MeshCert>, dir: &std::path::Path, name: &str) -> Result<MeshCert, tonic::Status> {
     let key = rcgen::KeyPair::generate().unwrap();
     let csr = rcgen::CertificateParams::default().serialize_request(&key).unwrap().pem().unwrap();
-    let channel = common::tls_channel(xds, &lodestar::tls::pki::member_name(1), renew.map(MeshCert::identity));
+    let channel = kit::tls_channel(xds, &lodestar::tls::pki::member_name(1), renew.map(MeshCert::identity));
     let mut req = tonic::Request::new(IstioCertificateRequest { csr, validity_duration: 3600, metadata: None });
     if let Some(b) = bearer {
         req.metadata_mut().insert("authorization", format!("Bearer {b}").parse().unwrap());
@@ -503,17 +503,17 @@ fn secret_names(r: &DiscoveryResponse) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_secrets_go_only_to_credentials_allowed_to_be_gateways() {
     use base64::Engine;
-    let cluster = common::Cluster::start(1, "").await;
+    let cluster = kit::Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
-    let leaf = common::tls::Ca::new("edge-ca").server(&["edge.example.test"]);
+    let leaf = kit::tls::Ca::new("edge-ca").server(&["edge.example.test"]);
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
     let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "edge-cred", "namespace": "edge"},
         "type": "kubernetes.io/tls", "data": {"tls.crt": b64(&leaf.cert_pem), "tls.key": b64(&leaf.key_pem)}});
-    let (status, body) = common::apply(&cluster.http, &api, vec![secret]).await;
+    let (status, body) = kit::apply(&cluster.http, &api, vec![secret]).await;
     assert_eq!(status, 200, "{body}");
     let gw = "router~127.0.0.5~ingress.edge~edge.svc.cluster.local";
-    let served = |client: common::AdsClient| async move {
+    let served = |client: kit::AdsClient| async move {
         let mut s = sotw_on(client, sds(gw, &["edge-cred"], "")).await.expect("the gateway's stream opens");
         secret_names(&s.recv().await)
     };
@@ -521,11 +521,11 @@ async fn gateway_secrets_go_only_to_credentials_allowed_to_be_gateways() {
     // Proxy tokens: of the namespace, and a gateway's.
     let (_, plain) = proxy_token(&api, &["--proxy", "edge"]);
     let (_, gateway) = proxy_token(&api, &["--proxy", "edge/ingress", "--gateway"]);
-    assert!(served(common::ads_client_as(1, &xds, Some(&plain))).await.is_empty(), "a plain proxy token was served the gateway's key");
-    assert_eq!(served(common::ads_client_as(1, &xds, Some(&gateway))).await, ["edge-cred"]);
-    let (ok, out, _) = common::cli(&api, &["token", "list"]);
+    assert!(served(kit::ads_client_as(1, &xds, Some(&plain))).await.is_empty(), "a plain proxy token was served the gateway's key");
+    assert_eq!(served(kit::ads_client_as(1, &xds, Some(&gateway))).await, ["edge-cred"]);
+    let (ok, out, _) = kit::cli(&api, &["token", "list"]);
     assert!(ok && out.contains("edge/ingress (gateway)"), "{out}");
-    let (status, body) = common::get_json(&cluster.http, &format!("{api}/v1/acl/tokens")).await;
+    let (status, body) = kit::get_json(&cluster.http, &format!("{api}/v1/acl/tokens")).await;
     assert!(status == 200 || status == 405, "{body}");
     let bad = cluster.http.post(format!("{api}/v1/acl/tokens")).json(&serde_json::json!({"policies": ["x"], "gateway": true})).send().await.unwrap();
     assert_eq!(bad.status(), 400);
@@ -545,13 +545,13 @@ async fn gateway_secrets_go_only_to_credentials_allowed_to_be_gateways() {
         vec!["policy", "create", "edge-secrets", "--rule", "read:secrets:edge"],
         vec!["role", "create", "edge-gateways", "--policy", "edge-secrets", "--identity", "spiffe://cluster.local/ns/edge/sa/ingress"],
     ] {
-        let (ok, _, err) = common::cli(&api, &args);
+        let (ok, _, err) = kit::cli(&api, &args);
         assert!(ok, "{args:?}: {err}");
     }
     let granted = s.recv().await;
     assert_eq!(secret_names(&granted), ["edge-cred"], "served once the Role allows it");
     s.send(sds(gw, &["edge-cred"], &granted.nonce)).await;
-    let (ok, _, err) = common::cli(&api, &["role", "delete", "edge-gateways"]);
+    let (ok, _, err) = kit::cli(&api, &["role", "delete", "edge-gateways"]);
     assert!(ok, "{err}");
     let withdrawn = s.recv().await;
     assert!(secret_names(&withdrawn).is_empty(), "withdrawn with the Role");
@@ -566,7 +566,7 @@ async fn gateway_secrets_go_only_to_credentials_allowed_to_be_gateways() {
 /// it is taken off the list.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_certificates_neither_renew_nor_keep_their_streams() {
-    let cluster = common::Cluster::start(1, "").await;
+    let cluster = kit::Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
     let tmp = tempfile::tempdir().unwrap();
@@ -580,7 +580,7 @@ async fn revoked_certificates_neither_renew_nor_keep_their_streams() {
     stream.recv().await;
 
     let spiffe = "spiffe://cluster.local/ns/shop/sa/cart";
-    let (ok, out, err) = common::cli(&api, &["cert", "revoke", "--spiffe-id", spiffe, "--reason", "key leaked"]);
+    let (ok, out, err) = kit::cli(&api, &["cert", "revoke", "--spiffe-id", spiffe, "--reason", "key leaked"]);
     assert!(ok, "{out}{err}");
     let revoked_at = std::time::SystemTime::now();
     let end = stream.end().await;
@@ -595,7 +595,7 @@ async fn revoked_certificates_neither_renew_nor_keep_their_streams() {
     }
     let z = syncz(&cluster).await;
     assert!(z["refused"].as_array().unwrap().iter().any(|x| x["reason"].as_str().is_some_and(|r| r.contains("revoked"))), "{:#}", z["refused"]);
-    let (ok, out, _) = common::cli(&api, &["cert", "revocations"]);
+    let (ok, out, _) = kit::cli(&api, &["cert", "revocations"]);
     assert!(ok && out.contains(spiffe) && out.contains("key leaked"), "{out}");
 
     // A new join, signed after the revocation (a later second: times are
@@ -609,7 +609,7 @@ async fn revoked_certificates_neither_renew_nor_keep_their_streams() {
     let d = certificate(&xds, None, Some(&c), tmp.path(), "d").await.expect("and it renews");
 
     // By serial: c only (d, the same identity, still works).
-    let (ok, out, err) = common::cli(&api, &["cert", "revoke", "--serial", &c.serial.to_uppercase()]);
+    let (ok, out, err) = kit::cli(&api, &["cert", "revoke", "--serial", &c.serial.to_uppercase()]);
     assert!(ok, "{out}{err}");
     let end = s.end().await;
     assert_eq!(end.code(), tonic::Code::Unauthenticated, "{end:?}");
@@ -619,22 +619,22 @@ async fn revoked_certificates_neither_renew_nor_keep_their_streams() {
 
     // --all: nothing is signed for the identity, not even with a join
     // token, until the revocation is deleted.
-    let (ok, out, err) = common::cli(&api, &["cert", "revoke", "--spiffe-id", spiffe, "--all", "--name", "cart-banned"]);
+    let (ok, out, err) = kit::cli(&api, &["cert", "revoke", "--spiffe-id", spiffe, "--all", "--name", "cart-banned"]);
     assert!(ok, "{out}{err}");
     let e = certificate(&xds, Some(&join), None, tmp.path(), "x").await.err().expect("a banned identity was signed");
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("cart-banned"), "{}", e.message());
-    let (ok, _, err) = common::cli(&api, &["cert", "unrevoke", "cart-banned"]);
+    let (ok, _, err) = kit::cli(&api, &["cert", "unrevoke", "cart-banned"]);
     assert!(ok, "{err}");
     certificate(&xds, Some(&join), None, tmp.path(), "e").await.expect("signed again once the ban is lifted");
 
     // Admin only: a namespace writer may not revoke (or unrevoke).
-    let (ok, _, err) = common::cli(&api, &["policy", "create", "shop-writer", "--rule", "read,write,delete:*:shop"]);
+    let (ok, _, err) = kit::cli(&api, &["policy", "create", "shop-writer", "--rule", "read,write,delete:*:shop"]);
     assert!(ok, "{err}");
-    let writer = common::token_create(&api, &["--policy", "shop-writer"])["secret"].as_str().unwrap().to_string();
+    let writer = kit::token_create(&api, &["--policy", "shop-writer"])["secret"].as_str().unwrap().to_string();
     let doc =
         serde_json::json!({"apiVersion": "acl.lodestar.io/v1", "kind": "CertificateRevocation", "metadata": {"name": "sneaky"}, "spec": {"serial": "01"}});
-    let resp = common::anonymous_http_builder()
+    let resp = kit::anonymous_http_builder()
         .build()
         .unwrap()
         .post(format!("{api}/v1/apply"))
@@ -652,23 +652,23 @@ async fn revoked_certificates_neither_renew_nor_keep_their_streams() {
 /// again with the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expiring_certificate_ends_its_stream_and_envoy_reconnects_with_the_renewed_one() {
-    let cluster = common::Cluster::start(1, "").await;
+    let cluster = kit::Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
     let tmp = tempfile::tempdir().unwrap();
     let (_, join) = proxy_token(&api, &["--workload", "shop/cart"]);
     let token_file = tmp.path().join("join.token");
     std::fs::write(&token_file, &join).unwrap();
-    let ip = format!("{}.10", common::loopback_prefix());
+    let ip = format!("{}.10", kit::loopback_prefix());
     let dir = tmp.path().join("agent");
     let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
     let _agent = Kill(
-        common::cli_command()
+        kit::cli_command()
             .args(["agent", "--dir"])
             .arg(&dir)
             .args(["--xds-servers", &xds, "--name", "cart", "--namespace", "shop", "--ip", &ip, "--ttl", "8s", "--run-envoy"])
             .arg("--envoy-binary")
-            .arg(common::envoy::envoy_binary())
+            .arg(kit::envoy::envoy_binary())
             .arg("--join-token-file")
             .arg(&token_file)
             .args(["--envoy-arg=--use-dynamic-base-id"])

@@ -4,9 +4,9 @@
 //! (as the bench compares them; the store is also read here through the
 //! REST API, not from the bench). No timing checks.
 
-mod common;
+use crate::kit;
 
-use common::{number, results};
+use kit::{number, results};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,15 +14,15 @@ use std::collections::{BTreeMap, BTreeSet};
 async fn run(api: &str, args: &[&str]) -> (BTreeMap<String, String>, String) {
     let mut all = vec!["churn"];
     all.extend(args);
-    let out = common::bench(api, &all).await;
+    let out = kit::bench(api, &all).await;
     let mut res = results(&out);
     assert_eq!(res.len(), 1, "{out}");
     (res.remove(0), out)
 }
 
 /// The store's instances: service → addresses.
-async fn store(cluster: &common::Cluster, api: &str) -> BTreeMap<String, BTreeSet<String>> {
-    let (status, body) = common::get_json(&cluster.http, &format!("{api}/v1/resources/instances?namespace=default")).await;
+async fn store(cluster: &kit::Cluster, api: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let (status, body) = kit::get_json(&cluster.http, &format!("{api}/v1/resources/instances?namespace=default")).await;
     assert_eq!(status, 200, "{body}");
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for i in body["items"].as_array().unwrap() {
@@ -48,7 +48,7 @@ fn check(r: &BTreeMap<String, String>, out: &str, want: &BTreeMap<String, BTreeS
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn churn_bench_converges_and_proxies_match_the_store() {
-    let cluster = common::Cluster::start(1, "").await;
+    let cluster = kit::Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
     let pid = r.child.as_ref().unwrap().id().to_string();
@@ -66,7 +66,7 @@ async fn churn_bench_converges_and_proxies_match_the_store() {
     sotw.extend(["--protocol", "sotw"]);
     let (report, out) = run(&api, &sotw).await;
     check(&report, &out, &store(&cluster, &api).await);
-    let names: BTreeSet<String> = common::get_json(&cluster.http, &format!("{api}/v1/resources/instances?namespace=default")).await.1["items"]
+    let names: BTreeSet<String> = kit::get_json(&cluster.http, &format!("{api}/v1/resources/instances?namespace=default")).await.1["items"]
         .as_array()
         .unwrap()
         .iter()

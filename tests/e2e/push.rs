@@ -2,13 +2,13 @@
 //! metrics and debug endpoints. Real replica processes, real Envoys, and
 //! hand-rolled ADS streams where a test needs one that misbehaves.
 
-mod common;
+use crate::kit;
 
-use common::envoy::EnvoyOptions;
-use common::mesh::*;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
+use kit::envoy::EnvoyOptions;
+use kit::mesh::*;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -103,7 +103,7 @@ async fn a_burst_of_writes_is_coalesced_and_the_last_wins() {
     assert_eq!(r.header("x-write"), Some("100"));
 }
 
-fn web(up: &common::envoy::Upstream, _: u32) -> String {
+fn web(up: &kit::envoy::Upstream, _: u32) -> String {
     format!(
         "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\nspec:\n  ports: [{{name: http, number: 8080}}]\n---\n\
          apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {{name: web-1, namespace: default}}\nspec: {{service: web, address: {}, ports: {{http: {}}}}}\n",
@@ -137,7 +137,7 @@ async fn a_client_that_never_reads_does_not_hold_back_the_others() {
     let good = fx.sidecar("good", 1, 1, false, rev).await;
 
     // The stalled stream: one request, never a read.
-    let mut client = common::ads_client(1, &fx.cluster.replica(1).xds_addr());
+    let mut client = kit::ads_client(1, &fx.cluster.replica(1).xds_addr());
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(DiscoveryRequest {
         node: Some(node("sidecar~127.0.0.77~stalled.default~default.svc.cluster.local")),
@@ -178,7 +178,7 @@ async fn wait_returns_when_every_proxy_acked_and_reports_nacks() {
     let fx = Fixture::start(3).await;
     let up = fx.upstream(100, "web").await;
     let rev = fx.apply(&web(&up, 0)).await;
-    let mut envoys: Vec<common::envoy::Envoy> = Vec::new();
+    let mut envoys: Vec<kit::envoy::Envoy> = Vec::new();
     let mut ids = Vec::new();
     for (i, replica) in [1u64, 2, 3].into_iter().enumerate() {
         let p = fx.sidecar(&format!("client-{i}"), 10 + i as u8, replica, i == 1, rev).await;
@@ -187,7 +187,7 @@ async fn wait_returns_when_every_proxy_acked_and_reports_nacks() {
     }
     let file = fx.tmp.path().join("vs.yaml");
     std::fs::write(&file, vs(7)).unwrap();
-    let (ok, out, err) = common::cli(&fx.api(2), &["apply", "-f", file.to_str().unwrap(), "--wait", "--timeout", "20s"]);
+    let (ok, out, err) = kit::cli(&fx.api(2), &["apply", "-f", file.to_str().unwrap(), "--wait", "--timeout", "20s"]);
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("3 of 3 proxies in sync"), "{out}");
     let revision: u64 = err.lines().find_map(|l| l.strip_prefix("revision ")).unwrap().trim().parse().unwrap();
@@ -199,7 +199,7 @@ async fn wait_returns_when_every_proxy_acked_and_reports_nacks() {
     }
 
     // A proxy that rejects what it is sent.
-    let mut client = common::ads_client(3, &fx.cluster.replica(3).xds_addr());
+    let mut client = kit::ads_client(3, &fx.cluster.replica(3).xds_addr());
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let bad_id = "sidecar~127.0.0.78~rejecter.default~default.svc.cluster.local";
     tx.send(DiscoveryRequest { node: Some(node(bad_id)), type_url: CLUSTER_TYPE.into(), ..Default::default() }).await.unwrap();
@@ -227,7 +227,7 @@ async fn wait_returns_when_every_proxy_acked_and_reports_nacks() {
     assert_eq!(status, 409, "{report:#}");
     let nacked = report["nacked"].as_array().unwrap();
     assert!(nacked.len() == 1 && nacked[0].as_str().unwrap().contains("rejecter") && nacked[0].as_str().unwrap().contains("on purpose"), "{report:#}");
-    let (ok, _, err) = common::cli(&fx.api(1), &["wait", "--revision", &revision.to_string(), "--timeout", "2s"]);
+    let (ok, _, err) = kit::cli(&fx.api(1), &["wait", "--revision", &revision.to_string(), "--timeout", "2s"]);
     assert!(!ok && err.contains("rejecter"), "{err}");
     drop(tx);
     drop(envoys);
@@ -273,11 +273,11 @@ async fn metrics_debug_endpoints_and_proxy_commands() {
         let r = fx.client.get(format!("{api}{path}")).send().await.unwrap();
         assert_eq!(r.status(), 200, "{path}");
     }
-    let (ok, out, err) = common::cli(&api, &["proxy-status"]);
+    let (ok, out, err) = kit::cli(&api, &["proxy-status"]);
     assert!(ok, "{err}");
     let line = out.lines().find(|l| l.contains("client.default")).unwrap_or_else(|| panic!("{out}"));
     assert!(line.contains("SYNCED") && !line.contains("STALE"), "{out}");
-    let (ok, out, err) = common::cli(&api, &["proxy-config", "endpoint", "client.default"]);
+    let (ok, out, err) = kit::cli(&api, &["proxy-config", "endpoint", "client.default"]);
     assert!(ok, "{err}");
     assert!(out.contains(&format!("{}:{}", up.addr.ip(), up.addr.port())), "{out}");
 }

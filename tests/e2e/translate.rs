@@ -2,7 +2,7 @@
 //! (the store's contents) and `proxy.json` (node id and metadata) in,
 //! `expected.json` (every resource the proxy gets, as proto-JSON) out; a
 //! case may have more proxies (`proxy-NAME.json`, `expected-NAME.json`).
-//! `LODESTAR_BLESS=1 cargo nextest run --test translate` rewrites the
+//! `LODESTAR_BLESS=1 cargo nextest run translate::` rewrites the
 //! expected files; review the diff before committing it.
 
 use lodestar::mesh::{Mesh, MeshConfig};

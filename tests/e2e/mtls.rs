@@ -6,11 +6,11 @@
 //! with a wrong SAN, certificate rotation under open connections, and a
 //! gateway (an agent with `--node-type router`) terminating ISTIO_MUTUAL.
 
-mod common;
+use crate::kit;
 
-use common::envoy::Upstream;
-use common::mesh::{plain, via_client};
-use common::{cli, Cluster};
+use kit::envoy::Upstream;
+use kit::mesh::{plain, via_client};
+use kit::{cli, Cluster};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -69,7 +69,7 @@ impl Workload {
 }
 
 fn join_token(api: &str, workload: &str) -> String {
-    common::token_create(api, &["--workload", workload])["secret"].as_str().unwrap().to_string()
+    kit::token_create(api, &["--workload", workload])["secret"].as_str().unwrap().to_string()
 }
 
 /// Start the agent for `shop/NAME` (label app=NAME) at `ip`, wait for its
@@ -85,7 +85,7 @@ async fn workload_with(root: &Path, api: &str, xds: &str, name: &str, ip: &str, 
     let token = dir.join("join.token");
     std::fs::write(&token, join_token(api, &format!("{NS}/{name}"))).unwrap();
     let bootstrap = dir.join("bootstrap.json");
-    let mut cmd = common::cli_command();
+    let mut cmd = kit::cli_command();
     cmd.args(["agent", "--dir"]).arg(dir.join("identity")).args(["--xds-servers", xds, "--name", name, "--namespace", NS]);
     cmd.args(["--label", &format!("app={name}"), "--ip", ip, "--admin-port", "15000", "-o", "json", "--bootstrap"]).arg(&bootstrap);
     cmd.arg("--join-token-file").arg(&token).args(extra);
@@ -104,7 +104,7 @@ async fn workload_with(root: &Path, api: &str, xds: &str, name: &str, ip: &str, 
     assert_eq!(doc["node"]["metadata"]["LODESTAR_SDS"], "true", "the agent's bootstrap says the proxy has SDS");
     let log = std::fs::File::create(dir.join("envoy.log")).unwrap();
     w.envoy = Some(Kill(
-        std::process::Command::new(common::envoy::envoy_binary())
+        std::process::Command::new(kit::envoy::envoy_binary())
             .arg("-c")
             .arg(&bootstrap)
             .args(["--use-dynamic-base-id", "--log-level", "info", "--drain-time-s", "2"])
@@ -126,7 +126,7 @@ async fn workload_with(root: &Path, api: &str, xds: &str, name: &str, ip: &str, 
 }
 
 async fn apply(api: &str, yaml: &str) -> u64 {
-    let r = common::http()
+    let r = kit::http()
         .post(format!("{api}/v1/apply"))
         .header("content-type", "application/yaml")
         .body(yaml.to_string())
@@ -147,7 +147,7 @@ async fn delete(api: &str, kind: &str, name: &str) {
 
 /// Until every proxy has ACKed `revision` (none NACKed it).
 async fn wait_synced(api: &str, revision: u64) {
-    let r = common::http().get(format!("{api}/v1/wait?revision={revision}&timeout=20s")).timeout(Duration::from_secs(25)).send().await.unwrap();
+    let r = kit::http().get(format!("{api}/v1/wait?revision={revision}&timeout=20s")).timeout(Duration::from_secs(25)).send().await.unwrap();
     let status = r.status().as_u16();
     let body: Value = r.json().await.unwrap_or(Value::Null);
     assert_eq!(status, 200, "proxies did not converge on {revision}: {body:#}");
@@ -293,7 +293,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     let cluster = Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
-    let p = common::loopback_prefix();
+    let p = kit::loopback_prefix();
     let (client_ip, server_ip) = (format!("{p}.20"), format!("{p}.21"));
     // Istio's Sidecar ingress forwards to 127.0.0.1 (the workload's own host).
     let app = Upstream::start("127.0.0.1", "reviews-mesh").await;
@@ -550,7 +550,7 @@ async fn rotation_under_open_streams(ttl_s: u64, rotations: usize) {
     let cluster = Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
-    let p = common::loopback_prefix();
+    let p = kit::loopback_prefix();
     let (client_ip, server_ip) = (format!("{p}.20"), format!("{p}.21"));
     let app = Upstream::start("127.0.0.1", "reviews-mesh").await;
     let (echo, _echo_task) = tcp_echo("127.0.0.1").await;
@@ -661,7 +661,7 @@ async fn gateway_istio_mutual_uses_the_gateway_identity() {
     let cluster = Cluster::start(1, "").await;
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
-    let p = common::loopback_prefix();
+    let p = kit::loopback_prefix();
     let (gw_ip, web_ip, other_ip) = (format!("{p}.30"), format!("{p}.31"), format!("{p}.32"));
     let shop = Upstream::start(&format!("{p}.33"), "shop").await;
     let yaml = format!(

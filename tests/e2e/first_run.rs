@@ -1,13 +1,13 @@
 //! A newcomer's first ten minutes (issue 33), past what the README run
-//! (`tests/readme.rs`) shows: a cluster started anew, a replica down, a
+//! (`tests/e2e/readme.rs`) shows: a cluster started anew, a replica down, a
 //! closed pipe, the warnings a user needs, the logs of a healthy start,
 //! and the status curl sees over HTTP/2. Real replicas, a real Envoy and
 //! real curl; each test on its own loopback addresses.
 
-mod common;
+use crate::kit;
 
-use common::envoy::envoy_binary;
-use common::{loopback_prefix, test_ca, Cluster, BIN};
+use kit::envoy::envoy_binary;
+use kit::{loopback_prefix, test_ca, Cluster, BIN};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -160,7 +160,7 @@ async fn the_cli_fails_over_to_the_next_server() {
     let toml = format!("servers = [{down:?}, {:?}]\nca_file = {:?}\ntoken_file = {:?}\n", r.api(), test_ca().ca_file, test_ca().token_file);
     std::fs::write(&config, toml).unwrap();
     let vs = tmp.path().join("vs.json");
-    std::fs::write(&vs, common::vs("failover", "default", "x").to_string()).unwrap();
+    std::fs::write(&vs, kit::vs("failover", "default", "x").to_string()).unwrap();
     for args in [&["apply", "-f", vs.to_str().unwrap()][..], &["get", "vs", "failover"]] {
         let out = Command::new(BIN).arg("--client-config").arg(&config).args(args).env_remove("LODESTAR_SERVER").env_remove("LODESTAR_TOKEN").output().unwrap();
         assert!(out.status.success(), "{args:?} through the second server: {}", text(&out.stderr));
@@ -181,10 +181,10 @@ async fn pipes_renewals_deletes_and_warnings() {
     let tmp = tempfile::tempdir().unwrap();
 
     // 400 VirtualServices: their YAML is far more than a pipe holds.
-    let docs: Vec<String> = (0..400).map(|i| common::vs(&format!("pipe-{i}"), "default", "x").to_string()).collect();
+    let docs: Vec<String> = (0..400).map(|i| kit::vs(&format!("pipe-{i}"), "default", "x").to_string()).collect();
     let many = tmp.path().join("many.yaml");
     std::fs::write(&many, format!("---\n{}", docs.join("\n---\n"))).unwrap();
-    let (ok, _, err) = common::cli(&api, &["apply", "-f", many.to_str().unwrap()]);
+    let (ok, _, err) = kit::cli(&api, &["apply", "-f", many.to_str().unwrap()]);
     assert!(ok, "{err}");
     let script = format!("{BIN} --server {api} get vs -o yaml | head -1 >/dev/null; echo \"status=${{PIPESTATUS[0]}}\"");
     let out = Command::new("bash").args(["-c", &script]).env("LODESTAR_CONFIG", &test_ca().client_config).output().unwrap();
@@ -193,21 +193,20 @@ async fn pipes_renewals_deletes_and_warnings() {
     assert!(stdout.contains("status=141") || stdout.contains("status=0"), "SIGPIPE's exit, as Unix tools (not a panic's 101): {stdout}");
 
     // heartbeat --every: says what it does and how it went.
-    let (ok, _, err) = common::cli(&api, &["register", "ttl-svc", "--address", "127.0.0.1", "--port", "http=9080", "--ttl", "10s"]);
+    let (ok, _, err) = kit::cli(&api, &["register", "ttl-svc", "--address", "127.0.0.1", "--port", "http=9080", "--ttl", "10s"]);
     assert!(ok, "{err}");
-    let (ok, _, err) = common::cli(&api, &["heartbeat", "ttl-svc-127-0-0-1-9080", "--every", "100ms", "--count", "3"]);
+    let (ok, _, err) = kit::cli(&api, &["heartbeat", "ttl-svc-127-0-0-1-9080", "--every", "100ms", "--count", "3"]);
     assert!(ok && err.contains("renewing instances/ttl-svc-127-0-0-1-9080 every 100ms") && err.contains("renewed 3 of 3 times"), "{err}");
 
     // delete -f: the found ones go, the missing one is named, exit 1.
     let three = tmp.path().join("three.yaml");
-    std::fs::write(&three, format!("---\n{}", ["pipe-1", "pipe-2", "never-applied"].map(|n| common::vs(n, "default", "x").to_string()).join("\n---\n")))
-        .unwrap();
-    let (ok, out, err) = common::cli(&api, &["delete", "-f", three.to_str().unwrap()]);
+    std::fs::write(&three, format!("---\n{}", ["pipe-1", "pipe-2", "never-applied"].map(|n| kit::vs(n, "default", "x").to_string()).join("\n---\n"))).unwrap();
+    let (ok, out, err) = kit::cli(&api, &["delete", "-f", three.to_str().unwrap()]);
     assert!(!ok && out.contains("virtualservice/pipe-1 deleted") && out.contains("virtualservice/pipe-2 deleted"), "{out}{err}");
     assert!(err.contains("(NotFound): virtualservice default/never-applied not found"), "{err}");
-    let (ok, _, _) = common::cli(&api, &["get", "vs", "pipe-2"]);
+    let (ok, _, _) = kit::cli(&api, &["get", "vs", "pipe-2"]);
     assert!(!ok, "pipe-2 was deleted although never-applied was missing");
-    let (ok, _, err) = common::cli(&api, &["delete", "-f", three.to_str().unwrap(), "--ignore-not-found"]);
+    let (ok, _, err) = kit::cli(&api, &["delete", "-f", three.to_str().unwrap(), "--ignore-not-found"]);
     assert!(ok, "{err}");
 
     // A registry Service for a ServiceEntry's host: apply says what wins.
@@ -216,14 +215,14 @@ async fn pipes_renewals_deletes_and_warnings() {
     let svc = tmp.path().join("svc.yaml");
     std::fs::write(&svc, "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {name: reviews}\nspec:\n  ports: [{name: http, number: 9080}]\n")
         .unwrap();
-    let (ok, _, err) = common::cli(&api, &["apply", "-f", se.to_str().unwrap()]);
+    let (ok, _, err) = kit::cli(&api, &["apply", "-f", se.to_str().unwrap()]);
     assert!(ok && !err.contains("Warning"), "{err}");
-    let (ok, _, err) = common::cli(&api, &["apply", "-f", svc.to_str().unwrap()]);
+    let (ok, _, err) = kit::cli(&api, &["apply", "-f", svc.to_str().unwrap()]);
     assert!(
         ok && err.contains("Warning: services/default/reviews: reviews.default.svc.cluster.local is also the host of ServiceEntry default/reviews"),
         "{err}"
     );
-    let (ok, _, err) = common::cli(&api, &["apply", "-f", se.to_str().unwrap()]);
+    let (ok, _, err) = kit::cli(&api, &["apply", "-f", se.to_str().unwrap()]);
     assert!(ok && err.contains("is also a registry service's (Service default/reviews)"), "the other way round too: {err}");
 }
 
@@ -241,7 +240,7 @@ async fn bootstrap_makes_the_proxy_token_or_says_why_not() {
     let ip = |n: u8| format!("{}.{n}", r.ip.rsplit_once('.').unwrap().0);
 
     // Run where a user keeps the bootstrap: the token goes to a file there.
-    let out = common::cli_command()
+    let out = kit::cli_command()
         .current_dir(tmp.path())
         .args(["--server", &api, "bootstrap", "--name", "web", "--namespace", "shop", "--ip", &ip(20)])
         .output()
@@ -258,27 +257,27 @@ async fn bootstrap_makes_the_proxy_token_or_says_why_not() {
     assert!(err.contains(&file.display().to_string()), "says where: {err}");
     // Envoy reads the file: the bootstrap names it and holds no secret.
     assert!(yaml.contains("authorization") && yaml.contains(&file.display().to_string()), "{yaml}");
-    assert!(!secret.is_empty() && !yaml.contains(&secret) && !yaml.contains(common::management_token()), "a token of its own, read from its file: {yaml}");
+    assert!(!secret.is_empty() && !yaml.contains(&secret) && !yaml.contains(kit::management_token()), "a token of its own, read from its file: {yaml}");
     let good = start_envoy(tmp.path(), "good", &yaml);
     // A gateway's bootstrap makes a gateway's token (served its namespace's
     // Secrets), written where --proxy-token-out says.
     let out_file = tmp.path().join("ingress.token");
-    let (ok, yaml, err) = common::cli(
+    let (ok, yaml, err) = kit::cli(
         &api,
         &["bootstrap", "--node-type", "router", "--name", "ingress", "--namespace", "shop", "--ip", &ip(22), "--proxy-token-out", out_file.to_str().unwrap()],
     );
     assert!(ok && err.contains("Made a proxy token for shop/ingress (a gateway's"), "{err}");
     assert!(yaml.contains(out_file.to_str().unwrap()) && !yaml.contains(std::fs::read_to_string(&out_file).unwrap().as_str()), "{yaml}");
-    let (ok, tokens, err) = common::cli(&api, &["token", "list"]);
+    let (ok, tokens, err) = kit::cli(&api, &["token", "list"]);
     assert!(ok && tokens.contains("shop/ingress (gateway)") && tokens.contains("shop/web") && !tokens.contains("shop/web (gateway)"), "{tokens}{err}");
-    let (ok, out, err) = common::cli(&api, &["wait", "--proxy", "web.shop", "--timeout", "20s"]);
+    let (ok, out, err) = kit::cli(&api, &["wait", "--proxy", "web.shop", "--timeout", "20s"]);
     assert!(ok && out.contains("proxies in sync"), "{out}{err}\n{}", envoy_log(tmp.path(), "good"));
 
     // A reader's token may not make tokens: a warning, and no credential.
-    let (ok, _, err) = common::cli(&api, &["policy", "create", "read-all", "--rule", "read:*:*"]);
+    let (ok, _, err) = kit::cli(&api, &["policy", "create", "read-all", "--rule", "read:*:*"]);
     assert!(ok, "{err}");
-    let reader = common::token_create(&api, &["--policy", "read-all"]);
-    let out = common::cli_command()
+    let reader = kit::token_create(&api, &["--policy", "read-all"]);
+    let out = kit::cli_command()
         .args(["--server", &api, "bootstrap", "--name", "db", "--namespace", "shop", "--ip", &ip(21)])
         .env("LODESTAR_TOKEN", reader["secret"].as_str().unwrap())
         .output()
@@ -290,7 +289,7 @@ async fn bootstrap_makes_the_proxy_token_or_says_why_not() {
     let refused = start_envoy(tmp.path(), "refused", &yaml);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (ok, out, err) = common::cli(&api, &["proxy-status"]);
+        let (ok, out, err) = kit::cli(&api, &["proxy-status"]);
         assert!(ok, "{err}");
         if out.contains("REFUSED") && out.contains("unauthenticated") {
             assert!(out.contains("web.shop"), "the connected one is listed too: {out}");
@@ -299,7 +298,7 @@ async fn bootstrap_makes_the_proxy_token_or_says_why_not() {
         assert!(Instant::now() < deadline, "proxy-status lists no refused stream:\n{out}{err}\n{}", envoy_log(tmp.path(), "refused"));
         std::thread::sleep(Duration::from_millis(200));
     }
-    let (ok, out, err) = common::cli(&api, &["wait", "--proxy", "db.shop", "--timeout", "2s"]);
+    let (ok, out, err) = kit::cli(&api, &["wait", "--proxy", "db.shop", "--timeout", "2s"]);
     assert!(!ok && err.contains("did not connect") && err.contains("refused") && err.contains("unauthenticated"), "{out}{err}");
     drop((good, refused));
 }
@@ -338,8 +337,8 @@ async fn curl_over_http2_sees_the_401() {
     let api = c.replica(1).api();
     let reader = serde_json::json!({"apiVersion": "acl.lodestar.io/v1", "kind": "Policy", "metadata": {"name": "reader"},
                                     "spec": {"rules": [{"verbs": ["read"], "kinds": ["*"], "namespaces": ["*"]}]}});
-    assert_eq!(common::apply(&c.http, &api, vec![reader]).await.0, 200);
-    let reader = common::token_create(&api, &["--policy", "reader"])["secret"].as_str().unwrap().to_string();
+    assert_eq!(kit::apply(&c.http, &api, vec![reader]).await.0, 200);
+    let reader = kit::token_create(&api, &["--policy", "reader"])["secret"].as_str().unwrap().to_string();
     let tmp = tempfile::tempdir().unwrap();
     let body = tmp.path().join("big.json");
     std::fs::write(&body, format!("{{\"resources\": [\"{}\"]}}", "a".repeat(1 << 20))).unwrap();
@@ -367,7 +366,7 @@ async fn a_healthy_first_start_logs_plainly() {
     let out = Command::new(BIN).args(["tls", "ca", "create", "--mesh", "--dir"]).arg(mesh.path().join("ca")).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let mut c = Cluster::start(3, &format!("mesh_ca_dir = {:?}", mesh.path().join("ca"))).await;
-    let (status, _) = common::apply(&c.http, &c.replica(1).api(), vec![common::vs("first", "default", "x")]).await;
+    let (status, _) = kit::apply(&c.http, &c.replica(1).api(), vec![kit::vs("first", "default", "x")]).await;
     assert_eq!(status, 200);
     // Past an election timeout, so late vote answers have come in.
     tokio::time::sleep(Duration::from_millis(1500)).await;
