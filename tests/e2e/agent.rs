@@ -10,27 +10,26 @@
 
 use crate::kit;
 
+use kit::agent::AgentBuilder;
 use kit::envoy::Upstream;
 use kit::mesh::{plain, via_client};
-use kit::{cli, Cluster};
+use kit::{cli, until, Cluster};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 const NS: &str = "shop";
 const CLIENT_ID: &str = "spiffe://cluster.local/ns/shop/sa/web";
 
 /// A `lodestar agent` process (and, through it, its Envoy).
 struct Agent {
-    child: Child,
+    agent: kit::agent::Agent,
     ip: String,
-    log: PathBuf,
 }
 
 impl Agent {
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.agent.proc.id()
     }
 
     fn admin(&self) -> String {
@@ -38,13 +37,11 @@ impl Agent {
     }
 
     fn full_log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.agent.log()
     }
 
     fn logs(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(80).collect::<Vec<_>>().into_iter().rev().collect();
-        format!("--- agent {} (with its Envoy), tail\n{}", self.ip, tail.join("\n"))
+        format!("--- agent {} (with its Envoy)\n{}", self.ip, self.agent.proc.tail(80))
     }
 
     /// The pid of the agent's Envoy child, if one runs (read from /proc:
@@ -55,31 +52,6 @@ impl Agent {
 
     async fn envoy_ready(&self) -> bool {
         plain().get(format!("{}/ready", self.admin())).send().await.is_ok_and(|r| r.status().is_success())
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on a child of this test that has not been reaped.
-        assert_eq!(unsafe { libc::kill(self.pid() as libc::pid_t, sig) }, 0);
-    }
-
-    /// Wait (bounded) for the agent to exit: its status.
-    fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "the agent did not exit within {timeout:?}\n{}", self.logs());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        // SIGKILL: its Envoy dies with it (PR_SET_PDEATHSIG).
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -113,23 +85,15 @@ fn secret(api: &str, args: &[&str]) -> String {
 /// Start `lodestar agent` for `shop/NAME` at `ip` with Envoy as its child
 /// and the given registration flags.
 fn start_agent(root: &Path, api: &str, xds: &str, name: &str, ip: &str, registration: &[&str]) -> Agent {
-    let dir = root.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let join = dir.join("join.token");
-    std::fs::write(&join, secret(api, &["--workload", &format!("{NS}/{name}")])).unwrap();
-    let mut cmd = kit::cli_command();
-    cmd.args(["--server", api, "agent", "--dir"]).arg(dir.join("identity")).args(["--xds-servers", xds, "--name", name, "--namespace", NS]);
-    cmd.args(["--ip", ip, "--admin-port", "15000", "-o", "json", "--join-token-file"]).arg(&join);
-    cmd.args(["--run-envoy", "--drain-time", "2s", "--lease-ttl", "3s"]).args(registration);
-    let log = dir.join("agent.log");
-    let child = cmd
+    let agent = AgentBuilder::new(NS, name, xds, &root.join(name))
+        .server(api)
+        .args(["--ip", ip, "--admin-port", "15000", "-o", "json"])
+        .join_token(api, &format!("{NS}/{name}"))
+        .args(["--run-envoy", "--drain-time", "2s", "--lease-ttl", "3s"])
+        .args(registration)
         .env("LODESTAR_ENVOY", kit::envoy::envoy_binary())
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    Agent { child, ip: ip.to_string(), log }
+        .start();
+    Agent { agent, ip: ip.to_string() }
 }
 
 async fn get(api: &str, path: &str) -> (u16, Value) {
@@ -139,15 +103,6 @@ async fn get(api: &str, path: &str) -> (u16, Value) {
 async fn apply(api: &str, yaml: &str) -> (u16, Value) {
     let r = kit::http().post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(yaml.to_string()).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
-/// Until `what` holds (bounded).
-async fn eventually<F: std::future::Future<Output = bool>>(what: &str, timeout: Duration, logs: impl Fn() -> String, mut f: impl FnMut() -> F) {
-    let deadline = Instant::now() + timeout;
-    while !f().await {
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}\n{}", logs());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 fn mesh_yaml(p: &str, app: &Upstream) -> String {
@@ -261,7 +216,7 @@ async fn agent_runs_envoy_registers_and_deregisters_on_sigterm() {
 
     // 1. Both Envoys run as the agents' children, ready.
     for a in [&server, &client] {
-        eventually("Envoy ready", Duration::from_secs(60), || dump(&server, &client), || a.envoy_ready()).await;
+        until("Envoy ready", Duration::from_secs(60), || a.envoy_ready()).await;
         assert!(a.envoy_pid().is_some(), "Envoy is the agent's child\n{}", a.logs());
     }
     // Its admin answers on loopback only (the workload's IP is loopback here).
@@ -273,13 +228,7 @@ async fn agent_runs_envoy_registers_and_deregisters_on_sigterm() {
     let reviews_path = format!("/v1/resources/instances/shop/reviews-{}", dashed(&server_ip));
     let web_path = format!("/v1/resources/instances/shop/web-{}", dashed(&client_ip));
     for path in [&reviews_path, &web_path] {
-        eventually(
-            &format!("{path} healthy"),
-            Duration::from_secs(30),
-            || dump(&server, &client),
-            || async { get(&api, path).await.1["status"]["health"] == "Healthy" },
-        )
-        .await;
+        until(&format!("{path} healthy"), Duration::from_secs(30), || async { get(&api, path).await.1["status"]["health"] == "Healthy" }).await;
     }
     let (_, reviews) = get(&api, &reviews_path).await;
     assert_eq!(reviews["spec"]["serviceAccount"], "reviews", "{reviews}");
@@ -311,13 +260,7 @@ async fn agent_runs_envoy_registers_and_deregisters_on_sigterm() {
 
     // 3. Mutual TLS (STRICT): the server's app sees the client's SPIFFE id;
     // plaintext to the server's Envoy is refused.
-    eventually(
-        "traffic through both Envoys",
-        Duration::from_secs(30),
-        || dump(&server, &client),
-        || async { matches!(via_client(&client_ip, "/warm/echo").await, Ok((200, _))) },
-    )
-    .await;
+    until("traffic through both Envoys", Duration::from_secs(30), || async { matches!(via_client(&client_ip, "/warm/echo").await, Ok((200, _))) }).await;
     for i in 0..10 {
         let (status, body) = via_client(&client_ip, "/mtls/echo").await.unwrap();
         assert_eq!(status, 200, "request {i}: {body}");
@@ -335,21 +278,9 @@ async fn agent_runs_envoy_registers_and_deregisters_on_sigterm() {
     let first = server.envoy_pid().unwrap();
     // SAFETY: kill(2) on the Envoy's pid, a live process.
     assert_eq!(unsafe { libc::kill(first as libc::pid_t, libc::SIGKILL) }, 0);
-    eventually(
-        "a new Envoy",
-        Duration::from_secs(30),
-        || server.logs(),
-        || async { server.envoy_pid().is_some_and(|p| p != first) && server.envoy_ready().await },
-    )
-    .await;
-    assert!(server.child.try_wait().unwrap().is_none(), "the agent kept running");
-    eventually(
-        "traffic after the restart",
-        Duration::from_secs(30),
-        || dump(&server, &client),
-        || async { matches!(via_client(&client_ip, "/after-restart/echo").await, Ok((200, _))) },
-    )
-    .await;
+    until("a new Envoy", Duration::from_secs(30), || async { server.envoy_pid().is_some_and(|p| p != first) && server.envoy_ready().await }).await;
+    assert!(server.agent.proc.try_exit().is_none(), "the agent kept running");
+    until("traffic after the restart", Duration::from_secs(30), || async { matches!(via_client(&client_ip, "/after-restart/echo").await, Ok((200, _))) }).await;
     assert!(server.full_log().contains("Envoy exited; starting it again"), "{}", server.logs());
 
     // 5. The lease lost (revoked behind the agent's back, as an expiry
@@ -358,14 +289,14 @@ async fn agent_runs_envoy_registers_and_deregisters_on_sigterm() {
     let r = kit::http().delete(format!("{api}{web_lease}")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(get(&api, &web_path).await.0, 404, "the instance went with its lease");
-    eventually("the instance registered again", Duration::from_secs(20), || client.logs(), || async { get(&api, &web_path).await.0 == 200 }).await;
+    until("the instance registered again", Duration::from_secs(20), || async { get(&api, &web_path).await.0 == 200 }).await;
     assert_eq!(get(&api, &web_lease).await.0, 200);
 
     // 6. SIGTERM the server's agent: its instance is deregistered (the
     // lease revoked), its Envoy drained and stopped, then the agent exits.
     let envoy = server.envoy_pid().unwrap();
-    server.signal(libc::SIGTERM);
-    let status = server.wait_exit(Duration::from_secs(30));
+    server.agent.proc.signal(libc::SIGTERM);
+    let status = server.agent.proc.wait_exit(Duration::from_secs(30));
     assert!(status.success(), "the agent exited cleanly: {status:?}\n{}", server.logs());
     assert!(!alive(envoy), "Envoy is gone with the agent");
     assert_eq!(get(&api, &reviews_path).await.0, 404, "the instance is deregistered");
@@ -374,18 +305,12 @@ async fn agent_runs_envoy_registers_and_deregisters_on_sigterm() {
     let (revoked, drained) = (logs.find("revoked the lease"), logs.find("draining Envoy's listeners"));
     assert!(revoked.is_some() && drained.is_some() && revoked < drained, "deregistered, then drained:\n{}", server.logs());
     // No endpoint left for reviews: the client's Envoy answers 503.
-    eventually(
-        "no endpoint for reviews",
-        Duration::from_secs(20),
-        || client.logs(),
-        || async { matches!(via_client(&client_ip, "/gone").await, Ok((503, _))) },
-    )
-    .await;
+    until("no endpoint for reviews", Duration::from_secs(20), || async { matches!(via_client(&client_ip, "/gone").await, Ok((503, _))) }).await;
 
     // 7. SIGINT the client's agent: the same.
     let envoy = client.envoy_pid().unwrap();
-    client.signal(libc::SIGINT);
-    assert!(client.wait_exit(Duration::from_secs(30)).success(), "{}", client.logs());
+    client.agent.proc.signal(libc::SIGINT);
+    assert!(client.agent.proc.wait_exit(Duration::from_secs(30)).success(), "{}", client.logs());
     assert!(!alive(envoy));
     assert_eq!(get(&api, &web_path).await.0, 404);
 }
@@ -406,19 +331,12 @@ async fn agent_refuses_a_registration_it_cannot_make() {
     assert_eq!(status, 200, "{body}");
     let tmp = tempfile::tempdir().unwrap();
     let run = |name: &str, args: &[&str]| {
-        let dir = tmp.path().join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("join.token"), secret(&api, &["--workload", &format!("{NS}/{name}")])).unwrap();
-        let out = kit::cli_command()
-            .args(["--server", &api, "agent", "--dir"])
-            .arg(dir.join("identity"))
-            .args(["--xds-servers", &xds, "--name", name, "--namespace", NS, "--ip", &format!("{p}.30")])
-            .arg("--join-token-file")
-            .arg(dir.join("join.token"))
+        AgentBuilder::new(NS, name, &xds, &tmp.path().join(name))
+            .server(&api)
+            .args(["--ip", &format!("{p}.30")])
+            .join_token(&api, &format!("{NS}/{name}"))
             .args(args)
-            .output()
-            .unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+            .run()
     };
     // The group's service account is not the certificate's.
     let (ok, err) = run("cart", &["--workload-group", "shop/db"]);

@@ -12,12 +12,13 @@
 
 use crate::kit;
 
-use kit::{cli, cli_command, Cluster};
+use kit::agent::{Agent, AgentBuilder};
+use kit::{cli, cli_command, Cluster, Proc};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const TARGET: &str = "echo.shop.svc.cluster.local:50051";
@@ -48,16 +49,6 @@ fn support(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/grpc").join(file)
 }
 
-/// A process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A loopback gRPC server answering with `identity`.
 fn server(ip: &str, identity: &str) -> Proc {
     server_with(ip, identity, &[])
@@ -76,7 +67,7 @@ fn server_with(ip: &str, identity: &str, extra: &[&str]) -> Proc {
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready", "server.py {identity} at {ip} did not start");
-    Proc(child)
+    Proc::new("server.py", child)
 }
 
 /// The proxyless client: one process, its channels kept across commands.
@@ -120,7 +111,8 @@ impl Client {
             .spawn()
             .expect("starting the gRPC client");
         let (stdin, stdout) = (child.stdin.take().unwrap(), BufReader::new(child.stdout.take().unwrap()));
-        Client { _proc: Proc(child), stdin, stdout, log }
+        kit::process::register_log("gRPC client", &log);
+        Client { _proc: Proc::new("gRPC client", child), stdin, stdout, log }
     }
 
     /// `calls` calls (bounded), with `metadata`, tallied.
@@ -156,36 +148,22 @@ impl Client {
 
 /// `lodestar agent --grpc`: a mesh-CA workload certificate for shop/client
 /// (joined with a join token) in `dir`, and the gRPC bootstrap using it.
-fn agent(api: &str, xds_servers: &str, dir: &Path) -> (Proc, PathBuf) {
-    agent_with(api, xds_servers, dir, &[])
+async fn agent(api: &str, xds_servers: &str, dir: &Path) -> (Agent, PathBuf) {
+    agent_with(api, xds_servers, dir, &[]).await
 }
 
 /// The same, with more arguments for the agent.
-fn agent_with(api: &str, xds_servers: &str, dir: &Path, extra: &[&str]) -> (Proc, PathBuf) {
-    let secret = kit::token_create(api, &["--workload", "shop/client"])["secret"].as_str().unwrap().to_string();
-    let token_file = dir.join("join.token");
-    std::fs::write(&token_file, secret).unwrap();
-    let (certs, bootstrap) = (dir.join("certs"), dir.join("grpc-bootstrap.json"));
-    let log = std::fs::File::create(dir.join("agent.log")).unwrap();
-    let child = cli_command()
-        .args(["agent", "--dir"])
-        .arg(&certs)
-        .arg("--join-token-file")
-        .arg(&token_file)
-        .args(["--xds-servers", xds_servers, "--name", "client", "--namespace", "shop", "--grpc", "--bootstrap"])
-        .arg(&bootstrap)
+async fn agent_with(api: &str, xds_servers: &str, dir: &Path, extra: &[&str]) -> (Agent, PathBuf) {
+    let bootstrap = dir.join("grpc-bootstrap.json");
+    let agent = AgentBuilder::new("shop", "client", xds_servers, dir)
+        .identity_dir(&dir.join("certs"))
+        .join_token(api, "shop/client")
+        .args(["--grpc", "--bootstrap"])
+        .args([&bootstrap])
         .args(extra)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let proc = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !certs.join("cert-chain.pem").exists() || !bootstrap.exists() {
-        assert!(Instant::now() < deadline, "no certificate from the agent:\n{}", std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    (proc, bootstrap)
+        .start();
+    agent.wait_for_files(&[&bootstrap]).await;
+    (agent, bootstrap)
 }
 
 /// The config: echo (v1 at .11, v2 at .12 and .13) with subsets; `x-canary: yes`
@@ -334,7 +312,7 @@ async fn weighted_split_and_header_route_through_lodestar() {
     let _servers = [server(&ip(11), "v1"), server(&ip(12), "v2"), server(&ip(13), "v2-b")];
     apply(&c, 1, &config(&ip, 75)).await;
     let dir = tempfile::tempdir().unwrap();
-    let (_agent, bootstrap) = agent(&c.replica(1).api(), &c.replica(1).xds_addr(), dir.path());
+    let (_agent, bootstrap) = agent(&c.replica(1).api(), &c.replica(1).xds_addr(), dir.path()).await;
     let mut client = Client::start(&bootstrap, dir.path().join("client.log"));
 
     // 75/25 over 1,000 calls: v1 within 75% ± 5 points (more than 3.6
@@ -493,7 +471,7 @@ async fn the_client_survives_the_loss_of_its_replica() {
     // The workload certificate from an agent; the bootstrap from
     // `lodestar bootstrap --grpc` naming the replicas by that name.
     let dir = tempfile::tempdir().unwrap();
-    let (_agent, _) = agent(&c.replica(1).api(), &c.replica(1).xds_addr(), dir.path());
+    let (_agent, _) = agent(&c.replica(1).api(), &c.replica(1).xds_addr(), dir.path()).await;
     let port = c.replica(1).xds_addr().rsplit_once(':').unwrap().1.to_string();
     let target = format!("dns://{dns}/{NAME}:{port}");
     let (ok, out, err) = cli(
@@ -547,7 +525,7 @@ async fn node_client_through_the_agents_xds_socket() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("xds.sock");
     let servers: Vec<String> = (1..=3).map(|id| c.replica(id).xds_addr()).collect();
-    let (_agent, bootstrap) = agent_with(&c.replica(1).api(), &servers.join(","), dir.path(), &["--xds-socket", socket.to_str().unwrap()]);
+    let (_agent, bootstrap) = agent_with(&c.replica(1).api(), &servers.join(","), dir.path(), &["--xds-socket", socket.to_str().unwrap()]).await;
     // The bootstrap names the socket, in the clear: a local hop only.
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&bootstrap).unwrap()).unwrap();
     assert_eq!(doc["xds_servers"][0]["server_uri"], format!("unix://{}", socket.display()).as_str(), "{doc:#}");

@@ -4,7 +4,8 @@
 
 use crate::kit;
 
-use kit::{cli, grpc_channel, tls_channel, Cluster};
+use kit::agent::{Agent, AgentBuilder};
+use kit::{cli, grpc_channel, tls_channel, Cluster, Proc};
 use lodestar::proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use lodestar::proto::istio_ca::IstioCertificateRequest;
 use rcgen::{CertificateParams, KeyPair, PublicKeyData, SanType};
@@ -12,7 +13,6 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// What a test reads from a certificate.
@@ -321,51 +321,14 @@ async fn a_token_with_n_uses_signs_n_times_under_concurrency() {
     assert!(out.contains("\"used\": 20") || out.contains("\"used\":20"), "{out}");
 }
 
-/// `lodestar agent` as a process.
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(dir: &Path, xds: &str, token_file: Option<&Path>, extra: &[&str]) -> Agent {
-        let log = dir.with_extension("log");
-        let mut cmd = kit::cli_command();
-        cmd.args(["agent", "--dir"]).arg(dir).args(["--xds-servers", xds, "--name", "cart", "--namespace", "shop"]).args(extra);
-        if let Some(t) = token_file {
-            cmd.arg("--join-token-file").arg(t);
-        }
-        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
-        let child = cmd.env("RUST_LOG", "info").stdout(Stdio::null()).stderr(out).spawn().unwrap();
-        Agent { child, log }
+/// `lodestar agent` for shop/cart keeping its identity in `dir` (its log
+/// beside it, `DIR.log`).
+fn start_agent(dir: &Path, xds: &str, token_file: Option<&Path>, extra: &[&str]) -> Agent {
+    let mut agent = AgentBuilder::new("shop", "cart", xds, dir).identity_dir(dir).log(&dir.with_extension("log")).args(extra);
+    if let Some(t) = token_file {
+        agent = agent.join_token_file(t);
     }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Wait for the agent to exit on its own: (success, log).
-    fn wait_exit(&mut self, timeout: Duration) -> (bool, String) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return (status.success(), self.log());
-            }
-            assert!(Instant::now() < deadline, "the agent did not exit:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill();
-    }
+    agent.start()
 }
 
 /// The certificate in the agent's directory, once one is there and (if
@@ -407,15 +370,15 @@ async fn a_restarted_agent_is_not_stranded_by_a_consumed_single_use_token() {
     let csr = CertificateParams::default().serialize_request(&key).unwrap().pem().unwrap();
     create_certificate(grpc_channel(1, &xds), &csr, 0, Some(&secret)).await.unwrap();
 
-    let agent = Agent::start(&dir, &xds, Some(&token_file), &[]);
+    let agent = start_agent(&dir, &xds, Some(&token_file), &[]);
     let cert = wait_cert(&dir, None, Duration::from_secs(20), &agent).await;
     assert_eq!(cert.uris, ["spiffe://cluster.local/ns/shop/sa/cart"]);
     assert_eq!(cert.spki, key.subject_public_key_info(), "the key it left on disk");
     drop(agent);
 
     // Another host (its own directory, its own key) with the same token.
-    let mut other = Agent::start(&tmp.path().join("other"), &xds, Some(&token_file), &[]);
-    let (ok, log) = other.wait_exit(Duration::from_secs(20));
+    let mut other = start_agent(&tmp.path().join("other"), &xds, Some(&token_file), &[]);
+    let (ok, log) = (other.proc.wait_exit(Duration::from_secs(20)).success(), other.log());
     assert!(!ok && log.contains("used up"), "{log}");
 }
 
@@ -431,7 +394,7 @@ async fn agent_joins_renews_without_its_token_and_resumes() {
 
     // The first certificate, with the join token: SAN, EKU, the lifetime
     // asked for; files 0600.
-    let mut agent = Agent::start(&dir, &xds, Some(&token_file), &["--ttl", "8s"]);
+    let mut agent = start_agent(&dir, &xds, Some(&token_file), &["--ttl", "8s"]);
     let first = wait_cert(&dir, None, Duration::from_secs(20), &agent).await;
     assert_eq!(first.uris, ["spiffe://cluster.local/ns/shop/sa/cart"]);
     assert!(first.server_auth && first.client_auth);
@@ -459,9 +422,9 @@ async fn agent_joins_renews_without_its_token_and_resumes() {
     assert!(agent.log().contains("renewed the certificate"));
 
     // A restart resumes from disk (no token needed), then renews.
-    agent.kill();
+    agent.proc.kill();
     let on_disk = parse_cert(&std::fs::read_to_string(dir.join("cert-chain.pem")).unwrap());
-    let agent = Agent::start(&dir, &xds, None, &["--ttl", "8s"]);
+    let agent = start_agent(&dir, &xds, None, &["--ttl", "8s"]);
     let next = wait_cert(&dir, Some(&on_disk.serial), Duration::from_secs(15), &agent).await;
     assert_eq!(next.uris, first.uris);
     assert!(agent.log().contains("resumed from the certificate on disk"), "{}", agent.log());
@@ -469,8 +432,8 @@ async fn agent_joins_renews_without_its_token_and_resumes() {
     // A second agent with the used single-use token is refused, and exits.
     let other = tmp.path().join("other");
     std::fs::write(&token_file, &secret).unwrap();
-    let mut second = Agent::start(&other, &xds, Some(&token_file), &[]);
-    let (ok, log) = second.wait_exit(Duration::from_secs(20));
+    let mut second = start_agent(&other, &xds, Some(&token_file), &[]);
+    let (ok, log) = (second.proc.wait_exit(Duration::from_secs(20)).success(), second.log());
     assert!(!ok && log.contains("used up"), "{log}");
     assert!(!other.join("cert-chain.pem").exists());
 }
@@ -533,8 +496,7 @@ async fn served_serial(addr: &str) -> Result<String, String> {
 }
 
 async fn envoy_stats(admin: &str) -> std::collections::BTreeMap<String, u64> {
-    let text = kit::http().get(format!("{admin}/stats")).send().await.unwrap().text().await.unwrap();
-    text.lines().filter_map(|l| l.split_once(": ")).filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?))).collect()
+    kit::envoy::admin_stats(admin).await.expect("envoy stats")
 }
 
 /// A real Envoy gets the agent's certificate over SDS (secret `default`),
@@ -551,7 +513,7 @@ async fn envoy_rotates_the_agents_certificate_over_sds() {
     let (_, secret) = join_token(&api, &["--workload", "shop/cart"]);
     std::fs::write(&token_file, &secret).unwrap();
     let ip = format!("{}.10", kit::loopback_prefix());
-    let mut agent = Agent::start(
+    let mut agent = start_agent(
         &dir,
         &xds,
         Some(&token_file),
@@ -586,24 +548,9 @@ async fn envoy_rotates_the_agents_certificate_over_sds() {
         }]
     }]);
     std::fs::write(&bootstrap, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
-    let log = std::fs::File::create(tmp.path().join("envoy.log")).unwrap();
-    struct Kill(Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _envoy = Kill(
-        std::process::Command::new(envoy_bin)
-            .arg("-c")
-            .arg(&bootstrap)
-            .args(["--use-dynamic-base-id", "--log-level", "info", "--drain-time-s", "1"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
+    let mut envoy = std::process::Command::new(envoy_bin);
+    envoy.arg("-c").arg(&bootstrap).args(["--use-dynamic-base-id", "--log-level", "info", "--drain-time-s", "1"]);
+    let _envoy = Proc::spawn("envoy", envoy, &tmp.path().join("envoy.log"));
     let envoy_log = || std::fs::read_to_string(tmp.path().join("envoy.log")).unwrap_or_default();
     let admin = format!("http://{ip}:15000");
     let probe = format!("{ip}:15443");
@@ -673,7 +620,7 @@ async fn envoy_rotates_the_agents_certificate_over_sds() {
     eprintln!("LDS/CDS stats before and after: {:?}", before.iter().filter(|(k, _)| k.contains("lds.") || k.contains("cds.")).collect::<Vec<_>>());
     assert!(after.get("sds.default.update_success").copied().unwrap_or(0) >= 3, "{:?}", after.get("sds.default.update_success"));
     assert_eq!(after.get("sds.default.update_rejected").copied().unwrap_or(0), 0);
-    agent.kill();
+    agent.proc.kill();
 }
 
 /// `lodestar-bench csr` runs (small), renewing through every replica.
@@ -712,7 +659,7 @@ async fn agent_renews_through_the_other_replicas_when_one_dies() {
     let (dir, token_file) = (tmp.path().join("agent"), tmp.path().join("join.token"));
     std::fs::write(&token_file, &secret).unwrap();
     let servers = cluster.replicas.iter().map(|r| r.xds_addr()).collect::<Vec<_>>().join(",");
-    let agent = Agent::start(&dir, &servers, Some(&token_file), &["--ttl", "6s"]);
+    let agent = start_agent(&dir, &servers, Some(&token_file), &["--ttl", "6s"]);
     let first = wait_cert(&dir, None, Duration::from_secs(20), &agent).await;
     // The agent asks the first replica listed first: kill it.
     cluster.kill(1);

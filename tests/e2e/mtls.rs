@@ -8,12 +8,13 @@
 
 use crate::kit;
 
+use kit::agent::{AgentBuilder, Workload};
 use kit::envoy::Upstream;
 use kit::mesh::{plain, via_client};
-use kit::{cli, Cluster};
+use kit::{cli, until, Cluster};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,56 +22,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NS: &str = "shop";
 const CLIENT_ID: &str = "spiffe://cluster.local/ns/shop/sa/web";
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// One workload: its agent and its Envoy (from the agent's bootstrap).
-struct Workload {
-    ip: String,
-    dir: PathBuf,
-    agent: Kill,
-    envoy: Option<Kill>,
-}
-
-impl Workload {
-    fn admin(&self) -> String {
-        format!("http://{}:15000", self.ip)
-    }
-
-    fn logs(&self) -> String {
-        let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default();
-        let envoy = read(self.dir.join("envoy.log"));
-        let tail: Vec<&str> = envoy.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
-        format!("--- agent {}\n{}\n--- envoy (tail)\n{}", self.ip, read(self.dir.join("agent.log")), tail.join("\n"))
-    }
-
-    async fn stats(&self) -> std::collections::BTreeMap<String, u64> {
-        let v: Value = plain().get(format!("{}/stats?format=json", self.admin())).send().await.unwrap().json().await.unwrap();
-        v["stats"].as_array().unwrap().iter().filter_map(|s| Some((s["name"].as_str()?.to_string(), s["value"].as_u64()?))).collect()
-    }
-
-    /// The serial of the workload certificate Envoy holds (admin `/certs`).
-    async fn serving_serial(&self) -> Option<String> {
-        let v: Value = plain().get(format!("{}/certs", self.admin())).send().await.ok()?.json().await.ok()?;
-        v["certificates"]
-            .as_array()?
-            .iter()
-            .flat_map(|c| c["cert_chain"].as_array().cloned().unwrap_or_default())
-            .find(|c| c["subject_alt_names"].as_array().is_some_and(|s| s.iter().any(|n| n["uri"].as_str().is_some_and(|u| u.starts_with("spiffe://")))))
-            .and_then(|c| c["serial_number"].as_str().map(String::from))
-    }
-}
-
-fn join_token(api: &str, workload: &str) -> String {
-    kit::token_create(api, &["--workload", workload])["secret"].as_str().unwrap().to_string()
-}
 
 /// Start the agent for `shop/NAME` (label app=NAME) at `ip`, wait for its
 /// certificate and bootstrap, then start Envoy from that bootstrap.
@@ -80,49 +31,14 @@ async fn workload(root: &Path, api: &str, xds: &str, name: &str, ip: &str, ttl: 
 
 /// As `workload`, with more `lodestar agent` flags (`--node-type router`).
 async fn workload_with(root: &Path, api: &str, xds: &str, name: &str, ip: &str, ttl: Option<&str>, extra: &[&str]) -> Workload {
-    let dir = root.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let token = dir.join("join.token");
-    std::fs::write(&token, join_token(api, &format!("{NS}/{name}"))).unwrap();
-    let bootstrap = dir.join("bootstrap.json");
-    let mut cmd = kit::cli_command();
-    cmd.args(["agent", "--dir"]).arg(dir.join("identity")).args(["--xds-servers", xds, "--name", name, "--namespace", NS]);
-    cmd.args(["--label", &format!("app={name}"), "--ip", ip, "--admin-port", "15000", "-o", "json", "--bootstrap"]).arg(&bootstrap);
-    cmd.arg("--join-token-file").arg(&token).args(extra);
+    let mut agent = AgentBuilder::new(NS, name, xds, &root.join(name))
+        .args(["--label", &format!("app={name}"), "--ip", ip, "--admin-port", "15000", "-o", "json"])
+        .join_token(api, &format!("{NS}/{name}"))
+        .args(extra);
     if let Some(ttl) = ttl {
-        cmd.args(["--ttl", ttl]);
+        agent = agent.args(["--ttl", ttl]);
     }
-    let log = std::fs::File::create(dir.join("agent.log")).unwrap();
-    let agent = Kill(cmd.env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log).spawn().unwrap());
-    let mut w = Workload { ip: ip.to_string(), dir: dir.clone(), agent, envoy: None };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !(bootstrap.exists() && dir.join("identity/cert-chain.pem").exists()) {
-        assert!(Instant::now() < deadline, "agent {name}: no certificate\n{}", w.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&bootstrap).unwrap()).unwrap();
-    assert_eq!(doc["node"]["metadata"]["LODESTAR_SDS"], "true", "the agent's bootstrap says the proxy has SDS");
-    let log = std::fs::File::create(dir.join("envoy.log")).unwrap();
-    w.envoy = Some(Kill(
-        std::process::Command::new(kit::envoy::envoy_binary())
-            .arg("-c")
-            .arg(&bootstrap)
-            .args(["--use-dynamic-base-id", "--log-level", "info", "--drain-time-s", "2"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    ));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ready = plain().get(format!("{}/ready", w.admin())).send().await.is_ok_and(|r| r.status().is_success());
-        if ready && w.serving_serial().await.is_some() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "envoy {name} not ready with its certificate\n{}", w.logs());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    w
+    Workload::start(agent, ip, |admin| async move { kit::envoy::serving_serial(&admin).await.is_some() }).await
 }
 
 async fn apply(api: &str, yaml: &str) -> u64 {
@@ -255,11 +171,8 @@ async fn listeners(w: &Workload) -> Vec<Value> {
 
 /// Until no listener of the workload's Envoy is draining (bounded).
 async fn wait_no_draining(w: &Workload) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while listeners(w).await.iter().any(|l| l.get("draining_state").is_some()) {
-        assert!(Instant::now() < deadline, "listeners still draining on {}", w.ip);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let what = format!("listeners no longer draining on {}", w.ip);
+    until(&what, Duration::from_secs(20), || async { !listeners(w).await.iter().any(|l| l.get("draining_state").is_some()) }).await;
 }
 
 /// The bytes of a TLS ClientHello offering `alpn`.
@@ -488,11 +401,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     // A policy change changes the chains' filters (an in-place update):
     // connections opened under the old policy drain with it
     // (--drain-time-s 2), new ones get the new one.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while via_client(&client_ip, "/p7-drain/echo").await.unwrap().0 != 403 {
-        assert!(Instant::now() < deadline, "the new policy never denied the client\n{}", dump());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until("the new policy denies the client", Duration::from_secs(15), || async { via_client(&client_ip, "/p7-drain/echo").await.unwrap().0 == 403 }).await;
     tokio::time::sleep(Duration::from_secs(3)).await; // past the drain time
     let mut statuses = std::collections::BTreeMap::new();
     for _ in 0..10 {
@@ -511,11 +420,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     for (field, want) in [("namespaces", 200), ("notNamespaces", 403)] {
         let rev = apply(&api, &by_ns(field)).await;
         wait_synced(&api, rev).await;
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while via_client(&client_ip, "/p7-ns/echo").await.unwrap().0 != want {
-            assert!(Instant::now() < deadline, "{field}: never {want}\n{}", dump());
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        until(&format!("{field}: {want}"), Duration::from_secs(15), || async { via_client(&client_ip, "/p7-ns/echo").await.unwrap().0 == want }).await;
         tokio::time::sleep(Duration::from_secs(3)).await; // past the drain time
         let path = format!("/p7-{field}/echo");
         let mut statuses = std::collections::BTreeMap::new();

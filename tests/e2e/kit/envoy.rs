@@ -136,6 +136,7 @@ impl Envoy {
             .stderr(log)
             .spawn()
             .expect("spawn envoy");
+        super::process::register_log(&format!("envoy {}", options.name), &dir.join("envoy.log"));
         Envoy { options, dir: dir.to_path_buf(), child: Some(child), http: reqwest::Client::new() }
     }
 
@@ -301,9 +302,33 @@ impl Drop for Envoy {
     }
 }
 
+// Envoy admin readers, by admin URL (`http://IP:PORT`): for any Envoy a
+// test runs, whoever started it (the kit, an agent, a test).
+
 async fn fetch_stats(http: &reqwest::Client, admin: &str) -> Option<BTreeMap<String, u64>> {
     let v: Value = http.get(format!("{admin}/stats?format=json")).timeout(Duration::from_secs(5)).send().await.ok()?.json().await.ok()?;
     Some(v["stats"].as_array()?.iter().filter_map(|s| Some((s["name"].as_str()?.to_string(), s["value"].as_u64()?))).collect())
+}
+
+/// Counters and gauges by name (`/stats?format=json`).
+pub async fn admin_stats(admin: &str) -> Option<BTreeMap<String, u64>> {
+    fetch_stats(&reqwest::Client::new(), admin).await
+}
+
+/// An admin page as JSON (`/config_dump?...`, `/clusters?format=json`, `/certs`).
+pub async fn admin_json(admin: &str, path: &str) -> Option<Value> {
+    reqwest::Client::new().get(format!("{admin}{path}")).timeout(Duration::from_secs(5)).send().await.ok()?.json().await.ok()
+}
+
+/// The serial of the SPIFFE workload certificate Envoy serves (`/certs`).
+pub async fn serving_serial(admin: &str) -> Option<String> {
+    let v = admin_json(admin, "/certs").await?;
+    v["certificates"]
+        .as_array()?
+        .iter()
+        .flat_map(|c| c["cert_chain"].as_array().cloned().unwrap_or_default())
+        .find(|c| c["subject_alt_names"].as_array().is_some_and(|s| s.iter().any(|n| n["uri"].as_str().is_some_and(|u| u.starts_with("spiffe://")))))
+        .and_then(|c| c["serial_number"].as_str().map(String::from))
 }
 
 fn find_key(v: &Value, key: &str, out: &mut Vec<Value>) {

@@ -5,10 +5,14 @@
 //! listens on 127.A.B.N, API :7000, raft :7001, xDS :7002.
 #![allow(dead_code)]
 
+pub mod agent;
 pub mod envoy;
 pub mod forward;
 pub mod mesh;
+pub mod process;
 pub mod tls;
+
+pub use process::{eventually, until, Proc};
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -501,6 +505,7 @@ fn spawn(r: &mut Replica, members: &[String]) {
     )
     .unwrap();
     let log = std::fs::OpenOptions::new().create(true).append(true).open(r.dir.join("replica.log")).unwrap();
+    process::register_log(&format!("replica {}", r.id), &r.dir.join("replica.log"));
     let mut cmd = Command::new(BIN);
     cmd.arg("server")
         .arg("--config")
