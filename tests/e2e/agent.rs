@@ -100,11 +100,6 @@ async fn get(api: &str, path: &str) -> (u16, Value) {
     kit::get_json(&kit::http(), &format!("{api}{path}")).await
 }
 
-async fn apply(api: &str, yaml: &str) -> (u16, Value) {
-    let r = kit::http().post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(yaml.to_string()).send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
 fn mesh_yaml(p: &str, app: &Upstream) -> String {
     format!(
         r#"
@@ -174,10 +169,10 @@ async fn agent_runs_envoy_registers_and_deregisters_on_sigterm() {
 
     // A WorkloadGroup whose probe the replicas cannot run is refused,
     // naming the field; the mesh (with a valid group) is accepted.
-    let (status, body) = apply(&api, "apiVersion: networking.istio.io/v1\nkind: WorkloadGroup\nmetadata: {name: bad, namespace: shop}\nspec:\n  template: {}\n  probe: {exec: {command: [\"true\"]}}\n").await;
+    let (status, body) = kit::apply(&kit::http(), &api, "apiVersion: networking.istio.io/v1\nkind: WorkloadGroup\nmetadata: {name: bad, namespace: shop}\nspec:\n  template: {}\n  probe: {exec: {command: [\"true\"]}}\n").await;
     assert_eq!(status, 400, "{body}");
     assert!(body.to_string().contains("spec.probe.exec") && body.to_string().contains("not supported"), "{body}");
-    let (status, body) = apply(&api, &mesh_yaml(&p, &app)).await;
+    let (status, body) = kit::apply(&kit::http(), &api, &mesh_yaml(&p, &app)).await;
     assert_eq!(status, 200, "{body}");
 
     // The agents' API token: what registration needs, and no more.
@@ -323,8 +318,7 @@ async fn agent_refuses_a_registration_it_cannot_make() {
     let r = cluster.replica(1);
     let (api, xds) = (r.api(), r.xds_addr());
     let p = kit::loopback_prefix();
-    let (status, body) = apply(
-        &api,
+    let (status, body) = kit::apply(&kit::http(), &api,
         "apiVersion: networking.istio.io/v1\nkind: WorkloadGroup\nmetadata: {name: db, namespace: shop}\nspec:\n  template: {serviceAccount: db, ports: {tcp: 5432}}\n",
     )
     .await;

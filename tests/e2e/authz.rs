@@ -175,16 +175,8 @@ async fn authorization_policies_decide_at_a_real_envoy() {
     b.check("no policy, TCP", 9000, &[case(51, "GET", "/anything", &[], 200)]).await;
 
     // A policy that selects no known workload is applied, with a warning.
-    let r = b
-        .fx
-        .client
-        .post(format!("{}/v1/apply", b.fx.api(1)))
-        .header("content-type", "application/yaml")
-        .body("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: typo, namespace: default}\nspec: {selector: {matchLabels: {app: wbe}}, rules: [{}]}\n")
-        .send()
-        .await
-        .unwrap();
-    let body: serde_json::Value = r.json().await.unwrap();
+    let typo = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: typo, namespace: default}\nspec: {selector: {matchLabels: {app: wbe}}, rules: [{}]}\n";
+    let (_, body) = kit::apply(&b.fx.client, &b.fx.api(1), typo).await;
     assert!(body["warnings"].to_string().contains("selects nothing yet: no workload labelled app=wbe in namespace default"), "{body}");
     // It selects no one: no proxy is sent anything for it (nor for its
     // deletion), so there is nothing to wait for.

@@ -77,14 +77,6 @@ fn lodestar(args: &[&str]) -> (bool, String, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-async fn apply_yaml(c: &Cluster, api: &str, yaml: &str) -> u64 {
-    let r = c.http.post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(yaml.to_string()).send().await.unwrap();
-    let status = r.status().as_u16();
-    let body: Value = r.json().await.unwrap();
-    assert_eq!(status, 200, "{body}");
-    body["revision"].as_u64().unwrap()
-}
-
 /// Every object of every kind (all namespaces), by kind/namespace/name,
 /// exactly as a linearizable read returns it, and the list revision.
 async fn everything(c: &Cluster, api: &str) -> (u64, BTreeMap<String, Value>) {
@@ -129,7 +121,7 @@ async fn backup_restores_into_a_new_cluster() {
     let src = Cluster::start(3, "").await;
     let follower = follower_of(&src).await;
     let api = src.replica(follower).api();
-    apply_yaml(&src, &api, MESH).await;
+    applied(&src.http, &api, MESH).await;
     let (status, _) = apply(&src.http, &api, vec![vs("reviews", "shop", "v1"), vs("ratings", "shop", "v1"), vs("gone", "shop", "v1")]).await;
     assert_eq!(status, 200);
     let (status, _) = apply(&src.http, &api, vec![vs("reviews", "shop", "v2")]).await; // generation 2
@@ -222,7 +214,7 @@ async fn backup_restores_into_a_new_cluster() {
 async fn restore_refuses_bad_input_and_makes_single_node_clusters() {
     let src = Cluster::start(1, "").await;
     let api = src.replica(1).api();
-    apply_yaml(&src, &api, MESH).await;
+    applied(&src.http, &api, MESH).await;
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("b.snapshot");
     let file_s = file.to_str().unwrap();
@@ -316,7 +308,7 @@ async fn restore_refuses_bad_input_and_makes_single_node_clusters() {
 async fn a_member_started_without_restore_gets_the_snapshot() {
     let src = Cluster::start(1, "").await;
     let api = src.replica(1).api();
-    apply_yaml(&src, &api, MESH).await;
+    applied(&src.http, &api, MESH).await;
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("b.snapshot");
     let (ok, _, err) = lodestar(&["--server", &api, "snapshot", "save", file.to_str().unwrap()]);

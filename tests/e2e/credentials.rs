@@ -484,9 +484,7 @@ async fn members_share_the_secrets_key() {
     let c = kit::Cluster::start(3, &format!("mesh_ca_dir = {:?}\n", ca_dir.path())).await;
     let leaf = Ca::new("lodestar test CA").server(&["shop.example.test"]);
     let yaml = tls_secret("shop-credential", "istio-system", &leaf);
-    let r = c.http.post(format!("{}/v1/apply", c.replica(2).api())).header("content-type", "application/yaml").body(yaml).send().await.unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    let rev: u64 = r.json::<Value>().await.unwrap()["revision"].as_u64().unwrap();
+    let rev = kit::applied(&c.http, &c.replica(2).api(), &yaml).await;
     c.wait_for_revision(rev, BOUND).await;
     let node = "router~127.0.0.1~probe.istio-system~istio-system.svc.cluster.local";
     let served = ask_member_for_secret(3, &c.replica(3).xds_addr(), node, &["shop-credential"]).await;

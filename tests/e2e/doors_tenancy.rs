@@ -202,7 +202,7 @@ async fn a_hostname_claimed_twice_resolves_per_proxy_through_real_envoys() {
     policy(&api, "team-a", &["read,watch,write,delete:*:team-a"]);
     let writer = client_as(&secret(&kit::token_create(&api, &["--policy", "team-a"])));
     let yaml = render(&(entry("team-a", "payments.example.com", "a", "\"*\"") + &entry("team-a", "ledger.example.com", "a", "\".\"")), &ups);
-    let rev = kit::mesh::apply_yaml(&writer, &api, &yaml).await;
+    let rev = kit::applied(&writer, &api, &yaml).await;
 
     let mut ob = EnvoyOptions::new("client", &fx.ip(2));
     ob.namespace = "team-b".into();

@@ -308,16 +308,6 @@ async fn envoy_reads_its_proxy_token_from_the_file_and_config_dump_shows_none() 
     assert!(!format!("{stats:?}").contains(&secret));
 }
 
-/// A child process, killed when dropped.
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Run `f` on a thread inside the network namespace `ns`.
 fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let path = format!("/var/run/netns/{ns}");
@@ -390,19 +380,9 @@ async fn envoys_admin_is_not_reachable_on_the_proxys_address() {
     assert!(warned.contains("warning") && warned.contains("/config_dump"), "{warned}");
     let path = tmp.path().join("bootstrap.json");
     std::fs::write(&path, doc).unwrap();
-    let log = std::fs::File::create(tmp.path().join("envoy.log")).unwrap();
-    let _envoy = Kill(
-        std::process::Command::new("ip")
-            .args(["netns", "exec", &ns.0])
-            .arg(kit::envoy::envoy_binary())
-            .arg("-c")
-            .arg(&path)
-            .args(["--use-dynamic-base-id", "--log-level", "info"])
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
+    let mut envoy = std::process::Command::new("ip");
+    envoy.args(["netns", "exec", &ns.0]).arg(kit::envoy::envoy_binary()).arg("-c").arg(&path).args(["--use-dynamic-base-id", "--log-level", "info"]);
+    let _envoy = kit::Proc::spawn("envoy", envoy, &tmp.path().join("envoy.log"));
     let envoy_log = tmp.path().join("envoy.log");
     let (loopback, routable) = in_netns(&ns.0, move || {
         let connect = |addr: &str| std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(1));
@@ -661,23 +641,13 @@ async fn an_expiring_certificate_ends_its_stream_and_envoy_reconnects_with_the_r
     std::fs::write(&token_file, &join).unwrap();
     let ip = format!("{}.10", kit::loopback_prefix());
     let dir = tmp.path().join("agent");
-    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
-    let _agent = Kill(
-        kit::cli_command()
-            .args(["agent", "--dir"])
-            .arg(&dir)
-            .args(["--xds-servers", &xds, "--name", "cart", "--namespace", "shop", "--ip", &ip, "--ttl", "8s", "--run-envoy"])
-            .arg("--envoy-binary")
-            .arg(kit::envoy::envoy_binary())
-            .arg("--join-token-file")
-            .arg(&token_file)
-            .args(["--envoy-arg=--use-dynamic-base-id"])
-            .env("RUST_LOG", "info")
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
+    let _agent = kit::agent::AgentBuilder::new("shop", "cart", &xds, tmp.path())
+        .identity_dir(&dir)
+        .args(["--ip", &ip, "--ttl", "8s", "--run-envoy", "--envoy-binary"])
+        .args([kit::envoy::envoy_binary()])
+        .join_token_file(&token_file)
+        .args(["--envoy-arg=--use-dynamic-base-id"])
+        .start();
     let agent_log = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
     let id = node_id("cart", "shop").replace("127.0.0.5", &ip);
     let streams =

@@ -7,10 +7,10 @@
 use crate::kit;
 
 use kit::envoy::envoy_binary;
-use kit::{loopback_prefix, test_ca, Cluster, BIN};
+use kit::{loopback_prefix, test_ca, Cluster, Proc, BIN};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// `lodestar ARGS` as a user on a fresh machine runs it: in `cwd`, with
@@ -26,7 +26,7 @@ fn text(b: &[u8]) -> String {
 /// `lodestar server` as the README starts it (data in ./lodestar-data,
 /// the user config in HOME), on `ip`'s ports 7000-7002.
 struct Single {
-    child: Child,
+    child: Proc,
     dir: PathBuf,
     ip: String,
 }
@@ -44,7 +44,7 @@ impl Single {
             .stderr(log)
             .spawn()
             .unwrap();
-        let s = Single { child, dir: dir.to_path_buf(), ip: ip.to_string() };
+        let s = Single { child: Proc::new("server", child), dir: dir.to_path_buf(), ip: ip.to_string() };
         s.wait_ready();
         s
     }
@@ -69,23 +69,7 @@ impl Single {
     }
 
     fn stop(mut self) {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Single {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.stop(Duration::from_secs(10));
     }
 }
 
@@ -303,22 +287,12 @@ async fn bootstrap_makes_the_proxy_token_or_says_why_not() {
     drop((good, refused));
 }
 
-/// A child process (an Envoy, a server), killed on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_envoy(dir: &Path, name: &str, bootstrap: &str) -> Killed {
+fn start_envoy(dir: &Path, name: &str, bootstrap: &str) -> Proc {
     let config = dir.join(format!("{name}.yaml"));
     std::fs::write(&config, bootstrap).unwrap();
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    let child = Command::new(envoy_binary()).arg("-c").arg(&config).arg("--use-dynamic-base-id").stdout(Stdio::null()).stderr(log).spawn().unwrap();
-    Killed(child)
+    let mut cmd = Command::new(envoy_binary());
+    cmd.arg("-c").arg(&config).arg("--use-dynamic-base-id");
+    Proc::spawn(&format!("envoy {name}"), cmd, &dir.join(format!("{name}.log")))
 }
 
 fn envoy_log(dir: &Path, name: &str) -> String {
@@ -422,7 +396,7 @@ fn json_logs_and_the_audit_log_apart_under_systemd() {
         .spawn()
         .unwrap();
     // Killed on drop, should an assertion fail first.
-    let mut child = Killed(child);
+    let mut child = Proc::new("server", child);
     // An unauthenticated request: one audit line.
     let deadline = Instant::now() + Duration::from_secs(20);
     let audit = logs.join("audit.jsonl");
@@ -434,8 +408,8 @@ fn json_logs_and_the_audit_log_apart_under_systemd() {
         assert!(Instant::now() < deadline, "no audit line in {}:\n{}", audit.display(), std::fs::read_to_string(&stderr).unwrap_or_default());
         std::thread::sleep(Duration::from_millis(100));
     }
-    let _ = Command::new("kill").arg("-TERM").arg(child.0.id().to_string()).status();
-    let _ = child.0.wait();
+    child.signal(libc::SIGTERM);
+    child.wait_exit(Duration::from_secs(30));
     let text = std::fs::read_to_string(&stderr).unwrap();
     let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
     assert!(lines.iter().any(|l| l["message"] == "replica started" && l["level"] == "INFO" && l["api"] == format!("{ip}:7000")), "{text}");

@@ -234,10 +234,6 @@ spec:
     )
 }
 
-async fn apply(c: &Cluster, replica: u64, yaml: &str) -> u64 {
-    kit::mesh::apply_yaml(&c.http, &c.replica(replica).api(), yaml).await
-}
-
 /// `flaky` (one server at .14) with `attempts` retries on `unavailable`.
 fn flaky_config(ip: &dyn Fn(u8) -> String, attempts: u32) -> String {
     format!(
@@ -310,7 +306,7 @@ async fn weighted_split_and_header_route_through_lodestar() {
     let p = prefix(&c);
     let ip = |n: u8| format!("{p}.{n}");
     let _servers = [server(&ip(11), "v1"), server(&ip(12), "v2"), server(&ip(13), "v2-b")];
-    apply(&c, 1, &config(&ip, 75)).await;
+    kit::applied(&c.http, &c.replica(1).api(), &config(&ip, 75)).await;
     let dir = tempfile::tempdir().unwrap();
     let (_agent, bootstrap) = agent(&c.replica(1).api(), &c.replica(1).xds_addr(), dir.path()).await;
     let mut client = Client::start(&bootstrap, dir.path().join("client.log"));
@@ -358,19 +354,19 @@ async fn weighted_split_and_header_route_through_lodestar() {
     // UNAVAILABLE; no retries, and half the calls fail; three attempts on
     // `unavailable`, and none does.
     let _flaky = server_with(&ip(14), "flaky", &["flaky"]);
-    apply(&c, 1, &flaky_config(&ip, 0)).await;
+    kit::applied(&c.http, &c.replica(1).api(), &flaky_config(&ip, 0)).await;
     let flaky = "flaky.shop.svc.cluster.local:50051";
     let t = client.wait_for(flaky, &[], "the flaky service", |t| !t.replies.is_empty());
     assert!(!t.errors.is_empty() && t.errors.keys().all(|e| e.starts_with("UNAVAILABLE")), "{t:?}");
     let t = client.call(flaky, "/lodestar.test.Echo/Call", &[], 40);
     assert_eq!((t.replies.values().sum::<u64>(), t.errors.values().sum::<u64>()), (20, 20), "{t:?}");
-    apply(&c, 1, &flaky_config(&ip, 3)).await;
+    kit::applied(&c.http, &c.replica(1).api(), &flaky_config(&ip, 3)).await;
     client.wait_for(flaky, &[], "retried", |t| t.errors.is_empty());
     let t = client.call(flaky, "/lodestar.test.Echo/Call", &[], 100);
     assert_eq!(t.replies.get("flaky /lodestar.test.Echo/Call"), Some(&100), "{t:?}");
 
     // New weights reach the running client.
-    apply(&c, 1, &config(&ip, 0)).await;
+    kit::applied(&c.http, &c.replica(1).api(), &config(&ip, 0)).await;
     client.wait_for(TARGET, &[], "all to v2", |t| t.errors.is_empty() && t.replies.keys().all(|k| k.starts_with("v2")));
     assert_no_nacks(&c, &[1]).await;
     drop(client);
@@ -464,7 +460,7 @@ async fn the_client_survives_the_loss_of_its_replica() {
     let p = prefix(&c);
     let ip = |n: u8| format!("{p}.{n}");
     let _servers = [server(&ip(11), "v1"), server(&ip(12), "v2"), server(&ip(13), "v2-b")];
-    apply(&c, 1, &config(&ip, 100)).await;
+    kit::applied(&c.http, &c.replica(1).api(), &config(&ip, 100)).await;
     let ips = c.replicas.iter().map(|r| r.ip.parse().unwrap()).collect();
     let (dns, _dns_task) = dns_server(&ip(53), NAME, ips).await;
 
@@ -499,7 +495,7 @@ async fn the_client_survives_the_loss_of_its_replica() {
     // A change through a surviving replica (once the two have a leader)
     // reaches the running client.
     c.wait_for_leader(Duration::from_secs(20)).await;
-    apply(&c, live[0], &config(&ip, 0)).await;
+    kit::applied(&c.http, &c.replica(live[0]).api(), &config(&ip, 0)).await;
     client.wait_for(TARGET, &[], "the change, from another replica", |t| t.errors.is_empty() && t.replies.keys().all(|k| k.starts_with("v2")));
     let streams = grpc_streams(&c, &live).await;
     assert_eq!(streams.len(), 1, "one replica of {live:?} serves the client now: {streams:?}");
@@ -521,7 +517,7 @@ async fn node_client_through_the_agents_xds_socket() {
     let p = prefix(&c);
     let ip = |n: u8| format!("{p}.{n}");
     let _servers = [server(&ip(11), "v1"), server(&ip(12), "v2"), server(&ip(13), "v2-b")];
-    apply(&c, 1, &config(&ip, 75)).await;
+    kit::applied(&c.http, &c.replica(1).api(), &config(&ip, 75)).await;
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("xds.sock");
     let servers: Vec<String> = (1..=3).map(|id| c.replica(id).xds_addr()).collect();
@@ -561,7 +557,7 @@ async fn node_client_through_the_agents_xds_socket() {
     let t = client.call(TARGET, "/lodestar.test.Echo/Call", &[], 50);
     assert_eq!(t.replies.values().sum::<u64>(), 50, "calls go on while the replica is gone: {t:?}");
     c.wait_for_leader(Duration::from_secs(20)).await;
-    apply(&c, 2, &config(&ip, 0)).await;
+    kit::applied(&c.http, &c.replica(2).api(), &config(&ip, 0)).await;
     client.wait_for(TARGET, &[], "the change, through another replica", |t| t.errors.is_empty() && t.replies.keys().all(|k| k.starts_with("v2")));
     let streams = grpc_streams(&c, &[2, 3]).await;
     assert_eq!(streams.len(), 1, "{streams:?}");

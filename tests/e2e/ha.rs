@@ -192,8 +192,8 @@ async fn failover_under_load_drops_no_request() {
 
     // A change right after: web-2 replaces web-1.
     let api = fx.api(survivors[0]);
-    let r = fx.client.post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(web_instance("web-2", &u2)).send().await.unwrap();
-    assert_eq!(r.status(), 200);
+    let (status, _) = kit::apply(&fx.client, &api, &web_instance("web-2", &u2)).await;
+    assert_eq!(status, 200);
     let r = fx.client.delete(format!("{api}/v1/resources/instances/default/web-1")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     wait_for(&fx.client, &url, "web", &[], "the change reaches the Envoy", |r| r.body == "web-2").await;

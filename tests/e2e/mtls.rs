@@ -41,21 +41,6 @@ async fn workload_with(root: &Path, api: &str, xds: &str, name: &str, ip: &str, 
     Workload::start(agent, ip, |admin| async move { kit::envoy::serving_serial(&admin).await.is_some() }).await
 }
 
-async fn apply(api: &str, yaml: &str) -> u64 {
-    let r = kit::http()
-        .post(format!("{api}/v1/apply"))
-        .header("content-type", "application/yaml")
-        .body(yaml.to_string())
-        .timeout(Duration::from_secs(15))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let body: Value = r.json().await.unwrap_or(Value::Null);
-    assert_eq!(status, 200, "apply: {body:#}\n{yaml}");
-    body["revision"].as_u64().unwrap()
-}
-
 async fn delete(api: &str, kind: &str, name: &str) {
     let (ok, _, err) = cli(api, &["delete", kind, name, "-n", NS]);
     assert!(ok, "delete {kind} {name}: {err}");
@@ -212,7 +197,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     let app = Upstream::start("127.0.0.1", "reviews-mesh").await;
     let legacy = Upstream::start(&format!("{p}.22"), "reviews-legacy").await;
     let (echo, _echo_task) = tcp_echo("127.0.0.1").await;
-    let rev = apply(&api, &mesh_yaml(&p, &app, echo, Some(&legacy))).await;
+    let rev = kit::applied(&kit::http(), &api, &mesh_yaml(&p, &app, echo, Some(&legacy))).await;
 
     let tmp = tempfile::tempdir().unwrap();
     let client = workload(tmp.path(), &api, &xds, "web", &client_ip, None).await;
@@ -261,7 +246,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     assert!(echo_once(&mut s, &mesh_hello).await.is_err(), "mesh TLS is terminated by the server's Envoy");
 
     // 2. STRICT for the namespace: plaintext is refused, mutual TLS served.
-    let rev = apply(&api, &peer_auth("default", "  mtls: {mode: STRICT}")).await;
+    let rev = kit::applied(&kit::http(), &api, &peer_auth("default", "  mtls: {mode: STRICT}")).await;
     wait_synced(&api, rev).await;
     assert!(plain().get(format!("http://{server_ip}:9080/p2-plain")).send().await.is_err(), "STRICT refuses plaintext HTTP");
     assert!(tcp_roundtrip(&format!("{server_ip}:9090")).await.is_err(), "STRICT refuses plaintext TCP");
@@ -275,7 +260,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
 
     // 3. DISABLE: plaintext only; the client's auto-mTLS follows the
     // server's policy and sends plaintext.
-    let rev = apply(&api, &peer_auth("default", "  mtls: {mode: DISABLE}")).await;
+    let rev = kit::applied(&kit::http(), &api, &peer_auth("default", "  mtls: {mode: DISABLE}")).await;
     wait_synced(&api, rev).await;
     let r = plain().get(format!("http://{server_ip}:9080/p3-plain")).send().await.expect("DISABLE serves plaintext");
     assert_eq!(r.status().as_u16(), 200);
@@ -292,9 +277,12 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
 
     // 4. portLevelMtls: the workload is STRICT but its TCP port 9090 DISABLE.
     delete(&api, "peerauthentication", "default").await;
-    let rev =
-        apply(&api, &peer_auth("reviews", "  selector: {matchLabels: {app: reviews}}\n  mtls: {mode: STRICT}\n  portLevelMtls:\n    9090: {mode: DISABLE}"))
-            .await;
+    let rev = kit::applied(
+        &kit::http(),
+        &api,
+        &peer_auth("reviews", "  selector: {matchLabels: {app: reviews}}\n  mtls: {mode: STRICT}\n  portLevelMtls:\n    9090: {mode: DISABLE}"),
+    )
+    .await;
     wait_synced(&api, rev).await;
     assert!(plain().get(format!("http://{server_ip}:9080/p4-plain")).send().await.is_err(), "9080 is STRICT");
     tcp_roundtrip(&format!("{server_ip}:9090")).await.expect("9090 is DISABLE: plaintext");
@@ -306,7 +294,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     // request fails (the mutual TLS chain is the same in both modes, and
     // the server accepts mutual TLS before and after).
     delete(&api, "peerauthentication", "reviews").await;
-    let rev = apply(&api, &peer_auth("default", "  mtls: {mode: PERMISSIVE}")).await;
+    let rev = kit::applied(&kit::http(), &api, &peer_auth("default", "  mtls: {mode: PERMISSIVE}")).await;
     wait_synced(&api, rev).await;
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -332,7 +320,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     }
     let modified_before = server.stats().await.get("listener_manager.listener_in_place_updated").copied().unwrap_or(0);
     for mode in ["STRICT", "PERMISSIVE", "STRICT", "PERMISSIVE"] {
-        let rev = apply(&api, &peer_auth("default", &format!("  mtls: {{mode: {mode}}}"))).await;
+        let rev = kit::applied(&kit::http(), &api, &peer_auth("default", &format!("  mtls: {{mode: {mode}}}"))).await;
         wait_synced(&api, rev).await;
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
@@ -351,7 +339,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     // handshake fails on the SAN check, nothing reaches the app.
     let before = reviews_ssl(&client, "ssl.fail_verify_san").await;
     let wrong = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: reviews, namespace: shop}\nspec:\n  host: reviews\n  trafficPolicy: {tls: {mode: ISTIO_MUTUAL, subjectAltNames: [\"spiffe://cluster.local/ns/shop/sa/nobody\"]}}\n";
-    let rev = apply(&api, wrong).await;
+    let rev = kit::applied(&kit::http(), &api, wrong).await;
     wait_synced(&api, rev).await;
     for _ in 0..6 {
         let (status, _) = via_client(&client_ip, "/p6/echo").await.unwrap();
@@ -362,7 +350,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     assert!(after > before, "ssl.fail_verify_san rose: {before} -> {after}");
     // The right identity is served.
     let right = wrong.replace("sa/nobody", "sa/reviews");
-    let rev = apply(&api, &right).await;
+    let rev = kit::applied(&kit::http(), &api, &right).await;
     wait_synced(&api, rev).await;
     // ISTIO_MUTUAL applies to every endpoint: the legacy one cannot answer
     // mutual TLS (503), the mesh one can.
@@ -382,12 +370,12 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     // naming another principal turns it away at the server's Envoy (403),
     // while the legacy endpoint (no Envoy) is untouched.
     delete(&api, "destinationrule", "reviews").await;
-    let rev = apply(&api, &peer_auth("default", "  mtls: {mode: STRICT}")).await;
+    let rev = kit::applied(&kit::http(), &api, &peer_auth("default", "  mtls: {mode: STRICT}")).await;
     wait_synced(&api, rev).await;
     let allow = |principal: &str| {
         format!("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: reviews, namespace: shop}}\nspec:\n  selector: {{matchLabels: {{app: reviews}}}}\n  rules: [{{from: [{{source: {{principals: [\"{principal}\"]}}}}]}}]\n")
     };
-    let rev = apply(&api, &allow("cluster.local/ns/shop/sa/web")).await;
+    let rev = kit::applied(&kit::http(), &api, &allow("cluster.local/ns/shop/sa/web")).await;
     wait_synced(&api, rev).await;
     let mut statuses = std::collections::BTreeMap::new();
     for _ in 0..10 {
@@ -396,7 +384,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
     }
     assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), [200], "the client's principal is allowed: {statuses:?}");
     assert!(!xfcc(&app, "/p7-allowed/echo").is_empty());
-    let rev = apply(&api, &allow("cluster.local/ns/shop/sa/someone-else")).await;
+    let rev = kit::applied(&kit::http(), &api, &allow("cluster.local/ns/shop/sa/someone-else")).await;
     wait_synced(&api, rev).await;
     // A policy change changes the chains' filters (an in-place update):
     // connections opened under the old policy drain with it
@@ -418,7 +406,7 @@ async fn peer_authentication_and_auto_mtls_between_two_envoys() {
         format!("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: reviews, namespace: shop}}\nspec:\n  selector: {{matchLabels: {{app: reviews}}}}\n  rules: [{{from: [{{source: {{{field}: [shop]}}}}]}}]\n")
     };
     for (field, want) in [("namespaces", 200), ("notNamespaces", 403)] {
-        let rev = apply(&api, &by_ns(field)).await;
+        let rev = kit::applied(&kit::http(), &api, &by_ns(field)).await;
         wait_synced(&api, rev).await;
         until(&format!("{field}: {want}"), Duration::from_secs(15), || async { via_client(&client_ip, "/p7-ns/echo").await.unwrap().0 == want }).await;
         tokio::time::sleep(Duration::from_secs(3)).await; // past the drain time
@@ -459,8 +447,8 @@ async fn rotation_under_open_streams(ttl_s: u64, rotations: usize) {
     let (client_ip, server_ip) = (format!("{p}.20"), format!("{p}.21"));
     let app = Upstream::start("127.0.0.1", "reviews-mesh").await;
     let (echo, _echo_task) = tcp_echo("127.0.0.1").await;
-    let rev = apply(&api, &mesh_yaml(&p, &app, echo, None)).await;
-    let rev = apply(&api, &peer_auth("default", "  mtls: {mode: STRICT}")).await.max(rev);
+    let rev = kit::applied(&kit::http(), &api, &mesh_yaml(&p, &app, echo, None)).await;
+    let rev = kit::applied(&kit::http(), &api, &peer_auth("default", "  mtls: {mode: STRICT}")).await.max(rev);
     let tmp = tempfile::tempdir().unwrap();
     let ttl = format!("{ttl_s}s");
     let client = workload(tmp.path(), &api, &xds, "web", &client_ip, Some(&ttl)).await;
@@ -604,7 +592,7 @@ spec:
         ip = shop.addr.ip(),
         port = shop.addr.port()
     );
-    let rev = apply(&api, &yaml).await;
+    let rev = kit::applied(&kit::http(), &api, &yaml).await;
     let tmp = tempfile::tempdir().unwrap();
     let gw = workload_with(tmp.path(), &api, &xds, "ingressgateway", &gw_ip, None, &["--node-type", "router", "--label", "istio=ingressgateway"]).await;
     // Two workload identities for clients: `web` (allowed) and `other`.

@@ -24,12 +24,6 @@ fn instance(name: &str, service: &str, addr: &std::net::SocketAddr, check: Value
 const REVIEWS_SERVICE: &str =
     "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {name: reviews, namespace: default}\nspec:\n  ports: [{name: http, number: 9080}]\n";
 
-async fn apply_json(fx: &Fixture, resources: Vec<Value>) -> u64 {
-    let (status, body) = kit::apply(&fx.client, &fx.api(1), resources).await;
-    assert_eq!(status, 200, "apply: {body:#}");
-    body["revision"].as_u64().unwrap()
-}
-
 async fn get_instance(client: &reqwest::Client, api: &str, name: &str) -> (u16, Value) {
     kit::get_json(client, &format!("{api}/v1/resources/instances/default/{name}")).await
 }
@@ -65,7 +59,7 @@ async fn failed_http_check_takes_an_instance_out_of_traffic() {
         .enumerate()
         .map(|(i, u)| instance(&format!("reviews-{}", i + 1), "reviews", &u.addr, json!({"http": format!("http://{}/healthz", u.addr), "interval": "300ms"})))
         .collect();
-    apply_json(&fx, instances).await;
+    kit::applied(&fx.client, &fx.api(1), instances).await;
     for i in 1..=3 {
         wait_instance(&fx.client, &fx.api(1), &format!("reviews-{i}"), "healthy", |_, b| health(b) == Some("Healthy")).await;
     }
@@ -228,7 +222,8 @@ async fn leader_failover_expires_no_heartbeating_instance() {
     let mut c = Cluster::start(3, "").await;
     let api1 = c.replica(1).api();
     let names: Vec<String> = (0..5).map(|i| format!("hb-{i}")).collect();
-    let docs = names.iter().enumerate().map(|(i, n)| instance(n, "hb", &format!("127.0.0.1:{}", 9300 + i).parse().unwrap(), json!({"ttl": "2s"}))).collect();
+    let docs: Vec<Value> =
+        names.iter().enumerate().map(|(i, n)| instance(n, "hb", &format!("127.0.0.1:{}", 9300 + i).parse().unwrap(), json!({"ttl": "2s"}))).collect();
     let (status, body) = kit::apply(&c.http, &api1, docs).await;
     assert_eq!(status, 200, "{body:#}");
     let registered = body["revision"].as_u64().unwrap();
@@ -290,7 +285,7 @@ async fn endpoint_change_pushes_only_eds() {
         let u1 = fx.upstream(11, "reviews-1").await;
         let u2 = fx.upstream(12, "reviews-2").await;
         fx.apply(REVIEWS_SERVICE).await;
-        let rev = apply_json(&fx, vec![instance("reviews-1", "reviews", &u1.addr, Value::Null)]).await;
+        let rev = kit::applied(&fx.client, &fx.api(1), vec![instance("reviews-1", "reviews", &u1.addr, Value::Null)]).await;
         let proxy = fx.sidecar("productpage", 1, 1, delta, rev).await;
         let url = proxy.url(9080, "/");
         wait_for(&fx.client, &url, "reviews", &[], "reviews-1 serves", |r| r.body == "reviews-1").await;
@@ -298,7 +293,7 @@ async fn endpoint_change_pushes_only_eds() {
         let before_stats = proxy.envoy.stats().await;
         let before = proxy.wait_synced(rev).await;
 
-        let rev = apply_json(&fx, vec![instance("reviews-2", "reviews", &u2.addr, Value::Null)]).await;
+        let rev = kit::applied(&fx.client, &fx.api(1), vec![instance("reviews-2", "reviews", &u2.addr, Value::Null)]).await;
         let after = proxy.wait_synced(rev).await;
         wait_for(&fx.client, &url, "reviews", &[], "reviews-2 serves", |r| r.body == "reviews-2").await;
         for t in ["CDS", "LDS", "RDS"] {

@@ -964,9 +964,7 @@ spec:
     hosts: [shop.example.test]
     tls: {mode: ISTIO_MUTUAL}
 "#;
-    let r = fx.client.post(format!("{}/v1/apply", fx.api(1))).header("content-type", "application/yaml").body(refused).send().await.unwrap();
-    let status = r.status().as_u16();
-    let body: Value = r.json().await.unwrap();
+    let (status, body) = kit::apply(&fx.client, &fx.api(1), refused).await;
     assert_eq!(status, 400, "{body:#}");
     let fields = body["error"]["fields"].as_array().cloned().unwrap_or_default();
     let field = "spec.servers[0].tls.mode";

@@ -107,9 +107,7 @@ impl InProcess {
 
     /// Apply documents; the revision they produced.
     async fn apply(&self, docs: Vec<Value>) -> u64 {
-        let (status, body) = kit::apply(&self.http, &self.api, docs).await;
-        assert_eq!(status, 200, "apply: {body}");
-        body["revision"].as_u64().expect("revision")
+        kit::applied(&self.http, &self.api, docs).await
     }
 
     async fn delete_vs(&self, name: &str) -> u64 {

@@ -70,7 +70,7 @@ impl Fixture {
     }
 
     pub async fn apply_via(&self, replica: u64, yaml: &str) -> u64 {
-        apply_yaml(&self.client, &self.api(replica), yaml).await
+        super::applied(&self.client, &self.api(replica), yaml).await
     }
 
     /// A sidecar at `127.A.B.n` served by `replica`, ready and in sync at
@@ -167,22 +167,6 @@ impl Proxy {
     pub async fn stat(&self, name: &str) -> u64 {
         self.envoy.stat(name).await.unwrap_or(0)
     }
-}
-
-/// Apply a YAML stream through the REST API at `api`; its revision.
-pub async fn apply_yaml(client: &reqwest::Client, api: &str, yaml: &str) -> u64 {
-    let r = client
-        .post(format!("{api}/v1/apply"))
-        .header("content-type", "application/yaml")
-        .body(yaml.to_string())
-        .timeout(Duration::from_secs(15))
-        .send()
-        .await
-        .expect("apply request");
-    let status = r.status().as_u16();
-    let body: Value = r.json().await.unwrap_or(Value::Null);
-    assert_eq!(status, 200, "apply: {body:#}\n{yaml}");
-    body["revision"].as_u64().expect("revision")
 }
 
 pub async fn syncz(http: &reqwest::Client, api: &str) -> Value {

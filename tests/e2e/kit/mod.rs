@@ -541,11 +541,51 @@ pub fn vs(name: &str, namespace: &str, tag: &str) -> Value {
     })
 }
 
-/// POST /v1/apply; returns (status, body).
-pub async fn apply(http: &reqwest::Client, api: &str, resources: Vec<Value>) -> (u16, Value) {
-    let r = http.post(format!("{api}/v1/apply")).json(&json!({ "resources": resources })).timeout(Duration::from_secs(15)).send().await.expect("apply request");
+/// What `POST /v1/apply` takes: a YAML stream (`kubectl`'s form) or JSON
+/// documents (`{"resources": [...]}`).
+#[derive(Debug)]
+pub enum Docs {
+    Yaml(String),
+    Json(Vec<Value>),
+}
+
+impl From<&str> for Docs {
+    fn from(yaml: &str) -> Docs {
+        Docs::Yaml(yaml.to_string())
+    }
+}
+
+impl From<&String> for Docs {
+    fn from(yaml: &String) -> Docs {
+        Docs::Yaml(yaml.clone())
+    }
+}
+
+impl From<Vec<Value>> for Docs {
+    fn from(docs: Vec<Value>) -> Docs {
+        Docs::Json(docs)
+    }
+}
+
+/// `POST /v1/apply` at the replica whose API is `api`: (status, body).
+pub async fn apply(http: &reqwest::Client, api: &str, docs: impl Into<Docs>) -> (u16, Value) {
+    let request = http.post(format!("{api}/v1/apply")).timeout(Duration::from_secs(15));
+    let request = match docs.into() {
+        Docs::Yaml(yaml) => request.header("content-type", "application/yaml").body(yaml),
+        Docs::Json(resources) => request.json(&json!({ "resources": resources })),
+    };
+    let r = request.send().await.expect("apply request");
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// [`apply`] that must succeed: the revision it produced.
+pub async fn applied(http: &reqwest::Client, api: &str, docs: impl Into<Docs>) -> u64 {
+    let docs = docs.into();
+    let shown = format!("{docs:?}");
+    let (status, body) = apply(http, api, docs).await;
+    assert_eq!(status, 200, "apply: {body:#}\n{shown}");
+    body["revision"].as_u64().expect("revision")
 }
 
 pub async fn get_json(http: &reqwest::Client, url: &str) -> (u16, Value) {
