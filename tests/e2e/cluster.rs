@@ -136,11 +136,7 @@ async fn lagging_replica_catches_up_by_snapshot() {
         last = body["revision"].as_u64().unwrap();
     }
     // The leader purged its log: a snapshot is the only way to catch up.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !c.replica(leader).log().contains("built snapshot") {
-        assert!(Instant::now() < deadline, "leader never built a snapshot");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until("the leader builds a snapshot", Duration::from_secs(10), || async { c.replica(leader).log().contains("built snapshot") }).await;
 
     c.restart(follower);
     c.wait_for_revision(last, Duration::from_secs(30)).await;

@@ -22,7 +22,7 @@ use kit::tls::{Ca, Leaf, Offer, TlsClient};
 use prost::{Message, Name};
 use serde_json::Value;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -72,15 +72,8 @@ fn gateway_options(fx: &Fixture, name: &str, n: u8) -> kit::envoy::EnvoyOptions 
 
 /// `attempt` until it succeeds (a listener may still be warming), within
 /// `BOUND`; a failure then panics, saying `what`.
-async fn until_ok<T, F: std::future::Future<Output = Result<T, String>>>(what: &str, mut attempt: impl FnMut() -> F) -> T {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        match attempt().await {
-            Ok(v) => return v,
-            Err(e) if Instant::now() > deadline => panic!("{what}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
+async fn until_ok<T, F: std::future::Future<Output = Result<T, String>>>(what: &str, attempt: impl FnMut() -> F) -> T {
+    kit::eventually_or(what, BOUND, attempt).await
 }
 
 fn shop_service(u: &kit::envoy::Upstream) -> String {
@@ -106,14 +99,14 @@ async fn listener_version(p: &Proxy, port: u16) -> String {
 
 /// Poll until the server on `addr` presents `want` (DER).
 async fn wait_for_leaf(client: &TlsClient<'_>, addr: SocketAddr, want: &[u8], what: &str) {
-    let deadline = Instant::now() + BOUND;
-    loop {
+    let what = format!("{what}: the gateway presents the expected certificate");
+    kit::eventually_or(&what, BOUND, || async {
         match client.peer_leaf(addr).await {
-            Ok(der) if der == want => return,
-            other if Instant::now() > deadline => panic!("{what}: the gateway did not present the expected certificate: {other:?}"),
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            Ok(der) if der == want => Ok(()),
+            other => Err(format!("{other:?}")),
         }
-    }
+    })
+    .await
 }
 
 /// Every file under `dir`, read.

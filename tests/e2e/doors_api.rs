@@ -45,14 +45,11 @@ fn audit_lines(path: &Path) -> Vec<Value> {
 /// The first audit line matching `pred`, waiting 5 s at most (the log is
 /// written off the request path).
 async fn audit_line(path: &Path, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(l) = audit_lines(path).into_iter().find(|l| pred(l)) {
-            return l;
-        }
-        assert!(Instant::now() < deadline, "no such audit line in {}:\n{}", path.display(), std::fs::read_to_string(path).unwrap_or_default());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("an audit line in {}", path.display());
+    kit::eventually_or(&what, Duration::from_secs(5), || async {
+        audit_lines(path).into_iter().find(|l| pred(l)).ok_or_else(|| std::fs::read_to_string(path).unwrap_or_default())
+    })
+    .await
 }
 
 /// An anonymous `POST /v1/acl/bootstrap` (what the README's curl sends).
@@ -150,11 +147,7 @@ async fn a_default_single_node() {
     c.spawn_all();
     let r = c.replica(1);
     let token_file = r.data_dir().join("management.token");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !token_file.exists() {
-        assert!(Instant::now() < deadline, "no management.token: {}", r.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("management.token written", Duration::from_secs(20), || async { token_file.exists() }).await;
     let token = std::fs::read_to_string(&token_file).unwrap().trim().to_string();
     c.http = client(Some(&token));
     c.wait_for_leader(Duration::from_secs(20)).await;
@@ -197,11 +190,7 @@ async fn a_default_single_node() {
     // Item 3 in the adapter: a file with an alias stops the round, named.
     std::fs::write(watched.path().join("bomb.yaml"), alias_bomb()).unwrap();
     std::fs::write(watched.path().join("web.yaml"), yaml_serde::to_string(&vs("web", "default", "v2")).unwrap()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !c.replica(1).log().contains("anchors and aliases are not accepted") {
-        assert!(Instant::now() < deadline, "no alias error logged: {}", c.replica(1).log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until("the alias error logged", Duration::from_secs(10), || async { c.replica(1).log().contains("anchors and aliases are not accepted") }).await;
     assert!(c.replica(1).log().contains("bomb.yaml[0]"), "the error names the file");
     let (_, web) = get_json(&c.http, &format!("{api}/v1/resources/vs/default/web")).await;
     assert_eq!(web["metadata"]["labels"]["tag"], "v1", "nothing applied from a directory with a bad file");

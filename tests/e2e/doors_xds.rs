@@ -68,23 +68,14 @@ async fn metric(cluster: &kit::Cluster, series: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
 }
 
+/// Replica 1's `/debug/syncz`.
 async fn syncz(cluster: &kit::Cluster) -> Value {
-    let (status, body) = kit::get_json(&cluster.http, &format!("{}/debug/syncz", cluster.replica(1).api())).await;
-    assert_eq!(status, 200, "{body}");
-    body
+    kit::mesh::syncz(&cluster.http, &cluster.replica(1).api()).await
 }
 
-/// Poll `/debug/syncz` until `pred` holds.
+/// Poll replica 1's `/debug/syncz` until `pred` holds.
 async fn wait_syncz(cluster: &kit::Cluster, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        let s = syncz(cluster).await;
-        if pred(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "syncz: {what} not within {BOUND:?}; last: {s:#}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    kit::mesh::wait_syncz(&cluster.http, &cluster.replica(1).api(), what, pred).await
 }
 
 // ---------------------------------------------------------------------------

@@ -65,16 +65,16 @@ fn counts(placement: &BTreeMap<String, u64>, replicas: &[u64]) -> Vec<usize> {
 /// Until all six Envoys are placed and `ok` holds for the per-replica counts.
 async fn wait_counts(fx: &Fixture, what: &str, ok: fn(&[usize]) -> bool) -> Vec<usize> {
     let running = [1, 2, 3];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    kit::eventually_or(what, Duration::from_secs(60), || async {
         let p = placement(fx, &running).await;
         let c = counts(&p, &running);
         if p.len() == 6 && ok(&c) {
-            return c;
+            Ok(c)
+        } else {
+            Err(format!("placement {p:?}"))
         }
-        assert!(Instant::now() < deadline, "{what}: placement {p:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
 }
 
 async fn ok_through(fx: &Fixture, e: &Envoy) -> bool {
@@ -103,15 +103,15 @@ async fn streams_spread_and_rebalance_after_a_restart() {
     // Restart replica 3: its Envoys move to 1 and 2, then come back.
     fx.cluster.stop(3);
     let p = {
-        let deadline = Instant::now() + BOUND;
-        loop {
+        kit::eventually_or("Envoys move off replica 3", BOUND, || async {
             let p = placement(&fx, &[1, 2]).await;
             if p.len() == 6 {
-                break p;
+                Ok(p)
+            } else {
+                Err(format!("{p:?}"))
             }
-            assert!(Instant::now() < deadline, "Envoys did not move off replica 3: {p:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await
     };
     eprintln!("with replica 3 down: {:?}", counts(&p, &[1, 2]));
     fx.cluster.restart(3);
@@ -397,11 +397,7 @@ async fn whole_cluster_down_then_up() {
     }
     fx.cluster.wait_for_leader(BOUND).await;
     let id = e.options.node_id();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !placement(&fx, &[1, 2, 3]).await.contains_key(&id) {
-        assert!(Instant::now() < deadline, "the Envoy did not reconnect");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    kit::until("the Envoy reconnects", Duration::from_secs(30), || async { placement(&fx, &[1, 2, 3]).await.contains_key(&id) }).await;
     let (_, list) = kit::get_json(&fx.client, &format!("{}/v1/resources/vs", fx.api(2))).await;
     let names: Vec<&str> = list["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
     assert_eq!(names.len(), 20, "{names:?} at revision {}; acknowledged: {acked:?}", list["revision"]);

@@ -276,11 +276,7 @@ spec:
     let remote_token_a = remote_a.token(&claims("remote-issuer", "any", now() + 3600));
     let remote_a_header = format!("Bearer {remote_token_a}");
     assert_eq!(call(&url, &[("authorization", &remote_a_header)]).await.0, 401, "keys never fetched verify nothing");
-    let deadline = Instant::now() + BOUND;
-    while metric(&fx, "pilot_jwks_resolver_network_fetch_fail_total").await == 0 {
-        assert!(Instant::now() < deadline, "no failed fetch counted");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    kit::until("a failed fetch counted", BOUND, || async { metric(&fx, "pilot_jwks_resolver_network_fetch_fail_total").await > 0 }).await;
 
     // The issuer serves key A: fetched, pushed (at the same revision),
     // accepted.
@@ -304,11 +300,7 @@ spec:
     // The issuer fails again: the last good set is kept.
     *issuer_server.body.lock().unwrap() = None;
     let fails = metric(&fx, "pilot_jwks_resolver_network_fetch_fail_total").await;
-    let deadline = Instant::now() + BOUND;
-    while metric(&fx, "pilot_jwks_resolver_network_fetch_fail_total").await <= fails {
-        assert!(Instant::now() < deadline, "no failed fetch counted");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    kit::until("another failed fetch counted", BOUND, || async { metric(&fx, "pilot_jwks_resolver_network_fetch_fail_total").await > fails }).await;
     assert_eq!(call(&url, &[("authorization", &remote_b_header)]).await.0, 200, "the last good key set is kept");
 
     // Every config was accepted; the workload without a policy got none of

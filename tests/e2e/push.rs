@@ -48,15 +48,15 @@ async fn a_change_outside_a_sidecars_scope_pushes_nothing_to_it() {
     let moved = |id: String, rev: u64| {
         let fx = &fx;
         async move {
-            let deadline = Instant::now() + BOUND;
-            loop {
+            kit::eventually_or(&format!("{id} moves to {rev}"), BOUND, || async {
                 let p = proxy_entry(fx, 1, &id).await;
                 if p["pushed_revision"].as_u64().is_some_and(|r| r >= rev) && TYPES.iter().all(|t| p["types"][t]["in_sync"] == true) {
-                    return;
+                    Ok(())
+                } else {
+                    Err(format!("{p:#}"))
                 }
-                assert!(Instant::now() < deadline, "{id} did not move to {rev}: {p:#}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            })
+            .await
         }
     };
     let (scoped_before, open_before) = (pushes(&proxy_entry(&fx, 1, &scoped.id).await), pushes(&proxy_entry(&fx, 1, &open.id).await));

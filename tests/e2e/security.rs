@@ -191,15 +191,11 @@ async fn replaced_certificate_files_are_served_without_a_restart() {
     let dir = r.data_dir().join("tls");
     lodestar::tls::pki::write_file(&dir.join("server-key.pem"), &key, true).unwrap();
     lodestar::tls::pki::write_file(&dir.join("server.pem"), &cert, false).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let after = loop {
+    let after = kit::eventually("the new certificate served", Duration::from_secs(10), || async {
         let s = served_serial(&r.api_addr()).await;
-        if s != before {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the new certificate was not served within 10s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        (s != before).then_some(s)
+    })
+    .await;
     assert_eq!(served_serial(&r.xds_addr()).await, after);
 
     // The open stream is still pushed to: a new service means new clusters.
@@ -229,11 +225,10 @@ async fn first_start_with_acls_writes_a_working_admin_client_config() {
     c.http = kit::anonymous_http_builder().build().unwrap();
     c.spawn_all();
     // The probes stay open: wait on /readyz (the status needs a token).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !c.http.get(format!("{}/readyz", c.replica(1).api())).send().await.is_ok_and(|r| r.status().is_success()) {
-        assert!(Instant::now() < deadline, "not ready within 20s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    kit::until("ready", Duration::from_secs(20), || async {
+        c.http.get(format!("{}/readyz", c.replica(1).api())).send().await.is_ok_and(|r| r.status().is_success())
+    })
+    .await;
     let r = c.replica(1);
     let token_file = r.data_dir().join("management.token");
     let secret = std::fs::read_to_string(&token_file).expect("the generated management token").trim().to_string();

@@ -144,23 +144,7 @@ impl Drop for InProcess {
     }
 }
 
-async fn syncz(http: &reqwest::Client, api: &str) -> Value {
-    let (status, body) = kit::get_json(http, &format!("{api}/debug/syncz")).await;
-    assert_eq!(status, 200, "syncz: {body}");
-    body
-}
-
-async fn wait_syncz(http: &reqwest::Client, api: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        let s = syncz(http, api).await;
-        if pred(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "syncz: {what} not within {BOUND:?}; last: {s:#}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use kit::mesh::{syncz, wait_syncz};
 
 /// The one proxy with this node id in a syncz document.
 fn proxy<'a>(s: &'a Value, id: &str) -> Option<&'a Value> {

@@ -169,10 +169,24 @@ impl Proxy {
     }
 }
 
+/// `/debug/syncz` of the replica at `api`.
 pub async fn syncz(http: &reqwest::Client, api: &str) -> Value {
     let (status, body) = super::get_json(http, &format!("{api}/debug/syncz")).await;
     assert_eq!(status, 200, "syncz: {body}");
     body
+}
+
+/// Poll `/debug/syncz` until `pred` holds (within [`BOUND`]): that document.
+pub async fn wait_syncz(http: &reqwest::Client, api: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    super::eventually_or(&format!("syncz: {what}"), BOUND, || async {
+        let s = syncz(http, api).await;
+        if pred(&s) {
+            Ok(s)
+        } else {
+            Err(format!("{s:#}"))
+        }
+    })
+    .await
 }
 
 /// `${name.ip}` and `${name.port}` → each upstream's address.

@@ -12,7 +12,7 @@ pub mod mesh;
 pub mod process;
 pub mod tls;
 
-pub use process::{eventually, until, Proc};
+pub use process::{eventually, eventually_or, until, Proc};
 
 use serde_json::{json, Value};
 use std::path::PathBuf;

@@ -46,14 +46,28 @@ pub async fn eventually<T, Fut>(what: &str, within: Duration, mut check: impl Fn
 where
     Fut: std::future::Future<Output = Option<T>>,
 {
+    eventually_or(what, within, || {
+        let attempt = check();
+        async move { attempt.await.ok_or_else(String::new) }
+    })
+    .await
+}
+
+/// [`eventually`] whose attempts say what they saw (`Err(last)`): the
+/// panic shows the last one.
+pub async fn eventually_or<T, Fut>(what: &str, within: Duration, mut check: impl FnMut() -> Fut) -> T
+where
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
     let deadline = Instant::now() + within;
     loop {
-        if let Some(v) = check().await {
-            return v;
-        }
+        let last = match check().await {
+            Ok(v) => return v,
+            Err(last) => last,
+        };
         if Instant::now() > deadline {
             dump_logs();
-            panic!("{what}: not within {within:?}");
+            panic!("{what}: not within {within:?}; last: {last}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
