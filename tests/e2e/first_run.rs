@@ -44,24 +44,25 @@ impl Single {
             .stderr(log)
             .spawn()
             .unwrap();
+        kit::process::register_log("server", &dir.join("server.log"));
         let s = Single { child: Proc::new("server", child), dir: dir.to_path_buf(), ip: ip.to_string() };
         s.wait_ready();
         s
     }
 
     fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
         let ca = self.dir.join("lodestar-data/tls/ca.pem");
-        loop {
-            if ca.exists() {
-                let ok = Command::new("curl").args(["-fsS", "--max-time", "2", "--cacert"]).arg(&ca).arg(format!("https://{}:7000/readyz", self.ip)).output();
-                if ok.is_ok_and(|o| o.status.success()) {
-                    return;
-                }
-            }
-            assert!(Instant::now() < deadline, "the server in {} is not ready:\n{}", self.dir.display(), self.log());
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let what = format!("the server in {} ready", self.dir.display());
+        kit::eventually_blocking(&what, Duration::from_secs(20), || {
+            let ready = ca.exists()
+                && Command::new("curl")
+                    .args(["-fsS", "--max-time", "2", "--cacert"])
+                    .arg(&ca)
+                    .arg(format!("https://{}:7000/readyz", self.ip))
+                    .output()
+                    .is_ok_and(|o| o.status.success());
+            ready.then_some(())
+        });
     }
 
     fn log(&self) -> String {
@@ -398,16 +399,12 @@ fn json_logs_and_the_audit_log_apart_under_systemd() {
     // Killed on drop, should an assertion fail first.
     let mut child = Proc::new("server", child);
     // An unauthenticated request: one audit line.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    kit::process::register_log("server", &stderr);
     let audit = logs.join("audit.jsonl");
-    loop {
+    kit::eventually_blocking(&format!("an audit line in {}", audit.display()), Duration::from_secs(20), || {
         let _ = Command::new("curl").args(["-s", "-k", "--max-time", "2"]).arg(format!("https://{ip}:7000/v1/cluster")).output();
-        if std::fs::read_to_string(&audit).is_ok_and(|a| a.contains("unauthenticated")) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no audit line in {}:\n{}", audit.display(), std::fs::read_to_string(&stderr).unwrap_or_default());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        std::fs::read_to_string(&audit).is_ok_and(|a| a.contains("unauthenticated")).then_some(())
+    });
     child.signal(libc::SIGTERM);
     child.wait_exit(Duration::from_secs(30));
     let text = std::fs::read_to_string(&stderr).unwrap();

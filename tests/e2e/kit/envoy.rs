@@ -10,7 +10,6 @@
 //! (`--use-dynamic-base-id`: Envoy picks a free one, so parallel tests never
 //! share hot-restart shared memory), and a log file printed when a test
 //! panics.
-#![allow(dead_code)]
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -384,10 +383,6 @@ impl Upstream {
             let _ = axum::serve(listener, app).await;
         });
         Upstream { addr, state, task }
-    }
-
-    pub fn identity(&self) -> &str {
-        &self.state.identity
     }
 
     /// Answer the next `n` requests with 503.

@@ -2,7 +2,6 @@
 //! forwards each connection to a target the test can switch; switching
 //! cuts every open connection, so a client (an Envoy) reconnects to the
 //! new target.
-#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

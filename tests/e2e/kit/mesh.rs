@@ -2,7 +2,6 @@
 //! a loopback prefix for proxies and upstreams, Envoys bootstrapped to one
 //! replica and waited on until in sync, and request helpers. Waits are
 //! bounded polls; every load loop is bounded in count and time.
-#![allow(dead_code)]
 
 use super::envoy::{loopback_prefix, Envoy, EnvoyOptions, Upstream};
 use super::Cluster;

@@ -3,7 +3,6 @@
 //! Each cluster gets its own random 127.A.B.0/24 (all of 127/8 is loopback
 //! on Linux), so tests run in parallel without port clashes: replica N
 //! listens on 127.A.B.N, API :7000, raft :7001, xDS :7002.
-#![allow(dead_code)]
 
 pub mod agent;
 pub mod envoy;
@@ -12,7 +11,7 @@ pub mod mesh;
 pub mod process;
 pub mod tls;
 
-pub use process::{eventually, eventually_or, until, Proc};
+pub use process::{eventually, eventually_blocking, eventually_or, until, Proc};
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -27,6 +26,7 @@ pub const BENCH_BIN: &str = env!("CARGO_BIN_EXE_lodestar-bench");
 /// its certificate from it (`tls_ca_file`, `tls_ca_key_file`), and every
 /// client trusts it. Also a client config holding it, for the CLI.
 pub struct TestCa {
+    #[allow(dead_code)] // where the files are, for a post-mortem
     pub dir: PathBuf,
     pub ca_file: PathBuf,
     pub ca_key_file: PathBuf,

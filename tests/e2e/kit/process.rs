@@ -126,11 +126,6 @@ impl Proc {
         self.child.as_ref().expect("the process was not reaped").id()
     }
 
-    /// The whole log (empty without one).
-    pub fn log(&self) -> String {
-        self.log.as_ref().map(|p| std::fs::read_to_string(p).unwrap_or_default()).unwrap_or_default()
-    }
-
     /// The log's last `n` lines, headed by the process's name.
     pub fn tail(&self, n: usize) -> String {
         format!("--- {} (tail)\n{}", self.name, self.log.as_ref().map(|p| tail(p, n)).unwrap_or_default())

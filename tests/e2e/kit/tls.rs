@@ -3,7 +3,6 @@
 //! and a client (rustls) that trusts only the test CA, sends SNI, offers a
 //! client certificate if given one, and speaks HTTP/1.1 over the
 //! connection.
-#![allow(dead_code)]
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
@@ -113,6 +112,7 @@ impl Leaf {
 #[derive(Debug)]
 pub struct TlsReply {
     pub status: u16,
+    #[allow(dead_code)] // shown (Debug) when a test fails
     pub head: String,
     pub body: String,
     pub alpn: Option<String>,
