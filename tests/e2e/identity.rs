@@ -333,20 +333,13 @@ fn start_agent(dir: &Path, xds: &str, token_file: Option<&Path>, extra: &[&str])
 
 /// The certificate in the agent's directory, once one is there and (if
 /// given) its serial differs from `not`.
-async fn wait_cert(dir: &Path, not: Option<&str>, timeout: Duration, agent: &Agent) -> Cert {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(pem) = std::fs::read_to_string(dir.join("cert-chain.pem")) {
-            if !pem.is_empty() {
-                let c = parse_cert(&pem);
-                if Some(c.serial.as_str()) != not {
-                    return c;
-                }
-            }
-        }
-        assert!(Instant::now() < deadline, "no (new) certificate in {} within {timeout:?}:\n{}", dir.display(), agent.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+async fn wait_cert(dir: &Path, not: Option<&str>, timeout: Duration) -> Cert {
+    kit::eventually(&format!("a (new) certificate in {}", dir.display()), timeout, || async {
+        let pem = std::fs::read_to_string(dir.join("cert-chain.pem")).ok().filter(|p| !p.is_empty())?;
+        let c = parse_cert(&pem);
+        (Some(c.serial.as_str()) != not).then_some(c)
+    })
+    .await
 }
 
 /// An agent that waited for its first certificate and was restarted (the
@@ -371,7 +364,7 @@ async fn a_restarted_agent_is_not_stranded_by_a_consumed_single_use_token() {
     create_certificate(grpc_channel(1, &xds), &csr, 0, Some(&secret)).await.unwrap();
 
     let agent = start_agent(&dir, &xds, Some(&token_file), &[]);
-    let cert = wait_cert(&dir, None, Duration::from_secs(20), &agent).await;
+    let cert = wait_cert(&dir, None, Duration::from_secs(20)).await;
     assert_eq!(cert.uris, ["spiffe://cluster.local/ns/shop/sa/cart"]);
     assert_eq!(cert.spki, key.subject_public_key_info(), "the key it left on disk");
     drop(agent);
@@ -395,7 +388,7 @@ async fn agent_joins_renews_without_its_token_and_resumes() {
     // The first certificate, with the join token: SAN, EKU, the lifetime
     // asked for; files 0600.
     let mut agent = start_agent(&dir, &xds, Some(&token_file), &["--ttl", "8s"]);
-    let first = wait_cert(&dir, None, Duration::from_secs(20), &agent).await;
+    let first = wait_cert(&dir, None, Duration::from_secs(20)).await;
     assert_eq!(first.uris, ["spiffe://cluster.local/ns/shop/sa/cart"]);
     assert!(first.server_auth && first.client_auth);
     assert_eq!(first.lifetime, 8 + 60);
@@ -413,7 +406,7 @@ async fn agent_joins_renews_without_its_token_and_resumes() {
     let mut serial = first.serial.clone();
     let mut renewals = 0;
     while started.elapsed() < Duration::from_secs(3 * 8 + 2) || renewals < 3 {
-        let next = wait_cert(&dir, Some(&serial), Duration::from_secs(15), &agent).await;
+        let next = wait_cert(&dir, Some(&serial), Duration::from_secs(15)).await;
         assert_eq!(next.uris, first.uris);
         assert!(next.not_after > now(), "renewed before expiry");
         serial = next.serial;
@@ -425,7 +418,7 @@ async fn agent_joins_renews_without_its_token_and_resumes() {
     agent.proc.kill();
     let on_disk = parse_cert(&std::fs::read_to_string(dir.join("cert-chain.pem")).unwrap());
     let agent = start_agent(&dir, &xds, None, &["--ttl", "8s"]);
-    let next = wait_cert(&dir, Some(&on_disk.serial), Duration::from_secs(15), &agent).await;
+    let next = wait_cert(&dir, Some(&on_disk.serial), Duration::from_secs(15)).await;
     assert_eq!(next.uris, first.uris);
     assert!(agent.log().contains("resumed from the certificate on disk"), "{}", agent.log());
 
@@ -519,7 +512,7 @@ async fn envoy_rotates_the_agents_certificate_over_sds() {
         Some(&token_file),
         &["--ttl", "10s", "--ip", &ip, "--admin-port", "15000", "-o", "json", "--bootstrap", bootstrap.to_str().unwrap()],
     );
-    let first = wait_cert(&dir, None, Duration::from_secs(20), &agent).await;
+    let first = wait_cert(&dir, None, Duration::from_secs(20)).await;
 
     // The bootstrap the agent wrote, plus a listener serving the SDS
     // certificate (a static fixture that needs no mesh config; the
@@ -660,12 +653,12 @@ async fn agent_renews_through_the_other_replicas_when_one_dies() {
     std::fs::write(&token_file, &secret).unwrap();
     let servers = cluster.replicas.iter().map(|r| r.xds_addr()).collect::<Vec<_>>().join(",");
     let agent = start_agent(&dir, &servers, Some(&token_file), &["--ttl", "6s"]);
-    let first = wait_cert(&dir, None, Duration::from_secs(20), &agent).await;
+    let first = wait_cert(&dir, None, Duration::from_secs(20)).await;
     // The agent asks the first replica listed first: kill it.
     cluster.kill(1);
     let mut serial = first.serial;
     for _ in 0..3 {
-        let next = wait_cert(&dir, Some(&serial), Duration::from_secs(15), &agent).await;
+        let next = wait_cert(&dir, Some(&serial), Duration::from_secs(15)).await;
         assert_eq!(next.uris, ["spiffe://cluster.local/ns/shop/sa/cart"]);
         serial = next.serial;
     }

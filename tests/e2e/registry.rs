@@ -30,15 +30,15 @@ async fn get_instance(client: &reqwest::Client, api: &str, name: &str) -> (u16, 
 
 /// Poll until `pred` holds for the instance (status code, body).
 async fn wait_instance(client: &reqwest::Client, api: &str, name: &str, what: &str, pred: impl Fn(u16, &Value) -> bool) -> Value {
-    let deadline = Instant::now() + BOUND;
-    loop {
+    kit::eventually_or(&format!("{name}: {what}"), BOUND, || async {
         let (status, body) = get_instance(client, api, name).await;
         if pred(status, &body) {
-            return body;
+            Ok(body)
+        } else {
+            Err(format!("{status} {body:#}"))
         }
-        assert!(Instant::now() < deadline, "{name}: {what} not within {BOUND:?}; last: {status} {body:#}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 fn health(body: &Value) -> Option<&str> {

@@ -522,11 +522,15 @@ async fn mirrored_requests_reach_the_mirror() {
     let mirrored = |u: &Upstream| u.requests().into_iter().filter(|q| q.path.starts_with("/mirror/")).collect::<Vec<_>>();
     assert_eq!(mirrored(&primary).len(), N);
     // Mirrors are fire-and-forget: wait for the copies.
-    let deadline = Instant::now() + BOUND;
-    while mirrored(&shadow).len() < N {
-        assert!(Instant::now() < deadline, "the mirror saw {} of {N} within {BOUND:?}", mirrored(&shadow).len());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    kit::eventually_or(&format!("the mirror sees {N}"), BOUND, || async {
+        let seen = mirrored(&shadow).len();
+        if seen >= N {
+            Ok(())
+        } else {
+            Err(format!("{seen} of {N}"))
+        }
+    })
+    .await;
     let copies = mirrored(&shadow);
     let mut paths: Vec<&str> = copies.iter().map(|q| q.path.as_str()).collect();
     paths.sort();
@@ -891,14 +895,13 @@ async fn gateway_terminates_tls_simple_and_mutual() {
 
     // SIMPLE: the gateway's certificate, verified against the test CA.
     let shop_client = TlsClient { ca: &ca, server_name: "shop.example.test", certificate: None, alpn: &["http/1.1"] };
-    let deadline = Instant::now() + BOUND;
-    let reply = loop {
+    let reply = kit::eventually_or("shop over TLS", BOUND, || async {
         match shop_client.get(tls_port, "shop.example.test", "/products").await {
-            Ok(r) if r.status == 200 => break r,
-            other if Instant::now() > deadline => panic!("shop over TLS: {other:?}"),
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            Ok(r) if r.status == 200 => Ok(r),
+            other => Err(format!("{other:?}")),
         }
-    };
+    })
+    .await;
     assert_eq!((reply.body.as_str(), reply.alpn.as_deref()), ("shop", Some("http/1.1")));
     assert_eq!(shop.requests().last().map(|q| q.path.clone()).as_deref(), Some("/products"));
     // HTTP/2 is offered too.
@@ -1296,14 +1299,13 @@ async fn tls_load(client: &kit::tls::TlsClient<'_>, addr: std::net::SocketAddr, 
 
 /// Until a TLS GET with this SNI answers 200; the body.
 async fn wait_tls(client: &kit::tls::TlsClient<'_>, addr: std::net::SocketAddr) -> String {
-    let deadline = Instant::now() + BOUND;
-    loop {
+    kit::eventually_or(&format!("{} via {addr}", client.server_name), BOUND, || async {
         match client.get(addr, client.server_name, "/").await {
-            Ok(r) if r.status == 200 => return r.body,
-            other if Instant::now() > deadline => panic!("{} via {addr}: {other:?}", client.server_name),
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            Ok(r) if r.status == 200 => Ok(r.body),
+            other => Err(format!("{other:?}")),
         }
-    }
+    })
+    .await
 }
 
 /// alpha (HTTP on 8080, TLS on 8443; v1 and v2) and beta (TLS on 8443):
@@ -1652,11 +1654,7 @@ async fn tcp_split_by_weight_over_connections() {
     // Only a TCP port, so no RDS.
     let p = fx.proxy_of_types(EnvoyOptions::new("app", &fx.ip(2)), 1, rev, &["CDS", "EDS", "LDS"]).await;
     let addr: std::net::SocketAddr = format!("{}:5433", p.ip).parse().unwrap();
-    let deadline = Instant::now() + BOUND;
-    while over_new_connection(addr).await.is_err() {
-        assert!(Instant::now() < deadline, "no answer on {addr}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    kit::until(&format!("an answer on {addr}"), BOUND, || async { over_new_connection(addr).await.is_ok() }).await;
     let replies: Vec<String> = futures::stream::iter(0..N)
         .map(|_| async move { over_new_connection(addr).await.unwrap_or_else(|e| format!("error: {e}")) })
         .buffer_unordered(8)

@@ -94,15 +94,9 @@ impl InProcess {
             let _ = stopped.await;
         }));
         let r = InProcess { api: format!("https://{ip}:7000"), xds: format!("{ip}:7002"), http: kit::http(), stop: Some(stop), task: Some(task), _dir: dir };
-        let deadline = Instant::now() + BOUND;
-        loop {
-            let ready = r.http.get(format!("{}/readyz", r.api)).timeout(Duration::from_secs(2)).send().await;
-            if ready.is_ok_and(|x| x.status().is_success()) {
-                return r;
-            }
-            assert!(Instant::now() < deadline, "in-process replica not ready within {BOUND:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let ready = || async { r.http.get(format!("{}/readyz", r.api)).timeout(Duration::from_secs(2)).send().await.is_ok_and(|x| x.status().is_success()) };
+        kit::until("the in-process replica ready", BOUND, ready).await;
+        r
     }
 
     /// Apply documents; the revision they produced.
@@ -667,16 +661,15 @@ async fn envoy_smoke(delta: bool) {
 
     // Through Envoy to the upstream (the cluster may still be warming).
     let url = format!("http://{envoy_ip}:18080/hello");
-    let deadline = Instant::now() + BOUND;
-    let body = loop {
-        if let Ok(resp) = r.http.get(&url).timeout(Duration::from_secs(2)).send().await {
-            if resp.status().is_success() {
-                break resp.text().await.unwrap();
-            }
+    let body = kit::eventually("a 200 through envoy", BOUND, || async {
+        let resp = r.http.get(&url).timeout(Duration::from_secs(2)).send().await.ok()?;
+        if resp.status().is_success() {
+            Some(resp.text().await.unwrap())
+        } else {
+            None
         }
-        assert!(Instant::now() < deadline, "no 200 through envoy within {BOUND:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     assert_eq!(body, "reviews-v2");
     assert!(upstream.requests().iter().any(|q| q.path == "/hello"));
 
@@ -737,18 +730,17 @@ async fn envoy_fails_over_to_another_replica() {
 
 /// The live replica that has proxy `id` in sync for CDS and LDS.
 async fn replica_serving(cluster: &kit::Cluster, id: &str) -> u64 {
-    let deadline = Instant::now() + BOUND;
-    loop {
+    kit::eventually(&format!("a live replica with {id} in sync"), BOUND, || async {
         for r in cluster.replicas.iter().filter(|r| r.child.is_some()) {
             let Ok(resp) = cluster.http.get(format!("{}/debug/syncz", r.api())).timeout(Duration::from_secs(2)).send().await else { continue };
             let Ok(s) = resp.json::<Value>().await else { continue };
             if proxy(&s, id).is_some_and(|p| p["types"]["CDS"]["in_sync"] == true && p["types"]["LDS"]["in_sync"] == true) {
-                return r.id;
+                return Some(r.id);
             }
         }
-        assert!(Instant::now() < deadline, "no live replica has {id} in sync within {BOUND:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        None
+    })
+    .await
 }
 
 /// A gate a generator waits at, opened and closed by the test.
@@ -1172,11 +1164,7 @@ async fn incomplete_requests_across_streams_share_one_budget() {
     // Wait until the replica holds the first stream's bytes (its gauge):
     // a second stream's then cannot fit.
     let held = "lodestar_xds_request_buffer_bytes";
-    let deadline = Instant::now() + BOUND;
-    while metric(&cluster, held).await < 700_000.0 {
-        assert!(Instant::now() < deadline, "the replica never held the first stream's 700 KB");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    kit::until("the replica holds the first stream's 700 KB", BOUND, || async { metric(&cluster, held).await >= 700_000.0 }).await;
     let series = "lodestar_xds_streams_refused_total{reason=\"request_buffer_full\"}";
     let (_keep, never) = tokio::sync::watch::channel(false);
     let second = tokio::time::timeout(BOUND, held_stream(xds.clone(), partial(), never)).await.expect("the second stream ends in time");
@@ -1186,11 +1174,7 @@ async fn incomplete_requests_across_streams_share_one_budget() {
     // and a 700 KB request (which would not fit beside them) is served.
     release.send(true).unwrap();
     let _ = tokio::time::timeout(BOUND, holder).await.expect("the holder's stream ends");
-    let deadline = Instant::now() + BOUND;
-    while metric(&cluster, held).await != 0.0 {
-        assert!(Instant::now() < deadline, "the ended streams' bytes are released");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    kit::until("the ended streams' bytes are released", BOUND, || async { metric(&cluster, held).await == 0.0 }).await;
     let mut big = first(req(CDS, &[], "", ""));
     big.node.as_mut().unwrap().user_agent_name = "x".repeat(700_000);
     let mut served = sotw(&xds, big).await.expect("a large request is served once the budget is free");
