@@ -20,24 +20,9 @@ async fn secure_cluster(n: u64) -> Cluster {
     for r in &mut c.replicas {
         r.extra_toml = format!("audit_log = {:?}\n", r.dir.join("audit.log"));
     }
-    c.http = client(Some(management_token()));
+    c.http = token_client(Some(management_token()));
     c.launch().await;
     c
-}
-
-fn client(token: Option<&str>) -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(t) = token {
-        headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
-    }
-    anonymous_http_builder().default_headers(headers).timeout(Duration::from_secs(15)).build().unwrap()
-}
-
-async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
-    let r = req.send().await.expect("request");
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
 /// Apply `policies` (name → rules) and create a token holding them.
@@ -45,7 +30,7 @@ async fn token_for(c: &Cluster, api: &str, name: &str, rules: Value, ttl: Option
     let policy = json!({"apiVersion": "acl.lodestar.io/v1", "kind": "Policy", "metadata": {"name": name}, "spec": {"rules": rules}});
     let (status, body) = apply(&c.http, api, vec![policy]).await;
     assert_eq!(status, 200, "{body}");
-    let (status, t) = send(c.http.post(format!("{api}/v1/acl/tokens")).json(&json!({"policies": [name], "ttl": ttl, "description": name}))).await;
+    let (status, t) = call(c.http.post(format!("{api}/v1/acl/tokens")).json(&json!({"policies": [name], "ttl": ttl, "description": name}))).await;
     assert_eq!(status, 200, "{t}");
     (t["accessorId"].as_str().unwrap().to_string(), t["secret"].as_str().unwrap().to_string())
 }
@@ -65,7 +50,7 @@ fn apply_req(resources: &[Value]) -> ApplyRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_token_every_replica_answers_401() {
     let c = secure_cluster(3).await;
-    let anon = client(None);
+    let anon = token_client(None);
     for r in &c.replicas {
         let api = r.api();
         for (method, path) in [
@@ -105,13 +90,13 @@ async fn without_a_token_every_replica_answers_401() {
             assert_eq!(body["error"]["code"], "Unauthenticated", "{body}");
         }
         // A token nobody issued, and a malformed header, are refused the same way.
-        let (status, body) = send(client(Some("not-a-real-token")).get(format!("{api}/v1/resources/vs"))).await;
+        let (status, body) = call(token_client(Some("not-a-real-token")).get(format!("{api}/v1/resources/vs"))).await;
         assert_eq!(status, 401, "{body}");
         assert!(!body.to_string().contains("not-a-real-token"), "the error echoes the token: {body}");
-        let (status, _) = send(anon.get(format!("{api}/v1/resources/vs")).header("authorization", "Basic eDp5")).await;
+        let (status, _) = call(anon.get(format!("{api}/v1/resources/vs")).header("authorization", "Basic eDp5")).await;
         assert_eq!(status, 401);
         // Probes stay open.
-        assert_eq!(send(anon.get(format!("{api}/healthz"))).await.0, 200);
+        assert_eq!(call(anon.get(format!("{api}/healthz"))).await.0, 200);
         let ready = anon.get(format!("{api}/readyz")).send().await.unwrap().status().as_u16();
         assert!(ready == 200 || ready == 503, "readyz answers without a token: {ready}");
         // gRPC: UNAUTHENTICATED without metadata.
@@ -123,7 +108,7 @@ async fn without_a_token_every_replica_answers_401() {
         let e = grpc.cluster_status(grpc_req(ClusterStatusRequest {}, None)).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
         // With the management token from the file, every replica answers.
-        let (status, body) = send(c.http.get(format!("{api}/v1/resources/vs"))).await;
+        let (status, body) = call(c.http.get(format!("{api}/v1/resources/vs"))).await;
         assert_eq!(status, 200, "{body}");
         grpc.list(grpc_req(ListRequest { kind: "vs".into(), ..Default::default() }, Some(management_token()))).await.unwrap();
     }
@@ -136,14 +121,14 @@ async fn a_read_only_token_cannot_apply_delete_or_change_membership() {
     let (status, body) = apply(&c.http, &api, vec![vs("x", "ro", "v1")]).await;
     assert_eq!(status, 200, "{body}");
     let (_, secret) = token_for(&c, &api, "read-only", json!([{"verbs": ["read", "watch"], "kinds": ["*"], "namespaces": ["*"]}]), None).await;
-    let ro = client(Some(&secret));
+    let ro = token_client(Some(&secret));
 
     // Reads work, across namespaces too; so do metrics and cluster status.
-    let (status, body) = send(ro.get(format!("{api}/v1/resources/vs/ro/x"))).await;
+    let (status, body) = call(ro.get(format!("{api}/v1/resources/vs/ro/x"))).await;
     assert_eq!((status, body["metadata"]["name"].as_str()), (200, Some("x")), "{body}");
-    assert_eq!(send(ro.get(format!("{api}/v1/resources/vs"))).await.0, 200);
-    assert_eq!(send(ro.get(format!("{api}/metrics"))).await.0, 200);
-    assert_eq!(send(ro.get(format!("{api}/v1/cluster"))).await.0, 200);
+    assert_eq!(call(ro.get(format!("{api}/v1/resources/vs"))).await.0, 200);
+    assert_eq!(call(ro.get(format!("{api}/metrics"))).await.0, 200);
+    assert_eq!(call(ro.get(format!("{api}/v1/cluster"))).await.0, 200);
 
     let denied = |status: u16, body: &Value, missing: &str| {
         assert_eq!(status, 403, "{body}");
@@ -155,21 +140,21 @@ async fn a_read_only_token_cannot_apply_delete_or_change_membership() {
     // (tests/e2e/doors_api.rs shows that it is never read).
     let (status, body) = apply(&ro, &api, vec![vs("y", "ro", "v1")]).await;
     denied(status, &body, "lacks write on any kind in any namespace");
-    let (status, body) = send(ro.delete(format!("{api}/v1/resources/vs/ro/x"))).await;
+    let (status, body) = call(ro.delete(format!("{api}/v1/resources/vs/ro/x"))).await;
     denied(status, &body, "lacks delete on virtualservices in namespace ro");
-    let (status, body) = send(ro.post(format!("{api}/v1/delete")).json(&json!({"resources": [{"kind": "vs", "namespace": "ro", "name": "x"}]}))).await;
+    let (status, body) = call(ro.post(format!("{api}/v1/delete")).json(&json!({"resources": [{"kind": "vs", "namespace": "ro", "name": "x"}]}))).await;
     denied(status, &body, "lacks delete on any kind in any namespace");
     let member = json!({"id": 9, "raftAddr": "127.0.0.1:1", "apiAddr": "127.0.0.1:2", "xdsAddr": "127.0.0.1:3"});
-    let (status, body) = send(ro.post(format!("{api}/v1/cluster/members")).json(&member)).await;
+    let (status, body) = call(ro.post(format!("{api}/v1/cluster/members")).json(&member)).await;
     denied(status, &body, "lacks admin on the cluster");
-    let (status, body) = send(ro.delete(format!("{api}/v1/cluster/members/1"))).await;
+    let (status, body) = call(ro.delete(format!("{api}/v1/cluster/members/1"))).await;
     denied(status, &body, "lacks admin on the cluster");
-    let (status, body) = send(ro.get(format!("{api}/v1/snapshot"))).await;
+    let (status, body) = call(ro.get(format!("{api}/v1/snapshot"))).await;
     denied(status, &body, "lacks admin on the cluster");
     // ACL objects are not in "*": a reader cannot list tokens or mint one.
-    let (status, body) = send(ro.get(format!("{api}/v1/resources/tokens"))).await;
+    let (status, body) = call(ro.get(format!("{api}/v1/resources/tokens"))).await;
     denied(status, &body, "lacks admin on the cluster");
-    let (status, body) = send(ro.post(format!("{api}/v1/acl/tokens")).json(&json!({"policies": ["read-only"]}))).await;
+    let (status, body) = call(ro.post(format!("{api}/v1/acl/tokens")).json(&json!({"policies": ["read-only"]}))).await;
     denied(status, &body, "lacks admin on the cluster");
 
     // The same over gRPC.
@@ -199,13 +184,13 @@ async fn a_read_only_token_cannot_apply_delete_or_change_membership() {
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(!seen.contains("\"Policy\"") && !seen.contains("\"Token\""), "{seen}");
-    let (status, _) = send(ro.get(format!("{api}/v1/watch?kind=tokens"))).await;
+    let (status, _) = call(ro.get(format!("{api}/v1/watch?kind=tokens"))).await;
     assert_eq!(status, 403);
 
     // Nothing changed: still one VirtualService, one member.
-    let (_, list) = send(c.http.get(format!("{api}/v1/resources/vs?namespace=ro"))).await;
+    let (_, list) = call(c.http.get(format!("{api}/v1/resources/vs?namespace=ro"))).await;
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
-    let (_, cluster) = send(c.http.get(format!("{api}/v1/cluster"))).await;
+    let (_, cluster) = call(c.http.get(format!("{api}/v1/cluster"))).await;
     assert_eq!(cluster["members"].as_array().unwrap().len(), 1);
 }
 
@@ -214,7 +199,7 @@ async fn a_namespace_token_is_refused_outside_it_and_a_mixed_apply_stores_nothin
     let c = secure_cluster(1).await;
     let api = c.replica(1).api();
     let (_, secret) = token_for(&c, &api, "team-a", json!([{"verbs": ["read", "write", "delete"], "kinds": ["*"], "namespaces": ["a"]}]), None).await;
-    let a = client(Some(&secret));
+    let a = token_client(Some(&secret));
 
     let (status, body) = apply(&a, &api, vec![vs("x", "a", "v1")]).await;
     assert_eq!(status, 200, "{body}");
@@ -226,27 +211,27 @@ async fn a_namespace_token_is_refused_outside_it_and_a_mixed_apply_stores_nothin
     // One atomic apply touching a and b: refused whole, nothing stored.
     let (status, body) = apply(&a, &api, vec![vs("y", "a", "v1"), vs("y", "b", "v1")]).await;
     assert_eq!(status, 403, "{body}");
-    let (_, list) = send(c.http.get(format!("{api}/v1/resources/vs?namespace=a"))).await;
+    let (_, list) = call(c.http.get(format!("{api}/v1/resources/vs?namespace=a"))).await;
     let names: Vec<&str> = list["items"].as_array().unwrap().iter().map(|o| o["metadata"]["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["x"]);
     assert_eq!(list["revision"].as_u64(), Some(rev), "the refused apply created no revision");
-    let (_, list) = send(c.http.get(format!("{api}/v1/resources/vs?namespace=b"))).await;
+    let (_, list) = call(c.http.get(format!("{api}/v1/resources/vs?namespace=b"))).await;
     assert!(list["items"].as_array().unwrap().is_empty());
 
     // Reads outside a, or across every namespace, are refused too.
-    assert_eq!(send(a.get(format!("{api}/v1/resources/vs?namespace=b"))).await.0, 403);
-    assert_eq!(send(a.get(format!("{api}/v1/resources/vs"))).await.0, 403);
-    assert_eq!(send(a.get(format!("{api}/v1/resources/vs?namespace=a"))).await.0, 200);
-    assert_eq!(send(a.get(format!("{api}/v1/watch?namespace=b"))).await.0, 403);
+    assert_eq!(call(a.get(format!("{api}/v1/resources/vs?namespace=b"))).await.0, 403);
+    assert_eq!(call(a.get(format!("{api}/v1/resources/vs"))).await.0, 403);
+    assert_eq!(call(a.get(format!("{api}/v1/resources/vs?namespace=a"))).await.0, 200);
+    assert_eq!(call(a.get(format!("{api}/v1/watch?namespace=b"))).await.0, 403);
     // Over gRPC, the same mixed apply.
     let mut grpc = grpc_api_as(&api, None);
     let e = grpc.apply(grpc_req(apply_req(&[vs("z", "a", "v1"), vs("z", "b", "v1")]), Some(&secret))).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied);
-    let (_, list) = send(c.http.get(format!("{api}/v1/resources/vs?namespace=a"))).await;
+    let (_, list) = call(c.http.get(format!("{api}/v1/resources/vs?namespace=a"))).await;
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
     // Deleting in a works; in b it is refused before anything is looked up.
-    assert_eq!(send(a.delete(format!("{api}/v1/resources/vs/b/x"))).await.0, 403);
-    assert_eq!(send(a.delete(format!("{api}/v1/resources/vs/a/x"))).await.0, 200);
+    assert_eq!(call(a.delete(format!("{api}/v1/resources/vs/b/x"))).await.0, 403);
+    assert_eq!(call(a.delete(format!("{api}/v1/resources/vs/a/x"))).await.0, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,7 +243,7 @@ async fn followers_authorize_writes_and_a_revoked_token_is_refused_everywhere_wi
     let (accessor, secret) = token_for(&c, &lapi, "team-a", json!([{"verbs": ["read", "write"], "kinds": ["*"], "namespaces": ["a"]}]), None).await;
     let (_, body) = apply(&c.http, &lapi, vec![vs("marker", "a", "v1")]).await;
     c.wait_for_revision(body["revision"].as_u64().unwrap(), Duration::from_secs(10)).await;
-    let a = client(Some(&secret));
+    let a = token_client(Some(&secret));
 
     // Through a follower: allowed in a (forwarded to the leader), refused in b
     // there, before anything is forwarded.
@@ -267,7 +252,7 @@ async fn followers_authorize_writes_and_a_revoked_token_is_refused_everywhere_wi
     let (status, body) = apply(&a, &fapi, vec![vs("via-follower", "a", "v2"), vs("via-follower", "b", "v1")]).await;
     assert_eq!(status, 403, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("namespace b"), "{body}");
-    let (_, obj) = send(c.http.get(format!("{lapi}/v1/resources/vs/a/via-follower"))).await;
+    let (_, obj) = call(c.http.get(format!("{lapi}/v1/resources/vs/a/via-follower"))).await;
     assert_eq!(obj["metadata"]["labels"]["tag"], "v1", "the refused apply changed nothing");
     // The follower refused it (its audit log says so); the leader never saw it.
     audit_line(&c.replica(follower).dir.join("audit.log"), |l| l["outcome"] == "denied" && l["resources"][1] == "virtualservices/b/via-follower").await;
@@ -275,17 +260,17 @@ async fn followers_authorize_writes_and_a_revoked_token_is_refused_everywhere_wi
 
     // Every replica accepts the token now.
     for r in &c.replicas {
-        assert_eq!(send(a.get(format!("{}/v1/resources/vs?namespace=a&consistency=stale", r.api()))).await.0, 200, "replica {}", r.id);
+        assert_eq!(call(a.get(format!("{}/v1/resources/vs?namespace=a&consistency=stale", r.api()))).await.0, 200, "replica {}", r.id);
     }
 
     // Revoke through a follower; measure how long each replica still accepts it.
-    let (status, body) = send(c.http.delete(format!("{fapi}/v1/resources/tokens/lodestar-system/{accessor}"))).await;
+    let (status, body) = call(c.http.delete(format!("{fapi}/v1/resources/tokens/lodestar-system/{accessor}"))).await;
     assert_eq!(status, 200, "{body}");
     let revoked = Instant::now();
     let bound = Duration::from_secs(1);
     for r in &c.replicas {
         loop {
-            let (status, body) = send(a.get(format!("{}/v1/resources/vs?namespace=a&consistency=stale", r.api()))).await;
+            let (status, body) = call(a.get(format!("{}/v1/resources/vs?namespace=a&consistency=stale", r.api()))).await;
             if status == 401 {
                 assert!(body["error"]["message"].as_str().unwrap().contains("unknown or revoked"), "{body}");
                 break;
@@ -307,16 +292,16 @@ async fn an_expired_token_is_refused() {
     let c = secure_cluster(1).await;
     let api = c.replica(1).api();
     let (accessor, secret) = token_for(&c, &api, "reader", json!([{"verbs": ["read"], "kinds": ["*"], "namespaces": ["*"]}]), Some("2s")).await;
-    let (_, t) = send(c.http.get(format!("{api}/v1/resources/tokens/lodestar-system/{accessor}"))).await;
+    let (_, t) = call(c.http.get(format!("{api}/v1/resources/tokens/lodestar-system/{accessor}"))).await;
     let expires = t["spec"]["expiresAt"].as_str().unwrap().to_string();
-    let t = client(Some(&secret));
-    assert_eq!(send(t.get(format!("{api}/v1/resources/vs"))).await.0, 200);
+    let t = token_client(Some(&secret));
+    assert_eq!(call(t.get(format!("{api}/v1/resources/vs"))).await.0, 200);
     tokio::time::sleep(Duration::from_millis(3100)).await;
-    let (status, body) = send(t.get(format!("{api}/v1/resources/vs"))).await;
+    let (status, body) = call(t.get(format!("{api}/v1/resources/vs"))).await;
     assert_eq!(status, 401, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains(&format!("expired at {expires}")), "{body}");
     // A bad ttl is a 400 naming the field.
-    let (status, body) = send(c.http.post(format!("{api}/v1/acl/tokens")).json(&json!({"policies": ["reader"], "ttl": "soon"}))).await;
+    let (status, body) = call(c.http.post(format!("{api}/v1/acl/tokens")).json(&json!({"policies": ["reader"], "ttl": "soon"}))).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["fields"][0]["field"], "ttl");
 }
@@ -392,7 +377,7 @@ async fn bootstrap_cli_and_token_objects() {
     let t: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(t["spec"]["roles"][0], "deployer");
     assert!(t["spec"].get("secretHash").is_none(), "{t}");
-    let (_, list) = send(c.http.get(format!("{api}/v1/resources/tokens"))).await;
+    let (_, list) = call(c.http.get(format!("{api}/v1/resources/tokens"))).await;
     for item in list["items"].as_array().unwrap() {
         assert!(item["spec"].get("secretHash").is_none(), "{item}");
     }
@@ -417,11 +402,11 @@ async fn bootstrap_cli_and_token_objects() {
         assert_eq!(status, 400, "{body}");
         assert_eq!(body["error"]["fields"][0]["field"], field, "{body}");
     }
-    let (status, body) = send(c.http.post(format!("{api}/v1/acl/tokens")).json(&json!({"policies": ["team-a", "nope"], "roles": ["gone"]}))).await;
+    let (status, body) = call(c.http.post(format!("{api}/v1/acl/tokens")).json(&json!({"policies": ["team-a", "nope"], "roles": ["gone"]}))).await;
     assert_eq!(status, 400, "{body}");
     let fields: Vec<&str> = body["error"]["fields"].as_array().unwrap().iter().map(|f| f["field"].as_str().unwrap()).collect();
     assert_eq!(fields, ["policies[1]", "roles[0]"]);
-    let (status, body) = send(c.http.post(format!("{api}/v1/acl/tokens")).json(&json!({"policies": ["team-a"], "secret": "mine"}))).await;
+    let (status, body) = call(c.http.post(format!("{api}/v1/acl/tokens")).json(&json!({"policies": ["team-a"], "secret": "mine"}))).await;
     assert_eq!(status, 400, "unknown fields are refused: {body}");
 
     // Revoke: the token stops working; the management token still works.
@@ -482,7 +467,7 @@ async fn the_audit_log_records_writes_and_refusals_and_no_secret_leaks() {
     let api = c.replica(1).api();
     let audit = c.replica(1).dir.join("audit.log");
     let (accessor, secret) = token_for(&c, &api, "team-a", json!([{"verbs": ["write", "read"], "kinds": ["*"], "namespaces": ["a"]}]), None).await;
-    let a = client(Some(&secret));
+    let a = token_client(Some(&secret));
 
     // An allowed write: who, what, the revision, the outcome.
     let (status, body) = apply(&a, &api, vec![vs("audited", "a", "v1")]).await;
@@ -502,11 +487,11 @@ async fn the_audit_log_records_writes_and_refusals_and_no_secret_leaks() {
     assert!(line["reason"].as_str().unwrap().contains("write on virtualservices in namespace b"), "{line}");
     assert!(line.get("revision").is_none());
     // Refusals without a valid token are audited too, without the token.
-    assert_eq!(apply(&client(Some("wrong-secret-value")), &api, vec![vs("x", "a", "v1")]).await.0, 401);
+    assert_eq!(apply(&token_client(Some("wrong-secret-value")), &api, vec![vs("x", "a", "v1")]).await.0, 401);
     audit_line(&audit, |l| l["outcome"] == "unauthenticated" && l["who"] == "unknown-token").await;
 
     // A revocation (by the initial management token).
-    let (status, body) = send(c.http.delete(format!("{api}/v1/resources/tokens/lodestar-system/{accessor}"))).await;
+    let (status, body) = call(c.http.delete(format!("{api}/v1/resources/tokens/lodestar-system/{accessor}"))).await;
     assert_eq!(status, 200, "{body}");
     let resource = format!("tokens/lodestar-system/{accessor}");
     let line = audit_line(&audit, |l| l["outcome"] == "ok" && l["verb"] == "delete" && l["resources"][0] == resource.as_str()).await;
@@ -514,7 +499,7 @@ async fn the_audit_log_records_writes_and_refusals_and_no_secret_leaks() {
     assert_eq!(line["revision"].as_u64(), Some(body["revision"].as_u64().unwrap()));
 
     // The metric counts refusals.
-    let (_, metrics) = send(c.http.get(format!("{api}/metrics"))).await;
+    let (_, metrics) = call(c.http.get(format!("{api}/metrics"))).await;
     let metrics = metrics.as_str().unwrap_or_default().to_string();
     assert!(metrics.contains("lodestar_acl_refusals_total{reason=\"denied\"} 1"), "{metrics}");
     assert!(metrics.contains("lodestar_audit_dropped_total 0"), "{metrics}");

@@ -19,21 +19,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn client(token: Option<&str>) -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(t) = token {
-        headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
-    }
-    anonymous_http_builder().default_headers(headers).timeout(Duration::from_secs(15)).build().unwrap()
-}
-
-async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
-    let r = req.send().await.expect("request");
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-}
-
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o777
 }
@@ -54,7 +39,7 @@ async fn audit_line(path: &Path, pred: impl Fn(&Value) -> bool) -> Value {
 
 /// An anonymous `POST /v1/acl/bootstrap` (what the README's curl sends).
 async fn anonymous_bootstrap(api: &str) -> (u16, Value) {
-    send(client(None).post(format!("{api}/v1/acl/bootstrap"))).await
+    call(token_client(None).post(format!("{api}/v1/acl/bootstrap"))).await
 }
 
 /// The number after `reset index: ` in a refusal.
@@ -149,7 +134,7 @@ async fn a_default_single_node() {
     let token_file = r.data_dir().join("management.token");
     until("management.token written", Duration::from_secs(20), || async { token_file.exists() }).await;
     let token = std::fs::read_to_string(&token_file).unwrap().trim().to_string();
-    c.http = client(Some(&token));
+    c.http = token_client(Some(&token));
     c.wait_for_leader(Duration::from_secs(20)).await;
     let api = c.replica(1).api();
 
@@ -168,7 +153,7 @@ async fn a_default_single_node() {
     let e = grpc_api_as(&api, None).acl_bootstrap(AclBootstrapRequest {}).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Aborted, "{e:?}");
     // ... and nothing was created.
-    let (status, tokens) = send(c.http.get(format!("{api}/v1/resources/tokens"))).await;
+    let (status, tokens) = call(c.http.get(format!("{api}/v1/resources/tokens"))).await;
     assert_eq!((status, tokens["items"].as_array().map(Vec::len)), (200, Some(0)), "{tokens}");
 
     // Item 9: the watched directory syncs its real files while the
@@ -176,7 +161,7 @@ async fn a_default_single_node() {
     let started = Instant::now();
     loop {
         let probe = Instant::now();
-        let (status, _) = send(client(None).get(format!("{api}/healthz")).timeout(Duration::from_secs(1))).await;
+        let (status, _) = call(token_client(None).get(format!("{api}/healthz")).timeout(Duration::from_secs(1))).await;
         assert!(status == 200 && probe.elapsed() < Duration::from_secs(1), "/healthz: {status} in {:?}", probe.elapsed());
         let (_, web) = get_json(&c.http, &format!("{api}/v1/resources/vs/default/web")).await;
         let (_, api_vs) = get_json(&c.http, &format!("{api}/v1/resources/vs/team/api")).await;
@@ -228,7 +213,7 @@ async fn bootstrap_once_then_only_a_deliberate_reset() {
     // Nobody can read the cluster's status yet: wait for readiness.
     let deadline = Instant::now() + Duration::from_secs(30);
     for r in &c.replicas {
-        while client(None).get(format!("{}/readyz", r.api())).send().await.map(|r| r.status().as_u16()).ok() != Some(200) {
+        while token_client(None).get(format!("{}/readyz", r.api())).send().await.map(|r| r.status().as_u16()).ok() != Some(200) {
             assert!(Instant::now() < deadline, "replica {} not ready: {}", r.id, r.log());
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -240,8 +225,8 @@ async fn bootstrap_once_then_only_a_deliberate_reset() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     let boot = stdout.lines().find_map(|l| l.strip_prefix("SecretID:")).unwrap().trim().to_string();
-    let admin = client(Some(&boot));
-    assert_eq!(send(admin.get(format!("{api2}/v1/cluster"))).await.0, 200);
+    let admin = token_client(Some(&boot));
+    assert_eq!(call(admin.get(format!("{api2}/v1/cluster"))).await.0, 200);
 
     // Then never again, on any replica, REST or gRPC: the refusal names
     // the reset index.
@@ -252,7 +237,7 @@ async fn bootstrap_once_then_only_a_deliberate_reset() {
     let e = grpc_api_as(&api3, None).acl_bootstrap(AclBootstrapRequest {}).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Aborted, "{e:?}");
     // Deleting the record of it is refused, even to the admin.
-    let (status, body) = send(admin.delete(format!("{api1}/v1/resources/policies/lodestar-system/global-management"))).await;
+    let (status, body) = call(admin.delete(format!("{api1}/v1/resources/policies/lodestar-system/global-management"))).await;
     assert_eq!(status, 400, "{body}");
     assert!(body.to_string().contains("cannot be deleted"), "{body}");
 
@@ -269,8 +254,8 @@ async fn bootstrap_once_then_only_a_deliberate_reset() {
     assert_eq!(status, 200, "{body}");
     let second = body["secret"].as_str().unwrap().to_string();
     assert!(!reset_file(2).exists(), "the reset file is consumed");
-    assert_eq!(send(client(Some(&second)).get(format!("{api3}/v1/cluster"))).await.0, 200, "the new token manages the cluster");
-    assert_eq!(send(admin.get(format!("{api3}/v1/cluster"))).await.0, 200, "the first token still works");
+    assert_eq!(call(token_client(Some(&second)).get(format!("{api3}/v1/cluster"))).await.0, 200, "the new token manages the cluster");
+    assert_eq!(call(admin.get(format!("{api3}/v1/cluster"))).await.0, 200, "the first token still works");
     // One file, one bootstrap: the index moved, so the stale file on
     // replica 1 (and the same number again) opens nothing.
     let (status, body) = anonymous_bootstrap(&api1).await;
@@ -316,7 +301,7 @@ async fn a_cluster_sharing_a_management_token() {
             assert_eq!(status, Some(403), "{who} {path}: answered before the body (which never comes)");
         }
         // A body that does not even parse: 403, not 400.
-        let (status, body) = send(client(Some(token)).post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body("{{{ [")).await;
+        let (status, body) = call(token_client(Some(token)).post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body("{{{ [")).await;
         assert_eq!(status, 403, "{who}: {body}");
         assert!(body["error"]["message"].as_str().unwrap().contains("before its body was read"), "{body}");
     }
@@ -343,10 +328,10 @@ async fn a_cluster_sharing_a_management_token() {
     // the replica's memory does not move.
     let pid = c.replica(1).pid().unwrap();
     let before = rss_kib(pid);
-    let admin = client(Some(management_token()));
+    let admin = token_client(Some(management_token()));
     let started = Instant::now();
     for (bomb, anchor) in [(alias_bomb(), "&l0"), (wide_alias_bomb(), "&a")] {
-        let (status, body) = send(admin.post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(bomb)).await;
+        let (status, body) = call(admin.post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(bomb)).await;
         assert_eq!(status, 400, "{body}");
         let field = &body["error"]["fields"][0];
         assert_eq!(field["field"], "body[0]", "{body}");
@@ -356,7 +341,7 @@ async fn a_cluster_sharing_a_management_token() {
     let grown = rss_kib(pid).saturating_sub(before);
     println!("replica RSS: {before} KiB before the alias bomb, +{grown} KiB after");
     assert!(grown < 50 * 1024, "the replica grew by {grown} KiB");
-    let (status, _) = send(client(Some(&proxy)).post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(alias_bomb())).await;
+    let (status, _) = call(token_client(Some(&proxy)).post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(alias_bomb())).await;
     assert_eq!(status, 403, "the proxy token's bomb is not even read");
 
     // Item 16: the CSR service reads `bearer` as the API does, and signs

@@ -1261,7 +1261,7 @@ async fn a_replica_whose_disk_fills_stops_and_comes_back_whole() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut n = 20;
     let status = loop {
-        if let Some(status) = c.replicas.iter_mut().find(|r| r.id == leader).unwrap().child.as_mut().unwrap().try_wait().unwrap() {
+        if let Some(status) = c.replicas.iter_mut().find(|r| r.id == leader).unwrap().child.as_mut().unwrap().try_exit() {
             break status;
         }
         assert!(Instant::now() < deadline, "the leader, its disk full, did not stop within 60 s: {}", c.replica(leader).log());

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -112,7 +112,7 @@ pub fn bootstrap_yaml(o: &EnvoyOptions) -> String {
 pub struct Envoy {
     pub options: EnvoyOptions,
     pub dir: PathBuf,
-    child: Option<Child>,
+    proc: super::Proc,
     http: reqwest::Client,
 }
 
@@ -123,20 +123,15 @@ impl Envoy {
         std::fs::create_dir_all(dir).unwrap();
         let config = dir.join("bootstrap.yaml");
         std::fs::write(&config, bootstrap_yaml(&options)).unwrap();
-        let log = std::fs::File::create(dir.join("envoy.log")).unwrap();
-        let child = Command::new(bin)
-            .arg("-c")
+        let mut cmd = Command::new(bin);
+        cmd.arg("-c")
             .arg(&config)
             .arg("--use-dynamic-base-id")
             .args(["--log-level", "info", "--component-log-level", "upstream:debug,config:debug"])
             // Quick stops: tests do not need connection draining.
-            .args(["--drain-time-s", "1", "--parent-shutdown-time-s", "2"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn envoy");
-        super::process::register_log(&format!("envoy {}", options.name), &dir.join("envoy.log"));
-        Envoy { options, dir: dir.to_path_buf(), child: Some(child), http: reqwest::Client::new() }
+            .args(["--drain-time-s", "1", "--parent-shutdown-time-s", "2"]);
+        let proc = super::Proc::spawn(&format!("envoy {}", options.name), cmd, &dir.join("envoy.log"));
+        Envoy { options, dir: dir.to_path_buf(), proc, http: reqwest::Client::new() }
     }
 
     pub fn admin(&self) -> String {
@@ -157,12 +152,9 @@ impl Envoy {
     }
 
     fn assert_running(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            if let Ok(Some(status)) = c.try_wait() {
-                self.child = None;
-                self.dump_log();
-                panic!("envoy {} exited: {status}", self.options.name);
-            }
+        if let Some(status) = self.proc.try_exit() {
+            self.dump_log();
+            panic!("envoy {} exited: {status}", self.options.name);
         }
     }
 
@@ -269,26 +261,12 @@ impl Envoy {
 
     /// SIGKILL.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.proc.kill();
     }
 
     /// SIGTERM, then SIGKILL after 10s.
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if matches!(c.try_wait(), Ok(Some(_))) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.proc.stop(Duration::from_secs(10));
     }
 }
 

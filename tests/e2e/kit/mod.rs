@@ -15,7 +15,7 @@ pub use process::{eventually, eventually_blocking, eventually_or, until, Proc};
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lodestar");
@@ -91,6 +91,25 @@ pub fn http_builder() -> reqwest::ClientBuilder {
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {}", management_token()).parse().unwrap());
     anonymous_http_builder().default_headers(headers)
+}
+
+/// A client that trusts the test CA and sends `token` (none: no
+/// credential), with a 15 s timeout.
+pub fn token_client(token: Option<&str>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(t) = token {
+        headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
+    }
+    anonymous_http_builder().default_headers(headers).timeout(Duration::from_secs(15)).build().unwrap()
+}
+
+/// Send `req`: (status, the body as JSON, or as a JSON string when it is
+/// not JSON).
+pub async fn call(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let r = req.send().await.expect("request");
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
 /// A client that trusts the test CA and sends no credential.
@@ -197,7 +216,7 @@ pub struct Replica {
     pub id: u64,
     pub ip: String,
     pub dir: PathBuf,
-    pub child: Option<Child>,
+    pub child: Option<Proc>,
     /// Appended to the replica's config file (takes effect on restart).
     pub extra_toml: String,
     /// Give it the harness's management token file (default true).
@@ -359,41 +378,29 @@ impl Cluster {
     pub fn kill(&mut self, id: u64) {
         let r = self.replica_mut(id);
         if let Some(mut c) = r.child.take() {
-            c.kill().unwrap(); // SIGKILL
-            c.wait().unwrap();
+            c.kill(); // SIGKILL
         }
     }
 
     pub fn stop(&mut self, id: u64) {
         let r = self.replica_mut(id);
         if let Some(mut c) = r.child.take() {
-            unsafe_sigterm(c.id());
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if c.try_wait().unwrap().is_some() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            c.kill().unwrap();
-            c.wait().unwrap();
+            c.stop(Duration::from_secs(10));
         }
     }
 
     /// SIGSTOP: the process stays, but answers nothing (a hung replica).
     pub fn pause(&mut self, id: u64) {
-        self.signal(id, "-STOP");
+        self.signal(id, libc::SIGSTOP);
     }
 
     /// SIGCONT after `pause`.
     pub fn resume(&mut self, id: u64) {
-        self.signal(id, "-CONT");
+        self.signal(id, libc::SIGCONT);
     }
 
-    fn signal(&mut self, id: u64, sig: &str) {
-        let pid = self.replica_mut(id).child.as_ref().expect("replica is running").id();
-        let ok = Command::new("kill").arg(sig).arg(pid.to_string()).status().unwrap().success();
-        assert!(ok, "kill {sig} {pid}");
+    fn signal(&mut self, id: u64, sig: i32) {
+        self.replica_mut(id).child.as_ref().expect("replica is running").signal(sig);
     }
 
     pub fn restart(&mut self, id: u64) {
@@ -483,16 +490,9 @@ impl Drop for Cluster {
             self.dump_logs();
         }
         for r in &mut self.replicas {
-            if let Some(mut c) = r.child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+            r.child.take(); // killed on drop
         }
     }
-}
-
-fn unsafe_sigterm(pid: u32) {
-    let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
 }
 
 fn spawn(r: &mut Replica, members: &[String]) {
@@ -527,7 +527,7 @@ fn spawn(r: &mut Replica, members: &[String]) {
         cmd.arg("--join");
     }
     cmd.env("RUST_LOG", "info,openraft=warn").stdout(Stdio::null()).stderr(log);
-    r.child = Some(cmd.spawn().expect("spawn lodestar"));
+    r.child = Some(Proc::new(&format!("replica {}", r.id), cmd.spawn().expect("spawn lodestar")));
 }
 
 /// A VirtualService document with a payload that identifies the write.
