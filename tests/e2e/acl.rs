@@ -9,7 +9,6 @@ use crate::kit;
 use kit::*;
 use lodestar::proto::api::{AddNodeRequest, ApplyItem, ApplyRequest, ClusterStatusRequest, CreateTokenRequest, DeleteRequest, ListRequest, ResourceRef};
 use serde_json::{json, Value};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// `n` replicas as every test gets them (ACLs on by default, the
@@ -442,23 +441,6 @@ async fn leak_surfaces(c: &Cluster) -> Vec<(String, Vec<u8>)> {
     assert!(ok, "{o}{e}");
     out.push(("backup file".into(), std::fs::read(&backup).unwrap()));
     out
-}
-
-fn audit_lines(path: &PathBuf) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect()
-}
-
-/// Wait (5 s at most) for an audit line matching `pred`: the log is written
-/// off the request path.
-async fn audit_line(path: &PathBuf, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(l) = audit_lines(path).into_iter().find(|l| pred(l)) {
-            return l;
-        }
-        assert!(Instant::now() < deadline, "no such audit line in {}:\n{}", path.display(), std::fs::read_to_string(path).unwrap_or_default());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

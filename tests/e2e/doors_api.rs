@@ -23,20 +23,6 @@ fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o777
 }
 
-fn audit_lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
-}
-
-/// The first audit line matching `pred`, waiting 5 s at most (the log is
-/// written off the request path).
-async fn audit_line(path: &Path, pred: impl Fn(&Value) -> bool) -> Value {
-    let what = format!("an audit line in {}", path.display());
-    kit::eventually_or(&what, Duration::from_secs(5), || async {
-        audit_lines(path).into_iter().find(|l| pred(l)).ok_or_else(|| std::fs::read_to_string(path).unwrap_or_default())
-    })
-    .await
-}
-
 /// An anonymous `POST /v1/acl/bootstrap` (what the README's curl sends).
 async fn anonymous_bootstrap(api: &str) -> (u16, Value) {
     call(token_client(None).post(format!("{api}/v1/acl/bootstrap"))).await

@@ -104,11 +104,7 @@ async fn a_nack_of_megabytes_is_kept_and_logged_cut_and_once_per_interval() {
         nack.error_detail = Some(RpcStatus { code: 3, message: text.clone(), details: vec![] });
         s.send(nack).await;
     }
-    let deadline = Instant::now() + BOUND;
-    while metric(&cluster, series).await < before + 10.0 {
-        assert!(Instant::now() < deadline, "the replica never counted the ten NACKs");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    kit::until("the replica counts the ten NACKs", BOUND, || async { metric(&cluster, series).await >= before + 10.0 }).await;
     let z = syncz(&cluster).await;
     let p = z["proxies"].as_array().unwrap().iter().find(|p| p["id"] == id.as_str()).expect("the proxy in syncz");
     let kept = p["types"]["CDS"]["last_nack"]["error"].as_str().expect("the last NACK is kept");
@@ -250,17 +246,16 @@ async fn stream_quotas_per_credential_and_per_source() {
     // One of team-a's streams ends: its place is free again once the
     // replica has seen it go.
     drop(held_a.pop());
-    let deadline = Instant::now() + BOUND;
-    let mut again = loop {
+    let mut again = kit::eventually("the place comes back", BOUND, || async {
         match open(secret_a.clone(), "team-a", 21).await {
-            Ok(s) => break s,
+            Ok(s) => Some(s),
             Err(e) => {
                 assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
-                assert!(Instant::now() < deadline, "the place never came back");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                None
             }
         }
-    };
+    })
+    .await;
     again.recv().await;
     let _ = wait_syncz(&cluster, "31 streams", |s| s["proxies"].as_array().is_some_and(|p| p.len() == 30)).await;
 }
@@ -643,27 +638,20 @@ async fn an_expiring_certificate_ends_its_stream_and_envoy_reconnects_with_the_r
     let id = node_id("cart", "shop").replace("127.0.0.5", &ip);
     let streams =
         |z: &Value| -> Vec<u64> { z["proxies"].as_array().unwrap().iter().filter(|p| p["id"] == id.as_str()).filter_map(|p| p["stream"].as_u64()).collect() };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let first = loop {
-        if let Some(s) = streams(&syncz(&cluster).await).first() {
-            break *s;
-        }
-        assert!(Instant::now() < deadline, "the agent's Envoy never connected:\n{}", agent_log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let first = kit::eventually("the agent's Envoy connects", Duration::from_secs(30), || async { streams(&syncz(&cluster).await).first().copied() }).await;
     let revision = cluster.local_revision(1).await.unwrap();
     // The first certificate lives 8 s: its stream ends then (no write in
     // between), and the Envoy is back on a new stream with the renewed
     // certificate, over a new connection.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    kit::eventually_or(&format!("stream {first} ended and a new one open, after its certificate expired"), Duration::from_secs(30), || async {
         let now = streams(&syncz(&cluster).await);
         if !now.contains(&first) && !now.is_empty() {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{now:?}"))
         }
-        assert!(Instant::now() < deadline, "stream {first} still open (or no new one: {now:?}) long after its certificate expired:\n{}", agent_log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
     assert_eq!(cluster.local_revision(1).await, Some(revision), "no write happened: the timer ended the stream");
     assert!(r.log().contains("expired at"), "the replica says why the stream ended");
     assert!(agent_log().contains("renewed the certificate"), "{}", agent_log());

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const TARGET: &str = "echo.shop.svc.cluster.local:50051";
 const CALL: &str = "v1 /lodestar.test.Echo/Call";
@@ -527,11 +527,7 @@ async fn node_client_through_the_agents_xds_socket() {
     assert_eq!(doc["xds_servers"][0]["server_uri"], format!("unix://{}", socket.display()).as_str(), "{doc:#}");
     assert_eq!(doc["xds_servers"][0]["channel_creds"][0]["type"], "insecure", "{doc:#}");
     use std::os::unix::fs::PermissionsExt;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "no xDS socket:\n{}", std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    kit::until("the agent's xDS socket", Duration::from_secs(30), || async { socket.exists() }).await;
     assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
 
     let mut client = Client::start_node(&bootstrap, dir.path().join("client.log"));

@@ -323,8 +323,7 @@ async fn proxies_need_a_token_for_the_identity_they_claim() {
     // The local observer address: no TLS, no token.
     let observer = reqwest::Client::new();
     let local = format!("http://{}:7009", r1.ip);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let syncz = loop {
+    let syncz = kit::eventually_or("refusals shown in /debug/syncz", Duration::from_secs(30), || async {
         let syncz: serde_json::Value = observer.get(format!("{local}/debug/syncz")).send().await.unwrap().json().await.unwrap();
         let refused = syncz["refused"].as_array().unwrap();
         let by = |code: &str, pred: &dyn Fn(&serde_json::Value) -> bool| refused.iter().any(|x| x["code"] == code && pred(x));
@@ -333,11 +332,12 @@ async fn proxies_need_a_token_for_the_identity_they_claim() {
         });
         let unauthenticated = by("unauthenticated", &|x| x["who"] == "anonymous");
         if denied && unauthenticated {
-            break syncz;
+            Ok(syncz)
+        } else {
+            Err(syncz.to_string())
         }
-        assert!(Instant::now() < deadline, "refusals not shown in /debug/syncz: {syncz}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    })
+    .await;
     // Neither was served, or translated for.
     let listed = |needle: &str| syncz["proxies"].as_array().unwrap().iter().any(|p| p["id"].as_str().is_some_and(|id| id.contains(needle)));
     assert!(!listed("teller.bank") && !listed("nobody."), "{syncz}");

@@ -112,6 +112,24 @@ pub async fn call(req: reqwest::RequestBuilder) -> (u16, Value) {
     (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
+/// The audit log's lines (JSON, one per line): every complete line must
+/// parse; a last line still being written is left for the next read.
+pub fn audit_lines(path: &std::path::Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+    complete.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("an audit line that is not JSON: {l}: {e}"))).collect()
+}
+
+/// The first audit line matching `pred`, waiting 5 s at most (the log is
+/// written off the request path).
+pub async fn audit_line(path: &std::path::Path, pred: impl Fn(&Value) -> bool) -> Value {
+    let what = format!("an audit line in {}", path.display());
+    eventually_or(&what, Duration::from_secs(5), || async {
+        audit_lines(path).into_iter().find(|l| pred(l)).ok_or_else(|| std::fs::read_to_string(path).unwrap_or_default())
+    })
+    .await
+}
+
 /// A client that trusts the test CA and sends no credential.
 pub fn anonymous_http_builder() -> reqwest::ClientBuilder {
     let mut b = reqwest::Client::builder();
