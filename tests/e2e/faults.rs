@@ -59,7 +59,7 @@ use kit::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -212,7 +212,7 @@ struct NsReplica {
     removed: bool,
     ns: String,
     dir: PathBuf,
-    child: Option<Child>,
+    child: Option<Proc>,
 }
 
 /// The file that fills a replica's filesystem (the disk-full fault).
@@ -252,7 +252,6 @@ impl NsReplica {
             format!("heartbeat_ms = 100\nelection_timeout_min_ms = 600\nelection_timeout_max_ms = 1200\nhistory_revisions = 100000000\n{}{token}", tls_toml()),
         )
         .unwrap();
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("replica.log")).unwrap();
         let ip = self.ip();
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.ns, BIN, "server", "--config"])
@@ -268,8 +267,8 @@ impl NsReplica {
             }
         }
         // `ip netns exec` execs the replica: the child's pid is the replica's.
-        cmd.env("RUST_LOG", "info,openraft=warn").stdout(Stdio::null()).stderr(log);
-        self.child = Some(cmd.spawn().expect("spawn lodestar in its namespace"));
+        cmd.env("RUST_LOG", "info,openraft=warn");
+        self.child = Some(Proc::spawn(&format!("replica {} ({})", self.raft_id, self.ns), cmd, &self.dir.join("replica.log")));
     }
 
     fn signal(&self, sig: &str) {
@@ -280,19 +279,18 @@ impl NsReplica {
 
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+            c.kill();
         }
     }
 
     /// Whether its process has exited by itself.
     fn has_exited(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_some())
+        self.child.as_mut().is_some_and(|c| c.try_exit().is_some())
     }
 
     /// How its process exited, if it exited by itself (then it is reaped).
     fn reap(&mut self) -> Option<String> {
-        let status = self.child.as_mut()?.try_wait().ok().flatten()?;
+        let status = self.child.as_mut()?.try_exit()?;
         self.child = None;
         Some(status.to_string())
     }
