@@ -21,6 +21,12 @@
 //!   `authz_one_policy_other` after another workload's changed (nothing to
 //!   translate).
 //!
+//! - `analyze_store`: `lodestar analyze` on the whole store (the HTTP
+//!   mesh: 5 resources per service); `analyze_one_write`: the analysis an
+//!   apply of one VirtualService adds to its answer (`analyze::on_write`).
+//!   Issue 35's target is 10,000 resources in 200 ms:
+//!   `LODESTAR_BENCH_SERVICES=2000 cargo bench --bench translate -- analyze`.
+//!
 //! cargo bench --bench translate   (LODESTAR_BENCH_SERVICES=2000 for another size)
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
@@ -171,6 +177,10 @@ fn bench_mesh(c: &mut Criterion, half_tls: bool) {
         cfg.of(ResourceType::Route).map_or(0, |m| m.len()),
     );
 
+    if !half_tls {
+        bench_analyze(c, &base.state);
+    }
+
     c.bench_function(&format!("mesh_build{suffix}"), |b| b.iter(|| lodestar::mesh::Mesh::build(&base, std::sync::Arc::new(MeshConfig::default()))));
 
     c.bench_function(&format!("full{suffix}"), |b| b.iter(|| Translator::new(MeshConfig::default()).generate(&proxy, &base).unwrap()));
@@ -199,6 +209,19 @@ fn bench_mesh(c: &mut Criterion, half_tls: bool) {
             )
         });
     }
+}
+
+/// `lodestar analyze` on the store, and on one write of a VirtualService.
+fn bench_analyze(c: &mut Criterion, state: &State) {
+    use lodestar::analyze::{analyze, on_write, Options};
+    let opts = Options::new(MeshConfig::default());
+    eprintln!("analyze: {} resources, {} findings", services() * 5, analyze(state, &opts).len());
+    c.bench_function("analyze_store", |b| b.iter(|| analyze(state, &opts)));
+    let r = parse_resource(vs(services() / 2, 70), "default").expect("valid");
+    let created = state.get(&r.key).expect("stored").create_revision;
+    let obj = std::sync::Arc::new(lodestar::model::StoredObject::from_text(r.key.clone(), created, state.revision + 1, 2, r.body.to_string().into()));
+    let writes = [(r.key, Some(obj))];
+    c.bench_function("analyze_one_write", |b| b.iter(|| on_write(state, &writes, &opts)));
 }
 
 criterion_group! {

@@ -3,6 +3,8 @@
 //! Envoys over xDS.
 //!
 //! # Layout
+//! - [`analyze`]: `lodestar analyze` (istioctl analyze's checks and
+//!   codes) over one store state; pure.
 //! - [`model`]: pure domain types: kinds, resources, keys, selectors,
 //!   validation. Knows no IO crate.
 //! - [`store`]: openraft over sled: log, state machine, versioned codec,
@@ -44,6 +46,7 @@
 
 pub mod adapters;
 pub mod agent;
+pub mod analyze;
 pub mod api;
 pub mod auth;
 pub mod ca;

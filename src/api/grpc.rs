@@ -184,6 +184,7 @@ impl Lodestar for GrpcApi {
         warnings.extend(super::policy_warnings(&txn, &applied, &node.config.root_namespace));
         warnings.extend(super::claim_warnings(&txn, &applied, &node.config.domain_suffix));
         warnings.extend(super::host_warnings(&txn, &applied, &node.config.domain_suffix));
+        warnings.extend(super::analyze::write_warnings(&caller, &txn, &applied, &node.config));
         let ok = caller.write(&self.replica.node, Verb::Write, txn).await.map_err(status_of)?;
         Ok(Response::new(write_response(ok, warnings)))
     }
@@ -327,5 +328,43 @@ impl Lodestar for GrpcApi {
     async fn acl_bootstrap(&self, _req: Request<AclBootstrapRequest>) -> Result<Response<CreateTokenResponse>, Status> {
         let created = super::acl_bootstrap(&self.replica, "/lodestar.api.v1.Lodestar/AclBootstrap").await.map_err(status_of)?;
         Ok(Response::new(token_response(created)))
+    }
+
+    async fn analyze(&self, req: Request<AnalyzeRequest>) -> Result<Response<AnalyzeResponse>, Status> {
+        let caller = self.caller(&req, "Analyze")?;
+        let r = req.into_inner();
+        let overlay = (!r.resources_json.is_empty())
+            .then(|| {
+                r.resources_json
+                    .iter()
+                    .enumerate()
+                    .map(|(i, j)| serde_json::from_str(j).map_err(|e| Error::field(format!("resources_json[{i}]"), format!("malformed JSON: {e}"))))
+                    .collect::<Result<Vec<serde_json::Value>, Error>>()
+            })
+            .transpose()
+            .map_err(status_of)?;
+        let node = &self.replica.node;
+        let applied = node.read(consistency(r.consistency)).await.map_err(status_of)?;
+        let answer = super::analyze::analyze(&caller, &applied, &node.config, Some(&r.namespace), overlay);
+        Ok(Response::new(AnalyzeResponse {
+            revision: answer.revision,
+            messages: answer.messages.into_iter().map(analysis_message).collect(),
+            notes: answer.notes,
+        }))
+    }
+}
+
+fn analysis_message(m: crate::analyze::Message) -> AnalysisMessage {
+    let r = m.resource.clone().unwrap_or(crate::analyze::Resource { kind: String::new(), namespace: String::new(), name: String::new() });
+    AnalysisMessage {
+        documentation_url: crate::analyze::documentation_url(&m.code),
+        code: m.code,
+        level: m.level.as_str().into(),
+        kind: r.kind,
+        namespace: r.namespace,
+        name: r.name,
+        message: m.message,
+        field: m.field.unwrap_or_default(),
+        related: m.related.iter().map(|r| r.to_string()).collect(),
     }
 }

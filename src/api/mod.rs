@@ -10,6 +10,7 @@
 //! request touches, on the replica that received it, before anything is
 //! proposed to raft. The apply path never sees a token.
 
+pub mod analyze;
 pub mod grpc;
 pub mod rest;
 pub mod serve;
@@ -221,7 +222,7 @@ pub fn grpc_precheck(method: &str) -> Option<Precheck> {
     Some(match method {
         "Apply" | "Heartbeat" => Precheck::Any(Verb::Write),
         "Delete" => Precheck::Any(Verb::Delete),
-        "Get" | "List" => Precheck::Any(Verb::Read),
+        "Get" | "List" | "Analyze" => Precheck::Any(Verb::Read),
         "Watch" => Precheck::Any(Verb::Watch),
         "ClusterStatus" | "Wait" => Precheck::Cluster(Verb::Read),
         "AddNode" | "RemoveNode" | "Snapshot" | "CreateToken" => Precheck::Cluster(Verb::Admin),

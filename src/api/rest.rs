@@ -50,6 +50,7 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/v1/resources/{kind}", get(list))
         .route("/v1/resources/{kind}/{namespace}/{name}", get(get_one).delete(delete_one))
         .route("/v1/registry/services", get(registry_services))
+        .route("/v1/analyze", get(analyze_live).post(analyze_with))
         .route("/v1/watch", get(watch_changes))
         .route("/v1/snapshot", get(snapshot))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -154,6 +155,7 @@ async fn apply(State(node): State<Arc<Node>>, caller: Caller, headers: HeaderMap
     warnings.extend(super::policy_warnings(&txn, &applied, &node.config.root_namespace));
     warnings.extend(super::claim_warnings(&txn, &applied, &node.config.domain_suffix));
     warnings.extend(super::host_warnings(&txn, &applied, &node.config.domain_suffix));
+    warnings.extend(super::analyze::write_warnings(&caller, &txn, &applied, &node.config));
     let ok = caller.write(&node, Verb::Write, txn).await?;
     Ok((revision_headers(ok.revision), Json(WriteResult::new(ok, warnings))).into_response())
 }
@@ -408,6 +410,26 @@ async fn registry_services(State(node): State<Arc<Node>>, caller: Caller, Query(
     caller.authorize(Verb::Read, [Target::kind(crate::model::Kind::Service, ns), Target::kind(crate::model::Kind::Instance, ns)])?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
     Ok(Json(json!({"revision": applied.revision(), "services": super::registry_services(&applied, &node.config, q.namespace.as_deref())})).into_response())
+}
+
+/// `lodestar analyze`: the findings on the live store, those the caller
+/// may read (`api::analyze`).
+async fn analyze_live(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<NamespaceQuery>) -> Result<Response> {
+    caller.precheck(Precheck::Any(Verb::Read))?;
+    let applied = node.read(consistency(q.consistency.as_deref())?).await?;
+    let answer = super::analyze::analyze(&caller, &applied, &node.config, q.namespace.as_deref(), None);
+    Ok((revision_headers(answer.revision), Json(answer)).into_response())
+}
+
+/// `lodestar analyze FILE --live`: the body's resources (as `/v1/apply`
+/// takes them) laid over the live store, nothing written.
+async fn analyze_with(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query<NamespaceQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+    caller.precheck(Precheck::Any(Verb::Read))?;
+    let bytes = read_body(&node, body).await?;
+    let (docs, _) = documents(is_yaml(&headers), &bytes)?;
+    let applied = node.read(consistency(q.consistency.as_deref())?).await?;
+    let answer = super::analyze::analyze(&caller, &applied, &node.config, q.namespace.as_deref(), Some(docs));
+    Ok((revision_headers(answer.revision), Json(answer)).into_response())
 }
 
 async fn debug_checks(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Response> {

@@ -5,6 +5,7 @@
 
 mod acl;
 mod agent;
+mod analyze;
 mod authz;
 mod bootstrap;
 pub mod client;
@@ -271,6 +272,9 @@ enum Command {
         #[command(subcommand)]
         command: acl::AclCommand,
     },
+    /// Check resources as istioctl analyze does, with Istio's codes: files
+    /// offline, the live store, or files laid over the live store.
+    Analyze(analyze::AnalyzeArgs),
     /// The mesh CA's deny list: revoke workload certificates by SPIFFE id
     /// or serial (CertificateRevocation objects; admin only).
     Cert {
@@ -457,6 +461,8 @@ pub async fn run(cli: Cli) -> Result<()> {
             println!("created a cluster CA in {} (ca.pem, ca-key.pem)", dir.display());
             return Ok(());
         }
+        // Files alone need no server, nor credentials.
+        Command::Analyze(args) if !args.live() => return analyze::run(None, args).await,
         _ => {}
     }
     let access = client::Access { insecure, ..client::Access::resolve(servers.into_iter().next(), client_config, ca_file, token)? };
@@ -492,6 +498,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Lease { command } => registry::lease(&client, command).await,
         Command::ProxyStatus => proxy::status(&client).await,
         Command::Authz { command } => authz::run(&client, command).await,
+        Command::Analyze(args) => analyze::run(Some(&client), args).await,
         Command::ProxyConfig { kind, proxy: p, output } => proxy::config(&client, kind, &p, output == Some(Output::Json)).await,
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,

@@ -521,12 +521,18 @@ fn protocol(name: &str) -> Protocol {
 
 impl Mesh {
     pub fn build(applied: &Applied, config: Arc<MeshConfig>) -> Mesh {
-        let mut mesh = Mesh { revision: applied.revision(), config: config.clone(), ..Default::default() };
+        Mesh::from_state(&applied.state, config)
+    }
+
+    /// The mesh of one store state (`build` without the raft metadata):
+    /// what `analyze` reads, of the live store or of files.
+    pub fn from_state(state: &crate::store::State, config: Arc<MeshConfig>) -> Mesh {
+        let mut mesh = Mesh { revision: state.revision, config: config.clone(), ..Default::default() };
         let mut declared: Vec<(Arc<StoredObject>, ServiceSpec)> = Vec::new();
         let mut instances: Vec<(Arc<StoredObject>, InstanceSpec)> = Vec::new();
         let mut entries: Vec<(Arc<StoredObject>, ServiceEntry)> = Vec::new();
         let mut workloads: Vec<(Arc<StoredObject>, WorkloadEntry)> = Vec::new();
-        for (key, obj) in applied.state.objects.iter() {
+        for (key, obj) in state.objects.iter() {
             let typed = match obj.typed() {
                 Ok(t) => t.clone(),
                 Err(e) => {

@@ -92,10 +92,34 @@ mod yaml_events {
         }
     }
 
-    /// The first anchor or alias in `text`, if any. A stream that does not
-    /// parse stops the scan where it fails; yaml_serde, reading the same
-    /// events, fails at the same place, with a better message.
-    pub fn first_anchor(text: &str) -> Option<Found> {
+    /// What a scan sees of one event.
+    pub struct Event<'a> {
+        pub kind: EventKind,
+        /// 1-based.
+        pub line: u64,
+        /// A node's anchor, or an alias's name.
+        pub anchor: Option<String>,
+        /// A scalar's text.
+        pub value: Option<&'a str>,
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum EventKind {
+        DocumentStart,
+        MappingStart,
+        MappingEnd,
+        SequenceStart,
+        SequenceEnd,
+        Scalar,
+        Alias,
+        Other,
+    }
+
+    /// Feed `text`'s events to `f` until it returns false or the stream
+    /// ends. A stream that does not parse stops the scan where it fails;
+    /// yaml_serde, reading the same events, fails at the same place, with
+    /// a better message.
+    pub fn scan(text: &str, mut f: impl FnMut(&Event) -> bool) {
         let mut boxed = Box::new(MaybeUninit::<sys::yaml_parser_t>::uninit());
         // SAFETY: `yaml_parser_initialize` fills the whole struct (it
         // zeroes it first) and allocates its buffers; the input is `text`,
@@ -103,46 +127,175 @@ mod yaml_events {
         let parser = unsafe {
             let p = boxed.as_mut_ptr();
             if sys::yaml_parser_initialize(p).fail {
-                return None;
+                return;
             }
             sys::yaml_parser_set_encoding(p, sys::YAML_UTF8_ENCODING);
             sys::yaml_parser_set_input_string(p, text.as_ptr(), text.len() as u64);
             Parser(boxed)
         };
         let p = parser.0.as_ptr() as *mut sys::yaml_parser_t;
-        let mut document: Option<usize> = None;
         loop {
             let mut event = MaybeUninit::<sys::yaml_event_t>::uninit();
             // SAFETY: the parser is initialised; a successful parse fills
-            // the event, which is read here and then deleted (freeing its
-            // strings) before the next one.
+            // the event, which is read here (its strings copied out or
+            // borrowed only for the call to `f`) and then deleted
+            // (freeing its strings) before the next one.
             unsafe {
                 if sys::yaml_parser_parse(p, event.as_mut_ptr()).fail {
-                    return None;
+                    return;
                 }
                 let e = &*event.as_ptr();
-                let (anchor, alias) = match e.type_ {
-                    sys::YAML_DOCUMENT_START_EVENT => {
-                        document = Some(document.map_or(0, |d| d + 1));
-                        (std::ptr::null_mut(), false)
+                let name = |ptr: *mut u8| (!ptr.is_null()).then(|| std::ffi::CStr::from_ptr(ptr as *const std::ffi::c_char).to_string_lossy().into_owned());
+                let (kind, anchor, value) = match e.type_ {
+                    sys::YAML_DOCUMENT_START_EVENT => (EventKind::DocumentStart, None, None),
+                    sys::YAML_ALIAS_EVENT => (EventKind::Alias, name(e.data.alias.anchor), None),
+                    sys::YAML_SCALAR_EVENT => {
+                        let s = e.data.scalar;
+                        let bytes = if s.value.is_null() { &[][..] } else { std::slice::from_raw_parts(s.value, s.length as usize) };
+                        (EventKind::Scalar, name(s.anchor), std::str::from_utf8(bytes).ok())
                     }
-                    sys::YAML_ALIAS_EVENT => (e.data.alias.anchor, true),
-                    sys::YAML_SCALAR_EVENT => (e.data.scalar.anchor, false),
-                    sys::YAML_SEQUENCE_START_EVENT => (e.data.sequence_start.anchor, false),
-                    sys::YAML_MAPPING_START_EVENT => (e.data.mapping_start.anchor, false),
-                    _ => (std::ptr::null_mut(), false),
+                    sys::YAML_SEQUENCE_START_EVENT => (EventKind::SequenceStart, name(e.data.sequence_start.anchor), None),
+                    sys::YAML_SEQUENCE_END_EVENT => (EventKind::SequenceEnd, None, None),
+                    sys::YAML_MAPPING_START_EVENT => (EventKind::MappingStart, name(e.data.mapping_start.anchor), None),
+                    sys::YAML_MAPPING_END_EVENT => (EventKind::MappingEnd, None, None),
+                    _ => (EventKind::Other, None, None),
                 };
                 let end = e.type_ == sys::YAML_STREAM_END_EVENT;
-                let found = (!anchor.is_null()).then(|| Found {
-                    document: document.unwrap_or(0),
-                    line: e.start_mark.line + 1,
-                    alias,
-                    name: std::ffi::CStr::from_ptr(anchor as *const std::ffi::c_char).to_string_lossy().into_owned(),
-                });
+                let more = f(&Event { kind, line: e.start_mark.line + 1, anchor, value });
                 sys::yaml_event_delete(event.as_mut_ptr());
-                if found.is_some() || end {
-                    return found;
+                if end || !more {
+                    return;
                 }
+            }
+        }
+    }
+
+    /// The first anchor or alias in `text`, if any.
+    pub fn first_anchor(text: &str) -> Option<Found> {
+        let mut document: Option<usize> = None;
+        let mut found = None;
+        scan(text, |e| {
+            if e.kind == EventKind::DocumentStart {
+                document = Some(document.map_or(0, |d| d + 1));
+            }
+            found =
+                e.anchor.as_ref().map(|name| Found { document: document.unwrap_or(0), line: e.line, alias: e.kind == EventKind::Alias, name: name.clone() });
+            found.is_none()
+        });
+        found
+    }
+}
+
+/// Where the resources of a YAML stream are: each resource's first line
+/// and the line of each of its fields, by path from the resource
+/// (`spec.http[0].route[0].destination.host`). A resource is a document's
+/// root mapping, or a mapping in a root sequence, or in the root's
+/// `items` (a `kind: List`). Text that does not parse gives what was read
+/// before the error; JSON text has no lines worth giving (none).
+pub fn resource_lines(text: &str) -> Vec<ResourceLines> {
+    use yaml_events::EventKind as K;
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        return Vec::new();
+    }
+    /// A container being read: its path, and for a mapping the key just
+    /// read (its value comes next), for a sequence the next index.
+    enum Frame {
+        Map { path: String, key: Option<String>, root: Option<usize> },
+        Seq { path: String, next: usize },
+    }
+    let mut out: Vec<ResourceLines> = Vec::new();
+    let mut stack: Vec<Frame> = Vec::new();
+    let join = |path: &str, key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+    yaml_events::scan(text, |e| {
+        match e.kind {
+            K::MappingEnd | K::SequenceEnd => {
+                stack.pop();
+                return true;
+            }
+            K::MappingStart | K::SequenceStart | K::Scalar | K::Alias => {}
+            _ => return true,
+        }
+        let depth = stack.len();
+        let root = stack.iter().rev().find_map(|f| match f {
+            Frame::Map { root: Some(r), .. } => Some(*r),
+            _ => None,
+        });
+        let mut record = |path: &str, line: u64| {
+            if let Some(r) = root.and_then(|r| out.get_mut(r)) {
+                if let Some(rel) = path.strip_prefix(r.base.as_str()) {
+                    r.fields.insert(rel.trim_start_matches('.').to_string(), line);
+                }
+            }
+        };
+        // A mapping's key: its line is the field's.
+        if let Some(Frame::Map { path, key: key @ None, .. }) = stack.last_mut() {
+            let k = e.value.unwrap_or_default().to_string();
+            record(&join(path, &k), e.line);
+            *key = Some(k);
+            return true;
+        }
+        let path = match stack.last_mut() {
+            None => String::new(),
+            Some(Frame::Map { path, key, .. }) => join(path, &key.take().unwrap_or_default()),
+            Some(Frame::Seq { path, next }) => {
+                let p = format!("{path}[{next}]");
+                *next += 1;
+                record(&p, e.line);
+                p
+            }
+        };
+        if let (Some(r), Some(v)) = (root.and_then(|r| out.get_mut(r)), e.value) {
+            match path.strip_prefix(r.base.as_str()).map(|p| p.trim_start_matches('.')) {
+                Some("kind") => r.kind = Some(v.to_string()),
+                Some("metadata.name") => r.name = Some(v.to_string()),
+                _ => {}
+            }
+        }
+        match e.kind {
+            K::MappingStart => {
+                // The root, an element of a root list, or of the root's `items`.
+                let resource = depth == 0 || (depth == 1 && path.starts_with('[')) || (depth == 2 && path.starts_with("items["));
+                let root = resource.then(|| {
+                    out.push(ResourceLines { kind: None, name: None, line: e.line, base: path.clone(), fields: Default::default() });
+                    out.len() - 1
+                });
+                stack.push(Frame::Map { path, key: None, root });
+            }
+            K::SequenceStart => stack.push(Frame::Seq { path, next: 0 }),
+            _ => {}
+        }
+        true
+    });
+    out
+}
+
+/// One resource of a YAML stream (see [`resource_lines`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceLines {
+    /// Its `kind` and `metadata.name`, as written.
+    pub kind: Option<String>,
+    pub name: Option<String>,
+    /// Its first line (1-based).
+    pub line: u64,
+    /// Its path in the document (`""`, `[2]`, `items[0]`).
+    base: String,
+    /// Field path → line.
+    pub fields: std::collections::BTreeMap<String, u64>,
+}
+
+impl ResourceLines {
+    /// The line of `field`, else of the nearest enclosing field that has
+    /// one, else the resource's.
+    pub fn line_of(&self, field: &str) -> u64 {
+        let mut f = field;
+        loop {
+            if let Some(l) = self.fields.get(f) {
+                return *l;
+            }
+            match f.rfind(['.', '[']) {
+                Some(i) => f = &f[..i],
+                None => return self.line,
             }
         }
     }

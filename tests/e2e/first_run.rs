@@ -196,7 +196,7 @@ async fn pipes_renewals_deletes_and_warnings() {
 
     // A registry Service for a ServiceEntry's host: apply says what wins.
     let se = tmp.path().join("se.yaml");
-    std::fs::write(&se, "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: reviews}\nspec:\n  hosts: [reviews.default.svc.cluster.local]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  ports: [{number: 9080, name: http}]\n  endpoints: [{address: 127.0.0.1}]\n").unwrap();
+    std::fs::write(&se, "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: reviews}\nspec:\n  hosts: [reviews.default.svc.cluster.local]\n  location: MESH_INTERNAL\n  resolution: STATIC\n  ports: [{number: 9080, name: http, protocol: HTTP}]\n  endpoints: [{address: 127.0.0.1}]\n").unwrap();
     let svc = tmp.path().join("svc.yaml");
     std::fs::write(&svc, "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {name: reviews}\nspec:\n  ports: [{name: http, number: 9080}]\n")
         .unwrap();

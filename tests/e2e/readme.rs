@@ -52,6 +52,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_lodestar");
 const SECTIONS: &[(&str, usize)] = &[
     ("Run a server", 0),
     ("Walkthrough: traffic through Envoy", 2),
+    ("Check config: `lodestar analyze`", 1),
     ("Connect an Envoy", 0),
     ("A three-replica cluster on one machine", 0),
     ("The service registry", 0),
