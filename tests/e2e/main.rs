@@ -10,6 +10,7 @@ mod kit;
 
 mod acl;
 mod agent;
+mod analyze;
 mod api;
 mod authz;
 mod backup;

@@ -8,9 +8,9 @@
 //! One replica for the whole file (the analysis is the same on any replica:
 //! the store's state at one revision).
 
-mod common;
+use crate::kit;
 
-use common::*;
+use kit::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
