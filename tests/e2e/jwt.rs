@@ -126,15 +126,15 @@ async fn call(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
 /// it took (reported, not asserted).
 async fn until_status(url: &str, headers: &[(&str, &str)], want: u16, what: &str) -> Duration {
     let start = Instant::now();
-    let deadline = start + BOUND;
-    loop {
+    kit::eventually_or(&format!("{what}: {want}"), BOUND, || async {
         let (status, _) = call(url, headers).await;
         if status == want {
-            return start.elapsed();
+            Ok(start.elapsed())
+        } else {
+            Err(format!("still {status}"))
         }
-        assert!(Instant::now() < deadline, "{what}: still {status}, want {want}, after {BOUND:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
 }
 
 /// A Sidecar for workloads labelled `app`: inbound HTTP on 8000 to `echo`.

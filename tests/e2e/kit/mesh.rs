@@ -254,13 +254,11 @@ pub fn tally(replies: &[Reply]) -> BTreeMap<String, usize> {
 /// Poll a request until `ok` accepts the reply (Envoy applies an ACKed
 /// update on its workers just after the ACK).
 pub async fn wait_for(client: &reqwest::Client, url: &str, host: &str, headers: &[(&str, &str)], what: &str, ok: impl Fn(&Reply) -> bool) -> Reply {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        let r = send(client, url, host, headers).await;
-        match r {
-            Ok(r) if ok(&r) => return r,
-            other if Instant::now() > deadline => panic!("{what}: not within {BOUND:?}; last: {other:?}"),
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+    super::eventually_or(what, BOUND, || async {
+        match send(client, url, host, headers).await {
+            Ok(r) if ok(&r) => Ok(r),
+            other => Err(format!("{other:?}")),
         }
-    }
+    })
+    .await
 }

@@ -16,7 +16,7 @@ pub use process::{eventually, eventually_blocking, eventually_or, until, Proc};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lodestar");
 /// The load generators' binary (`src/bin/lodestar-bench`).
@@ -452,35 +452,21 @@ impl Cluster {
     }
 
     pub async fn wait_for_leader(&self, timeout: Duration) -> u64 {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(l) = self.leader().await {
-                return l;
-            }
-            if Instant::now() > deadline {
-                self.dump_logs();
-                panic!("no leader within {timeout:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually("a leader", timeout, || self.leader()).await
     }
 
     /// Wait until every running replica has applied `revision` (stale reads).
     pub async fn wait_for_revision(&self, revision: u64, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        for r in self.replicas.iter().filter(|r| r.child.is_some()) {
-            loop {
+        eventually_or(&format!("every running replica at revision {revision}"), timeout, || async {
+            for r in self.replicas.iter().filter(|r| r.child.is_some()) {
                 let rev = self.local_revision(r.id).await;
-                if rev.is_some_and(|v| v >= revision) {
-                    break;
+                if rev.is_none_or(|v| v < revision) {
+                    return Err(format!("replica {} at {rev:?}", r.id));
                 }
-                if Instant::now() > deadline {
-                    self.dump_logs();
-                    panic!("replica {} at revision {rev:?}, wanted {revision}", r.id);
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-        }
+            Ok(())
+        })
+        .await
     }
 
     /// A replica's own applied revision (a stale list read).
