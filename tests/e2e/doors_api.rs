@@ -197,12 +197,9 @@ async fn bootstrap_once_then_only_a_deliberate_reset() {
     }
     c.spawn_all();
     // Nobody can read the cluster's status yet: wait for readiness.
-    let deadline = Instant::now() + Duration::from_secs(30);
     for r in &c.replicas {
-        while token_client(None).get(format!("{}/readyz", r.api())).send().await.map(|r| r.status().as_u16()).ok() != Some(200) {
-            assert!(Instant::now() < deadline, "replica {} not ready: {}", r.id, r.log());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let ready = || async { token_client(None).get(format!("{}/readyz", r.api())).send().await.map(|r| r.status().as_u16()).ok() == Some(200) };
+        until(&format!("replica {} ready", r.id), Duration::from_secs(30), ready).await;
     }
     let (api1, api2, api3) = (c.replica(1).api(), c.replica(2).api(), c.replica(3).api());
 
@@ -349,16 +346,9 @@ async fn a_cluster_sharing_a_management_token() {
         std::fs::copy(new_ca.path().join(f), mesh_ca.path().join(f)).unwrap();
     }
     let new_root = std::fs::read_to_string(new_ca.path().join("root-cert.pem")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
     for r in &c.replicas {
-        loop {
-            let chain = csr(r.id, &r.xds_addr(), &format!("Bearer {join}")).await.unwrap();
-            if chain.last().unwrap().trim() == new_root.trim() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "replica {} still signs with the old mesh CA: {}", r.id, r.log());
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let signs_new = || async { csr(r.id, &r.xds_addr(), &format!("Bearer {join}")).await.unwrap().last().unwrap().trim() == new_root.trim() };
+        until(&format!("replica {} signs with the new mesh CA", r.id), Duration::from_secs(10), signs_new).await;
     }
 
     // Item 6: a Secret as kubectl prints it; its key reaches no store,

@@ -319,20 +319,14 @@ async fn wait_acked(fx: &Fixture, replica: u64, id: &str, revision: u64) -> u64 
 }
 
 async fn wait_acked_types(fx: &Fixture, replica: u64, id: &str, revision: u64, types: &[&str]) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = fx.client.get(format!("{}/debug/syncz", fx.api(replica))).timeout(Duration::from_secs(2)).send().await {
-            let v: Value = r.json().await.unwrap_or(Value::Null);
-            if let Some(p) = v["proxies"].as_array().and_then(|ps| ps.iter().find(|p| p["id"] == id)) {
-                let acked: Vec<u64> = types.iter().filter_map(|t| p["types"][t]["acked_version"].as_str()?.parse().ok()).collect();
-                if acked.len() == types.len() && acked.iter().all(|a| *a >= revision) {
-                    return *acked.iter().min().unwrap();
-                }
-            }
-        }
-        assert!(Instant::now() < deadline, "proxy {id} did not ACK {revision} on replica {replica}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    kit::eventually(&format!("proxy {id} ACKs {revision} on replica {replica}"), Duration::from_secs(30), || async {
+        let r = fx.client.get(format!("{}/debug/syncz", fx.api(replica))).timeout(Duration::from_secs(2)).send().await.ok()?;
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        let p = v["proxies"].as_array().and_then(|ps| ps.iter().find(|p| p["id"] == id))?;
+        let acked: Vec<u64> = types.iter().filter_map(|t| p["types"][t]["acked_version"].as_str()?.parse().ok()).collect();
+        (acked.len() == types.len() && acked.iter().all(|a| *a >= revision)).then(|| *acked.iter().min().unwrap())
+    })
+    .await
 }
 
 /// The versions Envoy holds: `CDS` and `LDS` (the last response it

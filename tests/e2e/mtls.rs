@@ -603,14 +603,10 @@ spec:
     let id = |w: &Workload| (w.dir.join("identity/cert-chain.pem"), w.dir.join("identity/key.pem"));
     let root = web.dir.join("identity/root-cert.pem");
     let (web_chain, web_key) = id(&web);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let reply = loop {
-        match openssl_get(&addr, "shop.example.test", "/orders", &root, Some((&web_chain, &web_key))) {
-            Ok(r) => break r,
-            Err(e) if Instant::now() > deadline => panic!("web through the gateway: {e}\n{}", gw.logs()),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    };
+    let reply = kit::eventually_or("web through the gateway", Duration::from_secs(20), || async {
+        openssl_get(&addr, "shop.example.test", "/orders", &root, Some((&web_chain, &web_key)))
+    })
+    .await;
     assert!(reply.starts_with("HTTP/1.1 200") && reply.ends_with("shop"), "{reply}");
     let (other_chain, other_key) = id(&other);
     for (who, identity) in [("no certificate", None), ("another identity", Some((other_chain.as_path(), other_key.as_path())))] {
