@@ -25,7 +25,7 @@
 #                                     100 bytes (just under the 1 MiB a
 #                                     stream's subscriptions may take)
 #   benches/abuse.sh xds-port         the xDS port's older abuse tests
-#                                     (tests/xds.rs xds_abuse_*: garbage,
+#                                     (tests/e2e/xds.rs xds_abuse_*: garbage,
 #                                     a 100 MiB request, a million names,
 #                                     4,000 streams; `rss:` lines)
 #
@@ -58,7 +58,7 @@ ROOT=$(pwd)
 if [ "${1:-}" = xds-port ]; then
     : "${LODESTAR_ENVOY:=$ROOT/.cache/envoy/bin/envoy}"
     export LODESTAR_ENVOY
-    cargo nextest run --test xds --no-capture -E 'test(/^xds_abuse_/)' 2>&1 | grep -E '^rss:|PASS|FAIL|panicked'
+    cargo nextest run --test e2e --no-capture -E "test(/^xds::xds_abuse_/)" 2>&1 | grep -E '^rss:|PASS|FAIL|panicked'
     exit "${PIPESTATUS[0]}"
 fi
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Long fault-injection runs: tests/faults.rs (three replicas in network
+# Long fault-injection runs: tests/e2e/faults.rs (three replicas in network
 # namespaces, clients on every replica, the leader partitioned, paused and
 # killed in turn, members removed and added back, a disk filled, every
 # key's history checked for linearizability, the
@@ -19,11 +19,11 @@ cd "$(dirname "$0")/.."
 runs="${1:-20}"
 secs="${2:-180}"
 export LODESTAR_FAULT_SECS="$secs"
-cargo nextest run --test faults --no-run >/dev/null || exit 1
+cargo nextest run --test e2e --no-run >/dev/null || exit 1
 failed=0
 for i in $(seq 1 "$runs"); do
   echo "== run $i of $runs ($secs s of faults)"
-  out="$(cargo nextest run --test faults --no-capture --no-fail-fast -E 'test(faults_three_replicas_in_namespaces)' 2>&1)"
+  out="$(cargo nextest run --test e2e --no-capture --no-fail-fast -E "test(=faults::faults_three_replicas_in_namespaces)" 2>&1)"
   status=$?
   grep -E '^(result:|ANOMALIES|key |replica |final |history and replica logs|SKIPPED| +[0-9.]+s |    client )' <<<"$out"
   if [ "$status" != 0 ]; then

@@ -5,7 +5,7 @@
 //! # Layout
 //! Lowest layer first; a module imports only from layers above it in this
 //! list (the root modules also from each other), never in a circle
-//! (`tests/tidy.rs` keeps both). Each layer is a crate to be.
+//! (`tests/e2e/tidy.rs` keeps both). Each layer is a crate to be.
 //! - [`error`]: the one error vocabulary (codes as HTTP and gRPC numbers).
 //! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
 //! - [`proto`]: generated protobuf code (API, peer, Istio CA).

@@ -195,7 +195,7 @@ struct AppendStream {
     /// their answers, still to come first, are read and thrown away. (Taken
     /// as this call's, an earlier request's answer made a leader count a
     /// follower's acceptance of entries it did not have, and commit them
-    /// without a quorum: found by tests/faults.rs.) Keeping the stream,
+    /// without a quorum: found by tests/e2e/faults.rs.) Keeping the stream,
     /// rather than opening another, matters under packet loss: a new
     /// connection's lost SYN waits a second to be sent again.
     owed: usize,
@@ -560,7 +560,7 @@ mod tests {
     /// openraft drops an AppendEntries future when its own timeout fires.
     /// The answer to that request must not be taken for the next one's: a
     /// leader took a follower's answer to an earlier request as acceptance
-    /// of later entries and committed them without a quorum (tests/faults.rs,
+    /// of later entries and committed them without a quorum (tests/e2e/faults.rs,
     /// a replica's raft core panicked on `has_log_id`'s check that a
     /// committed index matches the new leader's log). The late answers are
     /// thrown away on the same stream; one that owes too many is replaced.

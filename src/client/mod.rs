@@ -12,7 +12,7 @@
 //! (any of the listed ones) unless `--insecure` says so.
 //!
 //! What the CLI, the agent and the bench use to talk to replicas; knows no
-//! server code (`tests/tidy.rs`).
+//! server code (`tests/e2e/tidy.rs`).
 //!
 //! # Layout
 //! - `config`: `client.toml` ([`ClientConfig`]).

@@ -5,7 +5,7 @@
 //! revision can be handed to readers (API, xDS) as its own snapshot while
 //! the state machine moves on.
 //! Nothing here does IO; the state machine persists what `apply_txn` returns.
-//! Knows no tokio, tonic, axum, sled or openraft (`tests/tidy.rs`).
+//! Knows no tokio, tonic, axum, sled or openraft (`tests/e2e/tidy.rs`).
 //!
 //! # Layout
 //! - `objects`: every stored object by key (a persistent ordered set).

@@ -464,7 +464,7 @@ impl StateMachine {
         // What the replayed history changed is queued for `o/` like any
         // applied change: the next objects checkpoint moves `m/objects` past
         // it, so it must be written with it (it was not, and such objects
-        // were lost at the restart after: found by tests/faults.rs).
+        // were lost at the restart after: found by tests/e2e/faults.rs).
         let objects_since = (!replayed.is_empty()).then(Instant::now);
         let pending = Pending { revision: current.state.revision, objects: replayed, objects_since, ..Pending::default() };
         let checkpointer = Arc::new(Checkpointer {

@@ -124,7 +124,7 @@ fn provider(mesh: &Mesh, rule: &JwtRule) -> JwtProvider {
 /// inbound and gateway HTTP connection managers, if a policy with rules
 /// selects it. (Envoy itself removes client-supplied copies of the headers
 /// the filter writes, `outputPayloadToHeader` and `outputClaimToHeaders`,
-/// token or not: `tests/jwt.rs` checks it on the real binary.)
+/// token or not: `tests/e2e/jwt.rs` checks it on the real binary.)
 pub fn jwt_filter(mesh: &Mesh, proxy: &ProxyIdentity) -> Option<HttpFilter> {
     let rules: Vec<&JwtRule> = rules_for(mesh, proxy).collect();
     if rules.is_empty() {

@@ -1,9 +1,9 @@
 //! Translation: a pure function from one mesh snapshot and one proxy to that
 //! proxy's Envoy resources (clusters, endpoints, listeners, routes). Golden
-//! tested in `tests/translate.rs`; deterministic (BTreeMaps throughout), so
+//! tested in `tests/e2e/translate.rs`; deterministic (BTreeMaps throughout), so
 //! the same snapshot always gives the same bytes and versions. Its input is
 //! a `state::State` (no raft log id); it knows no tokio, tonic, axum, sled
-//! or openraft (`tests/tidy.rs`), and no xDS server: `xds` imports it.
+//! or openraft (`tests/e2e/tidy.rs`), and no xDS server: `xds` imports it.
 //!
 //! - `mesh`: the index translation reads (services, instances, rules by
 //!   host), built from one state; `mesh::hosts`: hostname ownership.
