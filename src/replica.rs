@@ -10,13 +10,33 @@
 //! one of them: a replica's status, the requests peers send for the
 //! helpers (heartbeats, proxy convergence), waiting for proxies.
 
+/// Every member as this replica sees it (`cluster status`; its JSON view:
+/// `api::views::ClusterStatusView`).
+#[derive(Debug, Clone)]
+pub struct ClusterStatus {
+    pub leader: Option<crate::store::types::NodeId>,
+    pub term: u64,
+    pub members: Vec<MemberStatus>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MemberStatus {
+    pub id: crate::store::types::NodeId,
+    pub info: crate::store::types::NodeInfo,
+    /// voter | learner
+    pub role: String,
+    /// None when the member did not answer.
+    pub status: Option<NodeStatus>,
+    pub error: Option<String>,
+}
+
 use crate::auth::Acl;
 use crate::config::ServerConfig;
 use crate::error::Result;
 use crate::ha::HaState;
 use crate::health::{Checks, Heartbeats};
 use crate::model::ResourceKey;
-use crate::node::{ClusterStatus, ForwardReply, ForwardRequest, MemberStatus, Node, NodeStatus, WaitReport};
+use crate::node::{ForwardReply, ForwardRequest, Node, NodeStatus, WaitReport};
 use crate::secrets::SecretsKey;
 use crate::xds::status::Convergence;
 use crate::xds::SyncRegistry;

@@ -175,15 +175,26 @@ fn walk(path: String, before: Option<&Value>, after: Option<&Value>, redact: boo
 
 /// A preview as the CLI prints it: one line per resource, then its fields.
 pub fn render(p: &Value) -> String {
-    let mut out = String::new();
     let changes = p["changes"].as_array().map(Vec::as_slice).unwrap_or_default();
     let unchanged = p["items"].as_array().map_or(0, |i| i.len()).saturating_sub(changes.len());
-    out.push_str(&format!(
+    let mut out = format!(
         "dry run at revision {}: {} resource(s) would change{}, nothing written\n",
         p["baseRevision"],
         changes.len(),
         if unchanged > 0 { format!(", {unchanged} unchanged") } else { String::new() }
-    ));
+    );
+    out.push_str(&render_changes(changes));
+    for w in p["warnings"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        out.push_str(&format!("Warning: {}\n", w.as_str().unwrap_or("")));
+    }
+    out.push_str(&format!("apply it as previewed: lodestar apply ... --expected-revision {}\n", p["baseRevision"]));
+    out
+}
+
+/// Changes (as [`Change`] serializes): `kind/name (namespace) action`, then
+/// each field: `~` replaced, `+` added, `-` removed.
+pub fn render_changes(changes: &[Value]) -> String {
+    let mut out = String::new();
     for c in changes {
         let plural = c["kind"].as_str().and_then(Kind::from_kind_field).map_or_else(|| c["kind"].to_string(), |k| k.name().to_lowercase());
         out.push_str(&format!(
@@ -196,22 +207,18 @@ pub fn render(p: &Value) -> String {
             continue;
         }
         for f in c["diff"].as_array().map(Vec::as_slice).unwrap_or_default() {
-            let show = |v: &Value| if v.is_null() && f.get("redacted").is_none() { "(none)".to_string() } else { v.to_string() };
+            let path = f["path"].as_str().unwrap_or("");
             let line = match (f.get("before"), f.get("after")) {
-                _ if f.get("redacted").is_some() => format!("  ~ {}: (secret value changed)", f["path"].as_str().unwrap_or("")),
-                (Some(b), Some(a)) => format!("  ~ {}: {} -> {}", f["path"].as_str().unwrap_or(""), show(b), show(a)),
-                (None, Some(a)) => format!("  + {}: {}", f["path"].as_str().unwrap_or(""), show(a)),
-                (Some(b), None) => format!("  - {}: {}", f["path"].as_str().unwrap_or(""), show(b)),
-                (None, None) => format!("  ~ {}", f["path"].as_str().unwrap_or("")),
+                _ if f.get("redacted").is_some() => format!("  ~ {path}: (secret value changed)"),
+                (Some(b), Some(a)) => format!("  ~ {path}: {b} -> {a}"),
+                (None, Some(a)) => format!("  + {path}: {a}"),
+                (Some(b), None) => format!("  - {path}: {b}"),
+                (None, None) => format!("  ~ {path}"),
             };
             out.push_str(&line);
             out.push('\n');
         }
     }
-    for w in p["warnings"].as_array().map(Vec::as_slice).unwrap_or_default() {
-        out.push_str(&format!("Warning: {}\n", w.as_str().unwrap_or("")));
-    }
-    out.push_str(&format!("apply it as previewed: lodestar apply ... --expected-revision {}\n", p["baseRevision"]));
     out
 }
 

@@ -6,9 +6,10 @@
 use super::{ApplyItem, Caller, DeleteItem};
 use crate::auth::{PeerIdentity, Target, Verb};
 use crate::error::Error;
-use crate::node::{ClusterStatus, Consistency};
+use crate::node::Consistency;
 use crate::proto::api::lodestar_server::{Lodestar, LodestarServer};
 use crate::proto::api::*;
+use crate::replica::ClusterStatus;
 use crate::replica::Replica;
 use crate::store::types::{NodeInfo, TxnOk};
 use crate::store::watch::{check_start, watch, WatchFilter};

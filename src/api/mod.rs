@@ -13,8 +13,10 @@
 pub mod analyze;
 pub mod dryrun;
 pub mod grpc;
+pub mod history;
 pub mod rest;
 pub mod serve;
+pub mod views;
 
 use crate::auth::audit::AuditEvent;
 use crate::auth::token::{self, Minted, NewToken};

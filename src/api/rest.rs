@@ -5,11 +5,12 @@
 //! and authorizes what it touches; the verb of each route is in the README
 //! ("Tokens and policies").
 
+use super::views::{ClusterStatusView, NodeStatusView, WaitReportView};
 use super::{ApplyItem, Caller, DeleteItem, Precheck, WriteResult};
 use crate::auth::{Acl, PeerIdentity, Target, Verb};
 use crate::error::{Code, Error, Result};
 use crate::model::documents::parse_documents;
-use crate::node::{ClusterStatus, Consistency, Node};
+use crate::node::{Consistency, Node};
 use crate::replica::Replica;
 use crate::store::types::NodeInfo;
 use crate::store::watch::{check_start, watch, WatchFilter};
@@ -48,6 +49,9 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/v1/delete", post(delete_many))
         .route("/v1/registry/services", get(registry_services))
         .route("/v1/analyze", get(analyze_live).post(analyze_with))
+        .route("/v1/history", get(history_list))
+        .route("/v1/diff", get(diff_revisions))
+        .route("/v1/rollback", post(rollback))
         .with_state(replica.clone());
     Router::new()
         .route("/v1/resources/{kind}", get(list))
@@ -331,14 +335,14 @@ async fn snapshot(State(node): State<Arc<Node>>, caller: Caller, Query(q): Query
 }
 
 /// This replica alone: id, raft state, term, leader, applied index, revision.
-async fn node_status(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Json<crate::node::NodeStatus>> {
+async fn node_status(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Json<NodeStatusView>> {
     caller.authorize(Verb::Read, [Target::Cluster])?;
-    Ok(Json(replica.local_status()))
+    Ok(Json((&replica.local_status()).into()))
 }
 
-async fn cluster_status(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Json<ClusterStatus>> {
+async fn cluster_status(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Json<ClusterStatusView>> {
     caller.authorize(Verb::Read, [Target::Cluster])?;
-    Ok(Json(replica.cluster_status().await))
+    Ok(Json((&replica.cluster_status().await).into()))
 }
 
 #[derive(Deserialize)]
@@ -350,22 +354,22 @@ struct AddMember {
     xds_addr: String,
 }
 
-async fn add_member(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Json<ClusterStatus>> {
+async fn add_member(State(replica): State<Arc<Replica>>, caller: Caller, body: Body) -> Result<Json<ClusterStatusView>> {
     caller.precheck(Precheck::Cluster(Verb::Admin))?;
     let bytes = read_body(&replica, body).await?;
     let m: AddMember = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
     let result = replica.node.add_node(m.id, NodeInfo { raft_addr: m.raft_addr, api_addr: m.api_addr, xds_addr: m.xds_addr }).await;
     caller.audit_result(Verb::Admin, vec![format!("members/{}", m.id)], result.as_ref().map(|_| None));
     result?;
-    Ok(Json(replica.cluster_status().await))
+    Ok(Json((&replica.cluster_status().await).into()))
 }
 
-async fn remove_member(State(replica): State<Arc<Replica>>, caller: Caller, Path(id): Path<u64>) -> Result<Json<ClusterStatus>> {
+async fn remove_member(State(replica): State<Arc<Replica>>, caller: Caller, Path(id): Path<u64>) -> Result<Json<ClusterStatusView>> {
     caller.authorize(Verb::Admin, [Target::Cluster])?;
     let result = replica.node.remove_node(id).await;
     caller.audit_result(Verb::Admin, vec![format!("members/{id}")], result.as_ref().map(|_| None));
     result?;
-    Ok(Json(replica.cluster_status().await))
+    Ok(Json((&replica.cluster_status().await).into()))
 }
 
 async fn readyz(State(replica): State<Arc<Replica>>) -> Response {
@@ -588,7 +592,7 @@ async fn wait_for_proxies(State(replica): State<Arc<Replica>>, caller: Caller, Q
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    Ok((status, Json(report)).into_response())
+    Ok((status, Json(WaitReportView::from(report))).into_response())
 }
 
 #[derive(Deserialize)]
@@ -719,4 +723,60 @@ async fn push_status(State(replica): State<Arc<Replica>>, caller: Caller) -> Res
         "streamsShed": m.streams_shed.get(),
     }))
     .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct HistoryQuery {
+    kind: Option<String>,
+    namespace: Option<String>,
+    name: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `lodestar history`: the revisions that touched the mesh or the objects
+/// named, newest first (`api::history`).
+async fn history_list(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<HistoryQuery>) -> Result<Response> {
+    caller.precheck(Precheck::Any(Verb::Read))?;
+    let (applied, events) = super::history::read(&replica.node).await?;
+    let filter = super::history::Filter { kind: q.kind, namespace: q.namespace, name: q.name };
+    let answer = super::history::history(&caller, &applied, &events, &filter, q.limit.unwrap_or(100).clamp(1, 10_000))?;
+    Ok((revision_headers(answer.revision), Json(answer)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DiffQuery {
+    from: u64,
+    to: Option<u64>,
+}
+
+/// `lodestar diff REV1 [REV2]`: what changed between two revisions.
+async fn diff_revisions(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<DiffQuery>) -> Result<Response> {
+    caller.precheck(Precheck::Any(Verb::Read))?;
+    let (applied, events) = super::history::read(&replica.node).await?;
+    let answer = super::history::diff_revisions(&caller, &applied, &events, q.from, q.to)?;
+    Ok((revision_headers(applied.revision()), Json(answer)).into_response())
+}
+
+/// `lodestar rollback REV`: one write restoring the objects to their state
+/// at REV, previewed with `?dryRun=true` like an apply.
+async fn rollback(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<ApplyQuery>, body: Body) -> Result<Response> {
+    caller.precheck(Precheck::Any(Verb::Write))?;
+    if q.expected_revision.is_some() {
+        return Err(Error::field("expectedRevision", "a rollback guards every object it restores by its current revision already"));
+    }
+    let bytes = read_body(&replica, body).await?;
+    let req: super::history::RollbackRequest = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;
+    let (applied, events) = super::history::read(&replica.node).await?;
+    let (txn, warnings) = super::history::rollback_txn(&applied, &events, &req)?;
+    if txn.ops.is_empty() {
+        let r = applied.revision();
+        let answer = json!({"dryRun": q.dry_run, "baseRevision": r, "revision": r, "items": [], "changes": [], "warnings": warnings});
+        return Ok((revision_headers(applied.revision()), Json(answer)).into_response());
+    }
+    match super::apply_authorized(&caller, &replica, txn, warnings, q.dry_run, None).await? {
+        super::ApplyOutcome::Written(result) => Ok((revision_headers(result.revision), Json(result)).into_response()),
+        super::ApplyOutcome::Preview(p) => Ok((revision_headers(p.base_revision), Json(p)).into_response()),
+    }
 }

@@ -8,6 +8,7 @@ mod agent;
 mod analyze;
 mod authz;
 mod bootstrap;
+mod history;
 // The client side (REST client, its config, progress bars) is its own
 // module below the CLI and the agent; its old path stays.
 pub use crate::client;
@@ -288,6 +289,14 @@ enum Command {
     /// Check resources as istioctl analyze does, with Istio's codes: files
     /// offline, the live store, or files laid over the live store.
     Analyze(analyze::AnalyzeArgs),
+    /// The revisions that touched the mesh, or one kind or object, newest
+    /// first (the store's own history).
+    History(history::HistoryArgs),
+    /// What changed between two revisions (default: to now), field by field.
+    Diff(history::DiffArgs),
+    /// Restore the mesh, or the objects named, to their state at a
+    /// revision: one new revision, previewed with --dry-run.
+    Rollback(history::RollbackArgs),
     /// The mesh CA's deny list: revoke workload certificates by SPIFFE id
     /// or serial (CertificateRevocation objects; admin only).
     Cert {
@@ -521,6 +530,9 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::ProxyStatus => proxy::status(&client).await,
         Command::Authz { command } => authz::run(&client, command).await,
         Command::Analyze(args) => analyze::run(Some(&client), args).await,
+        Command::History(args) => history::history(&client, args).await,
+        Command::Diff(args) => history::diff(&client, args).await,
+        Command::Rollback(args) => history::rollback(&client, args).await.map(|_| ()),
         Command::ProxyConfig { kind, proxy: p, output } => proxy::config(&client, kind, &p, output == Some(Output::Json)).await,
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,

@@ -1,7 +1,12 @@
 //! What replicas say to each other over the raft port (besides raft's own
-//! RPCs), and the status views the API shows. Plain serde data, encoded with
-//! `store::codec`: the variants' order is the wire format, so new ones go
-//! last.
+//! RPCs): the peer wire types, format version 1. Plain serde data encoded
+//! with `store::codec` (a version byte, then bincode): the fields' and
+//! variants' order is the wire format, and bincode carries no field names
+//! and no defaults, so a field added to one of these breaks a mixed-version
+//! cluster. Their bytes are pinned by `tests/fixtures/codec/*.v1.hex`
+//! (`fixtures` below): a change is a new type or variant (a new version
+//! that every member can read), never an edit. The API's JSON views are
+//! separate types (`api::views`), built from these.
 //!
 //! `Node` answers the core requests (writes, read-index, membership). It
 //! only routes `Heartbeat` and `Convergence` to the leader or a member;
@@ -45,9 +50,9 @@ pub enum ForwardReply {
     Convergence(WaitReport),
 }
 
-/// The outcome of waiting for the proxies to converge on a revision.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// The outcome of waiting for the proxies to converge on a revision (its
+/// view: `api::views::WaitReportView`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WaitReport {
     pub revision: u64,
     pub converged: bool,
@@ -59,8 +64,9 @@ pub struct WaitReport {
     pub unreachable: Vec<String>,
 }
 
-/// One replica's view of itself, as `cluster status` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// One replica's view of itself, as its peers ask for it (its view:
+/// `api::views::NodeStatusView`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub id: NodeId,
     pub state: String,
@@ -69,27 +75,62 @@ pub struct NodeStatus {
     pub applied_index: u64,
     pub revision: u64,
     /// Connected xDS streams (the spread of Envoys over replicas).
-    #[serde(default)]
     pub xds_streams: u64,
     /// Ready to serve (see `ha`): current with the leader, recently.
-    #[serde(default)]
     pub ready: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MemberStatus {
-    pub id: NodeId,
-    pub info: NodeInfo,
-    /// voter | learner
-    pub role: String,
-    /// None when the member did not answer.
-    pub status: Option<NodeStatus>,
-    pub error: Option<String>,
-}
+/// Golden bytes of every peer message, format version 1. If this fails
+/// after a change, the change broke a mixed-version cluster: add a new
+/// version instead of re-blessing. `LODESTAR_BLESS=1` writes the fixtures
+/// of new types only.
+#[cfg(test)]
+mod fixtures {
+    use super::*;
+    use crate::model::Kind;
+    use crate::store::codec::check_fixture;
+    use crate::store::types::{Op, Txn, TxnOk};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ClusterStatus {
-    pub leader: Option<NodeId>,
-    pub term: u64,
-    pub members: Vec<MemberStatus>,
+    fn status() -> NodeStatus {
+        NodeStatus { id: 2, state: "Follower".into(), term: 5, leader: Some(1), applied_index: 42, revision: 17, xds_streams: 300, ready: true }
+    }
+
+    fn report() -> WaitReport {
+        WaitReport {
+            revision: 17,
+            converged: false,
+            proxies: 3,
+            synced: 1,
+            pending: vec!["reviews-v1.default".into()],
+            nacked: vec!["ratings.default (lds: bad listener)".into()],
+            unreachable: vec!["replica 3".into()],
+        }
+    }
+
+    #[test]
+    fn peer_messages_v1_are_stable() {
+        check_fixture("node_status", &status());
+        check_fixture("wait_report", &report());
+        let key = ResourceKey::new(Kind::VirtualService, "default", "reviews");
+        let txn = Txn { ops: vec![Op::Put { key: key.clone(), body: r#"{"kind":"VirtualService"}"#.into(), expected_revision: Some(3) }] };
+        let info = NodeInfo { raft_addr: "127.0.0.1:1".into(), api_addr: "127.0.0.1:2".into(), xds_addr: "127.0.0.1:3".into() };
+        let requests = vec![
+            ForwardRequest::Write(Command::Batch(vec![txn])),
+            ForwardRequest::ReadIndex,
+            ForwardRequest::AddNode { id: 4, info },
+            ForwardRequest::RemoveNode { id: 4 },
+            ForwardRequest::Heartbeat(key),
+            ForwardRequest::Convergence(17),
+        ];
+        check_fixture("forward_requests", &requests);
+        let replies = vec![
+            ForwardReply::Write(vec![Ok(TxnOk { revision: 18, items: Vec::new() })]),
+            ForwardReply::ReadIndex(42),
+            ForwardReply::Done,
+            ForwardReply::NotLeader(Some(1)),
+            ForwardReply::Heartbeat { ttl_ms: 10_000 },
+            ForwardReply::Convergence(report()),
+        ];
+        check_fixture("forward_replies", &replies);
+    }
 }

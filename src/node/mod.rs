@@ -28,7 +28,7 @@
 pub mod messages;
 pub mod transport;
 
-pub use messages::{ClusterStatus, ForwardReply, ForwardRequest, MemberStatus, NodeStatus, WaitReport};
+pub use messages::{ForwardReply, ForwardRequest, NodeStatus, WaitReport};
 pub use transport::{PeerError, Transport};
 
 use crate::error::{Code, Error, Result};

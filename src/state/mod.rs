@@ -11,6 +11,7 @@
 //! - `objects`: every stored object by key (a persistent ordered set).
 //! - `txn`: transactions, their ops and results, request ids.
 //! - `dedup`: applied request ids, so that a write sent twice applies once.
+//! - `history`: the objects at an earlier revision, from the watch history.
 //! - `access`: ACLs, the pure part: principals, permissions, the index of
 //!   one revision's ACL objects, tokens.
 
@@ -23,6 +24,7 @@ use txn::{Action, ItemResult, Op, Txn, TxnOk, TxnResult};
 
 pub mod access;
 pub mod dedup;
+pub mod history;
 pub mod objects;
 pub mod txn;
 

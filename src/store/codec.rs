@@ -61,3 +61,24 @@ pub fn decode_with_trailer<T: Serialize + DeserializeOwned, U: DeserializeOwned 
     };
     Ok((value, trailer))
 }
+
+/// Golden bytes: `value` encodes to `tests/fixtures/codec/NAME.v1.hex`, and
+/// those bytes decode to `value`. A failure after a change means the
+/// change broke reading what an older build wrote or sent: keep the old
+/// format readable (a new version) instead of re-blessing.
+/// `LODESTAR_BLESS=1` writes the fixture of a new type only.
+#[cfg(test)]
+pub fn check_fixture<T: Serialize + DeserializeOwned + std::fmt::Debug>(name: &str, value: &T) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/codec").join(format!("{name}.v1.hex"));
+    let bytes = encode(value);
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    if !path.exists() && std::env::var("LODESTAR_BLESS").is_ok() {
+        std::fs::write(&path, format!("{hex}\n")).unwrap();
+    }
+    let stored = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("missing fixture {}", path.display()));
+    let stored = stored.trim();
+    let raw: Vec<u8> = (0..stored.len()).step_by(2).map(|i| u8::from_str_radix(&stored[i..i + 2], 16).unwrap()).collect();
+    let decoded: T = decode(&raw).unwrap_or_else(|e| panic!("{name}: stored bytes no longer decode: {e}"));
+    assert_eq!(format!("{decoded:?}"), format!("{value:?}"), "{name}: stored bytes decode to something else");
+    assert_eq!(hex, stored, "{name}: encoding changed");
+}

@@ -798,26 +798,8 @@ mod fixtures {
     use crate::store::types::{Op, Txn};
     use openraft::{CommittedLeaderId, Membership, Vote};
     use std::collections::{BTreeMap, BTreeSet};
-    use std::path::PathBuf;
 
-    fn dir() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/codec")
-    }
-
-    fn check<T: Serialize + serde::de::DeserializeOwned + std::fmt::Debug>(name: &str, value: &T) {
-        let path = dir().join(format!("{name}.v1.hex"));
-        let bytes = codec::encode(value);
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        if !path.exists() && std::env::var("LODESTAR_BLESS").is_ok() {
-            std::fs::write(&path, format!("{hex}\n")).unwrap();
-        }
-        let stored = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("missing fixture {}", path.display()));
-        let stored = stored.trim();
-        let raw: Vec<u8> = (0..stored.len()).step_by(2).map(|i| u8::from_str_radix(&stored[i..i + 2], 16).unwrap()).collect();
-        let decoded: T = codec::decode(&raw).unwrap_or_else(|e| panic!("{name}: stored bytes no longer decode: {e}"));
-        assert_eq!(format!("{decoded:?}"), format!("{value:?}"), "{name}: stored bytes decode to something else");
-        assert_eq!(hex, stored, "{name}: encoding changed");
-    }
+    use crate::store::codec::check_fixture as check;
 
     fn log_id(term: u64, index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(term, 1), index)

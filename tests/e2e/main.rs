@@ -27,6 +27,7 @@ mod faults;
 mod first_run;
 mod grpc;
 mod ha;
+mod history;
 mod identity;
 mod istio_validation;
 mod jwt;

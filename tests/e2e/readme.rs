@@ -51,7 +51,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_lodestar");
 /// answers (`# → TEXT`) each must hold.
 const SECTIONS: &[(&str, usize)] = &[
     ("Run a server", 0),
-    ("Walkthrough: traffic through Envoy", 4),
+    ("Walkthrough: traffic through Envoy", 6),
     ("Check config: `lodestar analyze`", 1),
     ("Connect an Envoy", 0),
     ("A three-replica cluster on one machine", 0),
