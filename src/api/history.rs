@@ -187,7 +187,7 @@ pub fn rollback_txn(applied: &Applied, events: &[Event], req: &RollbackRequest) 
         let kind = f.kind()?.ok_or_else(|| Error::field(format!("resources[{i}].kind"), "required"))?;
         wanted.push((kind, f.namespace.as_deref().filter(|n| !n.is_empty()), f.name.as_deref().filter(|n| !n.is_empty())));
     }
-    let (mut ops, mut warnings) = (Vec::new(), Vec::new());
+    let (mut ops, mut warnings, mut restored, mut names) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (key, then) in &changed {
         if !wanted.is_empty()
             && !wanted.iter().any(|(k, ns, n)| *k == key.kind && ns.is_none_or(|ns| *key.namespace == *ns) && n.is_none_or(|n| *key.name == *n))
@@ -207,13 +207,33 @@ pub fn rollback_txn(applied: &Applied, events: &[Event], req: &RollbackRequest) 
                         "a Secret holding a private key is not rolled back (its key is sealed): apply it again from its file",
                     ));
                 }
-                ops.push(Op::Put { key: key.clone(), body: obj.text().clone(), expected_revision: Some(current) });
+                restored.push(super::ApplyItem { resource: obj.body().clone(), expected_revision: Some(current) });
+                names.push(key.clone());
             }
             None => ops.push(Op::Delete { key: key.clone(), expected_revision: Some(current), ignore_missing: false }),
         }
     }
-    if ops.is_empty() {
+    if ops.is_empty() && restored.is_empty() {
         warnings.push(format!("nothing to roll back: no object{} changed after revision {}", if wanted.is_empty() { "" } else { " named" }, req.revision));
+        return Ok((Txn { ops }, warnings));
+    }
+    // What is restored is validated as today's apply validates it: an old
+    // object today's schema refuses is named, and nothing is written.
+    if !restored.is_empty() {
+        let (puts, w) = super::apply_txn(restored).map_err(|e| {
+            let mut e = e;
+            for f in &mut e.fields {
+                if let Some(i) = f.field.strip_prefix("resources[").and_then(|r| r.split(']').next()).and_then(|i| i.parse::<usize>().ok()) {
+                    let k = &names[i];
+                    f.field =
+                        format!("{} {}/{} at revision {}{}", k.kind.name(), k.namespace, k.name, req.revision, &f.field[format!("resources[{i}]").len()..]);
+                }
+            }
+            e.message = format!("the state at revision {} does not validate today: {}", req.revision, e.message);
+            e
+        })?;
+        warnings.extend(w);
+        ops.splice(0..0, puts.ops);
     }
     Ok((Txn { ops }, warnings))
 }

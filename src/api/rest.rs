@@ -52,6 +52,7 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/v1/history", get(history_list))
         .route("/v1/diff", get(diff_revisions))
         .route("/v1/rollback", post(rollback))
+        .route("/v1/nacks", get(nacks))
         .with_state(replica.clone());
     Router::new()
         .route("/v1/resources/{kind}", get(list))
@@ -779,4 +780,29 @@ async fn rollback(State(replica): State<Arc<Replica>>, caller: Caller, Query(q):
         super::ApplyOutcome::Written(result) => Ok((revision_headers(result.revision), Json(result)).into_response()),
         super::ApplyOutcome::Preview(p) => Ok((revision_headers(p.base_revision), Json(p)).into_response()),
     }
+}
+
+/// `lodestar nacks`: every NACK this replica's proxies send from now on,
+/// as NDJSON lines, the moment it arrives (`xds::status::NackEvent`); a
+/// listener too slow to keep up is told how many it missed. Who may read
+/// the cluster (as `/debug/syncz`).
+async fn nacks(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Response> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
+    let mut rx = replica.sync.subscribe_nacks();
+    let id = replica.node.id;
+    let stream = async_stream::stream! {
+        // The first line says the watch is on (a client can then act).
+        yield Ok::<_, std::convert::Infallible>(format!("{}\n", json!({"watching": true, "replica": id})));
+        loop {
+            let line = match rx.recv().await {
+                Ok(e) => json!({"replica": id, "nack": e}),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    json!({"error": {"code": "ResourceExhausted", "message": format!("{n} NACK events missed: this listener fell behind")}})
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            };
+            yield Ok(format!("{line}\n"));
+        }
+    };
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
 }

@@ -9,6 +9,7 @@ mod analyze;
 mod authz;
 mod bootstrap;
 mod history;
+mod nacks;
 // The client side (REST client, its config, progress bars) is its own
 // module below the CLI and the agent; its old path stays.
 pub use crate::client;
@@ -154,6 +155,10 @@ enum Command {
         /// With --dry-run: json for pipelines (default: a summary).
         #[arg(short, long, requires = "dry_run")]
         output: Option<Output>,
+        /// With --wait: if a proxy rejects the write (NACK), roll what it
+        /// changed back as one new revision, wait for that, and fail.
+        #[arg(long, requires = "wait")]
+        revert_on_nack: bool,
     },
     /// Wait until every proxy connected to any replica has ACKed a revision
     /// (or newer); fails listing NACKs, or the proxies still behind. On a
@@ -297,6 +302,9 @@ enum Command {
     /// Restore the mesh, or the objects named, to their state at a
     /// revision: one new revision, previewed with --dry-run.
     Rollback(history::RollbackArgs),
+    /// Every NACK (a proxy rejecting its config) as it arrives, from every
+    /// replica: the proxy, the type, the rejected revision, Envoy's error.
+    Nacks(nacks::NacksArgs),
     /// The mesh CA's deny list: revoke workload certificates by SPIFFE id
     /// or serial (CertificateRevocation objects; admin only).
     Cert {
@@ -491,7 +499,7 @@ pub async fn run(cli: Cli) -> Result<()> {
     let client = access.client()?;
     match command {
         Command::Server(_) | Command::Tls { .. } => unreachable!("handled above"),
-        Command::Apply { files, namespace, wait: w, timeout, proxies, dry_run, expected_revision, output } => {
+        Command::Apply { files, namespace, wait: w, timeout, proxies, dry_run, expected_revision, output, revert_on_nack } => {
             let query = query(&[("dryRun", dry_run.then_some("true")), ("expectedRevision", expected_revision.map(|r| r.to_string()).as_deref())]);
             if dry_run {
                 let preview = client.post(&format!("/v1/apply{query}"), &json!({ "resources": apply_documents(&files, namespace.as_deref())? })).await?;
@@ -500,6 +508,14 @@ pub async fn run(cli: Cli) -> Result<()> {
                     _ => print!("{}", crate::api::dryrun::render(&preview)),
                 }
                 return Ok(());
+            }
+            if revert_on_nack {
+                let docs = apply_documents(&files, namespace.as_deref())?;
+                let revision = apply_docs(&client, &docs, &query).await?;
+                return match wait(&client, revision, &timeout, &proxies).await {
+                    Err(e) if e.downcast_ref::<Nacked>().is_some() => revert(&client, &docs, revision, &timeout, e).await,
+                    other => other,
+                };
             }
             let revision = apply(&client, &files, namespace.as_deref(), &query).await?;
             if w {
@@ -533,6 +549,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::History(args) => history::history(&client, args).await,
         Command::Diff(args) => history::diff(&client, args).await,
         Command::Rollback(args) => history::rollback(&client, args).await.map(|_| ()),
+        Command::Nacks(args) => nacks::run(&client, args).await,
         Command::ProxyConfig { kind, proxy: p, output } => proxy::config(&client, kind, &p, output == Some(Output::Json)).await,
         Command::Delete { kind, name, namespace, files, ignore_not_found } => delete(&client, kind, name, namespace, &files, ignore_not_found).await,
         Command::Cluster { command } => cluster(&client, command).await,
@@ -661,7 +678,7 @@ async fn wait(client: &Client, revision: u64, timeout: &str, proxies: &[String])
             println!("revision {revision}: {} of {} proxies in sync", r["synced"], r["proxies"]);
             Ok(())
         }
-        409 => bail!("revision {revision} rejected:\n  {}", list("nacked").join("\n  ")),
+        409 => Err(Nacked(format!("revision {revision} rejected:\n  {}", list("nacked").join("\n  "))).into()),
         503 => {
             bail!("revision {revision}: {} of {} proxies in sync after {timeout}; still behind:\n  {}", r["synced"], r["proxies"], list("pending").join("\n  "))
         }
@@ -669,8 +686,39 @@ async fn wait(client: &Client, revision: u64, timeout: &str, proxies: &[String])
     }
 }
 
+/// `wait`'s failure when a proxy rejected the revision (NACK).
+#[derive(Debug)]
+struct Nacked(String);
+
+impl std::fmt::Display for Nacked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Nacked {}
+
+/// `apply --wait --revert-on-nack`, after a proxy rejected `revision`: one
+/// rollback of the write's objects to the revision before it (audited as
+/// a rollback), awaited, then the failure that names the NACKs.
+async fn revert(client: &Client, docs: &[Value], revision: u64, timeout: &str, nacked: anyhow::Error) -> Result<()> {
+    let resources: Vec<Value> = docs
+        .iter()
+        .map(|d| json!({"kind": d["kind"].as_str().unwrap_or("").to_lowercase(), "namespace": d["metadata"]["namespace"], "name": d["metadata"]["name"]}))
+        .collect();
+    let back = client.post("/v1/rollback", &json!({"revision": revision - 1, "resources": resources})).await?;
+    print_write_result(&back);
+    let reverted = back["revision"].as_u64().unwrap_or(revision);
+    wait(client, reverted, timeout, &[]).await?;
+    bail!("{nacked}\nrolled back (--revert-on-nack): revision {reverted} restores what the write changed as it was at revision {}", revision - 1)
+}
+
 async fn apply(client: &Client, files: &[String], namespace: Option<&str>, query: &str) -> Result<u64> {
     let docs = apply_documents(files, namespace)?;
+    apply_docs(client, &docs, query).await
+}
+
+async fn apply_docs(client: &Client, docs: &[Value], query: &str) -> Result<u64> {
     let result = client.post(&format!("/v1/apply{query}"), &json!({ "resources": docs })).await?;
     print_write_result(&result);
     result["revision"].as_u64().ok_or_else(|| anyhow!("the server answered no revision"))

@@ -355,6 +355,17 @@ impl Client {
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
     }
 
+    /// A streaming GET (NDJSON): the response, once its status is 2xx.
+    pub async fn get_stream(&self, path: &str) -> Result<reqwest::Response> {
+        let r = self.execute(reqwest::Method::GET, path, None).await?;
+        let status = r.status().as_u16();
+        if !(200..300).contains(&status) {
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            anyhow::bail!("{}", render_error(status, &body));
+        }
+        Ok(r)
+    }
+
     pub async fn get(&self, path: &str) -> Result<Value> {
         self.send(reqwest::Method::GET, path, None).await
     }

@@ -29,6 +29,37 @@ struct Inner {
     /// The last streams refused for their credentials or their quotas,
     /// newest last.
     refused: Mutex<std::collections::VecDeque<Refused>>,
+    /// Every NACK as it arrives, for `GET /v1/nacks` (nobody listening:
+    /// dropped).
+    nacks: NackBus,
+}
+
+/// A proxy rejected a response: the event `GET /v1/nacks` streams.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NackEvent {
+    /// NAME.NAMESPACE, as `lodestar wait --proxy` names it.
+    pub proxy: String,
+    /// The node id as the proxy sent it.
+    pub id: String,
+    #[serde(rename = "type")]
+    pub type_short: &'static str,
+    /// The version (store revision) it rejected.
+    pub rejected_version: String,
+    /// Envoy's error detail (at most `limits::MAX_NACK_TEXT` bytes).
+    pub error: String,
+    pub at_unix_ms: u64,
+}
+
+/// Events buffered for a slow listener before it is told it missed some.
+const NACK_BUFFER: usize = 256;
+
+struct NackBus(tokio::sync::broadcast::Sender<NackEvent>);
+
+impl Default for NackBus {
+    fn default() -> Self {
+        NackBus(tokio::sync::broadcast::channel(NACK_BUFFER).0)
+    }
 }
 
 /// Refused streams kept for `/debug/syncz`.
@@ -154,15 +185,20 @@ impl ProxyStatus {
     /// Whether this proxy has ACKed `revision` or newer. A proxy the
     /// revision does not affect gets no response for it, and counts as
     /// synced once its stream has moved to it.
+    ///
+    /// A NACK of the latest response rejects `revision` only once the
+    /// stream has moved to it (or the rejected version is that new): a
+    /// NACK of an older revision, before this one reached the proxy, says
+    /// nothing yet about this one (the proxy may well accept it).
     pub fn convergence(&self, revision: u64) -> Convergence {
+        let moved = self.pushed_revision.is_some_and(|r| r >= revision);
         for (t, ts) in &self.types {
             if let (Some(n), Some(sent)) = (&ts.last_nack, &ts.sent_nonce) {
-                if &n.nonce == sent {
+                if &n.nonce == sent && (moved || n.rejected_version.parse::<u64>().is_ok_and(|v| v >= revision)) {
                     return Convergence::Nacked(t.to_string(), n.error.clone());
                 }
             }
         }
-        let moved = self.pushed_revision.is_some_and(|r| r >= revision);
         let acked = !self.types.is_empty() && self.types.values().all(|t| t.in_sync || t.sent_nonce.is_none());
         if moved && acked {
             Convergence::Synced
@@ -187,6 +223,11 @@ fn kind_name(kind: ProxyKind) -> &'static str {
 impl SyncRegistry {
     pub fn new() -> SyncRegistry {
         SyncRegistry::default()
+    }
+
+    /// Every NACK from now on, as it arrives.
+    pub fn subscribe_nacks(&self) -> tokio::sync::broadcast::Receiver<NackEvent> {
+        self.inner.nacks.0.subscribe()
     }
 
     fn streams(&self) -> MutexGuard<'_, BTreeMap<u64, ProxyStatus>> {
@@ -362,6 +403,19 @@ impl StreamHandle {
                 Some(Nack { rejected_version: rejected_version.to_string(), nonce: nonce.to_string(), error: error.to_string(), at_unix_ms: now_ms() });
             ts.in_sync = false;
         });
+        let at_unix_ms = now_ms();
+        let event = self.registry.streams().get(&self.stream).map(|s| NackEvent {
+            proxy: format!("{}.{}", s.name, s.namespace),
+            id: s.id.clone(),
+            type_short: t.short(),
+            rejected_version: rejected_version.to_string(),
+            error: error.to_string(),
+            at_unix_ms,
+        });
+        if let Some(e) = event {
+            // No listener: nothing to tell.
+            let _ = self.registry.inner.nacks.0.send(e);
+        }
     }
 }
 

@@ -32,6 +32,7 @@ mod identity;
 mod istio_validation;
 mod jwt;
 mod mtls;
+mod nacks;
 mod push;
 mod readme;
 mod registry;
