@@ -170,24 +170,7 @@ impl Lodestar for GrpcApi {
             .collect::<Result<Vec<_>, Error>>()
             .map_err(status_of)?;
         let (txn, warnings) = super::apply_txn(items).map_err(status_of)?;
-        match super::apply_authorized(&caller, &self.replica, txn, warnings, dry_run, expected_revision).await.map_err(status_of)? {
-            super::ApplyOutcome::Written(r) => Ok(Response::new(WriteResponse {
-                revision: r.revision,
-                items: r
-                    .items
-                    .into_iter()
-                    .map(|i| ItemResult { kind: i.kind, namespace: i.namespace, name: i.name, action: i.action, mod_revision: i.mod_revision })
-                    .collect(),
-                warnings: r.warnings,
-                preview_json: String::new(),
-            })),
-            super::ApplyOutcome::Preview(p) => Ok(Response::new(WriteResponse {
-                revision: p.base_revision,
-                items: Vec::new(),
-                warnings: Vec::new(),
-                preview_json: serde_json::to_string(&p).map_err(|e| status_of(Error::internal(e.to_string())))?,
-            })),
-        }
+        outcome(super::apply_authorized(&caller, &self.replica, txn, warnings, dry_run, expected_revision).await.map_err(status_of)?)
     }
 
     async fn delete(&self, req: Request<DeleteRequest>) -> Result<Response<WriteResponse>, Status> {
@@ -353,6 +336,64 @@ impl Lodestar for GrpcApi {
             notes: answer.notes,
         }))
     }
+    async fn history(&self, req: Request<HistoryRequest>) -> Result<Response<JsonResponse>, Status> {
+        let caller = self.caller(&req, "History")?;
+        let r = req.into_inner();
+        let (applied, events) = super::history::read(&self.replica.node).await.map_err(status_of)?;
+        let filter = super::history::Filter { kind: Some(r.kind), namespace: Some(r.namespace), name: Some(r.name) };
+        let limit = if r.limit == 0 { 100 } else { (r.limit as usize).min(10_000) };
+        let answer = super::history::history(&caller, &applied, &events, &filter, limit).map_err(status_of)?;
+        json_response(answer.revision, &answer)
+    }
+
+    async fn diff(&self, req: Request<DiffRequest>) -> Result<Response<JsonResponse>, Status> {
+        let caller = self.caller(&req, "Diff")?;
+        let r = req.into_inner();
+        let (applied, events) = super::history::read(&self.replica.node).await.map_err(status_of)?;
+        let answer = super::history::diff_revisions(&caller, &applied, &events, r.from, (r.to != 0).then_some(r.to)).map_err(status_of)?;
+        json_response(applied.revision(), &answer)
+    }
+
+    async fn rollback(&self, req: Request<RollbackRequest>) -> Result<Response<WriteResponse>, Status> {
+        let caller = self.caller(&req, "Rollback")?;
+        let r = req.into_inner();
+        let resources =
+            r.resources.into_iter().map(|x| super::history::Filter { kind: Some(x.kind), namespace: Some(x.namespace), name: Some(x.name) }).collect();
+        let request = super::history::RollbackRequest { revision: r.revision, resources };
+        let (applied, events) = super::history::read(&self.replica.node).await.map_err(status_of)?;
+        let (txn, warnings) = super::history::rollback_txn(&applied, &events, &request).map_err(status_of)?;
+        if txn.ops.is_empty() {
+            return Ok(Response::new(WriteResponse { revision: applied.revision(), items: Vec::new(), warnings, preview_json: String::new() }));
+        }
+        outcome(super::apply_authorized(&caller, &self.replica, txn, warnings, r.dry_run, None).await.map_err(status_of)?)
+    }
+}
+
+/// An apply's (or a rollback's) answer: the write, or its preview as JSON.
+fn outcome(o: super::ApplyOutcome) -> Result<Response<WriteResponse>, Status> {
+    Ok(Response::new(match o {
+        super::ApplyOutcome::Written(w) => WriteResponse {
+            revision: w.revision,
+            items: w
+                .items
+                .into_iter()
+                .map(|i| ItemResult { kind: i.kind, namespace: i.namespace, name: i.name, action: i.action, mod_revision: i.mod_revision })
+                .collect(),
+            warnings: w.warnings,
+            preview_json: String::new(),
+        },
+        super::ApplyOutcome::Preview(p) => WriteResponse {
+            revision: p.base_revision,
+            items: Vec::new(),
+            warnings: Vec::new(),
+            preview_json: serde_json::to_string(&p).map_err(|e| status_of(Error::internal(e.to_string())))?,
+        },
+    }))
+}
+
+fn json_response(revision: u64, answer: &impl serde::Serialize) -> Result<Response<JsonResponse>, Status> {
+    let json = serde_json::to_string(answer).map_err(|e| status_of(Error::internal(e.to_string())))?;
+    Ok(Response::new(JsonResponse { revision, json }))
 }
 
 fn analysis_message(m: crate::analyze::Message) -> AnalysisMessage {

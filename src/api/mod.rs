@@ -225,7 +225,8 @@ pub fn grpc_precheck(method: &str) -> Option<Precheck> {
     Some(match method {
         "Apply" | "Heartbeat" => Precheck::Any(Verb::Write),
         "Delete" => Precheck::Any(Verb::Delete),
-        "Get" | "List" | "Analyze" => Precheck::Any(Verb::Read),
+        "Get" | "List" | "Analyze" | "History" | "Diff" => Precheck::Any(Verb::Read),
+        "Rollback" => Precheck::Any(Verb::Write),
         "Watch" => Precheck::Any(Verb::Watch),
         "ClusterStatus" | "Wait" => Precheck::Cluster(Verb::Read),
         "AddNode" | "RemoveNode" | "Snapshot" | "CreateToken" => Precheck::Cluster(Verb::Admin),

@@ -78,6 +78,9 @@ async fn previews_write_nothing_show_only_what_the_caller_may_read_and_pin_the_r
     assert_eq!(status, 200, "{body}");
     let (status, t) = post(&c.http, &format!("{api}/v1/acl/tokens"), json!({"policies": ["team-a"]})).await;
     assert_eq!(status, 200, "{t}");
+    // The follower answers once the leader committed it; it applies it
+    // a moment later.
+    c.wait_for_revision(t["revision"].as_u64().unwrap(), Duration::from_secs(10)).await;
     let team_a = http_as(t["secret"].as_str().unwrap());
     let mut rotated = secret.clone();
     rotated["data"]["ca.crt"] = json!(ca_two);
@@ -94,6 +97,7 @@ async fn previews_write_nothing_show_only_what_the_caller_may_read_and_pin_the_r
                         "spec": {"rules": [{"verbs": ["write"], "kinds": ["*"], "namespaces": ["team-a"]}]}});
     assert_eq!(apply(&c.http, &api, vec![writer]).await.0, 200);
     let (_, w) = post(&c.http, &format!("{api}/v1/acl/tokens"), json!({"policies": ["team-a-writer"]})).await;
+    c.wait_for_revision(w["revision"].as_u64().unwrap(), Duration::from_secs(10)).await;
     let (status, body) = post(&http_as(w["secret"].as_str().unwrap()), &format!("{api}/v1/apply?dryRun=true"), json!({"resources": [split(60)]})).await;
     assert_eq!(status, 403, "{body}");
 

@@ -71,6 +71,30 @@ async fn a_change_is_listed_diffed_and_rolled_back_as_one_revision() {
     assert_eq!(paths, vec!["metadata.labels.gen", "spec.http[0].route[0].destination.subset"], "{vs3}");
     let (status, body) = get_json(&c.http, &format!("{api}/v1/diff?from={}", after_delete + 5)).await;
     assert_eq!(status, 400, "a revision after now: {body}");
+    // gRPC: the same answers.
+    let mut grpc = grpc_api(&api);
+    let h = grpc
+        .history(lodestar::proto::api::HistoryRequest { kind: "vs".into(), namespace: "shop".into(), name: "vs-3".into(), limit: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let h: Value = serde_json::from_str(&h.json).unwrap();
+    assert_eq!(h, get(&c, "/v1/history?kind=vs&namespace=shop&name=vs-3").await);
+    let g = grpc.diff(lodestar::proto::api::DiffRequest { from: base, to: 0 }).await.unwrap().into_inner();
+    assert_eq!(serde_json::from_str::<Value>(&g.json).unwrap(), d);
+    let err = grpc.diff(lodestar::proto::api::DiffRequest { from: after_delete + 5, to: 0 }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    let preview = grpc
+        .rollback(lodestar::proto::api::RollbackRequest {
+            revision: base,
+            resources: vec![lodestar::proto::api::ResourceRef { kind: "vs".into(), namespace: "shop".into(), name: "vs-3".into(), expected_revision: None }],
+            dry_run: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let preview: Value = serde_json::from_str(&preview.preview_json).unwrap();
+    assert_eq!(preview["changes"].as_array().map(Vec::len), Some(1), "{preview}");
 
     // A namespace's token sees its namespace's history only.
     applied(&c.http, &api, vec![vs("other", "elsewhere", "v1")]).await;
