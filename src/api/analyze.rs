@@ -12,7 +12,6 @@
 
 use super::Caller;
 use crate::analyze::{self, files, Message, Options};
-use crate::auth::{Permission, Target, Verb};
 use crate::config::ServerConfig;
 use crate::model::StoredObject;
 use crate::store::types::{Op, Txn};
@@ -66,8 +65,7 @@ pub fn analyze(caller: &Caller, applied: &Applied, config: &ServerConfig, namesp
 
 /// The caller may read the message's resource and every one it names.
 fn visible(caller: &Caller, m: &Message) -> bool {
-    !caller.acl.enabled
-        || m.resource.iter().chain(&m.related).all(|r| r.key().is_some_and(|k| caller.principal.allows(&Permission::new(Verb::Read, Target::key(&k)))))
+    m.resource.iter().chain(&m.related).all(|r| r.key().is_some_and(|k| caller.may_read(&k)))
 }
 
 /// The findings a write causes (`analyze::on_write`) that the writer may

@@ -20,7 +20,7 @@
 use super::Caller;
 use crate::auth::{Target, Verb};
 use crate::error::{Error, Result};
-use crate::model::Kind;
+use crate::model::{Kind, ResourceKey, StoredObject};
 use crate::store::state::State;
 use crate::store::types::{Action, Op, Txn};
 use crate::store::EventType;
@@ -82,26 +82,13 @@ pub fn preview(caller: &Caller, state: &State, txn: &Txn, warnings: Vec<String>)
     let mut after = state.clone();
     let (result, events) = after.apply_txn(txn);
     let ok = result?;
-    let mut changes = Vec::new();
-    for e in &events {
-        let key = &e.object.key;
-        let before = state.get(key);
-        let (action, diff) = match e.kind {
-            EventType::Put => {
-                let empty = Value::Object(Default::default());
-                let old = before.map_or(&empty, |b| b.body());
-                (if before.is_some() { Action::Configured } else { Action::Created }, diff(old, e.object.body(), key.kind == Kind::Secret))
-            }
-            EventType::Delete => (Action::Deleted, Vec::new()),
-        };
-        changes.push(Change {
-            kind: key.kind.name().to_string(),
-            namespace: key.namespace.to_string(),
-            name: key.name.to_string(),
-            action: action.as_str().to_string(),
-            diff,
-        });
-    }
+    let changes = events
+        .iter()
+        .filter_map(|e| {
+            let after = (e.kind == EventType::Put).then(|| &*e.object);
+            change(&e.object.key, state.get(&e.object.key).map(|o| &**o), after)
+        })
+        .collect();
     Ok(Preview {
         dry_run: true,
         base_revision: state.revision,
@@ -110,6 +97,21 @@ pub fn preview(caller: &Caller, state: &State, txn: &Txn, warnings: Vec<String>)
         changes,
         warnings,
     })
+}
+
+/// How `key` changed from `before` to `after` (`None`: absent), as a
+/// preview, a diff or a rollback lists it; `None` when it did not.
+pub fn change(key: &ResourceKey, before: Option<&StoredObject>, after: Option<&StoredObject>) -> Option<Change> {
+    let empty = Value::Object(Default::default());
+    let secret = key.kind == Kind::Secret;
+    let (action, d) = match (before, after) {
+        (None, None) => return None,
+        (Some(b), Some(a)) if b.mod_revision == a.mod_revision => return None,
+        (None, Some(a)) => (Action::Created, diff(&empty, a.body(), secret)),
+        (Some(_), None) => (Action::Deleted, Vec::new()),
+        (Some(b), Some(a)) => (Action::Configured, diff(b.body(), a.body(), secret)),
+    };
+    Some(Change { kind: key.kind.name().into(), namespace: key.namespace.to_string(), name: key.name.to_string(), action: action.as_str().into(), diff: d })
 }
 
 /// `expectedRevision` on an apply: refused (409, naming the object) if any

@@ -11,7 +11,7 @@ use crate::proto::api::lodestar_server::{Lodestar, LodestarServer};
 use crate::proto::api::*;
 use crate::replica::ClusterStatus;
 use crate::replica::Replica;
-use crate::store::types::{NodeInfo, TxnOk};
+use crate::store::types::NodeInfo;
 use crate::store::watch::{check_start, watch, WatchFilter};
 use futures::{Stream, StreamExt};
 use std::pin::Pin;
@@ -84,25 +84,6 @@ async fn precheck(
             next.run(req).await
         }
         Err(e) => status_of(e).into_http(),
-    }
-}
-
-fn write_response(ok: TxnOk, warnings: Vec<String>) -> WriteResponse {
-    WriteResponse {
-        revision: ok.revision,
-        warnings,
-        preview_json: String::new(),
-        items: ok
-            .items
-            .into_iter()
-            .map(|i| ItemResult {
-                kind: i.key.kind.name().into(),
-                namespace: i.key.namespace.into(),
-                name: i.key.name.into(),
-                action: i.action.as_str().into(),
-                mod_revision: i.mod_revision,
-            })
-            .collect(),
     }
 }
 
@@ -184,7 +165,7 @@ impl Lodestar for GrpcApi {
         let txn = super::delete_txn(items, false).map_err(status_of)?;
         caller.authorize_txn(Verb::Delete, &txn).map_err(status_of)?;
         let ok = caller.write(&self.replica.node, Verb::Delete, txn).await.map_err(status_of)?;
-        Ok(Response::new(write_response(ok, Vec::new())))
+        outcome(super::ApplyOutcome::Written(super::WriteResult::new(ok, Vec::new())))
     }
 
     async fn get(&self, req: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {

@@ -9,11 +9,10 @@
 //! object it touches, previewed with `dryRun`, each object guarded by its
 //! current revision so that a change made meanwhile refuses it.
 
-use super::dryrun::{diff, Change};
+use super::dryrun::{change, Change};
 use super::Caller;
-use crate::auth::{Permission, Target, Verb};
 use crate::error::{Error, Result};
-use crate::model::{Kind, ResourceKey, StoredObject};
+use crate::model::{Kind, ResourceKey};
 use crate::node::Node;
 use crate::state::history::{AtRevision, History};
 use crate::state::txn::{Op, Txn};
@@ -83,10 +82,6 @@ pub struct HistoryAnswer {
     pub revisions: Vec<Revision>,
 }
 
-fn may_read(caller: &Caller, key: &ResourceKey) -> bool {
-    !caller.acl.enabled || caller.principal.allows(&Permission::new(Verb::Read, Target::key(key)))
-}
-
 /// The revisions that touched objects the filter and the caller's read
 /// permission let through, newest first, at most `limit`.
 pub fn history(caller: &Caller, applied: &Applied, events: &[Event], f: &Filter, limit: usize) -> Result<HistoryAnswer> {
@@ -96,7 +91,7 @@ pub fn history(caller: &Caller, applied: &Applied, events: &[Event], f: &Filter,
         kind.is_none_or(|kd| k.kind == kd)
             && f.namespace.as_deref().is_none_or(|n| n.is_empty() || *k.namespace == *n)
             && f.name.as_deref().is_none_or(|n| n.is_empty() || *k.name == *n)
-            && may_read(caller, k)
+            && caller.may_read(k)
     };
     let revisions = h
         .revisions(applied.compacted, matches, limit)
@@ -105,7 +100,7 @@ pub fn history(caller: &Caller, applied: &Applied, events: &[Event], f: &Filter,
             revision,
             changes: evs
                 .into_iter()
-                .filter(|e| may_read(caller, &e.object.key))
+                .filter(|e| caller.may_read(&e.object.key))
                 .map(|e| Touched {
                     action: e.kind.as_str(),
                     kind: e.object.key.kind.name().to_string(),
@@ -143,7 +138,7 @@ pub fn diff_revisions(caller: &Caller, applied: &Applied, events: &[Event], from
     keys.sort();
     keys.dedup();
     let mut changes = Vec::new();
-    for key in keys.into_iter().filter(|k| may_read(caller, k)) {
+    for key in keys.into_iter().filter(|k| caller.may_read(k)) {
         let before = a.get(key).cloned().unwrap_or_else(|| now(key));
         let after = b.get(key).cloned().unwrap_or_else(|| now(key));
         if let Some(c) = change(key, before.as_deref(), after.as_deref()) {
@@ -151,18 +146,6 @@ pub fn diff_revisions(caller: &Caller, applied: &Applied, events: &[Event], from
         }
     }
     Ok(DiffAnswer { from, to, changes })
-}
-
-fn change(key: &ResourceKey, before: Option<&StoredObject>, after: Option<&StoredObject>) -> Option<Change> {
-    let empty = serde_json::Value::Object(Default::default());
-    let (action, d) = match (before, after) {
-        (None, None) => return None,
-        (Some(b), Some(a)) if b.mod_revision == a.mod_revision => return None,
-        (None, Some(a)) => ("created", diff(&empty, a.body(), key.kind == Kind::Secret)),
-        (Some(_), None) => ("deleted", Vec::new()),
-        (Some(b), Some(a)) => ("configured", diff(b.body(), a.body(), key.kind == Kind::Secret)),
-    };
-    Some(Change { kind: key.kind.name().into(), namespace: key.namespace.to_string(), name: key.name.to_string(), action: action.into(), diff: d })
 }
 
 /// `POST /v1/rollback`: the revision, and optionally the objects, to

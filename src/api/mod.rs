@@ -103,6 +103,12 @@ impl Caller {
         Error::unauthenticated(reason)
     }
 
+    /// Whether the caller may read `key` (true with ACLs off): what it
+    /// may be shown of history, diffs and analysis, without a refusal.
+    pub fn may_read(&self, key: &ResourceKey) -> bool {
+        !self.acl.enabled || self.principal.allows(&Permission::new(Verb::Read, Target::key(key)))
+    }
+
     /// `verb` on every target, or 403 naming what is missing (audited).
     pub fn authorize(&self, verb: Verb, targets: impl IntoIterator<Item = Target>) -> Result<()> {
         let needed: Vec<Permission> = targets.into_iter().map(|t| Permission::new(verb, t)).collect();

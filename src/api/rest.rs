@@ -167,9 +167,15 @@ async fn apply(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Qu
     caller.precheck(Precheck::Any(Verb::Write))?;
     let bytes = read_body(&replica, body).await?;
     let (txn, warnings) = apply_body(is_yaml(&headers), &bytes)?;
-    match super::apply_authorized(&caller, &replica, txn, warnings, q.dry_run, q.expected_revision).await? {
-        super::ApplyOutcome::Written(result) => Ok((revision_headers(result.revision), Json(result)).into_response()),
-        super::ApplyOutcome::Preview(p) => Ok((revision_headers(p.base_revision), Json(p)).into_response()),
+    Ok(outcome(super::apply_authorized(&caller, &replica, txn, warnings, q.dry_run, q.expected_revision).await?))
+}
+
+/// An apply's (or a rollback's) answer: the write at its revision, or the
+/// preview at its base revision.
+fn outcome(o: super::ApplyOutcome) -> Response {
+    match o {
+        super::ApplyOutcome::Written(result) => (revision_headers(result.revision), Json(result)).into_response(),
+        super::ApplyOutcome::Preview(p) => (revision_headers(p.base_revision), Json(p)).into_response(),
     }
 }
 
@@ -776,10 +782,7 @@ async fn rollback(State(replica): State<Arc<Replica>>, caller: Caller, Query(q):
         let answer = json!({"dryRun": q.dry_run, "baseRevision": r, "revision": r, "items": [], "changes": [], "warnings": warnings});
         return Ok((revision_headers(applied.revision()), Json(answer)).into_response());
     }
-    match super::apply_authorized(&caller, &replica, txn, warnings, q.dry_run, None).await? {
-        super::ApplyOutcome::Written(result) => Ok((revision_headers(result.revision), Json(result)).into_response()),
-        super::ApplyOutcome::Preview(p) => Ok((revision_headers(p.base_revision), Json(p)).into_response()),
-    }
+    Ok(outcome(super::apply_authorized(&caller, &replica, txn, warnings, q.dry_run, None).await?))
 }
 
 /// `lodestar nacks`: every NACK this replica's proxies send from now on,

@@ -9,8 +9,9 @@
 //! `Code::Compacted` (etcd's ErrCompacted).
 
 use super::state_machine::{StoreReader, WatchMsg};
-use crate::error::{Code, Error};
+use crate::error::Error;
 use crate::model::Kind;
+use crate::state::history::compacted;
 use crate::state::Event;
 use futures::Stream;
 use tokio::sync::broadcast::error::RecvError;
@@ -44,10 +45,6 @@ pub fn check_start(reader: &StoreReader, from_revision: Option<u64>) -> Result<(
         return Err(compacted(from, applied.compacted));
     }
     Ok(())
-}
-
-fn compacted(from: u64, oldest: u64) -> Error {
-    Error::new(Code::Compacted, format!("revision {from} has been compacted; the oldest available is {oldest}"))
 }
 
 /// Every change with revision > `from_revision`; `None`: changes from now on.

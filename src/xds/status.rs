@@ -398,19 +398,20 @@ impl StreamHandle {
 
     pub fn nacked(&self, t: ResourceType, rejected_version: &str, nonce: &str, error: &str) {
         crate::metrics::metrics().xds_rejects.with(&[&t.short().to_ascii_lowercase()]).inc();
-        self.update_type(t, |ts| {
-            ts.last_nack =
-                Some(Nack { rejected_version: rejected_version.to_string(), nonce: nonce.to_string(), error: error.to_string(), at_unix_ms: now_ms() });
-            ts.in_sync = false;
-        });
         let at_unix_ms = now_ms();
-        let event = self.registry.streams().get(&self.stream).map(|s| NackEvent {
-            proxy: format!("{}.{}", s.name, s.namespace),
-            id: s.id.clone(),
-            type_short: t.short(),
-            rejected_version: rejected_version.to_string(),
-            error: error.to_string(),
-            at_unix_ms,
+        let mut event = None;
+        self.update(|s| {
+            let ts = s.types.entry(t.short()).or_default();
+            ts.last_nack = Some(Nack { rejected_version: rejected_version.to_string(), nonce: nonce.to_string(), error: error.to_string(), at_unix_ms });
+            ts.in_sync = false;
+            event = Some(NackEvent {
+                proxy: format!("{}.{}", s.name, s.namespace),
+                id: s.id.clone(),
+                type_short: t.short(),
+                rejected_version: rejected_version.to_string(),
+                error: error.to_string(),
+                at_unix_ms,
+            });
         });
         if let Some(e) = event {
             // No listener: nothing to tell.

@@ -142,9 +142,9 @@ async fn offline_equals_live_and_the_api_shows_what_the_caller_may_read() {
                         "spec": {"rules": [{"verbs": ["read"], "kinds": ["*"], "namespaces": ["team-a"]}]}});
     let (status, body) = apply(&c.http, &api, vec![policy]).await;
     assert_eq!(status, 200, "{body}");
-    let (status, t) = get_json_post(&c.http, &format!("{api}/v1/acl/tokens"), json!({"policies": ["team-a-reader"]})).await;
+    let (status, t) = kit::call(c.http.post(format!("{api}/v1/acl/tokens")).json(&json!({"policies": ["team-a-reader"]}))).await;
     assert_eq!(status, 200, "{t}");
-    let reader = http_as(t["secret"].as_str().unwrap());
+    let reader = token_client(Some(t["secret"].as_str().unwrap()));
     let (status, seen) = get_json(&reader, &format!("{api}/v1/analyze")).await;
     assert_eq!(status, 200, "{seen}");
     let seen = seen["messages"].as_array().unwrap();
@@ -159,7 +159,7 @@ async fn offline_equals_live_and_the_api_shows_what_the_caller_may_read() {
     let answer = grpc.analyze(lodestar::proto::api::AnalyzeRequest::default()).await.unwrap().into_inner();
     assert_eq!(answer.messages.len(), seen.len());
     // Who may read nothing at all is refused before anything is analyzed.
-    let (status, body) = get_json(&http_as("not-a-token"), &format!("{api}/v1/analyze")).await;
+    let (status, body) = get_json(&token_client(Some("not-a-token")), &format!("{api}/v1/analyze")).await;
     assert_eq!(status, 401, "{body}");
 
     // On every write: the apply answer names what the write breaks (the
@@ -178,17 +178,6 @@ async fn offline_equals_live_and_the_api_shows_what_the_caller_may_read() {
         "{warnings:?}"
     );
     assert!(!warnings.iter().any(|w| w.contains("ratings-typo")), "findings the write did not cause are not repeated: {warnings:?}");
-}
-
-fn http_as(token: &str) -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
-    anonymous_http_builder().default_headers(headers).build().unwrap()
-}
-
-async fn get_json_post(http: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
-    let r = http.post(url).json(&body).send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
 /// Usage errors are istioctl's 64; a file that does not parse, 65.

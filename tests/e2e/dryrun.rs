@@ -10,14 +10,7 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 async fn post(http: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
-    let r = http.post(url).json(&body).send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
-fn http_as(token: &str) -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
-    anonymous_http_builder().default_headers(headers).build().unwrap()
+    kit::call(http.post(url).json(&body)).await
 }
 
 fn split(weight: u32) -> Value {
@@ -81,7 +74,7 @@ async fn previews_write_nothing_show_only_what_the_caller_may_read_and_pin_the_r
     // The follower answers once the leader committed it; it applies it
     // a moment later.
     c.wait_for_revision(t["revision"].as_u64().unwrap(), Duration::from_secs(10)).await;
-    let team_a = http_as(t["secret"].as_str().unwrap());
+    let team_a = token_client(Some(t["secret"].as_str().unwrap()));
     let mut rotated = secret.clone();
     rotated["data"]["ca.crt"] = json!(ca_two);
     let (status, p) = post(&team_a, &format!("{api}/v1/apply?dryRun=true"), json!({"resources": [split(60), rotated]})).await;
@@ -98,7 +91,8 @@ async fn previews_write_nothing_show_only_what_the_caller_may_read_and_pin_the_r
     assert_eq!(apply(&c.http, &api, vec![writer]).await.0, 200);
     let (_, w) = post(&c.http, &format!("{api}/v1/acl/tokens"), json!({"policies": ["team-a-writer"]})).await;
     c.wait_for_revision(w["revision"].as_u64().unwrap(), Duration::from_secs(10)).await;
-    let (status, body) = post(&http_as(w["secret"].as_str().unwrap()), &format!("{api}/v1/apply?dryRun=true"), json!({"resources": [split(60)]})).await;
+    let (status, body) =
+        post(&token_client(Some(w["secret"].as_str().unwrap())), &format!("{api}/v1/apply?dryRun=true"), json!({"resources": [split(60)]})).await;
     assert_eq!(status, 403, "{body}");
 
     // gRPC: the same preview.
