@@ -110,6 +110,14 @@ async fn a_change_is_listed_diffed_and_rolled_back_as_one_revision() {
     assert_eq!(names, vec!["elsewhere"], "{h}");
     let (status, d) = get_json(&reader, &format!("{api}/v1/diff?from={base}")).await;
     assert_eq!((status, d["changes"].as_array().map(Vec::len)), (200, Some(1)), "{d}");
+    // A rollback is a write: a reader may not, of its namespace or another.
+    for ns in ["elsewhere", "shop"] {
+        let body = json!({"revision": base, "resources": [{"kind": "vs", "namespace": ns}]});
+        let (status, refused) = kit::call(reader.post(format!("{api}/v1/rollback")).json(&body)).await;
+        assert_eq!(status, 403, "{ns}: {refused}");
+    }
+    let (status, _) = kit::call(token_client(None).post(format!("{api}/v1/rollback")).json(&json!({"revision": base}))).await;
+    assert_eq!(status, 401);
 
     // Rollback of the shop namespace's routes to `base`: previewed (nothing
     // written), then one revision restoring every object as it was.

@@ -71,6 +71,20 @@ async fn nacks_are_reported_at_once_and_revert_on_nack_rolls_back() {
     let first = proxy.next("the first clusters").await;
     proxy.answer(&first, None).await;
 
+    // Who the NACKs are shown to: those who may read the cluster.
+    let (status, _) = kit::call(token_client(None).get(format!("{api}/v1/nacks"))).await;
+    assert_eq!(status, 401);
+    applied(
+        &c.http,
+        &api,
+        vec![json!({"apiVersion": "acl.lodestar.io/v1", "kind": "Policy", "metadata": {"name": "ns-reader"},
+                                      "spec": {"rules": [{"verbs": ["read"], "kinds": ["*"], "namespaces": ["default"]}]}})],
+    )
+    .await;
+    let t = token_create(&api, &["--policy", "ns-reader"]);
+    let (status, body) = kit::call(token_client(Some(t["secret"].as_str().unwrap())).get(format!("{api}/v1/nacks"))).await;
+    assert_eq!(status, 403, "a namespace's reader: {body}");
+
     // `lodestar nacks`, watching every member, until one NACK.
     let mut watch =
         cli_command().args(["--server", &api, "nacks", "--count", "1", "--timeout", "30s"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
