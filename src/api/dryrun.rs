@@ -14,18 +14,28 @@
 //! write) and `read` on them too, since the diff shows their current
 //! contents. A Secret's diff names the fields that change, never a value.
 //!
-//! The per-proxy effect (every connected proxy whose Envoy config would
-//! change) is not computed yet: see the README's "Preview a change".
+//! The per-proxy effect: every proxy connected to this replica is
+//! translated at N and after the write (`translate::effect`); those whose
+//! config would change are listed with a resource-level diff of their xDS,
+//! the others counted. Proxies are listed only for a caller who may read
+//! the cluster (as `proxy-config`); each replica lists its own proxies, and
+//! `lodestar apply --dry-run` asks every replica.
 
 use super::Caller;
 use crate::auth::{Target, Verb};
 use crate::error::{Error, Result};
+pub use crate::model::diff::{diff, FieldChange};
+use crate::model::proxy::ProxyIdentity;
 use crate::model::{Kind, ResourceKey, StoredObject};
 use crate::store::state::State;
 use crate::store::types::{Action, Op, Txn};
 use crate::store::EventType;
+use crate::translate::effect::{proxy_effect, ProxyEffect};
+use crate::translate::mesh::{Mesh, MeshConfig};
+use crate::translate::translate;
 use serde::Serialize;
 use serde_json::Value;
+use std::sync::Arc;
 
 /// The answer of a dry-run apply.
 #[derive(Debug, Serialize)]
@@ -45,6 +55,76 @@ pub struct Preview {
     pub changes: Vec<Change>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The proxies connected to this replica whose config would change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxies: Option<Proxies>,
+}
+
+/// The effect of a write on connected proxies: one replica's answer, or
+/// several merged (`merge_proxies`, as the CLI asks every replica).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Proxies {
+    /// The replicas whose proxies are counted (node ids).
+    pub replicas: Vec<u64>,
+    /// Connected proxies whose config would not change.
+    pub unchanged: usize,
+    /// Those whose config would: proxies that would lose a cluster their
+    /// routes still use first, then by node id.
+    pub changed: Vec<OnReplica>,
+    /// Why no proxy is listed (the caller may not read proxies' config).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<String>,
+}
+
+/// A proxy's change, with the replica it is connected to.
+#[derive(Debug, Serialize)]
+pub struct OnReplica {
+    pub replica: u64,
+    #[serde(flatten)]
+    pub effect: ProxyEffect,
+}
+
+/// Whom a preview translates for: the replica's connected proxies, or why
+/// they are not shown.
+pub struct ProxyScope {
+    pub replica: u64,
+    pub mesh: Arc<MeshConfig>,
+    pub proxies: std::result::Result<Vec<ProxyIdentity>, String>,
+}
+
+impl ProxyScope {
+    /// The proxies connected to `sync`, if `caller` may read their config.
+    pub fn of(caller: &Caller, replica: u64, mesh: Arc<MeshConfig>, sync: &crate::xds::status::SyncRegistry) -> ProxyScope {
+        let proxies = if caller.authorize(Verb::Read, [Target::Cluster]).is_ok() {
+            Ok(sync.identities())
+        } else {
+            Err("proxies are listed for callers who may read the cluster (as proxy-config)".to_string())
+        };
+        ProxyScope { replica, mesh, proxies }
+    }
+
+    /// Every listed proxy's change between two states.
+    fn effect(&self, before: &State, after: &State) -> Proxies {
+        let proxies = match &self.proxies {
+            Err(why) => return Proxies { replicas: vec![self.replica], unchanged: 0, changed: Vec::new(), hidden: Some(why.clone()) },
+            Ok(p) => p,
+        };
+        let (mb, ma) = (Mesh::build(before, self.mesh.clone()), Mesh::build(after, self.mesh.clone()));
+        let changed: Vec<OnReplica> = proxies
+            .iter()
+            .filter_map(|p| proxy_effect(p, &translate(&mb, p), &translate(&ma, p)))
+            .map(|effect| OnReplica { replica: self.replica, effect })
+            .collect();
+        let unchanged = proxies.len() - changed.len();
+        Proxies { replicas: vec![self.replica], unchanged, changed: sorted(changed), hidden: None }
+    }
+}
+
+/// Proxies that would lose a cluster first, then by node id.
+fn sorted(mut changed: Vec<OnReplica>) -> Vec<OnReplica> {
+    changed.sort_by(|a, b| (a.effect.lost_clusters.is_empty(), &a.effect.proxy).cmp(&(b.effect.lost_clusters.is_empty(), &b.effect.proxy)));
+    changed
 }
 
 /// One resource that would change.
@@ -60,24 +140,9 @@ pub struct Change {
     pub diff: Vec<FieldChange>,
 }
 
-/// One field that differs: a value added (no `before`), removed (no
-/// `after`) or replaced. Paths as validation errors name fields
-/// (`spec.http[1].route[0].weight`).
-#[derive(Debug, Serialize, PartialEq)]
-pub struct FieldChange {
-    pub path: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub before: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub after: Option<Value>,
-    /// A Secret's value: the field changes, its values are not shown.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub redacted: bool,
-}
-
 /// What the write `txn` would do to `state`; the caller's read permission
 /// on every resource checked first (the diff shows their contents).
-pub fn preview(caller: &Caller, state: &State, txn: &Txn, warnings: Vec<String>) -> Result<Preview> {
+pub fn preview(caller: &Caller, state: &State, txn: &Txn, warnings: Vec<String>, scope: Option<&ProxyScope>) -> Result<Preview> {
     caller.authorize(Verb::Read, txn.ops.iter().map(|op| Target::key(op.key())))?;
     let mut after = state.clone();
     let (result, events) = after.apply_txn(txn);
@@ -94,6 +159,7 @@ pub fn preview(caller: &Caller, state: &State, txn: &Txn, warnings: Vec<String>)
         base_revision: state.revision,
         revision: ok.revision,
         items: ok.items.into_iter().map(super::WriteItem::from).collect(),
+        proxies: scope.map(|s| s.effect(state, &after)),
         changes,
         warnings,
     })
@@ -144,37 +210,6 @@ pub fn pin(txn: &mut Txn, state: &State, base: u64) -> Result<()> {
     Ok(())
 }
 
-/// The fields that differ between two JSON documents. Objects are
-/// compared key by key; lists of the same length element by element, and
-/// as a whole otherwise (a route added or removed replaces the list).
-pub fn diff(before: &Value, after: &Value, redact: bool) -> Vec<FieldChange> {
-    let mut out = Vec::new();
-    walk(String::new(), Some(before), Some(after), redact, &mut out);
-    out
-}
-
-fn walk(path: String, before: Option<&Value>, after: Option<&Value>, redact: bool, out: &mut Vec<FieldChange>) {
-    match (before, after) {
-        (Some(a), Some(b)) if a == b => {}
-        (Some(Value::Object(a)), Some(Value::Object(b))) => {
-            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-            for k in keys {
-                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
-                walk(p, a.get(k), b.get(k), redact, out);
-            }
-        }
-        (Some(Value::Array(a)), Some(Value::Array(b))) if a.len() == b.len() => {
-            for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                walk(format!("{path}[{i}]"), Some(x), Some(y), redact, out);
-            }
-        }
-        (a, b) => {
-            let hide = redact && !path.starts_with("metadata.") && path != "metadata" && path != "apiVersion" && path != "kind";
-            out.push(FieldChange { path, before: if hide { None } else { a.cloned() }, after: if hide { None } else { b.cloned() }, redacted: hide });
-        }
-    }
-}
-
 /// A preview as the CLI prints it: one line per resource, then its fields.
 pub fn render(p: &Value) -> String {
     let changes = p["changes"].as_array().map(Vec::as_slice).unwrap_or_default();
@@ -186,10 +221,73 @@ pub fn render(p: &Value) -> String {
         if unchanged > 0 { format!(", {unchanged} unchanged") } else { String::new() }
     );
     out.push_str(&render_changes(changes));
+    out.push_str(&render_proxies(&p["proxies"]));
     for w in p["warnings"].as_array().map(Vec::as_slice).unwrap_or_default() {
         out.push_str(&format!("Warning: {}\n", w.as_str().unwrap_or("")));
     }
     out.push_str(&format!("apply it as previewed: lodestar apply ... --expected-revision {}\n", p["baseRevision"]));
+    out
+}
+
+/// Fold another replica's preview into `into` (as the CLI asks every
+/// replica): its proxies join the list. Answers computed at another base
+/// revision are not merged: the caller says so.
+pub fn merge_proxies(into: &mut Value, other: &Value) -> std::result::Result<(), String> {
+    if other["baseRevision"] != into["baseRevision"] {
+        return Err(format!(
+            "previewed at revision {} (this preview is at {}): a write came in between; preview again",
+            other["baseRevision"], into["baseRevision"]
+        ));
+    }
+    let (Some(p), Some(q)) = (into.get_mut("proxies"), other.get("proxies")) else { return Ok(()) };
+    let list = |v: &Value, k: &str| v[k].as_array().cloned().unwrap_or_default();
+    let mut replicas = list(p, "replicas");
+    replicas.extend(list(q, "replicas"));
+    let mut changed = list(p, "changed");
+    changed.extend(list(q, "changed"));
+    changed.sort_by_key(|c| (c.get("lostClusters").is_none(), c["proxy"].as_str().unwrap_or_default().to_string()));
+    p["replicas"] = Value::Array(replicas);
+    p["changed"] = Value::Array(changed);
+    p["unchanged"] = (p["unchanged"].as_u64().unwrap_or(0) + q["unchanged"].as_u64().unwrap_or(0)).into();
+    Ok(())
+}
+
+/// The proxies part of a preview: a count, then one line per proxy that
+/// would change (those losing a cluster their routes use first, flagged).
+pub fn render_proxies(p: &Value) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    if let Some(why) = p["hidden"].as_str() {
+        return format!("proxies: not shown ({why})\n");
+    }
+    let changed = p["changed"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let replicas: Vec<String> = p["replicas"].as_array().into_iter().flatten().map(|r| r.to_string()).collect();
+    let noun = if changed.len() == 1 { "proxy" } else { "proxies" };
+    let mut out =
+        format!("{} connected {noun} would change ({} unchanged; replicas {})\n", changed.len(), p["unchanged"].as_u64().unwrap_or(0), replicas.join(", "));
+    for c in changed {
+        let lost: Vec<&str> = c["lostClusters"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        if !lost.is_empty() {
+            out.push_str(&format!("  ! {} would lose cluster(s) its routes still use: {}\n", c["proxy"].as_str().unwrap_or(""), lost.join(", ")));
+        }
+        let parts: Vec<String> = c["changes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                let sign = match r["action"].as_str() {
+                    Some("added") => "+",
+                    Some("removed") => "-",
+                    _ => "~",
+                };
+                format!("{sign}{} {}", r["type"].as_str().unwrap_or(""), r["name"].as_str().unwrap_or(""))
+            })
+            .collect();
+        const SHOWN: usize = 8;
+        let more = if parts.len() > SHOWN { format!(" and {} more", parts.len() - SHOWN) } else { String::new() };
+        out.push_str(&format!("  {} (replica {}): {}{more}\n", c["proxy"].as_str().unwrap_or(""), c["replica"], parts[..parts.len().min(SHOWN)].join(", ")));
+    }
     out
 }
 
@@ -222,42 +320,4 @@ pub fn render_changes(changes: &[Value]) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn diffs_name_the_fields_that_change() {
-        let a = json!({"spec": {"hosts": ["r"], "http": [{"route": [{"weight": 80}, {"weight": 20}]}]}, "metadata": {"labels": {"a": "1"}}});
-        let b = json!({"spec": {"hosts": ["r"], "http": [{"route": [{"weight": 70}, {"weight": 30}]}]}, "metadata": {"labels": {"b": "2"}}});
-        let d = diff(&a, &b, false);
-        let paths: Vec<(&str, Option<Value>, Option<Value>)> = d.iter().map(|f| (f.path.as_str(), f.before.clone(), f.after.clone())).collect();
-        assert_eq!(
-            paths,
-            vec![
-                ("metadata.labels.a", Some(json!("1")), None),
-                ("metadata.labels.b", None, Some(json!("2"))),
-                ("spec.http[0].route[0].weight", Some(json!(80)), Some(json!(70))),
-                ("spec.http[0].route[1].weight", Some(json!(20)), Some(json!(30))),
-            ]
-        );
-        // A list that grows is replaced whole.
-        let d = diff(&json!({"l": [1]}), &json!({"l": [1, 2]}), false);
-        assert_eq!((d.len(), d[0].path.as_str()), (1, "l"));
-        assert!(diff(&a, &a, false).is_empty());
-    }
-
-    #[test]
-    fn secret_values_never_appear() {
-        let a = json!({"metadata": {"name": "s"}, "data": {"key": "c2VjcmV0MQ=="}});
-        let b = json!({"metadata": {"name": "s", "labels": {"x": "y"}}, "data": {"key": "c2VjcmV0Mg==", "new": "bmV3"}});
-        let d = diff(&a, &b, true);
-        let text = serde_json::to_string(&d).unwrap();
-        assert!(!text.contains("c2Vj") && !text.contains("bmV3"), "{text}");
-        assert_eq!(d.iter().filter(|f| f.redacted).count(), 2, "{text}");
-        assert!(d.iter().any(|f| f.path == "metadata.labels" && f.after == Some(json!({"x": "y"}))), "{text}");
-    }
 }

@@ -930,7 +930,11 @@ pub async fn apply_authorized(
     warnings.extend(host_warnings(&txn, &applied, &config.domain_suffix));
     warnings.extend(analyze::write_warnings(caller, &txn, &applied, config));
     if dry_run {
-        return dryrun::preview(caller, &applied.state, &txn, warnings).map(ApplyOutcome::Preview);
+        // Translation for every connected proxy, twice: off the runtime.
+        let scope = dryrun::ProxyScope::of(caller, config.id, Arc::new(config.mesh_config()), &replica.sync);
+        let (caller, state) = (caller.clone(), applied.state.clone());
+        let preview = tokio::task::spawn_blocking(move || dryrun::preview(&caller, &state, &txn, warnings, Some(&scope)));
+        return preview.await.map_err(|e| Error::internal(format!("dry run: {e}")))?.map(ApplyOutcome::Preview);
     }
     let ok = caller.write(node, Verb::Write, txn).await?;
     Ok(ApplyOutcome::Written(WriteResult::new(ok, warnings)))

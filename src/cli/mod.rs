@@ -467,6 +467,31 @@ impl ServerArgs {
     }
 }
 
+/// A dry run on the replica the CLI talks to, then on every other member
+/// for the proxies connected there; a member that cannot answer is named
+/// in the preview's warnings, not fatal.
+async fn dry_run_everywhere(client: &Client, path: &str, body: &Value) -> Result<Value> {
+    let mut preview = client.post(path, body).await?;
+    if preview.get("proxies").is_none_or(|p| p.get("hidden").is_some()) {
+        return Ok(preview);
+    }
+    let cluster = client.get("/v1/cluster").await?;
+    let here = preview["proxies"]["replicas"][0].as_u64();
+    let others: Vec<&Value> = cluster["members"].as_array().into_iter().flatten().filter(|m| m["id"].as_u64() != here).collect();
+    let mut notes = Vec::new();
+    for m in others {
+        let Some(addr) = m["info"]["api_addr"].as_str() else { continue };
+        let answer = client.with_server(addr).post(path, body).await.map_err(|e| e.to_string());
+        if let Err(why) = answer.and_then(|a| crate::api::dryrun::merge_proxies(&mut preview, &a)) {
+            notes.push(Value::from(format!("proxies of replica {} ({addr}) not previewed: {why}", m["id"])));
+        }
+    }
+    if let Some(w) = preview.as_object_mut().map(|o| o.entry("warnings").or_insert_with(|| json!([]))) {
+        w.as_array_mut().into_iter().for_each(|a| a.extend(notes.iter().cloned()));
+    }
+    Ok(preview)
+}
+
 pub async fn run(cli: Cli) -> Result<()> {
     let Cli { servers, client_config, ca_file, token, insecure, command } = cli;
     if servers.len() > 1 {
@@ -502,7 +527,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Apply { files, namespace, wait: w, timeout, proxies, dry_run, expected_revision, output, revert_on_nack } => {
             let query = query(&[("dryRun", dry_run.then_some("true")), ("expectedRevision", expected_revision.map(|r| r.to_string()).as_deref())]);
             if dry_run {
-                let preview = client.post(&format!("/v1/apply{query}"), &json!({ "resources": apply_documents(&files, namespace.as_deref())? })).await?;
+                let body = json!({ "resources": apply_documents(&files, namespace.as_deref())? });
+                let preview = dry_run_everywhere(&client, &format!("/v1/apply{query}"), &body).await?;
                 match output {
                     Some(Output::Json) => println!("{}", serde_json::to_string_pretty(&preview)?),
                     _ => print!("{}", crate::api::dryrun::render(&preview)),

@@ -5,6 +5,7 @@
 //! or axum; everything here is testable with plain values.
 
 pub mod acl;
+pub mod diff;
 pub mod documents;
 pub mod istio;
 pub mod kinds;

@@ -10,6 +10,7 @@
 //! - `resources`: what translation produces (`ProxyConfig`, `XdsResource`,
 //!   `ResourceType`) and the `Generator` trait.
 //! - `json`: proto-JSON rendering of resources (debug output, golden files).
+//! - `effect`: how a change alters one proxy's config (dry-run previews).
 //! - `explain`: Envoy's RBAC evaluation replayed over a served config.
 //! - `intern`, `encode`, `util`: shared output, deterministic encoding,
 //!   small conversions (and the TLS transport socket).
@@ -29,6 +30,7 @@
 
 pub mod authz;
 pub mod cluster;
+pub mod effect;
 pub mod encode;
 pub mod explain;
 pub mod gateway;

@@ -24,6 +24,8 @@ struct Inner {
     streams: Mutex<BTreeMap<u64, ProxyStatus>>,
     /// Per stream: notified to ask the stream to close (rebalancing).
     closers: Mutex<BTreeMap<u64, Arc<tokio::sync::Notify>>>,
+    /// Per stream: who is on it (what a dry-run translates for).
+    identities: Mutex<BTreeMap<u64, ProxyIdentity>>,
     /// Per stream: the config it serves (`/debug/config_dump`).
     configs: Mutex<BTreeMap<u64, Arc<super::resources::ProxyConfig>>>,
     /// The last streams refused for their credentials or their quotas,
@@ -255,6 +257,7 @@ impl SyncRegistry {
             closing: None,
         };
         self.streams().insert(stream, status);
+        self.inner.identities.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, identity.clone());
         crate::metrics::metrics().xds_connected.inc();
         let close = Arc::new(tokio::sync::Notify::new());
         self.inner.closers.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, close.clone());
@@ -307,6 +310,17 @@ impl SyncRegistry {
     pub fn config_of(&self, proxy_id: &str) -> Option<Arc<super::resources::ProxyConfig>> {
         let stream = self.streams().values().filter(|s| s.id == proxy_id).map(|s| s.stream).max()?;
         self.inner.configs.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).cloned()
+    }
+
+    /// Every connected proxy's identity, once per node id (its newest
+    /// stream's), by node id.
+    pub fn identities(&self) -> Vec<ProxyIdentity> {
+        let ids = self.inner.identities.lock().unwrap_or_else(|e| e.into_inner());
+        let mut newest: BTreeMap<&str, &ProxyIdentity> = BTreeMap::new();
+        for p in ids.values() {
+            newest.insert(&p.id, p); // streams in order: a later one wins
+        }
+        newest.into_values().cloned().collect()
     }
 
     /// Connected streams right now.
@@ -425,6 +439,7 @@ impl Drop for StreamHandle {
         crate::metrics::metrics().xds_connected.dec();
         self.registry.inner.closers.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.stream);
         self.registry.inner.configs.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.stream);
+        self.registry.inner.identities.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.stream);
         self.registry.streams().remove(&self.stream);
     }
 }

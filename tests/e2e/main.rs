@@ -33,6 +33,7 @@ mod istio_validation;
 mod jwt;
 mod mtls;
 mod nacks;
+mod preview;
 mod push;
 mod readme;
 mod registry;
