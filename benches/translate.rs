@@ -27,6 +27,11 @@
 //!   Issue 35's target is 10,000 resources in 200 ms:
 //!   `LODESTAR_BENCH_SERVICES=2000 cargo bench --bench translate -- analyze`.
 //!
+//! - `dryrun_one_vs`: the per-proxy part of `apply --dry-run` for one
+//!   VirtualService change with 1,000 connected sidecars (ten apps, one
+//!   address each; LODESTAR_BENCH_PROXIES for another count): every proxy
+//!   translated at the current revision and after the change, and diffed.
+//!
 //! cargo bench --bench translate   (LODESTAR_BENCH_SERVICES=2000 for another size)
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
@@ -179,6 +184,7 @@ fn bench_mesh(c: &mut Criterion, half_tls: bool) {
 
     if !half_tls {
         bench_analyze(c, &base.state);
+        bench_dryrun(c, &base.state);
     }
 
     c.bench_function(&format!("mesh_build{suffix}"), |b| b.iter(|| lodestar::mesh::Mesh::build(&base, std::sync::Arc::new(MeshConfig::default()))));
@@ -222,6 +228,29 @@ fn bench_analyze(c: &mut Criterion, state: &State) {
     let obj = std::sync::Arc::new(lodestar::model::StoredObject::from_text(r.key.clone(), created, state.revision + 1, 2, r.body.to_string().into()));
     let writes = [(r.key, Some(obj))];
     c.bench_function("analyze_one_write", |b| b.iter(|| on_write(state, &writes, &opts)));
+}
+
+/// The per-proxy preview of one VirtualService change.
+fn bench_dryrun(c: &mut Criterion, state: &State) {
+    use lodestar::api::dryrun::ProxyScope;
+    let n: usize = std::env::var("LODESTAR_BENCH_PROXIES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let proxies = (0..n)
+        .map(|i| {
+            let id = format!("sidecar~127.1.{}.{}~client-{i}.default~default.svc.cluster.local", i / 250, i % 250 + 1);
+            ProxyIdentity::parse(&id, &json!({"LABELS": {"app": format!("client-{}", i % 10)}})).unwrap()
+        })
+        .collect();
+    let scope = ProxyScope { replica: 1, mesh: std::sync::Arc::new(MeshConfig::default()), proxies: Ok(proxies) };
+    let mut after = state.clone();
+    put(&mut after, vs(services() / 2, 70));
+    let p = scope.effect(state, &after);
+    eprintln!(
+        "dryrun: {n} proxies, {} change ({} resources each), {} unchanged",
+        p.changed.len(),
+        p.changed.first().map_or(0, |c| c.effect.changes.len()),
+        p.unchanged
+    );
+    c.bench_function("dryrun_one_vs", |b| b.iter(|| scope.effect(state, &after)));
 }
 
 criterion_group! {

@@ -31,9 +31,11 @@ use crate::store::state::State;
 use crate::store::types::{Action, Op, Txn};
 use crate::store::EventType;
 use crate::translate::effect::{proxy_effect, ProxyEffect};
-use crate::translate::mesh::{Mesh, MeshConfig};
-use crate::translate::translate;
+use crate::translate::mesh::MeshConfig;
+use crate::translate::resources::Generator;
+use crate::translate::Translator;
 use serde::Serialize;
+use serde_json::json;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -72,6 +74,10 @@ pub struct Proxies {
     /// Those whose config would: proxies that would lose a cluster their
     /// routes still use first, then by node id.
     pub changed: Vec<OnReplica>,
+    /// Proxies whose config could not be translated (before or after):
+    /// `proxy`, `replica`, `error`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<Value>,
     /// Why no proxy is listed (the caller may not read proxies' config).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hidden: Option<String>,
@@ -104,20 +110,30 @@ impl ProxyScope {
         ProxyScope { replica, mesh, proxies }
     }
 
-    /// Every listed proxy's change between two states.
-    fn effect(&self, before: &State, after: &State) -> Proxies {
+    /// Every listed proxy's change between two states. One scratch
+    /// translator translates every proxy at `before` (sharing clusters
+    /// across proxies, as the xDS server does), then at `after` from
+    /// there, incrementally where it can: a proxy the change cannot reach
+    /// costs a lookup. Memory: one proxy's two configs at a time, plus the
+    /// clusters they share. The server's own translator is never touched (its
+    /// caches know revision numbers, and `after` is hypothetical).
+    pub fn effect(&self, before: &State, after: &State) -> Proxies {
         let proxies = match &self.proxies {
-            Err(why) => return Proxies { replicas: vec![self.replica], unchanged: 0, changed: Vec::new(), hidden: Some(why.clone()) },
+            Err(why) => return Proxies { replicas: vec![self.replica], unchanged: 0, changed: Vec::new(), failed: Vec::new(), hidden: Some(why.clone()) },
             Ok(p) => p,
         };
-        let (mb, ma) = (Mesh::build(before, self.mesh.clone()), Mesh::build(after, self.mesh.clone()));
-        let changed: Vec<OnReplica> = proxies
-            .iter()
-            .filter_map(|p| proxy_effect(p, &translate(&mb, p), &translate(&ma, p)))
-            .map(|effect| OnReplica { replica: self.replica, effect })
-            .collect();
-        let unchanged = proxies.len() - changed.len();
-        Proxies { replicas: vec![self.replica], unchanged, changed: sorted(changed), hidden: None }
+        let scratch = Translator::new((*self.mesh).clone());
+        let (mut changed, mut failed) = (Vec::new(), Vec::new());
+        for p in proxies {
+            match (scratch.generate(p, before), scratch.generate(p, after)) {
+                (Ok(b), Ok(a)) => changed.extend(proxy_effect(p, &b, &a).map(|effect| OnReplica { replica: self.replica, effect })),
+                (_, Err(e)) | (Err(e), _) => failed.push(json!({"proxy": p.id, "replica": self.replica, "error": e})),
+            }
+            // One proxy's configs held at a time (shared clusters stay).
+            scratch.forget(&p.id);
+        }
+        let unchanged = proxies.len() - changed.len() - failed.len();
+        Proxies { replicas: vec![self.replica], unchanged, changed: sorted(changed), failed, hidden: None }
     }
 }
 
@@ -246,6 +262,11 @@ pub fn merge_proxies(into: &mut Value, other: &Value) -> std::result::Result<(),
     let mut changed = list(p, "changed");
     changed.extend(list(q, "changed"));
     changed.sort_by_key(|c| (c.get("lostClusters").is_none(), c["proxy"].as_str().unwrap_or_default().to_string()));
+    let mut failed = list(p, "failed");
+    failed.extend(list(q, "failed"));
+    if !failed.is_empty() {
+        p["failed"] = Value::Array(failed);
+    }
     p["replicas"] = Value::Array(replicas);
     p["changed"] = Value::Array(changed);
     p["unchanged"] = (p["unchanged"].as_u64().unwrap_or(0) + q["unchanged"].as_u64().unwrap_or(0)).into();
@@ -266,6 +287,14 @@ pub fn render_proxies(p: &Value) -> String {
     let noun = if changed.len() == 1 { "proxy" } else { "proxies" };
     let mut out =
         format!("{} connected {noun} would change ({} unchanged; replicas {})\n", changed.len(), p["unchanged"].as_u64().unwrap_or(0), replicas.join(", "));
+    for f in p["failed"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  ! {} (replica {}): cannot be translated: {}\n",
+            f["proxy"].as_str().unwrap_or(""),
+            f["replica"],
+            f["error"].as_str().unwrap_or("")
+        ));
+    }
     for c in changed {
         let lost: Vec<&str> = c["lostClusters"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
         if !lost.is_empty() {

@@ -92,14 +92,16 @@ pub async fn rollback(client: &Client, a: RollbackArgs) -> Result<Option<u64>> {
     }
     let resources: Vec<Value> = a.objects.chunks(2).map(|p| json!({"kind": p[0], "namespace": a.namespace, "name": p[1]})).collect();
     let q = query(&[("dryRun", a.dry_run.then_some("true"))]);
-    let answer = client.post(&format!("/v1/rollback{q}"), &json!({"revision": a.revision, "resources": resources})).await?;
+    let body = json!({"revision": a.revision, "resources": resources});
     if a.dry_run {
+        let answer = super::dry_run_everywhere(client, &format!("/v1/rollback{q}"), &body).await?;
         match a.output {
             Some(Output::Json) => println!("{}", serde_json::to_string_pretty(&answer)?),
             _ => print!("{}", crate::api::dryrun::render(&answer)),
         }
         return Ok(None);
     }
+    let answer = client.post(&format!("/v1/rollback{q}"), &body).await?;
     print_write_result(&answer);
     Ok(answer["revision"].as_u64())
 }

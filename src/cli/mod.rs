@@ -470,7 +470,7 @@ impl ServerArgs {
 /// A dry run on the replica the CLI talks to, then on every other member
 /// for the proxies connected there; a member that cannot answer is named
 /// in the preview's warnings, not fatal.
-async fn dry_run_everywhere(client: &Client, path: &str, body: &Value) -> Result<Value> {
+pub(crate) async fn dry_run_everywhere(client: &Client, path: &str, body: &Value) -> Result<Value> {
     let mut preview = client.post(path, body).await?;
     if preview.get("proxies").is_none_or(|p| p.get("hidden").is_some()) {
         return Ok(preview);

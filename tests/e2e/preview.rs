@@ -142,7 +142,8 @@ const CHANGES: &[(&str, &str)] = &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preview_names_exactly_the_proxies_and_resources_envoy_then_changes() {
     let fx = Fixture::start(3).await;
-    let mut revision = fx.apply(BASE).await;
+    let base = fx.apply(BASE).await;
+    let mut revision = base;
     fx.cluster.wait_for_revision(revision, BOUND).await;
     let web = fx.sidecar("web", 1, 1, false, revision).await;
     let mut o = EnvoyOptions::new("iso", &fx.ip(2));
@@ -227,6 +228,16 @@ async fn a_preview_names_exactly_the_proxies_and_resources_envoy_then_changes() 
             _ => {}
         }
     }
+    // A rollback previews the same way: the DestinationRule back to the
+    // base revision drops its connection pool from web's clusters only.
+    let (ok, out, err) = kit::cli(&api, &["rollback", &base.to_string(), "destinationrule", "reviews", "--dry-run", "-o", "json"]);
+    assert!(ok, "rollback --dry-run: {err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let changed = r["proxies"]["changed"].as_array().unwrap_or_else(|| panic!("{r:#}"));
+    assert_eq!((changed.len(), r["proxies"]["unchanged"].as_u64()), (1, Some(1)), "{r:#}");
+    assert_eq!(changed[0]["proxy"], web.id.as_str());
+    assert!(changed[0]["changes"].as_array().unwrap().iter().all(|c| c["type"] == "CDS" && c["action"] == "changed"), "{r:#}");
+    assert!(changed[0]["changes"][0]["diff"].to_string().contains("maxConnections"), "{r:#}");
     for p in proxies {
         p.envoy.assert_no_rejections().await;
     }
