@@ -1,0 +1,186 @@
+//! The web console (issue 36): served by every replica at `/ui/` on its
+//! API port, locked down by its headers, and driven in a real headless
+//! Chromium (playwright-core, `tests/console/console.cjs`) against a
+//! three-replica cluster with a real Envoy connected: sign-in (keyboard
+//! only; the token in sessionStorage, never in a URL), the Overview's
+//! members and proxy, a list that updates live over the watch, an edit
+//! previewed by the dry-run and applied at the previewed revision, History
+//! with a diff and a previewed rollback, a namespace's token refused
+//! another namespace with the reason shown, Proxies and Security. Every
+//! scenario fails on a console error or a failed request it did not
+//! provoke. The outcome is then checked through the REST API, and Envoy's.
+
+use crate::kit;
+use kit::mesh::Fixture;
+use kit::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// playwright-core's node_modules (`LODESTAR_CONSOLE_NODE`, as `tests/run`
+/// sets it), or installed now: fails, never skips, without a browser.
+fn node_modules() -> PathBuf {
+    if let Some(p) = std::env::var_os("LODESTAR_CONSOLE_NODE") {
+        return p.into();
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/install-console.sh");
+    let out = std::process::Command::new(&script).output().expect("running install-console.sh");
+    assert!(out.status.success(), "the console's browser tests need Chromium, Node and playwright-core: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn chromium() -> PathBuf {
+    let path = PathBuf::from(std::env::var_os("LODESTAR_CHROMIUM").unwrap_or_else(|| "/usr/bin/chromium".into()));
+    assert!(path.exists(), "no Chromium at {} (tests/support/install-console.sh installs Debian's)", path.display());
+    path
+}
+
+const SHOP: &str = "\
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {name: reviews, namespace: shop}
+spec:
+  ports: [{name: http, number: 9080}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: reviews-1, namespace: shop}
+spec: {service: reviews, address: 127.0.0.1, port: 9080}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: shop}
+spec:
+  hosts: [reviews.shop.svc.cluster.local]
+  http:
+  - route:
+    - destination: {host: reviews.shop.svc.cluster.local}
+    timeout: 2s
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: payments, namespace: billing}
+spec:
+  hosts: [payments.billing.svc.cluster.local]
+  http:
+  - route:
+    - destination: {host: payments.billing.svc.cluster.local}
+---
+apiVersion: acl.lodestar.io/v1
+kind: Policy
+metadata: {name: shop-reader}
+spec:
+  rules: [{verbs: [read], kinds: ['*'], namespaces: [shop]}]
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_is_served_with_its_headers_and_says_who_signed_in() {
+    let c = Cluster::start(1, "").await;
+    let api = c.replica(1).api();
+    let anonymous = anonymous_http_builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    // `/ui` sends to `/ui/`; loading the console takes no credential.
+    let r = anonymous.get(format!("{api}/ui")).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["location"].to_str().unwrap()), (308, "/ui/"));
+    let dist = Path::new(env!("CARGO_MANIFEST_DIR")).join("ui/dist");
+    for (path, file, content_type, cache) in [
+        ("/ui/", "index.html", "text/html; charset=utf-8", "no-store"),
+        ("/ui/app.js", "app.js", "text/javascript; charset=utf-8", "no-cache"),
+        ("/ui/app.css", "app.css", "text/css; charset=utf-8", "no-cache"),
+        ("/ui/icon.svg", "icon.svg", "image/svg+xml", "no-cache"),
+    ] {
+        let r = anonymous.get(format!("{api}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let h = r.headers().clone();
+        assert_eq!(h["content-type"], content_type, "{path}");
+        assert_eq!(h["cache-control"], cache, "{path}");
+        assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(csp.starts_with("default-src 'self'") && csp.contains("frame-ancestors 'none'") && !csp.contains("unsafe"), "{path}: {csp}");
+        // What is served is what ui/dist holds (embedded at build time).
+        assert_eq!(r.bytes().await.unwrap(), std::fs::read(dist.join(file)).unwrap(), "{path}");
+    }
+    let (status, _) = kit::call(anonymous.get(format!("{api}/ui/missing.js"))).await;
+    assert_eq!(status, 404);
+    // The data behind it is not public: the API wants a token.
+    let (status, _) = kit::call(anonymous.get(format!("{api}/v1/resources/vs"))).await;
+    assert_eq!(status, 401);
+
+    // Who a token is: any valid token may ask; no secret in the answer.
+    let (status, _) = kit::call(anonymous.get(format!("{api}/v1/acl/token/self"))).await;
+    assert_eq!(status, 401);
+    let (status, me) = kit::call(c.http.get(format!("{api}/v1/acl/token/self"))).await;
+    assert_eq!((status, &me), (200, &json!({"who": "the initial management token", "clusterRead": true, "management": true})));
+    applied(&c.http, &api, SHOP).await;
+    let t = token_create(&api, &["--policy", "shop-reader"]);
+    let secret = t["secret"].as_str().unwrap();
+    let (status, me) = kit::call(token_client(Some(secret)).get(format!("{api}/v1/acl/token/self"))).await;
+    let accessor = t["accessorId"].as_str().unwrap();
+    assert_eq!((status, &me), (200, &json!({"who": format!("token {accessor}"), "clusterRead": false, "management": false})));
+    assert!(!me.to_string().contains(secret));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
+    let (modules, browser) = (node_modules(), chromium());
+    let fx = Fixture::start(3).await;
+    let api = fx.api(1);
+    let rev = fx.apply(SHOP).await;
+    let proxy = fx.sidecar("web", 1, 1, false, rev).await;
+    let scoped = token_create(&api, &["--policy", "shop-reader"]);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shots = root.join("target/console-screenshots");
+    let started = std::time::Instant::now();
+    let run = tokio::process::Command::new("node")
+        .arg(root.join("tests/console/console.cjs"))
+        .env("NODE_PATH", &modules)
+        .env("NODE_EXTRA_CA_CERTS", &test_ca().ca_file)
+        .env("CHROMIUM", &browser)
+        .env("CONSOLE_URL", format!("{api}/ui/"))
+        .env("CONSOLE_TOKEN", management_token())
+        .env("CONSOLE_SCOPED_TOKEN", scoped["secret"].as_str().unwrap())
+        .env("CONSOLE_NS_A", "shop")
+        .env("CONSOLE_NS_B", "billing")
+        .env("CONSOLE_PROXY", &proxy.id)
+        .env("CONSOLE_MEMBERS", "3")
+        .env("CONSOLE_SHOTS", &shots)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run).await.expect("the browser scenarios finish within 2 minutes").expect("run node");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{stdout}\nbrowser scenarios: {:.1} s", started.elapsed().as_secs_f64());
+    assert!(out.status.success(), "the browser scenarios failed (screenshots in {}):\n{stdout}\n{stderr}", shots.display());
+    let all: Value = stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|v| v["scenario"] == "all").expect("the summary line");
+    let (base, edited, rolled_back) =
+        (all["edit"]["base"].as_u64().unwrap(), all["edit"]["revision"].as_u64().unwrap(), all["rollback"]["revision"].as_u64().unwrap());
+    assert!(base < edited && edited < rolled_back, "{all}");
+    for shot in ["sign-in", "overview", "config", "object", "edit-preview", "history", "diff", "rollback-preview", "scoped-denied", "proxies", "security"] {
+        assert!(shots.join(format!("{shot}.png")).exists(), "no screenshot of {shot}");
+    }
+
+    // Through the REST API: the edit was the previewed change, at the
+    // previewed revision; the rollback restored the spec as it was.
+    let get = |path: String| {
+        let http = fx.client.clone();
+        async move {
+            let (status, body) = get_json(&http, &path).await;
+            assert_eq!(status, 200, "{path}: {body}");
+            body
+        }
+    };
+    let d = get(format!("{api}/v1/diff?from={base}&to={edited}")).await;
+    assert_eq!(
+        d["changes"],
+        json!([{"kind": "VirtualService", "namespace": "shop", "name": "reviews", "action": "configured",
+                "diff": [{"path": "spec.http[0].timeout", "before": "2s", "after": "5s"}]}]),
+        "{d}"
+    );
+    let reviews = get(format!("{api}/v1/resources/vs/shop/reviews")).await;
+    assert_eq!(reviews["spec"]["http"][0]["timeout"], "2s", "{reviews}");
+    assert_eq!(reviews["metadata"]["modRevision"], rolled_back, "{reviews}");
+    let h = get(format!("{api}/v1/history?kind=vs&namespace=shop&name=reviews")).await;
+    let revs: Vec<u64> = h["revisions"].as_array().unwrap().iter().map(|r| r["revision"].as_u64().unwrap()).collect();
+    assert_eq!(revs[..3], [rolled_back, edited, rev], "{h}");
+    // And the Envoy took both, without a rejection.
+    proxy.wait_synced(rolled_back).await;
+    proxy.envoy.assert_no_rejections().await;
+}
