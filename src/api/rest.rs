@@ -64,7 +64,8 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .with_state(replica.node.clone())
         .merge(helpers)
         .merge(observe(&replica))
-        .merge(super::console::router())
+        .merge(super::console::router(replica.clone()))
+        .layer(axum::middleware::from_fn_with_state(replica.clone(), super::console::cors))
         .layer(axum::Extension(replica.acl.clone()))
 }
 

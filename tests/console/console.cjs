@@ -11,6 +11,8 @@
 // CONSOLE_SCOPED_TOKEN (reads namespace CONSOLE_NS_A only), CONSOLE_NS_A,
 // CONSOLE_NS_B, CONSOLE_PROXY (a connected proxy's node id),
 // CONSOLE_MEMBERS (how many replicas), CONSOLE_SHOTS (screenshot dir),
+// CONSOLE_SCENARIOS (`main`, or `failover` with CONSOLE_KILL_PID and
+// CONSOLE_OTHER_API),
 // CHROMIUM (the browser), NODE_EXTRA_CA_CERTS (the cluster CA, for the
 // script's own REST calls).
 
@@ -39,8 +41,8 @@ function check(cond, what) {
   if (!cond) throw new Error(what);
 }
 
-async function rest(method, p, body) {
-  const r = await fetch(`${API}${p}`, {
+async function rest(method, p, body, api = API) {
+  const r = await fetch(`${api}${p}`, {
     method,
     headers: { Authorization: `Bearer ${TOKEN}`, "Content-Type": "application/json" },
     body: body === undefined ? undefined : JSON.stringify(body),
@@ -65,7 +67,7 @@ async function scenario(browser, name, allowed, body, options = {}) {
     if (closing || m.type() !== "error") return;
     // Chromium logs each error response as a console error: allowed when
     // the response is.
-    const status = /status of (\d+)/.exec(m.text())?.[1];
+    const status = /status of (\d+)/.exec(m.text())?.[1] ?? (m.text().includes("net::ERR_") ? "failed" : undefined);
     if (status && ok(status, m.location().url)) return;
     problems.push(`console error: ${m.text()} (${m.location().url})`);
   });
@@ -91,6 +93,16 @@ async function scenario(browser, name, allowed, body, options = {}) {
   }
 }
 
+/** A VirtualService `name` in namespace A. */
+function route(name) {
+  return {
+    apiVersion: "networking.istio.io/v1",
+    kind: "VirtualService",
+    metadata: { name, namespace: NS_A },
+    spec: { hosts: [name], http: [{ route: [{ destination: { host: name } }] }] },
+  };
+}
+
 async function shot(page, name) {
   await page.screenshot({ path: path.join(SHOTS, `${name}.png`), fullPage: true });
 }
@@ -107,9 +119,53 @@ async function signIn(page, token) {
 
 async function main() {
   fs.mkdirSync(SHOTS, { recursive: true });
+  const which = process.env.CONSOLE_SCENARIOS || "main";
   for (const f of fs.readdirSync(SHOTS)) if (f.startsWith("failed-")) fs.rmSync(path.join(SHOTS, f));
   const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium", args: ["--no-sandbox"] });
   try {
+    if (which === "failover") await failover(browser);
+    else await scenarios(browser);
+  } finally {
+    await browser.close();
+  }
+}
+
+/**
+ * The replica serving the page dies (CONSOLE_KILL_PID): the open page
+ * carries on with another member (CONSOLE_OTHER_API), without a reload,
+ * live updates included.
+ */
+async function failover(browser) {
+  const pid = Number(env("CONSOLE_KILL_PID"));
+  const other = env("CONSOLE_OTHER_API");
+  const dead = new globalThis.URL(URL).origin.replace(/[.]/g, "\\.");
+  // Provoked: what was in flight to the killed replica fails, and members
+  // still electing a leader answer /readyz with 503.
+  await scenario(browser, "failover", [new RegExp(`^failed ${dead}/`), /^503 .*\/readyz$/], async (page) => {
+    await signIn(page, TOKEN);
+    await page.locator("caption", { hasText: `${MEMBERS} members` }).waitFor({ timeout: WAIT });
+    await page.locator("#live", { hasText: "live" }).waitFor({ timeout: WAIT });
+    await page.evaluate(() => (window.marker = 1));
+    process.kill(pid, "SIGKILL");
+    await page.evaluate((ns) => (location.hash = `#/config?kind=VirtualService&namespace=${ns}`), NS_A);
+    await page.locator("tr", { hasText: "reviews" }).waitFor({ timeout: 2 * WAIT });
+    await page.locator("#notice", { hasText: `now using ${other}` }).waitFor({ timeout: WAIT });
+    await page.locator("#live", { hasText: "● live" }).waitFor({ timeout: 2 * WAIT });
+    // Live again, from the member now in use.
+    await rest("POST", "/v1/apply", { resources: [route("details")] }, other);
+    await page.locator("tr", { hasText: "details" }).waitFor({ timeout: WAIT });
+    check((await page.evaluate(() => window.marker)) === 1, "the page did not reload");
+    await shot(page, "failover");
+    await page.evaluate(() => (location.hash = "#/overview"));
+    const answering = page.locator("tr", { has: page.locator(".badge", { hasText: "answering this console" }) });
+    await answering.waitFor({ timeout: WAIT });
+    check((await answering.innerText()).includes(new globalThis.URL(other).host), `the Overview marks ${other}: ${await answering.innerText()}`);
+  });
+  console.log(JSON.stringify({ scenario: "all", ok: true }));
+}
+
+async function scenarios(browser) {
+  {
     // Provoked: signing out ends the watch.
     await scenario(browser, "sign-in", [/^failed .*\/v1\/watch$/], async (page) => {
       await page.goto(URL);
@@ -139,7 +195,7 @@ async function main() {
       await page.waitForFunction((n) => document.querySelectorAll("td .ok").length >= n, MEMBERS, { timeout: WAIT });
       const text = await page.locator("main").innerText();
       check(text.includes("leader"), "the leader is marked");
-      check(text.includes("serving this console"), "the serving replica is marked");
+      check(text.includes("answering this console"), "the replica in use is marked");
       const proxyRow = page.locator("tr", { hasText: PROXY });
       await proxyRow.waitFor({ timeout: WAIT });
       check((await proxyRow.innerText()).includes("In sync"), `the proxy is in sync: ${await proxyRow.innerText()}`);
@@ -163,13 +219,7 @@ async function main() {
       check(reads === 0, `an idle list made ${reads} requests`);
       await page.evaluate(() => ((window).marker = 1));
       // A change made elsewhere shows up by itself (the watch), with no reload.
-      const vs = {
-        apiVersion: "networking.istio.io/v1",
-        kind: "VirtualService",
-        metadata: { name: "ratings", namespace: NS_A },
-        spec: { hosts: ["ratings"], http: [{ route: [{ destination: { host: "ratings" } }] }] },
-      };
-      await rest("POST", "/v1/apply", { resources: [vs] });
+      await rest("POST", "/v1/apply", { resources: [route("ratings")] });
       await page.locator("tr", { hasText: "ratings" }).waitFor({ timeout: WAIT });
       check((await page.evaluate(() => (window).marker)) === 1, "the page did not reload");
       await shot(page, "config");
@@ -282,8 +332,6 @@ async function main() {
       await shot(page, "security");
     });
     console.log(JSON.stringify({ scenario: "all", ok: true, edit, rollback }));
-  } finally {
-    await browser.close();
   }
 }
 

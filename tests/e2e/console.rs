@@ -9,6 +9,9 @@
 //! another namespace with the reason shown, Proxies and Security. Every
 //! scenario fails on a console error or a failed request it did not
 //! provoke. The outcome is then checked through the REST API, and Envoy's.
+//! Last, the replica serving the page is killed and the open page carries
+//! on with another member (the page's CSP and the API's CORS allow the
+//! members' origins, and only those).
 
 use crate::kit;
 use kit::mesh::Fixture;
@@ -101,6 +104,32 @@ async fn the_console_is_served_with_its_headers_and_says_who_signed_in() {
     }
     let (status, _) = kit::call(anonymous.get(format!("{api}/ui/missing.js"))).await;
     assert_eq!(status, 404);
+    // The page may call the members' APIs (failover), and nothing else.
+    let r = anonymous.get(format!("{api}/ui/")).send().await.unwrap();
+    let csp = r.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.contains(&format!("connect-src 'self' {api};")), "{csp}");
+    // CORS: a member's origin may read the API's answers; another may not.
+    let preflight = |origin: &str| {
+        anonymous
+            .request(reqwest::Method::OPTIONS, format!("{api}/v1/resources/vs"))
+            .header("origin", origin)
+            .header("access-control-request-method", "GET")
+            .header("access-control-request-headers", "authorization")
+            .send()
+    };
+    let r = preflight(&api).await.unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(r.headers()["access-control-allow-origin"], api.as_str());
+    assert_eq!(r.headers()["access-control-allow-headers"], "authorization, content-type");
+    assert!(r.headers().get("access-control-allow-credentials").is_none(), "bearer tokens only, never cookies");
+    let r = preflight("https://elsewhere.example").await.unwrap();
+    assert_ne!(r.status(), 204);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    for (origin, allowed) in [(api.as_str(), true), ("https://elsewhere.example", false)] {
+        let r = c.http.get(format!("{api}/v1/resources/vs")).header("origin", origin).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers().get("access-control-allow-origin").is_some(), allowed, "{origin}");
+    }
     // The data behind it is not public: the API wants a token.
     let (status, _) = kit::call(anonymous.get(format!("{api}/v1/resources/vs"))).await;
     assert_eq!(status, 401);
@@ -122,39 +151,29 @@ async fn the_console_is_served_with_its_headers_and_says_who_signed_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
     let (modules, browser) = (node_modules(), chromium());
-    let fx = Fixture::start(3).await;
+    let mut fx = Fixture::start(3).await;
     let api = fx.api(1);
     let rev = fx.apply(SHOP).await;
     let proxy = fx.sidecar("web", 1, 1, false, rev).await;
     let scoped = token_create(&api, &["--policy", "shop-reader"]);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let shots = root.join("target/console-screenshots");
-    let started = std::time::Instant::now();
-    let run = tokio::process::Command::new("node")
-        .arg(root.join("tests/console/console.cjs"))
-        .env("NODE_PATH", &modules)
-        .env("NODE_EXTRA_CA_CERTS", &test_ca().ca_file)
-        .env("CHROMIUM", &browser)
-        .env("CONSOLE_URL", format!("{api}/ui/"))
-        .env("CONSOLE_TOKEN", management_token())
-        .env("CONSOLE_SCOPED_TOKEN", scoped["secret"].as_str().unwrap())
-        .env("CONSOLE_NS_A", "shop")
-        .env("CONSOLE_NS_B", "billing")
-        .env("CONSOLE_PROXY", &proxy.id)
-        .env("CONSOLE_MEMBERS", "3")
-        .env("CONSOLE_SHOTS", &shots)
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), run).await.expect("the browser scenarios finish within 2 minutes").expect("run node");
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    println!("{stdout}\nbrowser scenarios: {:.1} s", started.elapsed().as_secs_f64());
-    assert!(out.status.success(), "the browser scenarios failed (screenshots in {}):\n{stdout}\n{stderr}", shots.display());
-    let all: Value = stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|v| v["scenario"] == "all").expect("the summary line");
+    let common = [
+        ("NODE_PATH", modules.display().to_string()),
+        ("NODE_EXTRA_CA_CERTS", test_ca().ca_file.display().to_string()),
+        ("CHROMIUM", browser.display().to_string()),
+        ("CONSOLE_URL", format!("{api}/ui/")),
+        ("CONSOLE_TOKEN", management_token().to_string()),
+        ("CONSOLE_SCOPED_TOKEN", scoped["secret"].as_str().unwrap().to_string()),
+        ("CONSOLE_NS_A", "shop".into()),
+        ("CONSOLE_NS_B", "billing".into()),
+        ("CONSOLE_PROXY", proxy.id.clone()),
+        ("CONSOLE_MEMBERS", "3".into()),
+    ];
+    let all = scenarios(&common, &[("CONSOLE_SCENARIOS", "main".into())]).await;
     let (base, edited, rolled_back) =
         (all["edit"]["base"].as_u64().unwrap(), all["edit"]["revision"].as_u64().unwrap(), all["rollback"]["revision"].as_u64().unwrap());
     assert!(base < edited && edited < rolled_back, "{all}");
     for shot in ["sign-in", "overview", "config", "object", "edit-preview", "history", "diff", "rollback-preview", "scoped-denied", "proxies", "security"] {
-        assert!(shots.join(format!("{shot}.png")).exists(), "no screenshot of {shot}");
+        assert!(screenshots().join(format!("{shot}.png")).exists(), "no screenshot of {shot}");
     }
 
     // Through the REST API: the edit was the previewed change, at the
@@ -183,4 +202,32 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
     // And the Envoy took both, without a rejection.
     proxy.wait_synced(rolled_back).await;
     proxy.envoy.assert_no_rejections().await;
+
+    // The replica serving the page dies (the browser script kills it, at
+    // the moment it chooses): the page carries on with another member.
+    let pid = fx.cluster.replica(1).pid().expect("replica 1 runs").to_string();
+    scenarios(&common, &[("CONSOLE_SCENARIOS", "failover".into()), ("CONSOLE_KILL_PID", pid), ("CONSOLE_OTHER_API", fx.api(2))]).await;
+    fx.cluster.kill(1); // reaps it
+    let (status, details) = get_json(&fx.client, &format!("{}/v1/resources/vs/shop/details", fx.api(3))).await;
+    assert_eq!(status, 200, "the change made after the failover: {details}");
+}
+
+fn screenshots() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots")
+}
+
+/// Run `tests/console/console.cjs` with `env`: its summary line.
+async fn scenarios(common: &[(&str, String)], env: &[(&str, String)]) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console/console.cjs");
+    let started = std::time::Instant::now();
+    let mut cmd = tokio::process::Command::new("node");
+    cmd.arg(script).env("CONSOLE_SHOTS", screenshots()).kill_on_drop(true);
+    for (k, v) in common.iter().chain(env) {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output()).await.expect("the browser scenarios finish within 2 minutes").expect("run node");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{stdout}\nbrowser scenarios {env:?}: {:.1} s", started.elapsed().as_secs_f64());
+    assert!(out.status.success(), "the browser scenarios failed (screenshots in {}):\n{stdout}\n{stderr}", screenshots().display());
+    stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|v| v["scenario"] == "all").expect("the summary line")
 }

@@ -3,6 +3,60 @@
 // words them.
 
 const TOKEN = "lodestar.token";
+const MEMBERS = "lodestar.members";
+
+// Where API calls go: "" is the replica that served the page; after a
+// failover, another member's origin (the server's CSP and CORS allow the
+// members' origins, and only those).
+let base = "";
+
+export function origin(): string {
+  return base || location.origin;
+}
+
+/** The members' API origins, in order: where to fail over to. */
+export function learnMembers(apiAddrs: string[]): void {
+  sessionStorage.setItem(MEMBERS, JSON.stringify(apiAddrs.map((a) => `${location.protocol}//${a}`)));
+}
+
+function members(): string[] {
+  return JSON.parse(sessionStorage.getItem(MEMBERS) ?? "[]") as string[];
+}
+
+let failedOver: (from: string, to: string) => void = () => {};
+export function onFailover(f: (from: string, to: string) => void): void {
+  failedOver = f;
+}
+
+let switching: Promise<boolean> | null = null;
+
+/**
+ * The replica in use stopped answering: use the first other member that
+ * is ready. Tries for up to 10 s (an election after losing the leader
+ * takes a few seconds); false if none is.
+ */
+function failover(): Promise<boolean> {
+  switching ??= (async () => {
+    const from = origin();
+    for (let round = 0; round < 10; round++) {
+      for (const m of members().filter((m) => m !== from)) {
+        try {
+          const r = await fetch(`${m}/readyz`, { cache: "no-store", signal: AbortSignal.timeout(2000) });
+          if (r.ok) {
+            base = m === location.origin ? "" : m;
+            failedOver(from, m);
+            return true;
+          }
+        } catch {
+          // Not this one.
+        }
+      }
+      await new Promise((res) => setTimeout(res, 1000));
+    }
+    return false;
+  })().finally(() => (switching = null));
+  return switching;
+}
 
 export function token(): string | null {
   return sessionStorage.getItem(TOKEN);
@@ -65,9 +119,19 @@ export async function api<T>(path: string, o: CallOptions = {}): Promise<T> {
   };
   let r: Response;
   try {
-    r = await fetch(path, init);
+    r = await fetch(base + path, init);
   } catch (e) {
-    throw new ApiError(0, `the replica did not answer (${String(e)})`);
+    const moved = await failover();
+    // A read is asked again of the member now in use; a write is not
+    // (it may have been applied: History says).
+    if (!moved || init.method !== "GET") {
+      throw new ApiError(0, `${moved ? "the replica stopped answering during this write; see History for whether it was applied" : "no member of the cluster answers"} (${String(e)})`);
+    }
+    try {
+      r = await fetch(base + path, init);
+    } catch (e2) {
+      throw new ApiError(0, `the replica did not answer (${String(e2)})`);
+    }
   }
   const text = await r.text();
   let body: unknown = text;
@@ -104,7 +168,7 @@ export function watch(onEvent: (e: WatchEvent) => void, onState: (up: boolean, w
   const run = async (): Promise<void> => {
     while (!stopped && token()) {
       try {
-        const r = await fetch("/v1/watch", { headers: headers(), signal: ctl.signal, cache: "no-store" });
+        const r = await fetch(`${base}/v1/watch`, { headers: headers(), signal: ctl.signal, cache: "no-store" });
         if (!r.ok || !r.body) {
           const why = new ApiError(r.status, ((await r.json().catch(() => null)) as ErrorBody | null)?.error?.message ?? r.statusText);
           onState(false, why.explain());
@@ -129,6 +193,8 @@ export function watch(onEvent: (e: WatchEvent) => void, onState: (up: boolean, w
       } catch (e) {
         if (stopped) return;
         onState(false, `watch interrupted (${String(e)}); reconnecting`);
+        // The replica went away: follow the changes on another member.
+        if (await failover()) continue;
       }
       await new Promise((res) => setTimeout(res, 5000));
     }

@@ -2,20 +2,21 @@
 // has a URL), the header, and live updates: one `/v1/watch` stream for
 // the session, and the Overview and Config lists re-render on each change.
 
-import { api, onUnauthorized, setToken, token, watch } from "./api";
+import { api, learnMembers, onFailover, onUnauthorized, setToken, token, watch } from "./api";
 import { alert, h, link, route } from "./dom";
 import { Ctx, explain } from "./common";
 import { configEdit, configList, configObject } from "./config";
 import { diff, history } from "./history";
 import { overview, proxies } from "./overview";
 import { security } from "./security";
-import type { Who } from "./types";
+import type { ClusterStatus, Who } from "./types";
 
 const WHO = "lodestar.who";
 const main = document.getElementById("main") as HTMLElement;
 const nav = document.getElementById("nav") as HTMLElement;
 const session = document.getElementById("session") as HTMLElement;
 const live = document.getElementById("live") as HTMLElement;
+const notice = document.getElementById("notice") as HTMLElement;
 
 function who(): Who | null {
   const s = sessionStorage.getItem(WHO);
@@ -129,6 +130,8 @@ function showSignin(why: string | null): void {
     try {
       const w = await api<Who>("/v1/acl/token/self");
       sessionStorage.setItem(WHO, JSON.stringify(w));
+      // The members, to fail over to if this replica stops answering.
+      if (w.clusterRead) learnMembers((await api<ClusterStatus>("/v1/cluster")).members.sort((a, b) => a.id - b.id).map((m) => m.info.api_addr));
       const next = parse().params.get("next");
       if (next?.startsWith("#/") && !next.startsWith("#/signin")) location.hash = next;
       else if (location.hash === "#/overview") void render(true);
@@ -180,6 +183,9 @@ function stopLive(): void {
   stop = null;
 }
 
+onFailover((from, to) => {
+  notice.replaceChildren(h("p", { class: "notice" }, `The replica at ${from} stopped answering: now using ${to}.`));
+});
 onUnauthorized((why) => {
   if (parse().parts[0] !== "signin") signOut(`Signed out: ${why}`);
 });

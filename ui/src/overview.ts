@@ -2,7 +2,7 @@
 // this replica's proxies, analyze findings by severity. Proxies: the
 // proxies connected to this replica with their ACK/NACK state per type.
 
-import { api, ApiError } from "./api";
+import { api, ApiError, learnMembers, origin } from "./api";
 import { alert, h, table } from "./dom";
 import { Ctx, explain, refLink, since } from "./common";
 import type { Analysis, ClusterStatus, Member, ProxyStatus, Syncz } from "./types";
@@ -15,7 +15,7 @@ const noClusterRead = (what: string) =>
   Promise.reject(new ApiError(403, `this token may not read the cluster (${what} needs read on the cluster); the Config view shows what it may read`));
 
 function serving(m: Member): boolean {
-  return m.info.api_addr === location.host;
+  return m.info.api_addr === new URL(origin()).host;
 }
 
 function health(m: Member): string {
@@ -47,6 +47,7 @@ export async function overview(ctx: Ctx): Promise<Node> {
   const a = settled(analysis);
   const cards: HTMLElement[] = [];
   if (!(c instanceof HTMLElement)) {
+    learnMembers([...c.members].sort((x, y) => x.id - y.id).map((m) => m.info.api_addr));
     const leader = c.members.find((m) => m.id === c.leader);
     const ready = c.members.filter((m) => m.status?.ready).length;
     cards.push(
@@ -72,7 +73,7 @@ export async function overview(ctx: Ctx): Promise<Node> {
           `${c.members.length} members, term ${c.term}`,
           ["Replica", "API address", "Role", "State", "Revision", "Applied index", "Proxies", "Health"],
           c.members.map((m) => [
-            h("span", {}, `replica ${m.id}`, m.id === c.leader ? h("span", { class: "badge" }, "leader") : null, serving(m) ? h("span", { class: "badge" }, "serving this console") : null),
+            h("span", {}, `replica ${m.id}`, m.id === c.leader ? h("span", { class: "badge" }, "leader") : null, serving(m) ? h("span", { class: "badge" }, "answering this console") : null),
             m.info.api_addr,
             m.role,
             m.status?.state ?? "—",
