@@ -253,6 +253,9 @@ async function scenarios(browser) {
         await done.waitFor({ timeout: WAIT });
         const revision = Number(/revision (\d+)/.exec(await done.innerText())?.[1]);
         check(revision > base, `the new revision ${revision} follows the base ${base}`);
+        // Then the proxies' ACKs of it, across the replicas.
+        await page.locator("p.ok", { hasText: `1 of 1 proxies have ACKed revision ${revision}.` }).waitFor({ timeout: 2 * WAIT });
+        await shot(page, "edit-applied");
         out = { base, revision };
         return out;
       });
@@ -324,6 +327,19 @@ async function scenarios(browser) {
       for (const t of ["ACK v", "In sync"]) check(text.includes(t), `the proxy row shows ${t}: ${text}`);
       check(!text.includes("NACK"), `no NACK: ${text}`);
       await shot(page, "proxies");
+      // A proxy's translated config, as this replica serves it.
+      await row.getByRole("link").first().click();
+      await page.locator("h1", { hasText: `Proxy ${PROXY}` }).waitFor({ timeout: WAIT });
+      const clusters = page.locator("section", { has: page.locator("h2", { hasText: "Clusters" }) });
+      check((await clusters.innerText()).includes("reviews.shop.svc.cluster.local"), `the proxy's clusters: ${await clusters.innerText()}`);
+      await clusters.locator("summary").first().click();
+      await shot(page, "proxy-config");
+      // The registry's services with their instances' health.
+      await page.goto(`${URL}#/services`);
+      const svc = page.locator("tr", { hasText: "reviews.shop.svc.cluster.local" });
+      await svc.waitFor({ timeout: WAIT });
+      check(/9080/.test(await svc.innerText()), `the service row: ${await svc.innerText()}`);
+      await shot(page, "services");
       await page.goto(`${URL}#/security`);
       await page.locator("caption", { hasText: "tokens" }).waitFor({ timeout: WAIT });
       const all = await page.content();

@@ -172,7 +172,22 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
     let (base, edited, rolled_back) =
         (all["edit"]["base"].as_u64().unwrap(), all["edit"]["revision"].as_u64().unwrap(), all["rollback"]["revision"].as_u64().unwrap());
     assert!(base < edited && edited < rolled_back, "{all}");
-    for shot in ["sign-in", "overview", "config", "object", "edit-preview", "history", "diff", "rollback-preview", "scoped-denied", "proxies", "security"] {
+    for shot in [
+        "sign-in",
+        "overview",
+        "config",
+        "object",
+        "edit-preview",
+        "history",
+        "diff",
+        "rollback-preview",
+        "edit-applied",
+        "scoped-denied",
+        "proxies",
+        "proxy-config",
+        "services",
+        "security",
+    ] {
         assert!(screenshots().join(format!("{shot}.png")).exists(), "no screenshot of {shot}");
     }
 

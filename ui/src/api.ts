@@ -108,6 +108,8 @@ export interface CallOptions {
   method?: string;
   body?: string;
   yaml?: boolean;
+  /** Error statuses whose body is the answer (`/v1/wait`'s 409 and 503). */
+  accept?: number[];
 }
 
 export async function api<T>(path: string, o: CallOptions = {}): Promise<T> {
@@ -140,7 +142,7 @@ export async function api<T>(path: string, o: CallOptions = {}): Promise<T> {
   } catch {
     // Not JSON: keep the text.
   }
-  if (!r.ok) {
+  if (!r.ok && !o.accept?.includes(r.status)) {
     const e = (body as ErrorBody | null)?.error;
     let message = e?.message ?? (typeof body === "string" && body ? body : r.statusText);
     if (e?.fields?.length) message += ` [${e.fields.map((f) => `${f.field}: ${f.reason}`).join("; ")}]`;

@@ -7,7 +7,7 @@ import { api } from "./api";
 import { alert, fill, h, link, route, segment, table } from "./dom";
 import { Ctx, explain, objectHref, previewView } from "./common";
 import { toYaml } from "./yaml";
-import type { Analysis, Preview, Resource, WriteResult } from "./types";
+import type { Analysis, Preview, Resource, WaitReport, WriteResult } from "./types";
 
 export const KINDS = [
   "VirtualService",
@@ -174,6 +174,7 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
         r.warnings?.length ? h("ul", { class: "warnings" }, r.warnings.map((w) => h("li", {}, w))) : null,
         h("p", {}, link(route("/history"), "See it in History")),
       );
+      if (ctx.who.clusterRead) await waitForProxies(r.revision, out);
     } catch (e) {
       btn.disabled = false;
       out.append(alert(explain(e)));
@@ -210,3 +211,30 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
   );
 }
 
+
+/**
+ * After a write: until every connected proxy (on every replica) has ACKed
+ * `revision`, or one rejected it, or 30 s passed (`/v1/wait`).
+ */
+async function waitForProxies(revision: number, out: HTMLElement): Promise<void> {
+  const status = h("p", { class: "muted", role: "status" }, `Waiting for the proxies to ACK revision ${revision}…`);
+  out.append(status);
+  try {
+    const w = await api<WaitReport>(`/v1/wait?revision=${revision}&timeout=30s`, { accept: [409, 503] });
+    const lists: [string, string[]][] = [
+      ["Rejected (NACK)", w.nacked],
+      ["Not yet", w.pending],
+      ["Replicas that did not answer", w.unreachable],
+    ];
+    status.replaceWith(
+      h(
+        "div",
+        { class: "wait" },
+        h("p", { class: w.converged ? "ok" : "bad", role: "status" }, `${w.synced} of ${w.proxies} proxies have ACKed revision ${w.revision}${w.converged ? "." : ": not every proxy."}`),
+        lists.filter(([, l]) => l.length).map(([what, l]) => h("div", {}, h("h3", {}, what), h("ul", {}, l.map((p) => h("li", {}, p))))),
+      ),
+    );
+  } catch (e) {
+    status.replaceWith(alert(explain(e)));
+  }
+}

@@ -7,7 +7,7 @@ import { alert, h, link, route } from "./dom";
 import { Ctx, explain } from "./common";
 import { configEdit, configList, configObject } from "./config";
 import { diff, history } from "./history";
-import { overview, proxies } from "./overview";
+import { overview, proxies, proxyConfig, services } from "./overview";
 import { security } from "./security";
 import type { ClusterStatus, Who } from "./types";
 
@@ -39,7 +39,9 @@ function view(parts: string[]): View {
     case "history":
       return parts[1] === "diff" ? { title: "Diff", render: diff } : { title: "History", render: history };
     case "proxies":
-      return { title: "Proxies", render: proxies };
+      return parts[1] ? { title: "Proxy", render: proxyConfig } : { title: "Proxies", render: proxies };
+    case "services":
+      return { title: "Services", render: services, live: true };
     case "security":
       return { title: "Security", render: security };
     default:
@@ -49,6 +51,7 @@ function view(parts: string[]): View {
 
 const NAV: [string, string][] = [
   ["overview", "Overview"],
+  ["services", "Services"],
   ["config", "Config"],
   ["history", "History"],
   ["proxies", "Proxies"],

@@ -3,9 +3,9 @@
 // proxies connected to this replica with their ACK/NACK state per type.
 
 import { api, ApiError, learnMembers, origin } from "./api";
-import { alert, h, table } from "./dom";
+import { alert, h, link, route, segment, table } from "./dom";
 import { Ctx, explain, refLink, since } from "./common";
-import type { Analysis, ClusterStatus, Member, ProxyStatus, Syncz } from "./types";
+import type { Analysis, ClusterStatus, ConfigDump, Member, ProxyStatus, ServiceView, Syncz } from "./types";
 
 function settled<T>(r: PromiseSettledResult<T>): T | HTMLElement {
   return r.status === "fulfilled" ? r.value : alert(explain(r.reason));
@@ -91,7 +91,7 @@ export async function overview(ctx: Ctx): Promise<Node> {
         : table(
             `${s.proxies.length} connected`,
             ["Proxy", "Revision", "State"],
-            s.proxies.map((p) => [h("a", { href: "#/proxies" }, p.id), p.revision ?? "—", proxyState(p)]),
+            s.proxies.map((p) => [link(`#/proxies/${segment(p.id)}`, p.id), p.revision ?? "—", proxyState(p)]),
           ),
     h("h2", {}, "Analyze findings"),
     a instanceof HTMLElement
@@ -130,7 +130,7 @@ export async function proxies(ctx: Ctx): Promise<Node> {
           `${s.proxies.length} connected proxies`,
           ["Proxy", "Workload", "Address", "Protocol", "Connected", "Revision", ...types, "State"],
           s.proxies.map((p) => [
-            h("code", {}, p.id),
+            link(`#/proxies/${segment(p.id)}`, h("code", {}, p.id)),
             `${p.namespace}/${p.name}`,
             p.ip,
             String(p.protocol),
@@ -138,6 +138,48 @@ export async function proxies(ctx: Ctx): Promise<Node> {
             p.revision ?? "—",
             ...types.map((t) => typeCell(p, t)),
             proxyState(p),
+          ]),
+        ),
+  );
+}
+
+/** One proxy's config as this replica serves it (`/debug/config_dump`). */
+export async function proxyConfig(ctx: Ctx): Promise<Node> {
+  const id = decodeURIComponent(ctx.parts[1]);
+  const dump = await api<ConfigDump>(`/debug/config_dump?proxyID=${segment(id)}`);
+  const sections = ["clusters", "listeners", "routes", "endpoints"].map((t) => {
+    const items = (dump[t] as { name: string; version: string; resource: unknown }[] | undefined) ?? [];
+    return h(
+      "section",
+      {},
+      h("h2", {}, `${t[0].toUpperCase()}${t.slice(1)} (${items.length})`),
+      items.map((r) => h("details", {}, h("summary", {}, h("code", {}, r.name), ` version ${r.version}`), h("pre", { class: "doc" }, JSON.stringify(r.resource, null, 2)))),
+    );
+  });
+  return h("div", {}, h("h1", {}, `Proxy ${id}`), h("p", {}, link("#/proxies", "All proxies"), ` · the config this replica serves it, at revision ${dump.revision}`), sections);
+}
+
+/** The registry: every service with its instances' health. */
+export async function services(ctx: Ctx): Promise<Node> {
+  const ns = ctx.params.get("namespace") ?? "";
+  const answer = await api<{ revision: number; services: ServiceView[] }>(`/v1/registry/services${ns ? `?namespace=${segment(ns)}` : ""}`);
+  return h(
+    "div",
+    {},
+    h("h1", {}, "Services"),
+    answer.services.length === 0
+      ? h("p", { class: "muted" }, "No registry service.")
+      : table(
+          `${answer.services.length} services at revision ${answer.revision}`,
+          ["Service", "Namespace", "Ports", "Instances", "Healthy", "Unhealthy", "Unknown"],
+          answer.services.map((s) => [
+            h("code", {}, s.hostname),
+            s.namespace,
+            s.ports.join(", "),
+            link(route("/config", { kind: "Instance", namespace: s.namespace }), String(s.instances)),
+            h("span", { class: "ok" }, String(s.healthy)),
+            h("span", { class: s.unhealthy ? "bad" : "" }, String(s.unhealthy)),
+            String(s.unknown),
           ]),
         ),
   );

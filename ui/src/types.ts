@@ -130,3 +130,30 @@ export interface HistoryAnswer {
   oldest: number;
   revisions: { revision: number; changes: (Ref & { action: string; version: number })[] }[];
 }
+
+export interface WaitReport {
+  revision: number;
+  converged: boolean;
+  proxies: number;
+  synced: number;
+  pending: string[];
+  nacked: string[];
+  unreachable: string[];
+}
+
+export interface ServiceView {
+  hostname: string;
+  namespace: string;
+  declared: boolean;
+  ports: string[];
+  instances: number;
+  healthy: number;
+  unhealthy: number;
+  unknown: number;
+}
+
+export interface ConfigDump {
+  proxy: string;
+  revision: number;
+  [type: string]: unknown;
+}
