@@ -196,6 +196,7 @@ async function scenarios(browser) {
       const text = await page.locator("main").innerText();
       check(text.includes("leader"), "the leader is marked");
       check(text.includes("answering this console"), "the replica in use is marked");
+      check(/NACKed, last hour \(here\)\s*0/.test(text), `no NACK: ${text}`);
       const proxyRow = page.locator("tr", { hasText: PROXY });
       await proxyRow.waitFor({ timeout: WAIT });
       check((await proxyRow.innerText()).includes("In sync"), `the proxy is in sync: ${await proxyRow.innerText()}`);
@@ -238,6 +239,10 @@ async function scenarios(browser) {
         await doc.waitFor({ timeout: WAIT });
         const yaml = await doc.inputValue();
         check(yaml.includes('timeout: "2s"'), `the editor holds the object: ${yaml}`);
+        // The YAML the console prints reads back as the same object
+        // (strings that look like booleans, numbers, comments...).
+        await page.getByRole("button", { name: "Save (preview changes)" }).click();
+        await page.locator(".preview", { hasText: "Nothing would change" }).waitFor({ timeout: WAIT });
         await doc.fill(yaml.replace('timeout: "2s"', 'timeout: "5s"'));
         await page.getByRole("button", { name: "Save (preview changes)" }).click();
         const preview = page.locator(".preview");

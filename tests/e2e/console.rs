@@ -38,7 +38,7 @@ fn chromium() -> PathBuf {
     path
 }
 
-const SHOP: &str = "\
+const SHOP: &str = r#"
 apiVersion: registry.lodestar.io/v1
 kind: Service
 metadata: {name: reviews, namespace: shop}
@@ -52,13 +52,16 @@ spec: {service: reviews, address: 127.0.0.1, port: 9080}
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
-metadata: {name: reviews, namespace: shop}
+metadata: {name: reviews, namespace: shop, annotations: {note: "l1\nl2: x\n"}}
 spec:
   hosts: [reviews.shop.svc.cluster.local]
   http:
   - route:
     - destination: {host: reviews.shop.svc.cluster.local}
     timeout: 2s
+    headers:
+      request:
+        set: {x-flag: "true", x-version: "1.0", x-note: "a: b #c", x-empty: "", x-quoted: "it's \"q\"", x-text: "- é ✓ "}
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -74,7 +77,7 @@ kind: Policy
 metadata: {name: shop-reader}
 spec:
   rules: [{verbs: [read], kinds: ['*'], namespaces: [shop]}]
-";
+"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_is_served_with_its_headers_and_says_who_signed_in() {

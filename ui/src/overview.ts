@@ -57,6 +57,13 @@ export async function overview(ctx: Ctx): Promise<Node> {
       card("Connected proxies", c.members.reduce((n, m) => n + (m.status?.xds_streams ?? 0), 0)),
     );
   }
+  if (!(s instanceof HTMLElement)) {
+    // Each stream keeps its last NACK per type: the proxies here that
+    // rejected something in the last hour.
+    const since = Date.now() - 3600_000;
+    const nacked = s.proxies.filter((p) => Object.values(p.types).some((t) => (t.last_nack?.at_unix_ms ?? 0) >= since)).length;
+    cards.push(card("NACKed, last hour (here)", nacked, nacked ? "bad" : ""));
+  }
   if (!(a instanceof HTMLElement)) {
     const count = (l: string) => a.messages.filter((m) => m.level === l).length;
     cards.push(card("Errors", count("Error"), count("Error") ? "bad" : ""), card("Warnings", count("Warning"), count("Warning") ? "warn" : ""), card("Info", count("Info")));
