@@ -72,6 +72,24 @@ spec:
   - route:
     - destination: {host: payments.billing.svc.cluster.local}
 ---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: web, namespace: default}
+spec:
+  workloadSelector: {labels: {app: web}}
+  ingress:
+  - port: {number: 8000, protocol: HTTP, name: http}
+    defaultEndpoint: 127.0.0.1:8000
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: web-public, namespace: default}
+spec:
+  selector: {matchLabels: {app: web}}
+  action: ALLOW
+  rules:
+  - to: [{operation: {methods: [GET], paths: [/public/*]}}]
+---
 apiVersion: acl.lodestar.io/v1
 kind: Policy
 metadata: {name: shop-reader}

@@ -31,18 +31,20 @@ export function onFailover(f: (from: string, to: string) => void): void {
 let switching: Promise<boolean> | null = null;
 
 /**
- * The replica in use stopped answering: use the first other member that
- * is ready. Tries for up to 10 s (an election after losing the leader
- * takes a few seconds); false if none is.
+ * A request to the replica in use failed: keep it if it still answers (a
+ * blip: a network change, a connection reset), else use the first other
+ * member that is ready. Tries for up to 10 s (an election after losing
+ * the leader takes a few seconds); false if none answers.
  */
 function failover(): Promise<boolean> {
   switching ??= (async () => {
     const from = origin();
     for (let round = 0; round < 10; round++) {
-      for (const m of members().filter((m) => m !== from)) {
+      for (const m of [from, ...members().filter((m) => m !== from)]) {
         try {
           const r = await fetch(`${m}/readyz`, { cache: "no-store", signal: AbortSignal.timeout(2000) });
           if (r.ok) {
+            if (m === from) return true;
             base = m === location.origin ? "" : m;
             failedOver(from, m);
             return true;
@@ -145,7 +147,7 @@ export async function api<T>(path: string, o: CallOptions = {}): Promise<T> {
   if (!r.ok && !o.accept?.includes(r.status)) {
     const e = (body as ErrorBody | null)?.error;
     let message = e?.message ?? (typeof body === "string" && body ? body : r.statusText);
-    if (e?.fields?.length) message += ` [${e.fields.map((f) => `${f.field}: ${f.reason}`).join("; ")}]`;
+    if (e?.fields?.length && !e.fields.every((f) => message.includes(f.reason))) message += ` [${e.fields.map((f) => `${f.field}: ${f.reason}`).join("; ")}]`;
     if (r.status === 401) unauthorized(message);
     throw new ApiError(r.status, message);
   }

@@ -50,12 +50,18 @@ function authzForm(sync: PromiseSettledResult<Syncz>): HTMLElement {
   };
   const proxy = h("select", { id: "authz-proxy" }, sync.value.proxies.map((p) => h("option", { value: p.id }, `${p.namespace}/${p.name}`))) as HTMLSelectElement;
   const principal = input("authz-principal", "Caller (SPIFFE id)", { placeholder: "spiffe://cluster.local/ns/shop/sa/web" });
+  const port = input("authz-port", "Port", { type: "number", min: "1", max: "65535", placeholder: "the only one with policies" });
   const method = input("authz-method", "Method", { value: "GET" });
   const path = input("authz-path", "Path", { value: "/" });
-  const out = h("div", { "aria-live": "polite" });
+  const out = h("div", { id: "authz-result", "aria-live": "polite" });
   const check = async (ev: Event) => {
     ev.preventDefault();
-    const body = JSON.stringify({ principal: principal.el.value.trim() || undefined, method: method.el.value.trim(), path: path.el.value.trim() });
+    const body = JSON.stringify({
+      port: port.el.value ? Number(port.el.value) : undefined,
+      principal: principal.el.value.trim() || undefined,
+      method: method.el.value.trim(),
+      path: path.el.value.trim(),
+    });
     try {
       const e = await api<Explanation>(`/debug/authz?proxyID=${encodeURIComponent(proxy.value)}`, { body });
       out.replaceChildren(
@@ -73,6 +79,7 @@ function authzForm(sync: PromiseSettledResult<Syncz>): HTMLElement {
       "form",
       { class: "filters", onsubmit: check },
       h("div", { class: "field" }, h("label", { for: "authz-proxy" }, "At proxy"), proxy),
+      port.field,
       principal.field,
       method.field,
       path.field,
