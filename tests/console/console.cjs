@@ -237,7 +237,8 @@ async function scenarios(browser) {
 
     const edit = await (async () => {
       let out;
-      await scenario(browser, "edit", [], async (page) => {
+      // Provoked: a Confirm after another change to the object.
+      await scenario(browser, "edit", [/^409 .*\/v1\/apply\?expectedRevision=\d+$/], async (page) => {
         await signIn(page, TOKEN);
         await page.goto(`${URL}#/config/VirtualService/${NS_A}/reviews`);
         await page.locator("pre.doc").waitFor({ timeout: WAIT });
@@ -262,15 +263,36 @@ async function scenarios(browser) {
         const base = Number(/Computed at revision (\d+)/.exec(text)?.[1]);
         check(base > 0, `the preview's base revision: ${text}`);
         await shot(page, "edit-preview");
+        // Someone else changes the object meanwhile: Confirm is refused
+        // (the preview no longer says what would happen), with the reason.
+        const theirs = await rest("GET", `/v1/resources/VirtualService/${NS_A}/reviews`);
+        theirs.metadata.labels = { ...(theirs.metadata.labels ?? {}), changed: "meanwhile" };
+        for (const k of ["resourceVersion", "creationRevision", "modRevision", "generation"]) delete theirs.metadata[k];
+        await rest("POST", "/v1/apply", { resources: [theirs] });
+        await page.getByRole("button", { name: /^Confirm: apply at revision/ }).click();
+        const conflict = page.locator(".outcome p.error[role=alert]");
+        await conflict.waitFor({ timeout: WAIT });
+        check((await conflict.innerText()).startsWith("Conflict (409)"), `a stale preview is refused: ${await conflict.innerText()}`);
+        // Reloaded, redone and previewed again, at the new revision: only
+        // the edit changes (the other change stays).
+        await page.locator(".outcome").getByRole("button", { name: "Reload from the server" }).click();
+        await page.locator(".outcome", { hasText: "Reloaded." }).waitFor({ timeout: WAIT });
+        const fresh = await doc.inputValue();
+        check(fresh.includes("changed: meanwhile") && fresh.includes('timeout: "2s"'), `reloaded: ${fresh}`);
+        await doc.fill(fresh.replace('timeout: "2s"', 'timeout: "5s"'));
+        await page.getByRole("button", { name: "Save (preview changes)" }).click();
+        const again = page.locator(".preview", { hasText: `Computed at revision ${base + 1}` });
+        await again.waitFor({ timeout: WAIT });
+        check(!(await again.innerText()).includes("metadata.labels"), `only the edit: ${await again.innerText()}`);
         await page.getByRole("button", { name: /^Confirm: apply at revision/ }).click();
         const done = page.locator("p.ok", { hasText: "Applied: revision" });
         await done.waitFor({ timeout: WAIT });
         const revision = Number(/revision (\d+)/.exec(await done.innerText())?.[1]);
-        check(revision > base, `the new revision ${revision} follows the base ${base}`);
+        check(revision === base + 2, `the new revision ${revision} follows the other change, at ${base + 1}`);
         // Then the proxies' ACKs of it, across the replicas.
         await page.locator("p.ok", { hasText: `1 of 1 proxies have ACKed revision ${revision}.` }).waitFor({ timeout: 2 * WAIT });
         await shot(page, "edit-applied");
-        out = { base, revision };
+        out = { base: base + 1, revision };
         return out;
       });
       return out;

@@ -3,7 +3,7 @@
 // shows what would change; Confirm applies exactly that, guarded by the
 // revision the preview was computed at (409 if anything changed since).
 
-import { api } from "./api";
+import { api, ApiError } from "./api";
 import { alert, fill, h, link, route, segment, table } from "./dom";
 import { Ctx, explain, objectHref, previewView } from "./common";
 import { toYaml } from "./yaml";
@@ -132,6 +132,13 @@ export async function configObject(ctx: Ctx): Promise<Node> {
   );
 }
 
+/** An object as the editor shows it: without the fields the server sets. */
+async function fetchEditable(path: string): Promise<Resource> {
+  const doc = await api<Resource>(path);
+  for (const k of SERVER_OWNED) delete doc.metadata[k];
+  return doc;
+}
+
 function template(kind: string, ns: string): Resource {
   return { apiVersion: "networking.istio.io/v1", kind, metadata: { name: "", namespace: ns || "default" }, spec: {} };
 }
@@ -140,14 +147,15 @@ function template(kind: string, ns: string): Resource {
 export async function configEdit(ctx: Ctx): Promise<Node> {
   let title: string;
   let doc: Resource;
+  let source: string | null = null;
   if (ctx.parts[1] === "new") {
     const kind = ctx.params.get("kind") || "VirtualService";
     doc = template(kind, ctx.params.get("namespace") ?? "");
     title = `New ${kind}`;
   } else {
     const [kind, ns, name] = ctx.parts.slice(1, 4).map(decodeURIComponent);
-    doc = await api<Resource>(`/v1/resources/${segment(kind)}/${segment(ns)}/${segment(name)}`);
-    for (const k of SERVER_OWNED) delete doc.metadata[k];
+    source = `/v1/resources/${segment(kind)}/${segment(ns)}/${segment(name)}`;
+    doc = await fetchEditable(source);
     title = `Edit ${kind} ${ns}/${name}`;
   }
   const yaml = toYaml(doc);
@@ -178,7 +186,26 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
     } catch (e) {
       btn.disabled = false;
       out.append(alert(explain(e)));
+      const again = reloadButton();
+      if (e instanceof ApiError && e.status === 409 && again) out.append(h("p", {}, "It changed since the preview: reload it, redo the edit, and preview again. ", again));
     }
+  };
+  // Start over from the object as stored now (after a conflict, say).
+  const reloadButton = (): HTMLElement | null => {
+    if (!source) return null;
+    const from = source;
+    const b = h("button", { type: "button" }, "Reload from the server");
+    b.addEventListener("click", async () => {
+      try {
+        text.value = toYaml(await fetchEditable(from));
+        previewed = null;
+        fill(out, h("p", { class: "muted", role: "status" }, "Reloaded."));
+        text.focus();
+      } catch (e) {
+        fill(out, alert(explain(e)));
+      }
+    });
+    return b;
   };
   const preview = async (ev: Event) => {
     ev.preventDefault();
@@ -205,7 +232,7 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
       h("label", { for: "doc" }, "Resource (YAML or JSON)"),
       h("p", { id: "doc-help", class: "muted" }, "Save previews the change with a dry run; nothing is written until you confirm it."),
       text,
-      h("p", {}, h("button", { type: "submit" }, "Save (preview changes)")),
+      h("p", { class: "actions" }, h("button", { type: "submit" }, "Save (preview changes)"), reloadButton()),
     ),
     out,
   );
