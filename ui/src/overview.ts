@@ -130,7 +130,7 @@ export async function proxies(ctx: Ctx): Promise<Node> {
     "div",
     {},
     h("h1", {}, "Proxies"),
-    h("p", { class: "muted" }, "The proxies connected to the replica serving this console (the Overview counts every replica's)."),
+    h("p", { class: "muted" }, "The proxies connected to the replica this console is using (the Overview counts every replica's)."),
     s.proxies.length === 0
       ? h("p", { class: "muted" }, "No proxy is connected to this replica.")
       : table(
