@@ -6,8 +6,9 @@
 //! everyone. Every data call it makes is an ordinary REST request with the
 //! user's bearer token. The pages are locked down by their headers: a
 //! Content-Security-Policy that allows only this origin (no inline script
-//! or style, no other host, no framing), `nosniff`, no referrer; the page
-//! itself is never cached (a new binary serves a new console).
+//! or style, no framing; the one exception is below), `nosniff`, no
+//! referrer; the page itself is never cached (a new binary serves a new
+//! console).
 //!
 //! Failover: a console keeps working when the replica that served it
 //! stops, by calling another member's API (`ui/src/api.ts`). So the page's
