@@ -8,7 +8,8 @@
 // failure, with a screenshot of the page as it was.
 //
 // Environment: CONSOLE_URL (https://.../ui/), CONSOLE_TOKEN (management),
-// CONSOLE_SCOPED_TOKEN (reads namespace CONSOLE_NS_A only), CONSOLE_NS_A,
+// CONSOLE_SCOPED_TOKEN (reads namespace CONSOLE_NS_A only) and its
+// CONSOLE_SCOPED_ACCESSOR, CONSOLE_NS_A,
 // CONSOLE_NS_B, CONSOLE_PROXY (a connected proxy's node id),
 // CONSOLE_MEMBERS (how many replicas), CONSOLE_SHOTS (screenshot dir),
 // CONSOLE_SCENARIOS (`main`, or `failover` with CONSOLE_KILL_PID and
@@ -381,6 +382,9 @@ async function scenarios(browser) {
       const all = await page.content();
       check(!all.includes(SCOPED) && !all.includes(TOKEN), "no secret on the page");
       check(!all.includes("sha256:"), "no secret hash on the page");
+      const token = page.locator("tr", { hasText: env("CONSOLE_SCOPED_ACCESSOR") });
+      const t = await token.innerText();
+      check(t.includes("console reader") && t.includes("shop-reader") && /\d{4}-\d\d-\d\dT/.test(t) && !t.includes("never"), `the token's row: ${t}`);
       // The authorization check, against the proxy's own config.
       await page.getByLabel("Port").fill("8000");
       const verdict = async (method, p) => {

@@ -176,7 +176,7 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
     let api = fx.api(1);
     let rev = fx.apply(SHOP).await;
     let proxy = fx.sidecar("web", 1, 1, false, rev).await;
-    let scoped = token_create(&api, &["--policy", "shop-reader"]);
+    let scoped = token_create(&api, &["--policy", "shop-reader", "--description", "console reader", "--ttl", "1h"]);
     let common = [
         ("NODE_PATH", modules.display().to_string()),
         ("NODE_EXTRA_CA_CERTS", test_ca().ca_file.display().to_string()),
@@ -187,6 +187,7 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
         ("CONSOLE_NS_A", "shop".into()),
         ("CONSOLE_NS_B", "billing".into()),
         ("CONSOLE_PROXY", proxy.id.clone()),
+        ("CONSOLE_SCOPED_ACCESSOR", scoped["accessorId"].as_str().unwrap().to_string()),
         ("CONSOLE_MEMBERS", "3".into()),
     ];
     let all = scenarios(&common, &[("CONSOLE_SCENARIOS", "main".into())]).await;

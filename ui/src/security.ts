@@ -27,7 +27,7 @@ export async function security(_ctx: Ctx): Promise<Node> {
           ["Accessor", "Description", "Type", "Policies", "Roles", "Created", "Expires"],
           tokens.value.map((t) => {
             const s = t.spec ?? {};
-            return [h("code", {}, t.metadata.name), String(s.description ?? ""), String(s.type ?? "client"), strings(s.policies), strings(s.roles), String(s.created_at ?? "—"), String(s.expires_at ?? "never")];
+            return [h("code", {}, t.metadata.name), String(s.description ?? ""), String(s.type ?? "client"), strings(s.policies), strings(s.roles), String(s.createdAt ?? "—"), String(s.expiresAt ?? "never")];
           }),
         );
   const policyView =
