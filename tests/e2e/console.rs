@@ -167,6 +167,10 @@ async fn the_console_is_served_with_its_headers_and_says_who_signed_in() {
     let accessor = t["accessorId"].as_str().unwrap();
     assert_eq!((status, &me), (200, &json!({"who": format!("token {accessor}"), "clusterRead": false, "management": false})));
     assert!(!me.to_string().contains(secret));
+    // The CLI asks the same.
+    let (ok, out, err) = cli(&api, &["--token", secret, "token", "self"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, format!("token {accessor}\ncluster read: no\nmanagement: no\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
