@@ -11,6 +11,7 @@
 //! proposed to raft. The apply path never sees a token.
 
 pub mod analyze;
+pub mod console;
 pub mod dryrun;
 pub mod grpc;
 pub mod history;
@@ -101,6 +102,14 @@ impl Caller {
         crate::metrics::metrics().acl_refusals.with(&["unauthenticated"]).inc();
         acl.audit(AuditEvent { reason: Some(reason.into()), ..AuditEvent::new("anonymous".into(), op, "unauthenticated") });
         Error::unauthenticated(reason)
+    }
+
+    /// `GET /v1/acl/token/self`: who the caller is and whether it may
+    /// read and administer the cluster (what the console shows and offers);
+    /// never a secret.
+    pub fn describe(&self) -> Value {
+        let may = |verb| !self.acl.enabled || self.principal.allows(&Permission::new(verb, Target::Cluster));
+        json!({"who": self.principal.who.to_string(), "clusterRead": may(Verb::Read), "management": may(Verb::Admin)})
     }
 
     /// Whether the caller may read `key` (true with ACLs off): what it

@@ -45,6 +45,7 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/readyz", get(readyz))
         .route("/v1/acl/tokens", post(create_token))
         .route("/v1/acl/bootstrap", post(acl_bootstrap))
+        .route("/v1/acl/token/self", get(token_self))
         .route("/v1/apply", post(apply))
         .route("/v1/delete", post(delete_many))
         .route("/v1/registry/services", get(registry_services))
@@ -63,6 +64,8 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .with_state(replica.node.clone())
         .merge(helpers)
         .merge(observe(&replica))
+        .merge(super::console::router(replica.clone()))
+        .layer(axum::middleware::from_fn_with_state(replica.clone(), super::console::cors))
         .layer(axum::Extension(replica.acl.clone()))
 }
 
@@ -407,6 +410,11 @@ async fn create_token(State(replica): State<Arc<Replica>>, caller: Caller, body:
 }
 
 /// The first management token, once; needs no credentials.
+/// Who the request's credential stands for (any valid credential may ask).
+async fn token_self(caller: Caller) -> Json<Value> {
+    Json(caller.describe())
+}
+
 async fn acl_bootstrap(State(replica): State<Arc<Replica>>) -> Result<Response> {
     Ok(Json(super::acl_bootstrap(&replica, "POST /v1/acl/bootstrap").await?).into_response())
 }

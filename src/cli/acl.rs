@@ -59,6 +59,14 @@ pub enum TokenCommand {
         #[arg(short, long, value_enum)]
         output: Option<Output>,
     },
+    /// Who this CLI's token stands for, and whether it may read and
+    /// administer the cluster (`GET /v1/acl/token/self`).
+    #[command(name = "self")]
+    Whoami {
+        /// json (default: text).
+        #[arg(short, long, value_enum)]
+        output: Option<Output>,
+    },
     /// Every token: accessor id, description, policies, roles, expiry.
     List,
     /// One token, by accessor id.
@@ -245,6 +253,16 @@ pub async fn token(client: &Client, command: TokenCommand) -> Result<()> {
                 vec![name(t), s(&spec["description"]), joined(&spec["policies"]), joined(&spec["roles"]), proxy_of(spec), s(&spec["expiresAt"])]
             };
             object(client, "tokens", ObjectCommand::List, &["ACCESSOR", "DESCRIPTION", "POLICIES", "ROLES", "PROXY", "EXPIRES"], row).await
+        }
+        TokenCommand::Whoami { output } => {
+            let me = client.get("/v1/acl/token/self").await?;
+            if output == Some(Output::Json) {
+                println!("{}", serde_json::to_string_pretty(&me)?);
+            } else {
+                let yes = |k: &str| if me[k] == true { "yes" } else { "no" };
+                println!("{}\ncluster read: {}\nmanagement: {}", s(&me["who"]), yes("clusterRead"), yes("management"));
+            }
+            Ok(())
         }
         TokenCommand::Read { accessor, output } => read(client, "tokens", &accessor, output).await,
         TokenCommand::Revoke { accessor } => delete(client, "tokens", &accessor).await,

@@ -16,6 +16,7 @@ mod authz;
 mod backup;
 mod churn;
 mod cluster;
+mod console;
 mod credentials;
 mod doors_api;
 mod doors_edges;

@@ -51,6 +51,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_lodestar");
 /// answers (`# → TEXT`) each must hold.
 const SECTIONS: &[(&str, usize)] = &[
     ("Run a server", 0),
+    ("Web console", 3),
     ("Walkthrough: traffic through Envoy", 6),
     ("Check config: `lodestar analyze`", 1),
     ("Connect an Envoy", 0),
