@@ -409,12 +409,12 @@ async fn create_token(State(replica): State<Arc<Replica>>, caller: Caller, body:
     Ok(Json(super::create_token(&caller, &replica, req).await?).into_response())
 }
 
-/// The first management token, once; needs no credentials.
 /// Who the request's credential stands for (any valid credential may ask).
 async fn token_self(caller: Caller) -> Json<Value> {
     Json(caller.describe())
 }
 
+/// The first management token, once; needs no credentials.
 async fn acl_bootstrap(State(replica): State<Arc<Replica>>) -> Result<Response> {
     Ok(Json(super::acl_bootstrap(&replica, "POST /v1/acl/bootstrap").await?).into_response())
 }

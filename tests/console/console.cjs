@@ -261,6 +261,8 @@ async function scenarios(browser) {
         const text = await preview.innerText();
         check(text.includes(`VirtualService ${NS_A}/reviews`) && text.includes("spec.http[0].timeout"), `the preview names the change: ${text}`);
         check(text.includes('"2s"') && text.includes('"5s"'), `the preview shows before and after: ${text}`);
+        // Every replica's proxies: the connected Envoy's routes would change.
+        check(text.includes("1 connected proxy would change (0 unchanged; replicas") && text.includes(PROXY), `the preview names the proxy: ${text}`);
         const base = Number(/Computed at revision (\d+)/.exec(text)?.[1]);
         check(base > 0, `the preview's base revision: ${text}`);
         await shot(page, "edit-preview");

@@ -154,6 +154,26 @@ export async function api<T>(path: string, o: CallOptions = {}): Promise<T> {
   return body as T;
 }
 
+/**
+ * The same request to every other member (a dry run's proxies are those
+ * connected to the replica asked): each member's answer, or why it gave
+ * none. No failover: a member that does not answer is reported.
+ */
+export async function apiEverywhere<T>(path: string, o: CallOptions): Promise<{ from: string; answer?: T; error?: string }[]> {
+  const others = members().filter((m) => m !== origin());
+  return Promise.all(
+    others.map(async (m) => {
+      try {
+        const r = await fetch(m + path, { method: "POST", headers: headers({ yaml: o.yaml ?? false }), body: o.body, cache: "no-store", signal: AbortSignal.timeout(10000) });
+        if (!r.ok) return { from: m, error: `HTTP ${r.status}` };
+        return { from: m, answer: (await r.json()) as T };
+      } catch (e) {
+        return { from: m, error: String(e) };
+      }
+    }),
+  );
+}
+
 export interface WatchEvent {
   revision?: number;
   type?: string;

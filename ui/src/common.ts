@@ -1,8 +1,8 @@
 // What several views share: the view context, error text, change lists.
 
 import { ApiError } from "./api";
-import { Child, h, link, segment, table } from "./dom";
-import type { Change, Preview, Ref, Who } from "./types";
+import { alert, Child, h, link, segment, table } from "./dom";
+import type { Change, FieldChange, Preview, ProxiesPreview, Ref, Who } from "./types";
 
 export interface Ctx {
   who: Who;
@@ -53,7 +53,59 @@ export function changesView(changes: Change[]): HTMLElement {
   );
 }
 
-const KNOWN = new Set(["dryRun", "baseRevision", "revision", "items", "changes", "warnings"]);
+const KNOWN = new Set(["dryRun", "baseRevision", "revision", "items", "changes", "warnings", "proxies"]);
+
+function fieldTable(diff: FieldChange[]): HTMLElement {
+  return table(
+    `${diff.length} field${diff.length === 1 ? "" : "s"}`,
+    ["Field", "Before", "After"],
+    diff.map((f) => [h("code", {}, f.path), h("code", { class: "before" }, value(f.before)), h("code", { class: "after" }, value(f.after))]),
+  );
+}
+
+/**
+ * Fold other members' previews into `into` (the proxies connected to
+ * them); an answer at another base revision is not merged, and said so.
+ */
+export function mergeProxies(into: Preview, others: { from: string; answer?: Preview; error?: string }[]): string[] {
+  const notes: string[] = [];
+  const p = into.proxies;
+  if (!p || p.hidden) return notes;
+  for (const o of others) {
+    const q = o.answer?.proxies;
+    if (!o.answer || !q) notes.push(`${o.from}: proxies not previewed (${o.error ?? "no answer"})`);
+    else if (o.answer.baseRevision !== into.baseRevision) notes.push(`${o.from}: previewed at revision ${o.answer.baseRevision}, not ${into.baseRevision}; preview again`);
+    else {
+      p.replicas.push(...q.replicas);
+      p.unchanged += q.unchanged;
+      p.changed.push(...q.changed);
+      if (q.failed?.length) p.failed = [...(p.failed ?? []), ...q.failed];
+    }
+  }
+  p.changed.sort((a, b) => Number(!a.lostClusters?.length) - Number(!b.lostClusters?.length) || a.proxy.localeCompare(b.proxy));
+  return notes;
+}
+
+/** The proxies whose Envoy config a change would alter, each with its xDS resources. */
+export function proxiesPreview(p: ProxiesPreview): HTMLElement {
+  if (p.hidden) return h("p", { class: "muted" }, `Proxies not shown: ${p.hidden}.`);
+  const n = p.changed.length;
+  return h(
+    "section",
+    { class: "proxies" },
+    h("h3", {}, `${n} connected ${n === 1 ? "proxy" : "proxies"} would change (${p.unchanged} unchanged; replicas ${p.replicas.join(", ")})`),
+    (p.failed ?? []).map((f) => alert(`${f.proxy} (replica ${f.replica}) cannot be translated: ${f.error}`)),
+    p.changed.map((c) =>
+      h(
+        "details",
+        { class: "proxy" },
+        h("summary", {}, h("code", {}, c.proxy), ` (replica ${c.replica}): ${c.changes.length} resource${c.changes.length === 1 ? "" : "s"}`),
+        c.lostClusters?.length ? alert(`would lose cluster${c.lostClusters.length === 1 ? "" : "s"} its routes still use: ${c.lostClusters.join(", ")}`) : null,
+        c.changes.map((r) => h("div", {}, h("p", {}, h("span", { class: "badge" }, r.action), ` ${r.type} `, h("code", {}, r.name)), r.diff?.length ? fieldTable(r.diff) : null)),
+      ),
+    ),
+  );
+}
 
 /**
  * A dry-run's answer: what would change and, for any further field the
@@ -73,6 +125,7 @@ export function previewView(p: Preview): HTMLElement {
     ),
     p.warnings?.length ? h("ul", { class: "warnings" }, p.warnings.map((w) => h("li", {}, w))) : null,
     changesView(p.changes),
+    p.proxies ? proxiesPreview(p.proxies) : null,
     extra.map(([k, v]) => h("section", { class: "extra" }, h("h3", {}, k), proxiesView(v))),
   );
 }

@@ -3,9 +3,9 @@
 // shows what would change; Confirm applies exactly that, guarded by the
 // revision the preview was computed at (409 if anything changed since).
 
-import { api, ApiError } from "./api";
+import { api, apiEverywhere, ApiError } from "./api";
 import { alert, fill, h, link, route, segment, table } from "./dom";
-import { Ctx, explain, objectHref, previewView } from "./common";
+import { Ctx, explain, mergeProxies, objectHref, previewView } from "./common";
 import { toYaml } from "./yaml";
 import type { Analysis, Preview, Resource, WaitReport, WriteResult } from "./types";
 
@@ -213,6 +213,11 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
     out.replaceChildren(h("p", { class: "muted" }, "Previewing…"));
     try {
       const p = await api<Preview>("/v1/apply?dryRun=true", { body, yaml: true });
+      // Every replica previews the proxies connected to it.
+      if (p.proxies && !p.proxies.hidden) {
+        const notes = mergeProxies(p, await apiEverywhere<Preview>("/v1/apply?dryRun=true", { body, yaml: true }));
+        if (notes.length) p.warnings = [...(p.warnings ?? []), ...notes];
+      }
       previewed = p.changes.length ? { body, base: p.baseRevision } : null;
       const btn = h("button", { type: "button", class: "primary" }, `Confirm: apply at revision ${p.baseRevision}`) as HTMLButtonElement;
       btn.addEventListener("click", () => void confirm(btn));

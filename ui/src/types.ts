@@ -116,7 +116,26 @@ export interface Preview {
   revision: number;
   changes: Change[];
   warnings?: string[];
+  proxies?: ProxiesPreview;
   [k: string]: unknown;
+}
+
+/** A dry run's effect on connected proxies (one replica's, or merged). */
+export interface ProxiesPreview {
+  replicas: number[];
+  unchanged: number;
+  changed: ProxyEffect[];
+  failed?: { proxy: string; replica: number; error: string }[];
+  hidden?: string;
+}
+
+export interface ProxyEffect {
+  proxy: string;
+  replica: number;
+  kind: string;
+  namespace: string;
+  lostClusters?: string[];
+  changes: { type: string; name: string; action: string; diff?: FieldChange[] }[];
 }
 
 export interface WriteResult {
