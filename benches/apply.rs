@@ -34,7 +34,7 @@ fn doc(i: usize, seq: u64) -> Value {
 }
 
 fn txn(i: usize, seq: u64) -> Txn {
-    apply_txn(vec![ApplyItem { resource: doc(i, seq), expected_revision: None }]).expect("valid").0
+    apply_txn(vec![ApplyItem { resource: doc(i, seq), expected_revision: None }], Default::default()).expect("valid").0
 }
 
 fn bench(c: &mut Criterion) {
@@ -47,7 +47,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             i += 1;
             let resource = serde_json::from_str(&texts[i % texts.len()]).expect("JSON");
-            apply_txn(vec![ApplyItem { resource, expected_revision: None }]).expect("valid")
+            apply_txn(vec![ApplyItem { resource, expected_revision: None }], Default::default()).expect("valid")
         })
     });
 

@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, body)) = data.split_first() else { return };
     let yaml = which & 1 == 1;
     if which & 2 == 0 {
-        let _ = apply_body(yaml, body);
+        let _ = apply_body(yaml, body, Default::default());
     } else {
         let ignore = [None, Some(false), Some(true)][usize::from(which >> 2) % 3];
         let _ = delete_body(yaml, body, ignore);

@@ -87,7 +87,7 @@ pub async fn reconcile(replica: &crate::replica::Replica, source: &str, docs: Ve
     let (mut ops, desired): (Vec<Op>, BTreeSet<ResourceKey>) = if items.is_empty() {
         (Vec::new(), BTreeSet::new())
     } else {
-        let (mut txn, _warnings) = apply_txn(items)?;
+        let (mut txn, _warnings) = apply_txn(items, crate::model::FieldValidation::Strict)?;
         // A trusted source, but no namespace's object attaches to another's
         // hostnames (`mesh::hosts`), whoever writes it.
         let suffix = &replica.config.domain_suffix;

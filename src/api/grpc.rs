@@ -139,6 +139,12 @@ impl Lodestar for GrpcApi {
         let caller = self.caller(&req, "Apply")?;
         let req = req.into_inner();
         let (dry_run, expected_revision) = (req.dry_run, req.expected_revision);
+        let fields = match req.field_validation.as_str() {
+            "" => Default::default(),
+            v => {
+                crate::model::FieldValidation::parse(v).ok_or_else(|| status_of(Error::field("field_validation", format!("{v:?}: expected Warn or Strict"))))?
+            }
+        };
         let items = req
             .items
             .into_iter()
@@ -150,7 +156,7 @@ impl Lodestar for GrpcApi {
             })
             .collect::<Result<Vec<_>, Error>>()
             .map_err(status_of)?;
-        let (txn, warnings) = super::apply_txn(items).map_err(status_of)?;
+        let (txn, warnings) = super::apply_txn(items, fields).map_err(status_of)?;
         outcome(super::apply_authorized(&caller, &self.replica, txn, warnings, dry_run, expected_revision).await.map_err(status_of)?)
     }
 

@@ -203,7 +203,7 @@ pub fn rollback_txn(applied: &Applied, events: &[Event], req: &RollbackRequest) 
     // What is restored is validated as today's apply validates it: an old
     // object today's schema refuses is named, and nothing is written.
     if !restored.is_empty() {
-        let (puts, w) = super::apply_txn(restored).map_err(|e| {
+        let (puts, w) = super::apply_txn(restored, crate::model::FieldValidation::Strict).map_err(|e| {
             let mut e = e;
             for f in &mut e.fields {
                 if let Some(i) = f.field.strip_prefix("resources[").and_then(|r| r.split(']').next()).and_then(|i| i.parse::<usize>().ok()) {

@@ -548,7 +548,7 @@ pub struct ApplyItem {
 
 /// Validate every resource (reporting every bad field of every resource,
 /// each path prefixed `resources[i]`) and build one atomic transaction.
-pub fn apply_txn(items: Vec<ApplyItem>) -> Result<(Txn, Vec<String>)> {
+pub fn apply_txn(items: Vec<ApplyItem>, fields: model::FieldValidation) -> Result<(Txn, Vec<String>)> {
     if items.is_empty() {
         return Err(Error::field("resources", "no resources given"));
     }
@@ -566,7 +566,10 @@ pub fn apply_txn(items: Vec<ApplyItem>) -> Result<(Txn, Vec<String>)> {
                 format!("{path}.kind"),
                 "tokens cannot be applied: create them with `lodestar token create` (POST /v1/acl/tokens), which generates the secret",
             )),
-            Ok(res) => {
+            Ok(mut res) => {
+                for f in model::drop_unknown_fields(&mut res, fields) {
+                    warnings.push(format!("{path} ({}): unknown field {f} dropped (fieldValidation=Strict refuses it)", res.key));
+                }
                 match model::validate_spec(&res) {
                     Err(errs) => errors.extend(errs.into_iter().map(|e| e.under(&path))),
                     Ok(w) => warnings.extend(w.into_iter().map(|w| format!("{path} ({}): {w}", res.key))),

@@ -164,12 +164,24 @@ struct ApplyQuery {
     #[serde(default)]
     dry_run: bool,
     expected_revision: Option<u64>,
+    /// `Warn` (default: unknown fields dropped, with a warning) or
+    /// `Strict` (refused), as Kubernetes' `fieldValidation`.
+    field_validation: Option<String>,
+}
+
+impl ApplyQuery {
+    fn fields(&self) -> Result<crate::model::FieldValidation> {
+        match &self.field_validation {
+            None => Ok(Default::default()),
+            Some(v) => crate::model::FieldValidation::parse(v).ok_or_else(|| Error::field("fieldValidation", format!("{v:?}: expected Warn or Strict"))),
+        }
+    }
 }
 
 async fn apply(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<ApplyQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
     caller.precheck(Precheck::Any(Verb::Write))?;
     let bytes = read_body(&replica, body).await?;
-    let (txn, warnings) = apply_body(is_yaml(&headers), &bytes)?;
+    let (txn, warnings) = apply_body(is_yaml(&headers), &bytes, q.fields()?)?;
     Ok(outcome(super::apply_authorized(&caller, &replica, txn, warnings, q.dry_run, q.expected_revision).await?))
 }
 
@@ -186,7 +198,7 @@ fn outcome(o: super::ApplyOutcome) -> Response {
 /// validated into the transaction it asks for, with its warnings: all the
 /// handler does before authorizing and proposing it. Public for the fuzz
 /// target (`fuzz/fuzz_targets/rest.rs`).
-pub fn apply_body(yaml: bool, bytes: &[u8]) -> Result<(crate::store::types::Txn, Vec<String>)> {
+pub fn apply_body(yaml: bool, bytes: &[u8], fields: crate::model::FieldValidation) -> Result<(crate::store::types::Txn, Vec<String>)> {
     let (docs, _) = documents(yaml, bytes)?;
     // `{"resource": {...}, "expectedRevision": N}` wraps a resource with a
     // precondition; a bare resource has none.
@@ -204,7 +216,7 @@ pub fn apply_body(yaml: bool, bytes: &[u8]) -> Result<(crate::store::types::Txn,
             other => Ok(ApplyItem { resource: other, expected_revision: None }),
         })
         .collect::<Result<Vec<_>>>()?;
-    super::apply_txn(items)
+    super::apply_txn(items, fields)
 }
 
 #[derive(Deserialize)]

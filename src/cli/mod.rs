@@ -159,6 +159,10 @@ enum Command {
         /// changed back as one new revision, wait for that, and fail.
         #[arg(long, requires = "wait")]
         revert_on_nack: bool,
+        /// Fields a kind does not have: warn (drop them, warning about
+        /// each: Kubernetes' default) or strict (refuse the file).
+        #[arg(long, value_name = "warn|strict", default_value = "warn")]
+        validate: String,
     },
     /// Wait until every proxy connected to any replica has ACKed a revision
     /// (or newer); fails listing NACKs, or the proxies still behind. On a
@@ -524,8 +528,16 @@ pub async fn run(cli: Cli) -> Result<()> {
     let client = access.client()?;
     match command {
         Command::Server(_) | Command::Tls { .. } => unreachable!("handled above"),
-        Command::Apply { files, namespace, wait: w, timeout, proxies, dry_run, expected_revision, output, revert_on_nack } => {
-            let query = query(&[("dryRun", dry_run.then_some("true")), ("expectedRevision", expected_revision.map(|r| r.to_string()).as_deref())]);
+        Command::Apply { files, namespace, wait: w, timeout, proxies, dry_run, expected_revision, output, revert_on_nack, validate } => {
+            let strict = match crate::model::FieldValidation::parse(&validate) {
+                Some(v) => v == crate::model::FieldValidation::Strict,
+                None => bail!("--validate {validate:?}: expected warn or strict"),
+            };
+            let query = query(&[
+                ("dryRun", dry_run.then_some("true")),
+                ("expectedRevision", expected_revision.map(|r| r.to_string()).as_deref()),
+                ("fieldValidation", strict.then_some("Strict")),
+            ]);
             if dry_run {
                 let body = json!({ "resources": apply_documents(&files, namespace.as_deref())? });
                 let preview = dry_run_everywhere(&client, &format!("/v1/apply{query}"), &body).await?;

@@ -52,6 +52,42 @@ pub fn validate_spec(resource: &NewResource) -> Result<Vec<String>, Vec<FieldErr
     })
 }
 
+/// How an apply treats fields a kind does not have: Kubernetes' field
+/// validation, whose default (`Warn`, since 1.27) is what `kubectl apply`
+/// of Istio's CRDs gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FieldValidation {
+    /// Drop them, with a warning naming each.
+    #[default]
+    Warn,
+    /// Refuse the resource, naming them.
+    Strict,
+}
+
+impl FieldValidation {
+    /// `Warn` or `Strict` (any case), as kubectl's `--validate` and the
+    /// API's `fieldValidation` name them.
+    pub fn parse(s: &str) -> Option<FieldValidation> {
+        match s.to_ascii_lowercase().as_str() {
+            "warn" => Some(FieldValidation::Warn),
+            "strict" | "true" => Some(FieldValidation::Strict),
+            _ => None,
+        }
+    }
+}
+
+/// In `Warn` mode, drop the fields of an Istio resource's spec that its
+/// kind does not have: the paths dropped.
+pub fn drop_unknown_fields(resource: &mut NewResource, mode: FieldValidation) -> Vec<String> {
+    if mode == FieldValidation::Strict || !istio::KINDS.contains(&resource.key.kind.name()) {
+        return Vec::new();
+    }
+    match resource.body.get_mut("spec") {
+        Some(spec) => istio::drop_unknown_fields(resource.key.kind.name(), spec),
+        None => Vec::new(),
+    }
+}
+
 fn typed_spec(kind: Kind, spec: &Value) -> Result<TypedSpec, Vec<FieldError>> {
     match kind {
         Kind::Service => registry::validate_service(spec).map(TypedSpec::Service),

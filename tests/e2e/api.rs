@@ -545,3 +545,48 @@ spec:
     let (_, dr) = get_json(&c.http, &format!("{api}/v1/resources/dr/parity/BACKEND")).await;
     assert!(dr["error"].is_object(), "{dr:#}");
 }
+
+/// Fields a kind does not have (Istio's old `websocketUpgrade`, say): as a
+/// Kubernetes API server with field validation `Warn` (its default), the
+/// apply succeeds, drops them and names each in a warning; `Strict` (REST
+/// `fieldValidation`, gRPC `field_validation`, `lodestar apply
+/// --validate=strict`) refuses, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_are_dropped_with_a_warning_or_refused_when_strict() {
+    let c = Cluster::start(1, "").await;
+    let api = c.replica(1).api();
+    let mut doc = vs("ws", "old", "v1");
+    doc["spec"]["http"][0]["websocketUpgrade"] = json!(true);
+    let (status, body) = call(c.http.post(format!("{api}/v1/apply?fieldValidation=Strict")).json(&json!({"resources": [doc.clone()]}))).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["fields"][0]["field"], "resources[0].spec.http[0].websocketUpgrade", "{body}");
+    let (status, body) = call(c.http.post(format!("{api}/v1/apply?fieldValidation=Sloppy")).json(&json!({"resources": [doc.clone()]}))).await;
+    assert_eq!((status, body["error"]["fields"][0]["field"].as_str()), (400, Some("fieldValidation")), "{body}");
+
+    let (status, body) = apply(&c.http, &api, vec![doc.clone()]).await;
+    assert_eq!(status, 200, "{body}");
+    let warning = body["warnings"].to_string();
+    assert!(warning.contains("unknown field spec.http[0].websocketUpgrade dropped"), "{body}");
+    let (_, stored) = get_json(&c.http, &format!("{api}/v1/resources/vs/old/ws")).await;
+    assert!(stored["spec"]["http"][0].get("websocketUpgrade").is_none(), "dropped from what is stored: {stored}");
+    assert!(stored["spec"]["http"][0].get("route").is_some(), "{stored}");
+
+    // gRPC, both ways.
+    let mut grpc = kit::grpc_api(&api);
+    let item = || vec![ApplyItem { resource_json: doc.to_string(), expected_revision: None }];
+    let err = grpc.apply(ApplyRequest { items: item(), field_validation: "Strict".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("websocketUpgrade"), "{}", err.message());
+    let ok = grpc.apply(ApplyRequest { items: item(), ..Default::default() }).await.unwrap().into_inner();
+    assert!(ok.warnings.iter().any(|w| w.contains("websocketUpgrade")), "{:?}", ok.warnings);
+
+    // The CLI, both ways.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ws.yaml");
+    std::fs::write(&file, serde_json::to_string(&doc).unwrap()).unwrap();
+    let (ok, _, err) = cli(&api, &["apply", "-f", file.to_str().unwrap(), "--validate=strict"]);
+    assert!(!ok && err.contains("spec.http[0].websocketUpgrade"), "{err}");
+    let (ok, out, err) = cli(&api, &["apply", "-f", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(format!("{out}{err}").contains("unknown field spec.http[0].websocketUpgrade dropped"), "{out}{err}");
+}

@@ -101,7 +101,7 @@ async fn previews_write_nothing_show_only_what_the_caller_may_read_and_pin_the_r
         .apply(lodestar::proto::api::ApplyRequest {
             items: vec![lodestar::proto::api::ApplyItem { resource_json: split(70).to_string(), expected_revision: None }],
             dry_run: true,
-            expected_revision: None,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -38,7 +38,7 @@ pub use self::peer_authentication::PeerAuthentication;
 pub use self::request_authentication::RequestAuthentication;
 pub use self::service_entry::ServiceEntry;
 pub use self::sidecar::Sidecar;
-pub use self::validate::{from_value, validate, FieldError, Validated, KINDS};
+pub use self::validate::{drop_unknown_fields, from_value, validate, FieldError, Validated, KINDS};
 pub use self::virtual_service::VirtualService;
 pub use self::workload_entry::WorkloadEntry;
 pub use self::workload_group::WorkloadGroup;

@@ -145,6 +145,42 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Validated, Vec<FieldError>> 
     }
 }
 
+/// Drop every field of `spec` that `kind` does not have, as a Kubernetes
+/// API server does with field validation `Warn` (its default since 1.27,
+/// what `kubectl apply` gets for Istio's CRDs): the paths dropped, for the
+/// warnings. Stops at the first error that is not an unknown field (the
+/// validation that follows reports it, and the write fails anyway).
+pub fn drop_unknown_fields(kind: &str, spec: &mut Value) -> Vec<String> {
+    fn first<T: DeserializeOwned>(spec: &Value) -> Option<Vec<Segment>> {
+        match serde_path_to_error::deserialize::<_, T>(spec) {
+            Err(e) if e.inner().to_string().starts_with("unknown field") => Some(e.path().iter().map(Segment::from).collect()),
+            _ => None,
+        }
+    }
+    let unknown: fn(&Value) -> Option<Vec<Segment>> = match kind {
+        "VirtualService" => first::<VirtualService>,
+        "DestinationRule" => first::<DestinationRule>,
+        "ServiceEntry" => first::<ServiceEntry>,
+        "Gateway" => first::<Gateway>,
+        "Sidecar" => first::<Sidecar>,
+        "WorkloadEntry" => first::<WorkloadEntry>,
+        "AuthorizationPolicy" => first::<AuthorizationPolicy>,
+        "PeerAuthentication" => first::<PeerAuthentication>,
+        "RequestAuthentication" => first::<RequestAuthentication>,
+        "WorkloadGroup" => first::<WorkloadGroup>,
+        _ => return Vec::new(),
+    };
+    let mut dropped = Vec::new();
+    while dropped.len() < MAX_STRUCTURAL_ERRORS {
+        let Some(at) = unknown(spec) else { break };
+        match drop_at(spec, &at) {
+            Some(removed) => dropped.push(format_segments(&removed)),
+            None => break,
+        }
+    }
+    dropped
+}
+
 fn run<T: DeserializeOwned + Serialize>(spec: &Value, check: fn(&T, &Path, &mut Report)) -> Result<(Box<T>, Vec<String>), Vec<FieldError>> {
     if spec.is_null() {
         return Err(vec![FieldError { field: ROOT.to_string(), reason: "spec is required".to_string() }]);
@@ -784,6 +820,22 @@ mod tests {
         let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(fields, ["spec.exportTo", "spec.http[0].timout", "spec.http[1].route[0].destination.subset"], "{errors:?}");
         assert!(errors[1].reason.contains("unknown field `timout`"));
+    }
+
+    #[test]
+    fn unknown_fields_are_dropped_and_named_in_warn_mode() {
+        let mut spec = json!({
+            "hosts": ["reviews"],
+            "http": [{"websocketUpgrade": true, "route": [{"destination": {"host": "reviews", "colour": "blue"}}]}],
+        });
+        let dropped = drop_unknown_fields("VirtualService", &mut spec);
+        // In the order serde meets them: JSON object keys sorted.
+        assert_eq!(dropped, ["spec.http[0].route[0].destination.colour", "spec.http[0].websocketUpgrade"]);
+        assert!(validate("VirtualService", &spec).is_ok(), "{spec}");
+        // A wrong type is left for validation to refuse.
+        let mut bad = json!({"hosts": "reviews", "extra": 1});
+        assert!(drop_unknown_fields("VirtualService", &mut bad).len() <= 1);
+        assert!(validate("VirtualService", &bad).is_err());
     }
 
     #[test]
