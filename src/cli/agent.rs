@@ -311,6 +311,9 @@ fn registration_plan(args: &AgentArgs, group: Option<WorkloadGroup>, api: Client
                 doc["spec"]["healthCheck"][k] = serde_json::json!(v);
             }
         }
+        if let Some(d) = secs(p.initial_delay_s) {
+            doc["spec"]["healthCheck"]["initialDelay"] = serde_json::json!(d);
+        }
     }
     if let Some(annotations) = group.as_ref().and_then(|g| g.metadata.as_ref()).map(|m| &m.annotations).filter(|a| !a.is_empty()) {
         doc["metadata"]["annotations"] = serde_json::json!(annotations);

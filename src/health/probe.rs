@@ -89,6 +89,12 @@ pub async fn prober(node: Arc<Node>, checks: Checks, ha: Arc<HaState>, mut shutd
 
 async fn run_check(node: Arc<Node>, checks: Checks, key: ResourceKey, check: HealthCheck, mut shutdown: watch::Receiver<bool>) {
     let (mut fails, mut oks) = (0u32, 0u32);
+    if !check.initial_delay().is_zero() {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(check.initial_delay()) => {}
+        }
+    }
     loop {
         let result = probe(&check).await;
         match &result {

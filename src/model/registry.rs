@@ -94,6 +94,12 @@ pub struct HealthCheck {
     /// Probe period (HTTP/TCP), default 10s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<Duration>,
+    /// Wait this long after a replica takes the check on (the instance
+    /// registered, or the probing replica changed) before the first probe
+    /// (WorkloadGroup `probe.initialDelaySeconds`); the instance's health
+    /// stays unknown meanwhile. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_delay: Option<Duration>,
     /// Probe timeout (HTTP/TCP), default 2s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
@@ -121,6 +127,9 @@ impl HealthCheck {
     }
     pub fn interval(&self) -> std::time::Duration {
         Self::dur(&self.interval, DEFAULT_CHECK_INTERVAL)
+    }
+    pub fn initial_delay(&self) -> std::time::Duration {
+        Self::dur(&self.initial_delay, std::time::Duration::ZERO)
     }
     pub fn timeout(&self) -> std::time::Duration {
         Self::dur(&self.timeout, DEFAULT_CHECK_TIMEOUT)

@@ -142,6 +142,7 @@ spec:
     locality: eu/west
   probe:
     periodSeconds: 1
+    initialDelaySeconds: 1
     tcpSocket: {{port: 15000}}
 ---
 apiVersion: security.istio.io/v1
@@ -246,6 +247,7 @@ async fn agent_runs_envoy_registers_and_deregisters_on_sigterm() {
     assert_eq!(web["spec"]["locality"], "eu/west");
     assert_eq!(web["spec"]["healthCheck"]["tcp"], format!("{client_ip}:15000"));
     assert_eq!(web["spec"]["healthCheck"]["interval"], "1s");
+    assert_eq!(web["spec"]["healthCheck"]["initialDelay"], "1s");
     let (status, lease) = get(&api, &format!("/v1/resources/leases/shop/web-{}", dashed(&client_ip))).await;
     assert_eq!((status, lease["spec"]["ttl"].as_str()), (200, Some("3s")), "{lease}");
     // The group's labels reached the proxy too: the client's node claims them.

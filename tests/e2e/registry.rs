@@ -112,6 +112,19 @@ async fn failed_http_check_takes_an_instance_out_of_traffic() {
     let line = out.lines().find(|l| l.contains("reviews-2")).unwrap_or_else(|| panic!("{out}"));
     assert!(line.contains("Unhealthy"), "{out}");
     proxy.envoy.assert_no_rejections().await;
+
+    // initialDelay (WorkloadGroup's initialDelaySeconds): no probe before
+    // it has passed; the instance stays unknown, then the first failed
+    // probe (a closed port, every 300 ms) takes it out.
+    let closed: std::net::SocketAddr = format!("{}:1", fx.ip(14)).parse().unwrap();
+    let written = Instant::now();
+    let delayed = instance("reviews-4", "reviews", &closed, json!({"tcp": closed.to_string(), "interval": "300ms", "initialDelay": "2s"}));
+    kit::applied(&fx.client, &fx.api(1), vec![delayed]).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (_, b) = get_instance(&fx.client, &fx.api(1), "reviews-4").await;
+    assert_eq!(health(&b), None, "not probed during its initial delay: {b:#}");
+    wait_instance(&fx.client, &fx.api(1), "reviews-4", "unhealthy", |_, b| health(b) == Some("Unhealthy")).await;
+    assert!(written.elapsed() >= Duration::from_secs(2), "probed before its initial delay: after {:?}", written.elapsed());
     drop((u1, u3));
 }
 

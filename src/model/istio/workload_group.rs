@@ -11,8 +11,9 @@
 //! does not enforce is refused by name rather than accepted and ignored:
 //! the probe runs on the replicas as the Instance's health check, which
 //! knows HTTP GET (plain http, no headers) and TCP connects, so `exec`,
-//! `grpc`, `httpGet.scheme: HTTPS`, `httpGet.httpHeaders` and
-//! `initialDelaySeconds` are "not supported"; the template's `address` is
+//! `grpc`, `httpGet.scheme: HTTPS` and `httpGet.httpHeaders` are "not
+//! supported" (`initialDelaySeconds` delays the first probe, as the
+//! check's `initialDelay`); the template's `address` is
 //! filled in by each agent (`--address`), and `network` has no meaning for
 //! a registry Instance.
 
@@ -119,6 +120,7 @@ pub struct ProbeCheck {
     /// `HOST:PORT` for a TCP check.
     pub tcp: Option<String>,
     pub interval_s: Option<u32>,
+    pub initial_delay_s: Option<u32>,
     pub timeout_s: Option<u32>,
     pub healthy_threshold: Option<u32>,
     pub unhealthy_threshold: Option<u32>,
@@ -204,9 +206,6 @@ impl ReadinessProbe {
                 }
             }
         }
-        if self.initial_delay_seconds.is_some_and(|v| v > 0) {
-            r.unsupported_one(&at.field("initialDelaySeconds"), "initialDelaySeconds", "a registered instance is probed from its registration on");
-        }
         let methods = [self.http_get.is_some(), self.tcp_socket.is_some(), self.exec.is_some(), self.grpc.is_some()].iter().filter(|m| **m).count();
         if methods == 0 {
             // Istio: an unknown (here: absent) health check method.
@@ -268,6 +267,7 @@ impl ReadinessProbe {
             http: None,
             tcp: None,
             interval_s: secs(self.period_seconds),
+            initial_delay_s: secs(self.initial_delay_seconds),
             timeout_s: secs(self.timeout_seconds),
             healthy_threshold: secs(self.success_threshold),
             unhealthy_threshold: secs(self.failure_threshold),
@@ -277,9 +277,6 @@ impl ReadinessProbe {
         }
         if self.grpc.is_some() {
             return Err("spec.probe.grpc: not supported: use httpGet or tcpSocket".into());
-        }
-        if self.initial_delay_seconds.is_some_and(|v| v > 0) {
-            return Err("spec.probe.initialDelaySeconds: not supported".into());
         }
         if let Some(h) = &self.http_get {
             if !matches!(h.scheme.as_str(), "" | "HTTP") {
@@ -356,7 +353,6 @@ mod tests {
             (json!({"grpc": {"port": 9000}}), "spec.probe.grpc"),
             (json!({"httpGet": {"port": 80, "scheme": "HTTPS"}}), "spec.probe.httpGet.scheme"),
             (json!({"httpGet": {"port": 80, "httpHeaders": [{"name": "x-a", "value": "b"}]}}), "spec.probe.httpGet.httpHeaders"),
-            (json!({"initialDelaySeconds": 5, "tcpSocket": {"port": 80}}), "spec.probe.initialDelaySeconds"),
         ] {
             let e = errors(json!({"template": {}, "probe": probe}));
             assert!(has(&e, field, "not supported"), "{field}: {e:?}");
@@ -368,6 +364,8 @@ mod tests {
             "spec.probe.httpGet.httpHeaders[0].name",
             "invalid header name"
         ));
+        // initialDelaySeconds is honoured: it delays the first probe.
+        assert!(validate("WorkloadGroup", &json!({"template": {}, "probe": {"initialDelaySeconds": 5, "tcpSocket": {"port": 80}}})).is_ok());
         let e = errors(json!({"template": {}, "extra": 1}));
         assert!(e.iter().any(|e| e.field.starts_with("spec") && e.reason.contains("unknown field")), "{e:?}");
     }
