@@ -420,12 +420,16 @@ async fn deep_validation_names_spec_fields() {
     let (rev, names) = list_names(&c, "deep").await;
     assert_eq!((rev, names.len()), (0, 0));
 
-    // A misspelled field is an error, not silently dropped.
+    // A misspelled field is never dropped silently: an error when strict,
+    // else dropped with a warning naming it (Kubernetes' default).
     let mut typo = vs("typo", "deep", "v1");
     typo["spec"]["htpp"] = json!([]);
-    let (status, body) = apply(&c.http, &api, vec![typo]).await;
+    let (status, body) = call(c.http.post(format!("{api}/v1/apply?fieldValidation=Strict")).json(&json!({"resources": [typo.clone()]}))).await;
     assert_eq!(status, 400, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("htpp"), "{body}");
+    let (status, body) = apply(&c.http, &api, vec![typo]).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["warnings"][0].as_str().unwrap().contains("unknown field spec.htpp dropped"), "{body}");
 
     let mut grpc = kit::grpc_api(&api);
     let err = grpc
