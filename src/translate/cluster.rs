@@ -95,7 +95,9 @@ pub fn auto_mtls<'a, 'm>(
 /// The cluster for one service port (and subset). Passthrough services get
 /// none: on bare metal nothing redirects their traffic.
 ///
-/// TLS: a DestinationRule's SIMPLE / MUTUAL with files (`tls::upstream`);
+/// TLS: a DestinationRule's SIMPLE / MUTUAL with files (`tls::upstream`),
+/// or on a gateway proxy with a Secret (`credentialName`,
+/// `tls::upstream_credential`; a sidecar's cluster is closed);
 /// its ISTIO_MUTUAL with the workload certificate (`mtls::upstream`),
 /// expecting the destination's SPIFFE ids (or the rule's
 /// `subjectAltNames`), SNI `outbound_.PORT_.SUBSET_.HOST` (or the rule's
@@ -103,6 +105,13 @@ pub fn auto_mtls<'a, 'm>(
 /// in EDS, plaintext to the rest). A client without a workload
 /// certificate cannot do ISTIO_MUTUAL: its cluster has no endpoints
 /// (closed, never plaintext), and it gets no auto-mTLS.
+/// A cluster that must not send: no endpoints at all.
+fn close(c: &mut Cluster) {
+    c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32));
+    c.eds_cluster_config = None;
+    c.load_assignment = Some(ClusterLoadAssignment { cluster_name: c.name.clone(), ..Default::default() });
+}
+
 pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Option<&DestinationRule>, up: &UpstreamMtls<'_>) -> Option<Cluster> {
     let name = outbound_cluster_name(port.number, subset.unwrap_or(""), &svc.hostname);
     let policy = effective_policy(dr, port.number, subset);
@@ -134,8 +143,20 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
     if let Some(od) = &policy.outlier_detection {
         apply_outlier(&mut c, od);
     }
-    if let Some(ctx) = policy.tls.as_ref().and_then(super::tls::upstream) {
-        c.transport_socket = Some(super::util::transport_socket(&ctx));
+    match policy.tls.as_ref().filter(|t| t.credential_name.is_some()) {
+        // A Secret's certificate and CA over SDS: a gateway proxy's own
+        // namespace's Secrets. A sidecar is served none (Istio sends it
+        // no TLS at all for such a rule): closed, never plaintext.
+        Some(tls) => match super::tls::upstream_credential(tls) {
+            Some(ctx) if up.gateway => c.transport_socket = Some(super::util::transport_socket(&ctx)),
+            Some(_) => close(&mut c),
+            None => {}
+        },
+        None => {
+            if let Some(ctx) = policy.tls.as_ref().and_then(super::tls::upstream) {
+                c.transport_socket = Some(super::util::transport_socket(&ctx));
+            }
+        }
     }
     let trust_domain = &up.mesh.config.trust_domain;
     let sni = || mtls::mesh_sni(port.number, subset.unwrap_or(""), &svc.hostname);
@@ -145,11 +166,7 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
             let sni = tls.sni.clone().filter(|s| !s.is_empty()).unwrap_or_else(sni);
             c.transport_socket = Some(super::util::transport_socket(&mtls::upstream(&sni, &sans)));
         }
-        Some(_) => {
-            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32));
-            c.eds_cluster_config = None;
-            c.load_assignment = Some(ClusterLoadAssignment { cluster_name: name.clone(), ..Default::default() });
-        }
+        Some(_) => close(&mut c),
         None => {
             if auto_mtls(svc, port.number, subset, dr, up).is_some() {
                 let sans = mtls::service_identities(svc, trust_domain);

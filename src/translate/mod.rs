@@ -86,7 +86,8 @@ pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -
 }
 
 /// Clusters and load assignments depend only on the service, the port,
-/// the subset, the DestinationRule that applies, and (mutual TLS) whether
+/// the subset, the DestinationRule that applies, whether the proxy is a
+/// gateway (a rule's `credentialName`), and (mutual TLS) whether
 /// the proxy has a workload certificate and the PeerAuthentications
 /// (`UpstreamMtls::fingerprint`): shared by every proxy
 /// that gets the same ones (translate once per distinct input). Keyed by
@@ -98,8 +99,9 @@ pub struct ClusterCache {
     map: Mutex<std::collections::HashMap<ClusterKey, CachedCluster>>,
 }
 
-/// Service and rule identities, port, subset, `UpstreamMtls::fingerprint`.
-type ClusterKey = (usize, usize, u32, String, u64);
+/// Service and rule identities, port, subset, `UpstreamMtls::fingerprint`,
+/// whether the proxy is a gateway (`credentialName` applies).
+type ClusterKey = (usize, usize, u32, String, u64, bool);
 
 struct CachedCluster {
     svc: Arc<Service>,
@@ -125,7 +127,7 @@ impl ClusterCache {
 
 /// Clusters and endpoints for every port of every service in `services`.
 fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, services: &BTreeMap<String, Arc<Service>>, cache: Option<&ClusterCache>) {
-    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds };
+    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds, gateway: proxy.kind == ProxyKind::Router };
     let fingerprint = up.fingerprint();
     for svc in services.values() {
         let dr_config = destination_rule_for(mesh, &proxy.namespace, svc);
@@ -154,6 +156,7 @@ fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
                             port.number,
                             subset.unwrap_or("").to_string(),
                             fingerprint,
+                            up.gateway,
                         );
                         let mut map = cache.map.lock().unwrap_or_else(|p| p.into_inner());
                         let e = map.entry(key).or_insert_with(|| {
@@ -677,7 +680,7 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
     let mut cfg = prev.config.clone();
     cfg.revision = mesh.revision;
     let Some(eds) = prev.config.of(ResourceType::Endpoint) else { return cfg };
-    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds };
+    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds, gateway: proxy.kind == ProxyKind::Router };
     let services = scope::ProxyScope::of(mesh, proxy);
     // Only the clusters of the changed hosts: their names follow from the
     // service's ports and the subsets of its DestinationRule.

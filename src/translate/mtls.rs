@@ -167,6 +167,9 @@ pub struct UpstreamMtls<'a> {
     pub mesh: &'a Mesh,
     /// The client has the SDS secrets.
     pub client_sds: bool,
+    /// The client is a gateway proxy: it is served its namespace's Secrets
+    /// (`xds::secrets`), so a DestinationRule's `credentialName` applies.
+    pub gateway: bool,
 }
 
 impl UpstreamMtls<'_> {

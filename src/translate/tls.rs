@@ -205,6 +205,39 @@ pub fn upstream(tls: &ClientTlsSettings) -> Option<UpstreamTlsContext> {
     })
 }
 
+/// A DestinationRule's SIMPLE / MUTUAL with `credentialName`, as Istio
+/// builds it for gateway proxies: the client certificate (MUTUAL) is the
+/// SDS secret of that name, the server's is verified against
+/// `<credentialName>-cacert` (`xds::secrets` serves it from the Secret of
+/// that name, else the Secret's own CA), with `subjectAltNames` as the
+/// default validation context. Only names: a rotation changes the secret,
+/// never the cluster.
+pub fn upstream_credential(tls: &ClientTlsSettings) -> Option<UpstreamTlsContext> {
+    let (mode, name) = (tls.mode?, tls.credential_name.as_deref()?);
+    if !matches!(mode, ClientTlsMode::Simple | ClientTlsMode::Mutual) {
+        return None;
+    }
+    let ca = if name.ends_with(CA_SUFFIX) { name.to_string() } else { format!("{name}{CA_SUFFIX}") };
+    let validation = ValidationContextType::CombinedValidationContext(CombinedCertificateValidationContext {
+        default_validation_context: Some(CertificateValidationContext {
+            match_typed_subject_alt_names: san_matchers(&tls.subject_alt_names),
+            ..Default::default()
+        }),
+        validation_context_sds_secret_config: Some(ads_secret(&ca)),
+        ..Default::default()
+    });
+    let certificates = if mode == ClientTlsMode::Mutual { vec![ads_secret(name)] } else { Vec::new() };
+    Some(UpstreamTlsContext {
+        sni: tls.sni.clone().unwrap_or_default(),
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificate_sds_secret_configs: certificates,
+            validation_context_type: Some(validation),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
 /// Istio's `subjectAltNames` are untyped strings; Envoy's typed matchers
 /// name the SAN type, told here by the form: an IP address, a URI
 /// (`spiffe://...`: has a scheme), an email address, else a DNS name.

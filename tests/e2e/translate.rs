@@ -595,3 +595,29 @@ fn fetched_jwks_are_served_inline_and_change_only_their_proxies() {
     fresh.key_cell().unwrap().set(FetchedKeys { sets: [(uri.to_string(), fetched.into())].into() });
     assert_eq!(version(&fresh.generate(&httpbin, &applied).unwrap()), version(&after));
 }
+
+/// A DestinationRule's `credentialName` names Secrets only gateway proxies
+/// are served: one Translator (one cluster cache) gives the gateway the
+/// SDS-backed cluster and a sidecar of the same namespace a closed one (no
+/// endpoints: never plaintext where the rule asked for TLS), whichever
+/// asks first.
+#[test]
+fn credential_clusters_are_the_gateways_and_closed_for_sidecars() {
+    use lodestar::translate::Translator;
+    use lodestar::xds::resources::Generator;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/dr-credential");
+    let applied = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let translator = Translator::new(MeshConfig::default());
+    let name = "outbound|443||my-nginx.mesh-external.svc.cluster.local";
+    let sidecar = ProxyIdentity::parse("sidecar~127.0.23.2~app.istio-system~istio-system.svc.cluster.local", &json!({})).unwrap();
+    let gateway =
+        ProxyIdentity::parse("router~127.0.23.1~egress.istio-system~istio-system.svc.cluster.local", &json!({"LABELS": {"istio": "egressgateway"}})).unwrap();
+    let s = render(&translator.generate(&sidecar, &applied).unwrap());
+    let g = render(&translator.generate(&gateway, &applied).unwrap());
+    assert_eq!(s["CDS"][name]["type"], "STATIC", "{:#}", s["CDS"][name]);
+    assert!(s["CDS"][name]["loadAssignment"]["endpoints"].as_array().is_none_or(Vec::is_empty), "{:#}", s["CDS"][name]);
+    assert!(s["CDS"][name].get("transportSocket").is_none());
+    let tls = &g["CDS"][name]["transportSocket"]["typedConfig"]["commonTlsContext"];
+    assert_eq!(tls["tlsCertificateSdsSecretConfigs"][0]["name"], "client-credential", "{:#}", g["CDS"][name]);
+    assert_eq!(tls["combinedValidationContext"]["validationContextSdsSecretConfig"]["name"], "client-credential-cacert");
+}

@@ -865,13 +865,6 @@ impl ClientTlsSettings {
             r.error(at, "cannot specify client certificates or CA certificate or CredentialName If tls mode is ISTIO_MUTUAL");
         }
         if originates {
-            if self.credential_name.is_some() {
-                r.unsupported_one(
-                    &at.field("credentialName"),
-                    "credentialName",
-                    "Lodestar has no secret store: give clientCertificate, privateKey and caCertificates as file paths on the proxy's host",
-                );
-            }
             // Envoy checks names (and revocation) only on a certificate it
             // validated against a CA; Lodestar does not assume the system's
             // CA bundle is where Envoy runs.
@@ -987,8 +980,12 @@ mod tests {
         for field in ["spec.trafficPolicy.tls", "spec.trafficPolicy.portLevelSettings[0].tls", "spec.subsets[0].trafficPolicy.tls"] {
             assert!(has(&e, field, "If tls mode is ISTIO_MUTUAL"), "{field}: {e:?}");
         }
-        let e = errors(json!({"host": "r", "trafficPolicy": {"tls": {"mode": "SIMPLE", "credentialName": "c", "subjectAltNames": ["r.example.com"]}}}));
-        assert!(has(&e, "spec.trafficPolicy.tls.credentialName", "not supported yet"), "{e:?}");
+        // A Secret's certificate and CA (gateway proxies: `credentialName`).
+        assert!(validate(
+            "DestinationRule",
+            &json!({"host": "r", "trafficPolicy": {"tls": {"mode": "MUTUAL", "credentialName": "c", "subjectAltNames": ["r.example.com"]}}})
+        )
+        .is_ok());
         let e = errors(json!({"host": "r", "trafficPolicy": {"tls": {"mode": "SIMPLE", "subjectAltNames": ["r.example.com"], "caCrl": "/crl.pem"}}}));
         assert!(has(&e, "spec.trafficPolicy.tls.subjectAltNames", "need caCertificates"), "{e:?}");
         assert!(has(&e, "spec.trafficPolicy.tls.caCrl", "needs caCertificates"), "{e:?}");
