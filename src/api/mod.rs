@@ -876,6 +876,24 @@ pub fn heartbeat_key(kind: &str, namespace: &str, name: &str) -> Result<Resource
     Ok(key)
 }
 
+/// Objects as returned by get and list: their JSON, with, for the Gateway
+/// API kinds, the status a controller would have written, computed from
+/// the same snapshot (`translate::gateway_api`): never stored, so it never
+/// bumps a generation nor triggers a push.
+pub fn views(applied: &Applied, objects: &[Arc<StoredObject>], mesh: &crate::translate::mesh::MeshConfig) -> Vec<Value> {
+    let status = objects.iter().any(|o| o.key.kind.is_gateway_api()).then(|| crate::translate::mesh::Mesh::build(applied, Arc::new(mesh.clone())).gateway_api_status);
+    objects
+        .iter()
+        .map(|o| {
+            let mut v = o.to_json();
+            if let Some(s) = status.as_ref().and_then(|s| s.get(&o.key)) {
+                v["status"] = s.clone();
+            }
+            v
+        })
+        .collect()
+}
+
 pub fn get(applied: &Applied, key: &ResourceKey) -> Result<Arc<StoredObject>> {
     applied.state.get(key).cloned().ok_or_else(|| Error::not_found(format!("{key} not found")))
 }
