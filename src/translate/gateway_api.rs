@@ -247,7 +247,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends)
     }
 
     // Istio Gateways, one per served listener; their VirtualServices.
-    for (i, l) in listeners.iter().enumerate() {
+    for l in &listeners {
         if !l.served {
             continue;
         }
@@ -267,7 +267,6 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends)
         if let Ok(spec) = serde_json::from_value::<IstioGateway>(spec) {
             out.gateways.push(generated(g.obj, Kind::Gateway, &name, g.class, spec));
         }
-        let _ = i;
     }
     for ((i, host), mut entries) in by_host {
         let l = &listeners[i];
@@ -293,16 +292,15 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends)
             })
             .collect();
         let addresses: Vec<Value> = g.spec.addresses.iter().map(|a| json!({"type": a.address_type(), "value": a.value})).collect();
-        let programmed = !addresses.is_empty();
+        // Without Kubernetes no address is assigned: it is spec.addresses
+        // (which the listeners bind), else the address of each proxy that
+        // serves the Gateway, which the snapshot does not know.
+        let message = if addresses.is_empty() { "served to the proxies that select it, at their own addresses" } else { "" };
         out.status.insert(
             g.obj.key.clone(),
             json!({
                 "addresses": addresses,
-                "conditions": [
-                    condition("Accepted", true, "Accepted", "", gen),
-                    condition("Programmed", programmed, if programmed { "Programmed" } else { "AddressNotAssigned" },
-                        if programmed { "" } else { "set spec.addresses: without Kubernetes, a Gateway's address is the one its proxies bind" }, gen),
-                ],
+                "conditions": [condition("Accepted", true, "Accepted", "", gen), condition("Programmed", true, "Programmed", message, gen)],
                 "listeners": ls,
             }),
         );
@@ -381,7 +379,7 @@ fn backend_problem(b: &ObjectRef, route_ns: &str, backends: &dyn Backends, grant
     if !granted("HTTPRoute", route_ns, group, kind, ns, &b.name) {
         return Err(("RefNotPermitted", format!("no ReferenceGrant in {ns} allows a reference to {kind} {}", b.name)));
     }
-    backends.resolve(backend_kind, ns, &b.name, b.port).ok_or_else(|| ("BackendNotFound", format!("{kind} {ns}/{} (port {:?}) not found", b.name, b.port)))
+    backends.resolve(backend_kind, ns, &b.name, b.port).ok_or_else(|| ("BackendNotFound", format!("{kind} {ns}/{} not found{}", b.name, b.port.map(|p| format!(" (port {p})")).unwrap_or_default())))
 }
 
 fn resolved_refs(route: &HttpRoute, ns: &str, backends: &dyn Backends, granted: &dyn Fn(&str, &str, &str, &str, &str, &str) -> bool) -> Refs {

@@ -55,6 +55,9 @@ fn run_case(dir: &Path) {
     let want_skipped: Vec<String> =
         std::fs::read_to_string(dir.join("skipped.json")).map_or_else(|_| Vec::new(), |t| serde_json::from_str(&t).expect("skipped.json: a list of keys"));
     assert_eq!(skipped, want_skipped, "{}: skipped objects {:?}", dir.display(), mesh.skipped);
+    if !mesh.gateway_api_status.is_empty() {
+        compare(dir, &gateway_api_view(&mesh), &dir.join("istio.json"));
+    }
     let mut proxies: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -79,7 +82,27 @@ fn check_output(dir: &Path, applied: &Applied, mesh: &Mesh, proxy: &ProxyIdentit
         let b: Vec<_> = again.of(t).into_iter().flatten().map(|(n, r)| (n.clone(), r.version.clone(), r.any.value.clone())).collect();
         assert_eq!(a, b, "{}: translation is not deterministic", dir.display());
     }
-    let got = render(&cfg);
+    compare(dir, &render(&cfg), expected_path);
+}
+
+/// What the Gateway API translation generated (Istio Gateways and
+/// VirtualServices, as if stored) and the status it computed.
+fn gateway_api_view(mesh: &Mesh) -> Value {
+    let generated = |labels: &std::collections::BTreeMap<String, String>| labels.contains_key(lodestar::translate::gateway_api::CLASS_LABEL);
+    let gateways: Map<String, Value> =
+        mesh.gateways.iter().filter(|g| generated(&g.labels)).map(|g| (format!("{}/{}", g.key.namespace, g.key.name), serde_json::to_value(&g.spec).unwrap())).collect();
+    let vs: Map<String, Value> = mesh
+        .virtual_services
+        .iter()
+        .filter(|v| generated(&v.labels))
+        .map(|v| (format!("{}/{}", v.key.namespace, v.key.name), serde_json::to_value(&v.spec).unwrap()))
+        .collect();
+    let status: Map<String, Value> = mesh.gateway_api_status.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    json!({"gateways": gateways, "virtualServices": vs, "status": status})
+}
+
+fn compare(dir: &Path, got: &Value, expected_path: &Path) {
+    let got = got.clone();
     if std::env::var("LODESTAR_BLESS").is_ok() {
         std::fs::write(expected_path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
     }
