@@ -608,10 +608,11 @@ fn check_route(c: &mut Check, s: &HttpRoute) {
         if s.parent_refs[..i].iter().any(|q| q.group == p.group && q.kind == p.kind && q.namespace == p.namespace && q.name == p.name) {
             // CEL: two refs to one parent must both name a distinct
             // sectionName or port.
-            let distinct = s.parent_refs[..i]
-                .iter()
-                .filter(|q| q.group == p.group && q.kind == p.kind && q.namespace == p.namespace && q.name == p.name)
-                .all(|q| (q.section_name.is_some() && p.section_name.is_some() && q.section_name != p.section_name) || (q.port.is_some() && p.port.is_some() && q.port != p.port));
+            let distinct =
+                s.parent_refs[..i].iter().filter(|q| q.group == p.group && q.kind == p.kind && q.namespace == p.namespace && q.name == p.name).all(|q| {
+                    (q.section_name.is_some() && p.section_name.is_some() && q.section_name != p.section_name)
+                        || (q.port.is_some() && p.port.is_some() && q.port != p.port)
+                });
             if !distinct {
                 c.err(f.clone(), "sectionName or port must be specified and unique when parentRefs include two references to the same parent");
             }
@@ -848,17 +849,23 @@ mod tests {
             fields("Gateway", json!({"gatewayClassName": "c", "listeners": [{"name": "a", "port": 0, "protocol": "HTTP", "hostname": "1.2.3.4:80"}]})),
             ["spec.listeners[0].port", "spec.listeners[0].hostname"]
         );
-        assert_eq!(fields("Gateway", json!({"gatewayClassName": "c", "listeners": [{"name": "a", "port": 443, "protocol": "HTTPS"}]})), ["spec.listeners[0].tls"]);
         assert_eq!(
-            fields("Gateway", json!({"gatewayClassName": "c", "listeners": [{"name": "a", "port": 80, "protocol": "HTTP"}, {"name": "a", "port": 80, "protocol": "HTTP"}]})),
+            fields("Gateway", json!({"gatewayClassName": "c", "listeners": [{"name": "a", "port": 443, "protocol": "HTTPS"}]})),
+            ["spec.listeners[0].tls"]
+        );
+        assert_eq!(
+            fields(
+                "Gateway",
+                json!({"gatewayClassName": "c", "listeners": [{"name": "a", "port": 80, "protocol": "HTTP"}, {"name": "a", "port": 80, "protocol": "HTTP"}]})
+            ),
             ["spec.listeners[1].name", "spec.listeners[1]"]
         );
-        assert_eq!(
-            fields("HTTPRoute", json!({"rules": [{"matches": [{"path": {"type": "Prefix", "value": "x"}}]}]})),
-            ["spec.rules[0].matches[0].path.type"]
-        );
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"matches": [{"path": {"type": "Prefix", "value": "x"}}]}]})), ["spec.rules[0].matches[0].path.type"]);
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"matches": [{"path": {"value": "/a//b"}}]}]})), ["spec.rules[0].matches[0].path.value"]);
-        assert_eq!(fields("HTTPRoute", json!({"rules": [{"backendRefs": [{"name": "s", "port": 80, "weight": 1000001}]}]})), ["spec.rules[0].backendRefs[0].weight"]);
+        assert_eq!(
+            fields("HTTPRoute", json!({"rules": [{"backendRefs": [{"name": "s", "port": 80, "weight": 1000001}]}]})),
+            ["spec.rules[0].backendRefs[0].weight"]
+        );
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"backendRefs": [{"name": "s"}]}]})), ["spec.rules[0].backendRefs[0].port"]);
         assert_eq!(fields("HTTPRoute", json!({"hostnames": ["Bad_Host"]})), ["spec.hostnames[0]"]);
         assert_eq!(fields("HTTPRoute", json!({"hostnames": vec!["a.b"; 17]})), ["spec.hostnames"]);

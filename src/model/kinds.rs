@@ -132,7 +132,14 @@ const KINDS: &[KindInfo] = &[
         group: ACL_GROUP,
         versions: ACL_VERSIONS,
     },
-    KindInfo { kind: Kind::GatewayClass, name: "GatewayClass", plural: "gatewayclasses", short: &["gc"], group: GATEWAY_API_GROUP, versions: GATEWAY_API_VERSIONS },
+    KindInfo {
+        kind: Kind::GatewayClass,
+        name: "GatewayClass",
+        plural: "gatewayclasses",
+        short: &["gc"],
+        group: GATEWAY_API_GROUP,
+        versions: GATEWAY_API_VERSIONS,
+    },
     KindInfo {
         kind: Kind::KubeGateway,
         name: "Gateway",

@@ -47,6 +47,9 @@ struct GatewayServer<'a> {
     /// `namespace/name` of its Gateway.
     gateway: String,
     server: &'a Server,
+    /// Generated from a Gateway API Gateway: its virtual hosts also match
+    /// the host with any port (`host:*`), as the Gateway API requires.
+    any_port: bool,
 }
 
 impl GatewayServer<'_> {
@@ -121,12 +124,14 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
     // listeners of their own (Gateway API Gateways sharing a proxy).
     let mut ports: BTreeMap<(String, u32), PortPlan> = BTreeMap::new();
     let selected = mesh.gateways.iter().filter(|g| {
-        super::gateway_api::selects(g, proxy).unwrap_or_else(|| !g.spec.selector.is_empty() && g.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)))
+        super::gateway_api::selects(g, proxy)
+            .unwrap_or_else(|| !g.spec.selector.is_empty() && g.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)))
     });
     for g in selected {
         for server in &g.spec.servers {
             let Some(kind) = serves(server, proxy) else { continue };
-            let s = GatewayServer { gateway: format!("{}/{}", g.key.namespace, g.key.name), server };
+            let any_port = g.labels.contains_key(super::gateway_api::CLASS_LABEL);
+            let s = GatewayServer { gateway: format!("{}/{}", g.key.namespace, g.key.name), server, any_port };
             let bind = server.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
             let plan = ports.entry((bind, server.port.number())).or_insert_with(|| PortPlan { serves: kind, servers: Vec::new(), sni_hosts: BTreeSet::new() });
             if plan.serves != kind {
@@ -209,7 +214,12 @@ fn route_table(name: &str, port: u32, servers: &[GatewayServer], mesh: &Mesh, pr
             for h in &vs.spec.hosts {
                 let host = resolve_short_name(h, &vs.key.namespace, suffix);
                 if s.admits(&host, &vs.key.namespace) && !vhosts.contains_key(&host) {
-                    vhosts.insert(host.clone(), vhost(&host, route::http_routes(&ctx, vs, None), s.https_redirect()));
+                    let mut v = vhost(&host, route::http_routes(&ctx, vs, None), s.https_redirect());
+                    // Envoy takes one wildcard per domain: not for `*.x:*`.
+                    if s.any_port && !host.contains('*') {
+                        v.domains.push(format!("{host}:*"));
+                    }
+                    vhosts.insert(host.clone(), v);
                 }
             }
         }

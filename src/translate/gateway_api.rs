@@ -61,6 +61,8 @@ pub struct Output {
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
     /// Status by object: GatewayClasses, Gateways and HTTPRoutes of ours.
     pub status: BTreeMap<ResourceKey, Value>,
+    /// Objects whose translation failed, with why (a bug if ever seen).
+    pub skipped: Vec<(ResourceKey, String)>,
 }
 
 fn condition(kind: &str, ok: bool, reason: &str, message: &str, generation: u64) -> Value {
@@ -142,7 +144,8 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends)
             let protocol_ok = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
             let kinds = l.allowed_routes.as_ref().map(|a| a.kinds.as_slice()).unwrap_or_default();
             let bad_kinds = kinds.iter().any(|k| k.group.as_deref().unwrap_or(api::GROUP) != api::GROUP || k.kind != "HTTPRoute");
-            let admits_http = protocol_ok && (kinds.is_empty() || kinds.iter().any(|k| k.group.as_deref().unwrap_or(api::GROUP) == api::GROUP && k.kind == "HTTPRoute"));
+            let admits_http =
+                protocol_ok && (kinds.is_empty() || kinds.iter().any(|k| k.group.as_deref().unwrap_or(api::GROUP) == api::GROUP && k.kind == "HTTPRoute"));
             // HTTPS: its first certificate, a Secret this namespace may use.
             let mut refs_ok = (!bad_kinds, if bad_kinds { "InvalidRouteKinds" } else { "ResolvedRefs" });
             if let Some(tls) = l.tls.as_ref().filter(|_| l.protocol == "HTTPS") {
@@ -264,8 +267,9 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends)
             server["tls"] = json!({"mode": "SIMPLE", "credentialName": r.name});
         }
         let spec = json!({"selector": {NAME_LABEL: g.obj.key.name}, "servers": [server]});
-        if let Ok(spec) = serde_json::from_value::<IstioGateway>(spec) {
-            out.gateways.push(generated(g.obj, Kind::Gateway, &name, g.class, spec));
+        match serde_json::from_value::<IstioGateway>(spec) {
+            Ok(spec) => out.gateways.push(generated(g.obj, Kind::Gateway, &name, g.class, spec)),
+            Err(e) => out.skipped.push((g.obj.key.clone(), format!("generated Gateway {name}: {e}"))),
         }
     }
     for ((i, host), mut entries) in by_host {
@@ -275,8 +279,9 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends)
         let gw_name = format!("{}/{}.{}", g.obj.key.namespace, g.obj.key.name, l.listener.name);
         let spec = json!({"hosts": [host], "gateways": [gw_name], "http": entries.into_iter().map(|(_, v)| v).collect::<Vec<_>>()});
         let name = format!("{}.{}.{}", g.obj.key.name, l.listener.name, host.replace('*', "wildcard"));
-        if let Ok(spec) = serde_json::from_value::<VirtualService>(spec) {
-            out.virtual_services.push(generated(g.obj, Kind::VirtualService, &name, g.class, spec));
+        match serde_json::from_value::<VirtualService>(spec) {
+            Ok(spec) => out.virtual_services.push(generated(g.obj, Kind::VirtualService, &name, g.class, spec)),
+            Err(e) => out.skipped.push((g.obj.key.clone(), format!("generated VirtualService {name}: {e}"))),
         }
     }
 
@@ -368,7 +373,12 @@ struct Refs {
 }
 
 /// Why a backend does not resolve.
-fn backend_problem(b: &ObjectRef, route_ns: &str, backends: &dyn Backends, granted: &dyn Fn(&str, &str, &str, &str, &str, &str) -> bool) -> Result<(String, u32), (&'static str, String)> {
+fn backend_problem(
+    b: &ObjectRef,
+    route_ns: &str,
+    backends: &dyn Backends,
+    granted: &dyn Fn(&str, &str, &str, &str, &str, &str) -> bool,
+) -> Result<(String, u32), (&'static str, String)> {
     let ns = b.namespace_or(route_ns);
     let (group, kind) = (b.group_or(""), b.kind_or("Service"));
     let backend_kind = match (group, kind) {
@@ -379,15 +389,14 @@ fn backend_problem(b: &ObjectRef, route_ns: &str, backends: &dyn Backends, grant
     if !granted("HTTPRoute", route_ns, group, kind, ns, &b.name) {
         return Err(("RefNotPermitted", format!("no ReferenceGrant in {ns} allows a reference to {kind} {}", b.name)));
     }
-    backends.resolve(backend_kind, ns, &b.name, b.port).ok_or_else(|| ("BackendNotFound", format!("{kind} {ns}/{} not found{}", b.name, b.port.map(|p| format!(" (port {p})")).unwrap_or_default())))
+    backends
+        .resolve(backend_kind, ns, &b.name, b.port)
+        .ok_or_else(|| ("BackendNotFound", format!("{kind} {ns}/{} not found{}", b.name, b.port.map(|p| format!(" (port {p})")).unwrap_or_default())))
 }
 
 fn resolved_refs(route: &HttpRoute, ns: &str, backends: &dyn Backends, granted: &dyn Fn(&str, &str, &str, &str, &str, &str) -> bool) -> Refs {
     let refs = route.rules.iter().flat_map(|r| {
-        r.backend_refs
-            .iter()
-            .map(HttpBackendRef::object_ref)
-            .chain(r.filters.iter().filter_map(|f| f.request_mirror.as_ref().map(|m| m.backend_ref.clone())))
+        r.backend_refs.iter().map(HttpBackendRef::object_ref).chain(r.filters.iter().filter_map(|f| f.request_mirror.as_ref().map(|m| m.backend_ref.clone())))
     });
     for b in refs {
         if let Err((reason, message)) = backend_problem(&b, ns, backends, granted) {
@@ -600,7 +609,7 @@ fn apply_filter(
         if let Some(p) = &u.path {
             match (p.kind.as_str(), prefix) {
                 ("ReplaceFullPath", _) => {
-                    v.insert("uriRegexRewrite".into(), json!({"pattern": "^/.*$", "rewrite": p.replace_full_path.clone().unwrap_or_default()}));
+                    v.insert("uriRegexRewrite".into(), json!({"match": "^/.*$", "rewrite": p.replace_full_path.clone().unwrap_or_default()}));
                 }
                 (_, Some(prefix)) => {
                     v.insert("uri".into(), json!(prefix_replacement(prefix, p.replace_prefix_match.as_deref().unwrap_or("/"))));
@@ -641,7 +650,10 @@ mod tests {
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         assert_eq!(intersect(None, &[]), s(&["*"]));
         assert_eq!(intersect(Some("very.specific.com"), &s(&["non.matching.com", "*.specific.com"])), s(&["very.specific.com"]));
-        assert_eq!(intersect(Some("*.wildcard.io"), &s(&["wildcard.io", "foo.wildcard.io", "foo.bar.wildcard.io"])), s(&["foo.wildcard.io", "foo.bar.wildcard.io"]));
+        assert_eq!(
+            intersect(Some("*.wildcard.io"), &s(&["wildcard.io", "foo.wildcard.io", "foo.bar.wildcard.io"])),
+            s(&["foo.wildcard.io", "foo.bar.wildcard.io"])
+        );
         assert_eq!(intersect(Some("*.anotherwildcard.io"), &s(&["*.anotherwildcard.io"])), s(&["*.anotherwildcard.io"]));
         assert_eq!(intersect(Some("*.a.io"), &s(&["*.b.a.io"])), s(&["*.b.a.io"]));
         assert!(intersect(Some("very.specific.com"), &s(&["specific.but.wrong.com", "wildcard.io"])).is_empty());

@@ -89,8 +89,12 @@ fn check_output(dir: &Path, applied: &Applied, mesh: &Mesh, proxy: &ProxyIdentit
 /// VirtualServices, as if stored) and the status it computed.
 fn gateway_api_view(mesh: &Mesh) -> Value {
     let generated = |labels: &std::collections::BTreeMap<String, String>| labels.contains_key(lodestar::translate::gateway_api::CLASS_LABEL);
-    let gateways: Map<String, Value> =
-        mesh.gateways.iter().filter(|g| generated(&g.labels)).map(|g| (format!("{}/{}", g.key.namespace, g.key.name), serde_json::to_value(&g.spec).unwrap())).collect();
+    let gateways: Map<String, Value> = mesh
+        .gateways
+        .iter()
+        .filter(|g| generated(&g.labels))
+        .map(|g| (format!("{}/{}", g.key.namespace, g.key.name), serde_json::to_value(&g.spec).unwrap()))
+        .collect();
     let vs: Map<String, Value> = mesh
         .virtual_services
         .iter()

@@ -696,6 +696,7 @@ impl Mesh {
             mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
             mesh.virtual_services.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
             mesh.gateway_api_status = Arc::new(out.status);
+            mesh.skipped.extend(out.skipped);
         }
         mesh.index_rules();
         mesh
@@ -733,7 +734,10 @@ impl super::gateway_api::Backends for MeshBackends<'_> {
         let svc = match kind {
             BackendKind::Service => {
                 let host = format!("{name}.{namespace}.svc.{}", self.suffix);
-                self.services.get(&host).and_then(|c| c.iter().find(|s| s.namespace == namespace)).or_else(|| self.services.values().flatten().find(from(Kind::Service)))
+                self.services
+                    .get(&host)
+                    .and_then(|c| c.iter().find(|s| s.namespace == namespace))
+                    .or_else(|| self.services.values().flatten().find(from(Kind::Service)))
             }
             BackendKind::ServiceEntry => self.services.values().flatten().find(from(Kind::ServiceEntry)),
         }?;
