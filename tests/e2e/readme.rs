@@ -53,6 +53,7 @@ const SECTIONS: &[(&str, usize)] = &[
     ("Run a server", 0),
     ("Walkthrough: traffic through Envoy", 6),
     ("Check config: `lodestar analyze`", 1),
+    ("Gateway API", 4),
     ("Connect an Envoy", 0),
     ("A three-replica cluster on one machine", 0),
     ("The service registry", 0),
