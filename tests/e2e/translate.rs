@@ -178,6 +178,11 @@ fn incremental_equals_full() {
     // And a proxyless gRPC client (its endpoint-only changes take the
     // incremental EDS path too).
     proxies.push(ProxyIdentity::parse("sidecar~127.0.20.4~grpc-client.default~default.svc.cluster.local", &json!({"GENERATOR": "grpc"})).unwrap());
+    // And the gateway proxy of a Gateway API Gateway (applied below).
+    proxies.push(
+        ProxyIdentity::parse("router~127.0.20.5~web.default~default.svc.cluster.local", &json!({"LABELS": {"gateway.networking.k8s.io/gateway-name": "web"}}))
+            .unwrap(),
+    );
     let translator = Translator::new(MeshConfig::default());
     for proxy in &proxies {
         translator.generate(proxy, &base).unwrap();
@@ -199,6 +204,9 @@ fn incremental_equals_full() {
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: default}\nspec:\n  hosts: [reviews]\n  http:\n  - match: [{uri: {prefix: /reviews}}]\n    delegate: {name: reviews-team, namespace: team}\n  - route:\n    - destination: {host: reviews, subset: v1}\n",
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews-team, namespace: team}\nspec:\n  http:\n  - match: [{uri: {prefix: /reviews/2}}]\n    route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v2}\n  - route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v3}\n",
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews-team, namespace: team}\nspec:\n  http:\n  - route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v2}\n",
+        // Gateway API objects: sidecars are out of their scope (what they
+        // generate binds to gateways only).
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: lodestar}\nspec: {controllerName: lodestar.dev/gateway-controller}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web, namespace: default}\nspec:\n  gatewayClassName: lodestar\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: reviews, namespace: default}\nspec:\n  parentRefs: [{name: web}]\n  hostnames: [reviews.example.com]\n  rules:\n  - backendRefs: [{name: reviews, port: 9080}]\n",
         // TLS routes on a VirtualService: its hosts' TLS/TCP listeners too.
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: pp, namespace: default}\nspec:\n  hosts: [productpage]\n  tls:\n  - match: [{sniHosts: [productpage]}]\n    route:\n    - destination: {host: productpage}\n",
     ];
