@@ -533,11 +533,7 @@ fn check_gateway(c: &mut Check, s: &Gateway) {
     for (i, a) in s.addresses.iter().enumerate() {
         let f = format!("spec.addresses[{i}]");
         match a.address_type() {
-            "IPAddress" => {
-                if a.value.parse::<std::net::IpAddr>().is_err() {
-                    c.err(format!("{f}.value"), format!("{:?} is not an IP address", a.value));
-                }
-            }
+            "IPAddress" if a.value.parse::<std::net::IpAddr>().is_err() => c.err(format!("{f}.value"), format!("{:?} is not an IP address", a.value)),
             "Hostname" => c.precise_hostname(&format!("{f}.value"), &a.value),
             _ => {}
         }

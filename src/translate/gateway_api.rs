@@ -125,14 +125,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends)
             api::is_ours(class.controller).then_some(GatewayIn { obj, spec, class: spec.gateway_class_name.as_str(), controller: class.controller })
         })
         .collect();
-    let granted = |from_kind: &str, from_ns: &str, to_group: &str, to_kind: &str, to_ns: &str, to_name: &str| -> bool {
-        from_ns == to_ns
-            || grants.iter().any(|(ns, g)| {
-                *ns == to_ns
-                    && g.from.iter().any(|f| f.group == api::GROUP && f.kind == from_kind && f.namespace == from_ns)
-                    && g.to.iter().any(|t| t.group == to_group && t.kind == to_kind && t.name.as_deref().is_none_or(|n| n == to_name))
-            })
-    };
+    let resolver = Resolver { backends, grants };
 
     // Listeners: what each admits and whether it is served.
     let mut listeners: Vec<ListenerState> = Vec::new();
@@ -153,9 +146,9 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends)
                     refs_ok = (false, "UnsupportedValue");
                 } else if let Some(r) = tls.certificate_refs.first() {
                     let secret_ns = r.namespace_or(ns);
-                    if r.group_or("") != "" || r.kind_or("Secret") != "Secret" {
+                    if !r.group_or("").is_empty() || r.kind_or("Secret") != "Secret" {
                         refs_ok = (false, "InvalidCertificateRef");
-                    } else if !granted("Gateway", ns, "", "Secret", secret_ns, &r.name) {
+                    } else if !resolver.granted("Gateway", ns, "", "Secret", secret_ns, &r.name) {
                         refs_ok = (false, "RefNotPermitted");
                     } else if secret_ns != ns {
                         // A gateway proxy reads the Secrets of its own namespace only.
@@ -183,7 +176,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends)
     for (obj, route) in &routes {
         let ns = obj.key.namespace.as_str();
         let gen = obj.version;
-        let refs = resolved_refs(route, ns, backends, &granted);
+        let refs = resolved_refs(route, ns, &resolver);
         let unsupported = route.rules.iter().flat_map(|r| r.filters.iter()).find(|f| matches!(f.kind.as_str(), "CORS" | "ExternalAuth" | "ExtensionRef"));
         let mut parents = Vec::new();
         for pref in &route.parent_refs {
@@ -237,7 +230,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends)
                 for host in hosts {
                     let entries = by_host.entry((i, host)).or_default();
                     for (ri, rule) in route.rules.iter().enumerate() {
-                        for (rank, http) in rule_routes(obj, ri, rule, ns, backends, &granted) {
+                        for (rank, http) in rule_routes(obj, ri, rule, ns, &resolver) {
                             entries.push((rank, http));
                         }
                     }
@@ -366,19 +359,34 @@ fn dedup(mut v: Vec<String>) -> Vec<String> {
     v
 }
 
-struct Refs {
+/// What resolving a reference needs: the backends, and the
+/// ReferenceGrants (by their namespace).
+struct Resolver<'a> {
+    backends: &'a dyn Backends,
+    grants: Vec<(&'a str, &'a api::ReferenceGrant)>,
+}
+
+impl Resolver<'_> {
+    /// Whether a `from_kind` in `from_ns` may refer to `to_group`/`to_kind`
+    /// `to_name` in `to_ns`: the same namespace, or a ReferenceGrant there.
+    fn granted(&self, from_kind: &str, from_ns: &str, to_group: &str, to_kind: &str, to_ns: &str, to_name: &str) -> bool {
+        from_ns == to_ns
+            || self.grants.iter().any(|(ns, g)| {
+                *ns == to_ns
+                    && g.from.iter().any(|f| f.group == api::GROUP && f.kind == from_kind && f.namespace == from_ns)
+                    && g.to.iter().any(|t| t.group == to_group && t.kind == to_kind && t.name.as_deref().is_none_or(|n| n == to_name))
+            })
+    }
+}
+
+struct RefsStatus {
     ok: bool,
     reason: &'static str,
     message: String,
 }
 
 /// Why a backend does not resolve.
-fn backend_problem(
-    b: &ObjectRef,
-    route_ns: &str,
-    backends: &dyn Backends,
-    granted: &dyn Fn(&str, &str, &str, &str, &str, &str) -> bool,
-) -> Result<(String, u32), (&'static str, String)> {
+fn backend_problem(b: &ObjectRef, route_ns: &str, r: &Resolver) -> Result<(String, u32), (&'static str, String)> {
     let ns = b.namespace_or(route_ns);
     let (group, kind) = (b.group_or(""), b.kind_or("Service"));
     let backend_kind = match (group, kind) {
@@ -386,36 +394,29 @@ fn backend_problem(
         ("networking.istio.io", "ServiceEntry") => BackendKind::ServiceEntry,
         _ => return Err(("InvalidKind", format!("backend kind {group}/{kind} is not supported"))),
     };
-    if !granted("HTTPRoute", route_ns, group, kind, ns, &b.name) {
+    if !r.granted("HTTPRoute", route_ns, group, kind, ns, &b.name) {
         return Err(("RefNotPermitted", format!("no ReferenceGrant in {ns} allows a reference to {kind} {}", b.name)));
     }
-    backends
+    r.backends
         .resolve(backend_kind, ns, &b.name, b.port)
         .ok_or_else(|| ("BackendNotFound", format!("{kind} {ns}/{} not found{}", b.name, b.port.map(|p| format!(" (port {p})")).unwrap_or_default())))
 }
 
-fn resolved_refs(route: &HttpRoute, ns: &str, backends: &dyn Backends, granted: &dyn Fn(&str, &str, &str, &str, &str, &str) -> bool) -> Refs {
+fn resolved_refs(route: &HttpRoute, ns: &str, r: &Resolver) -> RefsStatus {
     let refs = route.rules.iter().flat_map(|r| {
         r.backend_refs.iter().map(HttpBackendRef::object_ref).chain(r.filters.iter().filter_map(|f| f.request_mirror.as_ref().map(|m| m.backend_ref.clone())))
     });
     for b in refs {
-        if let Err((reason, message)) = backend_problem(&b, ns, backends, granted) {
-            return Refs { ok: false, reason, message };
+        if let Err((reason, message)) = backend_problem(&b, ns, r) {
+            return RefsStatus { ok: false, reason, message };
         }
     }
-    Refs { ok: true, reason: "ResolvedRefs", message: String::new() }
+    RefsStatus { ok: true, reason: "ResolvedRefs", message: String::new() }
 }
 
 /// The Istio HTTP routes of one rule: one per match (a PathPrefix match
 /// is two: the path itself and everything under it).
-fn rule_routes(
-    obj: &StoredObject,
-    ri: usize,
-    rule: &HttpRouteRule,
-    ns: &str,
-    backends: &dyn Backends,
-    granted: &dyn Fn(&str, &str, &str, &str, &str, &str) -> bool,
-) -> Vec<(Rank, Value)> {
+fn rule_routes(obj: &StoredObject, ri: usize, rule: &HttpRouteRule, ns: &str, r: &Resolver) -> Vec<(Rank, Value)> {
     let default_match = [HttpRouteMatch::default()];
     let matches = if rule.matches.is_empty() { &default_match[..] } else { &rule.matches[..] };
     let mut out = Vec::new();
@@ -449,7 +450,7 @@ fn rule_routes(
             let mut http = Map::new();
             http.insert("name".into(), json!(format!("{}.{}.{ri}.{mi}", obj.key.namespace, obj.key.name)));
             http.insert("match".into(), json!([Value::Object(mr)]));
-            apply_rule(&mut http, rule, matched_prefix.as_deref(), ns, backends, granted);
+            apply_rule(&mut http, rule, matched_prefix.as_deref(), ns, r);
             let rank: Rank = (
                 kind_rank,
                 std::cmp::Reverse(value.trim_end_matches('/').len()),
@@ -493,18 +494,11 @@ fn header_ops(m: &api::HeaderModifier) -> Value {
 
 /// A rule's filters and backends on one generated route. `prefix` is the
 /// path prefix the route matches (PathPrefix), for prefix rewrites.
-fn apply_rule(
-    http: &mut Map<String, Value>,
-    rule: &HttpRouteRule,
-    prefix: Option<&str>,
-    ns: &str,
-    backends: &dyn Backends,
-    granted: &dyn Fn(&str, &str, &str, &str, &str, &str) -> bool,
-) {
+fn apply_rule(http: &mut Map<String, Value>, rule: &HttpRouteRule, prefix: Option<&str>, ns: &str, r: &Resolver) {
     let mut headers = Map::new();
     let mut mirrors = Vec::new();
     for f in &rule.filters {
-        apply_filter(http, &mut headers, &mut mirrors, f, prefix, ns, backends, granted);
+        apply_filter(http, &mut headers, &mut mirrors, f, prefix, ns, r);
     }
     if !headers.is_empty() {
         http.insert("headers".into(), Value::Object(headers));
@@ -521,7 +515,7 @@ fn apply_rule(
     let (mut good, mut bad) = (0u64, 0u64);
     for b in &rule.backend_refs {
         let weight = b.weight.unwrap_or(1);
-        match backend_problem(&b.object_ref(), ns, backends, granted) {
+        match backend_problem(&b.object_ref(), ns, r) {
             Ok((host, port)) if weight > 0 => {
                 good += u64::from(weight);
                 let mut d = json!({"destination": {"host": host, "port": {"number": port}}, "weight": weight});
@@ -567,8 +561,7 @@ fn apply_filter(
     f: &HttpRouteFilter,
     prefix: Option<&str>,
     ns: &str,
-    backends: &dyn Backends,
-    granted: &dyn Fn(&str, &str, &str, &str, &str, &str) -> bool,
+    r: &Resolver,
 ) {
     if let Some(m) = &f.request_header_modifier {
         headers.insert("request".into(), header_ops(m));
@@ -620,7 +613,7 @@ fn apply_filter(
         http.insert("rewrite".into(), Value::Object(v));
     }
     if let Some(m) = &f.request_mirror {
-        if let Ok((host, port)) = backend_problem(&m.backend_ref, ns, backends, granted) {
+        if let Ok((host, port)) = backend_problem(&m.backend_ref, ns, r) {
             let mut mirror = json!({"destination": {"host": host, "port": {"number": port}}});
             if let Some(p) = m.percent {
                 mirror["percentage"] = json!({"value": p});

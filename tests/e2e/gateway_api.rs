@@ -552,7 +552,7 @@ async fn run_weighted(h: &Harness, case: &Value) -> Result<(), String> {
                     seed ^= seed << 13;
                     seed ^= seed >> 17;
                     seed ^= seed << 5;
-                    (seed % 2 == 0).then_some(seed % 10_000)
+                    seed.is_multiple_of(2).then_some(seed % 10_000)
                 })
                 .collect();
             let answers = futures::future::join_all(jitters.into_iter().map(|j| async move {
