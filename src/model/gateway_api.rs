@@ -856,7 +856,7 @@ mod tests {
             ),
             ["spec.listeners[1].name", "spec.listeners[1]"]
         );
-        assert_eq!(fields("HTTPRoute", json!({"rules": [{"matches": [{"path": {"type": "Prefix", "value": "x"}}]}]})), ["spec.rules[0].matches[0].path.type"]);
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"matches": [{"path": {"type": "Prefix", "value": "/x"}}]}]})), ["spec.rules[0].matches[0].path.type"]);
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"matches": [{"path": {"value": "/a//b"}}]}]})), ["spec.rules[0].matches[0].path.value"]);
         assert_eq!(
             fields("HTTPRoute", json!({"rules": [{"backendRefs": [{"name": "s", "port": 80, "weight": 1000001}]}]})),
@@ -872,7 +872,7 @@ mod tests {
         );
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"matches": [{"method": "FETCH"}]}]})), ["spec.rules[0].matches[0].method"]);
         assert_eq!(fields("HTTPRoute", json!({"parentRefs": [{"name": "g"}, {"name": "g"}]})), ["spec.parentRefs[1]"]);
-        assert_eq!(fields("HTTPRoute", json!({"rules": [{"bogus": 1}]})), ["spec.rules[0]"]);
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"bogus": 1}]})), ["spec.rules[0].bogus"]);
         assert_eq!(fields("ReferenceGrant", json!({"from": [], "to": [{"group": "", "kind": "Service"}]})), ["spec.from"]);
     }
 }
