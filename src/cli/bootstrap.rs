@@ -545,6 +545,23 @@ mod tests {
         Cmd::try_parse_from(std::iter::once("bootstrap").chain(flags.iter().copied())).unwrap().args
     }
 
+    /// `--gateway NS/NAME`: a router in the Gateway's namespace with its
+    /// name label; `--gateway-class`: one with the class label.
+    #[test]
+    fn gateway_api_gateways() {
+        let mut a = args(&["--name", "web-gw", "--gateway", "shop/web"]);
+        a.resolve_gateway().unwrap();
+        let b = bootstrap(&a, &["127.0.0.1:8472".into()], None, None).unwrap();
+        assert_eq!(b["node"]["id"], "router~127.0.0.1~web-gw.shop~shop.svc.cluster.local");
+        assert_eq!(b["node"]["metadata"]["LABELS"][crate::translate::gateway_api::NAME_LABEL], "web");
+        let mut a = args(&["--name", "edge", "--gateway-class", "lodestar"]);
+        a.resolve_gateway().unwrap();
+        assert_eq!(a.node_type, NodeType::Router);
+        assert_eq!(a.labels, [(crate::translate::gateway_api::CLASS_LABEL.to_string(), "lodestar".to_string())]);
+        let mut a = args(&["--name", "x", "--gateway", "web"]);
+        assert!(a.resolve_gateway().unwrap_err().to_string().contains("NAMESPACE/NAME"));
+    }
+
     #[test]
     fn sidecar_with_every_replica() {
         let a = args(&["--name", "reviews-v2", "--namespace", "bookinfo", "--ip", "127.0.0.7", "--label", "app=reviews", "--label", "version=v2"]);
