@@ -10,8 +10,9 @@
 //!
 //! Deviations from upstream, all forced by the absence of Kubernetes:
 //! every Gateway gets `spec.addresses` (an IPAddress on loopback);
-//! namespaces have no labels (a `Selector` admits none); the HTTPS base
-//! Gateway is not created (its generated certificate is not made here).
+//! namespaces have no labels (a `Selector` admits none); the HTTPS
+//! listeners' certificate is issued from a CA, for the names the test
+//! sends, not self-signed for `*` (rustls takes neither).
 
 use crate::kit::envoy::EnvoyOptions;
 use crate::kit::mesh::Fixture;
@@ -65,12 +66,12 @@ const REPORTED: &[&str] = &[
     "HTTPRouteRequestMirror",
     "HTTPRouteBackendRequestHeaderModifier",
     "HTTPRouteObservedGenerationBump",
+    "HTTPRouteHTTPSListener",
 ];
 
 /// Core tests not run, with why (they count as failures in a report).
 const NOT_RUN: &[(&str, &str)] = &[
     ("HTTPRouteCrossNamespace", "needs allowedRoutes namespaces.from Selector: Lodestar namespaces have no labels"),
-    ("HTTPRouteHTTPSListener", "the harness does not create the generated TLS certificate nor a gateway proxy token for SDS"),
     ("HTTPRouteServiceTypes", "headless and ClusterIP Services have no registry equivalent yet"),
 ];
 
@@ -169,6 +170,8 @@ struct Harness {
     http: reqwest::Client,
     /// `record_generation`'s.
     recorded: Option<u64>,
+    /// Issued `tls-validity-checks-certificate` (HTTPS listeners).
+    ca: crate::kit::tls::Ca,
 }
 
 impl Harness {
@@ -393,6 +396,23 @@ async fn send(h: &Harness, case: &Value, jitter: Option<u32>, uri: &mut String) 
     uri.clone_from(&path);
     let method = reqwest::Method::from_bytes(req["method"].as_str().unwrap_or("GET").as_bytes()).map_err(|e| e.to_string())?;
     let host = req["host"].as_str().map(String::from).unwrap_or_else(|| if port == 80 { ip.clone() } else { format!("{ip}:{port}") });
+    if via["scheme"] == "https" {
+        // TLS with the SNI given, trusting only the listener's certificate's CA.
+        let sni = via["sni"].as_str().unwrap_or(&host);
+        let client = crate::kit::tls::TlsClient { ca: &h.ca, server_name: sni, certificate: None, alpn: &["http/1.1"] };
+        let addr: std::net::SocketAddr = format!("{ip}:{port}").parse().map_err(|e| format!("{e}"))?;
+        let reply = client.get(addr, &host, &path).await?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        for line in reply.head.lines().skip(1) {
+            if let Some((k, v)) = line.split_once(':') {
+                if let (Ok(k), Ok(v)) = (reqwest::header::HeaderName::try_from(k.trim()), reqwest::header::HeaderValue::try_from(v.trim())) {
+                    headers.append(k, v);
+                }
+            }
+        }
+        let json = headers.get("content-type").is_some_and(|v| v == "application/json");
+        return Ok((reply.status, headers, if json { serde_json::from_str(&reply.body).ok() } else { None }));
+    }
     // The listener listens on the Gateway's address at the listener's port.
     let mut r = h.http.request(method, format!("http://{ip}:{port}{path}")).header("host", host);
     let set: Vec<String> =
@@ -695,6 +715,7 @@ async fn conformance() {
         next_ip: 2,
         echoes: Vec::new(),
         recorded: None,
+        ca: crate::kit::tls::Ca::new("gateway-conformance"),
         http: reqwest::Client::builder().no_proxy().redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(10)).build().unwrap(),
     };
 
@@ -729,8 +750,19 @@ async fn conformance() {
                 "spec": {"service": name, "address": ip, "ports": instance_ports}}));
         }
     }
-    for g in gw["gateways"].as_array().into_iter().flatten().filter(|g| g["metadata"]["name"] != "same-namespace-with-https-listener") {
+    for g in gw["gateways"].as_array().into_iter().flatten() {
         docs.push(g.clone());
+    }
+    // The generated certificate of the HTTPS listeners, issued from a CA
+    // (rustls takes neither a self-signed leaf as a root nor a `*` SAN):
+    // valid for every name the HTTPS test sends.
+    let leaf = h.ca.server(&["example.org", "second-example.org", "unknown-example.org", "*.wildcard.org"]);
+    {
+        use base64::Engine;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        docs.push(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": "tls-validity-checks-certificate", "namespace": "gateway-conformance-infra"},
+            "data": {"tls.crt": b64(leaf.cert_pem.as_bytes()), "tls.key": b64(leaf.key_pem.as_bytes())}}));
     }
     let revision = h.apply(docs).await.expect("base setup");
 
@@ -739,8 +771,13 @@ async fn conformance() {
     o.node_type = "router".into();
     o.namespace = "gateway-conformance-infra".into();
     o.labels = vec![(lodestar::translate::gateway_api::CLASS_LABEL.into(), CLASS.into())];
+    // A gateway's proxy token: it is served its namespace's Secrets.
+    let token = crate::kit::token_create(&h.fx.api(1), &["--proxy", "gateway-conformance-infra/conformance-gateway", "--gateway"]);
+    let token_file = h.fx.tmp.path().join("gateway.token");
+    std::fs::write(&token_file, token["secret"].as_str().unwrap()).unwrap();
+    o.proxy_token_file = Some(token_file);
     h.proxy = Some(h.fx.proxy(o, 1, revision).await);
-    for g in ["same-namespace", "all-namespaces"] {
+    for g in ["same-namespace", "all-namespaces", "same-namespace-with-https-listener"] {
         check_status(&h, &json!({"check": "gateway_ready", "gateway": format!("gateway-conformance-infra/{g}")})).await.expect("base gateways ready");
     }
 
