@@ -637,7 +637,7 @@ impl<'a> Ctx<'a> {
                     labels: labels_of(obj),
                 }),
                 // Gateway API objects: their status says what is wrong with them.
-                TypedSpec::Service(_) | TypedSpec::Lease(_) | TypedSpec::Acl(_) | TypedSpec::Secret | TypedSpec::GatewayApi(_) => {}
+                TypedSpec::Service(_) | TypedSpec::Lease(_) | TypedSpec::Acl(_) | TypedSpec::Secret | TypedSpec::GatewayApi(_) | TypedSpec::Namespace => {}
             }
         }
         ctx.index_workloads(0);

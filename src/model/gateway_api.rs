@@ -582,8 +582,31 @@ fn check_gateway(c: &mut Check, s: &Gateway) {
                 if from == "Selector" && ns.selector.is_none() {
                     c.err(format!("{f}.allowedRoutes.namespaces.selector"), "required when from is Selector");
                 }
+                if let Some(sel) = &ns.selector {
+                    check_selector(c, &format!("{f}.allowedRoutes.namespaces.selector"), sel);
+                }
             }
             c.max_items(&format!("{f}.allowedRoutes.kinds"), &ar.kinds, 8);
+        }
+    }
+}
+
+/// A Kubernetes label selector's shape.
+fn check_selector(c: &mut Check, f: &str, sel: &Value) {
+    let Some(obj) = sel.as_object() else { return c.err(f, "expected an object") };
+    for k in obj.keys().filter(|k| !matches!(k.as_str(), "matchLabels" | "matchExpressions")) {
+        c.err(format!("{f}.{k}"), "unknown field (expected matchLabels, matchExpressions)");
+    }
+    if let Some(m) = obj.get("matchLabels") {
+        if !m.as_object().is_some_and(|m| m.values().all(Value::is_string)) {
+            c.err(format!("{f}.matchLabels"), "expected a map of strings");
+        }
+    }
+    for (i, e) in obj.get("matchExpressions").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let op = e["operator"].as_str().unwrap_or("");
+        c.one_of(&format!("{f}.matchExpressions[{i}].operator"), op, &["In", "NotIn", "Exists", "DoesNotExist"]);
+        if !e["key"].is_string() {
+            c.err(format!("{f}.matchExpressions[{i}].key"), "required");
         }
     }
 }

@@ -54,6 +54,10 @@ pub enum Kind {
     KubeGateway,
     HttpRoute,
     ReferenceGrant,
+    /// core/v1 `Namespace`: only its labels matter (Gateway listeners'
+    /// `allowedRoutes.namespaces.selector`). Cluster-scoped: only who may
+    /// write the cluster namespace labels namespaces.
+    Namespace,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
@@ -157,10 +161,11 @@ const KINDS: &[KindInfo] = &[
         group: GATEWAY_API_GROUP,
         versions: GATEWAY_API_VERSIONS,
     },
+    KindInfo { kind: Kind::Namespace, name: "Namespace", plural: "namespaces", short: &["ns"], group: CORE_GROUP, versions: CORE_VERSIONS },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 22] = [
+    pub const ALL: [Kind; 23] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -183,6 +188,7 @@ impl Kind {
         Kind::KubeGateway,
         Kind::HttpRoute,
         Kind::ReferenceGrant,
+        Kind::Namespace,
     ];
 
     fn info(self) -> &'static KindInfo {
@@ -261,9 +267,10 @@ impl Kind {
         self.group() == ACL_GROUP
     }
 
-    /// Kinds whose objects all live in [`CLUSTER_NAMESPACE`].
+    /// Kinds whose objects all live in [`CLUSTER_NAMESPACE`]: the ACL
+    /// kinds, GatewayClasses and Namespaces (cluster-scoped in Kubernetes).
     pub fn is_cluster_scoped(self) -> bool {
-        self.is_acl()
+        self.is_acl() || matches!(self, Kind::GatewayClass | Kind::Namespace)
     }
 
     /// Where an object of this kind lives when the input names no namespace.

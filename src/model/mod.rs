@@ -39,6 +39,8 @@ pub enum TypedSpec {
     /// GatewayClass, Gateway, HTTPRoute or ReferenceGrant: translated into
     /// Istio Gateways and VirtualServices (`translate::gateway_api`).
     GatewayApi(gateway_api::Spec),
+    /// A Namespace: its labels (metadata) are what is read.
+    Namespace,
 }
 
 /// Kind-specific validation of a resource that passed the structural checks.
@@ -62,6 +64,7 @@ fn typed_spec(kind: Kind, spec: &Value) -> Result<TypedSpec, Vec<FieldError>> {
         Kind::Lease => registry::validate_lease(spec).map(TypedSpec::Lease),
         Kind::Policy | Kind::Role | Kind::Token | Kind::CertificateRevocation => acl::validate(kind, spec).map(TypedSpec::Acl),
         Kind::Secret => Ok(TypedSpec::Secret),
+        Kind::Namespace => Ok(TypedSpec::Namespace),
         k if k.is_gateway_api() => gateway_api::validate(k.name(), spec).map(TypedSpec::GatewayApi),
         istio_kind => istio::validate(istio_kind.name(), spec)
             .map(TypedSpec::Istio)

@@ -398,7 +398,7 @@ pub fn parse_resource(value: Value, default_namespace: &str) -> Result<NewResour
     }
 
     match obj.get("spec") {
-        None if secret => {}
+        None if secret || kind == Some(Kind::Namespace) => {}
         None => errors.push(FieldError::new("spec", "required")),
         Some(Value::Object(_)) => {}
         Some(other) => errors.push(FieldError::new("spec", format!("expected an object, got {}", type_name(other)))),

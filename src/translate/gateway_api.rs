@@ -13,8 +13,8 @@
 //!   name (in its namespace), or [`CLASS_LABEL`] = its class (one proxy
 //!   serving every Gateway of a class, each at its own address).
 //! - Each HTTPRoute attaches to the listeners its parentRefs name (by
-//!   sectionName and port) that allow it (kinds, namespaces `Same`/`All`;
-//!   `Selector` admits no namespace: Lodestar has no namespace labels)
+//!   sectionName and port) that allow it (kinds, namespaces `Same`, `All`,
+//!   or `Selector` over the labels of `Namespace` objects)
 //!   and whose hostnames intersect its own. Every rule match becomes an
 //!   Istio HTTP route; the routes of every HTTPRoute attached to one
 //!   listener for one hostname form one VirtualService
@@ -95,7 +95,7 @@ struct ListenerState<'a> {
 /// Precedence of one generated HTTP route among those of one host.
 type Rank = (u8, std::cmp::Reverse<usize>, u8, std::cmp::Reverse<usize>, std::cmp::Reverse<usize>, u64, String, String, usize, usize, usize);
 
-pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends) -> Output {
+pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLabels, backends: &dyn Backends) -> Output {
     let mut out = Output::default();
     let mut classes: BTreeMap<&str, Class> = BTreeMap::new();
     let mut grants: Vec<(&str, &api::ReferenceGrant)> = Vec::new();
@@ -195,7 +195,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], backends: &dyn Backends)
             let mut allowed_any = false;
             for &i in &candidates {
                 let l = &listeners[i];
-                if !l.admits_http || !namespace_allowed(l.listener, gw_ns, ns) {
+                if !l.admits_http || !namespace_allowed(l.listener, gw_ns, ns, namespaces) {
                     continue;
                 }
                 allowed_any = true;
@@ -326,12 +326,41 @@ pub fn selects(gw: &Config<IstioGateway>, proxy: &crate::model::proxy::ProxyIden
     Some(by_class || by_name)
 }
 
-fn namespace_allowed(l: &Listener, gw_ns: &str, route_ns: &str) -> bool {
-    match l.allowed_routes.as_ref().and_then(|a| a.namespaces.as_ref()).and_then(|n| n.from.as_deref()).unwrap_or("Same") {
+/// Namespace name → its labels (from Namespace objects).
+pub type NamespaceLabels = BTreeMap<String, BTreeMap<String, String>>;
+
+fn namespace_allowed(l: &Listener, gw_ns: &str, route_ns: &str, namespaces: &NamespaceLabels) -> bool {
+    let from = l.allowed_routes.as_ref().and_then(|a| a.namespaces.as_ref());
+    match from.and_then(|n| n.from.as_deref()).unwrap_or("Same") {
         "All" => true,
         "Same" => gw_ns == route_ns,
+        "Selector" => {
+            // Every namespace has its name as a label, as in Kubernetes.
+            let mut labels = namespaces.get(route_ns).cloned().unwrap_or_default();
+            labels.insert("kubernetes.io/metadata.name".into(), route_ns.to_string());
+            from.and_then(|n| n.selector.as_ref()).is_some_and(|s| selector_matches(s, &labels))
+        }
         _ => false,
     }
+}
+
+/// A Kubernetes label selector (`matchLabels`, `matchExpressions`) over
+/// `labels`; an empty selector matches everything.
+pub fn selector_matches(selector: &Value, labels: &BTreeMap<String, String>) -> bool {
+    let by_label =
+        selector["matchLabels"].as_object().into_iter().flatten().all(|(k, v)| v.as_str().is_some_and(|v| labels.get(k).map(String::as_str) == Some(v)));
+    let by_expression = selector["matchExpressions"].as_array().into_iter().flatten().all(|e| {
+        let value = e["key"].as_str().and_then(|k| labels.get(k));
+        let listed = |v: &String| e["values"].as_array().into_iter().flatten().any(|x| x.as_str() == Some(v.as_str()));
+        match e["operator"].as_str() {
+            Some("In") => value.is_some_and(listed),
+            Some("NotIn") => !value.is_some_and(listed),
+            Some("Exists") => value.is_some(),
+            Some("DoesNotExist") => value.is_none(),
+            _ => false,
+        }
+    });
+    by_label && by_expression
 }
 
 /// The hostnames a route answers on a listener (the spec's intersection).

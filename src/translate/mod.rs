@@ -489,7 +489,7 @@ impl Translator {
                 (Kind::Lease | Kind::WorkloadGroup, _) => Vec::new(),
                 (k, _) if k.is_acl() => Vec::new(),
                 // What the Gateway API generates binds to gateways only.
-                (k, _) if k.is_gateway_api() => Vec::new(),
+                (k, _) if k.is_gateway_api() || k == Kind::Namespace => Vec::new(),
                 // Listeners name secrets; their content is SDS's (xds).
                 (Kind::Secret, _) => Vec::new(),
                 (_, TypedSpec::Instance(i)) => vec![crate::translate::mesh::instance_hostname(i, ns, suffix)],

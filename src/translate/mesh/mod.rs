@@ -534,6 +534,7 @@ impl Mesh {
         let mut entries: Vec<(Arc<StoredObject>, ServiceEntry)> = Vec::new();
         let mut workloads: Vec<(Arc<StoredObject>, WorkloadEntry)> = Vec::new();
         let mut gateway_api: Vec<(Arc<StoredObject>, crate::model::gateway_api::Spec)> = Vec::new();
+        let mut namespaces: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         for (key, obj) in state.objects.iter() {
             let typed = match obj.typed() {
                 Ok(t) => t.clone(),
@@ -555,6 +556,9 @@ impl Mesh {
                 TypedSpec::Service(s) => declared.push((obj.clone(), s.clone())),
                 TypedSpec::Instance(i) => instances.push((obj.clone(), i.clone())),
                 TypedSpec::GatewayApi(g) => gateway_api.push((obj.clone(), g.clone())),
+                TypedSpec::Namespace => {
+                    namespaces.insert(key.name.to_string(), labels_of(obj));
+                }
                 // A WorkloadGroup is read by the agents that register from
                 // it; what they register (Instances) is what the mesh sees.
                 // Secrets are served by name over SDS, not translated.
@@ -690,7 +694,7 @@ impl Mesh {
         }
         mesh.services = Arc::new(by_host);
         if !gateway_api.is_empty() {
-            let out = super::gateway_api::translate(&gateway_api, &MeshBackends { services: &mesh.services, suffix });
+            let out = super::gateway_api::translate(&gateway_api, &namespaces, &MeshBackends { services: &mesh.services, suffix });
             mesh.gateways.extend(out.gateways);
             mesh.virtual_services.extend(out.virtual_services);
             mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
