@@ -4,7 +4,7 @@
 //! (required fields, enums, hostname and path formats, ranges, list
 //! lengths), each error naming its field (`spec.rules[0].matches[1].path`).
 //!
-//! Fields Lodestar does not act on yet (timeouts, retries, CORS, session
+//! Fields Lodestar does not act on yet (retries, CORS, session
 //! persistence, infrastructure, TLS options) are accepted as written so
 //! that upstream manifests apply unchanged; status says what is not
 //! supported. Translation into the Istio model and status are
@@ -203,11 +203,22 @@ pub struct HttpRouteRule {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backend_refs: Vec<HttpBackendRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeouts: Option<Value>,
+    pub timeouts: Option<Timeouts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_persistence: Option<Value>,
+}
+
+/// A rule's timeouts: Gateway API durations (`500ms`, `1h30m`; `0s` is
+/// none).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Timeouts {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_request: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -404,6 +415,7 @@ static HOSTNAME: LazyLock<regex::Regex> =
 static CONTROLLER: LazyLock<regex::Regex> = LazyLock::new(|| {
     regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$").expect("a valid regex")
 });
+static DURATION: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$").expect("a valid regex"));
 static HEADER_NAME: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new(r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$").expect("a valid regex"));
 
 /// Collects errors with their paths.
@@ -644,6 +656,22 @@ fn check_route(c: &mut Check, s: &HttpRoute) {
         let f = format!("spec.rules[{i}]");
         if let Some(n) = &r.name {
             c.section_name(&format!("{f}.name"), n);
+        }
+        if let Some(t) = &r.timeouts {
+            let mut ms = [None, None];
+            for (i, (name, d)) in [("request", &t.request), ("backendRequest", &t.backend_request)].into_iter().enumerate() {
+                let Some(d) = d else { continue };
+                match super::istio::parse_duration(d) {
+                    Ok(v) if DURATION.is_match(d) => ms[i] = Some(v.as_millis()),
+                    _ => c.err(format!("{f}.timeouts.{name}"), format!("{d:?} is not a duration (1 to 4 of NUMBERh|m|s|ms, e.g. 500ms, 1h30m)")),
+                }
+            }
+            // CEL: backendRequest must be <= request, unless request is 0s.
+            if let [Some(request), Some(backend)] = ms {
+                if request != 0 && backend > request {
+                    c.err(format!("{f}.timeouts.backendRequest"), "must be less than or equal to request");
+                }
+            }
         }
         c.max_items(&format!("{f}.matches"), &r.matches, 64);
         c.max_items(&format!("{f}.filters"), &r.filters, 16);
@@ -896,6 +924,8 @@ mod tests {
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"matches": [{"method": "FETCH"}]}]})), ["spec.rules[0].matches[0].method"]);
         assert_eq!(fields("HTTPRoute", json!({"parentRefs": [{"name": "g"}, {"name": "g"}]})), ["spec.parentRefs[1]"]);
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"bogus": 1}]})), ["spec.rules[0].bogus"]);
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1x"}}]})), ["spec.rules[0].timeouts.request"]);
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1s", "backendRequest": "2s"}}]})), ["spec.rules[0].timeouts.backendRequest"]);
         assert_eq!(fields("ReferenceGrant", json!({"from": [], "to": [{"group": "", "kind": "Service"}]})), ["spec.from"]);
     }
 }

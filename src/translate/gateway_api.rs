@@ -538,6 +538,16 @@ fn apply_rule(http: &mut Map<String, Value>, rule: &HttpRouteRule, prefix: Optio
     if http.contains_key("redirect") {
         return;
     }
+    // Timeouts: the request's is the route's; the backend request's each
+    // try's (`0s`: none).
+    if let Some(t) = &rule.timeouts {
+        if let Some(d) = &t.request {
+            http.insert("timeout".into(), json!(d));
+        }
+        if let Some(d) = t.backend_request.as_ref().filter(|d| crate::model::istio::parse_duration(d).is_ok_and(|v| !v.is_zero())) {
+            http.insert("retries".into(), json!({"attempts": 1, "perTryTimeout": d}));
+        }
+    }
     // Backends: resolved ones share the traffic by weight; the share of
     // the others (and everything, with none) answers 500.
     let mut routes = Vec::new();

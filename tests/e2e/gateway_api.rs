@@ -68,6 +68,8 @@ const REPORTED: &[&str] = &[
     "HTTPRouteBackendRequestHeaderModifier",
     "HTTPRouteObservedGenerationBump",
     "HTTPRouteHTTPSListener",
+    "HTTPRouteTimeoutRequest",
+    "HTTPRouteTimeoutBackendRequest",
 ];
 
 /// Core tests not run, with why (they count as failures in a report).
@@ -106,6 +108,11 @@ fn canonical(name: &str) -> String {
 
 async fn echo(State(e): State<Echo>, req: Request<Body>) -> Response {
     let uri = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
+    // `?delay=1s` (a Go duration): wait that long first (the timeout tests).
+    let delay = req.uri().query().into_iter().flat_map(|q| q.split('&')).find_map(|kv| kv.strip_prefix("delay="));
+    if let Some(d) = delay.and_then(|d| lodestar::model::istio::parse_duration(d).ok()) {
+        tokio::time::sleep(d.min(Duration::from_secs(10))).await;
+    }
     e.seen.lock().unwrap().push(uri.clone());
     let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut host = String::new();
