@@ -894,13 +894,28 @@ async fn kinds_validation_and_status() {
     let (ok, out, err) = crate::kit::cli(&api, &["get", "httproute", "stranger", "-n", "other", "-o", "yaml"]);
     assert!(ok, "{err}");
     assert!(out.contains("reason: NotAllowedByListeners") && out.contains("controllerName: lodestar.dev/gateway-controller"), "{out}");
+    let (ok, out, err) = crate::kit::cli(&api, &["get", "httproutes", "-A"]);
+    assert!(ok && out.contains("web(NotAllowedByListeners)") && out.contains("web(Accepted)"), "{out}{err}");
     for kind in ["httproutes", "gtw", "gatewayclasses", "referencegrants"] {
         let (ok, out, err) = crate::kit::cli(&api, &["get", kind, "-A"]);
         assert!(ok, "get {kind}: {err}");
         assert!(kind == "referencegrants" || out.lines().count() >= 2, "get {kind}: {out}");
     }
 
-    // delete -f of a Gateway API Gateway deletes that one, not Istio's.
+    // `lodestar delete -f` of a Gateway API Gateway deletes that one, not
+    // Istio's; so does the REST delete of documents.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gtw.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web, namespace: shop}\nspec: {gatewayClassName: lodestar, listeners: []}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = crate::kit::cli(&api, &["delete", "-f", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(crate::kit::get_json(&c.http, &format!("{api}/v1/resources/gtw/shop/web")).await.0, 404);
+    assert_eq!(crate::kit::get_json(&c.http, &format!("{api}/v1/resources/gateways/shop/web")).await.0, 200);
+    crate::kit::applied(&c.http, &api, yaml).await;
     let r = c
         .http
         .post(format!("{api}/v1/delete"))
