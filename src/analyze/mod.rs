@@ -636,7 +636,8 @@ impl<'a> Ctx<'a> {
                     name: key.name.to_string(),
                     labels: labels_of(obj),
                 }),
-                TypedSpec::Service(_) | TypedSpec::Lease(_) | TypedSpec::Acl(_) | TypedSpec::Secret => {}
+                // Gateway API objects: their status says what is wrong with them.
+                TypedSpec::Service(_) | TypedSpec::Lease(_) | TypedSpec::Acl(_) | TypedSpec::Secret | TypedSpec::GatewayApi(_) | TypedSpec::Namespace => {}
             }
         }
         ctx.index_workloads(0);

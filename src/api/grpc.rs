@@ -181,7 +181,8 @@ impl Lodestar for GrpcApi {
         caller.authorize(Verb::Read, [Target::key(&key)]).map_err(status_of)?;
         let applied = self.replica.node.read(consistency(r.consistency)).await.map_err(status_of)?;
         let obj = super::get(&applied, &key).map_err(status_of)?;
-        Ok(Response::new(GetResponse { revision: applied.revision(), resource_json: crate::model::json_text(&obj.to_json()) }))
+        let view = super::views(&applied, &[obj], &self.replica.config.mesh_config()).pop().unwrap_or_default();
+        Ok(Response::new(GetResponse { revision: applied.revision(), resource_json: crate::model::json_text(&view) }))
     }
 
     async fn wait(&self, req: Request<WaitRequest>) -> Result<Response<WaitResponse>, Status> {
@@ -217,7 +218,8 @@ impl Lodestar for GrpcApi {
         let selector = super::parse_selector(Some(&r.label_selector)).map_err(status_of)?;
         let applied = self.replica.node.read(consistency(r.consistency)).await.map_err(status_of)?;
         let items = super::list(&applied, kind, Some(&r.namespace), &selector);
-        Ok(Response::new(ListResponse { revision: applied.revision(), resources_json: items.iter().map(|o| crate::model::json_text(&o.to_json())).collect() }))
+        let views = super::views(&applied, &items, &self.replica.config.mesh_config());
+        Ok(Response::new(ListResponse { revision: applied.revision(), resources_json: views.iter().map(crate::model::json_text).collect() }))
     }
 
     type WatchStream = WatchStream;

@@ -852,7 +852,11 @@ pub fn delete_items_from_documents(docs: Vec<Value>) -> Result<Vec<DeleteItem>> 
         let path = format!("resources[{i}]");
         let s = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
         match (s(doc.get("kind")), s(doc.pointer("/metadata/name"))) {
-            (Some(kind), Some(name)) => items.push(DeleteItem { kind, name, namespace: s(doc.pointer("/metadata/namespace")), expected_revision: None }),
+            (Some(kind), Some(name)) => {
+                // `kind: Gateway` is Istio's or the Gateway API's by its apiVersion.
+                let kind = Kind::from_kind_and_api_version(&kind, doc.get("apiVersion").and_then(Value::as_str)).map_or(kind, |k| k.plural().to_string());
+                items.push(DeleteItem { kind, name, namespace: s(doc.pointer("/metadata/namespace")), expected_revision: None })
+            }
             (None, _) => errors.push(FieldError::new(format!("{path}.kind"), "required")),
             (_, None) => errors.push(FieldError::new(format!("{path}.metadata.name"), "required")),
         }
@@ -886,6 +890,25 @@ pub fn heartbeat_key(kind: &str, namespace: &str, name: &str) -> Result<Resource
         return Err(Error::field("kind", format!("only instances and leases take heartbeats, not {}", key.kind.plural())));
     }
     Ok(key)
+}
+
+/// Objects as returned by get and list: their JSON, with, for the Gateway
+/// API kinds, the status a controller would have written, computed from
+/// the same snapshot (`translate::gateway_api`): never stored, so it never
+/// bumps a generation nor triggers a push.
+pub fn views(applied: &Applied, objects: &[Arc<StoredObject>], mesh: &crate::translate::mesh::MeshConfig) -> Vec<Value> {
+    let status =
+        objects.iter().any(|o| o.key.kind.is_gateway_api()).then(|| crate::translate::mesh::Mesh::build(applied, Arc::new(mesh.clone())).gateway_api_status);
+    objects
+        .iter()
+        .map(|o| {
+            let mut v = o.to_json();
+            if let Some(s) = status.as_ref().and_then(|s| s.get(&o.key)) {
+                v["status"] = s.clone();
+            }
+            v
+        })
+        .collect()
 }
 
 pub fn get(applied: &Applied, key: &ResourceKey) -> Result<Arc<StoredObject>> {

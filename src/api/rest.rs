@@ -14,9 +14,10 @@ use crate::node::{Consistency, Node};
 use crate::replica::Replica;
 use crate::store::types::NodeInfo;
 use crate::store::watch::{check_start, watch, WatchFilter};
+use crate::translate::mesh::MeshConfig;
 use crate::xds::status::{SyncRegistry, SyncStatus};
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{Extension, FromRequestParts, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -67,6 +68,7 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .merge(super::console::router(replica.clone()))
         .layer(axum::middleware::from_fn_with_state(replica.clone(), super::console::cors))
         .layer(axum::Extension(replica.acl.clone()))
+        .layer(axum::Extension(Arc::new(replica.config.mesh_config())))
 }
 
 /// `/metrics` and `/debug/*`: read-only, `read` on the cluster on the API
@@ -293,18 +295,25 @@ fn consistency(q: Option<&str>) -> Result<Consistency> {
     }
 }
 
-async fn list(State(node): State<Arc<Node>>, caller: Caller, Path(kind): Path<String>, Query(q): Query<ReadQuery>) -> Result<Response> {
+async fn list(
+    State(node): State<Arc<Node>>,
+    Extension(mesh): Extension<Arc<MeshConfig>>,
+    caller: Caller,
+    Path(kind): Path<String>,
+    Query(q): Query<ReadQuery>,
+) -> Result<Response> {
     let kind = super::parse_kind(&kind)?;
     caller.authorize(Verb::Read, [Target::kind(kind, q.namespace.as_deref())])?;
     let selector = super::parse_selector(q.label_selector.as_deref())?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
-    let items: Vec<Value> = super::list(&applied, kind, q.namespace.as_deref(), &selector).iter().map(|o| o.to_json()).collect();
+    let items = super::views(&applied, &super::list(&applied, kind, q.namespace.as_deref(), &selector), &mesh);
     let revision = applied.revision();
     Ok((revision_headers(revision), Json(json!({"revision": revision, "items": items}))).into_response())
 }
 
 async fn get_one(
     State(node): State<Arc<Node>>,
+    Extension(mesh): Extension<Arc<MeshConfig>>,
     caller: Caller,
     Path((kind, namespace, name)): Path<(String, String, String)>,
     Query(q): Query<ReadQuery>,
@@ -313,7 +322,8 @@ async fn get_one(
     caller.authorize(Verb::Read, [Target::key(&key)])?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
     let obj = super::get(&applied, &key)?;
-    Ok((revision_headers(applied.revision()), Json(obj.to_json())).into_response())
+    let view = super::views(&applied, &[obj], &mesh).pop().unwrap_or_default();
+    Ok((revision_headers(applied.revision()), Json(view)).into_response())
 }
 
 #[derive(Deserialize, Default)]

@@ -128,6 +128,7 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
     let Some(ca_pem) = ca_pem else {
         bail!("the agent dials the replicas over TLS and needs the cluster's CA: a client config (--client-config, LODESTAR_CONFIG) or --ca-file");
     };
+    args.proxy.resolve_gateway()?;
     let servers = if args.proxy.xds_servers.is_empty() { bootstrap::member_xds_addrs(client).await? } else { args.proxy.xds_servers.clone() };
     let ttl = match args.ttl.as_deref() {
         None => None,

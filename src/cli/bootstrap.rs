@@ -121,6 +121,38 @@ pub struct BootstrapArgs {
     /// client's credential; the cluster CA is written there as xds-ca.pem.
     #[arg(long)]
     pub cert_dir: Option<std::path::PathBuf>,
+    /// Serve a Gateway API Gateway, NAMESPACE/NAME: a router (gateway
+    /// proxy) in the Gateway's namespace, labelled
+    /// `gateway.networking.k8s.io/gateway-name=NAME` (as Istio's manual
+    /// deployment). Its listeners bind the Gateway's `spec.addresses`
+    /// (else --ip).
+    #[arg(long = "gateway", value_name = "NAMESPACE/NAME", conflicts_with = "grpc")]
+    pub gateway_api: Option<String>,
+    /// Serve every Gateway API Gateway of a GatewayClass, each at its own
+    /// `spec.addresses`: a router labelled
+    /// `gateway.networking.k8s.io/gateway-class-name=CLASS`.
+    #[arg(long, value_name = "CLASS", conflicts_with = "grpc")]
+    pub gateway_class: Option<String>,
+}
+
+impl BootstrapArgs {
+    /// `--gateway` and `--gateway-class` as what they stand for: a router,
+    /// its namespace and its label.
+    pub fn resolve_gateway(&mut self) -> Result<()> {
+        if let Some(g) = self.gateway_api.clone() {
+            let Some((ns, name)) = g.split_once('/').filter(|(ns, n)| !ns.is_empty() && !n.is_empty() && !n.contains('/')) else {
+                bail!("--gateway {g:?}: expected NAMESPACE/NAME");
+            };
+            self.node_type = NodeType::Router;
+            self.namespace = ns.to_string();
+            self.labels.push((crate::translate::gateway_api::NAME_LABEL.to_string(), name.to_string()));
+        }
+        if let Some(class) = self.gateway_class.clone() {
+            self.node_type = NodeType::Router;
+            self.labels.push((crate::translate::gateway_api::CLASS_LABEL.to_string(), class));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -142,7 +174,8 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     }
 }
 
-pub async fn run(client: &Client, ca_pem: Option<&str>, args: BootstrapArgs) -> Result<()> {
+pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: BootstrapArgs) -> Result<()> {
+    args.resolve_gateway()?;
     let token = proxy_token(&args)?;
     let servers = if args.xds_servers.is_empty() { member_xds_addrs(client).await? } else { args.xds_servers.clone() };
     if args.grpc {
@@ -510,6 +543,23 @@ mod tests {
 
     fn args(flags: &[&str]) -> BootstrapArgs {
         Cmd::try_parse_from(std::iter::once("bootstrap").chain(flags.iter().copied())).unwrap().args
+    }
+
+    /// `--gateway NS/NAME`: a router in the Gateway's namespace with its
+    /// name label; `--gateway-class`: one with the class label.
+    #[test]
+    fn gateway_api_gateways() {
+        let mut a = args(&["--name", "web-gw", "--gateway", "shop/web"]);
+        a.resolve_gateway().unwrap();
+        let b = bootstrap(&a, &["127.0.0.1:8472".into()], None, None).unwrap();
+        assert_eq!(b["node"]["id"], "router~127.0.0.1~web-gw.shop~shop.svc.cluster.local");
+        assert_eq!(b["node"]["metadata"]["LABELS"][crate::translate::gateway_api::NAME_LABEL], "web");
+        let mut a = args(&["--name", "edge", "--gateway-class", "lodestar"]);
+        a.resolve_gateway().unwrap();
+        assert_eq!(a.node_type, NodeType::Router);
+        assert_eq!(a.labels, [(crate::translate::gateway_api::CLASS_LABEL.to_string(), "lodestar".to_string())]);
+        let mut a = args(&["--name", "x", "--gateway", "web"]);
+        assert!(a.resolve_gateway().unwrap_err().to_string().contains("NAMESPACE/NAME"));
     }
 
     #[test]

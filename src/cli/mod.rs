@@ -872,7 +872,7 @@ fn print_table(kind: Kind, items: &[Value], wide: bool) {
             meta["namespace"].as_str().unwrap_or("").to_string(),
             meta["name"].as_str().unwrap_or("").to_string(),
             meta["resourceVersion"].as_str().unwrap_or("").to_string(),
-            summary(kind, &it["spec"]),
+            summary(kind, it),
         ];
         if wide {
             let labels = meta["labels"]
@@ -933,13 +933,35 @@ fn summary_header(kind: Kind) -> &'static str {
         Kind::DestinationRule => "HOST",
         Kind::VirtualService | Kind::ServiceEntry | Kind::Gateway => "HOSTS",
         Kind::WorkloadEntry => "ADDRESS",
+        Kind::KubeGateway => "LISTENERS (ATTACHED ROUTES)",
+        Kind::HttpRoute => "PARENTS (ACCEPTED)",
         _ => "",
     }
 }
 
-fn summary(kind: Kind, spec: &Value) -> String {
+fn summary(kind: Kind, item: &Value) -> String {
+    let spec = &item["spec"];
     let list = |v: &Value| v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default();
+    let status = &item["status"];
     match kind {
+        // From the status a read computes: why a route is not attached.
+        Kind::KubeGateway => status["listeners"]
+            .as_array()
+            .map(|ls| ls.iter().map(|l| format!("{}({})", l["name"].as_str().unwrap_or(""), l["attachedRoutes"])).collect::<Vec<_>>().join(","))
+            .unwrap_or_default(),
+        Kind::HttpRoute => status["parents"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .map(|p| {
+                        let accepted = p["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Accepted");
+                        let reason = accepted.map_or("", |c| c["reason"].as_str().unwrap_or(""));
+                        format!("{}({reason})", p["parentRef"]["name"].as_str().unwrap_or(""))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default(),
         Kind::DestinationRule => spec["host"].as_str().unwrap_or("").to_string(),
         Kind::VirtualService | Kind::ServiceEntry => list(&spec["hosts"]),
         Kind::Gateway => spec["servers"].as_array().map(|s| s.iter().map(|s| list(&s["hosts"])).collect::<Vec<_>>().join(",")).unwrap_or_default(),
@@ -954,7 +976,14 @@ async fn delete(client: &Client, kind: Option<String>, name: Option<String>, nam
             let docs = read_documents(files)?;
             let refs: Vec<Value> = docs
                 .iter()
-                .map(|d| json!({"kind": d["kind"], "name": d["metadata"]["name"], "namespace": d["metadata"]["namespace"].as_str().or(namespace.as_deref())}))
+                .map(|d| {
+                    // `kind: Gateway` is Istio's or the Gateway API's by its apiVersion.
+                    let kind = d["kind"]
+                        .as_str()
+                        .and_then(|k| Kind::from_kind_and_api_version(k, d["apiVersion"].as_str()))
+                        .map_or(d["kind"].clone(), |k| json!(k.plural()));
+                    json!({"kind": kind, "name": d["metadata"]["name"], "namespace": d["metadata"]["namespace"].as_str().or(namespace.as_deref())})
+                })
                 .collect();
             // As kubectl: delete every object that is there (in one
             // write), then report each one that was not.

@@ -45,6 +45,19 @@ pub enum Kind {
     /// (its certificates signed before a time, or all) or a certificate
     /// serial (`model::acl::RevocationSpec`).
     CertificateRevocation,
+    /// gateway.networking.k8s.io (`model::gateway_api`): who serves the
+    /// Gateways that name it.
+    GatewayClass,
+    /// gateway.networking.k8s.io Gateway: listeners of an ingress proxy.
+    /// Its name clashes with Istio's Gateway: on the command line and in
+    /// URLs it is `gtw` or `gateways.gateway.networking.k8s.io`.
+    KubeGateway,
+    HttpRoute,
+    ReferenceGrant,
+    /// core/v1 `Namespace`: only its labels matter (Gateway listeners'
+    /// `allowedRoutes.namespaces.selector`). Cluster-scoped: only who may
+    /// write the cluster namespace labels namespaces.
+    Namespace,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
@@ -53,6 +66,7 @@ pub const REGISTRY_GROUP: &str = "registry.lodestar.io";
 pub const ACL_GROUP: &str = "acl.lodestar.io";
 /// Kubernetes' core group: its apiVersion is the bare version (`v1`).
 pub const CORE_GROUP: &str = "";
+pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
 
 /// Where cluster-scoped kinds (the ACL kinds) are stored: every key has a
 /// namespace, and theirs is always this one. Input may leave it out.
@@ -72,6 +86,8 @@ const SECURITY_VERSIONS: &[&str] = &["v1beta1", "v1"];
 const REGISTRY_VERSIONS: &[&str] = &["v1"];
 const ACL_VERSIONS: &[&str] = &["v1"];
 const CORE_VERSIONS: &[&str] = &["v1"];
+/// The standard channel serves v1 and still v1beta1 for these kinds.
+const GATEWAY_API_VERSIONS: &[&str] = &["v1beta1", "v1"];
 
 const KINDS: &[KindInfo] = &[
     KindInfo { kind: Kind::VirtualService, name: "VirtualService", plural: "virtualservices", short: &["vs"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
@@ -120,10 +136,36 @@ const KINDS: &[KindInfo] = &[
         group: ACL_GROUP,
         versions: ACL_VERSIONS,
     },
+    KindInfo {
+        kind: Kind::GatewayClass,
+        name: "GatewayClass",
+        plural: "gatewayclasses",
+        short: &["gc"],
+        group: GATEWAY_API_GROUP,
+        versions: GATEWAY_API_VERSIONS,
+    },
+    KindInfo {
+        kind: Kind::KubeGateway,
+        name: "Gateway",
+        plural: "gateways.gateway.networking.k8s.io",
+        short: &["gtw"],
+        group: GATEWAY_API_GROUP,
+        versions: GATEWAY_API_VERSIONS,
+    },
+    KindInfo { kind: Kind::HttpRoute, name: "HTTPRoute", plural: "httproutes", short: &[], group: GATEWAY_API_GROUP, versions: GATEWAY_API_VERSIONS },
+    KindInfo {
+        kind: Kind::ReferenceGrant,
+        name: "ReferenceGrant",
+        plural: "referencegrants",
+        short: &["refgrant"],
+        group: GATEWAY_API_GROUP,
+        versions: GATEWAY_API_VERSIONS,
+    },
+    KindInfo { kind: Kind::Namespace, name: "Namespace", plural: "namespaces", short: &["ns"], group: CORE_GROUP, versions: CORE_VERSIONS },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 18] = [
+    pub const ALL: [Kind; 23] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -142,6 +184,11 @@ impl Kind {
         Kind::WorkloadGroup,
         Kind::Secret,
         Kind::CertificateRevocation,
+        Kind::GatewayClass,
+        Kind::KubeGateway,
+        Kind::HttpRoute,
+        Kind::ReferenceGrant,
+        Kind::Namespace,
     ];
 
     fn info(self) -> &'static KindInfo {
@@ -174,8 +221,22 @@ impl Kind {
     }
 
     /// Exact `kind:` field value (case-sensitive, as Kubernetes does).
+    /// `Gateway` is Istio's here; [`Kind::from_kind_and_api_version`]
+    /// tells the two Gateways apart.
     pub fn from_kind_field(s: &str) -> Option<Kind> {
         KINDS.iter().find(|k| k.name == s).map(|k| k.kind)
+    }
+
+    /// The kind a document's `kind:` and `apiVersion:` name: the one of
+    /// that name in the apiVersion's group, else the first of that name.
+    pub fn from_kind_and_api_version(s: &str, api_version: Option<&str>) -> Option<Kind> {
+        let group = api_version.and_then(|v| v.split_once('/')).map(|(g, _)| g);
+        KINDS.iter().find(|k| k.name == s && group.is_some_and(|g| g == k.group)).or_else(|| KINDS.iter().find(|k| k.name == s)).map(|k| k.kind)
+    }
+
+    /// Gateway API kinds (`gateway.networking.k8s.io`).
+    pub fn is_gateway_api(self) -> bool {
+        self.group() == GATEWAY_API_GROUP
     }
 
     /// kubectl-style lookup: singular, plural or short name, any case.
@@ -206,9 +267,10 @@ impl Kind {
         self.group() == ACL_GROUP
     }
 
-    /// Kinds whose objects all live in [`CLUSTER_NAMESPACE`].
+    /// Kinds whose objects all live in [`CLUSTER_NAMESPACE`]: the ACL
+    /// kinds, GatewayClasses and Namespaces (cluster-scoped in Kubernetes).
     pub fn is_cluster_scoped(self) -> bool {
-        self.is_acl()
+        self.is_acl() || matches!(self, Kind::GatewayClass | Kind::Namespace)
     }
 
     /// Where an object of this kind lives when the input names no namespace.
@@ -273,6 +335,13 @@ mod tests {
             ("secrets", Kind::Secret),
             ("Secret", Kind::Secret),
             ("certificaterevocations", Kind::CertificateRevocation),
+            ("gtw", Kind::KubeGateway),
+            ("gateways.gateway.networking.k8s.io", Kind::KubeGateway),
+            ("gateway.gateway.networking.k8s.io", Kind::KubeGateway),
+            ("httproutes", Kind::HttpRoute),
+            ("HTTPRoute", Kind::HttpRoute),
+            ("referencegrants", Kind::ReferenceGrant),
+            ("gatewayclass", Kind::GatewayClass),
         ] {
             assert_eq!(Kind::from_cli_name(name), Some(kind), "{name}");
         }
@@ -280,5 +349,8 @@ mod tests {
         assert_eq!(Kind::from_kind_field("virtualservice"), None);
         assert_eq!(Kind::from_cli_name("secrets."), None);
         assert_eq!(Kind::Secret.default_api_version(), "v1");
+        assert_eq!(Kind::from_cli_name("gateways"), Some(Kind::Gateway));
+        assert_eq!(Kind::from_kind_and_api_version("Gateway", Some("gateway.networking.k8s.io/v1")), Some(Kind::KubeGateway));
+        assert_eq!(Kind::from_kind_and_api_version("Gateway", Some("networking.istio.io/v1")), Some(Kind::Gateway));
     }
 }

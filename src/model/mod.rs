@@ -7,6 +7,7 @@
 pub mod acl;
 pub mod diff;
 pub mod documents;
+pub mod gateway_api;
 pub mod istio;
 pub mod kinds;
 pub mod proxy;
@@ -36,6 +37,11 @@ pub enum TypedSpec {
     /// A Secret: its body is read whole (`secret::Stored`), by the xDS
     /// layer only; translation names secrets, never reads them.
     Secret,
+    /// GatewayClass, Gateway, HTTPRoute or ReferenceGrant: translated into
+    /// Istio Gateways and VirtualServices (`translate::gateway_api`).
+    GatewayApi(gateway_api::Spec),
+    /// A Namespace: its labels (metadata) are what is read.
+    Namespace,
 }
 
 /// Kind-specific validation of a resource that passed the structural checks.
@@ -95,6 +101,8 @@ fn typed_spec(kind: Kind, spec: &Value) -> Result<TypedSpec, Vec<FieldError>> {
         Kind::Lease => registry::validate_lease(spec).map(TypedSpec::Lease),
         Kind::Policy | Kind::Role | Kind::Token | Kind::CertificateRevocation => acl::validate(kind, spec).map(TypedSpec::Acl),
         Kind::Secret => Ok(TypedSpec::Secret),
+        Kind::Namespace => Ok(TypedSpec::Namespace),
+        k if k.is_gateway_api() => gateway_api::validate(k.name(), spec).map(TypedSpec::GatewayApi),
         istio_kind => istio::validate(istio_kind.name(), spec)
             .map(TypedSpec::Istio)
             .map_err(|errs| errs.into_iter().map(|e| FieldError::new(e.field, e.reason)).collect()),

@@ -337,7 +337,7 @@ pub fn parse_resource(value: Value, default_namespace: &str) -> Result<NewResour
             errors.push(FieldError::new("kind", "required"));
             None
         }
-        Some(Value::String(s)) => match Kind::from_kind_field(s) {
+        Some(Value::String(s)) => match Kind::from_kind_and_api_version(s, obj.get("apiVersion").and_then(Value::as_str)) {
             Some(k) => Some(k),
             None => {
                 let hint = Kind::from_cli_name(s).map(|k| format!(" (did you mean {k}?)")).unwrap_or_default();
@@ -398,7 +398,7 @@ pub fn parse_resource(value: Value, default_namespace: &str) -> Result<NewResour
     }
 
     match obj.get("spec") {
-        None if secret => {}
+        None if secret || kind == Some(Kind::Namespace) => {}
         None => errors.push(FieldError::new("spec", "required")),
         Some(Value::Object(_)) => {}
         Some(other) => errors.push(FieldError::new("spec", format!("expected an object, got {}", type_name(other)))),

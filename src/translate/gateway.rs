@@ -47,6 +47,9 @@ struct GatewayServer<'a> {
     /// `namespace/name` of its Gateway.
     gateway: String,
     server: &'a Server,
+    /// Generated from a Gateway API Gateway: its virtual hosts also match
+    /// the host with any port (`host:*`), as the Gateway API requires.
+    any_port: bool,
 }
 
 impl GatewayServer<'_> {
@@ -117,13 +120,20 @@ struct PortPlan<'a> {
 }
 
 pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) {
-    let mut ports: BTreeMap<u32, PortPlan> = BTreeMap::new();
-    let selected = mesh.gateways.iter().filter(|g| !g.spec.selector.is_empty() && g.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)));
+    // By (address, port): servers that `bind` an address of their own get
+    // listeners of their own (Gateway API Gateways sharing a proxy).
+    let mut ports: BTreeMap<(String, u32), PortPlan> = BTreeMap::new();
+    let selected = mesh.gateways.iter().filter(|g| {
+        super::gateway_api::selects(g, proxy)
+            .unwrap_or_else(|| !g.spec.selector.is_empty() && g.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)))
+    });
     for g in selected {
         for server in &g.spec.servers {
             let Some(kind) = serves(server, proxy) else { continue };
-            let s = GatewayServer { gateway: format!("{}/{}", g.key.namespace, g.key.name), server };
-            let plan = ports.entry(server.port.number()).or_insert_with(|| PortPlan { serves: kind, servers: Vec::new(), sni_hosts: BTreeSet::new() });
+            let any_port = g.labels.contains_key(super::gateway_api::CLASS_LABEL);
+            let s = GatewayServer { gateway: format!("{}/{}", g.key.namespace, g.key.name), server, any_port };
+            let bind = server.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
+            let plan = ports.entry((bind, server.port.number())).or_insert_with(|| PortPlan { serves: kind, servers: Vec::new(), sni_hosts: BTreeSet::new() });
             if plan.serves != kind {
                 continue;
             }
@@ -143,12 +153,11 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
     // RequestAuthentication: the same filters on every gateway HTTP(S) port.
     // Then the RBAC filters (they read the verified token's payload).
     let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().chain(authz.http.iter().cloned()).collect();
-    for (port, plan) in ports {
-        let bind = plan.servers.iter().find_map(|s| s.server.bind.clone()).filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
+    for ((bind, port), plan) in ports {
         let name = format!("{bind}_{port}");
         let mut l = match plan.serves {
             Serves::Http => {
-                let route_name = format!("http.{port}");
+                let route_name = if bind == proxy.ip { format!("http.{port}") } else { format!("http.{bind}_{port}") };
                 cfg.insert(ResourceType::Route, route_resource(&route_table(&route_name, port, &plan.servers, mesh, proxy)));
                 listener::http_listener_with(&name, &bind, port, Routes::Rds(route_name), &first)
             }
@@ -205,7 +214,12 @@ fn route_table(name: &str, port: u32, servers: &[GatewayServer], mesh: &Mesh, pr
             for h in &vs.spec.hosts {
                 let host = resolve_short_name(h, &vs.key.namespace, suffix);
                 if s.admits(&host, &vs.key.namespace) && !vhosts.contains_key(&host) {
-                    vhosts.insert(host.clone(), vhost(&host, route::http_routes(&ctx, vs, None), s.https_redirect()));
+                    let mut v = vhost(&host, route::http_routes(&ctx, vs, None), s.https_redirect());
+                    // Envoy takes one wildcard per domain: not for `*.x:*`.
+                    if s.any_port && !host.contains('*') {
+                        v.domains.push(format!("{host}:*"));
+                    }
+                    vhosts.insert(host.clone(), v);
                 }
             }
         }

@@ -22,6 +22,7 @@
 //! - `l4`: VirtualService `tls` and `tcp` routes → SNI/address filter chains.
 //! - `inbound`: Sidecar ingress → inbound listeners and clusters.
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
+//! - `gateway_api`: Gateway API kinds → Istio Gateways and VirtualServices, and their status.
 //! - `grpc`: proxyless gRPC clients → API listeners, routes, clusters.
 //! - `tls`: TLS contexts (gateway termination, DestinationRule origination).
 //! - `mtls`: mutual TLS between Envoys (PeerAuthentication, ISTIO_MUTUAL,
@@ -34,6 +35,7 @@ pub mod effect;
 pub mod encode;
 pub mod explain;
 pub mod gateway;
+pub mod gateway_api;
 pub mod grpc;
 pub mod inbound;
 pub mod intern;
@@ -491,6 +493,8 @@ impl Translator {
                 // Instances registered from them do).
                 (Kind::Lease | Kind::WorkloadGroup, _) => Vec::new(),
                 (k, _) if k.is_acl() => Vec::new(),
+                // What the Gateway API generates binds to gateways only.
+                (k, _) if k.is_gateway_api() || k == Kind::Namespace => Vec::new(),
                 // Listeners name secrets; their content is SDS's (xds).
                 (Kind::Secret, _) => Vec::new(),
                 (_, TypedSpec::Instance(i)) => vec![crate::translate::mesh::instance_hostname(i, ns, suffix)],

@@ -318,6 +318,9 @@ fn route(ctx: &RouteCtx, vs: &Config<VirtualService>, r: &HttpRoute, name: Strin
             scheme_rewrite_specifier: redirect.scheme.clone().map(SchemeRewriteSpecifier::SchemeRedirect),
             ..Default::default()
         };
+        if let (None, Some(prefix)) = (&redirect.uri, &redirect.prefix_rewrite) {
+            action.path_rewrite_specifier = Some(PathRewriteSpecifier::PrefixRewrite(prefix.clone()));
+        }
         if let Some(p) = redirect.port {
             action.port_redirect = p;
         } else if redirect.derive_port == Some(RedirectPortSelection::FromRequestPort) {
@@ -401,6 +404,12 @@ fn route(ctx: &RouteCtx, vs: &Config<VirtualService>, r: &HttpRoute, name: Strin
         }
         if let Some(a) = &rw.authority {
             action.host_rewrite_specifier = Some(HostRewriteSpecifier::HostRewriteLiteral(a.clone()));
+        }
+        if let Some(re) = rw.uri_regex_rewrite.as_ref().filter(|re| rw.uri.is_none() && !re.pattern.is_empty()) {
+            action.regex_rewrite = Some(envoy_types::pb::envoy::r#type::matcher::v3::RegexMatchAndSubstitute {
+                pattern: Some(envoy_types::pb::envoy::r#type::matcher::v3::RegexMatcher { regex: re.pattern.clone(), ..Default::default() }),
+                substitution: re.rewrite.clone(),
+            });
         }
     }
     let mut mirrors: Vec<(Destination, Option<crate::model::istio::common::Percent>)> = Vec::new();

@@ -26,6 +26,7 @@ mod dryrun;
 mod failover;
 mod faults;
 mod first_run;
+mod gateway_api;
 mod grpc;
 mod ha;
 mod history;

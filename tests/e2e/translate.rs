@@ -55,6 +55,9 @@ fn run_case(dir: &Path) {
     let want_skipped: Vec<String> =
         std::fs::read_to_string(dir.join("skipped.json")).map_or_else(|_| Vec::new(), |t| serde_json::from_str(&t).expect("skipped.json: a list of keys"));
     assert_eq!(skipped, want_skipped, "{}: skipped objects {:?}", dir.display(), mesh.skipped);
+    if !mesh.gateway_api_status.is_empty() {
+        compare(dir, &gateway_api_view(&mesh), &dir.join("istio.json"));
+    }
     let mut proxies: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -79,7 +82,31 @@ fn check_output(dir: &Path, applied: &Applied, mesh: &Mesh, proxy: &ProxyIdentit
         let b: Vec<_> = again.of(t).into_iter().flatten().map(|(n, r)| (n.clone(), r.version.clone(), r.any.value.clone())).collect();
         assert_eq!(a, b, "{}: translation is not deterministic", dir.display());
     }
-    let got = render(&cfg);
+    compare(dir, &render(&cfg), expected_path);
+}
+
+/// What the Gateway API translation generated (Istio Gateways and
+/// VirtualServices, as if stored) and the status it computed.
+fn gateway_api_view(mesh: &Mesh) -> Value {
+    let generated = |labels: &std::collections::BTreeMap<String, String>| labels.contains_key(lodestar::translate::gateway_api::CLASS_LABEL);
+    let gateways: Map<String, Value> = mesh
+        .gateways
+        .iter()
+        .filter(|g| generated(&g.labels))
+        .map(|g| (format!("{}/{}", g.key.namespace, g.key.name), serde_json::to_value(&g.spec).unwrap()))
+        .collect();
+    let vs: Map<String, Value> = mesh
+        .virtual_services
+        .iter()
+        .filter(|v| generated(&v.labels))
+        .map(|v| (format!("{}/{}", v.key.namespace, v.key.name), serde_json::to_value(&v.spec).unwrap()))
+        .collect();
+    let status: Map<String, Value> = mesh.gateway_api_status.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    json!({"gateways": gateways, "virtualServices": vs, "status": status})
+}
+
+fn compare(dir: &Path, got: &Value, expected_path: &Path) {
+    let got = got.clone();
     if std::env::var("LODESTAR_BLESS").is_ok() {
         std::fs::write(expected_path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
     }
@@ -151,6 +178,11 @@ fn incremental_equals_full() {
     // And a proxyless gRPC client (its endpoint-only changes take the
     // incremental EDS path too).
     proxies.push(ProxyIdentity::parse("sidecar~127.0.20.4~grpc-client.default~default.svc.cluster.local", &json!({"GENERATOR": "grpc"})).unwrap());
+    // And the gateway proxy of a Gateway API Gateway (applied below).
+    proxies.push(
+        ProxyIdentity::parse("router~127.0.20.5~web.default~default.svc.cluster.local", &json!({"LABELS": {"gateway.networking.k8s.io/gateway-name": "web"}}))
+            .unwrap(),
+    );
     let translator = Translator::new(MeshConfig::default());
     for proxy in &proxies {
         translator.generate(proxy, &base).unwrap();
@@ -172,6 +204,9 @@ fn incremental_equals_full() {
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: default}\nspec:\n  hosts: [reviews]\n  http:\n  - match: [{uri: {prefix: /reviews}}]\n    delegate: {name: reviews-team, namespace: team}\n  - route:\n    - destination: {host: reviews, subset: v1}\n",
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews-team, namespace: team}\nspec:\n  http:\n  - match: [{uri: {prefix: /reviews/2}}]\n    route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v2}\n  - route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v3}\n",
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews-team, namespace: team}\nspec:\n  http:\n  - route:\n    - destination: {host: reviews.default.svc.cluster.local, subset: v2}\n",
+        // Gateway API objects: sidecars are out of their scope (what they
+        // generate binds to gateways only).
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: lodestar}\nspec: {controllerName: lodestar.dev/gateway-controller}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web, namespace: default}\nspec:\n  gatewayClassName: lodestar\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: reviews, namespace: default}\nspec:\n  parentRefs: [{name: web}]\n  hostnames: [reviews.example.com]\n  rules:\n  - backendRefs: [{name: reviews, port: 9080}]\n",
         // TLS routes on a VirtualService: its hosts' TLS/TCP listeners too.
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: pp, namespace: default}\nspec:\n  hosts: [productpage]\n  tls:\n  - match: [{sniHosts: [productpage]}]\n    route:\n    - destination: {host: productpage}\n",
     ];

@@ -245,6 +245,10 @@ pub struct Mesh {
     /// Key sets fetched from `jwksUri`s (the root's `jwks` fetcher): an input of
     /// translation that is not in the store; replaced when they change.
     pub jwks: Arc<FetchedKeys>,
+    /// Status of the Gateway API objects (`translate::gateway_api`), by key;
+    /// what that translation generated is in `gateways` and
+    /// `virtual_services` (never stored).
+    pub gateway_api_status: Arc<BTreeMap<ResourceKey, serde_json::Value>>,
 }
 
 impl Mesh {
@@ -296,10 +300,12 @@ impl Mesh {
             if key.kind.is_acl() || matches!(key.kind, Kind::WorkloadGroup | Kind::Secret) {
                 continue;
             }
+            // Gateway API objects are translated together (`build`).
             if !matches!(
                 key.kind,
                 Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar | Kind::AuthorizationPolicy | Kind::RequestAuthentication
-            ) {
+            ) || (!self.gateway_api_status.is_empty() && matches!(key.kind, Kind::Gateway | Kind::VirtualService) && self.generated(key))
+            {
                 return None;
             }
             changed.push((key, now));
@@ -321,6 +327,7 @@ impl Mesh {
             dr_wildcard: self.dr_wildcard.clone(),
             request_authentications: self.request_authentications.clone(),
             jwks: self.jwks.clone(),
+            gateway_api_status: self.gateway_api_status.clone(),
         };
         for (key, _) in &changed {
             if let Some(old) = self.virtual_services.iter().find(|c| c.key == **key) {
@@ -526,6 +533,8 @@ impl Mesh {
         let mut instances: Vec<(Arc<StoredObject>, InstanceSpec)> = Vec::new();
         let mut entries: Vec<(Arc<StoredObject>, ServiceEntry)> = Vec::new();
         let mut workloads: Vec<(Arc<StoredObject>, WorkloadEntry)> = Vec::new();
+        let mut gateway_api: Vec<(Arc<StoredObject>, crate::model::gateway_api::Spec)> = Vec::new();
+        let mut namespaces: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         for (key, obj) in state.objects.iter() {
             let typed = match obj.typed() {
                 Ok(t) => t.clone(),
@@ -546,6 +555,10 @@ impl Mesh {
                 TypedSpec::Istio(Validated::RequestAuthentication { spec, .. }) => mesh.request_authentications.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Service(s) => declared.push((obj.clone(), s.clone())),
                 TypedSpec::Instance(i) => instances.push((obj.clone(), i.clone())),
+                TypedSpec::GatewayApi(g) => gateway_api.push((obj.clone(), g.clone())),
+                TypedSpec::Namespace => {
+                    namespaces.insert(key.name.to_string(), labels_of(obj));
+                }
                 // A WorkloadGroup is read by the agents that register from
                 // it; what they register (Instances) is what the mesh sees.
                 // Secrets are served by name over SDS, not translated.
@@ -680,8 +693,24 @@ impl Mesh {
             claims.sort_by(|a, b| (a.created, &a.namespace).cmp(&(b.created, &b.namespace)));
         }
         mesh.services = Arc::new(by_host);
+        if !gateway_api.is_empty() {
+            let out = super::gateway_api::translate(&gateway_api, &namespaces, &MeshBackends { services: &mesh.services, suffix });
+            mesh.gateways.extend(out.gateways);
+            mesh.virtual_services.extend(out.virtual_services);
+            mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+            mesh.virtual_services.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+            mesh.gateway_api_status = Arc::new(out.status);
+            mesh.skipped.extend(out.skipped);
+        }
         mesh.index_rules();
         mesh
+    }
+
+    /// Whether `key` names a Gateway or VirtualService the Gateway API
+    /// translation generated (a stored one of that key is shadowed).
+    fn generated(&self, key: &ResourceKey) -> bool {
+        let is = |labels: &BTreeMap<String, String>| labels.contains_key(super::gateway_api::CLASS_LABEL);
+        self.gateways.iter().any(|g| g.key == *key && is(&g.labels)) || self.virtual_services.iter().any(|v| v.key == *key && is(&v.labels))
     }
 
     /// A Kind-filtered view, for debugging and tests.
@@ -693,6 +722,34 @@ impl Mesh {
             Kind::Sidecar => self.sidecars.len(),
             _ => self.all_services().count(),
         }
+    }
+}
+
+/// Backends of Gateway API routes, as this mesh has them.
+struct MeshBackends<'a> {
+    services: &'a BTreeMap<String, Vec<Arc<Service>>>,
+    suffix: &'a str,
+}
+
+impl super::gateway_api::Backends for MeshBackends<'_> {
+    fn resolve(&self, kind: super::gateway_api::BackendKind, namespace: &str, name: &str, port: Option<u32>) -> Option<(String, u32)> {
+        use super::gateway_api::BackendKind;
+        let from = |k: Kind| move |s: &&Arc<Service>| s.namespace == namespace && s.sources.iter().any(|(key, _)| key.kind == k && key.name == name);
+        let svc = match kind {
+            BackendKind::Service => {
+                let host = format!("{name}.{namespace}.svc.{}", self.suffix);
+                self.services
+                    .get(&host)
+                    .and_then(|c| c.iter().find(|s| s.namespace == namespace))
+                    .or_else(|| self.services.values().flatten().find(from(Kind::Service)))
+            }
+            BackendKind::ServiceEntry => self.services.values().flatten().find(from(Kind::ServiceEntry)),
+        }?;
+        let port = match port {
+            Some(p) => svc.port(p)?.number,
+            None => svc.ports.first().filter(|_| svc.ports.len() == 1)?.number,
+        };
+        Some((svc.hostname.clone(), port))
     }
 }
 

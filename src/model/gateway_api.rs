@@ -1,0 +1,931 @@
+//! The Kubernetes Gateway API (`gateway.networking.k8s.io`, standard
+//! channel): GatewayClass, Gateway, HTTPRoute and ReferenceGrant, typed,
+//! with the checks of the CRDs' OpenAPI schema and CEL rules that matter
+//! (required fields, enums, hostname and path formats, ranges, list
+//! lengths), each error naming its field (`spec.rules[0].matches[1].path`).
+//!
+//! Fields Lodestar does not act on yet (retries, CORS, session
+//! persistence, infrastructure, TLS options) are accepted as written so
+//! that upstream manifests apply unchanged; status says what is not
+//! supported. Translation into the Istio model and status are
+//! `translate::gateway_api`.
+
+use crate::error::FieldError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::LazyLock;
+
+pub const GROUP: &str = "gateway.networking.k8s.io";
+/// The `controllerName` a GatewayClass names for Lodestar to serve it.
+pub const CONTROLLER_NAME: &str = "lodestar.dev/gateway-controller";
+/// Istio's, accepted too so that Istio manifests apply unchanged.
+pub const ISTIO_CONTROLLER_NAME: &str = "istio.io/gateway-controller";
+
+/// Whether a GatewayClass with this `controllerName` is Lodestar's.
+pub fn is_ours(controller_name: &str) -> bool {
+    controller_name == CONTROLLER_NAME || controller_name == ISTIO_CONTROLLER_NAME
+}
+
+/// One of the four kinds, typed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Spec {
+    GatewayClass(GatewayClass),
+    Gateway(Gateway),
+    HttpRoute(HttpRoute),
+    ReferenceGrant(ReferenceGrant),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewayClass {
+    pub controller_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters_ref: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Gateway {
+    pub gateway_class_name: String,
+    pub listeners: Vec<Listener>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<GatewayAddress>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infrastructure: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_listeners: Option<Value>,
+    #[serde(default, rename = "tls", skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_scope: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewayAddress {
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub value: String,
+}
+
+impl GatewayAddress {
+    /// `IPAddress` unless said otherwise.
+    pub fn address_type(&self) -> &str {
+        self.kind.as_deref().unwrap_or("IPAddress")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Listener {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    pub port: u32,
+    pub protocol: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ListenerTls>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_routes: Option<AllowedRoutes>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListenerTls {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certificate_refs: Vec<ObjectRef>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frontend_validation: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllowedRoutes {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<RouteNamespaces>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kinds: Vec<RouteGroupKind>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteNamespaces {
+    /// `Same` (default), `All` or `Selector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteGroupKind {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    pub kind: String,
+}
+
+/// A reference with optional group, kind, namespace and port: Secret
+/// references, backend references, parent references.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+}
+
+impl ObjectRef {
+    pub fn group_or<'a>(&'a self, default: &'a str) -> &'a str {
+        self.group.as_deref().unwrap_or(default)
+    }
+    pub fn kind_or<'a>(&'a self, default: &'a str) -> &'a str {
+        self.kind.as_deref().unwrap_or(default)
+    }
+    pub fn namespace_or<'a>(&'a self, own: &'a str) -> &'a str {
+        self.namespace.as_deref().unwrap_or(own)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ParentRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpRoute {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parent_refs: Vec<ParentRef>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hostnames: Vec<String>,
+    #[serde(default = "default_rules")]
+    pub rules: Vec<HttpRouteRule>,
+}
+
+fn default_rules() -> Vec<HttpRouteRule> {
+    vec![HttpRouteRule::default()]
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpRouteRule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matches: Vec<HttpRouteMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<HttpRouteFilter>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backend_refs: Vec<HttpBackendRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<Timeouts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_persistence: Option<Value>,
+}
+
+/// A rule's timeouts: Gateway API durations (`500ms`, `1h30m`; `0s` is
+/// none).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Timeouts {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_request: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpRouteMatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<ValueMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub query_params: Vec<ValueMatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PathMatch {
+    /// `Exact`, `PathPrefix` (default) or `RegularExpression`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Default `/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+impl PathMatch {
+    pub fn match_type(&self) -> &str {
+        self.kind.as_deref().unwrap_or("PathPrefix")
+    }
+    pub fn path(&self) -> &str {
+        self.value.as_deref().unwrap_or("/")
+    }
+}
+
+/// A header or query parameter match.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ValueMatch {
+    /// `Exact` (default) or `RegularExpression`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub name: String,
+    pub value: String,
+}
+
+impl ValueMatch {
+    pub fn is_regex(&self) -> bool {
+        self.kind.as_deref() == Some("RegularExpression")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpRouteFilter {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_header_modifier: Option<HeaderModifier>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_header_modifier: Option<HeaderModifier>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_mirror: Option<RequestMirror>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_redirect: Option<RequestRedirect>,
+    #[serde(default, rename = "urlRewrite", skip_serializing_if = "Option::is_none")]
+    pub url_rewrite: Option<UrlRewrite>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cors: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_auth: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extension_ref: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeaderModifier {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set: Vec<Header>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub add: Vec<Header>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Header {
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequestMirror {
+    pub backend_ref: ObjectRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequestRedirect {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathModifier>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_code: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UrlRewrite {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathModifier>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PathModifier {
+    /// `ReplaceFullPath` or `ReplacePrefixMatch`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_full_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_prefix_match: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpBackendRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+    /// Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<HttpRouteFilter>,
+}
+
+impl HttpBackendRef {
+    pub fn object_ref(&self) -> ObjectRef {
+        ObjectRef { group: self.group.clone(), kind: self.kind.clone(), name: self.name.clone(), namespace: self.namespace.clone(), port: self.port }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReferenceGrant {
+    pub from: Vec<GrantFrom>,
+    pub to: Vec<GrantTo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GrantFrom {
+    pub group: String,
+    pub kind: String,
+    pub namespace: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GrantTo {
+    pub group: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+// ---------------------------------------------------------------------------
+// Validation: the CRDs' schema and CEL rules.
+
+static HOSTNAME: LazyLock<regex::Regex> =
+    LazyLock::new(|| regex::Regex::new(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$").expect("a valid regex"));
+static CONTROLLER: LazyLock<regex::Regex> = LazyLock::new(|| {
+    regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$").expect("a valid regex")
+});
+static DURATION: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$").expect("a valid regex"));
+static HEADER_NAME: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new(r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$").expect("a valid regex"));
+
+/// Collects errors with their paths.
+struct Check(Vec<FieldError>);
+
+impl Check {
+    fn err(&mut self, field: impl Into<String>, reason: impl Into<String>) {
+        self.0.push(FieldError::new(field, reason));
+    }
+
+    fn max_items<T>(&mut self, field: &str, list: &[T], max: usize) {
+        if list.len() > max {
+            self.err(field, format!("has {} items, at most {max} allowed", list.len()));
+        }
+    }
+
+    fn one_of(&mut self, field: &str, value: &str, allowed: &[&str]) {
+        if !allowed.contains(&value) {
+            self.err(field, format!("{value:?}: must be one of {}", allowed.join(", ")));
+        }
+    }
+
+    fn hostname(&mut self, field: &str, h: &str) {
+        if h.is_empty() || h.len() > 253 || !HOSTNAME.is_match(h) {
+            self.err(field, format!("{h:?} is not a valid hostname (lower-case RFC 1123 name, optionally prefixed by \"*.\"; no IP addresses)"));
+        }
+    }
+
+    /// A precise hostname (no wildcard), as redirects and rewrites take.
+    fn precise_hostname(&mut self, field: &str, h: &str) {
+        if h.starts_with('*') {
+            self.err(field, format!("{h:?}: a wildcard is not allowed here"));
+        } else {
+            self.hostname(field, h);
+        }
+    }
+
+    fn name(&mut self, field: &str, s: &str) {
+        if let Err(why) = super::resource::check_dns_subdomain(s) {
+            self.err(field, why);
+        }
+    }
+
+    fn section_name(&mut self, field: &str, s: &str) {
+        if let Err(why) = super::resource::check_dns_label(s) {
+            self.err(field, why);
+        }
+    }
+
+    fn port(&mut self, field: &str, p: u32) {
+        if !(1..=65535).contains(&p) {
+            self.err(field, format!("{p} must be between 1 and 65535"));
+        }
+    }
+
+    fn header_name(&mut self, field: &str, s: &str) {
+        if s.is_empty() || s.len() > 256 || !HEADER_NAME.is_match(s) {
+            self.err(field, format!("{s:?} is not a valid HTTP header name"));
+        }
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(spec: &Value) -> Result<T, Vec<FieldError>> {
+    super::parse_spec(spec)
+}
+
+/// Parse and check a Gateway API kind's spec.
+pub fn validate(kind: &str, spec: &Value) -> Result<Spec, Vec<FieldError>> {
+    let mut c = Check(Vec::new());
+    let typed = match kind {
+        "GatewayClass" => {
+            let s: GatewayClass = parse(spec)?;
+            if s.controller_name.len() > 253 || !CONTROLLER.is_match(&s.controller_name) {
+                c.err("spec.controllerName", format!("{:?} must be a domain-prefixed path (example.com/controller)", s.controller_name));
+            }
+            Spec::GatewayClass(s)
+        }
+        "Gateway" => {
+            let s: Gateway = parse(spec)?;
+            check_gateway(&mut c, &s);
+            Spec::Gateway(s)
+        }
+        "HTTPRoute" => {
+            let s: HttpRoute = parse(spec)?;
+            check_route(&mut c, &s);
+            Spec::HttpRoute(s)
+        }
+        "ReferenceGrant" => {
+            let s: ReferenceGrant = parse(spec)?;
+            for (field, len) in [("spec.from", s.from.len()), ("spec.to", s.to.len())] {
+                if !(1..=16).contains(&len) {
+                    c.err(field, format!("has {len} items, must have 1 to 16"));
+                }
+            }
+            for (i, f) in s.from.iter().enumerate() {
+                c.section_name(&format!("spec.from[{i}].namespace"), &f.namespace);
+                if f.kind.is_empty() {
+                    c.err(format!("spec.from[{i}].kind"), "required");
+                }
+            }
+            for (i, t) in s.to.iter().enumerate() {
+                if t.kind.is_empty() {
+                    c.err(format!("spec.to[{i}].kind"), "required");
+                }
+                if let Some(n) = &t.name {
+                    c.name(&format!("spec.to[{i}].name"), n);
+                }
+            }
+            Spec::ReferenceGrant(s)
+        }
+        other => return Err(vec![FieldError::new("kind", format!("{other} is not a Gateway API kind"))]),
+    };
+    if c.0.is_empty() {
+        Ok(typed)
+    } else {
+        Err(c.0)
+    }
+}
+
+fn check_gateway(c: &mut Check, s: &Gateway) {
+    c.name("spec.gatewayClassName", &s.gateway_class_name);
+    if s.listeners.is_empty() {
+        c.err("spec.listeners", "required: at least one listener");
+    }
+    c.max_items("spec.listeners", &s.listeners, 64);
+    c.max_items("spec.addresses", &s.addresses, 16);
+    for (i, a) in s.addresses.iter().enumerate() {
+        let f = format!("spec.addresses[{i}]");
+        match a.address_type() {
+            "IPAddress" if a.value.parse::<std::net::IpAddr>().is_err() => c.err(format!("{f}.value"), format!("{:?} is not an IP address", a.value)),
+            "Hostname" => c.precise_hostname(&format!("{f}.value"), &a.value),
+            _ => {}
+        }
+    }
+    let mut names = BTreeSet::new();
+    let mut combos = BTreeSet::new();
+    for (i, l) in s.listeners.iter().enumerate() {
+        let f = format!("spec.listeners[{i}]");
+        c.section_name(&format!("{f}.name"), &l.name);
+        if !names.insert(l.name.as_str()) {
+            c.err(format!("{f}.name"), format!("{:?}: listener names must be unique within a Gateway", l.name));
+        }
+        if !combos.insert((l.port, l.protocol.as_str(), l.hostname.as_deref().unwrap_or(""))) {
+            c.err(f.clone(), "the combination of port, protocol and hostname must be unique for each listener");
+        }
+        c.port(&format!("{f}.port"), l.port);
+        if l.protocol.is_empty() || l.protocol.len() > 255 {
+            c.err(format!("{f}.protocol"), "required: 1 to 255 characters");
+        }
+        if let Some(h) = &l.hostname {
+            c.hostname(&format!("{f}.hostname"), h);
+            if matches!(l.protocol.as_str(), "TCP" | "UDP") {
+                c.err(format!("{f}.hostname"), "must not be set for protocols TCP and UDP");
+            }
+        }
+        match (&l.tls, l.protocol.as_str()) {
+            (Some(_), "HTTP" | "TCP" | "UDP") => c.err(format!("{f}.tls"), format!("must not be set for protocol {}", l.protocol)),
+            (None, "HTTPS") => c.err(format!("{f}.tls"), "required for protocol HTTPS"),
+            _ => {}
+        }
+        if let Some(tls) = &l.tls {
+            let mode = tls.mode.as_deref().unwrap_or("Terminate");
+            c.one_of(&format!("{f}.tls.mode"), mode, &["Terminate", "Passthrough"]);
+            c.max_items(&format!("{f}.tls.certificateRefs"), &tls.certificate_refs, 64);
+            if mode == "Terminate" && tls.certificate_refs.is_empty() && tls.options.is_empty() {
+                c.err(format!("{f}.tls.certificateRefs"), "certificateRefs or options must be specified when mode is Terminate");
+            }
+            for (j, r) in tls.certificate_refs.iter().enumerate() {
+                c.name(&format!("{f}.tls.certificateRefs[{j}].name"), &r.name);
+            }
+        }
+        if let Some(ar) = &l.allowed_routes {
+            if let Some(ns) = &ar.namespaces {
+                let from = ns.from.as_deref().unwrap_or("Same");
+                c.one_of(&format!("{f}.allowedRoutes.namespaces.from"), from, &["All", "Same", "Selector", "None"]);
+                if from == "Selector" && ns.selector.is_none() {
+                    c.err(format!("{f}.allowedRoutes.namespaces.selector"), "required when from is Selector");
+                }
+                if let Some(sel) = &ns.selector {
+                    check_selector(c, &format!("{f}.allowedRoutes.namespaces.selector"), sel);
+                }
+            }
+            c.max_items(&format!("{f}.allowedRoutes.kinds"), &ar.kinds, 8);
+        }
+    }
+}
+
+/// A Kubernetes label selector's shape.
+fn check_selector(c: &mut Check, f: &str, sel: &Value) {
+    let Some(obj) = sel.as_object() else { return c.err(f, "expected an object") };
+    for k in obj.keys().filter(|k| !matches!(k.as_str(), "matchLabels" | "matchExpressions")) {
+        c.err(format!("{f}.{k}"), "unknown field (expected matchLabels, matchExpressions)");
+    }
+    if let Some(m) = obj.get("matchLabels") {
+        if !m.as_object().is_some_and(|m| m.values().all(Value::is_string)) {
+            c.err(format!("{f}.matchLabels"), "expected a map of strings");
+        }
+    }
+    for (i, e) in obj.get("matchExpressions").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let op = e["operator"].as_str().unwrap_or("");
+        c.one_of(&format!("{f}.matchExpressions[{i}].operator"), op, &["In", "NotIn", "Exists", "DoesNotExist"]);
+        if !e["key"].is_string() {
+            c.err(format!("{f}.matchExpressions[{i}].key"), "required");
+        }
+    }
+}
+
+fn check_route(c: &mut Check, s: &HttpRoute) {
+    c.max_items("spec.parentRefs", &s.parent_refs, 32);
+    c.max_items("spec.hostnames", &s.hostnames, 16);
+    c.max_items("spec.rules", &s.rules, 16);
+    for (i, p) in s.parent_refs.iter().enumerate() {
+        let f = format!("spec.parentRefs[{i}]");
+        c.name(&format!("{f}.name"), &p.name);
+        if let Some(sn) = &p.section_name {
+            c.section_name(&format!("{f}.sectionName"), sn);
+        }
+        if let Some(port) = p.port {
+            c.port(&format!("{f}.port"), port);
+        }
+        if s.parent_refs[..i].iter().any(|q| q.group == p.group && q.kind == p.kind && q.namespace == p.namespace && q.name == p.name) {
+            // CEL: two refs to one parent must both name a distinct
+            // sectionName or port.
+            let distinct =
+                s.parent_refs[..i].iter().filter(|q| q.group == p.group && q.kind == p.kind && q.namespace == p.namespace && q.name == p.name).all(|q| {
+                    (q.section_name.is_some() && p.section_name.is_some() && q.section_name != p.section_name)
+                        || (q.port.is_some() && p.port.is_some() && q.port != p.port)
+                });
+            if !distinct {
+                c.err(f.clone(), "sectionName or port must be specified and unique when parentRefs include two references to the same parent");
+            }
+        }
+    }
+    for (i, h) in s.hostnames.iter().enumerate() {
+        c.hostname(&format!("spec.hostnames[{i}]"), h);
+    }
+    for (i, r) in s.rules.iter().enumerate() {
+        let f = format!("spec.rules[{i}]");
+        if let Some(n) = &r.name {
+            c.section_name(&format!("{f}.name"), n);
+        }
+        if let Some(t) = &r.timeouts {
+            let mut ms = [None, None];
+            for (i, (name, d)) in [("request", &t.request), ("backendRequest", &t.backend_request)].into_iter().enumerate() {
+                let Some(d) = d else { continue };
+                match super::istio::parse_duration(d) {
+                    Ok(v) if DURATION.is_match(d) => ms[i] = Some(v.as_millis()),
+                    _ => c.err(format!("{f}.timeouts.{name}"), format!("{d:?} is not a duration (1 to 4 of NUMBERh|m|s|ms, e.g. 500ms, 1h30m)")),
+                }
+            }
+            // CEL: backendRequest must be <= request, unless request is 0s.
+            if let [Some(request), Some(backend)] = ms {
+                if request != 0 && backend > request {
+                    c.err(format!("{f}.timeouts.backendRequest"), "must be less than or equal to request");
+                }
+            }
+        }
+        c.max_items(&format!("{f}.matches"), &r.matches, 64);
+        c.max_items(&format!("{f}.filters"), &r.filters, 16);
+        c.max_items(&format!("{f}.backendRefs"), &r.backend_refs, 16);
+        for (j, m) in r.matches.iter().enumerate() {
+            check_match(c, &format!("{f}.matches[{j}]"), m);
+        }
+        check_filters(c, &format!("{f}.filters"), &r.filters, r);
+        for (j, b) in r.backend_refs.iter().enumerate() {
+            let bf = format!("{f}.backendRefs[{j}]");
+            check_backend(c, &bf, &b.object_ref());
+            if let Some(w) = b.weight {
+                if w > 1_000_000 {
+                    c.err(format!("{bf}.weight"), format!("{w} must be between 0 and 1000000"));
+                }
+            }
+            check_filters(c, &format!("{bf}.filters"), &b.filters, r);
+        }
+    }
+}
+
+fn check_backend(c: &mut Check, f: &str, b: &ObjectRef) {
+    c.name(&format!("{f}.name"), &b.name);
+    if let Some(ns) = &b.namespace {
+        c.section_name(&format!("{f}.namespace"), ns);
+    }
+    match b.port {
+        Some(p) => c.port(&format!("{f}.port"), p),
+        None if b.group_or("").is_empty() && b.kind_or("Service") == "Service" => c.err(format!("{f}.port"), "required for a Service reference"),
+        None => {}
+    }
+}
+
+fn check_match(c: &mut Check, f: &str, m: &HttpRouteMatch) {
+    if let Some(p) = &m.path {
+        let t = p.match_type();
+        c.one_of(&format!("{f}.path.type"), t, &["Exact", "PathPrefix", "RegularExpression"]);
+        let v = p.path();
+        if v.len() > 1024 {
+            c.err(format!("{f}.path.value"), "at most 1024 characters");
+        }
+        if t != "RegularExpression" {
+            if !v.starts_with('/') {
+                c.err(format!("{f}.path.value"), format!("{v:?} must be an absolute path (start with '/')"));
+            } else if ["//", "/./", "/../", "%2f", "%2F", "#"].iter().any(|bad| v.contains(bad)) || v.ends_with("/..") || v.ends_with("/.") {
+                c.err(format!("{f}.path.value"), format!("{v:?} must not contain '//', '/./', '/../', '%2f', '%2F' or '#', nor end with '/..' or '/.'"));
+            }
+        } else if let Err(e) = regex::Regex::new(v) {
+            c.err(format!("{f}.path.value"), format!("{v:?} is not a valid regular expression: {e}"));
+        }
+    }
+    c.max_items(&format!("{f}.headers"), &m.headers, 16);
+    c.max_items(&format!("{f}.queryParams"), &m.query_params, 16);
+    for (what, list) in [("headers", &m.headers), ("queryParams", &m.query_params)] {
+        let mut seen = BTreeSet::new();
+        for (k, h) in list.iter().enumerate() {
+            let hf = format!("{f}.{what}[{k}]");
+            c.one_of(&format!("{hf}.type"), h.kind.as_deref().unwrap_or("Exact"), &["Exact", "RegularExpression"]);
+            c.header_name(&format!("{hf}.name"), &h.name);
+            if h.value.len() > 4096 {
+                c.err(format!("{hf}.value"), "at most 4096 characters");
+            }
+            if h.is_regex() {
+                if let Err(e) = regex::Regex::new(&h.value) {
+                    c.err(format!("{hf}.value"), format!("not a valid regular expression: {e}"));
+                }
+            }
+            let key = if what == "headers" { h.name.to_ascii_lowercase() } else { h.name.clone() };
+            if !seen.insert(key) {
+                c.err(format!("{hf}.name"), format!("{:?} is matched twice: names must be unique", h.name));
+            }
+        }
+    }
+    if let Some(method) = &m.method {
+        c.one_of(&format!("{f}.method"), method, &["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]);
+    }
+}
+
+const FILTER_TYPES: &[&str] =
+    &["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "RequestRedirect", "URLRewrite", "CORS", "ExternalAuth", "ExtensionRef"];
+
+fn check_filters(c: &mut Check, f: &str, filters: &[HttpRouteFilter], rule: &HttpRouteRule) {
+    let mut once = BTreeSet::new();
+    for (i, flt) in filters.iter().enumerate() {
+        let ff = format!("{f}[{i}]");
+        c.one_of(&format!("{ff}.type"), &flt.kind, FILTER_TYPES);
+        let set = [
+            ("RequestHeaderModifier", "requestHeaderModifier", flt.request_header_modifier.is_some()),
+            ("ResponseHeaderModifier", "responseHeaderModifier", flt.response_header_modifier.is_some()),
+            ("RequestMirror", "requestMirror", flt.request_mirror.is_some()),
+            ("RequestRedirect", "requestRedirect", flt.request_redirect.is_some()),
+            ("URLRewrite", "urlRewrite", flt.url_rewrite.is_some()),
+            ("CORS", "cors", flt.cors.is_some()),
+            ("ExternalAuth", "externalAuth", flt.external_auth.is_some()),
+            ("ExtensionRef", "extensionRef", flt.extension_ref.is_some()),
+        ];
+        for (t, field, present) in set {
+            if t == flt.kind && !present {
+                c.err(format!("{ff}.{field}"), format!("required for a filter of type {t}"));
+            }
+            if t != flt.kind && present {
+                c.err(format!("{ff}.{field}"), format!("must not be set for a filter of type {}", flt.kind));
+            }
+        }
+        if flt.kind != "RequestMirror" && flt.kind != "ExtensionRef" && !once.insert(flt.kind.as_str()) {
+            c.err(format!("{ff}.type"), format!("{}: may appear at most once per rule", flt.kind));
+        }
+        for (name, hm) in [("requestHeaderModifier", &flt.request_header_modifier), ("responseHeaderModifier", &flt.response_header_modifier)] {
+            let Some(hm) = hm else { continue };
+            let hf = format!("{ff}.{name}");
+            c.max_items(&format!("{hf}.set"), &hm.set, 16);
+            c.max_items(&format!("{hf}.add"), &hm.add, 16);
+            c.max_items(&format!("{hf}.remove"), &hm.remove, 16);
+            for (list, headers) in [("set", &hm.set), ("add", &hm.add)] {
+                for (k, h) in headers.iter().enumerate() {
+                    c.header_name(&format!("{hf}.{list}[{k}].name"), &h.name);
+                }
+            }
+            for (k, h) in hm.remove.iter().enumerate() {
+                c.header_name(&format!("{hf}.remove[{k}]"), h);
+            }
+        }
+        if let Some(m) = &flt.request_mirror {
+            check_backend(c, &format!("{ff}.requestMirror.backendRef"), &m.backend_ref);
+            if m.percent.is_some_and(|p| p > 100) {
+                c.err(format!("{ff}.requestMirror.percent"), "must be between 0 and 100");
+            }
+        }
+        if let Some(r) = &flt.request_redirect {
+            let rf = format!("{ff}.requestRedirect");
+            if let Some(s) = &r.scheme {
+                c.one_of(&format!("{rf}.scheme"), s, &["http", "https"]);
+            }
+            if let Some(h) = &r.hostname {
+                c.precise_hostname(&format!("{rf}.hostname"), h);
+            }
+            if let Some(p) = r.port {
+                c.port(&format!("{rf}.port"), p);
+            }
+            if let Some(code) = r.status_code {
+                c.one_of(&format!("{rf}.statusCode"), &code.to_string(), &["301", "302", "303", "307", "308"]);
+            }
+            if let Some(p) = &r.path {
+                check_path_modifier(c, &format!("{rf}.path"), p, rule);
+            }
+        }
+        if let Some(u) = &flt.url_rewrite {
+            if let Some(h) = &u.hostname {
+                c.precise_hostname(&format!("{ff}.urlRewrite.hostname"), h);
+            }
+            if let Some(p) = &u.path {
+                check_path_modifier(c, &format!("{ff}.urlRewrite.path"), p, rule);
+            }
+        }
+    }
+    let kinds: BTreeSet<&str> = filters.iter().map(|f| f.kind.as_str()).collect();
+    if kinds.contains("RequestRedirect") && kinds.contains("URLRewrite") {
+        c.err(f, "RequestRedirect and URLRewrite filters cannot be used together");
+    }
+}
+
+fn check_path_modifier(c: &mut Check, f: &str, p: &PathModifier, rule: &HttpRouteRule) {
+    match p.kind.as_str() {
+        "ReplaceFullPath" => {
+            if p.replace_full_path.is_none() {
+                c.err(format!("{f}.replaceFullPath"), "required when type is ReplaceFullPath");
+            }
+            if p.replace_prefix_match.is_some() {
+                c.err(format!("{f}.replacePrefixMatch"), "must not be set when type is ReplaceFullPath");
+            }
+        }
+        "ReplacePrefixMatch" => {
+            if p.replace_prefix_match.is_none() {
+                c.err(format!("{f}.replacePrefixMatch"), "required when type is ReplacePrefixMatch");
+            }
+            if p.replace_full_path.is_some() {
+                c.err(format!("{f}.replaceFullPath"), "must not be set when type is ReplacePrefixMatch");
+            }
+            // CEL: only with PathPrefix matches.
+            if rule.matches.iter().any(|m| m.path.as_ref().is_some_and(|p| p.match_type() != "PathPrefix")) {
+                c.err(format!("{f}.type"), "ReplacePrefixMatch needs every match of the rule to be a PathPrefix match");
+            }
+        }
+        other => c.one_of(&format!("{f}.type"), other, &["ReplaceFullPath", "ReplacePrefixMatch"]),
+    }
+    for v in [&p.replace_full_path, &p.replace_prefix_match].into_iter().flatten() {
+        if v.len() > 1024 {
+            c.err(f, "at most 1024 characters");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fields(kind: &str, spec: Value) -> Vec<String> {
+        validate(kind, &spec).err().unwrap_or_default().into_iter().map(|e| e.field).collect()
+    }
+
+    #[test]
+    fn valid_specs_parse() {
+        let gw = json!({"gatewayClassName": "lodestar", "listeners": [{"name": "http", "port": 80, "protocol": "HTTP", "hostname": "*.example.com",
+            "allowedRoutes": {"namespaces": {"from": "All"}}}]});
+        assert!(matches!(validate("Gateway", &gw), Ok(Spec::Gateway(_))));
+        let route = json!({"parentRefs": [{"name": "gw", "sectionName": "http"}], "hostnames": ["a.example.com"],
+            "rules": [{"matches": [{"path": {"type": "Exact", "value": "/one"}, "headers": [{"name": "Version", "value": "one"}]}],
+                       "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [{"name": "X-A", "value": "1"}]}}],
+                       "backendRefs": [{"name": "svc", "port": 8080, "weight": 3}]}]});
+        let Ok(Spec::HttpRoute(r)) = validate("HTTPRoute", &route) else { panic!("route") };
+        assert_eq!(r.rules[0].backend_refs[0].weight, Some(3));
+        let Ok(Spec::HttpRoute(r)) = validate("HTTPRoute", &json!({})) else { panic!("empty route") };
+        assert_eq!(r.rules.len(), 1, "one default rule");
+    }
+
+    #[test]
+    fn errors_name_their_field() {
+        assert_eq!(fields("GatewayClass", json!({"controllerName": "nope"})), ["spec.controllerName"]);
+        assert_eq!(fields("Gateway", json!({"gatewayClassName": "c", "listeners": []})), ["spec.listeners"]);
+        assert_eq!(
+            fields("Gateway", json!({"gatewayClassName": "c", "listeners": [{"name": "a", "port": 0, "protocol": "HTTP", "hostname": "1.2.3.4:80"}]})),
+            ["spec.listeners[0].port", "spec.listeners[0].hostname"]
+        );
+        assert_eq!(
+            fields("Gateway", json!({"gatewayClassName": "c", "listeners": [{"name": "a", "port": 443, "protocol": "HTTPS"}]})),
+            ["spec.listeners[0].tls"]
+        );
+        assert_eq!(
+            fields(
+                "Gateway",
+                json!({"gatewayClassName": "c", "listeners": [{"name": "a", "port": 80, "protocol": "HTTP"}, {"name": "a", "port": 80, "protocol": "HTTP"}]})
+            ),
+            ["spec.listeners[1].name", "spec.listeners[1]"]
+        );
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"matches": [{"path": {"type": "Prefix", "value": "/x"}}]}]})), ["spec.rules[0].matches[0].path.type"]);
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"matches": [{"path": {"value": "/a//b"}}]}]})), ["spec.rules[0].matches[0].path.value"]);
+        assert_eq!(
+            fields("HTTPRoute", json!({"rules": [{"backendRefs": [{"name": "s", "port": 80, "weight": 1000001}]}]})),
+            ["spec.rules[0].backendRefs[0].weight"]
+        );
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"backendRefs": [{"name": "s"}]}]})), ["spec.rules[0].backendRefs[0].port"]);
+        assert_eq!(fields("HTTPRoute", json!({"hostnames": ["Bad_Host"]})), ["spec.hostnames[0]"]);
+        assert_eq!(fields("HTTPRoute", json!({"hostnames": vec!["a.b"; 17]})), ["spec.hostnames"]);
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"filters": [{"type": "RequestRedirect"}]}]})), ["spec.rules[0].filters[0].requestRedirect"]);
+        assert_eq!(
+            fields("HTTPRoute", json!({"rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {"statusCode": 305}}]}]})),
+            ["spec.rules[0].filters[0].requestRedirect.statusCode"]
+        );
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"matches": [{"method": "FETCH"}]}]})), ["spec.rules[0].matches[0].method"]);
+        assert_eq!(fields("HTTPRoute", json!({"parentRefs": [{"name": "g"}, {"name": "g"}]})), ["spec.parentRefs[1]"]);
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"bogus": 1}]})), ["spec.rules[0].bogus"]);
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1x"}}]})), ["spec.rules[0].timeouts.request"]);
+        assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1s", "backendRequest": "2s"}}]})), ["spec.rules[0].timeouts.backendRequest"]);
+        assert_eq!(fields("ReferenceGrant", json!({"from": [], "to": [{"group": "", "kind": "Service"}]})), ["spec.from"]);
+    }
+}

@@ -1,0 +1,700 @@
+//! The Gateway API translated into the Istio model, as Istio's own
+//! controller does, plus the status a Kubernetes controller would write.
+//! Pure: a function of one snapshot's Gateway API objects and of which
+//! backends exist; `Mesh::build` runs it and adds what it generates to the
+//! mesh's Gateways and VirtualServices, as if stored (never stored).
+//!
+//! - A Gateway whose GatewayClass names Lodestar's controller
+//!   (`model::gateway_api::CONTROLLER_NAME`, or Istio's) becomes one Istio
+//!   Gateway per HTTP/HTTPS listener (`<gateway>.<listener>`, one server;
+//!   hosts `*/<listener hostname>`; `bind` the Gateway's first IPAddress
+//!   address; HTTPS terminates with `credentialName` = the certificate
+//!   Secret). Proxies select it by label: [`NAME_LABEL`] = the Gateway's
+//!   name (in its namespace), or [`CLASS_LABEL`] = its class (one proxy
+//!   serving every Gateway of a class, each at its own address).
+//! - Each HTTPRoute attaches to the listeners its parentRefs name (by
+//!   sectionName and port) that allow it (kinds, namespaces `Same`, `All`,
+//!   or `Selector` over the labels of `Namespace` objects)
+//!   and whose hostnames intersect its own. Every rule match becomes an
+//!   Istio HTTP route; the routes of every HTTPRoute attached to one
+//!   listener for one hostname form one VirtualService
+//!   (`<gateway>.<listener>.<host>`), sorted by the spec's precedence
+//!   (exact path, longest prefix, method, most headers, most query
+//!   parameters, oldest route, then rule order).
+//! - A backend that does not resolve (unknown kind, another namespace
+//!   without a ReferenceGrant, not found) answers 500 for its share of the
+//!   traffic (a fault abort), as the spec requires.
+
+use super::mesh::Config;
+use crate::model::gateway_api::{self as api, HttpBackendRef, HttpRoute, HttpRouteFilter, HttpRouteMatch, HttpRouteRule, Listener, ObjectRef, Spec};
+use crate::model::istio::{host_matches, Gateway as IstioGateway, VirtualService};
+use crate::model::{Kind, ResourceKey, StoredObject};
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// A proxy with this label = a Gateway's name (in the Gateway's
+/// namespace) serves that Gateway (Istio's manual deployment).
+pub const NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+/// A proxy with this label = a GatewayClass's name serves every Gateway of
+/// the class (merged gateways); generated Istio Gateways carry it too.
+pub const CLASS_LABEL: &str = "gateway.networking.k8s.io/gateway-class-name";
+
+/// A backend, as the mesh resolves it.
+pub enum BackendKind {
+    /// A registry Service (core group, kind Service).
+    Service,
+    /// An Istio ServiceEntry (`networking.istio.io`).
+    ServiceEntry,
+}
+
+/// Resolves a backend in a namespace to (hostname, port), the port being
+/// the one asked for (checked to exist) or the service's only port.
+pub trait Backends {
+    fn resolve(&self, kind: BackendKind, namespace: &str, name: &str, port: Option<u32>) -> Option<(String, u32)>;
+}
+
+/// What the translation produces.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    pub gateways: Vec<Arc<Config<IstioGateway>>>,
+    pub virtual_services: Vec<Arc<Config<VirtualService>>>,
+    /// Status by object: GatewayClasses, Gateways and HTTPRoutes of ours.
+    pub status: BTreeMap<ResourceKey, Value>,
+    /// Objects whose translation failed, with why (a bug if ever seen).
+    pub skipped: Vec<(ResourceKey, String)>,
+}
+
+fn condition(kind: &str, ok: bool, reason: &str, message: &str, generation: u64) -> Value {
+    json!({"type": kind, "status": if ok { "True" } else { "False" }, "reason": reason, "message": message, "observedGeneration": generation})
+}
+
+struct Class<'a> {
+    controller: &'a str,
+}
+
+struct GatewayIn<'a> {
+    obj: &'a StoredObject,
+    spec: &'a api::Gateway,
+    class: &'a str,
+    controller: &'a str,
+}
+
+/// One listener of one of our Gateways.
+struct ListenerState<'a> {
+    gw: usize,
+    listener: &'a Listener,
+    /// Route kinds it admits (HTTPRoute, if any).
+    admits_http: bool,
+    /// Whether it is served (HTTP, or HTTPS with a usable certificate).
+    served: bool,
+    conditions: Vec<Value>,
+    attached: u32,
+}
+
+/// Precedence of one generated HTTP route among those of one host.
+type Rank = (u8, std::cmp::Reverse<usize>, u8, std::cmp::Reverse<usize>, std::cmp::Reverse<usize>, u64, String, String, usize, usize, usize);
+
+pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLabels, backends: &dyn Backends) -> Output {
+    let mut out = Output::default();
+    let mut classes: BTreeMap<&str, Class> = BTreeMap::new();
+    let mut grants: Vec<(&str, &api::ReferenceGrant)> = Vec::new();
+    let mut routes: Vec<(&StoredObject, &HttpRoute)> = Vec::new();
+    let mut gateway_objs: Vec<(&StoredObject, &api::Gateway)> = Vec::new();
+    for (obj, spec) in objects {
+        match spec {
+            Spec::GatewayClass(c) => {
+                classes.insert(obj.key.name.as_str(), Class { controller: c.controller_name.as_str() });
+                if api::is_ours(&c.controller_name) {
+                    let status = json!({"conditions": [
+                        condition("Accepted", true, "Accepted", "Handled by Lodestar", obj.version),
+                        condition("SupportedVersion", true, "SupportedVersion", "", obj.version),
+                    ]});
+                    out.status.insert(obj.key.clone(), status);
+                }
+            }
+            Spec::Gateway(g) => gateway_objs.push((obj, g)),
+            Spec::HttpRoute(r) => routes.push((obj, r)),
+            Spec::ReferenceGrant(g) => grants.push((obj.key.namespace.as_str(), g)),
+        }
+    }
+    let gateways: Vec<GatewayIn> = gateway_objs
+        .into_iter()
+        .filter_map(|(obj, spec)| {
+            let class = classes.get(spec.gateway_class_name.as_str())?;
+            api::is_ours(class.controller).then_some(GatewayIn { obj, spec, class: spec.gateway_class_name.as_str(), controller: class.controller })
+        })
+        .collect();
+    let resolver = Resolver { backends, grants };
+
+    // Listeners: what each admits and whether it is served.
+    let mut listeners: Vec<ListenerState> = Vec::new();
+    for (gi, g) in gateways.iter().enumerate() {
+        let gen = g.obj.version;
+        let ns = g.obj.key.namespace.as_str();
+        for l in &g.spec.listeners {
+            let mut conditions = Vec::new();
+            let protocol_ok = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
+            let kinds = l.allowed_routes.as_ref().map(|a| a.kinds.as_slice()).unwrap_or_default();
+            let bad_kinds = kinds.iter().any(|k| k.group.as_deref().unwrap_or(api::GROUP) != api::GROUP || k.kind != "HTTPRoute");
+            let admits_http =
+                protocol_ok && (kinds.is_empty() || kinds.iter().any(|k| k.group.as_deref().unwrap_or(api::GROUP) == api::GROUP && k.kind == "HTTPRoute"));
+            // HTTPS: its first certificate, a Secret this namespace may use.
+            let mut refs_ok = (!bad_kinds, if bad_kinds { "InvalidRouteKinds" } else { "ResolvedRefs" });
+            if let Some(tls) = l.tls.as_ref().filter(|_| l.protocol == "HTTPS") {
+                if tls.mode.as_deref().is_some_and(|m| m != "Terminate") {
+                    refs_ok = (false, "UnsupportedValue");
+                } else if let Some(r) = tls.certificate_refs.first() {
+                    let secret_ns = r.namespace_or(ns);
+                    if !r.group_or("").is_empty() || r.kind_or("Secret") != "Secret" {
+                        refs_ok = (false, "InvalidCertificateRef");
+                    } else if !resolver.granted("Gateway", ns, "", "Secret", secret_ns, &r.name) {
+                        refs_ok = (false, "RefNotPermitted");
+                    } else if secret_ns != ns {
+                        // A gateway proxy reads the Secrets of its own namespace only.
+                        refs_ok = (false, "InvalidCertificateRef");
+                    }
+                }
+            }
+            let served = protocol_ok && refs_ok.0;
+            conditions.push(if protocol_ok {
+                condition("Accepted", true, "Accepted", "", gen)
+            } else {
+                condition("Accepted", false, "UnsupportedProtocol", &format!("protocol {} is not supported", l.protocol), gen)
+            });
+            conditions.push(condition("ResolvedRefs", refs_ok.0, refs_ok.1, "", gen));
+            conditions.push(condition("Programmed", served, if served { "Programmed" } else { "Invalid" }, "", gen));
+            conditions.push(condition("Conflicted", false, "NoConflicts", "", gen));
+            listeners.push(ListenerState { gw: gi, listener: l, admits_http, served, conditions, attached: 0 });
+        }
+    }
+
+    // Routes: attachment per parentRef, then their HTTP routes per
+    // (listener, host).
+    routes.sort_by(|(a, _), (b, _)| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+    let mut by_host: BTreeMap<(usize, String), Vec<(Rank, Value)>> = BTreeMap::new();
+    for (obj, route) in &routes {
+        let ns = obj.key.namespace.as_str();
+        let gen = obj.version;
+        let refs = resolved_refs(route, ns, &resolver);
+        let unsupported = route.rules.iter().flat_map(|r| r.filters.iter()).find(|f| matches!(f.kind.as_str(), "CORS" | "ExternalAuth" | "ExtensionRef"));
+        let mut parents = Vec::new();
+        for pref in &route.parent_refs {
+            if pref.group.as_deref().unwrap_or(api::GROUP) != api::GROUP || pref.kind.as_deref().unwrap_or("Gateway") != "Gateway" {
+                continue; // a mesh (GAMMA) parent: not served yet
+            }
+            let gw_ns = pref.namespace.as_deref().unwrap_or(ns);
+            let Some(gi) = gateways.iter().position(|g| g.obj.key.namespace == gw_ns && g.obj.key.name == pref.name) else { continue };
+            let g = &gateways[gi];
+            let candidates: Vec<usize> = (0..listeners.len())
+                .filter(|&i| listeners[i].gw == gi)
+                .filter(|&i| pref.section_name.as_deref().is_none_or(|s| s == listeners[i].listener.name))
+                .filter(|&i| pref.port.is_none_or(|p| p == listeners[i].listener.port))
+                .collect();
+            let mut accepted: Vec<(usize, Vec<String>)> = Vec::new();
+            let mut allowed_any = false;
+            for &i in &candidates {
+                let l = &listeners[i];
+                if !l.admits_http || !namespace_allowed(l.listener, gw_ns, ns, namespaces) {
+                    continue;
+                }
+                allowed_any = true;
+                let hosts = intersect(l.listener.hostname.as_deref(), &route.hostnames);
+                if !hosts.is_empty() {
+                    accepted.push((i, hosts));
+                }
+            }
+            let accepted_cond = match (&accepted[..], unsupported) {
+                (_, Some(f)) => condition("Accepted", false, "UnsupportedValue", &format!("filter type {} is not supported", f.kind), gen),
+                ([], _) if candidates.is_empty() => condition("Accepted", false, "NoMatchingParent", "no listener matches the sectionName and port", gen),
+                ([], _) if !allowed_any => condition("Accepted", false, "NotAllowedByListeners", "no listener allows this route", gen),
+                ([], _) => condition("Accepted", false, "NoMatchingListenerHostname", "no listener hostname intersects the route's", gen),
+                _ => condition("Accepted", true, "Accepted", "", gen),
+            };
+            let mut parent_ref = serde_json::to_value(pref).unwrap_or(Value::Null);
+            parent_ref["group"] = json!(pref.group.as_deref().unwrap_or(api::GROUP));
+            parent_ref["kind"] = json!(pref.kind.as_deref().unwrap_or("Gateway"));
+            parents.push(json!({
+                "parentRef": parent_ref,
+                "controllerName": g.controller,
+                "conditions": [accepted_cond, condition("ResolvedRefs", refs.ok, refs.reason, &refs.message, gen)],
+            }));
+            if unsupported.is_some() {
+                continue;
+            }
+            for (i, hosts) in accepted {
+                listeners[i].attached += 1;
+                if !listeners[i].served {
+                    continue;
+                }
+                for host in hosts {
+                    let entries = by_host.entry((i, host)).or_default();
+                    for (ri, rule) in route.rules.iter().enumerate() {
+                        for (rank, http) in rule_routes(obj, ri, rule, ns, &resolver) {
+                            entries.push((rank, http));
+                        }
+                    }
+                }
+            }
+        }
+        if !parents.is_empty() {
+            out.status.insert(obj.key.clone(), json!({"parents": parents}));
+        }
+    }
+
+    // Istio Gateways, one per served listener; their VirtualServices.
+    for l in &listeners {
+        if !l.served {
+            continue;
+        }
+        let g = &gateways[l.gw];
+        let name = format!("{}.{}", g.obj.key.name, l.listener.name);
+        let mut server = json!({
+            "port": {"number": l.listener.port, "name": l.listener.name, "protocol": l.listener.protocol},
+            "hosts": [format!("*/{}", l.listener.hostname.as_deref().unwrap_or("*"))],
+        });
+        if let Some(a) = g.spec.addresses.iter().find(|a| a.address_type() == "IPAddress") {
+            server["bind"] = json!(a.value);
+        }
+        if let Some(r) = l.listener.tls.as_ref().and_then(|t| t.certificate_refs.first()) {
+            server["tls"] = json!({"mode": "SIMPLE", "credentialName": r.name});
+        }
+        let spec = json!({"selector": {NAME_LABEL: g.obj.key.name}, "servers": [server]});
+        match serde_json::from_value::<IstioGateway>(spec) {
+            Ok(spec) => out.gateways.push(generated(g.obj, Kind::Gateway, &name, g.class, spec)),
+            Err(e) => out.skipped.push((g.obj.key.clone(), format!("generated Gateway {name}: {e}"))),
+        }
+    }
+    for ((i, host), mut entries) in by_host {
+        let l = &listeners[i];
+        let g = &gateways[l.gw];
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let gw_name = format!("{}/{}.{}", g.obj.key.namespace, g.obj.key.name, l.listener.name);
+        let spec = json!({"hosts": [host], "gateways": [gw_name], "http": entries.into_iter().map(|(_, v)| v).collect::<Vec<_>>()});
+        let name = format!("{}.{}.{}", g.obj.key.name, l.listener.name, host.replace('*', "wildcard"));
+        match serde_json::from_value::<VirtualService>(spec) {
+            Ok(spec) => out.virtual_services.push(generated(g.obj, Kind::VirtualService, &name, g.class, spec)),
+            Err(e) => out.skipped.push((g.obj.key.clone(), format!("generated VirtualService {name}: {e}"))),
+        }
+    }
+
+    // Gateway status, with each listener's attached routes.
+    for (gi, g) in gateways.iter().enumerate() {
+        let gen = g.obj.version;
+        let ls: Vec<Value> = listeners
+            .iter()
+            .filter(|l| l.gw == gi)
+            .map(|l| {
+                let kinds = if l.admits_http { json!([{"group": api::GROUP, "kind": "HTTPRoute"}]) } else { json!([]) };
+                json!({"name": l.listener.name, "supportedKinds": kinds, "attachedRoutes": l.attached, "conditions": l.conditions})
+            })
+            .collect();
+        let addresses: Vec<Value> = g.spec.addresses.iter().map(|a| json!({"type": a.address_type(), "value": a.value})).collect();
+        // Without Kubernetes no address is assigned: it is spec.addresses
+        // (which the listeners bind), else the address of each proxy that
+        // serves the Gateway, which the snapshot does not know.
+        let message = if addresses.is_empty() { "served to the proxies that select it, at their own addresses" } else { "" };
+        out.status.insert(
+            g.obj.key.clone(),
+            json!({
+                "addresses": addresses,
+                "conditions": [condition("Accepted", true, "Accepted", "", gen), condition("Programmed", true, "Programmed", message, gen)],
+                "listeners": ls,
+            }),
+        );
+    }
+    out
+}
+
+/// A generated object: the source's namespace, revisions and class label.
+fn generated<T>(source: &StoredObject, kind: Kind, name: &str, class: &str, spec: T) -> Arc<Config<T>> {
+    Arc::new(Config {
+        key: ResourceKey::new(kind, source.key.namespace.as_str(), name),
+        create_revision: source.create_revision,
+        mod_revision: source.mod_revision,
+        labels: BTreeMap::from([(CLASS_LABEL.to_string(), class.to_string())]),
+        spec,
+    })
+}
+
+/// Whether a generated Istio Gateway applies to a proxy: by its class
+/// label, or by its Gateway's name label in the Gateway's namespace.
+pub fn selects(gw: &Config<IstioGateway>, proxy: &crate::model::proxy::ProxyIdentity) -> Option<bool> {
+    let class = gw.labels.get(CLASS_LABEL)?;
+    let by_class = proxy.labels.get(CLASS_LABEL) == Some(class);
+    let by_name = proxy.namespace == gw.key.namespace && gw.spec.selector.iter().all(|(k, v)| proxy.labels.get(k) == Some(v));
+    Some(by_class || by_name)
+}
+
+/// Namespace name → its labels (from Namespace objects).
+pub type NamespaceLabels = BTreeMap<String, BTreeMap<String, String>>;
+
+fn namespace_allowed(l: &Listener, gw_ns: &str, route_ns: &str, namespaces: &NamespaceLabels) -> bool {
+    let from = l.allowed_routes.as_ref().and_then(|a| a.namespaces.as_ref());
+    match from.and_then(|n| n.from.as_deref()).unwrap_or("Same") {
+        "All" => true,
+        "Same" => gw_ns == route_ns,
+        "Selector" => {
+            // Every namespace has its name as a label, as in Kubernetes.
+            let mut labels = namespaces.get(route_ns).cloned().unwrap_or_default();
+            labels.insert("kubernetes.io/metadata.name".into(), route_ns.to_string());
+            from.and_then(|n| n.selector.as_ref()).is_some_and(|s| selector_matches(s, &labels))
+        }
+        _ => false,
+    }
+}
+
+/// A Kubernetes label selector (`matchLabels`, `matchExpressions`) over
+/// `labels`; an empty selector matches everything.
+pub fn selector_matches(selector: &Value, labels: &BTreeMap<String, String>) -> bool {
+    let by_label =
+        selector["matchLabels"].as_object().into_iter().flatten().all(|(k, v)| v.as_str().is_some_and(|v| labels.get(k).map(String::as_str) == Some(v)));
+    let by_expression = selector["matchExpressions"].as_array().into_iter().flatten().all(|e| {
+        let value = e["key"].as_str().and_then(|k| labels.get(k));
+        let listed = |v: &String| e["values"].as_array().into_iter().flatten().any(|x| x.as_str() == Some(v.as_str()));
+        match e["operator"].as_str() {
+            Some("In") => value.is_some_and(listed),
+            Some("NotIn") => !value.is_some_and(listed),
+            Some("Exists") => value.is_some(),
+            Some("DoesNotExist") => value.is_none(),
+            _ => false,
+        }
+    });
+    by_label && by_expression
+}
+
+/// The hostnames a route answers on a listener (the spec's intersection).
+pub fn intersect(listener: Option<&str>, route: &[String]) -> Vec<String> {
+    let Some(l) = listener else {
+        return if route.is_empty() { vec!["*".to_string()] } else { dedup(route.to_vec()) };
+    };
+    if route.is_empty() {
+        return vec![l.to_string()];
+    }
+    let mut out = Vec::new();
+    for h in route {
+        if h == l || (host_matches(l, h) && !host_matches(h, l)) {
+            out.push(h.clone());
+        } else if host_matches(h, l) {
+            out.push(l.to_string());
+        }
+    }
+    dedup(out)
+}
+
+fn dedup(mut v: Vec<String>) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    v.retain(|h| seen.insert(h.clone()));
+    v
+}
+
+/// What resolving a reference needs: the backends, and the
+/// ReferenceGrants (by their namespace).
+struct Resolver<'a> {
+    backends: &'a dyn Backends,
+    grants: Vec<(&'a str, &'a api::ReferenceGrant)>,
+}
+
+impl Resolver<'_> {
+    /// Whether a `from_kind` in `from_ns` may refer to `to_group`/`to_kind`
+    /// `to_name` in `to_ns`: the same namespace, or a ReferenceGrant there.
+    fn granted(&self, from_kind: &str, from_ns: &str, to_group: &str, to_kind: &str, to_ns: &str, to_name: &str) -> bool {
+        from_ns == to_ns
+            || self.grants.iter().any(|(ns, g)| {
+                *ns == to_ns
+                    && g.from.iter().any(|f| f.group == api::GROUP && f.kind == from_kind && f.namespace == from_ns)
+                    && g.to.iter().any(|t| t.group == to_group && t.kind == to_kind && t.name.as_deref().is_none_or(|n| n == to_name))
+            })
+    }
+}
+
+struct RefsStatus {
+    ok: bool,
+    reason: &'static str,
+    message: String,
+}
+
+/// Why a backend does not resolve.
+fn backend_problem(b: &ObjectRef, route_ns: &str, r: &Resolver) -> Result<(String, u32), (&'static str, String)> {
+    let ns = b.namespace_or(route_ns);
+    let (group, kind) = (b.group_or(""), b.kind_or("Service"));
+    let backend_kind = match (group, kind) {
+        ("", "Service") => BackendKind::Service,
+        ("networking.istio.io", "ServiceEntry") => BackendKind::ServiceEntry,
+        _ => return Err(("InvalidKind", format!("backend kind {group}/{kind} is not supported"))),
+    };
+    if !r.granted("HTTPRoute", route_ns, group, kind, ns, &b.name) {
+        return Err(("RefNotPermitted", format!("no ReferenceGrant in {ns} allows a reference to {kind} {}", b.name)));
+    }
+    r.backends
+        .resolve(backend_kind, ns, &b.name, b.port)
+        .ok_or_else(|| ("BackendNotFound", format!("{kind} {ns}/{} not found{}", b.name, b.port.map(|p| format!(" (port {p})")).unwrap_or_default())))
+}
+
+fn resolved_refs(route: &HttpRoute, ns: &str, r: &Resolver) -> RefsStatus {
+    let refs = route.rules.iter().flat_map(|r| {
+        r.backend_refs.iter().map(HttpBackendRef::object_ref).chain(r.filters.iter().filter_map(|f| f.request_mirror.as_ref().map(|m| m.backend_ref.clone())))
+    });
+    for b in refs {
+        if let Err((reason, message)) = backend_problem(&b, ns, r) {
+            return RefsStatus { ok: false, reason, message };
+        }
+    }
+    RefsStatus { ok: true, reason: "ResolvedRefs", message: String::new() }
+}
+
+/// The Istio HTTP routes of one rule: one per match (a PathPrefix match
+/// is two: the path itself and everything under it).
+fn rule_routes(obj: &StoredObject, ri: usize, rule: &HttpRouteRule, ns: &str, r: &Resolver) -> Vec<(Rank, Value)> {
+    let default_match = [HttpRouteMatch::default()];
+    let matches = if rule.matches.is_empty() { &default_match[..] } else { &rule.matches[..] };
+    let mut out = Vec::new();
+    for (mi, m) in matches.iter().enumerate() {
+        let path = m.path.clone().unwrap_or_default();
+        let value = path.path().to_string();
+        let (kind_rank, uris): (u8, Vec<(Value, Option<String>)>) = match path.match_type() {
+            "Exact" => (0, vec![(json!({"exact": value}), None)]),
+            "RegularExpression" => (1, vec![(json!({"regex": value}), None)]),
+            _ => {
+                let base = value.trim_end_matches('/');
+                if base.is_empty() {
+                    (2, vec![(json!({"prefix": "/"}), Some("/".to_string()))])
+                } else {
+                    (2, vec![(json!({"exact": base}), Some(base.to_string())), (json!({"prefix": format!("{base}/")}), Some(format!("{base}/")))])
+                }
+            }
+        };
+        for (ui, (uri, matched_prefix)) in uris.into_iter().enumerate() {
+            let mut mr = Map::new();
+            mr.insert("uri".into(), uri);
+            if !m.headers.is_empty() {
+                mr.insert("headers".into(), m.headers.iter().map(|h| (h.name.to_ascii_lowercase(), string_match(h.is_regex(), &h.value))).collect());
+            }
+            if !m.query_params.is_empty() {
+                mr.insert("queryParams".into(), m.query_params.iter().map(|q| (q.name.clone(), string_match(q.is_regex(), &q.value))).collect());
+            }
+            if let Some(method) = &m.method {
+                mr.insert("method".into(), json!({"exact": method}));
+            }
+            let mut http = Map::new();
+            http.insert("name".into(), json!(format!("{}.{}.{ri}.{mi}", obj.key.namespace, obj.key.name)));
+            http.insert("match".into(), json!([Value::Object(mr)]));
+            apply_rule(&mut http, rule, matched_prefix.as_deref(), ns, r);
+            let rank: Rank = (
+                kind_rank,
+                std::cmp::Reverse(value.trim_end_matches('/').len()),
+                if m.method.is_some() { 0 } else { 1 },
+                std::cmp::Reverse(m.headers.len()),
+                std::cmp::Reverse(m.query_params.len()),
+                obj.create_revision,
+                obj.key.namespace.to_string(),
+                obj.key.name.to_string(),
+                ri,
+                mi,
+                ui,
+            );
+            out.push((rank, Value::Object(http)));
+        }
+    }
+    out
+}
+
+fn string_match(regex: bool, value: &str) -> Value {
+    if regex {
+        json!({"regex": value})
+    } else {
+        json!({"exact": value})
+    }
+}
+
+fn header_ops(m: &api::HeaderModifier) -> Value {
+    let mut v = Map::new();
+    if !m.set.is_empty() {
+        v.insert("set".into(), m.set.iter().map(|h| (h.name.to_ascii_lowercase(), json!(h.value))).collect());
+    }
+    if !m.add.is_empty() {
+        v.insert("add".into(), m.add.iter().map(|h| (h.name.to_ascii_lowercase(), json!(h.value))).collect());
+    }
+    if !m.remove.is_empty() {
+        v.insert("remove".into(), json!(m.remove.iter().map(|h| h.to_ascii_lowercase()).collect::<Vec<_>>()));
+    }
+    Value::Object(v)
+}
+
+/// A rule's filters and backends on one generated route. `prefix` is the
+/// path prefix the route matches (PathPrefix), for prefix rewrites.
+fn apply_rule(http: &mut Map<String, Value>, rule: &HttpRouteRule, prefix: Option<&str>, ns: &str, r: &Resolver) {
+    let mut headers = Map::new();
+    let mut mirrors = Vec::new();
+    for f in &rule.filters {
+        apply_filter(http, &mut headers, &mut mirrors, f, prefix, ns, r);
+    }
+    if !headers.is_empty() {
+        http.insert("headers".into(), Value::Object(headers));
+    }
+    if !mirrors.is_empty() {
+        http.insert("mirrors".into(), json!(mirrors));
+    }
+    if http.contains_key("redirect") {
+        return;
+    }
+    // Timeouts: the request's is the route's; the backend request's each
+    // try's (`0s`: none).
+    if let Some(t) = &rule.timeouts {
+        if let Some(d) = &t.request {
+            http.insert("timeout".into(), json!(d));
+        }
+        if let Some(d) = t.backend_request.as_ref().filter(|d| crate::model::istio::parse_duration(d).is_ok_and(|v| !v.is_zero())) {
+            http.insert("retries".into(), json!({"attempts": 1, "perTryTimeout": d}));
+        }
+    }
+    // Backends: resolved ones share the traffic by weight; the share of
+    // the others (and everything, with none) answers 500.
+    let mut routes = Vec::new();
+    let (mut good, mut bad) = (0u64, 0u64);
+    for b in &rule.backend_refs {
+        let weight = b.weight.unwrap_or(1);
+        match backend_problem(&b.object_ref(), ns, r) {
+            Ok((host, port)) if weight > 0 => {
+                good += u64::from(weight);
+                let mut d = json!({"destination": {"host": host, "port": {"number": port}}, "weight": weight});
+                let mut bh = Map::new();
+                for f in &b.filters {
+                    if let Some(m) = &f.request_header_modifier {
+                        bh.insert("request".into(), header_ops(m));
+                    }
+                    if let Some(m) = &f.response_header_modifier {
+                        bh.insert("response".into(), header_ops(m));
+                    }
+                }
+                if !bh.is_empty() {
+                    d["headers"] = Value::Object(bh);
+                }
+                routes.push(d);
+            }
+            Ok(_) => {}
+            Err(_) => bad += u64::from(weight),
+        }
+    }
+    if good == 0 {
+        http.insert("directResponse".into(), json!({"status": 500}));
+        return;
+    }
+    if routes.len() == 1 {
+        if let Some(d) = routes[0].as_object_mut() {
+            d.remove("weight");
+        }
+    }
+    http.insert("route".into(), json!(routes));
+    if bad > 0 {
+        let percent = bad as f64 * 100.0 / (good + bad) as f64;
+        http.insert("fault".into(), json!({"abort": {"httpStatus": 500, "percentage": {"value": percent}}}));
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn apply_filter(
+    http: &mut Map<String, Value>,
+    headers: &mut Map<String, Value>,
+    mirrors: &mut Vec<Value>,
+    f: &HttpRouteFilter,
+    prefix: Option<&str>,
+    ns: &str,
+    r: &Resolver,
+) {
+    if let Some(m) = &f.request_header_modifier {
+        headers.insert("request".into(), header_ops(m));
+    }
+    if let Some(m) = &f.response_header_modifier {
+        headers.insert("response".into(), header_ops(m));
+    }
+    if let Some(r) = &f.request_redirect {
+        let mut v = Map::new();
+        if let Some(s) = &r.scheme {
+            v.insert("scheme".into(), json!(s));
+        }
+        if let Some(h) = &r.hostname {
+            v.insert("authority".into(), json!(h));
+        }
+        if let Some(p) = r.port {
+            v.insert("port".into(), json!(p));
+        }
+        v.insert("redirectCode".into(), json!(r.status_code.unwrap_or(302)));
+        if let Some(p) = &r.path {
+            match (p.kind.as_str(), prefix) {
+                ("ReplaceFullPath", _) => {
+                    v.insert("uri".into(), json!(p.replace_full_path.clone().unwrap_or_default()));
+                }
+                (_, Some(prefix)) => {
+                    v.insert("prefixRewrite".into(), json!(prefix_replacement(prefix, p.replace_prefix_match.as_deref().unwrap_or("/"))));
+                }
+                _ => {}
+            }
+        }
+        http.insert("redirect".into(), Value::Object(v));
+    }
+    if let Some(u) = &f.url_rewrite {
+        let mut v = Map::new();
+        if let Some(h) = &u.hostname {
+            v.insert("authority".into(), json!(h));
+        }
+        if let Some(p) = &u.path {
+            match (p.kind.as_str(), prefix) {
+                ("ReplaceFullPath", _) => {
+                    v.insert("uriRegexRewrite".into(), json!({"match": "^/.*$", "rewrite": p.replace_full_path.clone().unwrap_or_default()}));
+                }
+                (_, Some(prefix)) => {
+                    v.insert("uri".into(), json!(prefix_replacement(prefix, p.replace_prefix_match.as_deref().unwrap_or("/"))));
+                }
+                _ => {}
+            }
+        }
+        http.insert("rewrite".into(), Value::Object(v));
+    }
+    if let Some(m) = &f.request_mirror {
+        if let Ok((host, port)) = backend_problem(&m.backend_ref, ns, r) {
+            let mut mirror = json!({"destination": {"host": host, "port": {"number": port}}});
+            if let Some(p) = m.percent {
+                mirror["percentage"] = json!({"value": p});
+            }
+            mirrors.push(mirror);
+        }
+    }
+}
+
+/// What replaces the matched prefix: for the route matching the path
+/// itself (`/foo`), the replacement; for the one matching under it
+/// (`/foo/`), the replacement with one trailing slash.
+fn prefix_replacement(matched: &str, replacement: &str) -> String {
+    if matched.ends_with('/') {
+        format!("{}/", replacement.trim_end_matches('/'))
+    } else {
+        replacement.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostname_intersection() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(intersect(None, &[]), s(&["*"]));
+        assert_eq!(intersect(Some("very.specific.com"), &s(&["non.matching.com", "*.specific.com"])), s(&["very.specific.com"]));
+        assert_eq!(
+            intersect(Some("*.wildcard.io"), &s(&["wildcard.io", "foo.wildcard.io", "foo.bar.wildcard.io"])),
+            s(&["foo.wildcard.io", "foo.bar.wildcard.io"])
+        );
+        assert_eq!(intersect(Some("*.anotherwildcard.io"), &s(&["*.anotherwildcard.io"])), s(&["*.anotherwildcard.io"]));
+        assert_eq!(intersect(Some("*.a.io"), &s(&["*.b.a.io"])), s(&["*.b.a.io"]));
+        assert!(intersect(Some("very.specific.com"), &s(&["specific.but.wrong.com", "wildcard.io"])).is_empty());
+    }
+
+    #[test]
+    fn prefix_replacements() {
+        assert_eq!(prefix_replacement("/foo", "/bar"), "/bar");
+        assert_eq!(prefix_replacement("/foo/", "/bar"), "/bar/");
+        assert_eq!(prefix_replacement("/foo/", "/"), "/");
+    }
+}
