@@ -61,12 +61,26 @@ pub struct Replica {
     /// adapters seal Secrets' private keys with it before writing
     /// (`secrets::seal_txn`).
     pub secrets: Option<Arc<SecretsKey>>,
+    /// The xDS server's generator: dry runs translate on a fork of it
+    /// (`Generator::fork`), from each proxy's served config.
+    pub generator: Option<Arc<dyn crate::xds::resources::Generator>>,
 }
 
 impl Replica {
     pub fn new(node: Arc<Node>, acl: Arc<Acl>, config: Arc<ServerConfig>, secrets: Option<Arc<SecretsKey>>) -> Arc<Replica> {
+        Self::serving(node, acl, config, secrets, None)
+    }
+
+    /// As `new`, with the xDS server's generator (for dry runs).
+    pub fn serving(
+        node: Arc<Node>,
+        acl: Arc<Acl>,
+        config: Arc<ServerConfig>,
+        secrets: Option<Arc<SecretsKey>>,
+        generator: Option<Arc<dyn crate::xds::resources::Generator>>,
+    ) -> Arc<Replica> {
         let (ha, heartbeats, checks, sync) = Default::default();
-        Arc::new(Replica { node, ha, heartbeats, checks, sync, acl, config, secrets })
+        Arc::new(Replica { node, ha, heartbeats, checks, sync, acl, config, secrets, generator })
     }
 
     /// Ready to serve (see `ha`).

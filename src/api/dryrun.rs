@@ -96,18 +96,22 @@ pub struct OnReplica {
 pub struct ProxyScope {
     pub replica: u64,
     pub mesh: Arc<MeshConfig>,
+    /// The xDS server's generator, forked for the preview (else a cold
+    /// translator: every proxy translated twice in full).
+    pub generator: Option<Arc<dyn crate::xds::resources::Generator>>,
     pub proxies: std::result::Result<Vec<ProxyIdentity>, String>,
 }
 
 impl ProxyScope {
     /// The proxies connected to `sync`, if `caller` may read their config.
-    pub fn of(caller: &Caller, replica: u64, mesh: Arc<MeshConfig>, sync: &crate::xds::status::SyncRegistry) -> ProxyScope {
+    pub fn of(caller: &Caller, replica: &crate::replica::Replica) -> ProxyScope {
+        let sync = &replica.sync;
         let proxies = if caller.authorize(Verb::Read, [Target::Cluster]).is_ok() {
             Ok(sync.identities())
         } else {
             Err("proxies are listed for callers who may read the cluster (as proxy-config)".to_string())
         };
-        ProxyScope { replica, mesh, proxies }
+        ProxyScope { replica: replica.config.id, mesh: Arc::new(replica.config.mesh_config()), generator: replica.generator.clone(), proxies }
     }
 
     /// Every listed proxy's change between two states. One scratch
@@ -122,7 +126,7 @@ impl ProxyScope {
             Err(why) => return Proxies { replicas: vec![self.replica], unchanged: 0, changed: Vec::new(), failed: Vec::new(), hidden: Some(why.clone()) },
             Ok(p) => p,
         };
-        let scratch = Translator::new((*self.mesh).clone());
+        let scratch: Box<dyn Generator> = self.generator.as_ref().and_then(|g| g.fork()).unwrap_or_else(|| Box::new(Translator::new((*self.mesh).clone())));
         let (mut changed, mut failed) = (Vec::new(), Vec::new());
         for p in proxies {
             match (scratch.generate(p, before), scratch.generate(p, after)) {

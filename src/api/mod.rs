@@ -966,7 +966,7 @@ pub async fn apply_authorized(
     warnings.extend(analyze::write_warnings(caller, &txn, &applied, config));
     if dry_run {
         // Translation for every connected proxy, twice: off the runtime.
-        let scope = dryrun::ProxyScope::of(caller, config.id, Arc::new(config.mesh_config()), &replica.sync);
+        let scope = dryrun::ProxyScope::of(caller, replica);
         let (caller, state) = (caller.clone(), applied.state.clone());
         let preview = tokio::task::spawn_blocking(move || dryrun::preview(&caller, &state, &txn, warnings, Some(&scope)));
         return preview.await.map_err(|e| Error::internal(format!("dry run: {e}")))?.map(ApplyOutcome::Preview);

@@ -85,7 +85,7 @@ impl FieldValidation {
 /// In `Warn` mode, drop the fields of an Istio resource's spec that its
 /// kind does not have: the paths dropped.
 pub fn drop_unknown_fields(resource: &mut NewResource, mode: FieldValidation) -> Vec<String> {
-    if mode == FieldValidation::Strict || !istio::KINDS.contains(&resource.key.kind.name()) {
+    if mode == FieldValidation::Strict || !resource.key.kind.is_istio() {
         return Vec::new();
     }
     match resource.body.get_mut("spec") {

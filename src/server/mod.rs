@@ -143,7 +143,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     let raft = Raft::new(config.id, Arc::new(raft_config(&config)?), network, log_store, state_machine).await?;
     let node = Node::new(config.node_options(), raft.clone(), reader, Arc::new(peers));
     let acl = crate::auth::Acl::start(&config.acl_options(), node.reader().clone()).map_err(|e| anyhow::anyhow!("ACLs: {e}"))?;
-    let replica = Replica::new(node.clone(), acl, config.clone(), secrets.clone());
+    let replica = Replica::serving(node.clone(), acl, config.clone(), secrets.clone(), Some(generator.clone()));
 
     // Bind everything before initialising, so peers can reach us at once.
     let api_listener = TcpListener::bind(&config.api_addr).await.with_context(|| format!("binding the API port {}", config.api_addr))?;

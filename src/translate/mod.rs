@@ -776,6 +776,24 @@ impl Generator for Translator {
         Ok(config)
     }
 
+    fn fork(&self) -> Option<Box<dyn Generator>> {
+        fn lock<T: Clone>(m: &Mutex<T>) -> T {
+            m.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        }
+        Some(Box::new(Translator {
+            config: self.config.clone(),
+            mesh: Mutex::new(lock(&self.mesh)),
+            // Shared `Arc`s: the fork replaces entries, never edits them.
+            previous: Mutex::new(lock(&self.previous)),
+            changes: Mutex::new(lock(&self.changes)),
+            // Keyed by object identities and revision numbers: a
+            // hypothetical revision's entries must stay in the fork.
+            clusters: Default::default(),
+            route_steps: Mutex::new(Default::default()),
+            keys: self.keys.clone(),
+        }))
+    }
+
     fn forget(&self, proxy_id: &str) {
         self.previous.lock().unwrap_or_else(|p| p.into_inner()).remove(proxy_id);
     }

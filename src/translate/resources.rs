@@ -138,6 +138,14 @@ pub trait Generator: Send + Sync + 'static {
     /// A proxy's stream ended: drop whatever was kept for it.
     fn forget(&self, _proxy_id: &str) {}
 
+    /// A scratch copy for previews (`apply --dry-run`): it starts from
+    /// what this one keeps per proxy (so a hypothetical revision is
+    /// translated incrementally from each proxy's served config), and
+    /// nothing done with it reaches this one. `None`: no such copy.
+    fn fork(&self) -> Option<Box<dyn Generator>> {
+        None
+    }
+
     /// Where the generator reads the key sets fetched from RequestAuthentication
     /// `jwksUri`s, if it uses them: the replica runs a fetcher writing there
     /// (the root's `jwks` fetcher) and has the streams regenerate when they change.

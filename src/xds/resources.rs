@@ -25,6 +25,11 @@ pub trait Generator: Send + Sync + 'static {
     fn key_cell(&self) -> Option<Arc<KeyCell>> {
         None
     }
+
+    /// A scratch copy for previews (`translate::resources::Generator::fork`).
+    fn fork(&self) -> Option<Box<dyn crate::translate::resources::Generator>> {
+        None
+    }
 }
 
 /// Translation serves on the snapshot's state (no raft log id reaches it).
@@ -40,5 +45,9 @@ impl<T: crate::translate::resources::Generator> Generator for T {
 
     fn key_cell(&self) -> Option<Arc<KeyCell>> {
         crate::translate::resources::Generator::key_cell(self)
+    }
+
+    fn fork(&self) -> Option<Box<dyn crate::translate::resources::Generator>> {
+        crate::translate::resources::Generator::fork(self)
     }
 }
