@@ -47,10 +47,18 @@ pub struct ProxyIdentity {
     pub labels: BTreeMap<String, String>,
     /// It has a workload identity over SDS (`LODESTAR_SDS` metadata).
     pub sds: bool,
+    /// Its workload's traffic is captured into it (`INTERCEPTION_MODE:
+    /// REDIRECT`): it gets Istio's virtual listeners (`translate::capture`)
+    /// instead of bound ones.
+    pub capture: bool,
 }
 
 /// The node metadata key that says a proxy has the agent's SDS cluster.
 pub const SDS_METADATA: &str = "LODESTAR_SDS";
+/// The node metadata key of the proxy's traffic capture (Istio's), and the
+/// value that says iptables REDIRECT captures its workload's traffic.
+pub const INTERCEPTION_METADATA: &str = "INTERCEPTION_MODE";
+pub const INTERCEPTION_REDIRECT: &str = "REDIRECT";
 
 impl ProxyIdentity {
     /// Parse a node id and metadata (the `Node.metadata` Struct as JSON).
@@ -101,6 +109,11 @@ impl ProxyIdentity {
             namespace: namespace.to_string(),
             labels,
             sds: metadata.get(SDS_METADATA).is_some_and(|v| v.as_str() == Some("true") || v.as_bool() == Some(true)),
+            capture: match meta_str(INTERCEPTION_METADATA) {
+                None | Some("NONE") => false,
+                Some(INTERCEPTION_REDIRECT) => true,
+                Some(other) => return Err(format!("node id {node_id:?}: metadata {INTERCEPTION_METADATA} {other:?} is not supported (REDIRECT or NONE)")),
+            },
         })
     }
 
