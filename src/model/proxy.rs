@@ -16,8 +16,12 @@
 //! - `node.metadata.GENERATOR = "grpc"` (Istio's marker for proxyless gRPC
 //!   clients) on a `sidecar` id makes the node a `ProxyKind::Grpc`.
 //!
-//! On bare metal there is no iptables: the proxy's IP is also the address its
-//! listeners bind to, so several Envoys on one host use distinct 127.0.0.x.
+//! - `INTERCEPTION_MODE: REDIRECT` (Istio's; set by `lodestar agent
+//!   --capture`) says iptables redirects the workload's traffic into the
+//!   proxy: it gets Istio's virtual listeners (`translate::capture`).
+//!
+//! Without capture, the proxy's IP is also the address its listeners bind
+//! to, so several Envoys on one host use distinct 127.0.0.x.
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -150,6 +154,11 @@ mod tests {
         assert!(ProxyIdentity::parse("gateway~1.2.3.4~a.b~b.svc.cluster.local", &json!({})).is_err());
         let id = ProxyIdentity::node_id(ProxyKind::Sidecar, "127.0.0.2", "a", "ns", "cluster.local");
         assert_eq!(ProxyIdentity::parse(&id, &json!({})).unwrap().namespace, "ns");
+        // Capture: Istio's INTERCEPTION_MODE, REDIRECT or NONE (TPROXY is not served).
+        assert!(!ProxyIdentity::parse(&id, &json!({})).unwrap().capture);
+        assert!(ProxyIdentity::parse(&id, &json!({"INTERCEPTION_MODE": "REDIRECT"})).unwrap().capture);
+        assert!(!ProxyIdentity::parse(&id, &json!({"INTERCEPTION_MODE": "NONE"})).unwrap().capture);
+        assert!(ProxyIdentity::parse(&id, &json!({"INTERCEPTION_MODE": "TPROXY"})).unwrap_err().contains("INTERCEPTION_MODE \"TPROXY\""));
     }
 
     /// The id names the namespace; metadata may not name another (nor

@@ -26,8 +26,11 @@
 //! - `mtls`: mutual TLS between Envoys (PeerAuthentication, ISTIO_MUTUAL,
 //!   auto-mTLS) with the workload certificates over SDS.
 //! - `jwt`: RequestAuthentication → `jwt_authn` on inbound and gateway listeners.
+//! - `capture`: captured proxies (`INTERCEPTION_MODE: REDIRECT`) →
+//!   `virtualOutbound`/`virtualInbound` and unbound per-port listeners.
 
 pub mod authz;
+pub mod capture;
 pub mod cluster;
 pub mod encode;
 pub mod explain;
@@ -213,10 +216,15 @@ struct VhostPart {
 
 impl VhostPart {
     fn build(ctx: &RouteCtx, svc: &Service, domains: Vec<String>) -> VhostPart {
-        let bytes = encode::virtual_host_bytes(&route::virtual_host(ctx, svc, domains.clone()));
+        VhostPart::of(svc.hostname.clone(), &route::virtual_host(ctx, svc, domains))
+    }
+
+    /// A part for `vhost`, built for `hostname` (empty: for no service).
+    fn of(hostname: String, vhost: &envoy_types::pb::envoy::config::route::v3::VirtualHost) -> VhostPart {
+        let bytes = encode::virtual_host_bytes(vhost);
         let hash = crate::translate::resources::fnv1a(&bytes);
-        let (bytes, domains) = (intern::bytes(hash, Arc::new(bytes)), intern::domains(Arc::new(domains)));
-        VhostPart { hostname: svc.hostname.clone(), domains, bytes, hash }
+        let (bytes, domains) = (intern::bytes(hash, Arc::new(bytes)), intern::domains(Arc::new(vhost.domains.clone())));
+        VhostPart { hostname, domains, bytes, hash }
     }
 }
 
@@ -253,23 +261,43 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
     let plans = scope::egress_plans(&services, proxy, sc.map(|s| s.as_ref()));
     let suffix = &mesh.config.domain_suffix;
     let mut reachable: BTreeMap<String, Arc<Service>> = BTreeMap::new();
+    let allow_any = capture::allow_any(sc.map(|s| s.as_ref()));
     for plan in &plans {
         reachable.extend(plan.services.iter().map(|(k, v)| (k.clone(), v.clone())));
+        // A captured proxy's listeners for its own address bind nothing:
+        // `virtualOutbound` hands them connections (`capture`).
+        let captured = proxy.capture && plan.bind == proxy.ip;
         let http: Vec<&Arc<Service>> = plan.services.values().filter(|s| s.port(plan.port).is_some_and(|p| p.is_http())).collect();
         let ctx = RouteCtx { mesh, proxy, scope: &services, port: plan.port, gateway: None };
         if !http.is_empty() {
             let route_name = plan.route_name(&proxy.ip);
             let services: Vec<&Service> = http.iter().map(|s| s.as_ref()).collect();
-            let domains = route::unique_domains(&services, plan.port, &proxy.namespace, suffix);
+            let mut domains = route::unique_domains(&services, plan.port, &proxy.namespace, suffix);
+            if captured {
+                capture::add_address_domains(&services, &mut domains, plan.port);
+            }
             // A service left with no name of its own here gets no virtual
             // host (Envoy refuses one without domains).
-            let parts: Vec<VhostPart> =
+            let mut parts: Vec<VhostPart> =
                 services.iter().zip(domains).filter(|(_, d)| !d.is_empty()).map(|(svc, domains)| VhostPart::build(&ctx, svc, domains)).collect();
+            if captured && allow_any {
+                parts.push(VhostPart::of(String::new(), &capture::allow_any_vhost()));
+            }
             cfg.insert(ResourceType::Route, assemble_route(&route_name, &parts));
             rds.insert(route_name.clone(), RdsParts { port: plan.port, parts: Arc::new(parts) });
-            let l = listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name));
+            let l = match captured {
+                true => capture::unbound(listener::http_listener(&format!("0.0.0.0_{}", plan.port), "0.0.0.0", plan.port, Routes::Rds(route_name))),
+                false => listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name)),
+            };
             cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
-        } else {
+        }
+        if captured {
+            // TCP services told apart by their addresses.
+            let services: Vec<&Service> = plan.services.values().map(|s| s.as_ref()).collect();
+            for l in capture::tcp_listeners(&ctx, &services, !http.is_empty()) {
+                cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+            }
+        } else if http.is_empty() {
             // TLS services are told apart by SNI; plain TCP carries no name,
             // and without iptables there is no original destination either,
             // so one TCP service per port (see `l4`).
@@ -282,7 +310,9 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
     // Destinations named by routes must exist even if the egress scope does
     // not list them (Envoy answers 503 for unknown clusters otherwise).
     add_service_clusters(cfg, mesh, proxy, &reachable, cache);
-    if let Some(sc) = sc {
+    if proxy.capture {
+        capture::virtual_listeners(cfg, mesh, proxy, sc.map(|s| s.as_ref()));
+    } else if let Some(sc) = sc {
         inbound::sidecar_ingress(cfg, mesh, proxy, sc);
     }
 }
@@ -721,11 +751,13 @@ impl Generator for Translator {
             }
             // Only AuthorizationPolicies or RequestAuthentications changed:
             // only the inbound listeners (where their filters are) can differ.
-            (Some(p), ProxyKind::Sidecar) if self.authz_only(p, state) => (authz_incremental(p, &mesh, proxy), p.rds.clone()),
+            // A captured proxy's inbound and TCP listeners are built
+            // differently (`capture`): translated in full but for endpoints.
+            (Some(p), ProxyKind::Sidecar) if !proxy.capture && self.authz_only(p, state) => (authz_incremental(p, &mesh, proxy), p.rds.clone()),
             (Some(p), kind) => match self.endpoints_only_hosts(p, state, &mesh) {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
                 None => match (kind, self.vs_only_hosts(p, state)) {
-                    (ProxyKind::Sidecar, Some((hosts, l4))) => {
+                    (ProxyKind::Sidecar, Some((hosts, l4))) if !proxy.capture => {
                         let (mut cfg, rds) = self.incremental(p, &mesh, proxy, &hosts);
                         if l4 {
                             l4_incremental(&mut cfg, &mesh, proxy, &hosts);

@@ -66,11 +66,7 @@ impl Backend {
 /// Whether this process has CAP_NET_ADMIN (bit 12 of CapEff).
 pub fn has_net_admin() -> bool {
     let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return false };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << 12) != 0)
+    status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|h| u64::from_str_radix(h.trim(), 16).ok()).is_some_and(|caps| caps & (1 << 12) != 0)
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<String> {

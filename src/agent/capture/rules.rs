@@ -327,7 +327,8 @@ COMMIT
             ..Default::default()
         };
         let rules = opts.install();
-        let body: Vec<&str> = rules.lines().filter(|l| l.contains("LODESTAR_INBOUND -") || l.starts_with("-A LODESTAR_OUTPUT -d") || l.contains("--dport")).collect();
+        let body: Vec<&str> =
+            rules.lines().filter(|l| l.contains("LODESTAR_INBOUND -") || l.starts_with("-A LODESTAR_OUTPUT -d") || l.contains("--dport")).collect();
         assert_eq!(
             body,
             [
