@@ -67,6 +67,16 @@ impl Topology {
         ip(&["-n", &t.a, "link", "set", "eth1", "up"]);
         ip(&["-n", &t.b, "addr", "add", &format!("198.18.{x}.66/26"), "dev", "eth0"]);
         ip(&["-n", &t.b, "link", "set", "eth0", "up"]);
+        // Root <-> B: B's agent reaches the replica (198.18.X.1, a local
+        // address of the root namespace) over it.
+        let root_b = format!("lsc{x}s");
+        let _ = Command::new("ip").args(["link", "del", &root_b]).output();
+        ip(&["link", "add", &root_b, "type", "veth", "peer", "name", "eth1", "netns", &t.b]);
+        ip(&["addr", "add", &format!("198.18.{x}.129/26"), "dev", &root_b]);
+        ip(&["link", "set", &root_b, "up"]);
+        ip(&["-n", &t.b, "addr", "add", &format!("198.18.{x}.130/26"), "dev", "eth1"]);
+        ip(&["-n", &t.b, "link", "set", "eth1", "up"]);
+        ip(&["-n", &t.b, "route", "add", &format!("198.18.{x}.1/32"), "via", &format!("198.18.{x}.129")]);
         t
     }
 
@@ -147,6 +157,7 @@ def http(port, name):
         def do_GET(self):
             body = (name + "\n").encode()
             self.send_response(200)
+            self.send_header("x-client-cert", self.headers.get("x-forwarded-client-cert", "none"))
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -185,12 +196,12 @@ spec:
 apiVersion: registry.lodestar.io/v1
 kind: Instance
 metadata: {{name: reviews-v1, namespace: shop, labels: {{version: v1}}}}
-spec: {{service: reviews, address: {b}, port: 8081}}
+spec: {{service: reviews, address: {b}, port: 8081, serviceAccount: reviews}}
 ---
 apiVersion: registry.lodestar.io/v1
 kind: Instance
 metadata: {{name: reviews-v2, namespace: shop, labels: {{version: v2}}}}
-spec: {{service: reviews, address: {b}, port: 8082}}
+spec: {{service: reviews, address: {b}, port: 8082, serviceAccount: reviews}}
 ---
 apiVersion: networking.istio.io/v1
 kind: DestinationRule
@@ -222,7 +233,7 @@ spec:
 apiVersion: registry.lodestar.io/v1
 kind: Instance
 metadata: {{name: orders-db-1, namespace: shop}}
-spec: {{service: orders-db, address: {b}, port: 15432}}
+spec: {{service: orders-db, address: {b}, port: 15432, serviceAccount: reviews}}
 ---
 apiVersion: registry.lodestar.io/v1
 kind: Service
@@ -234,7 +245,7 @@ spec:
 apiVersion: registry.lodestar.io/v1
 kind: Instance
 metadata: {{name: users-db-1, namespace: shop}}
-spec: {{service: users-db, address: {b}, port: 25432}}
+spec: {{service: users-db, address: {b}, port: 25432, serviceAccount: reviews}}
 "#,
         reviews = t.vip(10),
         orders = t.vip(20),
@@ -242,9 +253,9 @@ spec: {{service: users-db, address: {b}, port: 25432}}
     )
 }
 
-/// Envoy's counters in VM A (its admin is on A's loopback).
-fn stats(t: &Topology) -> std::collections::BTreeMap<String, u64> {
-    let (ok, out, err) = exec(&t.a, &["curl", "-s", "--max-time", "5", "http://127.0.0.1:15000/stats"]);
+/// The counters of the Envoy in `ns` (its admin is on the VM's loopback).
+fn stats(ns: &str) -> std::collections::BTreeMap<String, u64> {
+    let (ok, out, err) = exec(ns, &["curl", "-s", "--max-time", "5", "http://127.0.0.1:15000/stats"]);
     assert!(ok, "stats: {err}");
     out.lines().filter_map(|l| l.split_once(": ")).filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?))).collect()
 }
@@ -255,26 +266,32 @@ fn stat(s: &std::collections::BTreeMap<String, u64>, key: &str) -> u64 {
 
 /// The agent for shop/web in VM A, in capture mode, running Envoy.
 fn agent(t: &Topology, root: &std::path::Path, xds: &str, extra: &[&str]) -> AgentBuilder {
-    AgentBuilder::new(NS, "web", xds, &root.join("web"))
-        .netns(&t.a)
-        .args(["--ip", &t.addr(2), "--admin-port", "15000", "-o", "json", "--run-envoy", "--drain-time", "1s", "--capture"])
-        .args(extra)
+    vm_agent(&t.a, "web", &t.addr(2), root, xds).args(extra)
+}
+
+/// The agent for shop/NAME in the VM `ns` at `ip`, in capture mode,
+/// running Envoy.
+fn vm_agent(ns: &str, name: &str, ip: &str, root: &std::path::Path, xds: &str) -> AgentBuilder {
+    AgentBuilder::new(NS, name, xds, &root.join(name))
+        .netns(ns)
+        .args(["--ip", ip, "--admin-port", "15000", "-o", "json", "--run-envoy", "--drain-time", "1s", "--capture"])
         .env("LODESTAR_ENVOY", kit::envoy::envoy_binary())
 }
 
-/// Until VM A's Envoy is ready and its proxy has ACKed everything with no
-/// NACK (the replica's sync status).
-async fn wait_served(t: &Topology, api: &str) {
-    let a = t.a.clone();
-    eventually("Envoy in VM A ready", BOUND, || {
-        let a = a.clone();
-        async move { exec(&a, &["curl", "-sf", "--max-time", "2", "http://127.0.0.1:15000/ready"]).0.then_some(()) }
+/// Until the Envoy of shop/NAME in the VM `ns` is ready and its proxy has
+/// ACKed everything with no NACK (the replica's sync status).
+async fn wait_served(ns: &str, name: &str, api: &str) {
+    let ns = ns.to_string();
+    eventually(&format!("Envoy in {ns} ready"), BOUND, || {
+        let ns = ns.clone();
+        async move { exec(&ns, &["curl", "-sf", "--max-time", "2", "http://127.0.0.1:15000/ready"]).0.then_some(()) }
     })
     .await;
     let http = kit::http();
+    let id_part = format!("~{name}.{NS}~");
     eventually("the captured proxy in sync, no NACK", BOUND, || async {
         let s = kit::mesh::syncz(&http, api).await;
-        let p = s["proxies"].as_array()?.iter().find(|p| p["id"].as_str().is_some_and(|id| id.contains("~web.shop~")))?.clone();
+        let p = s["proxies"].as_array()?.iter().find(|p| p["id"].as_str().is_some_and(|id| id.contains(&id_part)))?.clone();
         for (ty, v) in p["types"].as_object()? {
             assert!(v["last_nack"].is_null(), "the captured proxy NACKed {ty}: {}", v["last_nack"]);
         }
@@ -323,9 +340,12 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
     assert!(dry.contains("-A LODESTAR_OUTPUT -m owner --uid-owner 1337 -j RETURN"), "{dry}");
     assert_eq!(rules(&t.a), before, "--dry-run installed rules");
 
-    // 2. The agent installs exactly those rules, and Envoy takes the traffic.
+    // 2. The agents install exactly those rules, and Envoy takes the
+    // traffic: VM A's outbound, VM B's inbound (all ports).
+    let _reviews = vm_agent(&t.b, "reviews", &t.addr(66), tmp.path(), &xds).join_token(&api, "shop/reviews").start();
     let mut web = agent(&t, tmp.path(), &xds, &[]).join_token(&api, "shop/web").start();
-    wait_served(&t, &api).await;
+    wait_served(&t.a, "web", &api).await;
+    wait_served(&t.b, "reviews", &api).await;
     let installed = appended(&rules(&t.a));
     for line in appended(&dry) {
         assert!(installed.contains(&line), "{line} is not installed:\n{installed:#?}");
@@ -339,6 +359,10 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
     assert!(ok, "curl {url}: {err}\n{}", web.proc.tail(60));
     assert!(head.starts_with("HTTP/1.1 200") && head.to_ascii_lowercase().contains("x-routed-by: lodestar"), "{head}");
     assert!(head.to_ascii_lowercase().contains("server: envoy"), "{head}");
+    // Mutual TLS between the VMs (auto-mTLS: the instances have an
+    // identity): VM B's Envoy took it on 15006 (virtualInbound) and the app
+    // sees the client's SPIFFE id.
+    assert!(head.contains("URI=spiffe://cluster.local/ns/shop/sa/web"), "{head}");
     let urls: Vec<&str> = std::iter::repeat_n(url.as_str(), 200).collect();
     let mut args = vec!["curl", "-s", "--max-time", "30"];
     args.extend(urls);
@@ -348,7 +372,7 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
     let v2 = bodies.lines().filter(|l| *l == "v2").count();
     assert_eq!(v1 + v2, 200, "{bodies}");
     assert!((120..=180).contains(&v1), "75/25 split: v1 {v1}, v2 {v2}");
-    let s = stats(&t);
+    let s = stats(&t.a);
     let cluster_rq = |subset: &str| stat(&s, &format!("cluster.outbound|9080|{subset}|reviews.shop.svc.cluster.local.upstream_rq_total"));
     // The 200 and the first request, each counted by its subset's cluster.
     let (c1, c2) = (cluster_rq("v1"), cluster_rq("v2"));
@@ -358,19 +382,24 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
     // Envoy counts the connections there, one per curl.
     assert_eq!(stat(&s, "listener.0.0.0.0_9080.downstream_cx_total"), 2, "{s:?}");
 
+    let b_stats = stats(&t.b);
+    let inbound_rq = stat(&b_stats, "cluster.inbound|8081||.upstream_rq_total") + stat(&b_stats, "cluster.inbound|8082||.upstream_rq_total");
+    assert_eq!(inbound_rq, 201, "VM B's inbound clusters: {b_stats:?}");
+    assert!(stat(&b_stats, "listener.0.0.0.0_15006.downstream_cx_total") >= 2, "{b_stats:?}");
+
     // 4. Two TCP services on one port, told apart by address.
     for (vip, want) in [(t.vip(20), "orders-db"), (t.vip(21), "users-db"), (t.vip(20), "orders-db")] {
         let (ok, out, err) = exec(&t.a, &["python3", "-c", TCP_CLIENT, &vip, "5432"]);
         assert!(ok && out.trim() == want, "{vip}:5432: {out} {err}");
     }
-    let s = stats(&t);
+    let s = stats(&t.a);
     assert_eq!(stat(&s, "cluster.outbound|5432||orders-db.shop.svc.cluster.local.upstream_cx_total"), 2, "{s:?}");
     assert_eq!(stat(&s, "cluster.outbound|5432||users-db.shop.svc.cluster.local.upstream_cx_total"), 1);
 
     // 5. A destination outside the mesh passes through (ALLOW_ANY).
     let (ok, out, err) = exec(&t.a, &["curl", "-s", "--max-time", "5", &format!("http://{}:8082/", t.addr(66))]);
     assert!(ok && out.trim() == "v2", "{out} {err}");
-    assert!(stat(&stats(&t), "cluster.PassthroughCluster.upstream_cx_total") >= 1);
+    assert!(stat(&stats(&t.a), "cluster.PassthroughCluster.upstream_cx_total") >= 1);
 
     // 6. SIGTERM: every rule the agent added is gone, the others kept.
     web.proc.stop(Duration::from_secs(20));
@@ -379,12 +408,12 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
     // 7. A SIGKILLed agent leaves its rules (and no Envoy); the next start
     // removes them before installing its own, and its exit cleans up.
     let mut crashed = agent(&t, tmp.path(), &xds, &[]).start();
-    wait_served(&t, &api).await;
+    wait_served(&t.a, "web", &api).await;
     crashed.proc.kill();
     let left = rules(&t.a);
     assert!(left.contains(":LODESTAR_OUTPUT"), "{left}");
     let mut next = agent(&t, tmp.path(), &xds, &[]).start();
-    wait_served(&t, &api).await;
+    wait_served(&t.a, "web", &api).await;
     assert!(next.log().contains("removed the capture rules a previous agent left"), "{}", next.proc.tail(40));
     assert_eq!(appended(&rules(&t.a)), installed, "the rules after a leftover cleanup");
     let (ok, out, _) = exec(&t.a, &["curl", "-s", "--max-time", "5", &url]);
