@@ -587,6 +587,16 @@ impl Translator {
         Some((hosts, l4))
     }
 
+    /// Whether a registry Instance at `proxy`'s address changed (was
+    /// added, removed, or changed) since its last translation.
+    fn own_instances_changed(&self, prev: &Previous, state: &State, proxy: &ProxyIdentity) -> bool {
+        self.changes(prev, state).iter().filter(|(key, _, _)| key.kind == crate::model::Kind::Instance).any(|(_, old, new)| {
+            old.iter()
+                .chain(new.iter())
+                .any(|o| o.typed().ok().is_some_and(|t| matches!(t.as_ref(), crate::model::TypedSpec::Instance(i) if i.address == proxy.ip)))
+        })
+    }
+
     /// Whether every change since the proxy's last translation is to an
     /// AuthorizationPolicy or a RequestAuthentication (both only shape the
     /// filters of inbound and gateway listeners).
@@ -742,6 +752,13 @@ impl Generator for Translator {
                 translate_with_parts(&mesh, proxy, Some(&self.clusters))
             }
             (Some(p), _) if p.config.revision == state.revision() => return Ok(p.config.clone()),
+            // A captured proxy's inbound ports are those of the instances
+            // at its address (`capture::inbound_ports`): a change to one of
+            // them is a listener change, whatever else it is.
+            (Some(p), _) if proxy.capture && self.own_instances_changed(p, state, proxy) => {
+                incremental = false;
+                translate_with_parts(&mesh, proxy, Some(&self.clusters))
+            }
             // Nothing this proxy depends on changed: its config is the same
             // at the new revision, with no translation at all.
             (Some(p), ProxyKind::Sidecar) if self.unaffected(p, state, &mesh) => {
