@@ -359,7 +359,9 @@ fn private_dir(dir: &Path) -> Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        let search = std::fs::metadata(dir).map_or(0, |m| m.permissions().mode() & 0o010);
+        // Only the exact 0710 that `proxy_traversable` sets is kept (a new
+        // directory's 0755 is not).
+        let search = std::fs::metadata(dir).map_or(0, |m| if m.permissions().mode() & 0o077 == 0o010 { 0o010 } else { 0 });
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700 | search)).with_context(|| format!("chmod {}", dir.display()))?;
     }
     Ok(())
@@ -552,6 +554,12 @@ mod tests {
             assert_eq!(std::fs::metadata(out.join(f)).unwrap().permissions().mode() & 0o777, 0o600, "{f}");
         }
         assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o700);
+        // Made traversable for Envoy's gid (--capture), the directory stays
+        // so across saves (a renewal), and its files stay 0600.
+        proxy_traversable(&out, unsafe { libc::getegid() }).unwrap();
+        id.save(&out).unwrap();
+        assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o710);
+        assert_eq!(std::fs::metadata(out.join(KEY_FILE)).unwrap().permissions().mode() & 0o777, 0o600);
         let back = Identity::load(&out).unwrap().unwrap();
         assert_eq!(back.serial, id.serial);
         let now = unix_now();
