@@ -10,7 +10,9 @@
 //! service VIP follows its VirtualService (a 75/25 split, a response
 //! header only the route sets) through Envoy (its stats); two TCP services
 //! on one port are told apart by address; a destination outside the mesh
-//! passes through; no NACK; SIGTERM removes every rule (`iptables-save`
+//! passes through, and is refused under REGISTRY_ONLY; mutual TLS between
+//! the VMs (VM B captured inbound, its AuthorizationPolicy applied); no
+//! NACK; SIGTERM removes every rule (`iptables-save`
 //! before and after, another tool's rules kept); a SIGKILLed agent's
 //! leftovers are removed by the next start; another tool's REDIRECT and a
 //! missing CAP_NET_ADMIN are refused with nothing installed.
@@ -274,7 +276,7 @@ fn agent(t: &Topology, root: &std::path::Path, xds: &str, extra: &[&str]) -> Age
 fn vm_agent(ns: &str, name: &str, ip: &str, root: &std::path::Path, xds: &str) -> AgentBuilder {
     AgentBuilder::new(NS, name, xds, &root.join(name))
         .netns(ns)
-        .args(["--ip", ip, "--admin-port", "15000", "-o", "json", "--run-envoy", "--drain-time", "1s", "--capture"])
+        .args(["--ip", ip, "--label", &format!("app={name}"), "--admin-port", "15000", "-o", "json", "--run-envoy", "--drain-time", "1s", "--capture"])
         .env("LODESTAR_ENVOY", kit::envoy::envoy_binary())
 }
 
@@ -401,11 +403,41 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
     assert!(ok && out.trim() == "v2", "{out} {err}");
     assert!(stat(&stats(&t.a), "cluster.PassthroughCluster.upstream_cx_total") >= 1);
 
-    // 6. SIGTERM: every rule the agent added is gone, the others kept.
+    // 6. An AuthorizationPolicy on VM B's workload applies to what its
+    // virtualInbound takes: /admin denied, the rest served.
+    let deny = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: reviews-admin, namespace: shop}\nspec:\n  selector: {matchLabels: {app: reviews}}\n  action: DENY\n  rules:\n  - to: [{operation: {paths: [/admin]}}]\n";
+    let (status, body) = kit::apply(&kit::http(), &api, deny).await;
+    assert_eq!(status, 200, "{body}");
+    let admin = format!("http://{}:9080/admin", t.vip(10));
+    let code = |ns: &str, url: &str| exec(ns, &["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", url]).1;
+    let a = t.a.clone();
+    eventually("/admin denied by VM B's RBAC", BOUND, || {
+        let (a, admin) = (a.clone(), admin.clone());
+        async move { (code(&a, &admin) == "403").then_some(()) }
+    })
+    .await;
+    assert_eq!(code(&t.a, &url), "200");
+
+    // 7. REGISTRY_ONLY (a Sidecar for web): a destination outside the mesh
+    // is refused (BlackHoleCluster); the services still answer.
+    let registry_only = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: web, namespace: shop}\nspec:\n  workloadSelector: {labels: {app: web}}\n  outboundTrafficPolicy: {mode: REGISTRY_ONLY}\n";
+    let (status, body) = kit::apply(&kit::http(), &api, registry_only).await;
+    assert_eq!(status, 200, "{body}");
+    let outside = format!("http://{}:8082/", t.addr(66));
+    let a = t.a.clone();
+    eventually("an unknown destination refused", BOUND, || {
+        let (a, outside) = (a.clone(), outside.clone());
+        async move { (!exec(&a, &["curl", "-s", "--max-time", "5", &outside]).0).then_some(()) }
+    })
+    .await;
+    assert_eq!(code(&t.a, &url), "200");
+    assert!(stat(&stats(&t.a), "cluster.BlackHoleCluster.upstream_cx_none_healthy") >= 1);
+
+    // 8. SIGTERM: every rule the agent added is gone, the others kept.
     web.proc.stop(Duration::from_secs(20));
     assert_eq!(rules(&t.a), before, "the agent's exit left rules\n{}", web.proc.tail(40));
 
-    // 7. A SIGKILLed agent leaves its rules (and no Envoy); the next start
+    // 9. A SIGKILLed agent leaves its rules (and no Envoy); the next start
     // removes them before installing its own, and its exit cleans up.
     let mut crashed = agent(&t, tmp.path(), &xds, &[]).start();
     wait_served(&t.a, "web", &api).await;
@@ -421,7 +453,7 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
     next.proc.stop(Duration::from_secs(20));
     assert_eq!(rules(&t.a), before);
 
-    // 8. Another tool's REDIRECT in the way: refused, naming it; nothing
+    // 10. Another tool's REDIRECT in the way: refused, naming it; nothing
     // installed.
     let foreign = ["-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", "198.19.0.0/16", "-j", "REDIRECT", "--to-ports", "9"];
     let (ok, _, err) = exec(&t.a, &[&["iptables"][..], &foreign[..]].concat());
@@ -431,7 +463,7 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
     assert!(!ok && err.contains("another tool's rules") && err.contains("REDIRECT --to-ports 9"), "{err}");
     assert_eq!(rules(&t.a), with_foreign);
 
-    // 9. Without CAP_NET_ADMIN: refused, saying so.
+    // 11. Without CAP_NET_ADMIN: refused, saying so.
     let out = Command::new("ip")
         .args(["netns", "exec", &t.a, "setpriv", "--inh-caps=-all", "--bounding-set=-net_admin", kit::BIN, "agent", "--dir"])
         .arg(tmp.path().join("web/identity"))
