@@ -203,7 +203,7 @@ pub struct RunArgs {
 pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> Result<()> {
     if args.capture.dry_run {
         let servers = if args.proxy.xds_servers.is_empty() { bootstrap::member_xds_addrs(client).await? } else { args.proxy.xds_servers.clone() };
-        print!("{}", args.capture.options(&servers)?.install());
+        print!("{}", args.capture.options(&capture_exclusions(&servers, client))?.install());
         return Ok(());
     }
     let Some(ca_pem) = ca_pem else {
@@ -300,7 +300,7 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
         _ => None,
     };
     let capture = match args.capture.capture {
-        true => Some((args.capture.options(&servers)?, args.capture.iptables_backend)),
+        true => Some((args.capture.options(&capture_exclusions(&servers, client))?, args.capture.iptables_backend)),
         false => None,
     };
     let plan = registration_plan(&args, group.map(|(_, g)| g), api)?;
@@ -314,6 +314,21 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
         capture,
     };
     crate::agent::run(opts, plan, crate::server::shutdown_signal()).await
+}
+
+/// What the agent itself talks to, never captured: the replicas' xDS
+/// addresses and the API servers it registers through (`HOST:PORT`).
+fn capture_exclusions(xds: &[String], client: &Client) -> Vec<String> {
+    let mut out = xds.to_vec();
+    for base in client.bases() {
+        if let Ok(url) = reqwest::Url::parse(base) {
+            if let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) {
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                out.push(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") });
+            }
+        }
+    }
+    out
 }
 
 /// The token the CLI's client already carries (the client config's, or
