@@ -453,6 +453,18 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
     next.proc.stop(Duration::from_secs(20));
     assert_eq!(rules(&t.a), before);
 
+    // The legacy backend (x_tables) works the same way.
+    let mut legacy = agent(&t, tmp.path(), &xds, &["--iptables-backend", "legacy"]).start();
+    wait_served(&t.a, "web", &api).await;
+    let (ok, saved, err) = exec(&t.a, &["iptables-legacy-save", "-t", "nat"]);
+    assert!(ok && saved.contains("-A OUTPUT -p tcp -j LODESTAR_OUTPUT"), "{saved}{err}");
+    let (ok, out, _) = exec(&t.a, &["curl", "-s", "--max-time", "5", &url]);
+    assert!(ok && (out.trim() == "v1" || out.trim() == "v2"), "{out}");
+    legacy.proc.stop(Duration::from_secs(20));
+    let (_, saved, _) = exec(&t.a, &["iptables-legacy-save", "-t", "nat"]);
+    assert!(!saved.contains("LODESTAR"), "{saved}");
+    assert_eq!(rules(&t.a), before);
+
     // 10. Another tool's REDIRECT in the way: refused, naming it; nothing
     // installed.
     let foreign = ["-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", "198.19.0.0/16", "-j", "REDIRECT", "--to-ports", "9"];
