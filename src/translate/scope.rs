@@ -133,11 +133,9 @@ fn served(e: &crate::model::istio::sidecar::EgressListener, proxy: &ProxyIdentit
 pub fn egress_plans(scope: &ProxyScope, proxy: &ProxyIdentity, sidecar: Option<&Config<Sidecar>>) -> Vec<EgressPlan> {
     let default_hosts = vec!["*/*".to_string()];
     let entries: Vec<(Option<u32>, Option<String>, &Vec<String>)> = match sidecar.map(|s| &s.spec.egress) {
-        Some(egress) if !egress.is_empty() => egress
-            .iter()
-            .filter(|e| served(e, proxy))
-            .map(|e| (e.port.as_ref().map(|p| p.number()), e.bind.clone(), &e.hosts))
-            .collect(),
+        Some(egress) if !egress.is_empty() => {
+            egress.iter().filter(|e| served(e, proxy)).map(|e| (e.port.as_ref().map(|p| p.number()), e.bind.clone(), &e.hosts)).collect()
+        }
         _ => vec![(None, None, &default_hosts)],
     };
     let services: Vec<&Arc<Service>> = scope.services().collect();

@@ -453,9 +453,13 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
     next.proc.stop(Duration::from_secs(20));
     assert_eq!(rules(&t.a), before);
 
-    // The legacy backend (x_tables) works the same way.
-    let mut legacy = agent(&t, tmp.path(), &xds, &["--iptables-backend", "legacy"]).start();
+    // The legacy backend (x_tables) works the same way; and Envoy on delta
+    // xDS takes the captured proxy's config with no NACK either.
+    let mut legacy = agent(&t, tmp.path(), &xds, &["--iptables-backend", "legacy", "--delta"]).start();
     wait_served(&t.a, "web", &api).await;
+    let s = kit::mesh::syncz(&kit::http(), &api).await;
+    let web_stream = s["proxies"].as_array().and_then(|ps| ps.iter().find(|p| p["id"].as_str().is_some_and(|id| id.contains("~web.shop~")))).cloned();
+    assert_eq!(web_stream.as_ref().map(|p| p["protocol"].clone()), Some(serde_json::json!("delta")), "{s:#}");
     let (ok, saved, err) = exec(&t.a, &["iptables-legacy-save", "-t", "nat"]);
     assert!(ok && saved.contains("-A OUTPUT -p tcp -j LODESTAR_OUTPUT"), "{saved}{err}");
     let (ok, out, _) = exec(&t.a, &["curl", "-s", "--max-time", "5", &url]);
