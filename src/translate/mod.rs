@@ -768,13 +768,15 @@ impl Generator for Translator {
             }
             // Only AuthorizationPolicies or RequestAuthentications changed:
             // only the inbound listeners (where their filters are) can differ.
-            // A captured proxy's inbound and TCP listeners are built
-            // differently (`capture`): translated in full but for endpoints.
+            // A captured proxy's inbound listener is `virtualInbound`
+            // (`capture`): translated in full.
             (Some(p), ProxyKind::Sidecar) if !proxy.capture && self.authz_only(p, state) => (authz_incremental(p, &mesh, proxy), p.rds.clone()),
             (Some(p), kind) => match self.endpoints_only_hosts(p, state, &mesh) {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
                 None => match (kind, self.vs_only_hosts(p, state)) {
-                    (ProxyKind::Sidecar, Some((hosts, l4))) if !proxy.capture => {
+                    // A captured proxy's TCP listeners are its own
+                    // (`capture`): with TLS/TCP routes, translated in full.
+                    (ProxyKind::Sidecar, Some((hosts, l4))) if !(proxy.capture && l4) => {
                         let (mut cfg, rds) = self.incremental(p, &mesh, proxy, &hosts);
                         if l4 {
                             l4_incremental(&mut cfg, &mesh, proxy, &hosts);

@@ -194,7 +194,8 @@ fn incremental_equals_full() {
 
 /// A captured proxy (the `capture` case) through the translator's
 /// incremental paths: an instance registered at its address (an endpoint
-/// change, but a new `virtualInbound` port), a VirtualService, an
+/// change, but a new `virtualInbound` port), a VirtualService (HTTP: the
+/// incremental route path; TCP: its VIP listener), an
 /// AuthorizationPolicy selecting it: each gives what a full translation
 /// gives.
 #[test]
@@ -217,6 +218,7 @@ fn captured_incremental_equals_full() {
     let changes = [
         "apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {name: reviews-3, namespace: shop, labels: {version: v1}}\nspec: {service: reviews, address: 198.18.1.1, port: 9080}\n",
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: shop}\nspec:\n  hosts: [reviews]\n  http:\n  - route:\n    - destination: {host: reviews, subset: v2}\n",
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: orders-db, namespace: shop}\nspec:\n  hosts: [orders-db]\n  tcp:\n  - route:\n    - destination: {host: users-db}\n",
         "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: web, namespace: shop}\nspec:\n  selector: {matchLabels: {app: web}}\n  action: DENY\n  rules:\n  - to: [{operation: {ports: [\"8080\"]}}]\n",
     ];
     let mut state = base.state.clone();
