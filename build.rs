@@ -60,6 +60,7 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
         "envoy/extensions/upstreams/http/v3/http_protocol_options.proto",
         "envoy/extensions/transport_sockets/tls/v3/tls.proto",
         "envoy/extensions/filters/listener/tls_inspector/v3/tls_inspector.proto",
+        "envoy/extensions/filters/listener/original_dst/v3/original_dst.proto",
         "envoy/extensions/retry/host/previous_hosts/v3/previous_hosts.proto",
         "envoy/extensions/filters/http/rbac/v3/rbac.proto",
         "envoy/extensions/filters/network/rbac/v3/rbac.proto",

@@ -6,6 +6,10 @@
 //! - `incremental_one_vs`: a warm translator after one VirtualService
 //!   changed (a new store revision): what a push costs.
 //!
+//! - `*_captured`: the same proxy with its traffic captured
+//!   (`INTERCEPTION_MODE: REDIRECT`: virtual listeners); a VirtualService
+//!   change translates it in full.
+//!
 //! - `*_half_tls`: the same mesh where every other service is a TLS
 //!   service on port 443 (no HTTP port) whose VirtualService has a `tls`
 //!   route split 80/20 by SNI: SNI filter chains instead of virtual hosts.
@@ -190,18 +194,29 @@ fn bench_mesh(c: &mut Criterion, half_tls: bool) {
 
     c.bench_function(&format!("mesh_build{suffix}"), |b| b.iter(|| lodestar::mesh::Mesh::build(&base, std::sync::Arc::new(MeshConfig::default()))));
 
-    c.bench_function(&format!("full{suffix}"), |b| b.iter(|| Translator::new(MeshConfig::default()).generate(&proxy, &base).unwrap()));
+    // The same proxy with its traffic captured (virtual listeners).
+    let captured = ProxyIdentity::parse(&proxy.id, &json!({"INTERCEPTION_MODE": "REDIRECT"})).unwrap();
+    let mut proxies = vec![("", &proxy)];
+    if !half_tls {
+        proxies.push(("_captured", &captured));
+    }
+    for (kind, proxy) in &proxies {
+        c.bench_function(&format!("full{suffix}{kind}"), |b| b.iter(|| Translator::new(MeshConfig::default()).generate(proxy, &base).unwrap()));
+    }
 
     // One VirtualService changes (the next store revision): an HTTP
     // service's (svc-N/2 is even, so HTTP in both meshes), then, in the
     // half-TLS mesh, a TLS service's.
-    let mut changes: Vec<(String, Change)> = vec![(format!("incremental_one_vs{suffix}"), Box::new(|split| vs(services() / 2 / 2 * 2, split)))];
-    if half_tls {
-        changes.push(("tls_vs_change_half_tls".to_string(), Box::new(|split| tls_vs(services() / 2 / 2 * 2 + 1, split))));
+    let mut changes: Vec<(String, &ProxyIdentity, Change)> = Vec::new();
+    for (kind, proxy) in &proxies {
+        changes.push((format!("incremental_one_vs{suffix}{kind}"), proxy, Box::new(|split| vs(services() / 2 / 2 * 2, split))));
     }
-    for (name, change) in changes {
+    if half_tls {
+        changes.push(("tls_vs_change_half_tls".to_string(), &proxy, Box::new(|split| tls_vs(services() / 2 / 2 * 2 + 1, split))));
+    }
+    for (name, proxy, change) in changes {
         let translator = Translator::new(MeshConfig::default());
-        translator.generate(&proxy, &base).unwrap();
+        translator.generate(proxy, &base).unwrap();
         let mut current = base.state.clone();
         let mut split = 80;
         c.bench_function(&name, |b| {
@@ -211,7 +226,7 @@ fn bench_mesh(c: &mut Criterion, half_tls: bool) {
                     put(&mut current, change(split));
                     Applied { state: current.clone(), ..Default::default() }
                 },
-                |next| translator.generate(&proxy, &next).unwrap(),
+                |next| translator.generate(proxy, &next).unwrap(),
                 BatchSize::LargeInput,
             )
         });

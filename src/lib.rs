@@ -37,7 +37,8 @@
 //! - [`client`]: what the CLI and the agent talk to replicas with: the REST
 //!   client, `client.toml`.
 //! - [`agent`]: `lodestar agent`, a workload's certificate and its SDS
-//!   server for Envoy. No server code.
+//!   server for Envoy; Envoy as a child; traffic capture (iptables). No
+//!   server code.
 //!
 //! The root (wiring; imports all of the above):
 //! - [`server`]: starts a replica's ports and shuts it down; first-start

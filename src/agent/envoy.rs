@@ -39,6 +39,9 @@ pub struct EnvoyOptions {
     pub drain: Duration,
     /// More arguments for Envoy (`--log-level debug`, ...).
     pub extra_args: Vec<String>,
+    /// Run it under this uid and gid (`--capture`: the rules leave its own
+    /// connections alone by them); None: the agent's.
+    pub user: Option<(u32, u32)>,
 }
 
 /// Runs Envoy until stopped; `pid` publishes the current child's pid (0
@@ -58,6 +61,11 @@ impl Supervisor {
         // Envoy's log goes where the agent's does (the journal under systemd).
         cmd.stdin(Stdio::null()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
         cmd.kill_on_drop(true);
+        if let Some((uid, gid)) = self.opts.user {
+            // The gid first, then the uid; supplementary groups dropped (std
+            // does, when root changes uid without naming groups).
+            cmd.uid(uid).gid(gid);
+        }
         #[cfg(target_os = "linux")]
         // SAFETY: prctl is async-signal-safe and touches no memory of the
         // parent; it runs in the forked child before exec.

@@ -31,6 +31,7 @@
 //! draining first would keep sending new requests to a proxy that is
 //! closing its connections.
 
+pub mod capture;
 pub mod envoy;
 pub mod register;
 pub mod sds;
@@ -291,6 +292,9 @@ pub struct AgentOptions {
     pub xds_socket: Option<PathBuf>,
     /// Run Envoy as a child process.
     pub envoy: Option<envoy::EnvoyOptions>,
+    /// Capture the namespace's traffic into Envoy ([`capture`]): the rules
+    /// are installed before anything else and removed when `run` returns.
+    pub capture: Option<(capture::rules::CaptureOptions, capture::Backend)>,
 }
 
 /// Builds the registration once the identity is known (its service
@@ -348,15 +352,29 @@ fn pending_key(dir: &Path) -> Result<KeyPair> {
     Ok(key)
 }
 
-/// `dir`, created if need be, readable by its owner only (0700).
+/// `dir`, created if need be, readable by its owner only (0700; a group
+/// search bit set by [`proxy_traversable`] is kept).
 fn private_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_context(|| format!("chmod {}", dir.display()))?;
+        // Only the exact 0710 that `proxy_traversable` sets is kept (a new
+        // directory's 0755 is not).
+        let search = std::fs::metadata(dir).map_or(0, |m| if m.permissions().mode() & 0o077 == 0o010 { 0o010 } else { 0 });
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700 | search)).with_context(|| format!("chmod {}", dir.display()))?;
     }
     Ok(())
+}
+
+/// `dir` (0710, group `gid`): Envoy, run under the proxy's uid/gid, can
+/// reach the bootstrap and the SDS socket in it, and read neither the key
+/// nor the certificate files (0600, the agent's).
+fn proxy_traversable(dir: &Path, gid: u32) -> Result<()> {
+    private_dir(dir)?;
+    std::os::unix::fs::chown(dir, None, Some(gid)).with_context(|| format!("chgrp {gid} {}", dir.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710)).with_context(|| format!("chmod {}", dir.display()))
 }
 
 /// The first certificate with a join token, for `key`, asked again with
@@ -425,6 +443,19 @@ pub async fn renew(opts: &AgentOptions, mut current: Identity, tx: watch::Sender
 /// error (a refused registration, an Envoy that cannot be started) stops
 /// everything the same way and is returned.
 pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+    // Installed first (as istio-init before the pod's containers), and
+    // removed when this returns, whichever way (dropped last).
+    let _capture = match &opts.capture {
+        Some((rules, backend)) => Some(capture::Installed::install(rules, *backend)?),
+        None => None,
+    };
+    // Envoy under the proxy's uid/gid reaches the SDS socket: the directory
+    // is traversable by its group (its files stay 0600, the agent's), the
+    // socket is its uid's.
+    let proxy_owner = opts.capture.as_ref().map(|(r, _)| (r.proxy_uid, r.proxy_gid));
+    if let Some((_, gid)) = proxy_owner {
+        proxy_traversable(&opts.dir, gid)?;
+    }
     let first = first_identity(&opts).await?;
     let registration = match registration {
         Some(plan) => Some(Arc::new(plan(&first)?)),
@@ -435,7 +466,7 @@ pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shu
     let (envoy_stop_tx, envoy_stop_rx) = watch::channel(false);
     let (sds_stop_tx, sds_stop_rx) = watch::channel(false);
     let xds = opts.xds_socket.as_ref().map(|path| tokio::spawn(xds_proxy::serve(path.clone(), opts.ca.clone(), rx.clone(), sds_stop_rx.clone())));
-    let sds = opts.sds_socket.as_ref().map(|path| tokio::spawn(sds::serve(path.clone(), rx, sds_stop_rx)));
+    let sds = opts.sds_socket.as_ref().map(|path| tokio::spawn(sds::serve(path.clone(), rx, sds_stop_rx, proxy_owner)));
     let (pid_tx, _) = watch::channel(0u32);
     let mut envoy_task = opts.envoy.clone().map(|e| {
         let supervisor = envoy::Supervisor { opts: e, pid: pid_tx };
@@ -523,6 +554,12 @@ mod tests {
             assert_eq!(std::fs::metadata(out.join(f)).unwrap().permissions().mode() & 0o777, 0o600, "{f}");
         }
         assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o700);
+        // Made traversable for Envoy's gid (--capture), the directory stays
+        // so across saves (a renewal), and its files stay 0600.
+        proxy_traversable(&out, unsafe { libc::getegid() }).unwrap();
+        id.save(&out).unwrap();
+        assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o710);
+        assert_eq!(std::fs::metadata(out.join(KEY_FILE)).unwrap().permissions().mode() & 0o777, 0o600);
         let back = Identity::load(&out).unwrap().unwrap();
         assert_eq!(back.serial, id.serial);
         let now = unix_now();

@@ -117,9 +117,14 @@ impl SecretDiscoveryService for Sds {
     }
 }
 
-/// Serve SDS on `path` (replacing a stale socket file) until shutdown.
-pub async fn serve(path: PathBuf, identity: watch::Receiver<Option<Arc<Identity>>>, shutdown: watch::Receiver<bool>) -> Result<()> {
+/// Serve SDS on `path` (replacing a stale socket file) until shutdown;
+/// `owner` (uid, gid): the socket is theirs (Envoy run under the proxy's
+/// uid), else the agent's.
+pub async fn serve(path: PathBuf, identity: watch::Receiver<Option<Arc<Identity>>>, shutdown: watch::Receiver<bool>, owner: Option<(u32, u32)>) -> Result<()> {
     let listener = bind_private_socket(&path)?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(&path, Some(uid), Some(gid)).with_context(|| format!("chown {uid}:{gid} {}", path.display()))?;
+    }
     tracing::info!(socket = %path.display(), "SDS: serving secrets default and ROOTCA");
     let mut stop = shutdown.clone();
     let service = SecretDiscoveryServiceServer::new(Sds { identity, shutdown });

@@ -46,10 +46,86 @@ pub struct AgentArgs {
     pub proxy: BootstrapArgs,
     #[command(flatten)]
     pub run: RunArgs,
+    #[command(flatten)]
+    pub capture: CaptureArgs,
     /// text (colour on a terminal, unless NO_COLOR is set) or json (one
     /// object per line).
     #[arg(long, value_enum, default_value = "text", env = "LODESTAR_LOG_FORMAT")]
     pub log_format: crate::logging::LogFormat,
+}
+
+/// Transparent capture (`--capture`): the redirect rules Istio's
+/// istio-iptables installs, in the current network namespace.
+#[derive(Args, Debug, Clone)]
+pub struct CaptureArgs {
+    /// Redirect this network namespace's TCP traffic into Envoy (outbound
+    /// to 15001, inbound to 15006) with iptables rules installed before
+    /// Envoy starts and removed on exit; the proxy says so in its node
+    /// metadata (INTERCEPTION_MODE: REDIRECT) and gets Istio's virtual
+    /// listeners. Needs CAP_NET_ADMIN; Envoy (--run-envoy) runs under
+    /// --proxy-uid/--proxy-gid.
+    #[arg(long)]
+    pub capture: bool,
+    /// With --capture: print the rules (iptables-restore input) and exit.
+    #[arg(long, requires = "capture")]
+    pub dry_run: bool,
+    /// The uid Envoy runs under; its connections are not captured.
+    #[arg(long, default_value_t = crate::agent::capture::rules::DEFAULT_PROXY_ID)]
+    pub proxy_uid: u32,
+    /// The gid Envoy runs under; its connections are not captured.
+    #[arg(long, default_value_t = crate::agent::capture::rules::DEFAULT_PROXY_ID)]
+    pub proxy_gid: u32,
+    /// Outbound destinations to capture, CIDRs comma-separated, or `*`.
+    #[arg(long, default_value = "*")]
+    pub include_outbound_cidrs: String,
+    /// Outbound destinations never captured, CIDRs comma-separated (the
+    /// replicas' addresses are always excluded).
+    #[arg(long, default_value = "")]
+    pub exclude_outbound_cidrs: String,
+    /// Outbound destination ports never captured, comma-separated.
+    #[arg(long, default_value = "")]
+    pub exclude_outbound_ports: String,
+    /// Inbound ports to capture, comma-separated, or `*` (every port but
+    /// the excluded ones).
+    #[arg(long, default_value = "*")]
+    pub include_inbound_ports: String,
+    /// Inbound ports never captured (SSH and Istio's VM defaults).
+    #[arg(long, default_value = "22,15020,15021,15090")]
+    pub exclude_inbound_ports: String,
+    /// The iptables backend: auto (what `iptables --version` says), nft or
+    /// legacy.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub iptables_backend: crate::agent::capture::Backend,
+}
+
+impl CaptureArgs {
+    /// The rules' options; `replicas` (`HOST:PORT`) are excluded by
+    /// address.
+    pub fn options(&self, replicas: &[String]) -> Result<crate::agent::capture::rules::CaptureOptions> {
+        use crate::agent::capture::rules::{parse_cidrs, parse_inbound, parse_ports, CaptureOptions, Cidr};
+        let mut exclude = parse_cidrs("--exclude-outbound-cidrs", &self.exclude_outbound_cidrs).map_err(|e| anyhow!(e))?;
+        for r in replicas {
+            let addrs = std::net::ToSocketAddrs::to_socket_addrs(r.as_str()).with_context(|| format!("resolving the replica {r}"))?;
+            for a in addrs {
+                if let std::net::IpAddr::V4(v4) = a.ip() {
+                    let c = Cidr { addr: v4, len: 32 };
+                    if !exclude.contains(&c) {
+                        exclude.push(c);
+                    }
+                }
+            }
+        }
+        Ok(CaptureOptions {
+            proxy_uid: self.proxy_uid,
+            proxy_gid: self.proxy_gid,
+            include_outbound_cidrs: parse_cidrs("--include-outbound-cidrs", &self.include_outbound_cidrs).map_err(|e| anyhow!(e))?,
+            exclude_outbound_cidrs: exclude,
+            exclude_outbound_ports: parse_ports("--exclude-outbound-ports", &self.exclude_outbound_ports).map_err(|e| anyhow!(e))?,
+            inbound: parse_inbound(&self.include_inbound_ports).map_err(|e| anyhow!(e))?,
+            exclude_inbound_ports: parse_ports("--exclude-inbound-ports", &self.exclude_inbound_ports).map_err(|e| anyhow!(e))?,
+            ..Default::default()
+        })
+    }
 }
 
 /// Envoy as a child process, and the workload's registration.
@@ -125,6 +201,11 @@ pub struct RunArgs {
 }
 
 pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> Result<()> {
+    if args.capture.dry_run {
+        let servers = if args.proxy.xds_servers.is_empty() { bootstrap::member_xds_addrs(client).await? } else { args.proxy.xds_servers.clone() };
+        print!("{}", args.capture.options(&capture_exclusions(&servers, client))?.install());
+        return Ok(());
+    }
     let Some(ca_pem) = ca_pem else {
         bail!("the agent dials the replicas over TLS and needs the cluster's CA: a client config (--client-config, LODESTAR_CONFIG) or --ca-file");
     };
@@ -196,6 +277,11 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
         let token = bootstrap::proxy_token(&args.proxy)?;
         let mut doc = bootstrap::bootstrap(&args.proxy, &servers, Some(ca_pem), token.as_ref().map(|t| t.path.as_path()))?;
         add_sds(&mut doc, &socket)?;
+        if args.capture.capture {
+            if let Some(meta) = doc.pointer_mut("/node/metadata").and_then(|m| m.as_object_mut()) {
+                meta.insert(crate::model::proxy::INTERCEPTION_METADATA.into(), serde_json::json!(crate::model::proxy::INTERCEPTION_REDIRECT));
+            }
+        }
         let text = match args.proxy.output {
             bootstrap::Format::Json => serde_json::to_string_pretty(&doc)?,
             bootstrap::Format::Yaml => yaml_serde::to_string(&doc)?,
@@ -210,8 +296,13 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
             admin: format!("{admin_host}:{}", args.proxy.admin_port),
             drain,
             extra_args: args.run.envoy_args.clone(),
+            user: args.capture.capture.then_some((args.capture.proxy_uid, args.capture.proxy_gid)),
         }),
         _ => None,
+    };
+    let capture = match args.capture.capture {
+        true => Some((args.capture.options(&capture_exclusions(&servers, client))?, args.capture.iptables_backend)),
+        false => None,
     };
     let plan = registration_plan(&args, group.map(|(_, g)| g), api)?;
     let opts = AgentOptions {
@@ -221,8 +312,24 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
         sds_socket: Some(socket),
         xds_socket,
         envoy,
+        capture,
     };
     crate::agent::run(opts, plan, crate::server::shutdown_signal()).await
+}
+
+/// What the agent itself talks to, never captured: the replicas' xDS
+/// addresses and the API servers it registers through (`HOST:PORT`).
+fn capture_exclusions(xds: &[String], client: &Client) -> Vec<String> {
+    let mut out = xds.to_vec();
+    for base in client.bases() {
+        if let Ok(url) = reqwest::Url::parse(base) {
+            if let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) {
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                out.push(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") });
+            }
+        }
+    }
+    out
 }
 
 /// The token the CLI's client already carries (the client config's, or

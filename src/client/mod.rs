@@ -239,6 +239,11 @@ impl Client {
         Client { bases: Arc::new(vec![base]), current: Arc::default(), ..self.clone() }
     }
 
+    /// Every server it may send requests to (base URLs).
+    pub fn bases(&self) -> &[String] {
+        &self.bases
+    }
+
     /// The server requests go to now.
     pub fn base(&self) -> &str {
         &self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]

@@ -16,8 +16,12 @@
 //! - `node.metadata.GENERATOR = "grpc"` (Istio's marker for proxyless gRPC
 //!   clients) on a `sidecar` id makes the node a `ProxyKind::Grpc`.
 //!
-//! On bare metal there is no iptables: the proxy's IP is also the address its
-//! listeners bind to, so several Envoys on one host use distinct 127.0.0.x.
+//! - `INTERCEPTION_MODE: REDIRECT` (Istio's; set by `lodestar agent
+//!   --capture`) says iptables redirects the workload's traffic into the
+//!   proxy: it gets Istio's virtual listeners (`translate::capture`).
+//!
+//! Without capture, the proxy's IP is also the address its listeners bind
+//! to, so several Envoys on one host use distinct 127.0.0.x.
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -47,10 +51,18 @@ pub struct ProxyIdentity {
     pub labels: BTreeMap<String, String>,
     /// It has a workload identity over SDS (`LODESTAR_SDS` metadata).
     pub sds: bool,
+    /// Its workload's traffic is captured into it (`INTERCEPTION_MODE:
+    /// REDIRECT`): it gets Istio's virtual listeners (`translate::capture`)
+    /// instead of bound ones.
+    pub capture: bool,
 }
 
 /// The node metadata key that says a proxy has the agent's SDS cluster.
 pub const SDS_METADATA: &str = "LODESTAR_SDS";
+/// The node metadata key of the proxy's traffic capture (Istio's), and the
+/// value that says iptables REDIRECT captures its workload's traffic.
+pub const INTERCEPTION_METADATA: &str = "INTERCEPTION_MODE";
+pub const INTERCEPTION_REDIRECT: &str = "REDIRECT";
 
 impl ProxyIdentity {
     /// Parse a node id and metadata (the `Node.metadata` Struct as JSON).
@@ -101,6 +113,11 @@ impl ProxyIdentity {
             namespace: namespace.to_string(),
             labels,
             sds: metadata.get(SDS_METADATA).is_some_and(|v| v.as_str() == Some("true") || v.as_bool() == Some(true)),
+            capture: match meta_str(INTERCEPTION_METADATA) {
+                None | Some("NONE") => false,
+                Some(INTERCEPTION_REDIRECT) => true,
+                Some(other) => return Err(format!("node id {node_id:?}: metadata {INTERCEPTION_METADATA} {other:?} is not supported (REDIRECT or NONE)")),
+            },
         })
     }
 
@@ -137,6 +154,11 @@ mod tests {
         assert!(ProxyIdentity::parse("gateway~1.2.3.4~a.b~b.svc.cluster.local", &json!({})).is_err());
         let id = ProxyIdentity::node_id(ProxyKind::Sidecar, "127.0.0.2", "a", "ns", "cluster.local");
         assert_eq!(ProxyIdentity::parse(&id, &json!({})).unwrap().namespace, "ns");
+        // Capture: Istio's INTERCEPTION_MODE, REDIRECT or NONE (TPROXY is not served).
+        assert!(!ProxyIdentity::parse(&id, &json!({})).unwrap().capture);
+        assert!(ProxyIdentity::parse(&id, &json!({"INTERCEPTION_MODE": "REDIRECT"})).unwrap().capture);
+        assert!(!ProxyIdentity::parse(&id, &json!({"INTERCEPTION_MODE": "NONE"})).unwrap().capture);
+        assert!(ProxyIdentity::parse(&id, &json!({"INTERCEPTION_MODE": "TPROXY"})).unwrap_err().contains("INTERCEPTION_MODE \"TPROXY\""));
     }
 
     /// The id names the namespace; metadata may not name another (nor

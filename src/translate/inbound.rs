@@ -36,13 +36,21 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     HttpFilter,
 };
 
-/// The inbound listeners and clusters of the Sidecar `sc` selecting `proxy`.
-pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, sc: &Config<Sidecar>) {
-    // The AuthorizationPolicies selecting this workload guard every port.
-    let authz = AuthzFilters::for_proxy(mesh, proxy);
-    // RequestAuthentication: the same filters on every inbound HTTP port.
-    // Then the RBAC filters (they read the verified token's payload).
-    let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().chain(authz.http.iter().cloned()).collect();
+/// One inbound port of a workload: where Envoy listens (a bound listener's
+/// address; a captured proxy's `virtualInbound` chain matches the port)
+/// and the workload's endpoint it forwards to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IngressPort {
+    pub port: u32,
+    pub bind: String,
+    pub endpoint: (String, u32),
+    pub is_http: bool,
+}
+
+/// The ports of the Sidecar `sc`'s `ingress` (bound to `bind`, else the
+/// proxy's IP), but those that would forward to themselves.
+pub fn sidecar_ports(proxy: &ProxyIdentity, sc: &Config<Sidecar>) -> Vec<IngressPort> {
+    let mut out = Vec::new();
     for ing in &sc.spec.ingress {
         let port = ing.port.number();
         let bind = ing.bind.clone().filter(|b| !b.is_empty() && b != "0.0.0.0").unwrap_or_else(|| proxy.ip.clone());
@@ -52,21 +60,46 @@ pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity
             // The proxy would forward to itself.
             continue;
         }
+        let is_http = crate::model::istio::common::Protocol::parse(&ing.port.protocol).is_some_and(|p| p.is_http());
+        out.push(IngressPort { port, bind, endpoint: (ep_ip.to_string(), ep_port), is_http });
+    }
+    out
+}
+
+/// The inbound listeners and clusters of the Sidecar `sc` selecting `proxy`.
+pub fn sidecar_ingress(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, sc: &Config<Sidecar>) {
+    for l in ingress_listeners(cfg, mesh, proxy, &sidecar_ports(proxy, sc)) {
+        cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+    }
+}
+
+/// A listener per port (its clusters inserted into `cfg`), with the filter
+/// chains of its mutual TLS mode and the workload's RBAC filters; none for
+/// a port mutual TLS closes (STRICT without a workload certificate).
+pub fn ingress_listeners(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, ports: &[IngressPort]) -> Vec<Listener> {
+    // The AuthorizationPolicies selecting this workload guard every port.
+    let authz = AuthzFilters::for_proxy(mesh, proxy);
+    // RequestAuthentication: the same filters on every inbound HTTP port.
+    // Then the RBAC filters (they read the verified token's payload).
+    let first: Vec<_> = super::jwt::jwt_filter(mesh, proxy).into_iter().chain(authz.http.iter().cloned()).collect();
+    let mut out = Vec::new();
+    for p in ports {
+        let port = p.port;
         let mode = mtls::inbound_mode(mesh, proxy, port);
         if mode == Inbound::Refused {
             // STRICT without a workload certificate: closed, not plaintext.
             continue;
         }
         let cluster_name = format!("inbound|{port}||");
-        let c = inbound_cluster(&cluster_name, ep_ip, ep_port);
+        let c = inbound_cluster(&cluster_name, &p.endpoint.0, p.endpoint.1);
         cfg.insert(ResourceType::Cluster, XdsResource::new(cluster_name.clone(), &c));
-        let name = format!("{bind}_{port}");
-        let is_http = crate::model::istio::common::Protocol::parse(&ing.port.protocol).is_some_and(|p| p.is_http());
-        let filters = |_tls: bool| inbound_filters(&name, port, is_http, &cluster_name, &first);
-        let mut l = inbound_listener(&name, &bind, port, mode, &mesh.config.trust_domain, filters);
+        let name = format!("{}_{port}", p.bind);
+        let filters = |_tls: bool| inbound_filters(&name, port, p.is_http, &cluster_name, &first);
+        let mut l = inbound_listener(&name, &p.bind, port, mode, &mesh.config.trust_domain, filters);
         authz.guard_tcp(&mut l);
-        cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+        out.push(l);
     }
+    out
 }
 
 /// An inbound listener with the filter chains of `mode`, each chain's
@@ -157,7 +190,7 @@ pub fn inbound_filters(stat_prefix: &str, port: u32, is_http: bool, cluster_name
     vec![Filter { name: HCM.into(), config_type: Some(filter::ConfigType::TypedConfig(any(&hcm))) }]
 }
 
-fn inbound_cluster(name: &str, ip: &str, port: u32) -> Cluster {
+pub fn inbound_cluster(name: &str, ip: &str, port: u32) -> Cluster {
     use envoy_types::pb::envoy::config::endpoint::v3::{lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints};
     Cluster {
         name: name.into(),

@@ -28,8 +28,11 @@
 //! - `mtls`: mutual TLS between Envoys (PeerAuthentication, ISTIO_MUTUAL,
 //!   auto-mTLS) with the workload certificates over SDS.
 //! - `jwt`: RequestAuthentication → `jwt_authn` on inbound and gateway listeners.
+//! - `capture`: captured proxies (`INTERCEPTION_MODE: REDIRECT`) →
+//!   `virtualOutbound`/`virtualInbound` and unbound per-port listeners.
 
 pub mod authz;
+pub mod capture;
 pub mod cluster;
 pub mod effect;
 pub mod encode;
@@ -220,10 +223,15 @@ struct VhostPart {
 
 impl VhostPart {
     fn build(ctx: &RouteCtx, svc: &Service, domains: Vec<String>) -> VhostPart {
-        let bytes = encode::virtual_host_bytes(&route::virtual_host(ctx, svc, domains.clone()));
+        VhostPart::of(svc.hostname.clone(), &route::virtual_host(ctx, svc, domains))
+    }
+
+    /// A part for `vhost`, built for `hostname` (empty: for no service).
+    fn of(hostname: String, vhost: &envoy_types::pb::envoy::config::route::v3::VirtualHost) -> VhostPart {
+        let bytes = encode::virtual_host_bytes(vhost);
         let hash = crate::translate::resources::fnv1a(&bytes);
-        let (bytes, domains) = (intern::bytes(hash, Arc::new(bytes)), intern::domains(Arc::new(domains)));
-        VhostPart { hostname: svc.hostname.clone(), domains, bytes, hash }
+        let (bytes, domains) = (intern::bytes(hash, Arc::new(bytes)), intern::domains(Arc::new(vhost.domains.clone())));
+        VhostPart { hostname, domains, bytes, hash }
     }
 }
 
@@ -260,23 +268,43 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
     let plans = scope::egress_plans(&services, proxy, sc.map(|s| s.as_ref()));
     let suffix = &mesh.config.domain_suffix;
     let mut reachable: BTreeMap<String, Arc<Service>> = BTreeMap::new();
+    let allow_any = capture::allow_any(sc.map(|s| s.as_ref()));
     for plan in &plans {
         reachable.extend(plan.services.iter().map(|(k, v)| (k.clone(), v.clone())));
+        // A captured proxy's listeners for its own address bind nothing:
+        // `virtualOutbound` hands them connections (`capture`).
+        let captured = proxy.capture && plan.bind == proxy.ip;
         let http: Vec<&Arc<Service>> = plan.services.values().filter(|s| s.port(plan.port).is_some_and(|p| p.is_http())).collect();
         let ctx = RouteCtx { mesh, proxy, scope: &services, port: plan.port, gateway: None };
         if !http.is_empty() {
             let route_name = plan.route_name(&proxy.ip);
             let services: Vec<&Service> = http.iter().map(|s| s.as_ref()).collect();
-            let domains = route::unique_domains(&services, plan.port, &proxy.namespace, suffix);
+            let mut domains = route::unique_domains(&services, plan.port, &proxy.namespace, suffix);
+            if captured {
+                capture::add_address_domains(&services, &mut domains, plan.port);
+            }
             // A service left with no name of its own here gets no virtual
             // host (Envoy refuses one without domains).
-            let parts: Vec<VhostPart> =
+            let mut parts: Vec<VhostPart> =
                 services.iter().zip(domains).filter(|(_, d)| !d.is_empty()).map(|(svc, domains)| VhostPart::build(&ctx, svc, domains)).collect();
+            if captured && allow_any {
+                parts.push(VhostPart::of(String::new(), &capture::allow_any_vhost()));
+            }
             cfg.insert(ResourceType::Route, assemble_route(&route_name, &parts));
             rds.insert(route_name.clone(), RdsParts { port: plan.port, parts: Arc::new(parts) });
-            let l = listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name));
+            let l = match captured {
+                true => capture::unbound(listener::http_listener(&format!("0.0.0.0_{}", plan.port), "0.0.0.0", plan.port, Routes::Rds(route_name))),
+                false => listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name)),
+            };
             cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
-        } else {
+        }
+        if captured {
+            // TCP services told apart by their addresses.
+            let services: Vec<&Service> = plan.services.values().map(|s| s.as_ref()).collect();
+            for l in capture::tcp_listeners(&ctx, &services, !http.is_empty()) {
+                cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+            }
+        } else if http.is_empty() {
             // TLS services are told apart by SNI; plain TCP carries no name,
             // and without iptables there is no original destination either,
             // so one TCP service per port (see `l4`).
@@ -289,7 +317,9 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
     // Destinations named by routes must exist even if the egress scope does
     // not list them (Envoy answers 503 for unknown clusters otherwise).
     add_service_clusters(cfg, mesh, proxy, &reachable, cache);
-    if let Some(sc) = sc {
+    if proxy.capture {
+        capture::virtual_listeners(cfg, mesh, proxy, sc.map(|s| s.as_ref()));
+    } else if let Some(sc) = sc {
         inbound::sidecar_ingress(cfg, mesh, proxy, sc);
     }
 }
@@ -566,6 +596,16 @@ impl Translator {
         Some((hosts, l4))
     }
 
+    /// Whether a registry Instance at `proxy`'s address changed (was
+    /// added, removed, or changed) since its last translation.
+    fn own_instances_changed(&self, prev: &Previous, state: &State, proxy: &ProxyIdentity) -> bool {
+        self.changes(prev, state).iter().filter(|(key, _, _)| key.kind == crate::model::Kind::Instance).any(|(_, old, new)| {
+            old.iter()
+                .chain(new.iter())
+                .any(|o| o.typed().ok().is_some_and(|t| matches!(t.as_ref(), crate::model::TypedSpec::Instance(i) if i.address == proxy.ip)))
+        })
+    }
+
     /// Whether every change since the proxy's last translation is to an
     /// AuthorizationPolicy or a RequestAuthentication (both only shape the
     /// filters of inbound and gateway listeners).
@@ -721,6 +761,13 @@ impl Generator for Translator {
                 translate_with_parts(&mesh, proxy, Some(&self.clusters))
             }
             (Some(p), _) if p.config.revision == state.revision() => return Ok(p.config.clone()),
+            // A captured proxy's inbound ports are those of the instances
+            // at its address (`capture::inbound_ports`): a change to one of
+            // them is a listener change, whatever else it is.
+            (Some(p), _) if proxy.capture && self.own_instances_changed(p, state, proxy) => {
+                incremental = false;
+                translate_with_parts(&mesh, proxy, Some(&self.clusters))
+            }
             // Nothing this proxy depends on changed: its config is the same
             // at the new revision, with no translation at all.
             (Some(p), ProxyKind::Sidecar) if self.unaffected(p, state, &mesh) => {
@@ -730,11 +777,15 @@ impl Generator for Translator {
             }
             // Only AuthorizationPolicies or RequestAuthentications changed:
             // only the inbound listeners (where their filters are) can differ.
-            (Some(p), ProxyKind::Sidecar) if self.authz_only(p, state) => (authz_incremental(p, &mesh, proxy), p.rds.clone()),
+            // A captured proxy's inbound listener is `virtualInbound`
+            // (`capture`): translated in full.
+            (Some(p), ProxyKind::Sidecar) if !proxy.capture && self.authz_only(p, state) => (authz_incremental(p, &mesh, proxy), p.rds.clone()),
             (Some(p), kind) => match self.endpoints_only_hosts(p, state, &mesh) {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
                 None => match (kind, self.vs_only_hosts(p, state)) {
-                    (ProxyKind::Sidecar, Some((hosts, l4))) => {
+                    // A captured proxy's TCP listeners are its own
+                    // (`capture`): with TLS/TCP routes, translated in full.
+                    (ProxyKind::Sidecar, Some((hosts, l4))) if !(proxy.capture && l4) => {
                         let (mut cfg, rds) = self.incremental(p, &mesh, proxy, &hosts);
                         if l4 {
                             l4_incremental(&mut cfg, &mesh, proxy, &hosts);

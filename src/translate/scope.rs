@@ -5,7 +5,8 @@
 //! the selector-less one in its namespace, else the selector-less one in the
 //! root namespace, else none.
 //!
-//! Without iptables every listener binds a real address. Egress listeners
+//! Without capture every listener binds a real address (a captured
+//! proxy's are made virtual in `capture`). Egress listeners
 //! bind `bind:port` (default: the proxy's own IP) and route by Host header to
 //! every visible service on that port. A proxy with no Sidecar, and an egress
 //! entry with no port, get one such listener per port of the services they
@@ -86,7 +87,7 @@ impl<'a> ProxyScope<'a> {
         let egress = sidecar
             .map(|s| &s.spec.egress)
             .filter(|e| !e.is_empty())
-            .map(|egress| egress.iter().filter(|e| e.capture_mode != Some(CaptureMode::Iptables)).flat_map(|e| e.hosts.iter().map(String::as_str)).collect());
+            .map(|egress| egress.iter().filter(|e| served(e, proxy)).flat_map(|e| e.hosts.iter().map(String::as_str)).collect());
         ProxyScope { mesh, namespace: &proxy.namespace, egress }
     }
 
@@ -121,15 +122,20 @@ impl<'a> ProxyScope<'a> {
     }
 }
 
+/// Whether an egress entry is served to `proxy`: one that relies on
+/// iptables (`captureMode: IPTABLES`) only to a proxy whose traffic is
+/// captured.
+fn served(e: &crate::model::istio::sidecar::EgressListener, proxy: &ProxyIdentity) -> bool {
+    proxy.capture || e.capture_mode != Some(CaptureMode::Iptables)
+}
+
 /// The egress listeners of a sidecar proxy.
 pub fn egress_plans(scope: &ProxyScope, proxy: &ProxyIdentity, sidecar: Option<&Config<Sidecar>>) -> Vec<EgressPlan> {
     let default_hosts = vec!["*/*".to_string()];
     let entries: Vec<(Option<u32>, Option<String>, &Vec<String>)> = match sidecar.map(|s| &s.spec.egress) {
-        Some(egress) if !egress.is_empty() => egress
-            .iter()
-            .filter(|e| e.capture_mode != Some(CaptureMode::Iptables))
-            .map(|e| (e.port.as_ref().map(|p| p.number()), e.bind.clone(), &e.hosts))
-            .collect(),
+        Some(egress) if !egress.is_empty() => {
+            egress.iter().filter(|e| served(e, proxy)).map(|e| (e.port.as_ref().map(|p| p.number()), e.bind.clone(), &e.hosts)).collect()
+        }
         _ => vec![(None, None, &default_hosts)],
     };
     let services: Vec<&Arc<Service>> = scope.services().collect();

@@ -14,6 +14,7 @@ mod analyze;
 mod api;
 mod authz;
 mod backup;
+mod capture;
 mod churn;
 mod cluster;
 mod console;

@@ -59,6 +59,7 @@ const SECTIONS: &[(&str, usize)] = &[
     ("A three-replica cluster on one machine", 0),
     ("The service registry", 0),
     ("Tokens and policies (ACLs)", 1),
+    ("Transparent capture", 1),
 ];
 
 /// (section, README line as printed, what the harness runs instead); see

@@ -227,6 +227,51 @@ fn incremental_equals_full() {
     }
 }
 
+/// A captured proxy (the `capture` case) through the translator's
+/// incremental paths: an instance registered at its address (an endpoint
+/// change, but a new `virtualInbound` port), a VirtualService (HTTP: the
+/// incremental route path; TCP: its VIP listener), an
+/// AuthorizationPolicy selecting it: each gives what a full translation
+/// gives.
+#[test]
+fn captured_incremental_equals_full() {
+    use lodestar::translate::Translator;
+    use lodestar::xds::resources::Generator;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/capture");
+    let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
+    let proxies: Vec<ProxyIdentity> = ["proxy.json", "proxy-locked.json"]
+        .iter()
+        .map(|f| {
+            let p: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(f)).unwrap()).unwrap();
+            ProxyIdentity::parse(p["id"].as_str().unwrap(), &p["metadata"]).unwrap()
+        })
+        .collect();
+    let translator = Translator::new(MeshConfig::default());
+    for proxy in &proxies {
+        translator.generate(proxy, &base).unwrap();
+    }
+    let changes = [
+        "apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {name: reviews-3, namespace: shop, labels: {version: v1}}\nspec: {service: reviews, address: 198.18.1.1, port: 9080}\n",
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: shop}\nspec:\n  hosts: [reviews]\n  http:\n  - route:\n    - destination: {host: reviews, subset: v2}\n",
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: orders-db, namespace: shop}\nspec:\n  hosts: [orders-db]\n  tcp:\n  - route:\n    - destination: {host: users-db}\n",
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: web, namespace: shop}\nspec:\n  selector: {matchLabels: {app: web}}\n  action: DENY\n  rules:\n  - to: [{operation: {ports: [\"8080\"]}}]\n",
+    ];
+    let mut state = base.state.clone();
+    for (i, yaml) in changes.iter().enumerate() {
+        for doc in parse_documents(yaml, "change").unwrap() {
+            let r = parse_resource(doc, "default").unwrap();
+            validate_spec(&r).unwrap();
+            state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.unwrap();
+        }
+        let applied = Applied { state: state.clone(), ..Default::default() };
+        for proxy in &proxies {
+            let got = translator.generate(proxy, &applied).unwrap();
+            let want = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), proxy);
+            assert_eq!(render(&got), render(&want), "change {i}, proxy {}", proxy.id);
+        }
+    }
+}
+
 /// A hostname several namespaces claim (the `duplicate-host` case): every
 /// path of the translator (EDS only, VirtualService only, out of scope,
 /// full) gives each namespace's proxy what a full translation gives, as

@@ -26,6 +26,7 @@ pub struct AgentBuilder {
     server: Option<String>,
     args: Vec<OsString>,
     env: Vec<(String, OsString)>,
+    netns: Option<String>,
 }
 
 impl AgentBuilder {
@@ -41,6 +42,7 @@ impl AgentBuilder {
             server: None,
             args,
             env: Vec::new(),
+            netns: None,
         }
     }
 
@@ -86,8 +88,22 @@ impl AgentBuilder {
         self
     }
 
+    /// Run it in the network namespace `name` (`ip netns exec`, which
+    /// execs: the process is the agent's).
+    pub fn netns(mut self, name: &str) -> Self {
+        self.netns = Some(name.to_string());
+        self
+    }
+
     fn command(&self) -> std::process::Command {
-        let mut cmd = super::cli_command();
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = std::process::Command::new("ip");
+                c.args(["netns", "exec", ns, super::BIN]).env("LODESTAR_CONFIG", &super::test_ca().client_config);
+                c
+            }
+            None => super::cli_command(),
+        };
         if let Some(api) = &self.server {
             cmd.args(["--server", api]);
         }

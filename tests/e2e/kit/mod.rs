@@ -332,9 +332,16 @@ impl Cluster {
     /// The addresses and directories of `n` founding replicas, none started
     /// yet (e.g. to restore a backup into their data dirs first).
     pub fn prepare(n: u64, extra_toml: &str) -> Cluster {
+        Cluster::prepare_on(n, extra_toml, &loopback_prefix())
+    }
+
+    /// The same on `prefix` (replica N at `PREFIX.N`): an address the test
+    /// holds, e.g. the root side of a veth pair, reachable from network
+    /// namespaces where loopback is not.
+    pub fn prepare_on(n: u64, extra_toml: &str, prefix: &str) -> Cluster {
         // LODESTAR_TEST_KEEP=1 keeps data dirs and replica logs for a post-mortem.
         let tmp = tempfile::Builder::new().prefix("lodestar-test").disable_cleanup(std::env::var_os("LODESTAR_TEST_KEEP").is_some()).tempdir().unwrap();
-        let prefix = loopback_prefix();
+        let prefix = prefix.to_string();
         let replicas: Vec<Replica> = (1..=n)
             .map(|id| Replica {
                 id,
