@@ -30,7 +30,7 @@ use crate::model::{Kind, ResourceKey, StoredObject};
 use crate::store::state::State;
 use crate::store::types::{Action, Op, Txn};
 use crate::store::EventType;
-use crate::translate::effect::{proxy_effect, ProxyEffect};
+use crate::translate::effect::{proxy_effect_cached, DiffCache, ProxyEffect};
 use crate::translate::mesh::MeshConfig;
 use crate::translate::resources::Generator;
 use crate::translate::Translator;
@@ -127,10 +127,10 @@ impl ProxyScope {
             Ok(p) => p,
         };
         let scratch: Box<dyn Generator> = self.generator.as_ref().and_then(|g| g.fork()).unwrap_or_else(|| Box::new(Translator::new((*self.mesh).clone())));
-        let (mut changed, mut failed) = (Vec::new(), Vec::new());
+        let (mut changed, mut failed, mut diffs) = (Vec::new(), Vec::new(), DiffCache::new());
         for p in proxies {
             match (scratch.generate(p, before), scratch.generate(p, after)) {
-                (Ok(b), Ok(a)) => changed.extend(proxy_effect(p, &b, &a).map(|effect| OnReplica { replica: self.replica, effect })),
+                (Ok(b), Ok(a)) => changed.extend(proxy_effect_cached(p, &b, &a, &mut diffs).map(|effect| OnReplica { replica: self.replica, effect })),
                 (_, Err(e)) | (Err(e), _) => failed.push(json!({"proxy": p.id, "replica": self.replica, "error": e})),
             }
             // One proxy's configs held at a time (shared clusters stay).

@@ -52,9 +52,19 @@ pub struct ResourceChange {
     pub diff: Vec<FieldChange>,
 }
 
+/// Field diffs already computed, by type, name and the two versions:
+/// proxies that share a resource (most do: interned route tables and
+/// clusters) share its diff, computed once per preview.
+pub type DiffCache = std::collections::HashMap<(&'static str, String, String, String), Vec<FieldChange>>;
+
 /// How `proxy`'s config changes from `before` to `after`; `None` when it
 /// does not.
 pub fn proxy_effect(proxy: &ProxyIdentity, before: &ProxyConfig, after: &ProxyConfig) -> Option<ProxyEffect> {
+    proxy_effect_cached(proxy, before, after, &mut DiffCache::new())
+}
+
+/// [`proxy_effect`], reusing (and filling) `cache`.
+pub fn proxy_effect_cached(proxy: &ProxyIdentity, before: &ProxyConfig, after: &ProxyConfig, cache: &mut DiffCache) -> Option<ProxyEffect> {
     let empty = ResourceMap::new();
     let mut changes = Vec::new();
     for t in ResourceType::PUSH_ORDER {
@@ -63,7 +73,11 @@ pub fn proxy_effect(proxy: &ProxyIdentity, before: &ProxyConfig, after: &ProxyCo
         for name in names {
             let change = match (b.get(name), a.get(name)) {
                 (Some(x), Some(y)) if x.version == y.version => continue,
-                (Some(x), Some(y)) => ResourceChange { type_: t.short(), name: name.clone(), action: "changed", diff: resource_diff(t, x, y) },
+                (Some(x), Some(y)) => {
+                    let key = (t.short(), name.clone(), x.version.clone(), y.version.clone());
+                    let diff = cache.entry(key).or_insert_with(|| resource_diff(t, x, y)).clone();
+                    ResourceChange { type_: t.short(), name: name.clone(), action: "changed", diff }
+                }
                 (None, Some(_)) => ResourceChange { type_: t.short(), name: name.clone(), action: "added", diff: Vec::new() },
                 (Some(_), None) => ResourceChange { type_: t.short(), name: name.clone(), action: "removed", diff: Vec::new() },
                 (None, None) => continue,
