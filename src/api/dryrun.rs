@@ -118,8 +118,7 @@ impl ProxyScope {
     /// translator translates every proxy at `before` (sharing clusters
     /// across proxies, as the xDS server does), then at `after` from
     /// there, incrementally where it can: a proxy the change cannot reach
-    /// costs a lookup. Memory: one proxy's two configs at a time, plus the
-    /// clusters they share. The server's own translator is never touched (its
+    /// costs a lookup. The server's own translator is never touched (its
     /// caches know revision numbers, and `after` is hypothetical).
     pub fn effect(&self, before: &State, after: &State) -> Proxies {
         let proxies = match &self.proxies {
@@ -128,12 +127,16 @@ impl ProxyScope {
         };
         let scratch: Box<dyn Generator> = self.generator.as_ref().and_then(|g| g.fork()).unwrap_or_else(|| Box::new(Translator::new((*self.mesh).clone())));
         let (mut changed, mut failed, mut diffs) = (Vec::new(), Vec::new(), DiffCache::new());
-        for p in proxies {
-            match (scratch.generate(p, before), scratch.generate(p, after)) {
+        // Every proxy at `before` first, then every one at `after`: the
+        // translator keeps one mesh, and alternating revisions would
+        // rebuild it for every proxy. At `before` a served proxy's config
+        // is the one it is served (shared, not copied).
+        let befores: Vec<_> = proxies.iter().map(|p| scratch.generate(p, before)).collect();
+        for (p, b) in proxies.iter().zip(befores) {
+            match (b, scratch.generate(p, after)) {
                 (Ok(b), Ok(a)) => changed.extend(proxy_effect_cached(p, &b, &a, &mut diffs).map(|effect| OnReplica { replica: self.replica, effect })),
                 (_, Err(e)) | (Err(e), _) => failed.push(json!({"proxy": p.id, "replica": self.replica, "error": e})),
             }
-            // One proxy's configs held at a time (shared clusters stay).
             scratch.forget(&p.id);
         }
         let unchanged = proxies.len() - changed.len() - failed.len();
