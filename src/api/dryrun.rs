@@ -30,7 +30,7 @@ use crate::model::{Kind, ResourceKey, StoredObject};
 use crate::store::state::State;
 use crate::store::types::{Action, Op, Txn};
 use crate::store::EventType;
-use crate::translate::effect::{proxy_effect_cached, DiffCache, ProxyEffect};
+use crate::translate::effect::{proxy_effect, DiffCache, ProxyEffect};
 use crate::translate::mesh::MeshConfig;
 use crate::translate::resources::Generator;
 use crate::translate::Translator;
@@ -58,8 +58,7 @@ pub struct Preview {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
     /// The proxies connected to this replica whose config would change.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub proxies: Option<Proxies>,
+    pub proxies: Proxies,
 }
 
 /// The effect of a write on connected proxies: one replica's answer, or
@@ -134,7 +133,7 @@ impl ProxyScope {
         let befores: Vec<_> = proxies.iter().map(|p| scratch.generate(p, before)).collect();
         for (p, b) in proxies.iter().zip(befores) {
             match (b, scratch.generate(p, after)) {
-                (Ok(b), Ok(a)) => changed.extend(proxy_effect_cached(p, &b, &a, &mut diffs).map(|effect| OnReplica { replica: self.replica, effect })),
+                (Ok(b), Ok(a)) => changed.extend(proxy_effect(p, &b, &a, &mut diffs).map(|effect| OnReplica { replica: self.replica, effect })),
                 (_, Err(e)) | (Err(e), _) => failed.push(json!({"proxy": p.id, "replica": self.replica, "error": e})),
             }
             scratch.forget(&p.id);
@@ -165,7 +164,7 @@ pub struct Change {
 
 /// What the write `txn` would do to `state`; the caller's read permission
 /// on every resource checked first (the diff shows their contents).
-pub fn preview(caller: &Caller, state: &State, txn: &Txn, warnings: Vec<String>, scope: Option<&ProxyScope>) -> Result<Preview> {
+pub fn preview(caller: &Caller, state: &State, txn: &Txn, warnings: Vec<String>, scope: &ProxyScope) -> Result<Preview> {
     caller.authorize(Verb::Read, txn.ops.iter().map(|op| Target::key(op.key())))?;
     let mut after = state.clone();
     let (result, events) = after.apply_txn(txn);
@@ -182,7 +181,7 @@ pub fn preview(caller: &Caller, state: &State, txn: &Txn, warnings: Vec<String>,
         base_revision: state.revision,
         revision: ok.revision,
         items: ok.items.into_iter().map(super::WriteItem::from).collect(),
-        proxies: scope.map(|s| s.effect(state, &after)),
+        proxies: scope.effect(state, &after),
         changes,
         warnings,
     })

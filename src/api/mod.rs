@@ -968,7 +968,7 @@ pub async fn apply_authorized(
         // Translation for every connected proxy, twice: off the runtime.
         let scope = dryrun::ProxyScope::of(caller, replica);
         let (caller, state) = (caller.clone(), applied.state.clone());
-        let preview = tokio::task::spawn_blocking(move || dryrun::preview(&caller, &state, &txn, warnings, Some(&scope)));
+        let preview = tokio::task::spawn_blocking(move || dryrun::preview(&caller, &state, &txn, warnings, &scope));
         return preview.await.map_err(|e| Error::internal(format!("dry run: {e}")))?.map(ApplyOutcome::Preview);
     }
     let ok = caller.write(node, Verb::Write, txn).await?;

@@ -471,6 +471,12 @@ impl ServerArgs {
     }
 }
 
+/// Every member's id and API address, as the replica asked lists them.
+pub(crate) async fn members(client: &Client) -> Result<Vec<(u64, String)>> {
+    let cluster = client.get("/v1/cluster").await?;
+    Ok(cluster["members"].as_array().into_iter().flatten().filter_map(|m| Some((m["id"].as_u64()?, m["info"]["api_addr"].as_str()?.to_string()))).collect())
+}
+
 /// A dry run on the replica the CLI talks to, then on every other member
 /// for the proxies connected there; a member that cannot answer is named
 /// in the preview's warnings, not fatal.
@@ -479,15 +485,12 @@ pub(crate) async fn dry_run_everywhere(client: &Client, path: &str, body: &Value
     if preview.get("proxies").is_none_or(|p| p.get("hidden").is_some()) {
         return Ok(preview);
     }
-    let cluster = client.get("/v1/cluster").await?;
     let here = preview["proxies"]["replicas"][0].as_u64();
-    let others: Vec<&Value> = cluster["members"].as_array().into_iter().flatten().filter(|m| m["id"].as_u64() != here).collect();
     let mut notes = Vec::new();
-    for m in others {
-        let Some(addr) = m["info"]["api_addr"].as_str() else { continue };
-        let answer = client.with_server(addr).post(path, body).await.map_err(|e| e.to_string());
+    for (id, addr) in members(client).await?.into_iter().filter(|(id, _)| Some(*id) != here) {
+        let answer = client.with_server(&addr).post(path, body).await.map_err(|e| e.to_string());
         if let Err(why) = answer.and_then(|a| crate::api::dryrun::merge_proxies(&mut preview, &a)) {
-            notes.push(Value::from(format!("proxies of replica {} ({addr}) not previewed: {why}", m["id"])));
+            notes.push(Value::from(format!("proxies of replica {id} ({addr}) not previewed: {why}")));
         }
     }
     if let Some(w) = preview.as_object_mut().map(|o| o.entry("warnings").or_insert_with(|| json!([]))) {

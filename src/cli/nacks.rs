@@ -55,12 +55,8 @@ async fn follow(replica: Client, tx: tokio::sync::mpsc::Sender<Result<Value, Str
 }
 
 pub async fn run(client: &Client, a: NacksArgs) -> Result<()> {
-    let replicas: Vec<Client> = if a.this_replica {
-        vec![client.clone()]
-    } else {
-        let cluster = client.get("/v1/cluster").await?;
-        cluster["members"].as_array().into_iter().flatten().filter_map(|m| m["info"]["api_addr"].as_str()).map(|addr| client.with_server(addr)).collect()
-    };
+    let replicas: Vec<Client> =
+        if a.this_replica { vec![client.clone()] } else { super::members(client).await?.into_iter().map(|(_, addr)| client.with_server(&addr)).collect() };
     let n = replicas.len();
     let (tx, mut rx) = tokio::sync::mpsc::channel(64);
     for r in replicas {

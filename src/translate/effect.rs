@@ -58,13 +58,8 @@ pub struct ResourceChange {
 pub type DiffCache = std::collections::HashMap<(&'static str, String, String, String), Vec<FieldChange>>;
 
 /// How `proxy`'s config changes from `before` to `after`; `None` when it
-/// does not.
-pub fn proxy_effect(proxy: &ProxyIdentity, before: &ProxyConfig, after: &ProxyConfig) -> Option<ProxyEffect> {
-    proxy_effect_cached(proxy, before, after, &mut DiffCache::new())
-}
-
-/// [`proxy_effect`], reusing (and filling) `cache`.
-pub fn proxy_effect_cached(proxy: &ProxyIdentity, before: &ProxyConfig, after: &ProxyConfig, cache: &mut DiffCache) -> Option<ProxyEffect> {
+/// does not. Field diffs come from (and go into) `cache`.
+pub fn proxy_effect(proxy: &ProxyIdentity, before: &ProxyConfig, after: &ProxyConfig, cache: &mut DiffCache) -> Option<ProxyEffect> {
     let empty = ResourceMap::new();
     let mut changes = Vec::new();
     for t in ResourceType::PUSH_ORDER {
@@ -191,13 +186,13 @@ mod tests {
     fn lists_what_differs_with_field_diffs() {
         let before = config(vec![(ResourceType::Cluster, cluster("a", 1)), (ResourceType::Cluster, cluster("b", 1)), (ResourceType::Route, routes(&["a"]))]);
         let after = config(vec![(ResourceType::Cluster, cluster("a", 2)), (ResourceType::Cluster, cluster("c", 1)), (ResourceType::Route, routes(&["a"]))]);
-        let e = proxy_effect(&proxy(), &before, &after).expect("a change");
+        let e = proxy_effect(&proxy(), &before, &after, &mut DiffCache::new()).expect("a change");
         let got: Vec<(&str, &str, &str)> = e.changes.iter().map(|c| (c.type_, c.name.as_str(), c.action)).collect();
         assert_eq!(got, vec![("CDS", "a", "changed"), ("CDS", "b", "removed"), ("CDS", "c", "added")]);
         assert_eq!(e.changes[0].diff.len(), 1, "{:?}", e.changes[0].diff);
         assert_eq!(e.changes[0].diff[0].path, "connectTimeout");
         assert!(e.lost_clusters.is_empty(), "b is not routed to");
-        assert_eq!(proxy_effect(&proxy(), &before, &before), None);
+        assert_eq!(proxy_effect(&proxy(), &before, &before, &mut DiffCache::new()), None);
     }
 
     #[test]
@@ -205,7 +200,7 @@ mod tests {
         let before =
             config(vec![(ResourceType::Cluster, cluster("a", 1)), (ResourceType::Cluster, cluster("b", 1)), (ResourceType::Route, routes(&["a", "b"]))]);
         let after = config(vec![(ResourceType::Cluster, cluster("a", 1)), (ResourceType::Route, routes(&["a", "b"]))]);
-        let e = proxy_effect(&proxy(), &before, &after).expect("a change");
+        let e = proxy_effect(&proxy(), &before, &after, &mut DiffCache::new()).expect("a change");
         assert_eq!(e.lost_clusters, vec!["b".to_string()]);
     }
 }
