@@ -81,6 +81,10 @@ async fn previews_write_nothing_show_only_what_the_caller_may_read_and_pin_the_r
     assert_eq!(status, 200, "{p}");
     let text = p.to_string();
     assert!(!text.contains(&ca_one[..40]) && !text.contains(&ca_two[..40]) && text.contains("\"redacted\":true"), "no Secret value in a preview: {text}");
+    // Proxies' configs are for those who may read the cluster (as
+    // proxy-config): a namespace's token is told, and shown none.
+    assert!(p["proxies"]["hidden"].as_str().is_some_and(|h| h.contains("read the cluster")), "{p:#}");
+    assert_eq!(p["proxies"]["changed"], json!([]), "{p:#}");
     let (status, refused) = post(&team_a, &format!("{api}/v1/apply?dryRun=true"), json!({"resources": [vs("other", "team-b", "v2")]})).await;
     assert_eq!(status, 403, "another namespace's preview: {refused}");
     assert!(!refused.to_string().contains("\"v1\""), "nothing of team-b's object in the refusal: {refused}");
