@@ -120,6 +120,18 @@ impl IntoResponse for Error {
     }
 }
 
+/// A path the API port does not serve: gRPC's UNIMPLEMENTED to a gRPC
+/// client (as tonic answers), a 404 in the REST error vocabulary to
+/// everyone else, so a typo in a URL is not mistaken for a success.
+pub async fn unrouted(req: axum::extract::Request) -> Response {
+    let path = req.uri().path().to_string();
+    let grpc = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|ct| ct.starts_with("application/grpc"));
+    if grpc {
+        return tonic::Status::unimplemented(format!("no method {path}")).into_http();
+    }
+    Error::not_found(format!("no API at {path}")).into_response()
+}
+
 /// Read a body with the configured size limit; over it is a 400 that says so.
 async fn read_body(replica: &Replica, body: Body) -> Result<Bytes> {
     let limit = replica.config.max_body_bytes;

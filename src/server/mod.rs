@@ -181,6 +181,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
 
     let app = rest::router(replica.clone())
         .merge(GrpcApi::router(replica.clone()))
+        .fallback(rest::unrouted)
         .layer(axum::middleware::from_fn(rest::track))
         .layer(axum::middleware::from_fn_with_state(config.max_body_bytes, rest::drain_unread_body));
     let api_stopped = stopped();

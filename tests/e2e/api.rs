@@ -135,6 +135,12 @@ async fn bad_input_is_400_naming_the_field() {
     // Unknown kind in a path is a 400 as well.
     let (status, body) = get_json(&c.http, &format!("{api}/v1/resources/pods")).await;
     assert_eq!((status, body["error"]["fields"][0]["field"].as_str()), (400, Some("kind")));
+    // A path nobody serves is a 404 in the same vocabulary (it was a 200
+    // carrying gRPC's UNIMPLEMENTED), and still UNIMPLEMENTED to gRPC.
+    let (status, body) = get_json(&c.http, &format!("{api}/v1/resourcez/default")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("NotFound")), "{body}");
+    let r = c.http.post(format!("{api}/lodestar.api.v1.Lodestar/NoSuchMethod")).header("content-type", "application/grpc").send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers().get("grpc-status").and_then(|v| v.to_str().ok())), (200, Some("12")));
 }
 
 /// The next NDJSON line of a streaming response.
