@@ -107,6 +107,7 @@ fn families_for(kind: Kind) -> &'static [Family] {
         Kind::PeerAuthentication | Kind::WorkloadGroup | Kind::Lease => &[Schema],
         Kind::Policy | Kind::Role | Kind::Token | Kind::CertificateRevocation => &[],
         Kind::GatewayClass | Kind::KubeGateway | Kind::HttpRoute | Kind::ReferenceGrant | Kind::Namespace => &[],
+        Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute => &[],
     }
 }
 

@@ -937,7 +937,7 @@ fn summary_header(kind: Kind) -> &'static str {
         Kind::VirtualService | Kind::ServiceEntry | Kind::Gateway => "HOSTS",
         Kind::WorkloadEntry => "ADDRESS",
         Kind::KubeGateway => "LISTENERS (ATTACHED ROUTES)",
-        Kind::HttpRoute => "PARENTS (ACCEPTED)",
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute => "PARENTS (ACCEPTED)",
         _ => "",
     }
 }
@@ -952,7 +952,7 @@ fn summary(kind: Kind, item: &Value) -> String {
             .as_array()
             .map(|ls| ls.iter().map(|l| format!("{}({})", l["name"].as_str().unwrap_or(""), l["attachedRoutes"])).collect::<Vec<_>>().join(","))
             .unwrap_or_default(),
-        Kind::HttpRoute => status["parents"]
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute => status["parents"]
             .as_array()
             .map(|ps| {
                 ps.iter()

@@ -1,5 +1,6 @@
 //! The Kubernetes Gateway API (`gateway.networking.k8s.io`, standard
-//! channel): GatewayClass, Gateway, HTTPRoute and ReferenceGrant, typed,
+//! channel): GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant,
+//! and the experimental channel's TCPRoute and TLSRoute, typed,
 //! with the checks of the CRDs' OpenAPI schema and CEL rules that matter
 //! (required fields, enums, hostname and path formats, ranges, list
 //! lengths), each error naming its field (`spec.rules[0].matches[1].path`).
@@ -27,13 +28,16 @@ pub fn is_ours(controller_name: &str) -> bool {
     controller_name == CONTROLLER_NAME || controller_name == ISTIO_CONTROLLER_NAME
 }
 
-/// One of the four kinds, typed.
+/// One of the kinds, typed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Spec {
     GatewayClass(GatewayClass),
     Gateway(Gateway),
     HttpRoute(HttpRoute),
     ReferenceGrant(ReferenceGrant),
+    GrpcRoute(GrpcRoute),
+    TcpRoute(L4Route),
+    TlsRoute(L4Route),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -176,19 +180,25 @@ pub struct ParentRef {
     pub port: Option<u32>,
 }
 
+/// An HTTPRoute or a GRPCRoute: parents, hostnames, rules (one that
+/// matches everything and has no backend when none is written).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct HttpRoute {
+#[serde(rename_all = "camelCase", deny_unknown_fields, bound(deserialize = "R: Deserialize<'de> + Default", serialize = "R: Serialize"))]
+pub struct Route<R> {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parent_refs: Vec<ParentRef>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hostnames: Vec<String>,
     #[serde(default = "default_rules")]
-    pub rules: Vec<HttpRouteRule>,
+    pub rules: Vec<R>,
 }
 
-fn default_rules() -> Vec<HttpRouteRule> {
-    vec![HttpRouteRule::default()]
+pub type HttpRoute = Route<HttpRouteRule>;
+/// GRPCRoute: gRPC methods routed by service and method name.
+pub type GrpcRoute = Route<GrpcRouteRule>;
+
+fn default_rules<R: Default>() -> Vec<R> {
+    vec![R::default()]
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -383,6 +393,71 @@ impl HttpBackendRef {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GrpcRouteRule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matches: Vec<GrpcRouteMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<HttpRouteFilter>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backend_refs: Vec<HttpBackendRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_persistence: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GrpcRouteMatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<GrpcMethodMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<ValueMatch>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GrpcMethodMatch {
+    /// `Exact` (default) or `RegularExpression`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+}
+
+impl GrpcMethodMatch {
+    pub fn is_regex(&self) -> bool {
+        self.kind.as_deref() == Some("RegularExpression")
+    }
+}
+
+/// TCPRoute and TLSRoute (experimental channel, v1alpha2): connections
+/// forwarded to weighted backends; a TLSRoute's by SNI hostname.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct L4Route {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parent_refs: Vec<ParentRef>,
+    /// TLSRoute only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hostnames: Vec<String>,
+    pub rules: Vec<L4RouteRule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct L4RouteRule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Without filters (refused by validation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backend_refs: Vec<HttpBackendRef>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReferenceGrant {
@@ -502,6 +577,20 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Spec, Vec<FieldError>> {
             let s: HttpRoute = parse(spec)?;
             check_route(&mut c, &s);
             Spec::HttpRoute(s)
+        }
+        "GRPCRoute" => {
+            let s: GrpcRoute = parse(spec)?;
+            check_grpc_route(&mut c, &s);
+            Spec::GrpcRoute(s)
+        }
+        "TCPRoute" | "TLSRoute" => {
+            let s: L4Route = parse(spec)?;
+            check_l4_route(&mut c, kind, &s);
+            if kind == "TCPRoute" {
+                Spec::TcpRoute(s)
+            } else {
+                Spec::TlsRoute(s)
+            }
         }
         "ReferenceGrant" => {
             let s: ReferenceGrant = parse(spec)?;
@@ -624,34 +713,8 @@ fn check_selector(c: &mut Check, f: &str, sel: &Value) {
 }
 
 fn check_route(c: &mut Check, s: &HttpRoute) {
-    c.max_items("spec.parentRefs", &s.parent_refs, 32);
-    c.max_items("spec.hostnames", &s.hostnames, 16);
+    check_parents_and_hostnames(c, &s.parent_refs, &s.hostnames);
     c.max_items("spec.rules", &s.rules, 16);
-    for (i, p) in s.parent_refs.iter().enumerate() {
-        let f = format!("spec.parentRefs[{i}]");
-        c.name(&format!("{f}.name"), &p.name);
-        if let Some(sn) = &p.section_name {
-            c.section_name(&format!("{f}.sectionName"), sn);
-        }
-        if let Some(port) = p.port {
-            c.port(&format!("{f}.port"), port);
-        }
-        if s.parent_refs[..i].iter().any(|q| q.group == p.group && q.kind == p.kind && q.namespace == p.namespace && q.name == p.name) {
-            // CEL: two refs to one parent must both name a distinct
-            // sectionName or port.
-            let distinct =
-                s.parent_refs[..i].iter().filter(|q| q.group == p.group && q.kind == p.kind && q.namespace == p.namespace && q.name == p.name).all(|q| {
-                    (q.section_name.is_some() && p.section_name.is_some() && q.section_name != p.section_name)
-                        || (q.port.is_some() && p.port.is_some() && q.port != p.port)
-                });
-            if !distinct {
-                c.err(f.clone(), "sectionName or port must be specified and unique when parentRefs include two references to the same parent");
-            }
-        }
-    }
-    for (i, h) in s.hostnames.iter().enumerate() {
-        c.hostname(&format!("spec.hostnames[{i}]"), h);
-    }
     for (i, r) in s.rules.iter().enumerate() {
         let f = format!("spec.rules[{i}]");
         if let Some(n) = &r.name {
@@ -674,27 +737,136 @@ fn check_route(c: &mut Check, s: &HttpRoute) {
             }
         }
         c.max_items(&format!("{f}.matches"), &r.matches, 64);
-        c.max_items(&format!("{f}.filters"), &r.filters, 16);
-        c.max_items(&format!("{f}.backendRefs"), &r.backend_refs, 16);
         for (j, m) in r.matches.iter().enumerate() {
             check_match(c, &format!("{f}.matches[{j}]"), m);
         }
-        check_filters(c, &format!("{f}.filters"), &r.filters, r);
-        for (j, b) in r.backend_refs.iter().enumerate() {
-            let bf = format!("{f}.backendRefs[{j}]");
-            check_backend(c, &bf, &b.object_ref());
-            if let Some(w) = b.weight {
-                if w > 1_000_000 {
-                    c.err(format!("{bf}.weight"), format!("{w} must be between 0 and 1000000"));
+        check_rule_filters_and_backends(c, &f, &r.filters, &r.backend_refs, &r.matches, FILTER_TYPES);
+    }
+}
+
+/// The filters and weighted backends of an HTTPRoute's or a GRPCRoute's
+/// rule (`f`), with the filter types the kind has.
+fn check_rule_filters_and_backends(
+    c: &mut Check,
+    f: &str,
+    filters: &[HttpRouteFilter],
+    backends: &[HttpBackendRef],
+    matches: &[HttpRouteMatch],
+    types: &[&str],
+) {
+    c.max_items(&format!("{f}.filters"), filters, 16);
+    c.max_items(&format!("{f}.backendRefs"), backends, 16);
+    check_filters(c, &format!("{f}.filters"), filters, matches, types);
+    for (j, b) in backends.iter().enumerate() {
+        let bf = format!("{f}.backendRefs[{j}]");
+        check_backend(c, &bf, &b.object_ref(), b.weight);
+        check_filters(c, &format!("{bf}.filters"), &b.filters, matches, types);
+    }
+}
+
+/// GRPC method names: a service is a dotted protobuf name, a method an
+/// identifier (the CRD's CEL rules for `Exact`).
+static GRPC_SERVICE: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new(r"^(?i)\.?[a-z_][a-z_0-9]*(\.[a-z_][a-z_0-9]*)*$").expect("a valid regex"));
+static GRPC_METHOD: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new(r"^[A-Za-z_][A-Za-z_0-9]*$").expect("a valid regex"));
+
+const GRPC_FILTER_TYPES: &[&str] = &["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "ExtensionRef"];
+
+fn check_grpc_route(c: &mut Check, s: &GrpcRoute) {
+    check_parents_and_hostnames(c, &s.parent_refs, &s.hostnames);
+    c.max_items("spec.rules", &s.rules, 16);
+    for (i, r) in s.rules.iter().enumerate() {
+        let f = format!("spec.rules[{i}]");
+        if let Some(n) = &r.name {
+            c.section_name(&format!("{f}.name"), n);
+        }
+        c.max_items(&format!("{f}.matches"), &r.matches, 64);
+        for (j, m) in r.matches.iter().enumerate() {
+            let mf = format!("{f}.matches[{j}]");
+            if let Some(mm) = &m.method {
+                let t = mm.kind.as_deref().unwrap_or("Exact");
+                c.one_of(&format!("{mf}.method.type"), t, &["Exact", "RegularExpression"]);
+                if mm.service.is_none() && mm.method.is_none() {
+                    c.err(format!("{mf}.method"), "one or both of service and method must be specified");
+                }
+                for (name, value, re) in [("service", &mm.service, &*GRPC_SERVICE), ("method", &mm.method, &*GRPC_METHOD)] {
+                    let Some(v) = value else { continue };
+                    if v.len() > 1024 {
+                        c.err(format!("{mf}.method.{name}"), "at most 1024 characters");
+                    } else if mm.is_regex() {
+                        if let Err(e) = regex::Regex::new(v) {
+                            c.err(format!("{mf}.method.{name}"), format!("{v:?} is not a valid regular expression: {e}"));
+                        }
+                    } else if !re.is_match(v) {
+                        c.err(format!("{mf}.method.{name}"), format!("{v:?} is not a valid gRPC {name} name"));
+                    }
                 }
             }
-            check_filters(c, &format!("{bf}.filters"), &b.filters, r);
+            // Header matches are checked as an HTTPRoute's are.
+            check_match(c, &mf, &HttpRouteMatch { headers: m.headers.clone(), ..Default::default() });
+        }
+        check_rule_filters_and_backends(c, &f, &r.filters, &r.backend_refs, &[], GRPC_FILTER_TYPES);
+    }
+}
+
+fn check_l4_route(c: &mut Check, kind: &str, s: &L4Route) {
+    if kind == "TCPRoute" && !s.hostnames.is_empty() {
+        c.err("spec.hostnames", "a TCPRoute has no hostnames");
+    }
+    check_parents_and_hostnames(c, &s.parent_refs, &s.hostnames);
+    if !(1..=16).contains(&s.rules.len()) {
+        c.err("spec.rules", format!("has {} items, must have 1 to 16", s.rules.len()));
+    }
+    for (i, r) in s.rules.iter().enumerate() {
+        let f = format!("spec.rules[{i}]");
+        if let Some(n) = &r.name {
+            c.section_name(&format!("{f}.name"), n);
+        }
+        if !(1..=16).contains(&r.backend_refs.len()) {
+            c.err(format!("{f}.backendRefs"), format!("has {} items, must have 1 to 16", r.backend_refs.len()));
+        }
+        for (j, b) in r.backend_refs.iter().enumerate() {
+            check_backend(c, &format!("{f}.backendRefs[{j}]"), &b.object_ref(), b.weight);
+            if !b.filters.is_empty() {
+                c.err(format!("{f}.backendRefs[{j}].filters"), format!("a {kind}'s backends have no filters"));
+            }
         }
     }
 }
 
-fn check_backend(c: &mut Check, f: &str, b: &ObjectRef) {
+fn check_parents_and_hostnames(c: &mut Check, parent_refs: &[ParentRef], hostnames: &[String]) {
+    c.max_items("spec.parentRefs", parent_refs, 32);
+    c.max_items("spec.hostnames", hostnames, 16);
+    for (i, h) in hostnames.iter().enumerate() {
+        c.hostname(&format!("spec.hostnames[{i}]"), h);
+    }
+    for (i, p) in parent_refs.iter().enumerate() {
+        let f = format!("spec.parentRefs[{i}]");
+        c.name(&format!("{f}.name"), &p.name);
+        if let Some(sn) = &p.section_name {
+            c.section_name(&format!("{f}.sectionName"), sn);
+        }
+        if let Some(port) = p.port {
+            c.port(&format!("{f}.port"), port);
+        }
+        let same_parent: Vec<&ParentRef> =
+            parent_refs[..i].iter().filter(|q| q.group == p.group && q.kind == p.kind && q.namespace == p.namespace && q.name == p.name).collect();
+        // CEL: two refs to one parent must both name a distinct
+        // sectionName or port.
+        let distinct = same_parent.iter().all(|q| {
+            (q.section_name.is_some() && p.section_name.is_some() && q.section_name != p.section_name)
+                || (q.port.is_some() && p.port.is_some() && q.port != p.port)
+        });
+        if !distinct {
+            c.err(f.clone(), "sectionName or port must be specified and unique when parentRefs include two references to the same parent");
+        }
+    }
+}
+
+fn check_backend(c: &mut Check, f: &str, b: &ObjectRef, weight: Option<u32>) {
     c.name(&format!("{f}.name"), &b.name);
+    if weight.is_some_and(|w| w > 1_000_000) {
+        c.err(format!("{f}.weight"), format!("{} must be between 0 and 1000000", weight.unwrap_or_default()));
+    }
     if let Some(ns) = &b.namespace {
         c.section_name(&format!("{f}.namespace"), ns);
     }
@@ -753,11 +925,11 @@ fn check_match(c: &mut Check, f: &str, m: &HttpRouteMatch) {
 const FILTER_TYPES: &[&str] =
     &["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "RequestRedirect", "URLRewrite", "CORS", "ExternalAuth", "ExtensionRef"];
 
-fn check_filters(c: &mut Check, f: &str, filters: &[HttpRouteFilter], rule: &HttpRouteRule) {
+fn check_filters(c: &mut Check, f: &str, filters: &[HttpRouteFilter], matches: &[HttpRouteMatch], types: &[&str]) {
     let mut once = BTreeSet::new();
     for (i, flt) in filters.iter().enumerate() {
         let ff = format!("{f}[{i}]");
-        c.one_of(&format!("{ff}.type"), &flt.kind, FILTER_TYPES);
+        c.one_of(&format!("{ff}.type"), &flt.kind, types);
         let set = [
             ("RequestHeaderModifier", "requestHeaderModifier", flt.request_header_modifier.is_some()),
             ("ResponseHeaderModifier", "responseHeaderModifier", flt.response_header_modifier.is_some()),
@@ -795,7 +967,7 @@ fn check_filters(c: &mut Check, f: &str, filters: &[HttpRouteFilter], rule: &Htt
             }
         }
         if let Some(m) = &flt.request_mirror {
-            check_backend(c, &format!("{ff}.requestMirror.backendRef"), &m.backend_ref);
+            check_backend(c, &format!("{ff}.requestMirror.backendRef"), &m.backend_ref, None);
             if m.percent.is_some_and(|p| p > 100) {
                 c.err(format!("{ff}.requestMirror.percent"), "must be between 0 and 100");
             }
@@ -815,7 +987,7 @@ fn check_filters(c: &mut Check, f: &str, filters: &[HttpRouteFilter], rule: &Htt
                 c.one_of(&format!("{rf}.statusCode"), &code.to_string(), &["301", "302", "303", "307", "308"]);
             }
             if let Some(p) = &r.path {
-                check_path_modifier(c, &format!("{rf}.path"), p, rule);
+                check_path_modifier(c, &format!("{rf}.path"), p, matches);
             }
         }
         if let Some(u) = &flt.url_rewrite {
@@ -823,7 +995,7 @@ fn check_filters(c: &mut Check, f: &str, filters: &[HttpRouteFilter], rule: &Htt
                 c.precise_hostname(&format!("{ff}.urlRewrite.hostname"), h);
             }
             if let Some(p) = &u.path {
-                check_path_modifier(c, &format!("{ff}.urlRewrite.path"), p, rule);
+                check_path_modifier(c, &format!("{ff}.urlRewrite.path"), p, matches);
             }
         }
     }
@@ -833,7 +1005,7 @@ fn check_filters(c: &mut Check, f: &str, filters: &[HttpRouteFilter], rule: &Htt
     }
 }
 
-fn check_path_modifier(c: &mut Check, f: &str, p: &PathModifier, rule: &HttpRouteRule) {
+fn check_path_modifier(c: &mut Check, f: &str, p: &PathModifier, matches: &[HttpRouteMatch]) {
     match p.kind.as_str() {
         "ReplaceFullPath" => {
             if p.replace_full_path.is_none() {
@@ -851,7 +1023,7 @@ fn check_path_modifier(c: &mut Check, f: &str, p: &PathModifier, rule: &HttpRout
                 c.err(format!("{f}.replaceFullPath"), "must not be set when type is ReplacePrefixMatch");
             }
             // CEL: only with PathPrefix matches.
-            if rule.matches.iter().any(|m| m.path.as_ref().is_some_and(|p| p.match_type() != "PathPrefix")) {
+            if matches.iter().any(|m| m.path.as_ref().is_some_and(|p| p.match_type() != "PathPrefix")) {
                 c.err(format!("{f}.type"), "ReplacePrefixMatch needs every match of the rule to be a PathPrefix match");
             }
         }
@@ -886,6 +1058,32 @@ mod tests {
         assert_eq!(r.rules[0].backend_refs[0].weight, Some(3));
         let Ok(Spec::HttpRoute(r)) = validate("HTTPRoute", &json!({})) else { panic!("empty route") };
         assert_eq!(r.rules.len(), 1, "one default rule");
+    }
+
+    #[test]
+    fn grpc_tcp_and_tls_routes_name_their_fields() {
+        let ok = json!({"parentRefs": [{"name": "gw"}], "rules": [{"matches": [{"method": {"service": "pkg.Echo", "method": "Call"}}],
+            "backendRefs": [{"name": "echo", "port": 50051}]}]});
+        assert!(matches!(validate("GRPCRoute", &ok), Ok(Spec::GrpcRoute(_))));
+        let bad = json!({"rules": [{"matches": [{"method": {}}, {"method": {"service": "not a service", "type": "Exact"}}, {"method": {"type": "Prefix", "method": "x"}}],
+            "filters": [{"type": "URLRewrite", "urlRewrite": {}}]}]});
+        assert_eq!(
+            fields("GRPCRoute", bad),
+            [
+                "spec.rules[0].matches[0].method",
+                "spec.rules[0].matches[1].method.service",
+                "spec.rules[0].matches[2].method.type",
+                "spec.rules[0].filters[0].type"
+            ]
+        );
+        let tcp = json!({"parentRefs": [{"name": "gw", "sectionName": "db"}], "rules": [{"backendRefs": [{"name": "db", "port": 5432}]}]});
+        assert!(matches!(validate("TCPRoute", &tcp), Ok(Spec::TcpRoute(_))));
+        assert_eq!(
+            fields("TCPRoute", json!({"hostnames": ["a.example.com"], "rules": [{"backendRefs": []}]})),
+            ["spec.hostnames", "spec.rules[0].backendRefs"]
+        );
+        assert_eq!(fields("TLSRoute", json!({"hostnames": ["A_B"], "rules": []})), ["spec.hostnames[0]", "spec.rules"]);
+        assert_eq!(fields("TLSRoute", json!({"rules": [{"backendRefs": [{"name": "x"}]}]})), ["spec.rules[0].backendRefs[0].port"]);
     }
 
     #[test]

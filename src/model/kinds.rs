@@ -58,6 +58,10 @@ pub enum Kind {
     /// `allowedRoutes.namespaces.selector`). Cluster-scoped: only who may
     /// write the cluster namespace labels namespaces.
     Namespace,
+    /// gateway.networking.k8s.io GRPCRoute, TCPRoute and TLSRoute.
+    GrpcRoute,
+    TcpRoute,
+    TlsRoute,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
@@ -88,6 +92,10 @@ const ACL_VERSIONS: &[&str] = &["v1"];
 const CORE_VERSIONS: &[&str] = &["v1"];
 /// The standard channel serves v1 and still v1beta1 for these kinds.
 const GATEWAY_API_VERSIONS: &[&str] = &["v1beta1", "v1"];
+/// GRPCRoute was v1alpha2 before it reached v1.
+const GRPC_ROUTE_VERSIONS: &[&str] = &["v1alpha2", "v1"];
+/// TCPRoute and TLSRoute are in the experimental channel.
+const L4_ROUTE_VERSIONS: &[&str] = &["v1alpha2", "v1alpha3"];
 
 const KINDS: &[KindInfo] = &[
     KindInfo { kind: Kind::VirtualService, name: "VirtualService", plural: "virtualservices", short: &["vs"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
@@ -162,10 +170,13 @@ const KINDS: &[KindInfo] = &[
         versions: GATEWAY_API_VERSIONS,
     },
     KindInfo { kind: Kind::Namespace, name: "Namespace", plural: "namespaces", short: &["ns"], group: CORE_GROUP, versions: CORE_VERSIONS },
+    KindInfo { kind: Kind::GrpcRoute, name: "GRPCRoute", plural: "grpcroutes", short: &[], group: GATEWAY_API_GROUP, versions: GRPC_ROUTE_VERSIONS },
+    KindInfo { kind: Kind::TcpRoute, name: "TCPRoute", plural: "tcproutes", short: &[], group: GATEWAY_API_GROUP, versions: L4_ROUTE_VERSIONS },
+    KindInfo { kind: Kind::TlsRoute, name: "TLSRoute", plural: "tlsroutes", short: &[], group: GATEWAY_API_GROUP, versions: L4_ROUTE_VERSIONS },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 23] = [
+    pub const ALL: [Kind; 26] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -189,6 +200,9 @@ impl Kind {
         Kind::HttpRoute,
         Kind::ReferenceGrant,
         Kind::Namespace,
+        Kind::GrpcRoute,
+        Kind::TcpRoute,
+        Kind::TlsRoute,
     ];
 
     fn info(self) -> &'static KindInfo {

@@ -26,7 +26,10 @@
 //!   traffic (a fault abort), as the spec requires.
 
 use super::mesh::Config;
-use crate::model::gateway_api::{self as api, HttpBackendRef, HttpRoute, HttpRouteFilter, HttpRouteMatch, HttpRouteRule, Listener, ObjectRef, Spec};
+use crate::model::gateway_api::{
+    self as api, GrpcRoute, GrpcRouteMatch, GrpcRouteRule, HttpBackendRef, HttpRoute, HttpRouteFilter, HttpRouteMatch, HttpRouteRule, L4Route, Listener,
+    ObjectRef, ParentRef, Spec, Timeouts,
+};
 use crate::model::istio::{host_matches, Gateway as IstioGateway, VirtualService};
 use crate::model::{Kind, ResourceKey, StoredObject};
 use serde_json::{json, Map, Value};
@@ -84,8 +87,9 @@ struct GatewayIn<'a> {
 struct ListenerState<'a> {
     gw: usize,
     listener: &'a Listener,
-    /// Route kinds it admits (HTTPRoute, if any).
-    admits_http: bool,
+    /// Route kinds it admits: HTTPRoute and GRPCRoute on HTTP(S),
+    /// TCPRoute on TCP, TLSRoute on TLS passed through.
+    admits: Vec<&'static str>,
     /// Whether it is served (HTTP, or HTTPS with a usable certificate).
     served: bool,
     conditions: Vec<Value>,
@@ -99,7 +103,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
     let mut out = Output::default();
     let mut classes: BTreeMap<&str, Class> = BTreeMap::new();
     let mut grants: Vec<(&str, &api::ReferenceGrant)> = Vec::new();
-    let mut routes: Vec<(&StoredObject, &HttpRoute)> = Vec::new();
+    let mut routes: Vec<(&StoredObject, RouteIn)> = Vec::new();
     let mut gateway_objs: Vec<(&StoredObject, &api::Gateway)> = Vec::new();
     for (obj, spec) in objects {
         match spec {
@@ -114,7 +118,10 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
                 }
             }
             Spec::Gateway(g) => gateway_objs.push((obj, g)),
-            Spec::HttpRoute(r) => routes.push((obj, r)),
+            Spec::HttpRoute(r) => routes.push((obj, RouteIn::Http(r))),
+            Spec::GrpcRoute(r) => routes.push((obj, RouteIn::Grpc(r))),
+            Spec::TcpRoute(r) => routes.push((obj, RouteIn::Tcp(r))),
+            Spec::TlsRoute(r) => routes.push((obj, RouteIn::Tls(r))),
             Spec::ReferenceGrant(g) => grants.push((obj.key.namespace.as_str(), g)),
         }
     }
@@ -134,11 +141,18 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         let ns = g.obj.key.namespace.as_str();
         for l in &g.spec.listeners {
             let mut conditions = Vec::new();
-            let protocol_ok = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
+            let passthrough = l.tls.as_ref().and_then(|t| t.mode.as_deref()) == Some("Passthrough");
+            let supported: &[&'static str] = match l.protocol.as_str() {
+                "HTTP" | "HTTPS" => &["HTTPRoute", "GRPCRoute"],
+                "TCP" => &["TCPRoute"],
+                "TLS" if passthrough => &["TLSRoute"],
+                _ => &[],
+            };
+            let protocol_ok = !supported.is_empty();
             let kinds = l.allowed_routes.as_ref().map(|a| a.kinds.as_slice()).unwrap_or_default();
-            let bad_kinds = kinds.iter().any(|k| k.group.as_deref().unwrap_or(api::GROUP) != api::GROUP || k.kind != "HTTPRoute");
-            let admits_http =
-                protocol_ok && (kinds.is_empty() || kinds.iter().any(|k| k.group.as_deref().unwrap_or(api::GROUP) == api::GROUP && k.kind == "HTTPRoute"));
+            let ours = |k: &api::RouteGroupKind| k.group.as_deref().unwrap_or(api::GROUP) == api::GROUP;
+            let bad_kinds = kinds.iter().any(|k| !ours(k) || !supported.contains(&k.kind.as_str()));
+            let admits: Vec<&'static str> = supported.iter().copied().filter(|s| kinds.is_empty() || kinds.iter().any(|k| ours(k) && k.kind == *s)).collect();
             // HTTPS: its first certificate, a Secret this namespace may use.
             let mut refs_ok = (!bad_kinds, if bad_kinds { "InvalidRouteKinds" } else { "ResolvedRefs" });
             if let Some(tls) = l.tls.as_ref().filter(|_| l.protocol == "HTTPS") {
@@ -159,13 +173,16 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             let served = protocol_ok && refs_ok.0;
             conditions.push(if protocol_ok {
                 condition("Accepted", true, "Accepted", "", gen)
+            } else if l.protocol == "TLS" {
+                let why = "TLS terminated at the gateway then forwarded as TCP is not supported: use mode Passthrough with TLSRoutes, or HTTPS";
+                condition("Accepted", false, "UnsupportedProtocol", why, gen)
             } else {
                 condition("Accepted", false, "UnsupportedProtocol", &format!("protocol {} is not supported", l.protocol), gen)
             });
             conditions.push(condition("ResolvedRefs", refs_ok.0, refs_ok.1, "", gen));
             conditions.push(condition("Programmed", served, if served { "Programmed" } else { "Invalid" }, "", gen));
             conditions.push(condition("Conflicted", false, "NoConflicts", "", gen));
-            listeners.push(ListenerState { gw: gi, listener: l, admits_http, served, conditions, attached: 0 });
+            listeners.push(ListenerState { gw: gi, listener: l, admits, served, conditions, attached: 0 });
         }
     }
 
@@ -173,13 +190,18 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
     // (listener, host).
     routes.sort_by(|(a, _), (b, _)| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
     let mut by_host: BTreeMap<(usize, String), Vec<(Rank, Value)>> = BTreeMap::new();
+    // TCPRoutes by listener; TLSRoutes by (listener, SNI host).
+    let mut tcp: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
+    let mut tls: BTreeMap<(usize, String), Vec<Value>> = BTreeMap::new();
     for (obj, route) in &routes {
         let ns = obj.key.namespace.as_str();
+        let from = Referrer { kind: route.kind(), ns };
         let gen = obj.version;
-        let refs = resolved_refs(route, ns, &resolver);
-        let unsupported = route.rules.iter().flat_map(|r| r.filters.iter()).find(|f| matches!(f.kind.as_str(), "CORS" | "ExternalAuth" | "ExtensionRef"));
+        let refs = resolved_refs(route.backends(), &from, &resolver);
+        let unsupported = route.filters().find(|f| matches!(f.kind.as_str(), "CORS" | "ExternalAuth" | "ExtensionRef"));
         let mut parents = Vec::new();
-        for pref in &route.parent_refs {
+        let (parent_refs, hostnames) = route.parents_and_hostnames();
+        for pref in parent_refs {
             if pref.group.as_deref().unwrap_or(api::GROUP) != api::GROUP || pref.kind.as_deref().unwrap_or("Gateway") != "Gateway" {
                 continue; // a mesh (GAMMA) parent: not served yet
             }
@@ -195,11 +217,11 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             let mut allowed_any = false;
             for &i in &candidates {
                 let l = &listeners[i];
-                if !l.admits_http || !namespace_allowed(l.listener, gw_ns, ns, namespaces) {
+                if !l.admits.contains(&from.kind) || !namespace_allowed(l.listener, gw_ns, ns, namespaces) {
                     continue;
                 }
                 allowed_any = true;
-                let hosts = intersect(l.listener.hostname.as_deref(), &route.hostnames);
+                let hosts = intersect(l.listener.hostname.as_deref(), hostnames);
                 if !hosts.is_empty() {
                     accepted.push((i, hosts));
                 }
@@ -227,11 +249,25 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
                 if !listeners[i].served {
                     continue;
                 }
+                let port = listeners[i].listener.port;
                 for host in hosts {
-                    let entries = by_host.entry((i, host)).or_default();
-                    for (ri, rule) in route.rules.iter().enumerate() {
-                        for (rank, http) in rule_routes(obj, ri, rule, ns, &resolver) {
-                            entries.push((rank, http));
+                    match route {
+                        RouteIn::Http(r) => {
+                            let entries = by_host.entry((i, host)).or_default();
+                            for (ri, rule) in r.rules.iter().enumerate() {
+                                entries.extend(rule_routes(obj, ri, rule, &from, &resolver));
+                            }
+                        }
+                        RouteIn::Grpc(r) => {
+                            let entries = by_host.entry((i, host)).or_default();
+                            for (ri, rule) in r.rules.iter().enumerate() {
+                                entries.extend(grpc_rule_routes(obj, ri, rule, &from, &resolver));
+                            }
+                        }
+                        RouteIn::Tcp(r) => tcp.entry(i).or_default().extend(l4_routes(r, None, port, &from, &resolver)),
+                        RouteIn::Tls(r) => {
+                            let entries = l4_routes(r, Some(&host), port, &from, &resolver);
+                            tls.entry((i, host)).or_default().extend(entries);
                         }
                     }
                 }
@@ -256,7 +292,9 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         if let Some(a) = g.spec.addresses.iter().find(|a| a.address_type() == "IPAddress") {
             server["bind"] = json!(a.value);
         }
-        if let Some(r) = l.listener.tls.as_ref().and_then(|t| t.certificate_refs.first()) {
+        if l.listener.protocol == "TLS" {
+            server["tls"] = json!({"mode": "PASSTHROUGH"});
+        } else if let Some(r) = l.listener.tls.as_ref().and_then(|t| t.certificate_refs.first()) {
             server["tls"] = json!({"mode": "SIMPLE", "credentialName": r.name});
         }
         let spec = json!({"selector": {NAME_LABEL: g.obj.key.name}, "servers": [server]});
@@ -265,12 +303,20 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             Err(e) => out.skipped.push((g.obj.key.clone(), format!("generated Gateway {name}: {e}"))),
         }
     }
-    for ((i, host), mut entries) in by_host {
+    let http = by_host.into_iter().map(|((i, host), mut entries)| {
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        (i, host, "http", entries.into_iter().map(|(_, v)| v).collect::<Vec<_>>())
+    });
+    let tcp = tcp.into_iter().map(|(i, entries)| (i, "*".to_string(), "tcp", entries));
+    let tls = tls.into_iter().map(|((i, host), entries)| (i, host, "tls", entries));
+    for (i, host, routes_kind, entries) in http.chain(tcp).chain(tls) {
+        if entries.is_empty() {
+            continue;
+        }
         let l = &listeners[i];
         let g = &gateways[l.gw];
-        entries.sort_by(|a, b| a.0.cmp(&b.0));
         let gw_name = format!("{}/{}.{}", g.obj.key.namespace, g.obj.key.name, l.listener.name);
-        let spec = json!({"hosts": [host], "gateways": [gw_name], "http": entries.into_iter().map(|(_, v)| v).collect::<Vec<_>>()});
+        let spec = json!({"hosts": [host], "gateways": [gw_name], routes_kind: entries});
         let name = format!("{}.{}.{}", g.obj.key.name, l.listener.name, host.replace('*', "wildcard"));
         match serde_json::from_value::<VirtualService>(spec) {
             Ok(spec) => out.virtual_services.push(generated(g.obj, Kind::VirtualService, &name, g.class, spec)),
@@ -285,7 +331,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             .iter()
             .filter(|l| l.gw == gi)
             .map(|l| {
-                let kinds = if l.admits_http { json!([{"group": api::GROUP, "kind": "HTTPRoute"}]) } else { json!([]) };
+                let kinds: Vec<Value> = l.admits.iter().map(|k| json!({"group": api::GROUP, "kind": k})).collect();
                 json!({"name": l.listener.name, "supportedKinds": kinds, "attachedRoutes": l.attached, "conditions": l.conditions})
             })
             .collect();
@@ -408,6 +454,60 @@ impl Resolver<'_> {
     }
 }
 
+/// Who refers to a backend: a route of a kind, in a namespace
+/// (ReferenceGrants name both).
+struct Referrer<'a> {
+    kind: &'static str,
+    ns: &'a str,
+}
+
+/// A route of any kind, as attachment sees it.
+enum RouteIn<'a> {
+    Http(&'a HttpRoute),
+    Grpc(&'a GrpcRoute),
+    Tcp(&'a L4Route),
+    Tls(&'a L4Route),
+}
+
+impl RouteIn<'_> {
+    fn kind(&self) -> &'static str {
+        match self {
+            RouteIn::Http(_) => "HTTPRoute",
+            RouteIn::Grpc(_) => "GRPCRoute",
+            RouteIn::Tcp(_) => "TCPRoute",
+            RouteIn::Tls(_) => "TLSRoute",
+        }
+    }
+
+    fn parents_and_hostnames(&self) -> (&[ParentRef], &[String]) {
+        match self {
+            RouteIn::Http(r) => (&r.parent_refs, &r.hostnames),
+            RouteIn::Grpc(r) => (&r.parent_refs, &r.hostnames),
+            RouteIn::Tcp(r) | RouteIn::Tls(r) => (&r.parent_refs, &r.hostnames),
+        }
+    }
+
+    /// Every rule's filters (HTTP and gRPC routes).
+    fn filters(&self) -> Box<dyn Iterator<Item = &HttpRouteFilter> + '_> {
+        match self {
+            RouteIn::Http(r) => Box::new(r.rules.iter().flat_map(|r| r.filters.iter())),
+            RouteIn::Grpc(r) => Box::new(r.rules.iter().flat_map(|r| r.filters.iter())),
+            RouteIn::Tcp(_) | RouteIn::Tls(_) => Box::new(std::iter::empty()),
+        }
+    }
+
+    /// Every backend it names: its rules' and its mirrors'.
+    fn backends(&self) -> Vec<ObjectRef> {
+        let mirrors = self.filters().filter_map(|f| f.request_mirror.as_ref().map(|m| m.backend_ref.clone()));
+        let rules: Vec<&[HttpBackendRef]> = match self {
+            RouteIn::Http(r) => r.rules.iter().map(|r| &r.backend_refs[..]).collect(),
+            RouteIn::Grpc(r) => r.rules.iter().map(|r| &r.backend_refs[..]).collect(),
+            RouteIn::Tcp(r) | RouteIn::Tls(r) => r.rules.iter().map(|r| &r.backend_refs[..]).collect(),
+        };
+        rules.into_iter().flatten().map(HttpBackendRef::object_ref).chain(mirrors).collect()
+    }
+}
+
 struct RefsStatus {
     ok: bool,
     reason: &'static str,
@@ -415,15 +515,15 @@ struct RefsStatus {
 }
 
 /// Why a backend does not resolve.
-fn backend_problem(b: &ObjectRef, route_ns: &str, r: &Resolver) -> Result<(String, u32), (&'static str, String)> {
-    let ns = b.namespace_or(route_ns);
+fn backend_problem(b: &ObjectRef, from: &Referrer, r: &Resolver) -> Result<(String, u32), (&'static str, String)> {
+    let ns = b.namespace_or(from.ns);
     let (group, kind) = (b.group_or(""), b.kind_or("Service"));
     let backend_kind = match (group, kind) {
         ("", "Service") => BackendKind::Service,
         ("networking.istio.io", "ServiceEntry") => BackendKind::ServiceEntry,
         _ => return Err(("InvalidKind", format!("backend kind {group}/{kind} is not supported"))),
     };
-    if !r.granted("HTTPRoute", route_ns, group, kind, ns, &b.name) {
+    if !r.granted(from.kind, from.ns, group, kind, ns, &b.name) {
         return Err(("RefNotPermitted", format!("no ReferenceGrant in {ns} allows a reference to {kind} {}", b.name)));
     }
     r.backends
@@ -431,12 +531,9 @@ fn backend_problem(b: &ObjectRef, route_ns: &str, r: &Resolver) -> Result<(Strin
         .ok_or_else(|| ("BackendNotFound", format!("{kind} {ns}/{} not found{}", b.name, b.port.map(|p| format!(" (port {p})")).unwrap_or_default())))
 }
 
-fn resolved_refs(route: &HttpRoute, ns: &str, r: &Resolver) -> RefsStatus {
-    let refs = route.rules.iter().flat_map(|r| {
-        r.backend_refs.iter().map(HttpBackendRef::object_ref).chain(r.filters.iter().filter_map(|f| f.request_mirror.as_ref().map(|m| m.backend_ref.clone())))
-    });
+fn resolved_refs(refs: Vec<ObjectRef>, from: &Referrer, r: &Resolver) -> RefsStatus {
     for b in refs {
-        if let Err((reason, message)) = backend_problem(&b, ns, r) {
+        if let Err((reason, message)) = backend_problem(&b, from, r) {
             return RefsStatus { ok: false, reason, message };
         }
     }
@@ -445,7 +542,7 @@ fn resolved_refs(route: &HttpRoute, ns: &str, r: &Resolver) -> RefsStatus {
 
 /// The Istio HTTP routes of one rule: one per match (a PathPrefix match
 /// is two: the path itself and everything under it).
-fn rule_routes(obj: &StoredObject, ri: usize, rule: &HttpRouteRule, ns: &str, r: &Resolver) -> Vec<(Rank, Value)> {
+fn rule_routes(obj: &StoredObject, ri: usize, rule: &HttpRouteRule, from: &Referrer, r: &Resolver) -> Vec<(Rank, Value)> {
     let default_match = [HttpRouteMatch::default()];
     let matches = if rule.matches.is_empty() { &default_match[..] } else { &rule.matches[..] };
     let mut out = Vec::new();
@@ -467,9 +564,7 @@ fn rule_routes(obj: &StoredObject, ri: usize, rule: &HttpRouteRule, ns: &str, r:
         for (ui, (uri, matched_prefix)) in uris.into_iter().enumerate() {
             let mut mr = Map::new();
             mr.insert("uri".into(), uri);
-            if !m.headers.is_empty() {
-                mr.insert("headers".into(), m.headers.iter().map(|h| (h.name.to_ascii_lowercase(), string_match(h.is_regex(), &h.value))).collect());
-            }
+            header_matches(&mut mr, &m.headers);
             if !m.query_params.is_empty() {
                 mr.insert("queryParams".into(), m.query_params.iter().map(|q| (q.name.clone(), string_match(q.is_regex(), &q.value))).collect());
             }
@@ -479,7 +574,7 @@ fn rule_routes(obj: &StoredObject, ri: usize, rule: &HttpRouteRule, ns: &str, r:
             let mut http = Map::new();
             http.insert("name".into(), json!(format!("{}.{}.{ri}.{mi}", obj.key.namespace, obj.key.name)));
             http.insert("match".into(), json!([Value::Object(mr)]));
-            apply_rule(&mut http, rule, matched_prefix.as_deref(), ns, r);
+            apply_rule(&mut http, &rule.filters, &rule.backend_refs, rule.timeouts.as_ref(), matched_prefix.as_deref(), from, r);
             let rank: Rank = (
                 kind_rank,
                 std::cmp::Reverse(value.trim_end_matches('/').len()),
@@ -497,6 +592,75 @@ fn rule_routes(obj: &StoredObject, ri: usize, rule: &HttpRouteRule, ns: &str, r:
         }
     }
     out
+}
+
+/// The Istio HTTP routes of one GRPCRoute rule, one per match: a method
+/// is the path `/service/method` (the whole of it exact; a service alone
+/// a prefix; a method alone, or regular expressions, a regex).
+fn grpc_rule_routes(obj: &StoredObject, ri: usize, rule: &GrpcRouteRule, from: &Referrer, r: &Resolver) -> Vec<(Rank, Value)> {
+    let default_match = [GrpcRouteMatch::default()];
+    let matches = if rule.matches.is_empty() { &default_match[..] } else { &rule.matches[..] };
+    let mut out = Vec::new();
+    for (mi, m) in matches.iter().enumerate() {
+        let (service, method) = m.method.as_ref().map_or((None, None), |mm| (mm.service.as_deref(), mm.method.as_deref()));
+        let regex = m.method.as_ref().is_some_and(|mm| mm.is_regex());
+        let (kind_rank, uri) = match (service, method) {
+            (None, None) => (2, json!({"prefix": "/"})),
+            _ if regex => (1, json!({"regex": format!("/{}/{}", service.unwrap_or("[^/]+"), method.unwrap_or("[^/]+"))})),
+            (Some(s), Some(m)) => (0, json!({"exact": format!("/{s}/{m}")})),
+            (Some(s), None) => (2, json!({"prefix": format!("/{s}/")})),
+            (None, Some(m)) => (1, json!({"regex": format!("/[^/]+/{m}")})),
+        };
+        let mut mr = Map::new();
+        mr.insert("uri".into(), uri);
+        header_matches(&mut mr, &m.headers);
+        let mut http = Map::new();
+        http.insert("name".into(), json!(format!("{}.{}.{ri}.{mi}", obj.key.namespace, obj.key.name)));
+        http.insert("match".into(), json!([Value::Object(mr)]));
+        apply_rule(&mut http, &rule.filters, &rule.backend_refs, None, None, from, r);
+        let len = service.map_or(0, str::len) + method.map_or(0, str::len);
+        let rank: Rank = (
+            kind_rank,
+            std::cmp::Reverse(len),
+            1,
+            std::cmp::Reverse(m.headers.len()),
+            std::cmp::Reverse(0),
+            obj.create_revision,
+            obj.key.namespace.to_string(),
+            obj.key.name.to_string(),
+            ri,
+            mi,
+            0,
+        );
+        out.push((rank, Value::Object(http)));
+    }
+    out
+}
+
+/// A TCPRoute's or TLSRoute's rules as Istio TCP or TLS routes on a
+/// gateway port (`sni`: the TLSRoute's host). A rule none of whose
+/// backends resolves has no route: its connections are refused.
+fn l4_routes(route: &L4Route, sni: Option<&str>, port: u32, from: &Referrer, r: &Resolver) -> Vec<Value> {
+    let mut out = Vec::new();
+    for rule in &route.rules {
+        let backends = rule.backend_refs.iter().map(|b| (b.object_ref(), b.weight.unwrap_or(1), &[][..]));
+        let (routes, _, _) = weighted(backends, from, r);
+        if routes.is_empty() {
+            continue;
+        }
+        let m = match sni {
+            Some(host) => json!([{"sniHosts": [host], "port": port}]),
+            None => json!([{"port": port}]),
+        };
+        out.push(json!({"match": m, "route": routes}));
+    }
+    out
+}
+
+fn header_matches(mr: &mut Map<String, Value>, headers: &[api::ValueMatch]) {
+    if !headers.is_empty() {
+        mr.insert("headers".into(), headers.iter().map(|h| (h.name.to_ascii_lowercase(), string_match(h.is_regex(), &h.value))).collect());
+    }
 }
 
 fn string_match(regex: bool, value: &str) -> Value {
@@ -523,11 +687,19 @@ fn header_ops(m: &api::HeaderModifier) -> Value {
 
 /// A rule's filters and backends on one generated route. `prefix` is the
 /// path prefix the route matches (PathPrefix), for prefix rewrites.
-fn apply_rule(http: &mut Map<String, Value>, rule: &HttpRouteRule, prefix: Option<&str>, ns: &str, r: &Resolver) {
+fn apply_rule(
+    http: &mut Map<String, Value>,
+    filters: &[HttpRouteFilter],
+    backends: &[HttpBackendRef],
+    timeouts: Option<&Timeouts>,
+    prefix: Option<&str>,
+    from: &Referrer,
+    r: &Resolver,
+) {
     let mut headers = Map::new();
     let mut mirrors = Vec::new();
-    for f in &rule.filters {
-        apply_filter(http, &mut headers, &mut mirrors, f, prefix, ns, r);
+    for f in filters {
+        apply_filter(http, &mut headers, &mut mirrors, f, prefix, from, r);
     }
     if !headers.is_empty() {
         http.insert("headers".into(), Value::Object(headers));
@@ -540,7 +712,7 @@ fn apply_rule(http: &mut Map<String, Value>, rule: &HttpRouteRule, prefix: Optio
     }
     // Timeouts: the request's is the route's; the backend request's each
     // try's (`0s`: none).
-    if let Some(t) = &rule.timeouts {
+    if let Some(t) = timeouts {
         if let Some(d) = &t.request {
             http.insert("timeout".into(), json!(d));
         }
@@ -550,16 +722,31 @@ fn apply_rule(http: &mut Map<String, Value>, rule: &HttpRouteRule, prefix: Optio
     }
     // Backends: resolved ones share the traffic by weight; the share of
     // the others (and everything, with none) answers 500.
+    let (routes, good, bad) = weighted(backends.iter().map(|b| (b.object_ref(), b.weight.unwrap_or(1), &b.filters[..])), from, r);
+    if routes.is_empty() {
+        http.insert("directResponse".into(), json!({"status": 500}));
+        return;
+    }
+    http.insert("route".into(), json!(routes));
+    if bad > 0 {
+        let percent = bad as f64 * 100.0 / (good + bad) as f64;
+        http.insert("fault".into(), json!({"abort": {"httpStatus": 500, "percentage": {"value": percent}}}));
+    }
+}
+
+/// Istio route destinations of the backends that resolve and have a
+/// weight (the weight left out when one alone), their total weight, and
+/// the weight of those that do not resolve.
+fn weighted<'b>(backends: impl Iterator<Item = (ObjectRef, u32, &'b [HttpRouteFilter])>, from: &Referrer, r: &Resolver) -> (Vec<Value>, u64, u64) {
     let mut routes = Vec::new();
     let (mut good, mut bad) = (0u64, 0u64);
-    for b in &rule.backend_refs {
-        let weight = b.weight.unwrap_or(1);
-        match backend_problem(&b.object_ref(), ns, r) {
+    for (b, weight, filters) in backends {
+        match backend_problem(&b, from, r) {
             Ok((host, port)) if weight > 0 => {
                 good += u64::from(weight);
                 let mut d = json!({"destination": {"host": host, "port": {"number": port}}, "weight": weight});
                 let mut bh = Map::new();
-                for f in &b.filters {
+                for f in filters {
                     if let Some(m) = &f.request_header_modifier {
                         bh.insert("request".into(), header_ops(m));
                     }
@@ -576,20 +763,12 @@ fn apply_rule(http: &mut Map<String, Value>, rule: &HttpRouteRule, prefix: Optio
             Err(_) => bad += u64::from(weight),
         }
     }
-    if good == 0 {
-        http.insert("directResponse".into(), json!({"status": 500}));
-        return;
-    }
     if routes.len() == 1 {
         if let Some(d) = routes[0].as_object_mut() {
             d.remove("weight");
         }
     }
-    http.insert("route".into(), json!(routes));
-    if bad > 0 {
-        let percent = bad as f64 * 100.0 / (good + bad) as f64;
-        http.insert("fault".into(), json!({"abort": {"httpStatus": 500, "percentage": {"value": percent}}}));
-    }
+    (routes, good, bad)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -599,7 +778,7 @@ fn apply_filter(
     mirrors: &mut Vec<Value>,
     f: &HttpRouteFilter,
     prefix: Option<&str>,
-    ns: &str,
+    from: &Referrer,
     r: &Resolver,
 ) {
     if let Some(m) = &f.request_header_modifier {
@@ -652,7 +831,7 @@ fn apply_filter(
         http.insert("rewrite".into(), Value::Object(v));
     }
     if let Some(m) = &f.request_mirror {
-        if let Ok((host, port)) = backend_problem(&m.backend_ref, ns, r) {
+        if let Ok((host, port)) = backend_problem(&m.backend_ref, from, r) {
             let mut mirror = json!({"destination": {"host": host, "port": {"number": port}}});
             if let Some(p) = m.percent {
                 mirror["percentage"] = json!({"value": p});

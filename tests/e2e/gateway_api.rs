@@ -928,3 +928,142 @@ async fn kinds_validation_and_status() {
     assert_eq!(crate::kit::get_json(&c.http, &format!("{api}/v1/resources/gtw/shop/web")).await.0, 404);
     assert_eq!(crate::kit::get_json(&c.http, &format!("{api}/v1/resources/gateways/shop/web")).await.0, 200);
 }
+
+/// GRPCRoute, TCPRoute and TLSRoute through one gateway Envoy serving one
+/// Gateway with an HTTP, a TCP and a TLS (passthrough) listener: real gRPC
+/// calls routed by method and header, a TCP connection forwarded, TLS
+/// passed through by SNI to backends that terminate it; status says which
+/// kinds each listener takes, and a TLS listener that would terminate is
+/// refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_tcp_and_tls_routes_through_a_gateway() {
+    use crate::kit::tls::{Ca, TlsClient, TlsUpstream};
+    let fx = Fixture::start(1).await;
+    let _a = crate::grpc::server(&fx.ip(11), "a");
+    let _b = crate::grpc::server(&fx.ip(12), "b");
+    let plain = fx.upstream(13, "plain-tcp").await;
+    let ca = Ca::new("backends CA");
+    let alpha = TlsUpstream::start(&fx.ip(14), "alpha", &ca.server(&["alpha.tls.test"])).await;
+    let beta = TlsUpstream::start(&fx.ip(15), "beta", &ca.server(&["beta.tls.test"])).await;
+    let service = |name: &str, port_name: &str, number: u16, protocol: &str, ip: String, target: u16| {
+        format!(
+            "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\nspec: {{ports: [{{name: {port_name}, number: {number}, protocol: {protocol}}}]}}\n---\n\
+             apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {{name: {name}-0, namespace: shop}}\nspec: {{service: {name}, address: \"{ip}\", ports: {{{port_name}: {target}}}}}\n---\n"
+        )
+    };
+    let mut yaml = String::new();
+    yaml += &service("echo-a", "grpc", 50051, "GRPC", fx.ip(11), 50051);
+    yaml += &service("echo-b", "grpc", 50051, "GRPC", fx.ip(12), 50051);
+    yaml += &service("plain", "tcp", 80, "TCP", fx.ip(13), plain.addr.port());
+    yaml += &service("alpha", "tls", 8443, "TLS", fx.ip(14), alpha.addr.port());
+    yaml += &service("beta", "tls", 8443, "TLS", fx.ip(15), beta.addr.port());
+    yaml += r#"apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: lodestar}
+spec: {controllerName: lodestar.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: shop}
+spec:
+  gatewayClassName: lodestar
+  listeners:
+  - {name: web, port: 8080, protocol: HTTP}
+  - {name: db, port: 9000, protocol: TCP}
+  - {name: tls, port: 8443, protocol: TLS, tls: {mode: Passthrough}}
+  - {name: terminate, port: 9443, protocol: TLS, tls: {mode: Terminate, certificateRefs: [{name: edge-cert}]}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: echo, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: web}]
+  hostnames: [grpc.example.com]
+  rules:
+  - matches: [{method: {service: lodestar.test.Echo, method: Call}, headers: [{name: x-canary, value: "yes"}]}]
+    backendRefs: [{name: echo-b, port: 50051}]
+  - matches: [{method: {service: lodestar.test.Echo, method: Call}}]
+    backendRefs: [{name: echo-a, port: 50051}]
+  - matches: [{method: {service: lodestar.test.Echo}}]
+    backendRefs: [{name: echo-b, port: 50051}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
+metadata: {name: db, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: db}]
+  rules: [{backendRefs: [{name: plain, port: 80}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TLSRoute
+metadata: {name: alpha, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: tls}]
+  hostnames: [alpha.tls.test]
+  rules: [{backendRefs: [{name: alpha, port: 8443}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TLSRoute
+metadata: {name: beta, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: tls}]
+  hostnames: [beta.tls.test]
+  rules: [{backendRefs: [{name: beta, port: 8443}]}]
+"#;
+    let rev = fx.apply(&yaml).await;
+    let mut o = EnvoyOptions::new("edge", &fx.ip(2));
+    o.node_type = "router".into();
+    o.namespace = "shop".into();
+    o.labels = vec![(lodestar::translate::gateway_api::NAME_LABEL.into(), "edge".into())];
+    let p = fx.proxy(o, 1, rev).await;
+
+    // gRPC: by method, then by header; a method no rule names is
+    // UNIMPLEMENTED (Envoy's 404 for the path).
+    let log = fx.tmp.path().join("grpc-client.log");
+    let mut client = crate::grpc::Client::plain(log);
+    let at = format!("{}:8080", p.ip);
+    let call = |c: &mut crate::grpc::Client, method: &str, md: &[(&str, &str)]| c.call_at(&at, "grpc.example.com", method, md, 10);
+    let mut t = call(&mut client, "/lodestar.test.Echo/Call", &[]);
+    for _ in 0..40 {
+        if t.errors.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        t = call(&mut client, "/lodestar.test.Echo/Call", &[]);
+    }
+    assert_eq!(t.replies, BTreeMap::from([("a /lodestar.test.Echo/Call".to_string(), 10)]), "{t:?}");
+    let t = call(&mut client, "/lodestar.test.Echo/Call", &[("x-canary", "yes")]);
+    assert_eq!(t.replies, BTreeMap::from([("b /lodestar.test.Echo/Call".to_string(), 10)]), "{t:?}");
+    let t = call(&mut client, "/lodestar.test.Echo/Debug", &[]);
+    assert_eq!(t.replies, BTreeMap::from([("b /lodestar.test.Echo/Debug".to_string(), 10)]), "{t:?}");
+    let t = call(&mut client, "/lodestar.test.Other/Call", &[]);
+    assert!(t.replies.is_empty() && t.errors.keys().all(|e| e.starts_with("UNIMPLEMENTED")), "{t:?}");
+    let t = client.call_at(&at, "other.example.com", "/lodestar.test.Echo/Call", &[], 5);
+    assert!(t.replies.is_empty(), "a host the route does not name was routed: {t:?}");
+
+    // TCP: the connection reaches the backend whatever it carries.
+    let r = crate::kit::mesh::wait_for(&fx.client, &format!("http://{}:9000/", p.ip), "anything", &[], "TCPRoute", |r| r.status == 200).await;
+    assert_eq!(r.body.trim(), "plain-tcp");
+
+    // TLS passed through by SNI; a name no TLSRoute has is closed.
+    let addr: std::net::SocketAddr = format!("{}:8443", p.ip).parse().unwrap();
+    for (name, identity, backend) in [("alpha.tls.test", "alpha", &alpha), ("beta.tls.test", "beta", &beta)] {
+        let c = TlsClient { ca: &ca, server_name: name, certificate: None, alpn: &["http/1.1"] };
+        assert_eq!(crate::traffic::wait_tls(&c, addr).await, identity);
+        assert!(backend.sni().iter().all(|s| s.as_deref() == Some(name)), "{:?}", backend.sni());
+    }
+    let stranger = TlsClient { ca: &ca, server_name: "gamma.tls.test", certificate: None, alpn: &[] };
+    assert!(stranger.get(addr, "gamma.tls.test", "/").await.is_err());
+
+    // Status: the kinds each listener takes and what attached; the
+    // terminating TLS listener refused, saying why.
+    let (_, gw) = crate::kit::get_json(&fx.cluster.http, &format!("{}/v1/resources/gtw/shop/edge", fx.api(1))).await;
+    let listener = |name: &str| gw["status"]["listeners"].as_array().unwrap().iter().find(|l| l["name"] == name).cloned().unwrap();
+    let kinds = |name: &str| listener(name)["supportedKinds"].as_array().unwrap().iter().map(|k| k["kind"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    assert_eq!(kinds("web"), ["HTTPRoute", "GRPCRoute"], "{gw}");
+    assert_eq!((kinds("db"), listener("db")["attachedRoutes"].as_u64()), (vec!["TCPRoute".to_string()], Some(1)), "{gw}");
+    assert_eq!((kinds("tls"), listener("tls")["attachedRoutes"].as_u64()), (vec!["TLSRoute".to_string()], Some(2)), "{gw}");
+    let accepted = listener("terminate")["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Accepted").cloned().unwrap();
+    assert!(accepted["status"] == "False" && accepted["message"].as_str().unwrap().contains("Passthrough"), "{gw}");
+    p.envoy.assert_no_rejections().await;
+}

@@ -50,7 +50,7 @@ fn support(file: &str) -> PathBuf {
 }
 
 /// A loopback gRPC server answering with `identity`.
-fn server(ip: &str, identity: &str) -> Proc {
+pub(crate) fn server(ip: &str, identity: &str) -> Proc {
     server_with(ip, identity, &[])
 }
 
@@ -71,7 +71,7 @@ fn server_with(ip: &str, identity: &str, extra: &[&str]) -> Proc {
 }
 
 /// The proxyless client: one process, its channels kept across commands.
-struct Client {
+pub(crate) struct Client {
     _proc: Proc,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
@@ -79,9 +79,9 @@ struct Client {
 }
 
 #[derive(Debug, Default)]
-struct Tally {
-    replies: BTreeMap<String, u64>,
-    errors: BTreeMap<String, u64>,
+pub(crate) struct Tally {
+    pub replies: BTreeMap<String, u64>,
+    pub errors: BTreeMap<String, u64>,
 }
 
 impl Client {
@@ -115,10 +115,29 @@ impl Client {
         Client { _proc: Proc::new("gRPC client", child), stdin, stdout, log }
     }
 
+    /// A client of plain channels only (`call_at`), no xDS.
+    pub(crate) fn plain(log: PathBuf) -> Client {
+        let mut cmd = Command::new(python());
+        cmd.arg(support("client.py"));
+        Client::spawn(cmd, Path::new("/nonexistent"), log)
+    }
+
     /// `calls` calls (bounded), with `metadata`, tallied.
     fn call(&mut self, target: &str, method: &str, metadata: &[(&str, &str)], calls: u32) -> Tally {
+        self.call_via(None, target, method, metadata, calls)
+    }
+
+    /// The same through `address` (an Envoy), `target` as the authority.
+    pub(crate) fn call_at(&mut self, address: &str, target: &str, method: &str, metadata: &[(&str, &str)], calls: u32) -> Tally {
+        self.call_via(Some(address), target, method, metadata, calls)
+    }
+
+    fn call_via(&mut self, address: Option<&str>, target: &str, method: &str, metadata: &[(&str, &str)], calls: u32) -> Tally {
         let md: serde_json::Map<String, Value> = metadata.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
-        let cmd = json!({"target": target, "method": method, "metadata": md, "calls": calls, "timeout": 5});
+        let mut cmd = json!({"target": target, "method": method, "metadata": md, "calls": calls, "timeout": 5});
+        if let Some(a) = address {
+            cmd["address"] = json!(a);
+        }
         writeln!(self.stdin, "{cmd}").unwrap();
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();

@@ -54,7 +54,7 @@ const SECTIONS: &[(&str, usize)] = &[
     ("Web console", 3),
     ("Walkthrough: traffic through Envoy", 6),
     ("Check config: `lodestar analyze`", 1),
-    ("Gateway API", 4),
+    ("Gateway API", 5),
     ("Connect an Envoy", 0),
     ("A three-replica cluster on one machine", 0),
     ("The service registry", 0),

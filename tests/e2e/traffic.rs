@@ -1277,7 +1277,7 @@ fn render_tls(template: &str, upstreams: &[(&str, &kit::tls::TlsUpstream)]) -> S
 
 /// `n` GETs over new TLS connections (SNI `client.server_name`) to `addr`,
 /// `concurrency` at a time: answers by body, failures by "error".
-async fn tls_load(client: &kit::tls::TlsClient<'_>, addr: std::net::SocketAddr, n: usize, concurrency: usize) -> BTreeMap<String, usize> {
+pub(crate) async fn tls_load(client: &kit::tls::TlsClient<'_>, addr: std::net::SocketAddr, n: usize, concurrency: usize) -> BTreeMap<String, usize> {
     use futures::StreamExt;
     let replies: Vec<String> = futures::stream::iter(0..n)
         .map(|_| async move {
@@ -1298,7 +1298,7 @@ async fn tls_load(client: &kit::tls::TlsClient<'_>, addr: std::net::SocketAddr, 
 }
 
 /// Until a TLS GET with this SNI answers 200; the body.
-async fn wait_tls(client: &kit::tls::TlsClient<'_>, addr: std::net::SocketAddr) -> String {
+pub(crate) async fn wait_tls(client: &kit::tls::TlsClient<'_>, addr: std::net::SocketAddr) -> String {
     kit::eventually_or(&format!("{} via {addr}", client.server_name), BOUND, || async {
         match client.get(addr, client.server_name, "/").await {
             Ok(r) if r.status == 200 => Ok(r.body),

@@ -7,6 +7,9 @@ JSON line on stdout:
     {"target": "echo.shop.svc.cluster.local:50051", "calls": 1000,
      "method": "/lodestar.test.Echo/Call", "metadata": {"x-canary": "yes"},
      "timeout": 5}
+
+With "address": "IP:PORT" the channel dials that address (a gateway
+Envoy) instead, sending the target as the authority.
     -> {"replies": {"v1 /lodestar.test.Echo/Call": 800, ...}, "errors": {"UNAVAILABLE: ...": 3}}
 
 Every loop is bounded by "calls".
@@ -19,14 +22,20 @@ import grpc
 channels = {}
 
 
-def channel(target):
-    if target not in channels:
-        channels[target] = grpc.insecure_channel(f"xds:///{target}")
-    return channels[target]
+def channel(target, address=None):
+    """`xds:///target`, or with an address (an Envoy's), a plain channel to
+    it that sends `target` as the authority."""
+    key = (target, address)
+    if key not in channels:
+        if address:
+            channels[key] = grpc.insecure_channel(address, options=[("grpc.default_authority", target)])
+        else:
+            channels[key] = grpc.insecure_channel(f"xds:///{target}")
+    return channels[key]
 
 
 def run(cmd):
-    ch = channel(cmd["target"])
+    ch = channel(cmd["target"], cmd.get("address"))
     call = ch.unary_unary(cmd.get("method", "/lodestar.test.Echo/Call"))
     metadata = tuple((k, v) for k, v in cmd.get("metadata", {}).items())
     replies, errors = {}, {}
