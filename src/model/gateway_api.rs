@@ -40,6 +40,19 @@ pub enum Spec {
     TlsRoute(L4Route),
 }
 
+impl Spec {
+    /// Whether it is a route with a Service among its parents (a mesh
+    /// route, GAMMA): it reaches sidecars, not only gateways.
+    pub fn is_mesh_route(&self) -> bool {
+        let parents = match self {
+            Spec::HttpRoute(r) => &r.parent_refs,
+            Spec::GrpcRoute(r) => &r.parent_refs,
+            _ => return false,
+        };
+        parents.iter().any(|p| p.group.as_deref() == Some("") && p.kind.as_deref() == Some("Service"))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayClass {

@@ -21,6 +21,17 @@
 //!   (`<gateway>.<listener>.<host>`), sorted by the spec's precedence
 //!   (exact path, longest prefix, method, most headers, most query
 //!   parameters, oldest route, then rule order).
+//! - GRPCRoutes join HTTPRoutes on HTTP(S) listeners (a method is the
+//!   path `/service/method`); TCPRoutes become TCP routes of a TCP
+//!   listener, TLSRoutes TLS routes by SNI of a TLS listener passed
+//!   through.
+//! - Mesh routes (GAMMA): an HTTPRoute or GRPCRoute whose parentRef is a
+//!   Service (core group) routes the traffic of every sidecar to that
+//!   service: one VirtualService per (route namespace, service host), no
+//!   gateways, labelled [`MESH_ROUTE_LABEL`]. A route in the service's
+//!   namespace (a producer route) applies to every client; one elsewhere
+//!   (a consumer route) only to its own namespace's (`exportTo: .`).
+//!   A parentRef `port` narrows the matches to that port.
 //! - A backend that does not resolve (unknown kind, another namespace
 //!   without a ReferenceGrant, not found) answers 500 for its share of the
 //!   traffic (a fault abort), as the spec requires.
@@ -51,9 +62,14 @@ pub enum BackendKind {
     ServiceEntry,
 }
 
+/// A generated VirtualService of a mesh (GAMMA) route has this label.
+pub const MESH_ROUTE_LABEL: &str = "gateway.networking.k8s.io/mesh-route";
+
 /// Resolves a backend in a namespace to (hostname, port), the port being
 /// the one asked for (checked to exist) or the service's only port.
 pub trait Backends {
+    /// The hostname of a service, whatever its ports.
+    fn hostname(&self, kind: BackendKind, namespace: &str, name: &str) -> Option<String>;
     fn resolve(&self, kind: BackendKind, namespace: &str, name: &str, port: Option<u32>) -> Option<(String, u32)>;
 }
 
@@ -193,6 +209,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
     // TCPRoutes by listener; TLSRoutes by (listener, SNI host).
     let mut tcp: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
     let mut tls: BTreeMap<(usize, String), Vec<Value>> = BTreeMap::new();
+    let mut mesh_routes = MeshRoutes::new();
     for (obj, route) in &routes {
         let ns = obj.key.namespace.as_str();
         let from = Referrer { kind: route.kind(), ns };
@@ -202,8 +219,13 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         let mut parents = Vec::new();
         let (parent_refs, hostnames) = route.parents_and_hostnames();
         for pref in parent_refs {
+            if pref.group.as_deref() == Some("") && pref.kind.as_deref() == Some("Service") {
+                let parent = mesh_parent(obj, route, pref, &from, &resolver, &refs, &mut mesh_routes);
+                parents.push(parent);
+                continue;
+            }
             if pref.group.as_deref().unwrap_or(api::GROUP) != api::GROUP || pref.kind.as_deref().unwrap_or("Gateway") != "Gateway" {
-                continue; // a mesh (GAMMA) parent: not served yet
+                continue; // not a parent kind of ours
             }
             let gw_ns = pref.namespace.as_deref().unwrap_or(ns);
             let Some(gi) = gateways.iter().position(|g| g.obj.key.namespace == gw_ns && g.obj.key.name == pref.name) else { continue };
@@ -324,6 +346,27 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         }
     }
 
+    // Mesh routes: one VirtualService per (route namespace, service host).
+    for ((ns, host), m) in mesh_routes {
+        let mut entries = m.entries;
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut spec = json!({"hosts": [host], "http": entries.into_iter().map(|(_, v)| v).collect::<Vec<_>>()});
+        if m.consumer {
+            spec["exportTo"] = json!(["."]);
+        }
+        let name = format!("mesh.{host}");
+        match serde_json::from_value::<VirtualService>(spec) {
+            Ok(spec) => {
+                let mut vs = generated(m.source, Kind::VirtualService, &name, "", spec);
+                let labels = &mut Arc::get_mut(&mut vs).expect("just made").labels;
+                labels.clear();
+                labels.insert(MESH_ROUTE_LABEL.to_string(), ns.clone());
+                out.virtual_services.push(vs);
+            }
+            Err(e) => out.skipped.push((m.source.key.clone(), format!("generated VirtualService {ns}/{name}: {e}"))),
+        }
+    }
+
     // Gateway status, with each listener's attached routes.
     for (gi, g) in gateways.iter().enumerate() {
         let gen = g.obj.version;
@@ -350,6 +393,72 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         );
     }
     out
+}
+
+/// The HTTP routes of mesh (GAMMA) routes, by (route namespace, service
+/// host); the oldest route is the generated VirtualService's source.
+type MeshRoutes<'a> = BTreeMap<(String, String), MeshHost<'a>>;
+
+struct MeshHost<'a> {
+    source: &'a StoredObject,
+    /// A consumer route (not in the service's namespace).
+    consumer: bool,
+    entries: Vec<(Rank, Value)>,
+}
+
+/// A mesh parentRef (a Service): its routes into `mesh_routes`, and its
+/// status.
+fn mesh_parent<'a>(
+    obj: &'a StoredObject,
+    route: &RouteIn,
+    pref: &ParentRef,
+    from: &Referrer,
+    r: &Resolver,
+    refs: &RefsStatus,
+    mesh_routes: &mut MeshRoutes<'a>,
+) -> Value {
+    let gen = obj.version;
+    let svc_ns = pref.namespace.as_deref().unwrap_or(from.ns);
+    let host = r.backends.hostname(BackendKind::Service, svc_ns, &pref.name);
+    let port_ok = pref.port.is_none_or(|p| host.is_some() && r.backends.resolve(BackendKind::Service, svc_ns, &pref.name, Some(p)).is_some());
+    let accepted = match (route, &host) {
+        (RouteIn::Tcp(_) | RouteIn::Tls(_), _) => {
+            condition("Accepted", false, "UnsupportedValue", "TCP and TLS routes have no mesh (Service) parents yet", gen)
+        }
+        (_, None) => condition("Accepted", false, "NoMatchingParent", &format!("no Service {svc_ns}/{}", pref.name), gen),
+        (_, Some(_)) if !port_ok => {
+            condition("Accepted", false, "NoMatchingParent", &format!("Service {svc_ns}/{} has no port {}", pref.name, pref.port.unwrap_or(0)), gen)
+        }
+        _ => condition("Accepted", true, "Accepted", "", gen),
+    };
+    if let (Some(host), "True") = (&host, accepted["status"].as_str().unwrap_or("")) {
+        let mut entries = Vec::new();
+        match route {
+            RouteIn::Http(rt) => rt.rules.iter().enumerate().for_each(|(ri, rule)| entries.extend(rule_routes(obj, ri, rule, from, r))),
+            RouteIn::Grpc(rt) => rt.rules.iter().enumerate().for_each(|(ri, rule)| entries.extend(grpc_rule_routes(obj, ri, rule, from, r))),
+            RouteIn::Tcp(_) | RouteIn::Tls(_) => {}
+        }
+        if let Some(port) = pref.port {
+            for (_, http) in &mut entries {
+                for m in http["match"].as_array_mut().into_iter().flatten() {
+                    m["port"] = json!(port);
+                }
+            }
+        }
+        let m = mesh_routes.entry((from.ns.to_string(), host.clone())).or_insert_with(|| MeshHost {
+            source: obj,
+            consumer: from.ns != svc_ns,
+            entries: Vec::new(),
+        });
+        m.entries.extend(entries);
+    }
+    let mut parent_ref = serde_json::to_value(pref).unwrap_or(Value::Null);
+    parent_ref["group"] = json!("");
+    json!({
+        "parentRef": parent_ref,
+        "controllerName": api::CONTROLLER_NAME,
+        "conditions": [accepted, condition("ResolvedRefs", refs.ok, refs.reason, &refs.message, gen)],
+    })
 }
 
 /// A generated object: the source's namespace, revisions and class label.

@@ -523,7 +523,9 @@ impl Translator {
                 // Instances registered from them do).
                 (Kind::Lease | Kind::WorkloadGroup, _) => Vec::new(),
                 (k, _) if k.is_acl() => Vec::new(),
-                // What the Gateway API generates binds to gateways only.
+                // A mesh route (a Service parent) routes sidecars' traffic.
+                (_, TypedSpec::GatewayApi(route)) if route.is_mesh_route() => return None,
+                // What else the Gateway API generates binds to gateways only.
                 (k, _) if k.is_gateway_api() || k == Kind::Namespace => Vec::new(),
                 // Listeners name secrets; their content is SDS's (xds).
                 (Kind::Secret, _) => Vec::new(),

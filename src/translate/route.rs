@@ -92,6 +92,8 @@ impl RouteCtx<'_> {
 /// the proxy's own (its client-side rules) and of the root namespace: one
 /// in a third namespace cannot redirect other namespaces' traffic to it
 /// (stricter than Istio, where any exported VirtualService may).
+/// As in Istio, one private to the proxy's namespace (`exportTo: ["."]`,
+/// a Gateway API consumer route among them) comes before the others.
 pub fn virtual_service_for<'a>(ctx: &RouteCtx<'a>, host: &str) -> Option<&'a Config<VirtualService>> {
     let config = &ctx.mesh.config;
     let owner = match crate::translate::mesh::hosts::owner(host, &config.domain_suffix) {
@@ -99,7 +101,12 @@ pub fn virtual_service_for<'a>(ctx: &RouteCtx<'a>, host: &str) -> Option<&'a Con
         _ => None,
     };
     let may_route = |ns: &str| owner.as_ref().is_none_or(|o| ns == o || ns == ctx.proxy.namespace || ns == config.root_namespace);
-    ctx.mesh.virtual_services_for_host(host).into_iter().find(|vs| may_route(&vs.key.namespace) && ctx.vs_applies(vs)).map(|v| v.as_ref())
+    let candidates = ctx.mesh.virtual_services_for_host(host);
+    let ns = &ctx.proxy.namespace;
+    let private = candidates
+        .iter()
+        .filter(|vs| vs.key.namespace == *ns && !vs.spec.export_to.is_empty() && vs.spec.export_to.iter().all(|e| e == "." || e == ns.as_str()));
+    private.chain(candidates.iter()).copied().find(|vs| may_route(&vs.key.namespace) && ctx.vs_applies(vs)).map(|v| v.as_ref())
 }
 
 /// Domains a service answers to from a proxy in `proxy_ns`: the FQDN and,

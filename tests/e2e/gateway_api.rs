@@ -1067,3 +1067,95 @@ spec:
     assert!(accepted["status"] == "False" && accepted["message"].as_str().unwrap().contains("Passthrough"), "{gw}");
     p.envoy.assert_no_rejections().await;
 }
+
+/// Mesh routes (GAMMA): an HTTPRoute whose parent is a Service routes
+/// every sidecar's calls to it (a producer route, in the service's
+/// namespace), and one in a client's namespace (a consumer route) routes
+/// only that namespace's clients, over the producer's; removing it gives
+/// the producer's routing back. Real sidecar Envoys, real requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mesh_routes_with_a_service_parent_steer_sidecars() {
+    use crate::kit::mesh::{load, tally, wait_for};
+    let fx = Fixture::start(1).await;
+    let v1 = fx.upstream(11, "reviews-v1").await;
+    let v2 = fx.upstream(12, "reviews-v2").await;
+    let yaml = format!(
+        r#"apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {{name: reviews, namespace: shop}}
+spec: {{ports: [{{name: http, number: 9080, protocol: HTTP}}]}}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {{name: reviews-0, namespace: shop}}
+spec: {{service: reviews, address: "{}", ports: {{http: {}}}}}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {{name: reviews-v2, namespace: shop}}
+spec: {{ports: [{{name: http, number: 9080, protocol: HTTP}}]}}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {{name: reviews-v2-0, namespace: shop}}
+spec: {{service: reviews-v2, address: "{}", ports: {{http: {}}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: reviews, namespace: shop}}
+spec:
+  parentRefs: [{{group: "", kind: Service, name: reviews, port: 9080}}]
+  rules:
+  - matches: [{{headers: [{{name: x-canary, value: "yes"}}]}}]
+    backendRefs: [{{name: reviews-v2, port: 9080}}]
+  - backendRefs: [{{name: reviews, port: 9080}}]
+"#,
+        v1.addr.ip(),
+        v1.addr.port(),
+        v2.addr.ip(),
+        v2.addr.port()
+    );
+    let rev = fx.apply(&yaml).await;
+    let p = fx.sidecar("productpage", 2, 1, false, rev).await;
+    let mut o = EnvoyOptions::new("ratings", &fx.ip(3));
+    o.namespace = "elsewhere".into();
+    let q = fx.proxy(o, 1, rev).await;
+    let host = "reviews.shop.svc.cluster.local";
+    for proxy in [&p, &q] {
+        let url = proxy.url(9080, "/");
+        wait_for(&fx.client, &url, host, &[("x-canary", "yes")], "the producer route's canary", |r| r.body == "reviews-v2").await;
+        assert_eq!(tally(&load(&fx.client, &url, host, &[], 10, 2).await), BTreeMap::from([("200 reviews-v1".to_string(), 10)]));
+    }
+    let (_, route) = crate::kit::get_json(&fx.cluster.http, &format!("{}/v1/resources/httproutes/shop/reviews", fx.api(1))).await;
+    let accepted = &route["status"]["parents"][0]["conditions"][0];
+    assert_eq!((accepted["type"].as_str(), accepted["status"].as_str()), (Some("Accepted"), Some("True")), "{route}");
+
+    // A consumer route in default: default's clients all go to v2 (its
+    // backend in shop granted), elsewhere's keep the producer's routing.
+    let consumer = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: reviews-for-default, namespace: default}
+spec:
+  parentRefs: [{group: "", kind: Service, name: reviews, namespace: shop}]
+  rules:
+  - backendRefs: [{name: reviews-v2, namespace: shop, port: 9080}]
+---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {name: default-routes, namespace: shop}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: default}]
+  to: [{group: "", kind: Service}]
+"#;
+    fx.apply(consumer).await;
+    wait_for(&fx.client, &p.url(9080, "/"), host, &[], "the consumer route", |r| r.body == "reviews-v2").await;
+    assert_eq!(tally(&load(&fx.client, &p.url(9080, "/"), host, &[], 10, 2).await), BTreeMap::from([("200 reviews-v2".to_string(), 10)]));
+    assert_eq!(tally(&load(&fx.client, &q.url(9080, "/"), host, &[], 10, 2).await), BTreeMap::from([("200 reviews-v1".to_string(), 10)]));
+
+    // Gone: the producer's routing is back for default too.
+    let (ok, _, err) = crate::kit::cli(&fx.api(1), &["delete", "httproute", "reviews-for-default", "-n", "default"]);
+    assert!(ok, "{err}");
+    wait_for(&fx.client, &p.url(9080, "/"), host, &[], "the producer route again", |r| r.body == "reviews-v1").await;
+    p.envoy.assert_no_rejections().await;
+    q.envoy.assert_no_rejections().await;
+}

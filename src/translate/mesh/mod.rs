@@ -709,7 +709,9 @@ impl Mesh {
     /// Whether `key` names a Gateway or VirtualService the Gateway API
     /// translation generated (a stored one of that key is shadowed).
     fn generated(&self, key: &ResourceKey) -> bool {
-        let is = |labels: &BTreeMap<String, String>| labels.contains_key(super::gateway_api::CLASS_LABEL);
+        let is = |labels: &BTreeMap<String, String>| {
+            labels.contains_key(super::gateway_api::CLASS_LABEL) || labels.contains_key(super::gateway_api::MESH_ROUTE_LABEL)
+        };
         self.gateways.iter().any(|g| g.key == *key && is(&g.labels)) || self.virtual_services.iter().any(|v| v.key == *key && is(&v.labels))
     }
 
@@ -731,11 +733,11 @@ struct MeshBackends<'a> {
     suffix: &'a str,
 }
 
-impl super::gateway_api::Backends for MeshBackends<'_> {
-    fn resolve(&self, kind: super::gateway_api::BackendKind, namespace: &str, name: &str, port: Option<u32>) -> Option<(String, u32)> {
+impl MeshBackends<'_> {
+    fn find(&self, kind: super::gateway_api::BackendKind, namespace: &str, name: &str) -> Option<&Arc<Service>> {
         use super::gateway_api::BackendKind;
         let from = |k: Kind| move |s: &&Arc<Service>| s.namespace == namespace && s.sources.iter().any(|(key, _)| key.kind == k && key.name == name);
-        let svc = match kind {
+        match kind {
             BackendKind::Service => {
                 let host = format!("{name}.{namespace}.svc.{}", self.suffix);
                 self.services
@@ -744,7 +746,17 @@ impl super::gateway_api::Backends for MeshBackends<'_> {
                     .or_else(|| self.services.values().flatten().find(from(Kind::Service)))
             }
             BackendKind::ServiceEntry => self.services.values().flatten().find(from(Kind::ServiceEntry)),
-        }?;
+        }
+    }
+}
+
+impl super::gateway_api::Backends for MeshBackends<'_> {
+    fn hostname(&self, kind: super::gateway_api::BackendKind, namespace: &str, name: &str) -> Option<String> {
+        self.find(kind, namespace, name).map(|s| s.hostname.clone())
+    }
+
+    fn resolve(&self, kind: super::gateway_api::BackendKind, namespace: &str, name: &str, port: Option<u32>) -> Option<(String, u32)> {
+        let svc = self.find(kind, namespace, name)?;
         let port = match port {
             Some(p) => svc.port(p)?.number,
             None => svc.ports.first().filter(|_| svc.ports.len() == 1)?.number,
