@@ -49,7 +49,14 @@ impl Spec {
             Spec::GrpcRoute(r) => &r.parent_refs,
             _ => return false,
         };
-        parents.iter().any(|p| p.group.as_deref() == Some("") && p.kind.as_deref() == Some("Service"))
+        parents.iter().any(ParentRef::is_mesh_service)
+    }
+}
+
+impl ParentRef {
+    /// A Service (core group) or an Istio ServiceEntry: a mesh parent.
+    pub fn is_mesh_service(&self) -> bool {
+        matches!((self.group.as_deref(), self.kind.as_deref()), (Some(""), Some("Service")) | (Some("networking.istio.io"), Some("ServiceEntry")))
     }
 }
 

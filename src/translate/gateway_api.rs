@@ -26,7 +26,7 @@
 //!   listener, TLSRoutes TLS routes by SNI of a TLS listener passed
 //!   through.
 //! - Mesh routes (GAMMA): an HTTPRoute or GRPCRoute whose parentRef is a
-//!   Service (core group) routes the traffic of every sidecar to that
+//!   Service (core group) or a ServiceEntry routes the traffic of every sidecar to that
 //!   service: one VirtualService per (route namespace, service host), no
 //!   gateways, labelled [`MESH_ROUTE_LABEL`]. A route in the service's
 //!   namespace (a producer route) applies to every client; one elsewhere
@@ -219,7 +219,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         let mut parents = Vec::new();
         let (parent_refs, hostnames) = route.parents_and_hostnames();
         for pref in parent_refs {
-            if pref.group.as_deref() == Some("") && pref.kind.as_deref() == Some("Service") {
+            if pref.is_mesh_service() {
                 let parent = mesh_parent(obj, route, pref, &from, &resolver, &refs, &mut mesh_routes);
                 parents.push(parent);
                 continue;
@@ -419,15 +419,17 @@ fn mesh_parent<'a>(
 ) -> Value {
     let gen = obj.version;
     let svc_ns = pref.namespace.as_deref().unwrap_or(from.ns);
-    let host = r.backends.hostname(BackendKind::Service, svc_ns, &pref.name);
-    let port_ok = pref.port.is_none_or(|p| host.is_some() && r.backends.resolve(BackendKind::Service, svc_ns, &pref.name, Some(p)).is_some());
+    let kind = || if pref.kind.as_deref() == Some("ServiceEntry") { BackendKind::ServiceEntry } else { BackendKind::Service };
+    let host = r.backends.hostname(kind(), svc_ns, &pref.name);
+    let port_ok = pref.port.is_none_or(|p| host.is_some() && r.backends.resolve(kind(), svc_ns, &pref.name, Some(p)).is_some());
     let accepted = match (route, &host) {
         (RouteIn::Tcp(_) | RouteIn::Tls(_), _) => {
             condition("Accepted", false, "UnsupportedValue", "TCP and TLS routes have no mesh (Service) parents yet", gen)
         }
-        (_, None) => condition("Accepted", false, "NoMatchingParent", &format!("no Service {svc_ns}/{}", pref.name), gen),
+        (_, None) => condition("Accepted", false, "NoMatchingParent", &format!("no {} {svc_ns}/{}", pref.kind.as_deref().unwrap_or(""), pref.name), gen),
         (_, Some(_)) if !port_ok => {
-            condition("Accepted", false, "NoMatchingParent", &format!("Service {svc_ns}/{} has no port {}", pref.name, pref.port.unwrap_or(0)), gen)
+            let why = format!("{} {svc_ns}/{} has no port {}", pref.kind.as_deref().unwrap_or(""), pref.name, pref.port.unwrap_or(0));
+            condition("Accepted", false, "NoMatchingParent", &why, gen)
         }
         _ => condition("Accepted", true, "Accepted", "", gen),
     };
@@ -452,8 +454,7 @@ fn mesh_parent<'a>(
         });
         m.entries.extend(entries);
     }
-    let mut parent_ref = serde_json::to_value(pref).unwrap_or(Value::Null);
-    parent_ref["group"] = json!("");
+    let parent_ref = serde_json::to_value(pref).unwrap_or(Value::Null);
     json!({
         "parentRef": parent_ref,
         "controllerName": api::CONTROLLER_NAME,

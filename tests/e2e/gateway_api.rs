@@ -1109,11 +1109,33 @@ spec:
   - matches: [{{headers: [{{name: x-canary, value: "yes"}}]}}]
     backendRefs: [{{name: reviews-v2, port: 9080}}]
   - backendRefs: [{{name: reviews, port: 9080}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: legacy, namespace: shop}}
+spec:
+  hosts: [legacy.example.test]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: 8081, name: http, protocol: HTTP}}]
+  endpoints: [{{address: "{}", ports: {{http: {}}}}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: legacy, namespace: shop}}
+spec:
+  parentRefs: [{{group: networking.istio.io, kind: ServiceEntry, name: legacy}}]
+  rules:
+  - matches: [{{path: {{type: PathPrefix, value: /new}}}}]
+    backendRefs: [{{name: reviews-v2, port: 9080}}]
+  - backendRefs: [{{group: networking.istio.io, kind: ServiceEntry, name: legacy, port: 8081}}]
 "#,
         v1.addr.ip(),
         v1.addr.port(),
         v2.addr.ip(),
-        v2.addr.port()
+        v2.addr.port(),
+        v1.addr.ip(),
+        v1.addr.port()
     );
     let rev = fx.apply(&yaml).await;
     let p = fx.sidecar("productpage", 2, 1, false, rev).await;
@@ -1126,6 +1148,9 @@ spec:
         wait_for(&fx.client, &url, host, &[("x-canary", "yes")], "the producer route's canary", |r| r.body == "reviews-v2").await;
         assert_eq!(tally(&load(&fx.client, &url, host, &[], 10, 2).await), BTreeMap::from([("200 reviews-v1".to_string(), 10)]));
     }
+    // A ServiceEntry as the parent: /new moves to reviews-v2.
+    wait_for(&fx.client, &p.url(8081, "/new/a"), "legacy.example.test", &[], "a ServiceEntry parent", |r| r.body == "reviews-v2").await;
+    assert_eq!(crate::kit::mesh::get(&fx.client, &p.url(8081, "/old"), "legacy.example.test", &[]).await.body, "reviews-v1");
     let (_, route) = crate::kit::get_json(&fx.cluster.http, &format!("{}/v1/resources/httproutes/shop/reviews", fx.api(1))).await;
     let accepted = &route["status"]["parents"][0]["conditions"][0];
     assert_eq!((accepted["type"].as_str(), accepted["status"].as_str()), (Some("Accepted"), Some("True")), "{route}");
