@@ -331,7 +331,8 @@ impl Lodestar for GrpcApi {
         let (applied, events) = super::history::read(&self.replica.node).await.map_err(status_of)?;
         let filter = super::history::Filter { kind: Some(r.kind), namespace: Some(r.namespace), name: Some(r.name) };
         let limit = if r.limit == 0 { 100 } else { (r.limit as usize).min(10_000) };
-        let answer = super::history::history(&caller, &applied, &events, &filter, limit).map_err(status_of)?;
+        let authors = super::history::authors(&self.replica.node, &applied).await.map_err(status_of)?;
+        let answer = super::history::history(&caller, &applied, &events, &authors, &filter, limit).map_err(status_of)?;
         json_response(answer.revision, &answer)
     }
 
@@ -419,6 +420,7 @@ mod tests {
             (Code::Unauthenticated, tonic::Code::Unauthenticated),
             (Code::PermissionDenied, tonic::Code::PermissionDenied),
             (Code::ResourceExhausted, tonic::Code::ResourceExhausted),
+            (Code::FailedPrecondition, tonic::Code::FailedPrecondition),
         ];
         for (code, want) in expected {
             let status = status_of(Error::new(code, "why"));
