@@ -42,6 +42,10 @@ pub const MIN: u32 = 1;
 /// 2: `ForwardRequest::Version`, and [`Feature::Author`] in the log.
 pub const MAX: u32 = 2;
 
+/// What a replica of wire version 1 answers a request it cannot decode
+/// (`peer::decode_payload`'s INVALID_ARGUMENT message).
+pub const V1_ANSWER: &str = "undecodable peer payload";
+
 /// How often a replica asks every member for its versions.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -295,11 +299,10 @@ pub async fn refresh(node: &super::Node) {
     for (id, answer) in futures::future::join_all(asks).await {
         match answer {
             Ok(Ok(ForwardReply::Version(v))) => node.versions().heard(&PeerVersion { id, ..v }),
-            Err(PeerError::Failed { msg, .. }) if msg.contains("undecodable peer payload") => node.versions().heard_v1(id),
-            // A version 1 replica that decoded nothing it could answer (not
-            // expected) also counts as version 1.
-            Ok(Ok(_)) => node.versions().heard_v1(id),
-            Ok(Err(_)) | Err(_) => node.versions().unreachable(id),
+            // What a replica of version 1 answers (checked against the
+            // previous release by tests/e2e/upgrade.rs).
+            Err(PeerError::Failed { msg, .. }) if msg.contains(V1_ANSWER) => node.versions().heard_v1(id),
+            Ok(Ok(_)) | Ok(Err(_)) | Err(_) => node.versions().unreachable(id),
         }
     }
 }
