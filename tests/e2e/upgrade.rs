@@ -94,8 +94,8 @@ struct Load {
     stop: Arc<AtomicBool>,
     /// Acknowledged writes: name → tag.
     acked: Arc<Mutex<BTreeMap<String, String>>>,
-    /// The longest time between two acknowledged writes.
-    gap: Arc<Mutex<Duration>>,
+    /// The longest time between two acknowledged writes, and their count.
+    gap: Arc<Mutex<(Duration, usize)>>,
     requests: Arc<Mutex<(usize, Vec<String>)>>,
     backwards: Arc<Mutex<Vec<String>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -120,7 +120,7 @@ impl Load {
                     if status == 200 {
                         acked.lock().unwrap().insert(name.clone(), tag.clone());
                         let mut g = gap.lock().unwrap();
-                        *g = (*g).max(last.elapsed());
+                        *g = (g.0.max(last.elapsed()), g.1 + 1);
                         last = Instant::now();
                         break;
                     }
@@ -163,22 +163,23 @@ impl Load {
         load
     }
 
-    /// Stop, and check: no request failed, the proxy never went back.
-    async fn finish(self) -> BTreeMap<String, String> {
+    /// Stop, and check: no request failed, the proxy never went back. The
+    /// acknowledged writes, and the longest gap between two.
+    async fn finish(self) -> (BTreeMap<String, String>, (Duration, usize)) {
         self.stop.store(true, Ordering::SeqCst);
         for t in self.tasks {
             t.await.unwrap();
         }
         let (sent, failed) = self.requests.lock().unwrap().clone();
         eprintln!("{sent} requests through the Envoy, {} failed; {} objects written", failed.len(), self.acked.lock().unwrap().len());
-        eprintln!("longest gap between acknowledged writes: {:?}", *self.gap.lock().unwrap());
         assert!(sent > 100, "the request load ran ({sent} requests)");
         assert!(failed.is_empty(), "{} of {sent} requests failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
         let backwards = self.backwards.lock().unwrap().clone();
         assert!(backwards.is_empty(), "the Envoy saw versions go back: {backwards:?}");
         let acked = self.acked.lock().unwrap().clone();
         assert!(acked.len() >= 10, "the write load ran ({} objects)", acked.len());
-        acked
+        let gap = *self.gap.lock().unwrap();
+        (acked, gap)
     }
 }
 
@@ -273,7 +274,9 @@ async fn rolling_upgrade_under_load() {
     for id in [1, 2, 3] {
         kit::until(&format!("replica {id} sees cluster version 2"), BOUND, || async { status(&fx, id).await["cluster_version"] == 2 }).await;
     }
-    let acked = load.finish().await;
+    let (acked, gap) = load.finish().await;
+    // The figures benches/upgrade.sh collects (benches/RESULTS.md).
+    eprintln!("result: upgrade_ms={} longest_write_gap_ms={} acknowledged_writes={}", took.as_millis(), gap.0.as_millis(), gap.1);
     identical(&fx, &acked).await;
 
     // Before the raise, no author; after, the author and the message.
@@ -307,7 +310,7 @@ async fn a_replica_rolled_back_before_the_raise() {
     replace(&mut fx, id, Some(previous_binary())).await;
     let (code, body) = write(&fx.client, &fx.api(id), "on-old-again", "t0", None).await;
     assert_eq!(code, 200, "{body:#}");
-    let acked = load.finish().await;
+    let (acked, _) = load.finish().await;
     identical(&fx, &acked).await;
     e.assert_no_rejections().await;
 }
