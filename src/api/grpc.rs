@@ -108,8 +108,11 @@ fn cluster_response(s: ClusterStatus) -> ClusterStatusResponse {
                 raft_addr: m.info.raft_addr.clone(),
                 xds_addr: m.info.xds_addr.clone(),
                 role: m.role.clone(),
+                min_version: m.versions.map_or(0, |v| v.min),
+                max_version: m.versions.map_or(0, |v| v.max),
             })
             .collect(),
+        cluster_version: s.version.version,
         nodes: s
             .members
             .into_iter()
