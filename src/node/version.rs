@@ -71,7 +71,11 @@ pub const FEATURES: &[(Feature, &str, u32)] = &[(Feature::Author, "recording the
 
 /// The cluster version a kind needs (1 for every kind not in [`KINDS`]).
 pub fn kind_since(kind: Kind) -> u32 {
-    KINDS.iter().find(|(k, _)| *k == kind).map_or(1, |(_, v)| *v)
+    since_in(KINDS, kind)
+}
+
+fn since_in(kinds: &[(Kind, u32)], kind: Kind) -> u32 {
+    kinds.iter().find(|(k, _)| *k == kind).map_or(1, |(_, v)| *v)
 }
 
 /// The cluster version a feature needs, and its name.
@@ -82,6 +86,10 @@ pub fn feature_since(feature: Feature) -> (&'static str, u32) {
 /// What in `txn` needs the newest cluster version, and that version (1:
 /// nothing beyond version 1).
 pub fn required(txn: &Txn) -> (String, u32) {
+    required_in(KINDS, txn)
+}
+
+fn required_in(kinds: &[(Kind, u32)], txn: &Txn) -> (String, u32) {
     let mut need = (String::new(), 1);
     for op in &txn.ops {
         let (what, v) = match op {
@@ -94,7 +102,7 @@ pub fn required(txn: &Txn) -> (String, u32) {
                 (name.to_string(), v)
             }
             op => match op.key() {
-                Some(key) => (format!("the kind {}", key.kind.name()), kind_since(key.kind)),
+                Some(key) => (format!("the kind {}", key.kind.name()), since_in(kinds, key.kind)),
                 None => continue,
             },
         };
@@ -416,6 +424,18 @@ mod tests {
         assert!(e.message.contains("replica 2 (version 1)"), "{}", e.message);
         v.heard(&PeerVersion { id: 2, min: 1, max: 2, cluster: 1 });
         assert!(v.check(&authored, &[1, 2]).is_ok());
+    }
+
+    /// A kind registered in the table (as the lead registers new kinds)
+    /// needs its version; a delete of it too (the entry names the kind).
+    #[test]
+    fn a_registered_kind_needs_its_version() {
+        let table = [(Kind::Sidecar, 2)];
+        let key = ResourceKey::new(Kind::Sidecar, "default", "s");
+        let del = Txn { ops: vec![put(), Op::Delete { key, expected_revision: None, ignore_missing: true }] };
+        assert_eq!(required_in(&table, &del), ("the kind Sidecar".to_string(), 2));
+        assert_eq!(required_in(&table, &Txn { ops: vec![put()] }).1, 1);
+        assert_eq!(required(&del).1, 1, "not registered in KINDS");
     }
 
     #[test]

@@ -259,6 +259,10 @@ async fn rolling_upgrade_under_load() {
         })
         .await;
         assert!(s["behind"].as_array().unwrap().contains(&json!(leader)), "{s:#}");
+        // The CLI's table: the cluster version and each member's versions.
+        let (ok, out, err) = kit::cli(&fx.api(id), &["cluster", "status"]);
+        assert!(ok, "{err}");
+        assert!(out.contains("cluster version: 1") && out.contains("1..2") && out.contains("VERSIONS"), "{out}");
         let (code, body) = write(&fx.client, &fx.api(id), "gated", "t0", Some("canary")).await;
         assert_eq!(code, 412, "{body:#}");
         assert_eq!(body["error"]["code"], "FailedPrecondition", "{body:#}");
