@@ -214,7 +214,7 @@ impl Caller {
     pub fn with_message(mut self, message: Option<&str>) -> Result<Caller> {
         if let Some(m) = message {
             if m.len() > MAX_MESSAGE_BYTES || m.chars().any(char::is_control) {
-                return Err(Error::field("X-Lodestar-Message", format!("a change message is at most {MAX_MESSAGE_BYTES} bytes of printable text")));
+                return Err(Error::field("X-Lodestar-Message", format!("a change message is at most {MAX_MESSAGE_BYTES} bytes of printable ASCII text")));
             }
         }
         self.message = message.filter(|m| !m.is_empty()).map(str::to_string);

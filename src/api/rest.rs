@@ -107,7 +107,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
         let peer = super::peer_identity(conn, parts.extensions.get::<PeerIdentity>());
         let message = match parts.headers.get("x-lodestar-message") {
             None => None,
-            Some(v) => Some(v.to_str().map_err(|_| Error::field("X-Lodestar-Message", "a change message is printable text"))?),
+            Some(v) => Some(v.to_str().map_err(|_| Error::field("X-Lodestar-Message", "a change message is printable ASCII text"))?),
         };
         Caller::of_request(&acl, &op, parts.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()), peer)?.with_message(message)
     }

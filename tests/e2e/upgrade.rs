@@ -295,6 +295,10 @@ async fn rolling_upgrade_under_load() {
     assert!(newest["author"].as_str().is_some_and(|a| !a.is_empty() && !a.contains(kit::management_token())), "{newest:#}");
     let oldest = revisions.last().unwrap();
     assert!(oldest["author"].is_null(), "written by the previous release: no author: {oldest:#}");
+    // A message is bounded: too long is refused, naming the header.
+    let (code, body) = write(&fx.client, &fx.api(1), "gated", "t2", Some(&"x".repeat(300))).await;
+    assert_eq!(code, 400, "{body:#}");
+    assert_eq!(body["error"]["fields"][0]["field"], "X-Lodestar-Message", "{body:#}");
     e.assert_no_rejections().await;
 }
 
