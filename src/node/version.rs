@@ -243,11 +243,13 @@ impl Versions {
 
     /// The cluster version over `voters` (this replica included if it
     /// votes): the least of their newest versions, not below the highest
-    /// version seen. Raises (and records) that highest version.
+    /// version seen. Raises (and records) that highest version. With no
+    /// voters known (a replica waiting to join), the highest seen (at
+    /// least 1): a joiner must not take its own versions for the cluster's.
     pub fn cluster(&self, voters: &[NodeId]) -> ClusterVersion {
         let mut inner = self.lock();
         let max_of = |id: NodeId| if id == self.id { self.max } else { inner.members.get(&id).map_or(1, |k| k.max) };
-        let least = voters.iter().map(|&id| max_of(id)).min().unwrap_or(self.max);
+        let least = voters.iter().map(|&id| max_of(id)).min().unwrap_or(0);
         let behind: Vec<(NodeId, u32)> = voters.iter().map(|&id| (id, max_of(id))).filter(|(_, v)| *v < self.max).collect();
         let version = least.max(inner.floor).max(1);
         let range_of = |id: NodeId| if id == self.id { (self.min, self.max) } else { inner.members.get(&id).map_or((1, 1), |k| (k.min, k.max)) };
@@ -410,6 +412,20 @@ mod tests {
         let c = v.cluster(&[1, 2, 3]);
         assert_eq!((c.version, c.incompatible.len()), (2, 1), "{c:?}");
         assert!(c.incompatible[0].1.contains("older than the cluster version 2"), "{c:?}");
+    }
+
+    /// A replica that knows no voters yet (waiting to join) runs at the
+    /// version it has seen, not at its own: joining a cluster of version 1,
+    /// it must not write version 2.
+    #[test]
+    fn a_joiner_does_not_take_its_own_version_for_the_clusters() {
+        let v = versions();
+        assert_eq!(v.cluster(&[]).version, 1);
+        assert_eq!(v.hello(&[]).cluster, 1);
+        v.heard_v1(2);
+        assert_eq!(v.cluster(&[2, 1]).version, 1);
+        // A lone voter is the whole cluster.
+        assert_eq!(versions().cluster(&[1]).version, 2);
     }
 
     #[test]
