@@ -166,18 +166,18 @@ impl Load {
     /// Stop, and check: no request failed, the proxy never went back. The
     /// acknowledged writes, and the longest gap between two.
     async fn finish(self) -> (BTreeMap<String, String>, (Duration, usize)) {
+        // At least this much load across the test, however slow the machine.
+        kit::until("100 requests and 20 writes", BOUND, || async { self.requests.lock().unwrap().0 >= 100 && self.gap.lock().unwrap().1 >= 20 }).await;
         self.stop.store(true, Ordering::SeqCst);
         for t in self.tasks {
             t.await.unwrap();
         }
         let (sent, failed) = self.requests.lock().unwrap().clone();
         eprintln!("{sent} requests through the Envoy, {} failed; {} objects written", failed.len(), self.acked.lock().unwrap().len());
-        assert!(sent > 100, "the request load ran ({sent} requests)");
         assert!(failed.is_empty(), "{} of {sent} requests failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
         let backwards = self.backwards.lock().unwrap().clone();
         assert!(backwards.is_empty(), "the Envoy saw versions go back: {backwards:?}");
         let acked = self.acked.lock().unwrap().clone();
-        assert!(acked.len() >= 10, "the write load ran ({} objects)", acked.len());
         let gap = *self.gap.lock().unwrap();
         (acked, gap)
     }
