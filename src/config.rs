@@ -276,6 +276,7 @@ impl ServerConfig {
             info: self.node_info(),
             group_commit_wait_us: self.group_commit_wait_us,
             write_timeout_ms: self.write_timeout_ms,
+            data_dir: Some(self.data_dir.clone()),
         }
     }
 

@@ -32,6 +32,12 @@ pub enum Code {
     /// mesh CA's queue): nothing was done; retry after a backoff, here or
     /// on another replica. Last, so older peers decode the others.
     ResourceExhausted,
+    /// The cluster cannot do this yet: a write that needs a newer cluster
+    /// version than the cluster runs (`node::version`), refused before it
+    /// is proposed. Made only on the replica that the client called, so it
+    /// never crosses the raft port to a peer of wire version 1 (which
+    /// could not decode it).
+    FailedPrecondition,
 }
 
 impl Code {
@@ -46,6 +52,7 @@ impl Code {
             Code::Unauthenticated => 401,
             Code::PermissionDenied => 403,
             Code::ResourceExhausted => 429,
+            Code::FailedPrecondition => 412,
         }
     }
 
@@ -62,6 +69,7 @@ impl Code {
             Code::Unauthenticated => 16,
             Code::PermissionDenied => 7,
             Code::ResourceExhausted => 8,
+            Code::FailedPrecondition => 9,
         }
     }
 
@@ -76,6 +84,7 @@ impl Code {
             Code::Unauthenticated => "Unauthenticated",
             Code::PermissionDenied => "PermissionDenied",
             Code::ResourceExhausted => "ResourceExhausted",
+            Code::FailedPrecondition => "FailedPrecondition",
         }
     }
 }
@@ -161,6 +170,10 @@ impl Error {
     pub fn permission_denied(message: impl Into<String>) -> Self {
         Self::new(Code::PermissionDenied, message)
     }
+    pub fn failed_precondition(message: impl Into<String>) -> Self {
+        Error::new(Code::FailedPrecondition, message)
+    }
+
     pub fn resource_exhausted(message: impl Into<String>) -> Self {
         Self::new(Code::ResourceExhausted, message)
     }

@@ -10,6 +10,8 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("starting the tokio runtime");
     if let Err(e) = runtime.block_on(lodestar::cli::run(cli)) {
         eprintln!("{e:#}");
-        std::process::exit(1);
+        // A replica of the wrong version for its cluster: not worth a restart.
+        let refused = e.downcast_ref::<lodestar::node::version::Refused>().is_some();
+        std::process::exit(if refused { lodestar::node::version::REFUSED_EXIT_CODE } else { 1 });
     }
 }

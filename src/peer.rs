@@ -423,7 +423,7 @@ fn live(replica: &Weak<Replica>) -> Result<Arc<Replica>, Status> {
 }
 
 fn decode_payload<T: DeserializeOwned>(p: &Payload) -> Result<T, Status> {
-    codec::decode(&p.data).map_err(|e| Status::invalid_argument(format!("undecodable peer payload: {e}")))
+    codec::decode(&p.data).map_err(|e| Status::invalid_argument(format!("{}: {e}", crate::node::version::V1_ANSWER)))
 }
 
 fn decode_req<T: DeserializeOwned>(req: Request<Payload>) -> Result<T, Status> {

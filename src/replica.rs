@@ -17,6 +17,8 @@ pub struct ClusterStatus {
     pub leader: Option<crate::store::types::NodeId>,
     pub term: u64,
     pub members: Vec<MemberStatus>,
+    /// The cluster version as this replica sees it (`node::version`).
+    pub version: crate::node::version::ClusterVersion,
 }
 
 #[derive(Debug, Clone)]
@@ -28,6 +30,8 @@ pub struct MemberStatus {
     /// None when the member did not answer.
     pub status: Option<NodeStatus>,
     pub error: Option<String>,
+    /// The wire versions it supports, as last heard (None: never heard).
+    pub versions: Option<crate::node::version::Known>,
 }
 
 use crate::auth::Acl;
@@ -107,11 +111,12 @@ impl Replica {
                         Err(e) => (None, Some(e.to_string())),
                     },
                 };
-                MemberStatus { id, info, role, status, error }
+                let versions = self.node.versions().known(id);
+                MemberStatus { id, info, role, status, error, versions }
             }
         });
         let members = futures::future::join_all(asks).await;
-        ClusterStatus { leader: m.current_leader, term: m.current_term, members }
+        ClusterStatus { leader: m.current_leader, term: m.current_term, members, version: self.node.cluster_version() }
     }
 
     /// Renew an Instance's TTL or a Lease (see `health`).

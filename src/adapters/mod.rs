@@ -94,7 +94,7 @@ pub async fn reconcile(replica: &crate::replica::Replica, source: &str, docs: Ve
         crate::api::owned_hostnames(&crate::api::hostname_claims(&txn, suffix)?, suffix)?;
         // Secrets' keys sealed; unchanged ones keep their stored envelope.
         crate::secrets::seal_txn(replica.secrets.as_deref(), &mut txn, &current)?;
-        let keys = txn.ops.iter().map(|o| o.key().clone()).collect();
+        let keys = txn.ops.iter().filter_map(|o| o.key().cloned()).collect();
         (txn.ops, keys)
     };
     // Puts that change nothing are dropped, so an unchanged scan is no write.

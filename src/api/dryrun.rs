@@ -165,7 +165,7 @@ pub struct Change {
 /// What the write `txn` would do to `state`; the caller's read permission
 /// on every resource checked first (the diff shows their contents).
 pub fn preview(caller: &Caller, state: &State, txn: &Txn, warnings: Vec<String>, scope: &ProxyScope) -> Result<Preview> {
-    caller.authorize(Verb::Read, txn.ops.iter().map(|op| Target::key(op.key())))?;
+    caller.authorize(Verb::Read, txn.ops.iter().filter_map(|op| op.key().map(Target::key)))?;
     let mut after = state.clone();
     let (result, events) = after.apply_txn(txn);
     let ok = result?;
@@ -212,7 +212,7 @@ pub fn pin(txn: &mut Txn, state: &State, base: u64) -> Result<()> {
         return Err(Error::field("expectedRevision", format!("revision {base} is ahead of this replica's {}", state.revision)));
     }
     for op in &mut txn.ops {
-        let current = state.get(op.key());
+        let Some(current) = op.key().map(|k| state.get(k)) else { continue };
         if let Some(obj) = current.filter(|o| o.mod_revision > base) {
             return Err(Error::conflict(format!(
                 "{} {}/{} changed at revision {} after the expected revision {base}: preview again",
@@ -227,6 +227,7 @@ pub fn pin(txn: &mut Txn, state: &State, base: u64) -> Result<()> {
             Op::Put { expected_revision, .. } | Op::Delete { expected_revision, .. } | Op::SetStatus { expected_revision, .. } => {
                 expected_revision.get_or_insert(now);
             }
+            Op::Author(_) => {}
         }
     }
     Ok(())

@@ -108,8 +108,11 @@ fn cluster_response(s: ClusterStatus) -> ClusterStatusResponse {
                 raft_addr: m.info.raft_addr.clone(),
                 xds_addr: m.info.xds_addr.clone(),
                 role: m.role.clone(),
+                min_version: m.versions.map_or(0, |v| v.min),
+                max_version: m.versions.map_or(0, |v| v.max),
             })
             .collect(),
+        cluster_version: s.version.version,
         nodes: s
             .members
             .into_iter()
@@ -331,7 +334,8 @@ impl Lodestar for GrpcApi {
         let (applied, events) = super::history::read(&self.replica.node).await.map_err(status_of)?;
         let filter = super::history::Filter { kind: Some(r.kind), namespace: Some(r.namespace), name: Some(r.name) };
         let limit = if r.limit == 0 { 100 } else { (r.limit as usize).min(10_000) };
-        let answer = super::history::history(&caller, &applied, &events, &filter, limit).map_err(status_of)?;
+        let authors = super::history::authors(&self.replica.node, &applied).await.map_err(status_of)?;
+        let answer = super::history::history(&caller, &applied, &events, &authors, &filter, limit).map_err(status_of)?;
         json_response(answer.revision, &answer)
     }
 
@@ -419,6 +423,7 @@ mod tests {
             (Code::Unauthenticated, tonic::Code::Unauthenticated),
             (Code::PermissionDenied, tonic::Code::PermissionDenied),
             (Code::ResourceExhausted, tonic::Code::ResourceExhausted),
+            (Code::FailedPrecondition, tonic::Code::FailedPrecondition),
         ];
         for (code, want) in expected {
             let status = status_of(Error::new(code, "why"));

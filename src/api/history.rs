@@ -58,6 +58,13 @@ impl Filter {
 #[derive(Debug, Serialize)]
 pub struct Revision {
     pub revision: u64,
+    /// Who made it (a token's accessor, a certificate identity): recorded
+    /// once the cluster runs wire version 2; absent before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
+    /// The change message its writer gave, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     pub changes: Vec<Touched>,
 }
 
@@ -84,7 +91,7 @@ pub struct HistoryAnswer {
 
 /// The revisions that touched objects the filter and the caller's read
 /// permission let through, newest first, at most `limit`.
-pub fn history(caller: &Caller, applied: &Applied, events: &[Event], f: &Filter, limit: usize) -> Result<HistoryAnswer> {
+pub fn history(caller: &Caller, applied: &Applied, events: &[Event], authors: &Authors, f: &Filter, limit: usize) -> Result<HistoryAnswer> {
     let kind = f.kind()?;
     let h = History { compacted: applied.compacted, events };
     let matches = |k: &ResourceKey| {
@@ -98,6 +105,8 @@ pub fn history(caller: &Caller, applied: &Applied, events: &[Event], f: &Filter,
         .into_iter()
         .map(|(revision, evs)| Revision {
             revision,
+            author: authors.get(&revision).map(|a| a.name.clone()),
+            message: authors.get(&revision).and_then(|a| a.message.clone()),
             changes: evs
                 .into_iter()
                 .filter(|e| caller.may_read(&e.object.key))
@@ -222,6 +231,17 @@ pub fn rollback_txn(applied: &Applied, events: &[Event], req: &RollbackRequest) 
 }
 
 /// Shared by the handlers: the events, read once per request.
+/// Who made each revision (`Op::Author`), by revision.
+pub type Authors = std::collections::BTreeMap<u64, crate::store::types::Author>;
+
+/// Who made each revision the history holds up to `applied`'s.
+pub async fn authors(node: &Node, applied: &Applied) -> Result<Authors> {
+    let (reader, from, to) = (node.reader().clone(), applied.compacted + 1, applied.revision());
+    tokio::task::spawn_blocking(move || reader.authors(from, to).map_err(|e| Error::internal(format!("reading the history's authors: {e}"))))
+        .await
+        .map_err(|e| Error::internal(e.to_string()))?
+}
+
 pub async fn read(node: &Node) -> Result<(Arc<Applied>, Vec<Event>)> {
     let applied = node.read(crate::node::Consistency::Linearizable).await?;
     let events = events(node, &applied).await?;

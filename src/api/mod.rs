@@ -28,7 +28,8 @@ use crate::model::kinds::CLUSTER_NAMESPACE;
 use crate::model::{self, Kind, ResourceKey, Selector, StoredObject};
 use crate::node::{Consistency, Node};
 use crate::replica::Replica;
-use crate::store::types::{ItemResult, Op, Txn, TxnOk};
+use crate::state::txn::MAX_MESSAGE_BYTES;
+use crate::store::types::{Author, ItemResult, Op, Txn, TxnOk};
 use crate::store::watch::WatchFilter;
 use crate::store::Applied;
 use crate::translate::mesh::hosts as mesh_hosts;
@@ -52,13 +53,16 @@ pub struct Caller {
     principal: Principal,
     /// The route or gRPC method, for the audit log.
     op: String,
+    /// The change message the client gave (`X-Lodestar-Message`), recorded
+    /// with the revision its write makes (`Op::Author`).
+    message: Option<String>,
 }
 
 impl Caller {
     /// 401 (audited) unless the credentials stand for a principal now.
     pub fn authenticate(acl: &Arc<Acl>, creds: &Credentials, op: &str) -> Result<Caller> {
         match acl.authenticate(creds) {
-            Ok(principal) => Ok(Caller { acl: acl.clone(), principal, op: op.to_string() }),
+            Ok(principal) => Ok(Caller { acl: acl.clone(), principal, op: op.to_string(), message: None }),
             Err(r) => {
                 crate::metrics::metrics().acl_refusals.with(&["unauthenticated"]).inc();
                 acl.audit(AuditEvent { reason: Some(r.reason.clone()), ..AuditEvent::new(r.who, op, "unauthenticated") });
@@ -140,7 +144,7 @@ impl Caller {
     pub fn authorize_txn(&self, verb: Verb, txn: &Txn) -> Result<()> {
         let mut needed = Vec::with_capacity(txn.ops.len());
         for op in &txn.ops {
-            let key = op.key();
+            let Some(key) = op.key() else { continue };
             match op {
                 Op::Delete { .. } => {
                     needed.push(Permission::new(Verb::Delete, Target::key(key)));
@@ -149,6 +153,7 @@ impl Caller {
                     }
                 }
                 Op::Put { .. } | Op::SetStatus { .. } => needed.push(Permission::new(Verb::Write, Target::key(key))),
+                Op::Author(_) => {}
             }
         }
         self.check(Some(verb), needed, |_| keys(txn))?;
@@ -204,9 +209,34 @@ impl Caller {
         Error::permission_denied(message)
     }
 
+    /// With the change message `message` (checked: at most
+    /// [`MAX_MESSAGE_BYTES`], printable text).
+    pub fn with_message(mut self, message: Option<&str>) -> Result<Caller> {
+        if let Some(m) = message {
+            if m.len() > MAX_MESSAGE_BYTES || m.chars().any(char::is_control) {
+                return Err(Error::field("X-Lodestar-Message", format!("a change message is at most {MAX_MESSAGE_BYTES} bytes of printable ASCII text")));
+            }
+        }
+        self.message = message.filter(|m| !m.is_empty()).map(str::to_string);
+        Ok(self)
+    }
+
+    /// `txn` with its author (`Op::Author`: the caller's audit name, never
+    /// a secret, and its change message) once the cluster runs a version
+    /// that records authors; before, as it is. A change message is always
+    /// added, so that the gate (`node::version`) refuses it until then.
+    fn authored(&self, node: &Node, mut txn: Txn) -> Txn {
+        let (_, since) = crate::node::version::feature_since(crate::node::version::Feature::Author);
+        if self.message.is_some() || node.cluster_version().version >= since {
+            txn.ops.push(Op::Author(Author { name: self.principal.who.audit_name(), message: self.message.clone() }));
+        }
+        txn
+    }
+
     /// Propose an authorized transaction; audit its outcome.
     pub async fn write(&self, node: &Node, verb: Verb, txn: Txn) -> Result<TxnOk> {
         let resources = if self.acl.enabled { keys(&txn) } else { Vec::new() };
+        let txn = self.authored(node, txn);
         let result = node.write(txn).await;
         self.audit_result(verb, resources, result.as_ref().map(|ok| Some(ok.revision)));
         result
@@ -259,7 +289,7 @@ fn outcome(event: AuditEvent, result: Result<Option<u64>, &Error>) -> AuditEvent
 }
 
 fn keys(txn: &Txn) -> Vec<String> {
-    txn.ops.iter().map(|o| o.key().to_string()).collect()
+    txn.ops.iter().filter_map(|o| o.key().map(|k| k.to_string())).collect()
 }
 
 /// What a watch with this filter touches: every kind it may deliver.
@@ -639,7 +669,7 @@ pub fn claim_warnings(txn: &Txn, applied: &Applied, suffix: &str) -> Vec<String>
     if claims.is_empty() {
         return Vec::new();
     }
-    let written: std::collections::BTreeSet<&ResourceKey> = txn.ops.iter().map(|o| o.key()).collect();
+    let written: std::collections::BTreeSet<&ResourceKey> = txn.ops.iter().filter_map(|o| o.key()).collect();
     let mut stored: std::collections::BTreeMap<String, Vec<(&ResourceKey, u64)>> = std::collections::BTreeMap::new();
     for kind in [Kind::Service, Kind::ServiceEntry] {
         let lo = ResourceKey::new(kind, "", "");

@@ -105,7 +105,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
         let op = format!("{} {}", parts.method, parts.extensions.get::<axum::extract::MatchedPath>().map_or(parts.uri.path(), |p| p.as_str()));
         let conn = parts.extensions.get::<axum::extract::ConnectInfo<crate::tls::conn::ConnInfo>>().map(|c| &c.0);
         let peer = super::peer_identity(conn, parts.extensions.get::<PeerIdentity>());
-        Caller::of_request(&acl, &op, parts.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()), peer)
+        let message = match parts.headers.get("x-lodestar-message") {
+            None => None,
+            Some(v) => Some(v.to_str().map_err(|_| Error::field("X-Lodestar-Message", "a change message is printable ASCII text"))?),
+        };
+        Caller::of_request(&acl, &op, parts.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()), peer)?.with_message(message)
     }
 }
 
@@ -789,7 +793,8 @@ async fn history_list(State(replica): State<Arc<Replica>>, caller: Caller, Query
     caller.precheck(Precheck::Any(Verb::Read))?;
     let (applied, events) = super::history::read(&replica.node).await?;
     let filter = super::history::Filter { kind: q.kind, namespace: q.namespace, name: q.name };
-    let answer = super::history::history(&caller, &applied, &events, &filter, q.limit.unwrap_or(100).clamp(1, 10_000))?;
+    let authors = super::history::authors(&replica.node, &applied).await?;
+    let answer = super::history::history(&caller, &applied, &events, &authors, &filter, q.limit.unwrap_or(100).clamp(1, 10_000))?;
     Ok((revision_headers(answer.revision), Json(answer)).into_response())
 }
 

@@ -65,11 +65,30 @@ pub struct MemberStatusView {
     /// None when the member did not answer.
     pub status: Option<NodeStatusView>,
     pub error: Option<String>,
+    /// The wire versions it supports (`node::version`), as last heard;
+    /// None when never heard from (counted as version 1).
+    pub versions: Option<VersionsView>,
+}
+
+/// A member's wire versions.
+#[derive(Debug, Serialize)]
+pub struct VersionsView {
+    pub min: u32,
+    pub max: u32,
+    /// Whether it answered the last time it was asked.
+    pub current: bool,
 }
 
 impl From<&MemberStatus> for MemberStatusView {
     fn from(m: &MemberStatus) -> Self {
-        MemberStatusView { id: m.id, info: (&m.info).into(), role: m.role.clone(), status: m.status.as_ref().map(Into::into), error: m.error.clone() }
+        MemberStatusView {
+            id: m.id,
+            info: (&m.info).into(),
+            role: m.role.clone(),
+            status: m.status.as_ref().map(Into::into),
+            error: m.error.clone(),
+            versions: m.versions.map(|k| VersionsView { min: k.min, max: k.max, current: k.current }),
+        }
     }
 }
 
@@ -79,11 +98,25 @@ pub struct ClusterStatusView {
     pub leader: Option<u64>,
     pub term: u64,
     pub members: Vec<MemberStatusView>,
+    /// The cluster version (the newest every voter supports, never lower
+    /// than it has been), as the answering replica sees it.
+    pub cluster_version: u32,
+    /// Voters whose newest version is below the answering replica's.
+    pub behind: Vec<u64>,
+    /// Voters that cannot run at the cluster version, and why.
+    pub incompatible: Vec<String>,
 }
 
 impl From<&ClusterStatus> for ClusterStatusView {
     fn from(c: &ClusterStatus) -> Self {
-        ClusterStatusView { leader: c.leader, term: c.term, members: c.members.iter().map(Into::into).collect() }
+        ClusterStatusView {
+            leader: c.leader,
+            term: c.term,
+            members: c.members.iter().map(Into::into).collect(),
+            cluster_version: c.version.version,
+            behind: c.version.behind.iter().map(|(id, _)| *id).collect(),
+            incompatible: c.version.incompatible.iter().map(|(id, why)| format!("replica {id}: {why}")).collect(),
+        }
     }
 }
 

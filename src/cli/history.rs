@@ -61,11 +61,17 @@ pub async fn history(client: &Client, a: HistoryArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&answer)?);
         return Ok(());
     }
-    println!("{:<9} {:<7} {:<24} OBJECT", "REVISION", "ACTION", "KIND");
+    println!("{:<9} {:<7} {:<24} {:<40} AUTHOR", "REVISION", "ACTION", "KIND", "OBJECT");
     for r in answer["revisions"].as_array().into_iter().flatten() {
+        // No author: made before the cluster recorded them (version 2).
+        let author = match (r["author"].as_str(), r["message"].as_str()) {
+            (Some(a), Some(m)) => format!("{a} ({m})"),
+            (Some(a), None) => a.to_string(),
+            _ => "-".to_string(),
+        };
         for c in r["changes"].as_array().into_iter().flatten() {
             let object = format!("{}/{}", c["namespace"].as_str().unwrap_or(""), c["name"].as_str().unwrap_or(""));
-            println!("{:<9} {:<7} {:<24} {object}", r["revision"], c["action"].as_str().unwrap_or(""), c["kind"].as_str().unwrap_or(""));
+            println!("{:<9} {:<7} {:<24} {object:<40} {author}", r["revision"], c["action"].as_str().unwrap_or(""), c["kind"].as_str().unwrap_or(""));
         }
     }
     eprintln!("revision {}; history kept from revision {}", answer["revision"], answer["oldest"]);

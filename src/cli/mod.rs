@@ -137,6 +137,10 @@ enum Command {
         /// Then wait until every connected proxy has ACKed the write.
         #[arg(long)]
         wait: bool,
+        /// A change message, recorded with the revision and shown by
+        /// `history` (needs cluster version 2: ops/upgrade.md).
+        #[arg(short, long)]
+        message: Option<String>,
         /// With --wait: how long, e.g. 30s.
         #[arg(long, default_value = "30s")]
         timeout: String,
@@ -531,7 +535,8 @@ pub async fn run(cli: Cli) -> Result<()> {
     let client = access.client()?;
     match command {
         Command::Server(_) | Command::Tls { .. } => unreachable!("handled above"),
-        Command::Apply { files, namespace, wait: w, timeout, proxies, dry_run, expected_revision, output, revert_on_nack, validate } => {
+        Command::Apply { files, namespace, wait: w, message, timeout, proxies, dry_run, expected_revision, output, revert_on_nack, validate } => {
+            let client = client.with_message(message);
             let strict = match crate::model::FieldValidation::parse(&validate) {
                 Some(v) => v == crate::model::FieldValidation::Strict,
                 None => bail!("--validate {validate:?}: expected warn or strict"),
@@ -1041,13 +1046,28 @@ async fn cluster(client: &Client, command: ClusterCommand) -> Result<()> {
         }
         ClusterCommand::RemoveNode { id } => client.delete(&format!("/v1/cluster/members/{id}")).await?,
     };
-    println!("leader: {}   term: {}", status["leader"].as_u64().map_or("none".to_string(), |l| l.to_string()), status["term"]);
-    println!("{:<4} {:<8} {:<10} {:<24} {:<24} {:>8} {:>9}", "ID", "ROLE", "STATE", "API", "RAFT", "APPLIED", "REVISION");
+    // A replica of wire version 1 reports no versions.
+    let cluster_version = status["cluster_version"].as_u64().map_or_else(|| "1 (the answering replica predates versions)".to_string(), |v| v.to_string());
+    println!(
+        "leader: {}   term: {}   cluster version: {cluster_version}",
+        status["leader"].as_u64().map_or("none".to_string(), |l| l.to_string()),
+        status["term"]
+    );
+    for why in status["incompatible"].as_array().into_iter().flatten() {
+        println!("incompatible: {}", s(why));
+    }
+    println!("{:<4} {:<8} {:<10} {:<24} {:<24} {:>8} {:>9} {:>8}", "ID", "ROLE", "STATE", "API", "RAFT", "APPLIED", "REVISION", "VERSIONS");
     for m in status["members"].as_array().into_iter().flatten() {
         let st = &m["status"];
         let state = st["state"].as_str().unwrap_or("unreachable");
+        let v = &m["versions"];
+        let versions = match (v["min"].as_u64(), v["max"].as_u64()) {
+            (Some(min), Some(max)) if min == max => max.to_string(),
+            (Some(min), Some(max)) => format!("{min}..{max}"),
+            _ => "-".to_string(),
+        };
         println!(
-            "{:<4} {:<8} {:<10} {:<24} {:<24} {:>8} {:>9}",
+            "{:<4} {:<8} {:<10} {:<24} {:<24} {:>8} {:>9} {:>8}",
             m["id"].as_u64().unwrap_or(0),
             m["role"].as_str().unwrap_or(""),
             state,
@@ -1055,6 +1075,7 @@ async fn cluster(client: &Client, command: ClusterCommand) -> Result<()> {
             m["info"]["raft_addr"].as_str().unwrap_or(""),
             st["applied_index"].as_u64().map_or("-".into(), |v| v.to_string()),
             st["revision"].as_u64().map_or("-".into(), |v| v.to_string()),
+            versions,
         );
     }
     Ok(())

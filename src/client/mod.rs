@@ -130,6 +130,7 @@ impl Access {
             token: self.token.clone(),
             insecure: self.insecure,
             origin: Arc::new(self.origin.clone()),
+            message: None,
         })
     }
 
@@ -221,6 +222,8 @@ pub struct Client {
     token: Option<String>,
     insecure: bool,
     origin: Arc<Origin>,
+    /// A change message sent with every request (`X-Lodestar-Message`).
+    message: Option<String>,
 }
 
 /// Why a credential is not sent to a plaintext server.
@@ -272,6 +275,9 @@ impl Client {
             let mut req = self.http.request(method.clone(), format!("{}{}", self.bases[i], path));
             if let Some(t) = &self.token {
                 req = req.bearer_auth(t);
+            }
+            if let Some(m) = &self.message {
+                req = req.header("x-lodestar-message", m);
             }
             if let Some(b) = body {
                 req = req.json(b);
@@ -397,6 +403,11 @@ impl Client {
     /// The same client with another token (`lodestar agent --token-file`).
     pub fn with_token(&self, token: Option<String>) -> Client {
         Client { token, ..self.clone() }
+    }
+    /// The same client, sending a change message with its writes
+    /// (`lodestar apply --message`; `history` shows it).
+    pub fn with_message(&self, message: Option<String>) -> Client {
+        Client { message, ..self.clone() }
     }
     /// POST, whatever the status: (status, JSON body); Err only when no
     /// answer came. For callers that act on the status (the agent's

@@ -131,7 +131,7 @@ pub async fn reaper(node: Arc<Node>, heartbeats: Arc<Heartbeats>, mut shutdown: 
         let writes = ops.into_iter().map(|(why, op)| {
             let node = node.clone();
             async move {
-                let key = op.key().clone();
+                let key = op.key().map_or_else(String::new, |k| k.to_string());
                 match node.write(Txn { ops: vec![op] }).await {
                     Ok(ok) => tracing::info!(%key, revision = ok.revision, why, "registry: expiry committed"),
                     Err(e) => tracing::debug!(%key, error = %e, why, "registry: expiry not committed"),

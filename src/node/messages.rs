@@ -33,6 +33,11 @@ pub enum ForwardRequest {
     /// How this replica's proxies stand against a revision (any replica
     /// answers).
     Convergence(u64),
+    /// Since wire version 2: the sender's versions; the answer is the
+    /// receiver's (`node::version`). A replica of version 1 cannot decode
+    /// this variant and answers INVALID_ARGUMENT "undecodable peer
+    /// payload", which is how the sender learns it speaks version 1.
+    Version(PeerVersion),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -48,6 +53,20 @@ pub enum ForwardReply {
     },
     /// The answering replica's proxies, against a revision.
     Convergence(WaitReport),
+    /// Since wire version 2: the answer to `ForwardRequest::Version`.
+    Version(PeerVersion),
+}
+
+/// What a replica says of its versions (wire version 2; its view:
+/// `api::views::MemberStatusView`'s version fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerVersion {
+    pub id: NodeId,
+    /// The wire versions this build reads and writes: `min..=max`.
+    pub min: u32,
+    pub max: u32,
+    /// The cluster version as the sender sees it (0: it does not know yet).
+    pub cluster: u32,
 }
 
 /// The outcome of waiting for the proxies to converge on a revision (its
@@ -88,7 +107,7 @@ pub struct NodeStatus {
 mod fixtures {
     use super::*;
     use crate::model::Kind;
-    use crate::store::codec::check_fixture;
+    use crate::store::codec::{check_fixture, check_fixture_at};
     use crate::store::types::{Op, Txn, TxnOk};
 
     fn status() -> NodeStatus {
@@ -132,5 +151,23 @@ mod fixtures {
             ForwardReply::Convergence(report()),
         ];
         check_fixture("forward_replies", &replies);
+    }
+
+    fn hello() -> PeerVersion {
+        PeerVersion { id: 3, min: 1, max: 2, cluster: 1 }
+    }
+
+    /// Wire version 2 added `Version` at the end of both enums: a v1
+    /// message encodes as before (above), and each new one is pinned here.
+    #[test]
+    fn peer_messages_v2_are_stable() {
+        check_fixture_at("peer_version", 2, &hello());
+        check_fixture_at("forward_request_version", 2, &ForwardRequest::Version(hello()));
+        check_fixture_at("forward_reply_version", 2, &ForwardReply::Version(hello()));
+        // The new variants' tags follow the v1 ones (6 and 6): a build of
+        // version 1 reads them as an unknown variant, never as another.
+        let tag = |bytes: Vec<u8>| u32::from_le_bytes(bytes[1..5].try_into().unwrap());
+        assert_eq!(tag(crate::store::codec::encode(&ForwardRequest::Version(hello()))), 6);
+        assert_eq!(tag(crate::store::codec::encode(&ForwardReply::Version(hello()))), 6);
     }
 }

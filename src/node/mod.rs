@@ -27,8 +27,9 @@
 
 pub mod messages;
 pub mod transport;
+pub mod version;
 
-pub use messages::{ForwardReply, ForwardRequest, NodeStatus, WaitReport};
+pub use messages::{ForwardReply, ForwardRequest, NodeStatus, PeerVersion, WaitReport};
 pub use transport::{PeerError, Transport};
 
 use crate::error::{Code, Error, Result};
@@ -105,6 +106,8 @@ pub struct NodeOptions {
     pub group_commit_wait_us: u64,
     /// How long a write waits for its commit.
     pub write_timeout_ms: u64,
+    /// Where the highest cluster version seen is kept (`version`).
+    pub data_dir: Option<std::path::PathBuf>,
 }
 
 /// Raft, the applied state and the peers are the node's own: helpers reach
@@ -125,11 +128,14 @@ pub struct Node {
     read_floor: std::sync::Mutex<Option<(u64, u64)>>,
     /// The next request id's number (random start: see `RequestId`).
     next_seq: AtomicU64,
+    /// Every member's wire versions, and the cluster version (`version`).
+    versions: version::Versions,
 }
 
 impl Node {
     pub fn new(options: NodeOptions, raft: Raft, reader: StoreReader, peers: Arc<dyn Transport>) -> Arc<Node> {
         let (tx, rx) = mpsc::channel(16 * 1024);
+        let versions = version::Versions::new(options.id, options.data_dir.clone());
         let node = Arc::new(Node {
             id: options.id,
             info: options.info.clone(),
@@ -140,6 +146,7 @@ impl Node {
             batcher: tx,
             read_floor: Default::default(),
             next_seq: AtomicU64::new(rand::random::<u64>() >> 1),
+            versions,
         });
         let group_wait = Duration::from_micros(node.options.group_commit_wait_us);
         tokio::spawn(batcher(Arc::downgrade(&node), rx, group_wait));
@@ -154,6 +161,33 @@ impl Node {
     /// Raft's view of the cluster (leader, term, membership, log indexes).
     pub fn metrics(&self) -> tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, NodeInfo>> {
         self.raft.metrics()
+    }
+
+    /// Every member's wire versions and the cluster version.
+    pub fn versions(&self) -> &version::Versions {
+        &self.versions
+    }
+
+    /// The voting members' ids.
+    pub fn voters(&self) -> Vec<NodeId> {
+        self.members().into_iter().filter(|(_, _, voter)| *voter).map(|(id, _, _)| id).collect()
+    }
+
+    /// The cluster version as this replica sees it (`version`).
+    pub fn cluster_version(&self) -> version::ClusterVersion {
+        self.versions.cluster(&self.voters())
+    }
+
+    /// The gate (`version`): refuse, before proposing, a write that needs
+    /// a newer cluster version than the cluster runs. A refusal is checked
+    /// again after asking the members afresh: the last replica may have
+    /// been upgraded since the last refresh.
+    async fn gate(&self, txn: &Txn) -> Result<()> {
+        if self.versions.check(txn, &self.voters()).is_ok() {
+            return Ok(());
+        }
+        version::refresh(self).await;
+        self.versions.check(txn, &self.voters())
     }
 
     /// How this node reaches its peers.
@@ -178,7 +212,10 @@ impl Node {
         // reaches the raft log, whichever path built it.
         unsealed_secrets(&txn)?;
         let started = Instant::now();
-        let result = self.write_once(txn).await;
+        let result = match self.gate(&txn).await {
+            Ok(()) => self.write_once(txn).await,
+            Err(e) => Err(e),
+        };
         let m = crate::metrics::metrics();
         m.write_duration.observe(started.elapsed());
         m.writes.with(&[result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok")]).inc();
@@ -478,6 +515,10 @@ impl Node {
             ForwardRequest::Heartbeat(_) | ForwardRequest::Convergence(_) => {
                 Err(Error::internal("heartbeats and convergence are answered by the replica, not the node"))
             }
+            ForwardRequest::Version(v) => {
+                self.versions.heard(&v);
+                Ok(ForwardReply::Version(self.versions.hello(&self.voters())))
+            }
             ForwardRequest::AddNode { id, info } => self.leader_add_node(id, info).await,
             ForwardRequest::RemoveNode { id } => self.leader_remove_node(id).await,
         }
@@ -639,6 +680,7 @@ fn op_bytes(op: &crate::store::Op) -> usize {
         crate::store::Op::Put { body, .. } => body.len(),
         crate::store::Op::SetStatus { status, .. } => status.len() + 64,
         crate::store::Op::Delete { .. } => 64,
+        crate::store::Op::Author(a) => a.name.len() + a.message.as_ref().map_or(0, String::len),
     }
 }
 

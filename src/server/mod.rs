@@ -235,6 +235,8 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         tokio::spawn(crate::ha::freshness(node.clone(), replica.ha.clone(), Duration::from_millis(config.ready_max_lag_ms), stop_tx.subscribe())),
         tokio::spawn(crate::ha::gossip(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
         tokio::spawn(crate::ha::raft_metrics(node.clone(), stop_tx.subscribe())),
+        // Every member's wire versions and the cluster version (`node::version`).
+        tokio::spawn(crate::node::version::keep_current(node.clone(), stop_tx.subscribe())),
     ];
     // The mesh CA's files are reloaded as the cluster TLS files are.
     if let Some(ca) = &mesh_ca {
@@ -267,13 +269,24 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // error: a full or failing disk) must not go on answering as a zombie.
     // It shuts down and exits non-zero, for its supervisor to restart it
     // once the disk is fixed; what it acknowledged is on disk already.
+    // And a replica whose wire versions do not include the cluster
+    // version (`node::version`) stops as well, saying why: it could not
+    // read what the others write, or they could not read it.
+    let mut refused = None;
     let failed = tokio::select! {
         _ = shutdown => None,
         why = raft_failed(raft.clone()) => Some(why),
+        why = crate::node::version::refused(node.clone()) => {
+            refused = Some(why);
+            None
+        }
     };
-    match &failed {
-        None => tracing::info!("shutting down"),
-        Some(why) => tracing::error!(error = %why, "the raft core stopped: this replica can no longer write its log or state; shutting down (fail-stop)"),
+    match (&failed, &refused) {
+        (_, Some(why)) => tracing::error!(error = %why, "wrong version for this cluster: shutting down (ops/upgrade.md)"),
+        (None, None) => tracing::info!("shutting down"),
+        (Some(why), None) => {
+            tracing::error!(error = %why, "the raft core stopped: this replica can no longer write its log or state; shutting down (fail-stop)")
+        }
     }
     let _ = stop_tx.send(true);
     // Watch streams never end on their own: give servers DRAIN, then move
@@ -315,6 +328,9 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         anyhow::bail!("replica {} stopped (fail-stop) after a storage error: {why}", config.id);
     }
     db.flush_async().await?;
+    if let Some(why) = refused {
+        return Err(crate::node::version::Refused(why).into());
+    }
     tracing::info!("stopped");
     Ok(())
 }

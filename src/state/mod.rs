@@ -127,7 +127,8 @@ impl State {
         let mut seen = BTreeSet::new();
         let mut plan = Vec::with_capacity(txn.ops.len());
         for (i, op) in txn.ops.iter().enumerate() {
-            let key = op.key();
+            // `Author` writes no object: the state machine records it.
+            let Some(key) = op.key() else { continue };
             if !seen.insert(key) {
                 return Err(Error::invalid(format!("{key} appears more than once in one transaction")));
             }
@@ -193,6 +194,7 @@ impl State {
                     };
                     Planned { key: key.clone(), action, body: None, current }
                 }
+                Op::Author(_) => continue,
             };
             plan.push(planned);
         }

@@ -51,19 +51,49 @@ pub enum Op {
     /// Replace an object's `status` (JSON text), leaving its spec alone:
     /// how replicas record health. Fails if the object is gone.
     SetStatus { key: ResourceKey, status: String, expected_revision: Option<u64> },
+    /// Since wire version 2 (`node::version::Feature::Author`): who made
+    /// the change, recorded with the revision the transaction makes (if
+    /// it makes one) for `history`. Touches no object. A replica of
+    /// version 1 cannot decode it: the API adds it only once the cluster
+    /// runs version 2.
+    Author(Author),
 }
 
+/// Who made a change: the token's name (never its secret), and the
+/// message the client gave, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Author {
+    pub name: String,
+    pub message: Option<String>,
+}
+
+/// The longest change message (bytes).
+pub const MAX_MESSAGE_BYTES: usize = 256;
+
 impl Op {
-    pub fn key(&self) -> &ResourceKey {
+    /// The object the op writes (None: `Author`, which writes none).
+    pub fn key(&self) -> Option<&ResourceKey> {
         match self {
-            Op::Put { key, .. } | Op::Delete { key, .. } | Op::SetStatus { key, .. } => key,
+            Op::Put { key, .. } | Op::Delete { key, .. } | Op::SetStatus { key, .. } => Some(key),
+            Op::Author(_) => None,
         }
     }
 
     pub fn expected_revision(&self) -> Option<u64> {
         match self {
             Op::Put { expected_revision, .. } | Op::Delete { expected_revision, .. } | Op::SetStatus { expected_revision, .. } => *expected_revision,
+            Op::Author(_) => None,
         }
+    }
+}
+
+impl Txn {
+    /// Who made this transaction's change, if it says.
+    pub fn author(&self) -> Option<&Author> {
+        self.ops.iter().find_map(|op| match op {
+            Op::Author(a) => Some(a),
+            _ => None,
+        })
     }
 }
 

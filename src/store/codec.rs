@@ -8,6 +8,13 @@
 //! self-describing, so evolution is explicit: enums only grow at the end, and
 //! a change to an existing layout bumps the version byte and adds a decoder
 //! for the old one. `tests/fixtures/codec` pins the bytes of version 1.
+//!
+//! The format version byte is not the wire version (`node::version`): the
+//! envelope is unchanged at 1, while wire version 2 added enum variants
+//! (`ForwardRequest::Version`, `Op::Author`) that only a build of wire
+//! version 2 decodes. Fixtures are named by wire version:
+//! `NAME.v1.hex` (what the release at wire version 1 writes and reads),
+//! `NAME.v2.hex` (shapes added in wire version 2).
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -69,7 +76,14 @@ pub fn decode_with_trailer<T: Serialize + DeserializeOwned, U: DeserializeOwned 
 /// `LODESTAR_BLESS=1` writes the fixture of a new type only.
 #[cfg(test)]
 pub fn check_fixture<T: Serialize + DeserializeOwned + std::fmt::Debug>(name: &str, value: &T) {
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/codec").join(format!("{name}.v1.hex"));
+    check_fixture_at(name, 1, value)
+}
+
+/// [`check_fixture`] of a shape added in wire version `wire`
+/// (`NAME.vWIRE.hex`).
+#[cfg(test)]
+pub fn check_fixture_at<T: Serialize + DeserializeOwned + std::fmt::Debug>(name: &str, wire: u32, value: &T) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/codec").join(format!("{name}.v{wire}.hex"));
     let bytes = encode(value);
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     if !path.exists() && std::env::var("LODESTAR_BLESS").is_ok() {

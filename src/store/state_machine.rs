@@ -10,6 +10,8 @@
 //!                                                     the last `history_limit` revisions
 //!   `h/<rev BE>`              Vec<EventRecord>        history of one revision (written by
 //!                                                     earlier versions; read, then compacted away)
+//!   `a/<rev BE>`              Author                  who made revision `rev` (wire version 2:
+//!                                                     `Op::Author`; compacted with the history)
 //!   `m/applied`               AppliedMeta             last applied log id, membership, revision
 //!   `m/objects`               u64                     the revision the `o/` objects are at
 //!                                                     (absent, as earlier versions wrote it: `m/applied`'s)
@@ -37,14 +39,14 @@
 //! reads look at the queue first.
 
 use super::codec;
-use super::types::{Command, Entry, Group, LogId, Response, SnapshotMeta, StorageError, StoredMembership, Txn, TxnResult, TypeConfig};
+use super::types::{Author, Command, Entry, Group, LogId, Response, SnapshotMeta, StorageError, StoredMembership, Txn, TxnResult, TypeConfig};
 use crate::model::{ResourceKey, StoredObject};
 use crate::state::dedup::Dedup;
 use crate::state::{Event, EventType, State};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -176,6 +178,12 @@ fn history_key(rev: u64) -> Vec<u8> {
     k
 }
 
+fn author_key(rev: u64) -> Vec<u8> {
+    let mut k = b"a/".to_vec();
+    k.extend(rev.to_be_bytes());
+    k
+}
+
 fn chunk_key(first: u64, last: u64) -> Vec<u8> {
     let mut k = b"g/".to_vec();
     k.extend(first.to_be_bytes());
@@ -219,6 +227,8 @@ struct Pending {
     /// The events of each revision, in order: as records to write, and as
     /// events for history reads meanwhile.
     history: Vec<(u64, Vec<EventRecord>, Vec<Event>)>,
+    /// Who made each revision that says (`Op::Author`), in order.
+    authors: Vec<(u64, Author)>,
     meta: Option<AppliedMeta>,
     /// The dedup table as of `meta`, when it changed since the last write.
     dedup: Option<Dedup>,
@@ -322,16 +332,36 @@ impl Checkpointer {
         for item in self.tree.range(history_key(0)..=history_key(compact)) {
             batch.remove(item.map_err(|e| sm_err(ErrorVerb::Read, e))?.0);
         }
+        for (rev, author) in &p.authors {
+            batch.insert(author_key(*rev), codec::encode(author));
+        }
+        for item in self.tree.range(author_key(0)..=author_key(compact)) {
+            batch.remove(item.map_err(|e| sm_err(ErrorVerb::Read, e))?.0);
+        }
         batch.insert(APPLIED, codec::encode(meta));
         if let Some(dedup) = &p.dedup {
             batch.insert(DEDUP, codec::encode(dedup));
         }
         self.tree.apply_batch(batch).map_err(|e| sm_err(ErrorVerb::Write, e))?;
         p.history.clear();
+        p.authors.clear();
         p.meta = None;
         p.dedup = None;
         p.since = None;
         Ok(())
+    }
+
+    /// Who made each revision in `from..=to` that says (queued or written).
+    fn authors(&self, from: u64, to: u64) -> Result<BTreeMap<u64, Author>, String> {
+        let p = self.lock();
+        let mut out = BTreeMap::new();
+        for item in self.tree.range(author_key(from)..=author_key(to)) {
+            let (key, bytes) = item.map_err(|e| e.to_string())?;
+            let rev = u64::from_be_bytes(key[2..].try_into().map_err(|_| "a malformed author key".to_string())?);
+            out.insert(rev, codec::decode(&bytes).map_err(|e| e.to_string())?);
+        }
+        out.extend(p.authors.iter().filter(|(r, _)| (from..=to).contains(r)).cloned());
+        Ok(out)
     }
 
     /// The events from revision `rev` on that one read can give (at least
@@ -419,6 +449,11 @@ impl StoreReader {
     /// revision covered (no events for `rev`: it is not in the history).
     pub fn history_from(&self, rev: u64) -> Result<(Vec<Event>, u64), String> {
         self.checkpointer.history_from(rev)
+    }
+
+    /// Who made each revision in `from..=to` that says (`Op::Author`).
+    pub fn authors(&self, from: u64, to: u64) -> Result<BTreeMap<u64, Author>, String> {
+        self.checkpointer.authors(from, to)
     }
 
     /// Write everything applied and still queued (history, then objects).
@@ -737,6 +772,9 @@ fn apply_txns(next: &mut Applied, pending: &mut Pending, all_events: &mut Vec<Ev
                 pending.objects.insert(object_key(&e.object.key), object);
             }
             pending.history.push((first.revision, records, events.clone()));
+            if let Some(author) = txn.author() {
+                pending.authors.push((first.revision, author.clone()));
+            }
         }
         all_events.extend(events);
         results.push(result);
@@ -841,6 +879,22 @@ mod fixtures {
         };
         check("stored_snapshot", &snap);
     }
+
+    /// Wire version 2: a log entry carrying `Op::Author` (a build of
+    /// version 1 cannot decode it: the gate keeps it out of the log until
+    /// every member runs version 2), and the `a/` record of who made a
+    /// revision. A version 1 entry still decodes, and encodes as before
+    /// (`format_v1_is_stable`).
+    #[test]
+    fn format_v2_is_stable() {
+        let author = Author { name: "token:0f3c".into(), message: Some("canary 10%".into()) };
+        let put = Op::Put { key: object().key, body: object().body.into(), expected_revision: None };
+        let txn = Txn { ops: vec![put, Op::Author(author.clone())] };
+        let group = crate::store::types::Group { id: Some(crate::store::types::RequestId { origin: 2, seq: 9 }), txns: vec![txn] };
+        let entry = Entry { log_id: log_id(4, 11), payload: EntryPayload::Normal(Command::Groups(vec![group])) };
+        crate::store::codec::check_fixture_at("log_entry_author", 2, &entry);
+        crate::store::codec::check_fixture_at("author", 2, &author);
+    }
 }
 
 /// Write-behind: history and objects survive checkpoints, reopening and
@@ -849,7 +903,7 @@ mod fixtures {
 mod checkpoint_tests {
     use super::*;
     use crate::model::Kind;
-    use crate::store::types::{Op, RequestId};
+    use crate::store::types::{Author, Op, RequestId};
     use openraft::CommittedLeaderId;
 
     fn put(i: u64, pad: usize) -> Txn {
@@ -918,6 +972,36 @@ mod checkpoint_tests {
         let first_chunk = sm.tree.scan_prefix(b"g/").next().unwrap().unwrap().0;
         assert!(chunk_range(&first_chunk).unwrap().1 > 101, "compacted chunks were removed");
         assert_eq!(replay(&reader, 102), (102..=301).collect::<Vec<_>>());
+    }
+
+    /// Who made a revision (`Op::Author`, wire version 2) is kept beside
+    /// the history, survives reopening, and goes with it when compacted; a
+    /// transaction that changes nothing records nobody.
+    #[tokio::test]
+    async fn authors_are_kept_with_the_history() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(tmp.path()).open().unwrap();
+        let (mut sm, reader) = StateMachine::open(&db, 5).unwrap();
+        let authored = |i: u64, who: &str| {
+            let mut txn = put(i, 10);
+            txn.ops.push(Op::Author(Author { name: who.into(), message: (i == 2).then(|| "canary".into()) }));
+            txn
+        };
+        sm.apply([entry(1, vec![put(0, 10), authored(1, "token:a"), authored(2, "token:b")])]).await.unwrap();
+        // The same body again: no revision, no author.
+        sm.apply([entry(2, vec![authored(2, "token:c")])]).await.unwrap();
+        let names = |reader: &StoreReader| reader.authors(0, 100).unwrap().into_iter().map(|(r, a)| (r, a.name, a.message)).collect::<Vec<_>>();
+        let want = vec![(2, "token:a".to_string(), None), (3, "token:b".to_string(), Some("canary".to_string()))];
+        assert_eq!(names(&reader), want, "queued");
+        drop((sm, reader));
+        let (mut sm, reader) = StateMachine::open(&db, 5).unwrap();
+        assert_eq!(names(&reader), want, "written and read back");
+        // Ten more revisions: the history keeps 5, and the authors with it.
+        for i in 0..10 {
+            sm.apply([entry(3 + i, vec![put(7 * (i + 1) + 3, 10 + i as usize)])]).await.unwrap();
+        }
+        sm.checkpointer.flush_all().unwrap();
+        assert_eq!(names(&reader), vec![], "compacted with the history");
     }
 
     fn groups(index: u64, groups: Vec<(Option<u64>, Vec<Txn>)>) -> Entry {

@@ -3,7 +3,7 @@
 //! Everything here is persisted (inside log entries) or sent between peers,
 //! so enum variant order is part of the format: append, never reorder.
 
-pub use crate::state::txn::{Action, ItemResult, NodeId, Op, RequestId, Txn, TxnOk, TxnResult};
+pub use crate::state::txn::{Action, Author, ItemResult, NodeId, Op, RequestId, Txn, TxnOk, TxnResult};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::io::Cursor;

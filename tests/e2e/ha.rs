@@ -6,7 +6,7 @@
 
 use crate::kit;
 
-use kit::envoy::{Envoy, EnvoyOptions, Upstream};
+use kit::envoy::{versions_at, Envoy, EnvoyOptions, Upstream};
 use kit::forward::Forwarder;
 use kit::mesh::*;
 use serde_json::{json, Value};
@@ -327,33 +327,6 @@ async fn wait_acked_types(fx: &Fixture, replica: u64, id: &str, revision: u64, t
         (acked.len() == types.len() && acked.iter().all(|a| *a >= revision)).then(|| *acked.iter().min().unwrap())
     })
     .await
-}
-
-/// The versions Envoy holds: `CDS` and `LDS` (the last response it
-/// applied), and per route table and per cluster's endpoints (`RDS:name`,
-/// `EDS:name`: the response that last changed each).
-async fn versions_at(admin: &str) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    let Ok(r) = reqwest::Client::new().get(format!("{admin}/config_dump?include_eds")).timeout(Duration::from_secs(2)).send().await else { return out };
-    let Ok(dump) = r.json::<Value>().await else { return out };
-    let num = |v: &Value| v.as_str().and_then(|s| s.parse::<u64>().ok());
-    for c in dump["configs"].as_array().into_iter().flatten() {
-        let t = c["@type"].as_str().unwrap_or("");
-        if t.ends_with("ClustersConfigDump") {
-            out.extend(num(&c["version_info"]).map(|v| ("CDS".to_string(), v)));
-        } else if t.ends_with("ListenersConfigDump") {
-            out.extend(num(&c["version_info"]).map(|v| ("LDS".to_string(), v)));
-        } else if t.ends_with("RoutesConfigDump") {
-            for r in c["dynamic_route_configs"].as_array().into_iter().flatten() {
-                out.extend(num(&r["version_info"]).map(|v| (format!("RDS:{}", r["route_config"]["name"].as_str().unwrap_or("")), v)));
-            }
-        } else if t.ends_with("EndpointsConfigDump") {
-            for e in c["dynamic_endpoint_configs"].as_array().into_iter().flatten() {
-                out.extend(num(&e["version_info"]).map(|v| (format!("EDS:{}", e["endpoint_config"]["cluster_name"].as_str().unwrap_or("")), v)));
-            }
-        }
-    }
-    out
 }
 
 async fn envoy_versions(e: &Envoy) -> BTreeMap<String, u64> {

@@ -44,5 +44,6 @@ mod security;
 mod tidy;
 mod traffic;
 mod translate;
+mod upgrade;
 mod xds;
 mod xdsbench;

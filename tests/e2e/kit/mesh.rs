@@ -46,7 +46,13 @@ pub struct Fixture {
 impl Fixture {
     pub async fn start(replicas: u64) -> Fixture {
         super::envoy::envoy_binary();
-        let cluster = Cluster::start(replicas, "").await;
+        Fixture::around(Cluster::start(replicas, "").await)
+    }
+
+    /// The fixture around a cluster the test started itself (e.g. on
+    /// another binary).
+    pub fn around(cluster: Cluster) -> Fixture {
+        super::envoy::envoy_binary();
         let client = super::http_builder().no_proxy().redirect(reqwest::redirect::Policy::none()).build().unwrap();
         Fixture { cluster, prefix: loopback_prefix(), tmp: tempfile::tempdir().unwrap(), client }
     }

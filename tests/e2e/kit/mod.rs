@@ -240,6 +240,11 @@ pub struct Replica {
     /// Give it the harness's management token file (default true).
     pub management_token: bool,
     join: bool,
+    /// The `lodestar` binary it runs (None: this build's); e.g. the
+    /// previous release's, for upgrade tests (takes effect on restart).
+    pub binary: Option<PathBuf>,
+    /// Extra environment for its process (takes effect on restart).
+    pub env: Vec<(String, String)>,
 }
 
 impl Replica {
@@ -351,6 +356,8 @@ impl Cluster {
                 extra_toml: extra_toml.to_string(),
                 management_token: true,
                 join: false,
+                binary: None,
+                env: Vec::new(),
             })
             .collect();
         let members: Vec<String> = replicas.iter().map(|r| r.member_flag()).collect();
@@ -379,7 +386,7 @@ impl Cluster {
     pub fn replica(&self, id: u64) -> &Replica {
         self.replicas.iter().find(|r| r.id == id).expect("replica id")
     }
-    fn replica_mut(&mut self, id: u64) -> &mut Replica {
+    pub fn replica_mut(&mut self, id: u64) -> &mut Replica {
         self.replicas.iter_mut().find(|r| r.id == id).expect("replica id")
     }
 
@@ -394,6 +401,8 @@ impl Cluster {
             extra_toml: extra_toml.to_string(),
             management_token: true,
             join: true,
+            binary: None,
+            env: Vec::new(),
         };
         spawn(&mut r, &[]);
         self.replicas.push(r);
@@ -517,7 +526,8 @@ fn spawn(r: &mut Replica, members: &[String]) {
     .unwrap();
     let log = std::fs::OpenOptions::new().create(true).append(true).open(r.dir.join("replica.log")).unwrap();
     process::register_log(&format!("replica {}", r.id), &r.dir.join("replica.log"));
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(r.binary.as_deref().unwrap_or(std::path::Path::new(BIN)));
+    cmd.envs(r.env.iter().map(|(k, v)| (k, v)));
     cmd.arg("server")
         .arg("--config")
         .arg(&config)
