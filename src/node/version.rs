@@ -52,7 +52,7 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// Kinds added after version 1, and the cluster version they need: an
 /// older replica cannot decode a log entry that names them (`Kind` is a
 /// bincode enum). Register a new kind here.
-pub const KINDS: &[(Kind, u32)] = &[];
+pub const KINDS: &[(Kind, u32)] = &[(Kind::GrpcRoute, 2), (Kind::TcpRoute, 2), (Kind::TlsRoute, 2)];
 
 /// Log entry shapes and other features added after version 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -452,6 +452,17 @@ mod tests {
         assert_eq!(required_in(&table, &del), ("the kind Sidecar".to_string(), 2));
         assert_eq!(required_in(&table, &Txn { ops: vec![put()] }).1, 1);
         assert_eq!(required(&del).1, 1, "not registered in KINDS");
+    }
+
+    /// The kinds version 1 (7a825a0) knew are the first 23 variants;
+    /// every later one needs version 2 (an older replica cannot decode an
+    /// entry that names it), so none may be left out of [`KINDS`].
+    #[test]
+    fn every_kind_added_after_version_1_is_gated() {
+        for (i, kind) in Kind::ALL.iter().enumerate() {
+            let want = if i < 23 { 1 } else { 2 };
+            assert_eq!(kind_since(*kind), want, "{kind:?}: add it to KINDS with the version that added it");
+        }
     }
 
     #[test]
