@@ -626,7 +626,7 @@ impl<'a> Ctx<'a> {
                                 labels,
                             });
                         }
-                        Validated::WorkloadGroup { .. } => {}
+                        Validated::WorkloadGroup { .. } | Validated::MeshConfig { .. } | Validated::Telemetry { .. } => {}
                     }
                 }
                 TypedSpec::Instance(_) => ctx.workloads.push(Workload {
