@@ -24,6 +24,7 @@ mod doors_edges;
 mod doors_tenancy;
 mod doors_xds;
 mod dryrun;
+mod extauthz;
 mod failover;
 mod faults;
 mod first_run;
