@@ -45,7 +45,15 @@ pub(super) fn run(ctx: &Ctx, out: &mut Vec<Message>) {
         if ap.spec.action() == Action::Custom {
             let name = ap.spec.provider.as_ref().map(|p| p.name.as_str()).unwrap_or_default();
             if let Err(why) = crate::translate::extauthz::resolve(&ctx.mesh, name) {
-                out.push(Message::new(LST0006, ap.key(), Some("spec.provider.name".into()), format!("The CUSTOM policy names ext_authz provider {}, which cannot be used ({why}): the requests its rules match are denied.", quote(name))));
+                out.push(Message::new(
+                    LST0006,
+                    ap.key(),
+                    Some("spec.provider.name".into()),
+                    format!(
+                        "The CUSTOM policy names ext_authz provider {}, which cannot be used ({why}): the requests its rules match are denied.",
+                        quote(name)
+                    ),
+                ));
             }
         }
     }

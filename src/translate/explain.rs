@@ -126,7 +126,8 @@ pub fn explain(config: &ProxyConfig, req: &Request) -> Result<Explanation, Strin
         let eval = |r: &Rbac| sorted_policies(r).into_iter().map(|(name, p)| ctx.policy(name, p)).collect::<Vec<_>>();
         let action = rules.as_ref().or(shadow.as_ref()).map_or(Action::Allow as i32, |r| r.action);
         // CUSTOM's shadow filter: a match hands the request to ext_authz.
-        let custom = rules.is_none() && shadow.as_ref().is_some_and(|s| !s.policies.is_empty() && s.policies.keys().all(|k| k.starts_with(super::extauthz::KEY_PREFIX)));
+        let custom =
+            rules.is_none() && shadow.as_ref().is_some_and(|s| !s.policies.is_empty() && s.policies.keys().all(|k| k.starts_with(super::extauthz::KEY_PREFIX)));
         let stage = Stage {
             action: match Action::try_from(action) {
                 _ if custom => "CUSTOM",

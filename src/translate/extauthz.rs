@@ -39,8 +39,8 @@ use envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::{
 use envoy_types::pb::envoy::extensions::filters::network::ext_authz::v3::ExtAuthz as NetworkExtAuthz;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{http_filter, HttpFilter};
 use envoy_types::pb::envoy::r#type::matcher::v3::{
-    metadata_matcher::path_segment::Segment, metadata_matcher::PathSegment, string_matcher::MatchPattern, value_matcher, ListStringMatcher,
-    MetadataMatcher, StringMatcher, ValueMatcher,
+    metadata_matcher::path_segment::Segment, metadata_matcher::PathSegment, string_matcher::MatchPattern, value_matcher, ListStringMatcher, MetadataMatcher,
+    StringMatcher, ValueMatcher,
 };
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use std::collections::BTreeMap;
@@ -206,7 +206,11 @@ fn grpc_service_of(g: &ExtAuthzGrpc, r: &Resolved) -> GrpcService {
 }
 
 fn body(b: Option<&RequestBody>) -> Option<BufferSettings> {
-    b.map(|b| BufferSettings { max_request_bytes: b.max_request_bytes.unwrap_or(0), allow_partial_message: b.allow_partial_message, pack_as_bytes: b.pack_as_bytes })
+    b.map(|b| BufferSettings {
+        max_request_bytes: b.max_request_bytes.unwrap_or(0),
+        allow_partial_message: b.allow_partial_message,
+        pack_as_bytes: b.pack_as_bytes,
+    })
 }
 
 fn status(s: Option<&str>) -> Option<HttpStatus> {
@@ -291,11 +295,7 @@ fn http_ext_authz(r: &Resolved, prefix: &str) -> ExtAuthz {
 /// whose cluster it does not have).
 pub fn provider_services(mesh: &Mesh, proxy: &ProxyIdentity) -> BTreeMap<String, Arc<Service>> {
     let policies = super::authz::selected(mesh, proxy);
-    by_provider(&policies)
-        .keys()
-        .filter_map(|name| resolve(mesh, name).ok())
-        .map(|r| (r.service().hostname.clone(), r.service().clone()))
-        .collect()
+    by_provider(&policies).keys().filter_map(|name| resolve(mesh, name).ok()).map(|r| (r.service().hostname.clone(), r.service().clone())).collect()
 }
 
 /// Istio's name of a CUSTOM rule (for `authz check` and tests).

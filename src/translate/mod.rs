@@ -20,6 +20,7 @@
 //! - `listener`: HTTP/TCP listeners.
 //! - `authz`: AuthorizationPolicy → RBAC filters on inbound and gateway listeners.
 //! - `extauthz`: CUSTOM AuthorizationPolicies → ext_authz behind shadow RBAC.
+//! - `telemetry`: Telemetry access logging → `access_log` on every listener.
 //! - `l4`: VirtualService `tls` and `tcp` routes → SNI/address filter chains.
 //! - `inbound`: Sidecar ingress → inbound listeners and clusters.
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
@@ -53,6 +54,7 @@ pub mod mtls;
 pub mod resources;
 pub mod route;
 pub mod scope;
+pub mod telemetry;
 pub mod tls;
 pub mod util;
 
@@ -209,6 +211,7 @@ fn translate_with_parts(mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&Clust
     if proxy.kind != ProxyKind::Grpc {
         add_service_clusters(&mut cfg, mesh, proxy, &extauthz::provider_services(mesh, proxy), cache);
     }
+    telemetry::apply(&mut cfg, mesh, proxy);
     (cfg, rds)
 }
 
@@ -722,6 +725,7 @@ fn authz_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity) -> Pro
     }
     // A CUSTOM policy may name a provider whose cluster is not there yet.
     add_service_clusters(&mut cfg, mesh, proxy, &extauthz::provider_services(mesh, proxy), None);
+    telemetry::apply(&mut cfg, mesh, proxy);
     cfg
 }
 
@@ -796,6 +800,7 @@ impl Generator for Translator {
                         let (mut cfg, rds) = self.incremental(p, &mesh, proxy, &hosts);
                         if l4 {
                             l4_incremental(&mut cfg, &mesh, proxy, &hosts);
+                            telemetry::apply(&mut cfg, &mesh, proxy);
                         }
                         (cfg, rds)
                     }

@@ -58,7 +58,10 @@ impl Authorization for GrpcAuthorizer {
         let headers: BTreeMap<String, String> = http.headers.into_iter().collect();
         let allow = headers.get("x-ext-authz").is_some_and(|v| v == "allow");
         self.0.lock().unwrap().push(headers);
-        let header = |v: &str| HeaderValueOption { header: Some(HeaderValue { key: "x-ext-authz-check-result".into(), value: v.into(), ..Default::default() }), ..Default::default() };
+        let header = |v: &str| HeaderValueOption {
+            header: Some(HeaderValue { key: "x-ext-authz-check-result".into(), value: v.into(), ..Default::default() }),
+            ..Default::default()
+        };
         let resp = if allow {
             CheckResponse {
                 status: Some(RpcStatus { code: 0, ..Default::default() }),
@@ -318,7 +321,11 @@ async fn mesh_config_refusals_name_the_field() {
         ("metadata: {name: default}\nspec: {trustDomain: example.org}", "spec.trustDomain", "differs from this server's trust_domain"),
         ("metadata: {name: default}\nspec: {rootNamespace: mesh-root}", "spec.rootNamespace", "differs from this server's root_namespace"),
         ("metadata: {name: default}\nspec: {ingressClass: istio}", "spec.ingressClass", "does not apply to Lodestar"),
-        ("metadata: {name: default}\nspec: {extensionProviders: [{name: x, envoyExtAuthzGrpc: {service: a.b, port: 70000}}]}", "spec.extensionProviders[0].envoyExtAuthzGrpc.port", "range"),
+        (
+            "metadata: {name: default}\nspec: {extensionProviders: [{name: x, envoyExtAuthzGrpc: {service: a.b, port: 70000}}]}",
+            "spec.extensionProviders[0].envoyExtAuthzGrpc.port",
+            "range",
+        ),
     ] {
         let doc = format!("apiVersion: mesh.lodestar.io/v1\nkind: MeshConfig\n{yaml}\n");
         let (status, body) = kit::apply(&fx.client, &fx.api(1), &doc).await;

@@ -42,6 +42,7 @@ mod push;
 mod readme;
 mod registry;
 mod security;
+mod telemetry;
 mod tidy;
 mod traffic;
 mod translate;

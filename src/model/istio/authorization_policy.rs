@@ -415,8 +415,17 @@ impl Rule {
             if action == Action::Custom {
                 // CUSTOM runs before authentication (Istio's validation).
                 for (name, list) in &lists {
-                    if matches!(*name, "principals" | "notPrincipals" | "requestPrincipals" | "notRequestPrincipals" | "namespaces" | "notNamespaces" | "serviceAccounts" | "notServiceAccounts")
-                        && !list.is_empty()
+                    if matches!(
+                        *name,
+                        "principals"
+                            | "notPrincipals"
+                            | "requestPrincipals"
+                            | "notRequestPrincipals"
+                            | "namespaces"
+                            | "notNamespaces"
+                            | "serviceAccounts"
+                            | "notServiceAccounts"
+                    ) && !list.is_empty()
                     {
                         r.error(&at.field(name), format!("{name} is not supported with action CUSTOM (it is evaluated before authentication)"));
                     }
@@ -479,7 +488,8 @@ impl Rule {
                 }
             };
             if action == Action::Custom
-                && (c.key.starts_with("request.auth.") || matches!(c.key.as_str(), "source.namespace" | "source.principal" | "source.serviceAccount" | "source.trustDomain"))
+                && (c.key.starts_with("request.auth.")
+                    || matches!(c.key.as_str(), "source.namespace" | "source.principal" | "source.serviceAccount" | "source.trustDomain"))
             {
                 r.error(&at.field("key"), format!("{} is not supported with action CUSTOM (it is evaluated before authentication)", c.key));
             }
@@ -630,7 +640,9 @@ mod tests {
     #[test]
     fn what_lodestar_cannot_enforce_is_refused_as_not_supported() {
         assert!(errors(json!({"action": "CUSTOM", "provider": {"name": "opa"}, "rules": [{}]})).is_empty());
-        let e = errors(json!({"action": "CUSTOM", "provider": {"name": "opa"}, "rules": [{"from": [{"source": {"principals": ["a"]}}], "when": [{"key": "request.auth.claims[iss]", "values": ["x"]}]}]}));
+        let e = errors(
+            json!({"action": "CUSTOM", "provider": {"name": "opa"}, "rules": [{"from": [{"source": {"principals": ["a"]}}], "when": [{"key": "request.auth.claims[iss]", "values": ["x"]}]}]}),
+        );
         assert!(has(&e, "spec.rules[0].from[0].source.principals", "not supported with action CUSTOM"), "{e:?}");
         assert!(has(&e, "spec.rules[0].when[0].key", "not supported with action CUSTOM"), "{e:?}");
         let e = errors(json!({"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "gw"}]}));

@@ -371,7 +371,10 @@ impl MeshConfig {
                 r.error(&at.field("name"), format!("{:?}: must be a DNS-1123 label (lower case letters, digits and '-', at most 63)", p.name));
             }
             match p.kinds().as_slice() {
-                [] => r.error(&at, "an extension provider needs one of envoyExtAuthzHttp, envoyExtAuthzGrpc, zipkin, opentelemetry, envoyFileAccessLog, prometheus"),
+                [] => r.error(
+                    &at,
+                    "an extension provider needs one of envoyExtAuthzHttp, envoyExtAuthzGrpc, zipkin, opentelemetry, envoyFileAccessLog, prometheus",
+                ),
                 [one] => p.check_kind(one, &at, r),
                 many => r.error(&at, format!("an extension provider has exactly one kind; found {}", many.join(", "))),
             }
@@ -408,7 +411,10 @@ impl MeshConfig {
             if let Some(t) = &dc.tracing {
                 let at = at.field("tracing");
                 for (name, _) in &t.other {
-                    r.error(&at.key(name), format!("defaultConfig.tracing.{name} is not supported; declare the tracer as an extensionProvider and select it with a Telemetry"));
+                    r.error(
+                        &at.key(name),
+                        format!("defaultConfig.tracing.{name} is not supported; declare the tracer as an extensionProvider and select it with a Telemetry"),
+                    );
                 }
                 if let Some(s) = t.sampling.filter(|s| !(0.0..=100.0).contains(s)) {
                     r.error(&at.field("sampling"), format!("sampling {s} must be in the range 0..=100"));
@@ -611,8 +617,7 @@ mod tests {
 
     #[test]
     fn corpus_providers_parse() {
-        let v: serde_json::Value =
-            yaml_serde::from_str(include_str!("../../../tests/fixtures/istio/corpus-38/meshconfig-extauthz-providers.yaml")).unwrap();
+        let v: serde_json::Value = yaml_serde::from_str(include_str!("../../../tests/fixtures/istio/corpus-38/meshconfig-extauthz-providers.yaml")).unwrap();
         assert_eq!(errors(v), Vec::<String>::new());
     }
 
