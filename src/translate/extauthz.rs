@@ -90,6 +90,17 @@ pub fn resolve<'m>(mesh: &'m Mesh, name: &str) -> Result<Resolved<'m>, String> {
         ProviderKind::ExtAuthzGrpc(g) => (g.service.as_str(), g.port.0),
         _ => return Err(format!("extension provider {name:?} is not envoyExtAuthzHttp or envoyExtAuthzGrpc")),
     };
+    let svc = provider_service(mesh, name, service, port)?;
+    Ok(match kind {
+        ProviderKind::ExtAuthzHttp(h) => Resolved::Http(h, svc),
+        ProviderKind::ExtAuthzGrpc(g) => Resolved::Grpc(g, svc),
+        _ => unreachable!("checked above"),
+    })
+}
+
+/// The service an extension provider's `service` (`[NAMESPACE/]HOST`) and
+/// `port` name: one service of the mesh with that port (istiod's lookup).
+pub fn provider_service(mesh: &Mesh, name: &str, service: &str, port: u32) -> Result<Arc<Service>, String> {
     let (ns, host) = match service.split_once('/') {
         Some((ns, host)) => (Some(ns), host),
         None => (None, service),
@@ -103,11 +114,7 @@ pub fn resolve<'m>(mesh: &'m Mesh, name: &str) -> Result<Resolved<'m>, String> {
     if svc.port(port).is_none() {
         return Err(format!("provider {name:?}: service {host} has no port {port}"));
     }
-    Ok(match kind {
-        ProviderKind::ExtAuthzHttp(h) => Resolved::Http(h, svc),
-        ProviderKind::ExtAuthzGrpc(g) => Resolved::Grpc(g, svc),
-        _ => unreachable!("checked above"),
-    })
+    Ok(svc)
 }
 
 /// The CUSTOM policies of `policies` (enforced ones), by provider name.

@@ -20,7 +20,8 @@
 //! - `listener`: HTTP/TCP listeners.
 //! - `authz`: AuthorizationPolicy → RBAC filters on inbound and gateway listeners.
 //! - `extauthz`: CUSTOM AuthorizationPolicies → ext_authz behind shadow RBAC.
-//! - `telemetry`: Telemetry access logging → `access_log` on every listener.
+//! - `telemetry`: Telemetry access logging and tracing → `access_log` and
+//!   `tracing` of every listener's connection managers.
 //! - `l4`: VirtualService `tls` and `tcp` routes → SNI/address filter chains.
 //! - `inbound`: Sidecar ingress → inbound listeners and clusters.
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
@@ -210,6 +211,7 @@ fn translate_with_parts(mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&Clust
     }
     if proxy.kind != ProxyKind::Grpc {
         add_service_clusters(&mut cfg, mesh, proxy, &extauthz::provider_services(mesh, proxy), cache);
+        add_service_clusters(&mut cfg, mesh, proxy, &telemetry::tracer_services(mesh, proxy), cache);
     }
     telemetry::apply(&mut cfg, mesh, proxy);
     (cfg, rds)
@@ -725,6 +727,7 @@ fn authz_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity) -> Pro
     }
     // A CUSTOM policy may name a provider whose cluster is not there yet.
     add_service_clusters(&mut cfg, mesh, proxy, &extauthz::provider_services(mesh, proxy), None);
+    add_service_clusters(&mut cfg, mesh, proxy, &telemetry::tracer_services(mesh, proxy), None);
     telemetry::apply(&mut cfg, mesh, proxy);
     cfg
 }

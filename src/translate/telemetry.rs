@@ -31,15 +31,23 @@ use super::util::any;
 use crate::model::istio::mesh_config::{AccessLogEncoding, FileAccessLog, MeshConfig, ProviderKind, BUILTIN_ENVOY};
 use crate::model::istio::telemetry::{Filter as LogFilter, Telemetry};
 use crate::model::proxy::{ProxyIdentity, ProxyKind};
-use crate::translate::mesh::{Config, Mesh};
+use crate::translate::mesh::{Config, Mesh, Service};
 use envoy_types::pb::envoy::config::accesslog::v3::{access_log, access_log_filter, extension_filter, AccessLog, AccessLogFilter, ExtensionFilter};
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::core::v3::{data_source, substitution_format_string, DataSource, SubstitutionFormatString};
 use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, Listener};
+use envoy_types::pb::envoy::config::trace::v3::{
+    tracing::http as tracing_http, tracing::Http as TracingHttp, zipkin_config::CollectorEndpointVersion, ZipkinConfig,
+};
 use envoy_types::pb::envoy::extensions::access_loggers::file::v3::{file_access_log, FileAccessLog as EnvoyFileAccessLog};
 use envoy_types::pb::envoy::extensions::access_loggers::filters::cel::v3::ExpressionFilter;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::Tracing as HcmTracing;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{http_connection_manager::RouteSpecifier, HttpConnectionManager};
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy::ClusterSpecifier, TcpProxy};
+use envoy_types::pb::envoy::r#type::tracing::v3::{custom_tag, CustomTag as EnvoyCustomTag};
+use envoy_types::pb::envoy::r#type::v3::Percent;
 use envoy_types::pb::google::protobuf::{value::Kind as PbKind, Struct, Value as PbValue};
+use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 use prost::Message;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -219,15 +227,121 @@ fn file_log(path: &str, format: SubstitutionFormatString, filter: Option<&LogFil
     AccessLog { name: FILE_LOGGER.into(), filter, config_type: Some(access_log::ConfigType::TypedConfig(any(&cfg))) }
 }
 
-/// Put the access logs into every listener of `cfg` (gRPC proxies have
-/// none to log).
+/// Istio's tracing merge for one direction: the provider (the first
+/// named by the last level that names one, else
+/// `defaultProviders.tracing[0]`), then field by field the later levels'
+/// sampling, custom tags (as a whole) and span reporting.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TracingSpec {
+    pub provider: Option<String>,
+    pub sampling: Option<f64>,
+    pub tags: BTreeMap<String, crate::model::istio::telemetry::CustomTag>,
+    pub disabled: bool,
+}
+
+pub fn tracing_spec(mesh: &Mesh, telemetries: &[&Arc<Config<Telemetry>>], server: bool) -> TracingSpec {
+    let mut spec = TracingSpec { provider: mesh.mesh_config.default_providers.as_ref().and_then(|d| d.tracing.first().cloned()), ..Default::default() };
+    for t in telemetries {
+        for tr in t.spec.tracing.iter().filter(|tr| tr.mode().covers(server)) {
+            if let Some(p) = tr.providers.first() {
+                spec.provider = Some(p.name.clone());
+            }
+            if let Some(p) = tr.random_sampling_percentage {
+                spec.sampling = Some(p);
+            }
+            if !tr.custom_tags.is_empty() {
+                spec.tags = tr.custom_tags.clone();
+            }
+            if let Some(d) = tr.disable_span_reporting {
+                spec.disabled = d;
+            }
+        }
+    }
+    spec
+}
+
+/// Istio's default sampling when neither a Telemetry nor the MeshConfig's
+/// `defaultConfig.tracing.sampling` says (`PILOT_TRACE_SAMPLING`).
+const DEFAULT_SAMPLING: f64 = 1.0;
+const ZIPKIN_TRACER: &str = "envoy.tracers.zipkin";
+
+/// The HCM `tracing` of one direction; `None` when tracing is off (no
+/// provider, span reporting disabled, or a provider that is not a Zipkin
+/// tracer of the mesh).
+pub fn hcm_tracing(mesh: &Mesh, proxy: &ProxyIdentity, server: bool) -> Option<HcmTracing> {
+    let spec = tracing_spec(mesh, &applicable(mesh, proxy), server);
+    let name = spec.provider.as_deref().filter(|_| !spec.disabled)?;
+    let ProviderKind::Zipkin(z) = mesh.mesh_config.provider(name)? else { return None };
+    let svc = super::extauthz::provider_service(mesh, name, &z.service, z.port.0).ok()?;
+    let cluster = super::outbound_cluster_name(z.port.0, "", &svc.hostname);
+    let zipkin = ZipkinConfig {
+        collector_cluster: cluster,
+        collector_endpoint: z.path.clone().unwrap_or_else(|| "/api/v2/spans".into()),
+        collector_hostname: svc.hostname.clone(),
+        trace_id_128bit: !z.enable64bit_trace_id.unwrap_or(false),
+        shared_span_context: Some(BoolValue { value: false }),
+        collector_endpoint_version: CollectorEndpointVersion::HttpJson as i32,
+        ..Default::default()
+    };
+    let default_sampling = mesh.mesh_config.default_config.as_ref().and_then(|d| d.tracing.as_ref()).and_then(|t| t.sampling).filter(|s| *s > 0.0);
+    let sampling = spec.sampling.or(default_sampling).unwrap_or(DEFAULT_SAMPLING);
+    let percent = |v: f64| Some(Percent { value: v });
+    let custom_tags = spec
+        .tags
+        .iter()
+        .filter_map(|(tag, t)| {
+            let r#type = if let Some(l) = &t.literal {
+                custom_tag::Type::Literal(custom_tag::Literal { value: l.value.clone() })
+            } else if let Some(e) = &t.environment {
+                custom_tag::Type::Environment(custom_tag::Environment { name: e.name.clone(), default_value: e.default_value.clone().unwrap_or_default() })
+            } else {
+                let h = t.header.as_ref()?;
+                custom_tag::Type::RequestHeader(custom_tag::Header { name: h.name.clone(), default_value: h.default_value.clone().unwrap_or_default() })
+            };
+            Some(EnvoyCustomTag { tag: tag.clone(), r#type: Some(r#type) })
+        })
+        .collect();
+    Some(HcmTracing {
+        client_sampling: percent(100.0),
+        random_sampling: percent(sampling),
+        overall_sampling: percent(100.0),
+        max_path_tag_length: z.max_tag_length.map(|v| UInt32Value { value: v }),
+        custom_tags,
+        provider: Some(TracingHttp { name: ZIPKIN_TRACER.into(), config_type: Some(tracing_http::ConfigType::TypedConfig(any(&zipkin))) }),
+        // Istio: gateways start an upstream span of their own.
+        spawn_upstream_span: (proxy.kind == ProxyKind::Router).then_some(BoolValue { value: true }),
+        ..Default::default()
+    })
+}
+
+/// The collectors' services of the tracers `proxy` uses: their clusters
+/// must be in its config even outside its outbound scope.
+pub fn tracer_services(mesh: &Mesh, proxy: &ProxyIdentity) -> BTreeMap<String, Arc<Service>> {
+    if proxy.kind == ProxyKind::Grpc || mesh.telemetries.is_empty() && mesh.mesh_config.default_providers.is_none() {
+        return BTreeMap::new();
+    }
+    let telemetries = applicable(mesh, proxy);
+    [false, true]
+        .iter()
+        .filter_map(|server| {
+            let spec = tracing_spec(mesh, &telemetries, *server);
+            let name = spec.provider?;
+            let ProviderKind::Zipkin(z) = mesh.mesh_config.provider(&name)? else { return None };
+            super::extauthz::provider_service(mesh, &name, &z.service, z.port.0).ok()
+        })
+        .map(|s| (s.hostname.clone(), s))
+        .collect()
+}
+
+/// Put the access logs and tracing into every listener of `cfg` (gRPC
+/// proxies have none).
 pub fn apply(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
     if proxy.kind == ProxyKind::Grpc || (mesh.telemetries.is_empty() && *mesh.mesh_config == MeshConfig::default()) {
         return;
     }
     let gateway = proxy.kind == ProxyKind::Router;
-    let client = access_logs(mesh, proxy, false);
-    let server = if gateway { Vec::new() } else { access_logs(mesh, proxy, true) };
+    let client = Side { logs: access_logs(mesh, proxy, false), tracing: hcm_tracing(mesh, proxy, false) };
+    let server = if gateway { Side::default() } else { Side { logs: access_logs(mesh, proxy, true), tracing: hcm_tracing(mesh, proxy, true) } };
     if client.is_empty() && server.is_empty() {
         return;
     }
@@ -235,31 +349,60 @@ pub fn apply(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
     for (name, res) in listeners {
         let Ok(mut l) = Listener::decode(res.any.value.as_slice()) else { continue };
         let inbound_listener = l.name == super::capture::VIRTUAL_INBOUND;
-        let mut changed = false;
+        let (mut changed, mut server_side) = (false, inbound_listener);
         for chain in &mut l.filter_chains {
             for f in &mut chain.filters {
-                changed |= with_logs(f, |inbound| if !gateway && (inbound || inbound_listener) { &server } else { &client });
+                changed |= with_logs(f, |inbound| {
+                    let is_server = !gateway && (inbound || inbound_listener);
+                    server_side |= is_server;
+                    if is_server {
+                        &server
+                    } else {
+                        &client
+                    }
+                });
             }
         }
         if changed {
+            // As Istio's listeners: spans are SERVER on the inbound side,
+            // CLIENT on the outbound side and at gateways.
+            if l.traffic_direction == 0 {
+                l.traffic_direction = if server_side { TrafficDirection::Inbound } else { TrafficDirection::Outbound } as i32;
+            }
             cfg.insert(ResourceType::Listener, XdsResource::new(name, &l));
         }
     }
 }
 
-/// Set the access logs of one HCM or TCP proxy filter; whether it was one.
-fn with_logs<'a>(f: &mut Filter, logs: impl Fn(bool) -> &'a Vec<AccessLog>) -> bool {
+/// What one direction gets.
+#[derive(Default)]
+struct Side {
+    logs: Vec<AccessLog>,
+    tracing: Option<HcmTracing>,
+}
+
+impl Side {
+    fn is_empty(&self) -> bool {
+        self.logs.is_empty() && self.tracing.is_none()
+    }
+}
+
+/// Set the access logs (and, on an HCM, the tracing) of one HCM or TCP
+/// proxy filter; whether it was one.
+fn with_logs<'a>(f: &mut Filter, mut side: impl FnMut(bool) -> &'a Side) -> bool {
     let Some(filter::ConfigType::TypedConfig(a)) = &mut f.config_type else { return false };
     if f.name == super::listener::HCM {
         let Ok(mut hcm) = HttpConnectionManager::decode(a.value.as_slice()) else { return false };
         let inbound = matches!(&hcm.route_specifier, Some(RouteSpecifier::RouteConfig(rc)) if rc.name.starts_with("inbound|"));
-        hcm.access_log = logs(inbound).clone();
+        let side = side(inbound);
+        hcm.access_log = side.logs.clone();
+        hcm.tracing = side.tracing.clone();
         *a = any(&hcm);
         true
     } else if f.name == super::listener::TCP_PROXY {
         let Ok(mut tcp) = TcpProxy::decode(a.value.as_slice()) else { return false };
         let inbound = matches!(&tcp.cluster_specifier, Some(ClusterSpecifier::Cluster(c)) if c.starts_with("inbound|"));
-        tcp.access_log = logs(inbound).clone();
+        tcp.access_log = side(inbound).logs.clone();
         *a = any(&tcp);
         true
     } else {

@@ -8,6 +8,7 @@ use crate::kit;
 
 use kit::envoy::{EnvoyOptions, Upstream};
 use kit::mesh::*;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const MESH: &str = r#"
@@ -195,17 +196,141 @@ spec:
     client.envoy.assert_no_rejections().await;
 }
 
+/// A Zipkin-compatible collector of the test's own: counts the spans
+/// POSTed to `/api/v2/spans` (a JSON array) and keeps their tags.
+async fn zipkin(ip: &str) -> (std::net::SocketAddr, Arc<Mutex<Vec<serde_json::Value>>>, tokio::task::JoinHandle<()>) {
+    let spans: Arc<Mutex<Vec<serde_json::Value>>> = Default::default();
+    let s = spans.clone();
+    let app = axum::Router::new().route(
+        "/api/v2/spans",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let s = s.clone();
+            async move {
+                if let Ok(serde_json::Value::Array(list)) = serde_json::from_slice::<serde_json::Value>(&body) {
+                    s.lock().unwrap().extend(list);
+                }
+                axum::http::StatusCode::ACCEPTED
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind(format!("{ip}:0")).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    (addr, spans, task)
+}
+
+/// Istio's tracing task's Telemetry (100 % sampling, literal, environment
+/// and header tags), applied unchanged, with a Zipkin provider: spans from
+/// both sides reach the collector with the tags; a namespace Telemetry
+/// that samples 0 % stops them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traces_reach_a_zipkin_collector() {
+    let fx = Fixture::start(1).await;
+    let app = Upstream::start("127.0.0.1", "web-app").await;
+    let (web_ip, client_ip) = (fx.ip(41), fx.ip(42));
+    let (collector, spans, _z) = zipkin(&fx.ip(60)).await;
+    fx.apply(&MESH.replace("${app}", &app.addr.to_string()).replace("${web_ip}", &web_ip)).await;
+    fx.apply(&format!(
+        r#"
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {{name: zipkin, namespace: istio-system}}
+spec:
+  ports: [{{name: http, number: 9411, protocol: HTTP}}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {{name: zipkin-1, namespace: istio-system}}
+spec: {{service: zipkin, address: {}, port: {}}}
+---
+apiVersion: mesh.lodestar.io/v1
+kind: MeshConfig
+metadata: {{name: default}}
+spec:
+  enableTracing: true
+  defaultConfig:
+    tracing: {{}}
+  extensionProviders:
+  - name: zipkin
+    zipkin:
+      service: zipkin.istio-system.svc.cluster.local
+      port: 9411
+"#,
+        collector.ip(),
+        collector.port()
+    ))
+    .await;
+    let corpus = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/istio/corpus-38/telemetry-tracing.yaml")).unwrap();
+    let rev = fx.apply(&corpus).await;
+    let mut o = EnvoyOptions::new("web", &web_ip);
+    o.labels = vec![("app".into(), "web".into())];
+    let web = fx.proxy_of_types(o, 1, rev, &["CDS", "LDS"]).await;
+    let mut o = EnvoyOptions::new("client", &client_ip);
+    o.labels = vec![("app".into(), "client".into())];
+    o.delta = true;
+    let client = fx.proxy(o, 1, rev).await;
+    let host = "web.default.svc.cluster.local";
+    let burst = |tag: &'static str| {
+        let (http, url) = (fx.client.clone(), client.url(8000, "/traced"));
+        async move {
+            for _ in 0..5 {
+                assert_eq!(kit::mesh::get(&http, &url, host, &[("x-client-id", tag)]).await.status, 200);
+            }
+        }
+    };
+    // Envoy's Zipkin tracer sends a batch every 5 spans (or 5 s).
+    burst("first").await;
+    kit::eventually_or("spans of both sides at the collector", BOUND, || {
+        let list = spans.lock().unwrap().clone();
+        async move {
+            let tagged =
+                |kind: &str| list.iter().filter(|s| s["kind"] == kind && s["tags"]["my_tag_header"] == "first" && s["tags"]["provider"] == "zipkin").count();
+            match (tagged("CLIENT"), tagged("SERVER")) {
+                (c, s) if c >= 1 && s >= 1 => Ok(()),
+                (c, s) => Err(format!("{c} client and {s} server spans: {list:?}")),
+            }
+        }
+    })
+    .await;
+    let list = spans.lock().unwrap().clone();
+    assert!(list.iter().all(|s| s["tags"]["cluster_id"] == "Kubernetes"), "environment tag's default: {list:?}");
+
+    // Namespace `default` samples nothing.
+    let rev = fx.apply("apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: no-sampling, namespace: default}\nspec:\n  tracing: [{randomSamplingPercentage: 0}]\n").await;
+    web.wait_synced_types(rev, &["CDS", "LDS"]).await;
+    client.wait_synced(rev).await;
+    // Listener updates apply just after the ACK: wait until a burst is no
+    // longer traced (10 spans would be sent at once).
+    kit::eventually_or("sampling 0 stops the spans", BOUND, || {
+        let before = spans.lock().unwrap().len();
+        let (spans, burst) = (spans.clone(), burst("second"));
+        async move {
+            burst.await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let after = spans.lock().unwrap().len();
+            if after == before {
+                Ok(())
+            } else {
+                Err(format!("{} new spans", after - before))
+            }
+        }
+    })
+    .await;
+    web.envoy.assert_no_rejections().await;
+    client.envoy.assert_no_rejections().await;
+}
+
 /// Refusals name the field: metrics overrides (Lodestar's Envoys do not
-/// emit Istio's standard metrics) and tracing (not translated yet).
+/// emit Istio's standard metrics) and an OpenTelemetry tracer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn telemetry_refusals_name_the_field() {
     let fx = Fixture::start(1).await;
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/istio/corpus-38/");
-    for (file, field, why) in [
-        ("telemetry-metrics-disable.yaml", "spec.metrics", "istio.stats filter"),
-        ("telemetry-metrics-remove-tag.yaml", "spec.metrics", "istio.stats filter"),
-        ("telemetry-tracing.yaml", "spec.tracing", "not supported"),
-    ] {
+    for (file, field, why) in
+        [("telemetry-metrics-disable.yaml", "spec.metrics", "istio.stats filter"), ("telemetry-metrics-remove-tag.yaml", "spec.metrics", "istio.stats filter")]
+    {
         let (status, body) = kit::apply(&fx.client, &fx.api(1), std::fs::read_to_string(format!("{dir}{file}")).unwrap().as_str()).await;
         assert_eq!(status, 400, "{file}: {body}");
         let text = body.to_string();

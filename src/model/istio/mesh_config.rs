@@ -479,7 +479,10 @@ impl ExtensionProvider {
                     r.error(&at.field("path"), format!("{p:?} must begin with `/`"));
                 }
             }
-            Some(ProviderKind::OpenTelemetry(o)) => check_service(r, &at, &o.service, o.port.0),
+            Some(ProviderKind::OpenTelemetry(o)) => {
+                check_service(r, &at, &o.service, o.port.0);
+                r.unsupported_one(&at, "an opentelemetry tracing provider", "Lodestar translates zipkin tracers (Envoy's Zipkin tracer, HTTP JSON v2)");
+            }
             Some(ProviderKind::FileAccessLog(f)) => {
                 if f.path.as_deref().is_some_and(str::is_empty) {
                     r.error(&at.field("path"), "empty path (leave it out for /dev/stdout)");

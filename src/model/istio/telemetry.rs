@@ -182,9 +182,6 @@ impl Telemetry {
                 }
             }
         }
-        if !self.tracing.is_empty() {
-            r.unsupported_one(&at.field("tracing"), "Telemetry tracing", "access logging is; tracing is not translated yet");
-        }
         if self.tracing.len() > 1 {
             // Istio: "only one tracing config is supported".
             r.error(&at.field("tracing"), "only one tracing entry is supported");
@@ -194,6 +191,20 @@ impl Telemetry {
             check_providers(r, &at, &t.providers);
             if t.providers.len() > 1 {
                 r.error(&at.field("providers"), "only one tracing provider per entry is supported");
+            }
+            if t.use_request_id_for_trace_sampling == Some(false) {
+                r.unsupported_one(
+                    &at.field("useRequestIdForTraceSampling"),
+                    "useRequestIdForTraceSampling: false",
+                    "leave it out (Envoy samples by request id)",
+                );
+            }
+            if t.enable_istio_tags == Some(true) {
+                r.unsupported_one(
+                    &at.field("enableIstioTags"),
+                    "Istio's own span tags",
+                    "they come from Istio's node metadata; leave the field out (Lodestar adds none)",
+                );
             }
             if let Some(p) = t.random_sampling_percentage.filter(|p| !(0.0..=100.0).contains(p)) {
                 r.error(&at.field("randomSamplingPercentage"), format!("{p} must be in the range 0..=100"));
