@@ -34,9 +34,9 @@ async fn http_authorizer(ip: &str) -> (std::net::SocketAddr, Seen, tokio::task::
             let allow = h.get("x-ext-authz").is_some_and(|v| v == "allow");
             s.lock().unwrap().push(h);
             if allow {
-                (axum::http::StatusCode::OK, [("x-ext-authz-check-result", "allowed")], String::new())
+                (axum::http::StatusCode::OK, [("x-ext-authz-check-result", "allowed"), ("x-authorizer", "http")], String::new())
             } else {
-                (axum::http::StatusCode::FORBIDDEN, [("x-ext-authz-check-result", "denied")], DENIED_BODY.to_string())
+                (axum::http::StatusCode::FORBIDDEN, [("x-ext-authz-check-result", "denied"), ("x-authorizer", "http")], DENIED_BODY.to_string())
             }
         }
     });
@@ -73,7 +73,13 @@ impl Authorization for GrpcAuthorizer {
                 status: Some(RpcStatus { code: 7, ..Default::default() }),
                 http_response: Some(check_response::HttpResponse::DeniedResponse(DeniedHttpResponse {
                     status: Some(HttpStatus { code: 403 }),
-                    headers: vec![header("denied")],
+                    headers: vec![
+                        header("denied"),
+                        HeaderValueOption {
+                            header: Some(HeaderValue { key: "x-authorizer".into(), value: "grpc".into(), ..Default::default() }),
+                            ..Default::default()
+                        },
+                    ],
                     body: DENIED_BODY.into(),
                 })),
                 ..Default::default()
@@ -156,7 +162,7 @@ spec:
       port: "8000"
       includeRequestHeadersInCheck: ["x-ext-authz"]
       headersToUpstreamOnAllow: ["x-ext-authz-check-*"]
-      headersToDownstreamOnDeny: ["x-ext-authz-check-result"]
+      headersToDownstreamOnDeny: ["x-ext-authz-check-result", "x-authorizer"]
   - name: dead
     envoyExtAuthzGrpc:
       service: foo/dead.foo.svc.cluster.local
@@ -204,7 +210,15 @@ impl Bench {
 
     /// Poll until `path` with `headers` gets `want`, then return the reply.
     async fn expect(&self, what: &str, path: &str, headers: &[(&str, &str)], want: u16) -> Reply {
-        wait_for(&self.fx.client, &self.url(path), "web.default.svc.cluster.local", headers, what, |r| r.status == want).await
+        self.expect_from(what, path, headers, want, None).await
+    }
+
+    /// As `expect`, the answer also from authorizer `by` (`x-authorizer`).
+    async fn expect_from(&self, what: &str, path: &str, headers: &[(&str, &str)], want: u16, by: Option<&str>) -> Reply {
+        wait_for(&self.fx.client, &self.url(path), "web.default.svc.cluster.local", headers, what, |r| {
+            r.status == want && (by.is_none() || r.header("x-authorizer") == by)
+        })
+        .await
     }
 
     fn authz_check(&self, path: &str) -> String {
@@ -241,7 +255,7 @@ async fn custom_policies_delegate_to_http_and_grpc_authorizers() {
 
     // HTTP provider, the task's paths.
     b.apply(&custom("sample-ext-authz-http")).await;
-    let denied = b.expect("HTTP authorizer denies /headers", "/headers", &[("x-ext-authz", "deny")], 403).await;
+    let denied = b.expect_from("HTTP authorizer denies /headers", "/headers", &[("x-ext-authz", "deny")], 403, Some("http")).await;
     assert_eq!(denied.body, DENIED_BODY);
     assert_eq!(denied.header("x-ext-authz-check-result"), Some("denied"), "headersToDownstreamOnDeny");
     let before = b.app.requests().len();
@@ -263,13 +277,13 @@ async fn custom_policies_delegate_to_http_and_grpc_authorizers() {
 
     // gRPC provider.
     b.apply(&custom("sample-ext-authz-grpc")).await;
-    let denied = b.expect("gRPC authorizer denies /headers", "/headers", &[("x-ext-authz", "deny")], 403).await;
+    let denied = b.expect_from("gRPC authorizer denies /headers", "/headers", &[("x-ext-authz", "deny")], 403, Some("grpc")).await;
     assert_eq!(denied.body, DENIED_BODY);
     let before = b.app.requests().len();
     b.expect("gRPC authorizer allows /headers", "/headers", &[("x-ext-authz", "allow")], 200).await;
     let upstream = b.app.requests().into_iter().skip(before).last().expect("the app got the request");
     assert_eq!(upstream.headers.get("x-ext-authz-check-result").map(String::as_str), Some("allowed"));
-    assert!(grpc_seen.lock().unwrap().iter().any(|h| h.get(":path").is_some_and(|p| p == "/headers")), "the gRPC check carries the request");
+    assert!(grpc_seen.lock().unwrap().iter().any(|h| h.get("x-ext-authz").is_some_and(|v| v == "allow")), "the gRPC check carries the request's headers");
 
     // CUSTOM comes before DENY: an allowed request still meets the DENY,
     // a request the authorizer denies never reaches it.
@@ -288,7 +302,7 @@ spec:
     let r = b.expect("CUSTOM allows, DENY denies", "/headers", &[("x-ext-authz", "allow"), ("x-deny", "yes")], 403).await;
     assert_eq!(r.body, "RBAC: access denied");
     let r = kit::mesh::get(&b.fx.client, &b.url("/headers"), "web.default.svc.cluster.local", &[("x-ext-authz", "deny"), ("x-deny", "yes")]).await;
-    assert_eq!((r.status, r.body.as_str()), (403, DENIED_BODY), "CUSTOM decides first");
+    assert_eq!((r.status, r.body.as_str(), r.header("x-authorizer")), (403, DENIED_BODY, Some("grpc")), "CUSTOM decides first");
     let r = kit::mesh::get(&b.fx.client, &b.url("/ip"), "web.default.svc.cluster.local", &[("x-deny", "yes")]).await;
     assert_eq!((r.status, r.body.as_str()), (403, "RBAC: access denied"));
     b.apply("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-flagged, namespace: default}\nspec: {selector: {matchLabels: {app: web}}, action: DENY, rules: [{to: [{operation: {paths: [/nothing]}}]}]}\n").await;

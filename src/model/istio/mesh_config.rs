@@ -355,7 +355,7 @@ impl MeshConfig {
     }
 
     pub(super) fn check(&self, at: &Path, r: &mut Report) {
-        for (name, _) in &self.other {
+        for name in self.other.keys() {
             r.error(&at.key(name), refusal(name));
         }
         let mut seen = std::collections::BTreeSet::new();
@@ -383,17 +383,23 @@ impl MeshConfig {
             let at = at.field("defaultProviders");
             for (field, names) in [("tracing", &d.tracing), ("metrics", &d.metrics), ("accessLogging", &d.access_logging)] {
                 for (i, n) in names.iter().enumerate() {
-                    let ok = match (field, self.provider(n)) {
-                        ("tracing", Some(ProviderKind::Zipkin(_) | ProviderKind::OpenTelemetry(_))) => true,
-                        ("metrics", Some(ProviderKind::Prometheus)) => true,
-                        ("accessLogging", Some(ProviderKind::FileAccessLog(_))) => true,
-                        _ => false,
-                    };
+                    let ok = matches!(
+                        (field, self.provider(n)),
+                        ("tracing", Some(ProviderKind::Zipkin(_)))
+                            | ("metrics", Some(ProviderKind::Prometheus))
+                            | ("accessLogging", Some(ProviderKind::FileAccessLog(_)))
+                    );
                     if !ok {
                         r.error(&at.field(field).index(i), format!("{n:?} is no {field} provider of this mesh config"));
                     }
                 }
             }
+        }
+        if self.default_providers.as_ref().is_some_and(|d| !d.metrics.is_empty()) {
+            r.warn(
+                &at.field("defaultProviders").field("metrics"),
+                "accepted (Istio's default mesh config names prometheus) with no effect: Lodestar's Envoys expose Envoy's own statistics, not Istio's standard metrics",
+            );
         }
         if let Some(f) = &self.access_log_format {
             if f.is_empty() {
@@ -402,7 +408,7 @@ impl MeshConfig {
         }
         if let Some(dc) = &self.default_config {
             let at = at.field("defaultConfig");
-            for (name, _) in &dc.other {
+            for name in dc.other.keys() {
                 r.error(
                     &at.key(name),
                     format!("defaultConfig.{name} is a per-proxy bootstrap setting (Istio's ProxyConfig): Lodestar's bootstraps come from `lodestar bootstrap` / `lodestar agent`; only defaultConfig.tracing.sampling applies mesh-wide"),
@@ -410,7 +416,7 @@ impl MeshConfig {
             }
             if let Some(t) = &dc.tracing {
                 let at = at.field("tracing");
-                for (name, _) in &t.other {
+                for name in t.other.keys() {
                     r.error(
                         &at.key(name),
                         format!("defaultConfig.tracing.{name} is not supported; declare the tracer as an extensionProvider and select it with a Telemetry"),
