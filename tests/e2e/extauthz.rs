@@ -363,7 +363,8 @@ async fn corpus_38_custom_and_telemetry_files() {
         format!("apiVersion: mesh.lodestar.io/v1\nkind: MeshConfig\nmetadata: {{name: default}}\nspec:\n{body}\n")
     };
     // (file, document, None: applies; Some((field, why)): refused)
-    let cases: Vec<(&str, String, Option<(&str, &str)>)> = vec![
+    type Refusal = Option<(&'static str, &'static str)>;
+    let cases: Vec<(&str, String, Refusal)> = vec![
         ("meshconfig-extauthz-providers.yaml", mesh("meshconfig-extauthz-providers.yaml"), None),
         ("authz-custom-policy.yaml", read("authz-custom-policy.yaml"), None),
         (
