@@ -448,6 +448,7 @@ impl ExtensionProvider {
                     r.error(&at.field("pathPrefix"), format!("{p:?} must begin with `/`"));
                 }
                 check_status(r, &at, h.status_on_error.as_deref());
+                check_body(r, &at, h.include_request_body_in_check.as_ref());
                 for (field, list) in [
                     ("includeHeadersInCheck", &h.include_headers_in_check),
                     ("includeRequestHeadersInCheck", &h.include_request_headers_in_check),
@@ -475,6 +476,7 @@ impl ExtensionProvider {
                     check_duration(r, &at.field("timeout"), t);
                 }
                 check_status(r, &at, g.status_on_error.as_deref());
+                check_body(r, &at, g.include_request_body_in_check.as_ref());
                 if g.clear_route_cache {
                     r.warn(&at.field("clearRouteCache"), "accepted and, as by istiod, not translated (Envoy's clear_route_cache stays false)");
                 }
@@ -509,6 +511,14 @@ impl ExtensionProvider {
                 format!("extension provider kind {kind} is not supported by Lodestar (supported: envoyExtAuthzHttp, envoyExtAuthzGrpc, zipkin, opentelemetry, envoyFileAccessLog, prometheus)"),
             ),
         }
+    }
+}
+
+/// Envoy refuses a body buffer of 0 bytes (`BufferSettings.max_request_bytes`
+/// must be > 0): refused here rather than NACKed by every proxy.
+fn check_body(r: &mut Report, at: &Path, body: Option<&RequestBody>) {
+    if body.is_some_and(|b| b.max_request_bytes.unwrap_or(0) == 0) {
+        r.error(&at.field("includeRequestBodyInCheck").field("maxRequestBytes"), "required, at least 1 (Envoy buffers at most this many bytes of the body)");
     }
 }
 
@@ -640,6 +650,10 @@ mod tests {
         assert!(e.iter().any(|e| e.starts_with("spec.extensionProviders[0].envoyExtAuthzHttp.pathPrefix")), "{e:?}");
         let e = errors(json!({"extensionProviders": [{"name": "a", "envoyExtAuthzGrpc": {"service": "x.y", "port": "9000", "statusOnError": "abc"}}]}));
         assert!(e.iter().any(|e| e.starts_with("spec.extensionProviders[0].envoyExtAuthzGrpc.statusOnError")), "{e:?}");
+        let e = errors(
+            json!({"extensionProviders": [{"name": "a", "envoyExtAuthzGrpc": {"service": "x.y", "port": 1, "includeRequestBodyInCheck": {"allowPartialMessage": true}}}]}),
+        );
+        assert!(e.iter().any(|e| e.starts_with("spec.extensionProviders[0].envoyExtAuthzGrpc.includeRequestBodyInCheck.maxRequestBytes: required")), "{e:?}");
         let e = errors(json!({"defaultProviders": {"accessLogging": ["nope"]}}));
         assert!(e.iter().any(|e| e.starts_with("spec.defaultProviders.accessLogging[0]")), "{e:?}");
         let e = errors(json!({"defaultConfig": {"holdApplicationUntilProxyStarts": true}}));

@@ -179,6 +179,8 @@ impl Telemetry {
                     r.error(&at, "empty expression");
                 } else if f.expression.len() > MAX_EXPRESSION {
                     r.error(&at, format!("longer than {MAX_EXPRESSION} bytes"));
+                } else {
+                    r.check(&at, check_delimiters(&f.expression));
                 }
             }
         }
@@ -228,6 +230,46 @@ impl Telemetry {
     }
 }
 
+/// What Lodestar can check of a CEL expression without a CEL parser:
+/// balanced brackets and closed string literals (Envoy parses the rest when
+/// the listener loads, and NACKs a syntax error).
+fn check_delimiters(expr: &str) -> Result<(), String> {
+    let mut stack = Vec::new();
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (i, c) in expr.char_indices() {
+        if let Some(q) = quote {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                _ if c == q => quote = None,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' | '\'' => quote = Some(c),
+            '(' | '[' | '{' => stack.push(c),
+            ')' | ']' | '}' => {
+                let open = match c {
+                    ')' => '(',
+                    ']' => '[',
+                    _ => '{',
+                };
+                if stack.pop() != Some(open) {
+                    return Err(format!("CEL syntax: unbalanced {c:?} at offset {i}"));
+                }
+            }
+            _ => {}
+        }
+    }
+    match (quote, stack.last()) {
+        (Some(q), _) => Err(format!("CEL syntax: unterminated string ({q})")),
+        (None, Some(open)) => Err(format!("CEL syntax: unclosed {open:?}")),
+        (None, None) => Ok(()),
+    }
+}
+
 fn check_providers(r: &mut Report, at: &Path, providers: &[ProviderRef]) {
     for (i, p) in providers.iter().enumerate() {
         if p.name.is_empty() {
@@ -249,6 +291,14 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn cel_delimiters() {
+        let bad = |e: &str| errors(&format!("spec: {{accessLogging: [{{providers: [{{name: envoy}}], filter: {{expression: {e:?}}}}}]}}\n")).join(" ");
+        assert!(bad("response.code >= (500").contains("spec.accessLogging[0].filter.expression: CEL syntax: unclosed '('"), "{}", bad("response.code >= (500"));
+        assert!(bad("request.useragent.startsWith('x)").contains("unterminated string"));
+        assert_eq!(bad("!has(request.useragent) || !(request.useragent.startsWith(\"A(\"))"), "");
     }
 
     #[test]
