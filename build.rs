@@ -65,6 +65,13 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
         "envoy/extensions/filters/http/rbac/v3/rbac.proto",
         "envoy/extensions/filters/network/rbac/v3/rbac.proto",
         "envoy/extensions/path/match/uri_template/v3/uri_template_match.proto",
+        // CUSTOM authorization and the Telemetry API (`translate::extauthz`,
+        // `translate::telemetry`).
+        "envoy/extensions/filters/http/ext_authz/v3/ext_authz.proto",
+        "envoy/extensions/filters/network/ext_authz/v3/ext_authz.proto",
+        "envoy/extensions/access_loggers/file/v3/file.proto",
+        "envoy/extensions/access_loggers/filters/cel/v3/cel.proto",
+        "envoy/config/trace/v3/zipkin.proto",
     ];
     let root = envoy_types_proto_dir()?;
     let includes: Vec<std::path::PathBuf> = ["data-plane-api", "xds", "googleapis", "protoc-gen-validate", "cel-spec", "opentelemetry-proto", "client_model"]

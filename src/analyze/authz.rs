@@ -12,11 +12,15 @@
 //!   other workloads of its namespace: the namespace looks locked down,
 //!   but every request to this one is allowed (Kiali's check).
 //!
+//! - LST0006: a CUSTOM policy whose ext_authz provider is not in the
+//!   MeshConfig, is of another kind, or names no service of the mesh: its
+//!   matched requests are denied (fail closed, as istiod).
+//!
 //! Workloads are the registry's Instances, the WorkloadEntries, and the
 //! gateway proxies Gateways imply (policies on an ingress gateway select
 //! those); LST0005 reports only the registered ones.
 
-use super::{quote, selector_text, slice, Ctx, Item, Message, IST0101, IST0127, LST0005};
+use super::{quote, selector_text, slice, Ctx, Item, Message, IST0101, IST0127, LST0005, LST0006};
 use crate::model::istio::authorization_policy::{Action, DRY_RUN_ANNOTATION};
 use crate::model::istio::AuthorizationPolicy;
 use std::collections::BTreeMap;
@@ -38,6 +42,20 @@ pub(super) fn run(ctx: &Ctx, out: &mut Vec<Message>) {
             out.push(Message::new(IST0127, ap.key(), field, format!("No matching workloads for this resource with the following labels: {labels}")));
         }
         source_namespaces(ctx, ap, out);
+        if ap.spec.action() == Action::Custom {
+            let name = ap.spec.provider.as_ref().map(|p| p.name.as_str()).unwrap_or_default();
+            if let Err(why) = crate::translate::extauthz::resolve(&ctx.mesh, name) {
+                out.push(Message::new(
+                    LST0006,
+                    ap.key(),
+                    Some("spec.provider.name".into()),
+                    format!(
+                        "The CUSTOM policy names ext_authz provider {}, which cannot be used ({why}): the requests its rules match are denied.",
+                        quote(name)
+                    ),
+                ));
+            }
+        }
     }
     uncovered_workloads(ctx, out);
 }

@@ -32,7 +32,7 @@
 //! - `gateway`: IST0138, IST0145, IST0161, IST0101 (credentialName).
 //! - `serviceentry`: IST0134.
 //! - `sidecar`: IST0110, IST0111, IST0101 (selector).
-//! - `authz`: IST0127, IST0101 (namespace); LST0005.
+//! - `authz`: IST0127, IST0101 (namespace); LST0005; LST0006 (CUSTOM provider).
 //! - `files`: documents from files into a State (offline), with the line
 //!   of each field (`file:line` in the output).
 //! - `write`: the analysis of one write (apply warnings).
@@ -147,6 +147,7 @@ codes! {
     LST0003 = "LST0003" "MultipleGatewayVirtualServicesForHost" Warning "The VirtualServices %v bound to gateway %s define the same host %s; the gateway uses only the oldest (%s) for it.";
     LST0004 = "LST0004" "SubsetSelectsNoInstanceOfHost" Warning "The Subset %s defined in the DestinationRule selects no instance of host %s (it has %d); traffic to the subset gets 503 UH (NoHealthyUpstream).";
     LST0005 = "LST0005" "WorkloadNotCoveredByAuthorizationPolicy" Warning "No AuthorizationPolicy applies to this workload although ALLOW policies %v in namespace %q select other workloads: every request to it is allowed.";
+    LST0006 = "LST0006" "CustomAuthorizationProviderUnusable" Error "The CUSTOM policy names ext_authz provider %q, which cannot be used (%s): the requests its rules match are denied.";
 }
 
 /// The catalogue entry of a code, if it is one `analyze` reports.
@@ -626,7 +627,7 @@ impl<'a> Ctx<'a> {
                                 labels,
                             });
                         }
-                        Validated::WorkloadGroup { .. } => {}
+                        Validated::WorkloadGroup { .. } | Validated::MeshConfig { .. } | Validated::Telemetry { .. } => {}
                     }
                 }
                 TypedSpec::Instance(_) => ctx.workloads.push(Workload {

@@ -15,6 +15,7 @@ pub mod console;
 pub mod dryrun;
 pub mod grpc;
 pub mod history;
+pub mod meshconfig;
 pub mod rest;
 pub mod serve;
 pub mod views;
@@ -1001,6 +1002,7 @@ pub async fn apply_authorized(
 ) -> Result<ApplyOutcome> {
     caller.authorize_txn(Verb::Write, &txn)?;
     let (node, config) = (&replica.node, &replica.config);
+    meshconfig::check_server_settings(&txn, &config.root_namespace, &config.trust_domain)?;
     let applied = if dry_run || expected_revision.is_some() { node.read(crate::node::Consistency::Linearizable).await? } else { node.reader().current() };
     if let Some(base) = expected_revision {
         dryrun::pin(&mut txn, &applied.state, base)?;

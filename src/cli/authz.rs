@@ -94,7 +94,13 @@ pub async fn run(client: &Client, command: AuthzCommand) -> Result<()> {
 }
 
 fn print(e: &Value) {
-    let verdict = if e["allowed"] == true { "ALLOWED" } else { "DENIED" };
+    // DELEGATED: a CUSTOM policy hands the request to an external
+    // authorizer first; the summary says what follows if it allows.
+    let verdict = match (e["allowed"] == true, e["delegated_to"].is_string()) {
+        (true, true) => "DELEGATED",
+        (true, false) => "ALLOWED",
+        (false, _) => "DENIED",
+    };
     println!(
         "{verdict}: {} (listener {}, {})",
         e["summary"].as_str().unwrap_or(""),
@@ -104,7 +110,9 @@ fn print(e: &Value) {
     let mut rows = vec![["FILTER", "POLICY RULE", "RESULT"].map(String::from).to_vec()];
     for f in e["filters"].as_array().into_iter().flatten() {
         let action = f["action"].as_str().unwrap_or("");
-        for (list, label) in [(&f["policies"], action.to_string()), (&f["dry_run"], format!("{action} (dry run)"))] {
+        // CUSTOM's rules are shadow rules that trigger ext_authz, not a dry run.
+        let shadow = if action == "CUSTOM" { "CUSTOM (triggers ext_authz)".to_string() } else { format!("{action} (dry run)") };
+        for (list, label) in [(&f["policies"], action.to_string()), (&f["dry_run"], shadow)] {
             for p in list.as_array().into_iter().flatten() {
                 let result = if p["matched"] == true { "matched".to_string() } else { format!("no match: {}", p["why"].as_str().unwrap_or("")) };
                 rows.push(vec![label.clone(), p["name"].as_str().unwrap_or("").to_string(), result]);

@@ -62,6 +62,11 @@ pub enum Kind {
     GrpcRoute,
     TcpRoute,
     TlsRoute,
+    /// Istio's mesh config (`model::istio::mesh_config`): one per mesh,
+    /// named `default`, cluster-scoped.
+    MeshConfig,
+    /// telemetry.istio.io: access logging and tracing.
+    Telemetry,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
@@ -71,6 +76,9 @@ pub const ACL_GROUP: &str = "acl.lodestar.io";
 /// Kubernetes' core group: its apiVersion is the bare version (`v1`).
 pub const CORE_GROUP: &str = "";
 pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
+pub const TELEMETRY_GROUP: &str = "telemetry.istio.io";
+/// Lodestar's own group for Istio's mesh config (a ConfigMap body in Istio).
+pub const MESH_GROUP: &str = "mesh.lodestar.io";
 
 /// Where cluster-scoped kinds (the ACL kinds) are stored: every key has a
 /// namespace, and theirs is always this one. Input may leave it out.
@@ -96,6 +104,8 @@ const GATEWAY_API_VERSIONS: &[&str] = &["v1beta1", "v1"];
 const GRPC_ROUTE_VERSIONS: &[&str] = &["v1alpha2", "v1"];
 /// TCPRoute and TLSRoute are in the experimental channel.
 const L4_ROUTE_VERSIONS: &[&str] = &["v1alpha2", "v1alpha3"];
+const TELEMETRY_VERSIONS: &[&str] = &["v1alpha1", "v1"];
+const MESH_VERSIONS: &[&str] = &["v1"];
 
 const KINDS: &[KindInfo] = &[
     KindInfo { kind: Kind::VirtualService, name: "VirtualService", plural: "virtualservices", short: &["vs"], group: ISTIO_GROUP, versions: ISTIO_VERSIONS },
@@ -173,10 +183,12 @@ const KINDS: &[KindInfo] = &[
     KindInfo { kind: Kind::GrpcRoute, name: "GRPCRoute", plural: "grpcroutes", short: &[], group: GATEWAY_API_GROUP, versions: GRPC_ROUTE_VERSIONS },
     KindInfo { kind: Kind::TcpRoute, name: "TCPRoute", plural: "tcproutes", short: &[], group: GATEWAY_API_GROUP, versions: L4_ROUTE_VERSIONS },
     KindInfo { kind: Kind::TlsRoute, name: "TLSRoute", plural: "tlsroutes", short: &[], group: GATEWAY_API_GROUP, versions: L4_ROUTE_VERSIONS },
+    KindInfo { kind: Kind::MeshConfig, name: "MeshConfig", plural: "meshconfigs", short: &["mc"], group: MESH_GROUP, versions: MESH_VERSIONS },
+    KindInfo { kind: Kind::Telemetry, name: "Telemetry", plural: "telemetries", short: &["telemetry"], group: TELEMETRY_GROUP, versions: TELEMETRY_VERSIONS },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 26] = [
+    pub const ALL: [Kind; 28] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -203,6 +215,8 @@ impl Kind {
         Kind::GrpcRoute,
         Kind::TcpRoute,
         Kind::TlsRoute,
+        Kind::MeshConfig,
+        Kind::Telemetry,
     ];
 
     fn info(self) -> &'static KindInfo {
@@ -268,9 +282,10 @@ impl Kind {
             .map(|k| k.kind)
     }
 
-    /// Istio's own kinds: `networking.istio.io` and `security.istio.io`.
+    /// Istio's own kinds: `networking.istio.io`, `security.istio.io` and
+    /// `telemetry.istio.io`.
     pub fn is_istio(self) -> bool {
-        self.group() == ISTIO_GROUP || self.group() == SECURITY_GROUP
+        self.group() == ISTIO_GROUP || self.group() == SECURITY_GROUP || self.group() == TELEMETRY_GROUP
     }
 
     /// Tokens, policies, roles and certificate revocations: what
@@ -284,7 +299,7 @@ impl Kind {
     /// Kinds whose objects all live in [`CLUSTER_NAMESPACE`]: the ACL
     /// kinds, GatewayClasses and Namespaces (cluster-scoped in Kubernetes).
     pub fn is_cluster_scoped(self) -> bool {
-        self.is_acl() || matches!(self, Kind::GatewayClass | Kind::Namespace)
+        self.is_acl() || matches!(self, Kind::GatewayClass | Kind::Namespace | Kind::MeshConfig)
     }
 
     /// Where an object of this kind lives when the input names no namespace.

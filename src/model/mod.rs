@@ -50,6 +50,9 @@ pub fn validate_spec(resource: &NewResource) -> Result<Vec<String>, Vec<FieldErr
     if resource.key.kind == Kind::Secret {
         return secret::decode(&resource.body).map(|_| secret::warnings(&resource.body));
     }
+    if resource.key.kind == Kind::MeshConfig && resource.key.name != istio::mesh_config::MESH_CONFIG_NAME {
+        return Err(vec![FieldError::new("metadata.name", format!("a mesh has one MeshConfig, named {:?}", istio::mesh_config::MESH_CONFIG_NAME))]);
+    }
     let spec = resource.body.get("spec").unwrap_or(&Value::Null);
     let typed = typed_spec(resource.key.kind, spec)?;
     Ok(match typed {

@@ -8,7 +8,7 @@
 //!   this order, an RBAC filter per action: AUDIT (`LOG`), DENY, ALLOW.
 //!   Envoy runs them in order, so DENY wins over ALLOW, and once any ALLOW
 //!   policy selects a workload a request no ALLOW rule matches is denied.
-//!   (CUSTOM is refused by validation.)
+//!   CUSTOM policies come first: `extauthz`.
 //! - Each rule is one RBAC policy named `ns[NS]-policy[NAME]-rule[I]`:
 //!   `from` entries are its principals (ORed), `to` entries its permissions
 //!   (ORed), the fields inside one entry and the `when` conditions ANDed,
@@ -95,19 +95,17 @@ impl AuthzFilters {
             return AuthzFilters::default();
         }
         let mut out = AuthzFilters::default();
+        // CUSTOM first: ext_authz runs before DENY and ALLOW (`extauthz`).
+        (out.http, out.network) = super::extauthz::filters(mesh, &policies);
         for action in [Action::Audit, Action::Deny, Action::Allow] {
             let of_action: Vec<&Arc<Config<Authz>>> = policies.iter().copied().filter(|p| p.spec.spec.action() == action).collect();
             if of_action.is_empty() {
                 continue;
             }
             let http = build(&of_action, action, false);
-            out.http.push(HttpFilter {
-                name: HTTP_RBAC.into(),
-                config_type: Some(http_filter::ConfigType::TypedConfig(http_rbac_any(&http))),
-                ..Default::default()
-            });
+            out.http.push(http_rbac_filter(&http, &shadow_prefix(&http)));
             let tcp = build(&of_action, action, true);
-            out.network.push(Filter { name: NETWORK_RBAC.into(), config_type: Some(filter::ConfigType::TypedConfig(network_rbac_any(&tcp))) });
+            out.network.push(network_rbac_filter(&tcp, &shadow_prefix(&tcp)));
         }
         out
     }
@@ -587,14 +585,18 @@ fn shadow_prefix(b: &Built) -> String {
     }
 }
 
-fn http_rbac_any(b: &Built) -> Any {
-    let shell = HttpRbac { shadow_rules_stat_prefix: shadow_prefix(b), track_per_rule_stats: true, ..Default::default() };
-    Any { type_url: HttpRbac::type_url(), value: with_rules(shell.encode_to_vec(), b) }
+/// The HTTP RBAC filter of `b`, its shadow rules counted under `shadow_prefix`.
+pub(super) fn http_rbac_filter(b: &Built, shadow_prefix: &str) -> HttpFilter {
+    let shell = HttpRbac { shadow_rules_stat_prefix: shadow_prefix.into(), track_per_rule_stats: true, ..Default::default() };
+    let any = Any { type_url: HttpRbac::type_url(), value: with_rules(shell.encode_to_vec(), b) };
+    HttpFilter { name: HTTP_RBAC.into(), config_type: Some(http_filter::ConfigType::TypedConfig(any)), ..Default::default() }
 }
 
-fn network_rbac_any(b: &Built) -> Any {
-    let shell = NetworkRbac { stat_prefix: TCP_STAT_PREFIX.into(), shadow_rules_stat_prefix: shadow_prefix(b), ..Default::default() };
-    Any { type_url: NetworkRbac::type_url(), value: with_rules(shell.encode_to_vec(), b) }
+/// The network RBAC filter of `b`.
+pub(super) fn network_rbac_filter(b: &Built, shadow_prefix: &str) -> Filter {
+    let shell = NetworkRbac { stat_prefix: TCP_STAT_PREFIX.into(), shadow_rules_stat_prefix: shadow_prefix.into(), ..Default::default() };
+    let any = Any { type_url: NetworkRbac::type_url(), value: with_rules(shell.encode_to_vec(), b) };
+    Filter { name: NETWORK_RBAC.into(), config_type: Some(filter::ConfigType::TypedConfig(any)) }
 }
 
 /// A filter's encoded shell with its rules (field 1) and shadow rules

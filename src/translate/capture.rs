@@ -56,12 +56,13 @@ pub const INBOUND_PASSTHROUGH: &str = "InboundPassthroughClusterIpv4";
 pub const INBOUND_PASSTHROUGH_SOURCE: &str = "127.0.0.6";
 const ORIGINAL_DST_FILTER: &str = "envoy.filters.listener.original_dst";
 
-/// Whether a destination outside the mesh passes (ALLOW_ANY, Istio's mesh
-/// default) or is refused (the Sidecar's `REGISTRY_ONLY`; a policy that
-/// names no mode is REGISTRY_ONLY, as protobuf's default).
-pub fn allow_any(sc: Option<&Config<Sidecar>>) -> bool {
+/// Whether a destination outside the mesh passes (ALLOW_ANY) or is
+/// refused (REGISTRY_ONLY): the Sidecar's `outboundTrafficPolicy` (one that
+/// names no mode is REGISTRY_ONLY, as protobuf's default), else the
+/// MeshConfig's (`ALLOW_ANY`, Istio's mesh default, when unset).
+pub fn allow_any(mesh: &Mesh, sc: Option<&Config<Sidecar>>) -> bool {
     match sc.and_then(|s| s.spec.outbound_traffic_policy.as_ref()) {
-        None => true,
+        None => mesh.mesh_config.allow_any(),
         Some(p) => p.mode == Some(OutboundMode::AllowAny),
     }
 }
@@ -137,7 +138,7 @@ pub fn virtual_listeners(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdenti
     for c in [passthrough_cluster(PASSTHROUGH, None), passthrough_cluster(INBOUND_PASSTHROUGH, Some(INBOUND_PASSTHROUGH_SOURCE)), blackhole_cluster()] {
         cfg.insert(ResourceType::Cluster, XdsResource::new(c.name.clone(), &c));
     }
-    let fallback = if allow_any(sc) { PASSTHROUGH } else { BLACKHOLE };
+    let fallback = if allow_any(mesh, sc) { PASSTHROUGH } else { BLACKHOLE };
     let outbound = Listener {
         name: VIRTUAL_OUTBOUND.into(),
         address: Some(socket_address("0.0.0.0", OUTBOUND_PORT)),

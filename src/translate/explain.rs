@@ -70,6 +70,10 @@ pub struct Explanation {
     /// One line for humans.
     pub summary: String,
     pub filters: Vec<Stage>,
+    /// The ext_authz provider a CUSTOM policy hands the request to first
+    /// (`extauthz`): the answer above holds only if it allows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delegated_to: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -117,11 +121,16 @@ pub fn explain(config: &ProxyConfig, req: &Request) -> Result<Explanation, Strin
     let ctx = Ctx { req, dest_ip: listener_ip(&listener), port: req.port.or(listener_port(&listener)).unwrap_or(0) };
     let mut filters = Vec::new();
     let (mut allowed, mut decided_by, mut summary) = (true, None, String::new());
+    let mut delegated_to: Option<String> = None;
     for (rules, shadow) in rbacs {
         let eval = |r: &Rbac| sorted_policies(r).into_iter().map(|(name, p)| ctx.policy(name, p)).collect::<Vec<_>>();
         let action = rules.as_ref().or(shadow.as_ref()).map_or(Action::Allow as i32, |r| r.action);
+        // CUSTOM's shadow filter: a match hands the request to ext_authz.
+        let custom =
+            rules.is_none() && shadow.as_ref().is_some_and(|s| !s.policies.is_empty() && s.policies.keys().all(|k| k.starts_with(super::extauthz::KEY_PREFIX)));
         let stage = Stage {
             action: match Action::try_from(action) {
+                _ if custom => "CUSTOM",
                 Ok(Action::Deny) => "DENY",
                 Ok(Action::Log) => "LOG",
                 _ => "ALLOW",
@@ -129,6 +138,11 @@ pub fn explain(config: &ProxyConfig, req: &Request) -> Result<Explanation, Strin
             policies: rules.as_ref().map(eval).unwrap_or_default(),
             dry_run: shadow.as_ref().map(eval).unwrap_or_default(),
         };
+        if custom && allowed && delegated_to.is_none() {
+            if let Some(p) = stage.dry_run.iter().find(|p| p.matched) {
+                delegated_to = Some(format!("{} (CUSTOM rule {})", super::extauthz::provider_of_key(&p.name).unwrap_or("?"), p.name));
+            }
+        }
         // The first filter that denies ends the request (Envoy stops there).
         if allowed && rules.is_some() {
             let matched = stage.policies.iter().find(|p| p.matched).map(|p| p.name.clone());
@@ -161,7 +175,10 @@ pub fn explain(config: &ProxyConfig, req: &Request) -> Result<Explanation, Strin
     if summary.is_empty() {
         summary = "allowed: no policy denies it and none requires an ALLOW".into();
     }
-    Ok(Explanation { listener: listener.name, protocol, allowed, decided_by, summary, filters })
+    if let Some(p) = &delegated_to {
+        summary = format!("delegated to the external authorizer {p}: it decides first; if it allows, {summary}");
+    }
+    Ok(Explanation { listener: listener.name, protocol, allowed, decided_by, summary, filters, delegated_to })
 }
 
 /// Enforced and shadow rules of each RBAC filter of a listener, in order.

@@ -19,6 +19,9 @@
 //! - `cluster`: services + DestinationRules → clusters and endpoints.
 //! - `listener`: HTTP/TCP listeners.
 //! - `authz`: AuthorizationPolicy → RBAC filters on inbound and gateway listeners.
+//! - `extauthz`: CUSTOM AuthorizationPolicies → ext_authz behind shadow RBAC.
+//! - `telemetry`: Telemetry access logging and tracing → `access_log` and
+//!   `tracing` of every listener's connection managers.
 //! - `l4`: VirtualService `tls` and `tcp` routes → SNI/address filter chains.
 //! - `inbound`: Sidecar ingress → inbound listeners and clusters.
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
@@ -37,6 +40,7 @@ pub mod cluster;
 pub mod effect;
 pub mod encode;
 pub mod explain;
+pub mod extauthz;
 pub mod gateway;
 pub mod gateway_api;
 pub mod grpc;
@@ -51,6 +55,7 @@ pub mod mtls;
 pub mod resources;
 pub mod route;
 pub mod scope;
+pub mod telemetry;
 pub mod tls;
 pub mod util;
 
@@ -204,6 +209,11 @@ fn translate_with_parts(mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&Clust
         ProxyKind::Router => gateway::translate(&mut cfg, mesh, proxy, cache),
         ProxyKind::Grpc => grpc::translate(&mut cfg, mesh, proxy),
     }
+    if proxy.kind != ProxyKind::Grpc {
+        add_service_clusters(&mut cfg, mesh, proxy, &extauthz::provider_services(mesh, proxy), cache);
+        add_service_clusters(&mut cfg, mesh, proxy, &telemetry::tracer_services(mesh, proxy), cache);
+    }
+    telemetry::apply(&mut cfg, mesh, proxy);
     (cfg, rds)
 }
 
@@ -268,7 +278,7 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
     let plans = scope::egress_plans(&services, proxy, sc.map(|s| s.as_ref()));
     let suffix = &mesh.config.domain_suffix;
     let mut reachable: BTreeMap<String, Arc<Service>> = BTreeMap::new();
-    let allow_any = capture::allow_any(sc.map(|s| s.as_ref()));
+    let allow_any = capture::allow_any(mesh, sc.map(|s| s.as_ref()));
     for plan in &plans {
         reachable.extend(plan.services.iter().map(|(k, v)| (k.clone(), v.clone())));
         // A captured proxy's listeners for its own address bind nothing:
@@ -717,6 +727,10 @@ fn authz_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity) -> Pro
             cfg.insert_shared(ResourceType::Listener, l);
         }
     }
+    // A CUSTOM policy may name a provider whose cluster is not there yet.
+    add_service_clusters(&mut cfg, mesh, proxy, &extauthz::provider_services(mesh, proxy), None);
+    add_service_clusters(&mut cfg, mesh, proxy, &telemetry::tracer_services(mesh, proxy), None);
+    telemetry::apply(&mut cfg, mesh, proxy);
     cfg
 }
 
@@ -791,6 +805,7 @@ impl Generator for Translator {
                         let (mut cfg, rds) = self.incremental(p, &mesh, proxy, &hosts);
                         if l4 {
                             l4_incremental(&mut cfg, &mesh, proxy, &hosts);
+                            telemetry::apply(&mut cfg, &mesh, proxy);
                         }
                         (cfg, rds)
                     }

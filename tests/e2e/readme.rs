@@ -54,6 +54,7 @@ const SECTIONS: &[(&str, usize)] = &[
     ("Web console", 3),
     ("Walkthrough: traffic through Envoy", 6),
     ("Check config: `lodestar analyze`", 1),
+    ("Mesh config, external authorization (CUSTOM) and the Telemetry API", 1),
     ("Gateway API", 5),
     ("Connect an Envoy", 0),
     ("A three-replica cluster on one machine", 0),

@@ -6,8 +6,8 @@
 //! (pkg/config/validation) and `pkg/config/security` (attribute keys, IPs,
 //! ports, path templates), with every error at its field path. What Istio
 //! accepts and Lodestar cannot enforce is refused as "not supported":
-//! `CUSTOM` (no ext_authz provider can be declared yet) and `targetRef(s)`
-//! (Kubernetes Gateway API references).
+//! `targetRef(s)` (Kubernetes Gateway API references). `CUSTOM` names an
+//! ext_authz provider of the MeshConfig (`translate::extauthz`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -347,14 +347,13 @@ impl AuthorizationPolicy {
         let action = self.action();
         match action {
             Action::Custom => {
-                // Istio: CUSTOM needs rules and provider.name; Lodestar has no
-                // ext_authz provider configuration, so it cannot enforce one.
+                // Istio: CUSTOM needs rules and provider.name (an
+                // extensionProvider of the MeshConfig, `translate::extauthz`).
                 if self.rules.is_none() {
                     r.error(&at.field("rules"), "CUSTOM action without `rules` is meaningless as it will never be triggered, add an empty rule `{}` if you want it be triggered for every request");
                 } else if self.provider.as_ref().is_none_or(|p| p.name.is_empty()) {
                     r.error(&at.field("provider").field("name"), "`provider.name` must not be empty");
                 }
-                r.unsupported_one(&at.field("action"), "action CUSTOM", "Lodestar cannot declare ext_authz providers yet; use ALLOW or DENY");
             }
             _ if self.provider.is_some() => {
                 r.error(&at.field("provider"), format!("`provider` must not be with non CUSTOM action, found {}", action.name()));
@@ -413,6 +412,25 @@ impl Rule {
                     _ => check_values(r, &f, list, check_wildcard),
                 }
             }
+            if action == Action::Custom {
+                // CUSTOM runs before authentication (Istio's validation).
+                for (name, list) in &lists {
+                    if matches!(
+                        *name,
+                        "principals"
+                            | "notPrincipals"
+                            | "requestPrincipals"
+                            | "notRequestPrincipals"
+                            | "namespaces"
+                            | "notNamespaces"
+                            | "serviceAccounts"
+                            | "notServiceAccounts"
+                    ) && !list.is_empty()
+                    {
+                        r.error(&at.field(name), format!("{name} is not supported with action CUSTOM (it is evaluated before authentication)"));
+                    }
+                }
+            }
             tcp_in_from |= [&s.principals, &s.not_principals, &s.namespaces, &s.not_namespaces, &s.ip_blocks, &s.not_ip_blocks]
                 .iter()
                 .chain([&s.remote_ip_blocks, &s.not_remote_ip_blocks, &s.service_accounts, &s.not_service_accounts].iter())
@@ -469,6 +487,12 @@ impl Rule {
                     continue;
                 }
             };
+            if action == Action::Custom
+                && (c.key.starts_with("request.auth.")
+                    || matches!(c.key.as_str(), "source.namespace" | "source.principal" | "source.serviceAccount" | "source.trustDomain"))
+            {
+                r.error(&at.field("key"), format!("{} is not supported with action CUSTOM (it is evaluated before authentication)", c.key));
+            }
             let check: fn(&str) -> Result<(), String> = match attr {
                 Attribute::SourceIp | Attribute::RemoteIp | Attribute::DestinationIp => check_ip_block,
                 Attribute::DestinationPort => check_port_value,
@@ -615,8 +639,12 @@ mod tests {
 
     #[test]
     fn what_lodestar_cannot_enforce_is_refused_as_not_supported() {
-        let e = errors(json!({"action": "CUSTOM", "provider": {"name": "opa"}, "rules": [{}]}));
-        assert!(has(&e, "spec.action", "not supported"), "{e:?}");
+        assert!(errors(json!({"action": "CUSTOM", "provider": {"name": "opa"}, "rules": [{}]})).is_empty());
+        let e = errors(
+            json!({"action": "CUSTOM", "provider": {"name": "opa"}, "rules": [{"from": [{"source": {"principals": ["a"]}}], "when": [{"key": "request.auth.claims[iss]", "values": ["x"]}]}]}),
+        );
+        assert!(has(&e, "spec.rules[0].from[0].source.principals", "not supported with action CUSTOM"), "{e:?}");
+        assert!(has(&e, "spec.rules[0].when[0].key", "not supported with action CUSTOM"), "{e:?}");
         let e = errors(json!({"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "gw"}]}));
         assert!(has(&e, "spec.targetRefs", "not supported"), "{e:?}");
         let e = errors(json!({"action": "ALLOW", "rules": [{"to": [{"operation": {"paths": ["/a*b"]}}]}]}));

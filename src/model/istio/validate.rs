@@ -15,10 +15,12 @@ use super::destination_rule::DestinationRule;
 use super::duration::Duration;
 use super::gateway::Gateway;
 use super::host;
+use super::mesh_config::MeshConfig;
 use super::peer_authentication::PeerAuthentication;
 use super::request_authentication::RequestAuthentication;
 use super::service_entry::ServiceEntry;
 use super::sidecar::Sidecar;
+use super::telemetry::Telemetry;
 use super::virtual_service::VirtualService;
 use super::workload_entry::WorkloadEntry;
 use super::workload_group::WorkloadGroup;
@@ -59,6 +61,8 @@ pub enum Validated {
     PeerAuthentication { spec: Box<PeerAuthentication>, warnings: Vec<String> },
     RequestAuthentication { spec: Box<RequestAuthentication>, warnings: Vec<String> },
     WorkloadGroup { spec: Box<WorkloadGroup>, warnings: Vec<String> },
+    MeshConfig { spec: Box<MeshConfig>, warnings: Vec<String> },
+    Telemetry { spec: Box<Telemetry>, warnings: Vec<String> },
 }
 
 impl Validated {
@@ -75,6 +79,8 @@ impl Validated {
             Validated::PeerAuthentication { .. } => "PeerAuthentication",
             Validated::RequestAuthentication { .. } => "RequestAuthentication",
             Validated::WorkloadGroup { .. } => "WorkloadGroup",
+            Validated::MeshConfig { .. } => "MeshConfig",
+            Validated::Telemetry { .. } => "Telemetry",
         }
     }
 
@@ -88,7 +94,10 @@ impl Validated {
             | Validated::WorkloadEntry { warnings, .. }
             | Validated::AuthorizationPolicy { warnings, .. }
             | Validated::PeerAuthentication { warnings, .. } => warnings,
-            Validated::RequestAuthentication { warnings, .. } | Validated::WorkloadGroup { warnings, .. } => warnings,
+            Validated::RequestAuthentication { warnings, .. }
+            | Validated::WorkloadGroup { warnings, .. }
+            | Validated::MeshConfig { warnings, .. }
+            | Validated::Telemetry { warnings, .. } => warnings,
         }
     }
 
@@ -105,12 +114,14 @@ impl Validated {
             Validated::PeerAuthentication { spec, .. } => serde_json::to_value(spec),
             Validated::RequestAuthentication { spec, .. } => serde_json::to_value(spec),
             Validated::WorkloadGroup { spec, .. } => serde_json::to_value(spec),
+            Validated::MeshConfig { spec, .. } => serde_json::to_value(spec),
+            Validated::Telemetry { spec, .. } => serde_json::to_value(spec),
         }
     }
 }
 
 /// The kinds [`validate`] understands.
-pub const KINDS: [&str; 10] = [
+pub const KINDS: [&str; 12] = [
     "VirtualService",
     "DestinationRule",
     "ServiceEntry",
@@ -121,6 +132,8 @@ pub const KINDS: [&str; 10] = [
     "PeerAuthentication",
     "RequestAuthentication",
     "WorkloadGroup",
+    "MeshConfig",
+    "Telemetry",
 ];
 
 /// Parses and validates the `spec` of a `networking.istio.io` resource of
@@ -141,6 +154,8 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Validated, Vec<FieldError>> 
         "PeerAuthentication" => run(spec, PeerAuthentication::check).map(|(spec, warnings)| Validated::PeerAuthentication { spec, warnings }),
         "RequestAuthentication" => run(spec, RequestAuthentication::check).map(|(spec, warnings)| Validated::RequestAuthentication { spec, warnings }),
         "WorkloadGroup" => run(spec, WorkloadGroup::check).map(|(spec, warnings)| Validated::WorkloadGroup { spec, warnings }),
+        "MeshConfig" => run(spec, MeshConfig::check).map(|(spec, warnings)| Validated::MeshConfig { spec, warnings }),
+        "Telemetry" => run(spec, Telemetry::check).map(|(spec, warnings)| Validated::Telemetry { spec, warnings }),
         other => Err(vec![FieldError { field: "kind".to_string(), reason: format!("unsupported kind {other:?}; expected one of {}", KINDS.join(", ")) }]),
     }
 }
@@ -168,6 +183,7 @@ pub fn drop_unknown_fields(kind: &str, spec: &mut Value) -> Vec<String> {
         "PeerAuthentication" => first::<PeerAuthentication>,
         "RequestAuthentication" => first::<RequestAuthentication>,
         "WorkloadGroup" => first::<WorkloadGroup>,
+        "Telemetry" => first::<Telemetry>,
         _ => return Vec::new(),
     };
     let mut dropped = Vec::new();

@@ -230,6 +230,10 @@ pub struct Mesh {
     pub peer_authentications: Vec<Arc<Config<PeerAuthentication>>>,
     /// AuthorizationPolicies, oldest first.
     pub authorization_policies: Vec<Arc<Config<Authz>>>,
+    /// The stored `MeshConfig` (Istio's defaults when there is none).
+    pub mesh_config: Arc<istio::MeshConfig>,
+    /// Telemetries, oldest first.
+    pub telemetries: Vec<Arc<Config<istio::Telemetry>>>,
     /// Objects left out, with why.
     pub skipped: Vec<(ResourceKey, String)>,
     /// VirtualServices by each exact host they name (resolved to an FQDN),
@@ -320,6 +324,8 @@ impl Mesh {
             sidecars: self.sidecars.clone(),
             peer_authentications: self.peer_authentications.clone(),
             authorization_policies: self.authorization_policies.clone(),
+            mesh_config: self.mesh_config.clone(),
+            telemetries: self.telemetries.clone(),
             skipped: self.skipped.clone(),
             vs_by_host: self.vs_by_host.clone(),
             vs_wildcard: self.vs_wildcard.clone(),
@@ -553,6 +559,8 @@ impl Mesh {
                 TypedSpec::Istio(Validated::ServiceEntry { spec, .. }) => entries.push((obj.clone(), spec.as_ref().clone())),
                 TypedSpec::Istio(Validated::WorkloadEntry { spec, .. }) => workloads.push((obj.clone(), spec.as_ref().clone())),
                 TypedSpec::Istio(Validated::RequestAuthentication { spec, .. }) => mesh.request_authentications.push(to_config(obj, spec.as_ref())),
+                TypedSpec::Istio(Validated::MeshConfig { spec, .. }) => mesh.mesh_config = Arc::new(spec.as_ref().clone()),
+                TypedSpec::Istio(Validated::Telemetry { spec, .. }) => mesh.telemetries.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Service(s) => declared.push((obj.clone(), s.clone())),
                 TypedSpec::Instance(i) => instances.push((obj.clone(), i.clone())),
                 TypedSpec::GatewayApi(g) => gateway_api.push((obj.clone(), g.clone())),
@@ -572,6 +580,7 @@ impl Mesh {
         mesh.peer_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.authorization_policies.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.request_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.telemetries.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
 
         let suffix = &config.domain_suffix;
         // By (hostname, namespace): one service per namespace and hostname.

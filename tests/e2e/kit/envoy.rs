@@ -129,7 +129,9 @@ impl Envoy {
             .arg("--use-dynamic-base-id")
             .args(["--log-level", "info", "--component-log-level", "upstream:debug,config:debug"])
             // Quick stops: tests do not need connection draining.
-            .args(["--drain-time-s", "1", "--parent-shutdown-time-s", "2"]);
+            .args(["--drain-time-s", "1", "--parent-shutdown-time-s", "2"])
+            // Access log files written within a poll's step (default 10 s).
+            .args(["--file-flush-interval-msec", "100"]);
         let proc = super::Proc::spawn(&format!("envoy {}", options.name), cmd, &dir.join("envoy.log"));
         Envoy { options, dir: dir.to_path_buf(), proc, http: reqwest::Client::new() }
     }
