@@ -32,6 +32,7 @@
 //! closing its connections.
 
 pub mod capture;
+pub mod dns;
 pub mod envoy;
 pub mod register;
 pub mod sds;
@@ -295,6 +296,17 @@ pub struct AgentOptions {
     /// Capture the namespace's traffic into Envoy ([`capture`]): the rules
     /// are installed before anything else and removed when `run` returns.
     pub capture: Option<(capture::rules::CaptureOptions, capture::Backend)>,
+    /// The DNS proxy (`--capture-dns`, [`dns`]).
+    pub dns: Option<DnsSetup>,
+}
+
+/// The DNS proxy's options, and the node its name table is asked for.
+pub struct DnsSetup {
+    pub opts: dns::DnsOptions,
+    /// [`dns::nds::dns_node`].
+    pub node: envoy_types::pb::envoy::config::core::v3::Node,
+    /// The mesh's DNS domain (`cluster.local`).
+    pub domain: String,
 }
 
 /// Builds the registration once the identity is known (its service
@@ -443,6 +455,12 @@ pub async fn renew(opts: &AgentOptions, mut current: Identity, tx: watch::Sender
 /// error (a refused registration, an Envoy that cannot be started) stops
 /// everything the same way and is returned.
 pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+    // The DNS proxy's sockets are bound before the rules send queries to
+    // them.
+    let dns_sockets = match &opts.dns {
+        Some(d) => Some(dns::bind(&d.opts).await?),
+        None => None,
+    };
     // Installed first (as istio-init before the pod's containers), and
     // removed when this returns, whichever way (dropped last).
     let _capture = match &opts.capture {
@@ -466,6 +484,12 @@ pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shu
     let (envoy_stop_tx, envoy_stop_rx) = watch::channel(false);
     let (sds_stop_tx, sds_stop_rx) = watch::channel(false);
     let xds = opts.xds_socket.as_ref().map(|path| tokio::spawn(xds_proxy::serve(path.clone(), opts.ca.clone(), rx.clone(), sds_stop_rx.clone())));
+    // Until the first name table, every query is forwarded.
+    let (names_tx, names_rx) = watch::channel(Arc::new(dns::Names::default()));
+    let dns_tasks = opts.dns.as_ref().zip(dns_sockets).map(|(d, sockets)| {
+        let watch = tokio::spawn(dns::nds::watch_names(opts.ca.clone(), rx.clone(), d.node.clone(), d.domain.clone(), names_tx, sds_stop_rx.clone()));
+        (tokio::spawn(dns::serve(d.opts.clone(), sockets, names_rx, sds_stop_rx.clone())), watch)
+    });
     let sds = opts.sds_socket.as_ref().map(|path| tokio::spawn(sds::serve(path.clone(), rx, sds_stop_rx, proxy_owner)));
     let (pid_tx, _) = watch::channel(0u32);
     let mut envoy_task = opts.envoy.clone().map(|e| {
@@ -518,6 +542,14 @@ pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shu
         }
     }
     let _ = sds_stop_tx.send(true);
+    if let Some((serve, watch)) = dns_tasks {
+        let _ = watch.await;
+        match serve.await {
+            Ok(Err(e)) => tracing::warn!("the DNS proxy: {e:#}"),
+            Err(e) => tracing::warn!("the DNS proxy: {e}"),
+            Ok(Ok(())) => {}
+        }
+    }
     for (what, task) in [("the xDS proxy", xds), ("the SDS server", sds)] {
         let Some(s) = task else { continue };
         match s.await {

@@ -55,6 +55,10 @@ pub struct ProxyIdentity {
     /// REDIRECT`): it gets Istio's virtual listeners (`translate::capture`)
     /// instead of bound ones.
     pub capture: bool,
+    /// The stream is a captured proxy's agent asking for its DNS name
+    /// table only (`LODESTAR_NAME_TABLE_ONLY` metadata): it is translated
+    /// nothing else (`translate::dns::names_only`).
+    pub names_only: bool,
 }
 
 /// The node metadata key that says a proxy has the agent's SDS cluster.
@@ -63,6 +67,8 @@ pub const SDS_METADATA: &str = "LODESTAR_SDS";
 /// value that says iptables REDIRECT captures its workload's traffic.
 pub const INTERCEPTION_METADATA: &str = "INTERCEPTION_MODE";
 pub const INTERCEPTION_REDIRECT: &str = "REDIRECT";
+/// The node metadata key of the agent's DNS stream (`"true"`).
+pub const NAME_TABLE_ONLY_METADATA: &str = "LODESTAR_NAME_TABLE_ONLY";
 
 impl ProxyIdentity {
     /// Parse a node id and metadata (the `Node.metadata` Struct as JSON).
@@ -113,6 +119,7 @@ impl ProxyIdentity {
             namespace: namespace.to_string(),
             labels,
             sds: metadata.get(SDS_METADATA).is_some_and(|v| v.as_str() == Some("true") || v.as_bool() == Some(true)),
+            names_only: metadata.get(NAME_TABLE_ONLY_METADATA).is_some_and(|v| v.as_str() == Some("true") || v.as_bool() == Some(true)),
             capture: match meta_str(INTERCEPTION_METADATA) {
                 None | Some("NONE") => false,
                 Some(INTERCEPTION_REDIRECT) => true,

@@ -34,6 +34,7 @@
 pub mod authz;
 pub mod capture;
 pub mod cluster;
+pub mod dns;
 pub mod effect;
 pub mod encode;
 pub mod explain;
@@ -319,6 +320,7 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
     add_service_clusters(cfg, mesh, proxy, &reachable, cache);
     if proxy.capture {
         capture::virtual_listeners(cfg, mesh, proxy, sc.map(|s| s.as_ref()));
+        dns::insert_name_table(cfg, reachable.values().map(|s| s.as_ref()), proxy, mesh);
     } else if let Some(sc) = sc {
         inbound::sidecar_ingress(cfg, mesh, proxy, sc);
     }
@@ -748,6 +750,11 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
 impl Generator for Translator {
     fn generate(&self, proxy: &ProxyIdentity, state: &State) -> Result<ProxyConfig, String> {
         let mesh = self.mesh(state);
+        if proxy.names_only {
+            // The agent's DNS stream: its name table only, from scratch (a
+            // scope walk, no Envoy resources).
+            return Ok(dns::names_only(&mesh, proxy));
+        }
         let prev = self.previous.lock().unwrap_or_else(|p| p.into_inner()).get(&proxy.id).cloned();
         let prev = prev.filter(|p| p.identity == *proxy && p.config.revision <= state.revision());
         // Set when the config is derived from `prev` incrementally: it keeps
