@@ -17,6 +17,7 @@
 //! OUTPUT -p udp/tcp --dport 53 -> LODESTAR_DNS
 //!   the agent's own queries (socket mark 1337), Envoy's (uid/gid) -> RETURN
 //!   to a resolv.conf nameserver -> REDIRECT 15053 (the agent's DNS proxy)
+//! and in LODESTAR_OUTPUT the agent's marked (TCP) queries -> RETURN
 //! ```
 //!
 //! The removal is the inverse: the jumps from the built-in chains are
@@ -221,6 +222,10 @@ impl CaptureOptions {
         let _ = writeln!(out, "-A OUTPUT -p tcp -j {OUTPUT_CHAIN}");
         let o = OUTPUT_CHAIN;
         let _ = writeln!(out, "-A {o} -s {INBOUND_PASSTHROUGH_SOURCE}/32 -o lo -j RETURN");
+        if self.dns.is_some() {
+            // The DNS proxy's forwarded TCP queries.
+            let _ = writeln!(out, "-A {o} -m mark --mark {DNS_MARK} -j RETURN");
+        }
         for (m, id) in [("--uid-owner", self.proxy_uid), ("--gid-owner", self.proxy_gid)] {
             // Envoy calling its own workload by a local address other than
             // 127.0.0.1 goes through the inbound side (as from elsewhere).
@@ -391,7 +396,7 @@ COMMIT
     fn dns_rules() {
         let opts = CaptureOptions { dns: Some(DnsCapture { nameservers: vec![Ipv4Addr::new(198, 18, 0, 66)], port: DNS_PORT }), ..Default::default() };
         let rules = opts.install();
-        let dns: Vec<&str> = rules.lines().filter(|l| l.contains("LODESTAR_DNS") || l.contains("-j LODESTAR_OUTPUT")).collect();
+        let dns: Vec<&str> = rules.lines().filter(|l| l.contains("LODESTAR_DNS") || l.contains("-j LODESTAR_OUTPUT") || l.contains("mark")).collect();
         assert_eq!(
             dns,
             [
@@ -404,6 +409,7 @@ COMMIT
                 "-A LODESTAR_DNS -d 198.18.0.66/32 -p udp --dport 53 -j REDIRECT --to-ports 15053",
                 "-A LODESTAR_DNS -d 198.18.0.66/32 -p tcp --dport 53 -j REDIRECT --to-ports 15053",
                 "-A OUTPUT -p tcp -j LODESTAR_OUTPUT",
+                "-A LODESTAR_OUTPUT -m mark --mark 1337 -j RETURN",
             ]
         );
         assert!(!CaptureOptions::default().install().contains("LODESTAR_DNS"));
