@@ -608,8 +608,8 @@ spec:
 /// (on VM B); an unknown name under `svc.cluster.local` is NXDOMAIN without
 /// asking upstream; two TCP ServiceEntries on one port without addresses
 /// get distinct addresses, each reaching its own backend; a new
-/// ServiceEntry resolves soon after its write; the agent's exit removes
-/// every rule.
+/// ServiceEntry resolves soon after its write; a Sidecar's egress limits
+/// the names; the agent's exit removes every rule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capture_dns_answers_mesh_names_and_forwards_the_rest() {
     let t = Topology::create();
@@ -727,7 +727,23 @@ async fn capture_dns_answers_mesh_names_and_forwards_the_rest() {
     .await;
     eprintln!("a new ServiceEntry resolved {:?} after its write", written.elapsed());
 
-    // 6. SIGTERM: every rule gone, DNS included.
+    // 6. The table holds only what the proxy's Sidecar lets it reach: with
+    // egress to its own namespace's registry services, the ServiceEntry
+    // hosts are no longer mesh names (forwarded: the upstream does not
+    // know them); reviews still is.
+    let scoped = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: web, namespace: shop}\nspec:\n  workloadSelector: {labels: {app: web}}\n  egress: [{hosts: [./reviews.shop.svc.cluster.local]}]\n";
+    let (status, body) = kit::apply(&kit::http(), &api, scoped).await;
+    assert_eq!(status, 200, "{body}");
+    let a = t.a.clone();
+    eventually("the ServiceEntry hosts out of the proxy's table", BOUND, || {
+        let a = a.clone();
+        async move { resolve_one_opt(&a, "orders.db.internal").is_none().then_some(()) }
+    })
+    .await;
+    assert!(std::fs::read_to_string(&resolver_log).unwrap().contains("asked orders.db.internal 1"));
+    assert_eq!(resolve_one(&t.a, "reviews"), want);
+
+    // 7. SIGTERM: every rule gone, DNS included.
     web.proc.stop(Duration::from_secs(20));
     assert_eq!(rules(&t.a), before, "the agent's exit left rules\n{}", web.proc.tail(40));
 }
