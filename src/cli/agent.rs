@@ -312,6 +312,9 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
         if args.capture.capture {
             if let Some(meta) = doc.pointer_mut("/node/metadata").and_then(|m| m.as_object_mut()) {
                 meta.insert(crate::model::proxy::INTERCEPTION_METADATA.into(), serde_json::json!(crate::model::proxy::INTERCEPTION_REDIRECT));
+                if args.capture.capture_dns {
+                    meta.insert(crate::model::proxy::DNS_CAPTURE_METADATA.into(), serde_json::json!("true"));
+                }
             }
         }
         envoy_node = Some(doc["node"].clone());

@@ -108,7 +108,7 @@ fn alt_hosts(hostname: &str, namespace: &str, proxy_ns: &str, suffix: &str) -> V
 pub fn name_table<'a>(services: impl IntoIterator<Item = &'a Service>, proxy_ns: &str, suffix: &str) -> NameTable {
     let mut table = BTreeMap::new();
     for svc in services {
-        let ips: Vec<String> = svc.vips().filter(|a| a.parse::<Ipv4Addr>().is_ok()).map(str::to_string).collect();
+        let ips: Vec<String> = svc.vips(true).filter(|a| a.parse::<Ipv4Addr>().is_ok()).map(str::to_string).collect();
         if ips.is_empty() || svc.hostname.starts_with('*') {
             continue;
         }

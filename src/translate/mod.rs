@@ -282,7 +282,7 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
             let services: Vec<&Service> = http.iter().map(|s| s.as_ref()).collect();
             let mut domains = route::unique_domains(&services, plan.port, &proxy.namespace, suffix);
             if captured {
-                capture::add_address_domains(&services, &mut domains, plan.port);
+                capture::add_address_domains(proxy, &services, &mut domains, plan.port);
             }
             // A service left with no name of its own here gets no virtual
             // host (Envoy refuses one without domains).
@@ -320,7 +320,9 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
     add_service_clusters(cfg, mesh, proxy, &reachable, cache);
     if proxy.capture {
         capture::virtual_listeners(cfg, mesh, proxy, sc.map(|s| s.as_ref()));
-        dns::insert_name_table(cfg, reachable.values().map(|s| s.as_ref()), proxy, mesh);
+        if proxy.dns_capture {
+            dns::insert_name_table(cfg, reachable.values().map(|s| s.as_ref()), proxy, mesh);
+        }
     } else if let Some(sc) = sc {
         inbound::sidecar_ingress(cfg, mesh, proxy, sc);
     }

@@ -162,9 +162,10 @@ pub struct Service {
 }
 
 impl Service {
-    /// Its virtual IPs: the declared addresses, else the allocated one.
-    pub fn vips(&self) -> impl Iterator<Item = &str> + '_ {
-        let auto = self.auto_address.as_deref().filter(|_| self.addresses.is_empty());
+    /// Its virtual IPs: the declared addresses, else (with `auto`: for a
+    /// proxy whose agent answers DNS with it) the allocated one.
+    pub fn vips(&self, auto: bool) -> impl Iterator<Item = &str> + '_ {
+        let auto = self.auto_address.as_deref().filter(|_| auto && self.addresses.is_empty());
         self.addresses.iter().map(String::as_str).chain(auto)
     }
 
