@@ -609,7 +609,8 @@ spec:
 /// asking upstream; two TCP ServiceEntries on one port without addresses
 /// get distinct addresses, each reaching its own backend; a new
 /// ServiceEntry resolves soon after its write; a Sidecar's egress limits
-/// the names; the agent's exit removes every rule.
+/// the names (and REGISTRY_ONLY does not stop the proxy's own forwarded
+/// TCP queries); the agent's exit removes every rule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capture_dns_answers_mesh_names_and_forwards_the_rest() {
     let t = Topology::create();
@@ -731,7 +732,9 @@ async fn capture_dns_answers_mesh_names_and_forwards_the_rest() {
     // egress to its own namespace's registry services, the ServiceEntry
     // hosts are no longer mesh names (forwarded: the upstream does not
     // know them); reviews still is.
-    let scoped = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: web, namespace: shop}\nspec:\n  workloadSelector: {labels: {app: web}}\n  egress: [{hosts: [./reviews.shop.svc.cluster.local]}]\n";
+    // REGISTRY_ONLY too: the proxy's own forwarded TCP queries (marked)
+    // still bypass Envoy.
+    let scoped = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: web, namespace: shop}\nspec:\n  workloadSelector: {labels: {app: web}}\n  egress: [{hosts: [./reviews.shop.svc.cluster.local]}]\n  outboundTrafficPolicy: {mode: REGISTRY_ONLY}\n";
     let (status, body) = kit::apply(&kit::http(), &api, scoped).await;
     assert_eq!(status, 200, "{body}");
     let a = t.a.clone();
@@ -742,6 +745,7 @@ async fn capture_dns_answers_mesh_names_and_forwards_the_rest() {
     .await;
     assert!(std::fs::read_to_string(&resolver_log).unwrap().contains("asked orders.db.internal 1"));
     assert_eq!(resolve_one(&t.a, "reviews"), want);
+    assert_eq!(raw("tcp", "external.example.test", "1"), format!("rcode=0 {}", t.addr(66)));
 
     // 7. SIGTERM: every rule gone, DNS included.
     web.proc.stop(Duration::from_secs(20));
