@@ -106,8 +106,9 @@ pub struct ClusterCache {
 }
 
 /// Service and rule identities, port, subset, `UpstreamMtls::fingerprint`,
-/// whether the proxy is a gateway (`credentialName` applies).
-type ClusterKey = (usize, usize, u32, String, u64, bool);
+/// whether the proxy is a gateway (`credentialName` applies), whether it
+/// captures (`resolution: NONE` gets a cluster).
+type ClusterKey = (usize, usize, u32, String, u64, bool, bool);
 
 struct CachedCluster {
     svc: Arc<Service>,
@@ -133,7 +134,7 @@ impl ClusterCache {
 
 /// Clusters and endpoints for every port of every service in `services`.
 fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, services: &BTreeMap<String, Arc<Service>>, cache: Option<&ClusterCache>) {
-    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds, gateway: proxy.kind == ProxyKind::Router };
+    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds, gateway: proxy.kind == ProxyKind::Router, capture: proxy.capture };
     let fingerprint = up.fingerprint();
     for svc in services.values() {
         let dr_config = destination_rule_for(mesh, &proxy.namespace, svc);
@@ -163,6 +164,7 @@ fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
                             subset.unwrap_or("").to_string(),
                             fingerprint,
                             up.gateway,
+                            up.capture,
                         );
                         let mut map = cache.map.lock().unwrap_or_else(|p| p.into_inner());
                         let e = map.entry(key).or_insert_with(|| {
@@ -728,7 +730,7 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
     let mut cfg = prev.config.clone();
     cfg.revision = mesh.revision;
     let Some(eds) = prev.config.of(ResourceType::Endpoint) else { return cfg };
-    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds, gateway: proxy.kind == ProxyKind::Router };
+    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds, gateway: proxy.kind == ProxyKind::Router, capture: proxy.capture };
     let services = scope::ProxyScope::of(mesh, proxy);
     // Only the clusters of the changed hosts: their names follow from the
     // service's ports and the subsets of its DestinationRule.

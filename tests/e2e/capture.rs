@@ -596,6 +596,14 @@ spec:
   ports: [{{name: tcp-pg, number: 5432, protocol: TCP, targetPort: 25432}}]
   resolution: STATIC
   endpoints: [{{address: {b}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: partner, namespace: shop}}
+spec:
+  hosts: [partner.example.test]
+  ports: [{{name: tcp, number: 15432, protocol: TCP}}]
+  resolution: NONE
 "#,
         reviews = t.vip(10),
     )
@@ -607,7 +615,8 @@ spec:
 /// Envoy; other names go to the upstream resolver of VM A's resolv.conf
 /// (on VM B); an unknown name under `svc.cluster.local` is NXDOMAIN without
 /// asking upstream; two TCP ServiceEntries on one port without addresses
-/// get distinct addresses, each reaching its own backend; a new
+/// get distinct addresses, each reaching its own backend; a
+/// `resolution: NONE` one passes to the original destination; a new
 /// ServiceEntry resolves soon after its write; a Sidecar's egress limits
 /// the names (and REGISTRY_ONLY does not stop the proxy's own forwarded
 /// TCP queries); the agent's exit removes every rule.
@@ -713,6 +722,13 @@ async fn capture_dns_answers_mesh_names_and_forwards_the_rest() {
     let s = stats(&t.a);
     assert_eq!(stat(&s, "cluster.outbound|5432||orders.db.internal.upstream_cx_total"), 2, "{s:?}");
     assert_eq!(stat(&s, "cluster.outbound|5432||users.db.internal.upstream_cx_total"), 1);
+
+    // `resolution: NONE`: no address, no name; a connection on its port
+    // goes where it was dialled, through its cluster (ORIGINAL_DST).
+    assert!(resolve_one_opt(&t.a, "partner.example.test").is_none());
+    let (ok, out, err) = exec(&t.a, &["python3", "-c", TCP_CLIENT, &t.addr(66), "15432"]);
+    assert!(ok && out.trim() == "orders-db", "{out} {err}");
+    assert_eq!(stat(&stats(&t.a), "cluster.outbound|15432||partner.example.test.upstream_cx_total"), 1);
 
     // 5. A new ServiceEntry's host resolves soon after the write.
     let se = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: cache, namespace: shop}\nspec:\n  hosts: [cache.db.internal]\n  ports: [{name: tcp, number: 6379, protocol: TCP}]\n  resolution: STATIC\n  endpoints: [{address: 198.18.0.99}]\n";
