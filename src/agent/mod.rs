@@ -19,6 +19,9 @@
 //!   listener or cluster.
 //! - [`envoy`]: optionally, Envoy itself as a child process, restarted
 //!   when it dies, drained and stopped on shutdown.
+//! - [`capture`], [`dns`]: optionally, the host's traffic (and DNS)
+//!   captured into Envoy (and the agent's DNS proxy), as Istio's sidecar
+//!   on a VM.
 //! - [`register`]: optionally, the workload's Instance in the registry,
 //!   bound to a Lease the agent keeps alive and revokes on shutdown;
 //!   registered once its Envoy (if the agent runs it) is ready.
@@ -455,10 +458,13 @@ pub async fn renew(opts: &AgentOptions, mut current: Identity, tx: watch::Sender
 /// error (a refused registration, an Envoy that cannot be started) stops
 /// everything the same way and is returned.
 pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-    // The DNS proxy's sockets are bound before the rules send queries to
-    // them.
-    let dns_sockets = match &opts.dns {
-        Some(d) => Some(dns::bind(&d.opts).await?),
+    // The DNS proxy answers before the rules send queries to it (and before
+    // the first certificate: until its first name table it forwards
+    // everything, so the host's DNS never waits for the mesh).
+    let (names_tx, names_rx) = watch::channel(Arc::new(dns::Names::default()));
+    let (dns_stop_tx, dns_stop_rx) = watch::channel(false);
+    let dns_serve = match &opts.dns {
+        Some(d) => Some(tokio::spawn(dns::serve(d.opts.clone(), dns::bind(&d.opts).await?, names_rx, dns_stop_rx.clone()))),
         None => None,
     };
     // Installed first (as istio-init before the pod's containers), and
@@ -484,12 +490,8 @@ pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shu
     let (envoy_stop_tx, envoy_stop_rx) = watch::channel(false);
     let (sds_stop_tx, sds_stop_rx) = watch::channel(false);
     let xds = opts.xds_socket.as_ref().map(|path| tokio::spawn(xds_proxy::serve(path.clone(), opts.ca.clone(), rx.clone(), sds_stop_rx.clone())));
-    // Until the first name table, every query is forwarded.
-    let (names_tx, names_rx) = watch::channel(Arc::new(dns::Names::default()));
-    let dns_tasks = opts.dns.as_ref().zip(dns_sockets).map(|(d, sockets)| {
-        let watch = tokio::spawn(dns::nds::watch_names(opts.ca.clone(), rx.clone(), d.node.clone(), d.domain.clone(), names_tx, sds_stop_rx.clone()));
-        (tokio::spawn(dns::serve(d.opts.clone(), sockets, names_rx, sds_stop_rx.clone())), watch)
-    });
+    let dns_watch =
+        opts.dns.as_ref().map(|d| tokio::spawn(dns::nds::watch_names(opts.ca.clone(), rx.clone(), d.node.clone(), d.domain.clone(), names_tx, dns_stop_rx)));
     let sds = opts.sds_socket.as_ref().map(|path| tokio::spawn(sds::serve(path.clone(), rx, sds_stop_rx, proxy_owner)));
     let (pid_tx, _) = watch::channel(0u32);
     let mut envoy_task = opts.envoy.clone().map(|e| {
@@ -542,8 +544,11 @@ pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shu
         }
     }
     let _ = sds_stop_tx.send(true);
-    if let Some((serve, watch)) = dns_tasks {
+    let _ = dns_stop_tx.send(true);
+    if let Some(watch) = dns_watch {
         let _ = watch.await;
+    }
+    if let Some(serve) = dns_serve {
         match serve.await {
             Ok(Err(e)) => tracing::warn!("the DNS proxy: {e:#}"),
             Err(e) => tracing::warn!("the DNS proxy: {e}"),
