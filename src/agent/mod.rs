@@ -19,6 +19,9 @@
 //!   listener or cluster.
 //! - [`envoy`]: optionally, Envoy itself as a child process, restarted
 //!   when it dies, drained and stopped on shutdown.
+//! - [`capture`], [`dns`]: optionally, the host's traffic (and DNS)
+//!   captured into Envoy (and the agent's DNS proxy), as Istio's sidecar
+//!   on a VM.
 //! - [`register`]: optionally, the workload's Instance in the registry,
 //!   bound to a Lease the agent keeps alive and revokes on shutdown;
 //!   registered once its Envoy (if the agent runs it) is ready.
@@ -32,6 +35,7 @@
 //! closing its connections.
 
 pub mod capture;
+pub mod dns;
 pub mod envoy;
 pub mod register;
 pub mod sds;
@@ -295,6 +299,17 @@ pub struct AgentOptions {
     /// Capture the namespace's traffic into Envoy ([`capture`]): the rules
     /// are installed before anything else and removed when `run` returns.
     pub capture: Option<(capture::rules::CaptureOptions, capture::Backend)>,
+    /// The DNS proxy (`--capture-dns`, [`dns`]).
+    pub dns: Option<DnsSetup>,
+}
+
+/// The DNS proxy's options, and the node its name table is asked for.
+pub struct DnsSetup {
+    pub opts: dns::DnsOptions,
+    /// [`dns::nds::dns_node`].
+    pub node: envoy_types::pb::envoy::config::core::v3::Node,
+    /// The mesh's DNS domain (`cluster.local`).
+    pub domain: String,
 }
 
 /// Builds the registration once the identity is known (its service
@@ -443,6 +458,15 @@ pub async fn renew(opts: &AgentOptions, mut current: Identity, tx: watch::Sender
 /// error (a refused registration, an Envoy that cannot be started) stops
 /// everything the same way and is returned.
 pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+    // The DNS proxy answers before the rules send queries to it (and before
+    // the first certificate: until its first name table it forwards
+    // everything, so the host's DNS never waits for the mesh).
+    let (names_tx, names_rx) = watch::channel(Arc::new(dns::Names::default()));
+    let (dns_stop_tx, dns_stop_rx) = watch::channel(false);
+    let dns_serve = match &opts.dns {
+        Some(d) => Some(tokio::spawn(dns::serve(d.opts.clone(), dns::bind(&d.opts).await?, names_rx, dns_stop_rx.clone()))),
+        None => None,
+    };
     // Installed first (as istio-init before the pod's containers), and
     // removed when this returns, whichever way (dropped last).
     let _capture = match &opts.capture {
@@ -466,6 +490,8 @@ pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shu
     let (envoy_stop_tx, envoy_stop_rx) = watch::channel(false);
     let (sds_stop_tx, sds_stop_rx) = watch::channel(false);
     let xds = opts.xds_socket.as_ref().map(|path| tokio::spawn(xds_proxy::serve(path.clone(), opts.ca.clone(), rx.clone(), sds_stop_rx.clone())));
+    let dns_watch =
+        opts.dns.as_ref().map(|d| tokio::spawn(dns::nds::watch_names(opts.ca.clone(), rx.clone(), d.node.clone(), d.domain.clone(), names_tx, dns_stop_rx)));
     let sds = opts.sds_socket.as_ref().map(|path| tokio::spawn(sds::serve(path.clone(), rx, sds_stop_rx, proxy_owner)));
     let (pid_tx, _) = watch::channel(0u32);
     let mut envoy_task = opts.envoy.clone().map(|e| {
@@ -518,6 +544,17 @@ pub async fn run(opts: AgentOptions, registration: Option<RegistrationPlan>, shu
         }
     }
     let _ = sds_stop_tx.send(true);
+    let _ = dns_stop_tx.send(true);
+    if let Some(watch) = dns_watch {
+        let _ = watch.await;
+    }
+    if let Some(serve) = dns_serve {
+        match serve.await {
+            Ok(Err(e)) => tracing::warn!("the DNS proxy: {e:#}"),
+            Err(e) => tracing::warn!("the DNS proxy: {e}"),
+            Ok(Ok(())) => {}
+        }
+    }
     for (what, task) in [("the xDS proxy", xds), ("the SDS server", sds)] {
         let Some(s) = task else { continue };
         match s.await {

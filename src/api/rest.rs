@@ -714,6 +714,7 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
             ResourceType::Listener => "listeners",
             ResourceType::Route => "routes",
             ResourceType::Secret => continue,
+            ResourceType::NameTable => "nameTable",
         };
         out.insert(key.into(), Value::Array(items));
     }

@@ -96,6 +96,20 @@ pub struct CaptureArgs {
     /// legacy.
     #[arg(long, value_enum, default_value = "auto")]
     pub iptables_backend: crate::agent::capture::Backend,
+    /// With --capture: capture DNS too (Istio's DNS_CAPTURE): queries to
+    /// the nameservers of --resolv-conf (UDP and TCP 53) go to the agent's
+    /// DNS proxy on 127.0.0.1:--dns-port, which answers mesh names (the
+    /// proxy's reachable services, short names by namespace, with their
+    /// addresses or auto-allocated 240.240.0.0/16 ones) and forwards the
+    /// rest to those nameservers.
+    #[arg(long, requires = "capture")]
+    pub capture_dns: bool,
+    /// The DNS proxy's port (Istio's 15053).
+    #[arg(long, default_value_t = crate::agent::capture::rules::DNS_PORT)]
+    pub dns_port: u16,
+    /// Where the upstream nameservers are read (and captured).
+    #[arg(long, default_value = "/etc/resolv.conf")]
+    pub resolv_conf: PathBuf,
 }
 
 impl CaptureArgs {
@@ -123,8 +137,24 @@ impl CaptureArgs {
             exclude_outbound_ports: parse_ports("--exclude-outbound-ports", &self.exclude_outbound_ports).map_err(|e| anyhow!(e))?,
             inbound: parse_inbound(&self.include_inbound_ports).map_err(|e| anyhow!(e))?,
             exclude_inbound_ports: parse_ports("--exclude-inbound-ports", &self.exclude_inbound_ports).map_err(|e| anyhow!(e))?,
+            dns: match self.capture_dns {
+                true => Some(crate::agent::capture::rules::DnsCapture { nameservers: self.nameservers()?, port: self.dns_port }),
+                false => None,
+            },
             ..Default::default()
         })
+    }
+
+    /// The IPv4 nameservers of --resolv-conf: where DNS is captured from and
+    /// forwarded to.
+    pub fn nameservers(&self) -> Result<Vec<std::net::Ipv4Addr>> {
+        let path = &self.resolv_conf;
+        let text = std::fs::read_to_string(path).with_context(|| format!("--capture-dns: reading {}", path.display()))?;
+        let out = crate::agent::dns::nameservers(&text);
+        if out.is_empty() {
+            bail!("--capture-dns: {} names no IPv4 nameserver to forward to", path.display());
+        }
+        Ok(out)
     }
 }
 
@@ -271,7 +301,9 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
             None => bootstrap::grpc_bootstrap_files(&args.proxy, &servers, Some(ca_pem), Some(&args.dir))?,
         };
         crate::tls::pki::write_file(path, &serde_json::to_string_pretty(&doc)?, false).with_context(|| format!("writing the bootstrap {}", path.display()))?;
-    } else if let Some(path) = &args.bootstrap {
+    }
+    let mut envoy_node = None;
+    if let (Some(path), false) = (&args.bootstrap, args.proxy.grpc) {
         // Envoy presents the workload certificate on the xDS port; a proxy
         // token, if given, is sent too.
         let token = bootstrap::proxy_token(&args.proxy)?;
@@ -280,8 +312,12 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
         if args.capture.capture {
             if let Some(meta) = doc.pointer_mut("/node/metadata").and_then(|m| m.as_object_mut()) {
                 meta.insert(crate::model::proxy::INTERCEPTION_METADATA.into(), serde_json::json!(crate::model::proxy::INTERCEPTION_REDIRECT));
+                if args.capture.capture_dns {
+                    meta.insert(crate::model::proxy::DNS_CAPTURE_METADATA.into(), serde_json::json!("true"));
+                }
             }
         }
+        envoy_node = Some(doc["node"].clone());
         let text = match args.proxy.output {
             bootstrap::Format::Json => serde_json::to_string_pretty(&doc)?,
             bootstrap::Format::Yaml => yaml_serde::to_string(&doc)?,
@@ -304,6 +340,18 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
         true => Some((args.capture.options(&capture_exclusions(&servers, client))?, args.capture.iptables_backend)),
         false => None,
     };
+    let dns = match (args.capture.capture_dns, envoy_node) {
+        (false, _) => None,
+        (true, None) => bail!("--capture-dns: the DNS proxy asks for the proxy's names as its Envoy's node: give --run-envoy or --bootstrap"),
+        (true, Some(node)) => {
+            let upstreams = args.capture.nameservers()?.into_iter().map(|ip| std::net::SocketAddr::from((ip, 53))).collect();
+            Some(crate::agent::DnsSetup {
+                opts: crate::agent::dns::DnsOptions { listen: std::net::SocketAddr::from(([127, 0, 0, 1], args.capture.dns_port)), upstreams },
+                node: crate::agent::dns::nds::dns_node(&node)?,
+                domain: args.proxy.domain_suffix.clone(),
+            })
+        }
+    };
     let plan = registration_plan(&args, group.map(|(_, g)| g), api)?;
     let opts = AgentOptions {
         ca: CaClient { servers, cluster_ca_pem: Some(ca_pem.to_string()), ttl },
@@ -313,6 +361,7 @@ pub async fn run(client: &Client, ca_pem: Option<&str>, mut args: AgentArgs) -> 
         xds_socket,
         envoy,
         capture,
+        dns,
     };
     crate::agent::run(opts, plan, crate::server::shutdown_signal()).await
 }

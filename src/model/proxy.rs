@@ -55,6 +55,15 @@ pub struct ProxyIdentity {
     /// REDIRECT`): it gets Istio's virtual listeners (`translate::capture`)
     /// instead of bound ones.
     pub capture: bool,
+    /// The stream is a captured proxy's agent asking for its DNS name
+    /// table only (`LODESTAR_NAME_TABLE_ONLY` metadata): it is translated
+    /// nothing else (`translate::dns::names_only`).
+    pub names_only: bool,
+    /// Its agent captures DNS and answers from the proxy's name table
+    /// (Istio's `DNS_CAPTURE` metadata, set by `lodestar agent
+    /// --capture-dns`): services without addresses are matched by their
+    /// auto-allocated ones (`translate::dns`), which only its DNS answers.
+    pub dns_capture: bool,
 }
 
 /// The node metadata key that says a proxy has the agent's SDS cluster.
@@ -63,6 +72,10 @@ pub const SDS_METADATA: &str = "LODESTAR_SDS";
 /// value that says iptables REDIRECT captures its workload's traffic.
 pub const INTERCEPTION_METADATA: &str = "INTERCEPTION_MODE";
 pub const INTERCEPTION_REDIRECT: &str = "REDIRECT";
+/// The node metadata key that says the agent captures DNS (Istio's).
+pub const DNS_CAPTURE_METADATA: &str = "DNS_CAPTURE";
+/// The node metadata key of the agent's DNS stream (`"true"`).
+pub const NAME_TABLE_ONLY_METADATA: &str = "LODESTAR_NAME_TABLE_ONLY";
 
 impl ProxyIdentity {
     /// Parse a node id and metadata (the `Node.metadata` Struct as JSON).
@@ -100,6 +113,7 @@ impl ProxyIdentity {
         if ip.parse::<std::net::IpAddr>().is_err() {
             return Err(format!("node id {node_id:?}: {ip:?} is not an IP address"));
         }
+        let flag = |k: &str| metadata.get(k).is_some_and(|v| v.as_str() == Some("true") || v.as_bool() == Some(true));
         let labels = metadata
             .get("LABELS")
             .and_then(Value::as_object)
@@ -112,7 +126,9 @@ impl ProxyIdentity {
             name: name.to_string(),
             namespace: namespace.to_string(),
             labels,
-            sds: metadata.get(SDS_METADATA).is_some_and(|v| v.as_str() == Some("true") || v.as_bool() == Some(true)),
+            sds: flag(SDS_METADATA),
+            names_only: flag(NAME_TABLE_ONLY_METADATA),
+            dns_capture: flag(DNS_CAPTURE_METADATA),
             capture: match meta_str(INTERCEPTION_METADATA) {
                 None | Some("NONE") => false,
                 Some(INTERCEPTION_REDIRECT) => true,

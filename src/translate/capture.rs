@@ -14,8 +14,9 @@
 //!   `allow_any` virtual host to `PassthroughCluster` under ALLOW_ANY.
 //! - Per TCP/TLS service address, `VIP_PORT` (`bind_to_port: false`): the
 //!   service's filter chains (`l4`), so services sharing a port are told
-//!   apart by address; those without an address share `0.0.0.0_PORT` as
-//!   bound proxies share their port.
+//!   apart by address (declared; with DNS capture, else allocated:
+//!   `dns::auto_vips`); those without one share `0.0.0.0_PORT` as bound
+//!   proxies share their port.
 //! - `virtualInbound` (0.0.0.0:15006, the `original_dst` listener filter):
 //!   per inbound port the filter chains a bound inbound listener has (the
 //!   port's mutual TLS mode, RBAC, `inbound|PORT||` to the workload's
@@ -70,11 +71,11 @@ pub fn allow_any(mesh: &Mesh, sc: Option<&Config<Sidecar>>) -> bool {
 /// Extend each service's domains on `port` with its addresses (`VIP` and
 /// `VIP:PORT`), none listed twice: a client that dials the address sends
 /// it as the Host.
-pub fn add_address_domains(services: &[&Service], domains: &mut [Vec<String>], port: u32) {
+pub fn add_address_domains(proxy: &ProxyIdentity, services: &[&Service], domains: &mut [Vec<String>], port: u32) {
     let mut seen: std::collections::BTreeSet<String> = domains.iter().flatten().cloned().collect();
     for (svc, d) in services.iter().zip(domains.iter_mut()) {
-        for a in &svc.addresses {
-            for name in [format!("{a}:{port}"), a.clone()] {
+        for a in svc.vips(proxy.dns_capture) {
+            for name in [format!("{a}:{port}"), a.to_string()] {
                 if seen.insert(name.clone()) {
                     d.push(name);
                 }
@@ -117,14 +118,15 @@ pub fn tcp_listeners(ctx: &RouteCtx, services: &[&Service], has_http: bool) -> V
     let port = ctx.port;
     let tcp: Vec<&Service> = services.iter().copied().filter(|s| s.port(port).is_some_and(|p| !p.is_http())).collect();
     let mut out = Vec::new();
-    for svc in tcp.iter().filter(|s| !s.addresses.is_empty()) {
-        for a in svc.addresses.iter().filter(|a| a.parse::<std::net::IpAddr>().is_ok()) {
+    let auto = ctx.proxy.dns_capture;
+    for svc in tcp.iter().filter(|s| s.vips(auto).next().is_some()) {
+        for a in svc.vips(auto).filter(|a| a.parse::<std::net::IpAddr>().is_ok()) {
             if let Some(l) = super::l4::sidecar_listener(ctx, &format!("{a}_{port}"), a, &[*svc]) {
                 out.push(unbound(l));
             }
         }
     }
-    let rest: Vec<&Service> = tcp.iter().copied().filter(|s| s.addresses.is_empty()).collect();
+    let rest: Vec<&Service> = tcp.iter().copied().filter(|s| s.vips(auto).next().is_none()).collect();
     if !has_http && !rest.is_empty() {
         if let Some(l) = super::l4::sidecar_listener(ctx, &format!("0.0.0.0_{port}"), "0.0.0.0", &rest) {
             out.push(unbound(l));

@@ -92,8 +92,10 @@ pub fn auto_mtls<'a, 'm>(
     (unset && up.client_sds && !svc.mesh_external).then_some(up)
 }
 
-/// The cluster for one service port (and subset). Passthrough services get
-/// none: on bare metal nothing redirects their traffic.
+/// The cluster for one service port (and subset). Passthrough services
+/// (`resolution: NONE`) get an ORIGINAL_DST cluster on a captured proxy
+/// (Istio's: connections go where the client dialled), none elsewhere: on
+/// bare metal without capture nothing redirects their traffic.
 ///
 /// TLS: a DestinationRule's SIMPLE / MUTUAL with files (`tls::upstream`),
 /// or on a gateway proxy with a Secret (`credentialName`,
@@ -136,9 +138,16 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
             c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::StrictDns as i32));
             c.load_assignment = Some(dns_load_assignment(&name, svc, port, subset, dr, auto_mtls(svc, port.number, subset, dr, up)));
         }
+        Resolution::Passthrough if up.capture => {
+            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::OriginalDst as i32));
+            c.lb_policy = envoy_types::pb::envoy::config::cluster::v3::cluster::LbPolicy::ClusterProvided as i32;
+        }
         Resolution::Passthrough => return None,
     }
-    apply_lb(&mut c, policy.load_balancer.as_ref());
+    // An ORIGINAL_DST cluster's balancing is its own (CLUSTER_PROVIDED).
+    if svc.resolution != Resolution::Passthrough {
+        apply_lb(&mut c, policy.load_balancer.as_ref());
+    }
     apply_connection_pool(&mut c, policy.connection_pool.as_ref(), port);
     if let Some(od) = &policy.outlier_detection {
         apply_outlier(&mut c, od);

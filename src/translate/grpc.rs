@@ -87,7 +87,7 @@ pub fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
     // left out (interned afterwards like any proxy's).
     // Proxyless clients read no SDS secrets: no mutual TLS (auto-mTLS off,
     // and an ISTIO_MUTUAL cluster comes out closed and is left out below).
-    let up = super::mtls::UpstreamMtls { mesh, client_sds: false, gateway: false };
+    let up = super::mtls::UpstreamMtls { mesh, client_sds: false, gateway: false, capture: false };
     for svc in reachable.values() {
         let dr = super::destination_rule_for(mesh, &proxy.namespace, svc).map(|d| &d.spec);
         let subsets = std::iter::once(None).chain(dr.into_iter().flat_map(|d| d.subsets.iter().map(|s| Some(s.name.as_str()))));

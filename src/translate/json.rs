@@ -12,6 +12,9 @@ static POOL: LazyLock<Result<DescriptorPool, String>> =
 
 /// Render a packed resource as proto-JSON, nested `Any`s included.
 pub fn any_to_json(any: &Any) -> Result<Value, String> {
+    if any.type_url == <super::dns::NameTable as prost::Name>::type_url() {
+        return super::dns::table_json(any);
+    }
     let pool = POOL.as_ref().map_err(|e| format!("envoy descriptors: {e}"))?;
     let name = any.type_url.rsplit('/').next().unwrap_or_default();
     let desc = pool.get_message_by_name(name).ok_or_else(|| format!("no descriptor for {name}"))?;

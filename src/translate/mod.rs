@@ -37,6 +37,7 @@
 pub mod authz;
 pub mod capture;
 pub mod cluster;
+pub mod dns;
 pub mod effect;
 pub mod encode;
 pub mod explain;
@@ -110,8 +111,9 @@ pub struct ClusterCache {
 }
 
 /// Service and rule identities, port, subset, `UpstreamMtls::fingerprint`,
-/// whether the proxy is a gateway (`credentialName` applies).
-type ClusterKey = (usize, usize, u32, String, u64, bool);
+/// whether the proxy is a gateway (`credentialName` applies), whether it
+/// captures (`resolution: NONE` gets a cluster).
+type ClusterKey = (usize, usize, u32, String, u64, bool, bool);
 
 struct CachedCluster {
     svc: Arc<Service>,
@@ -137,7 +139,7 @@ impl ClusterCache {
 
 /// Clusters and endpoints for every port of every service in `services`.
 fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, services: &BTreeMap<String, Arc<Service>>, cache: Option<&ClusterCache>) {
-    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds, gateway: proxy.kind == ProxyKind::Router };
+    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds, gateway: proxy.kind == ProxyKind::Router, capture: proxy.capture };
     let fingerprint = up.fingerprint();
     for svc in services.values() {
         let dr_config = destination_rule_for(mesh, &proxy.namespace, svc);
@@ -167,6 +169,7 @@ fn add_service_clusters(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
                             subset.unwrap_or("").to_string(),
                             fingerprint,
                             up.gateway,
+                            up.capture,
                         );
                         let mut map = cache.map.lock().unwrap_or_else(|p| p.into_inner());
                         let e = map.entry(key).or_insert_with(|| {
@@ -291,7 +294,7 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
             let services: Vec<&Service> = http.iter().map(|s| s.as_ref()).collect();
             let mut domains = route::unique_domains(&services, plan.port, &proxy.namespace, suffix);
             if captured {
-                capture::add_address_domains(&services, &mut domains, plan.port);
+                capture::add_address_domains(proxy, &services, &mut domains, plan.port);
             }
             // A service left with no name of its own here gets no virtual
             // host (Envoy refuses one without domains).
@@ -329,6 +332,9 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
     add_service_clusters(cfg, mesh, proxy, &reachable, cache);
     if proxy.capture {
         capture::virtual_listeners(cfg, mesh, proxy, sc.map(|s| s.as_ref()));
+        if proxy.dns_capture {
+            dns::insert_name_table(cfg, reachable.values().map(|s| s.as_ref()), proxy, mesh);
+        }
     } else if let Some(sc) = sc {
         inbound::sidecar_ingress(cfg, mesh, proxy, sc);
     }
@@ -740,7 +746,7 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
     let mut cfg = prev.config.clone();
     cfg.revision = mesh.revision;
     let Some(eds) = prev.config.of(ResourceType::Endpoint) else { return cfg };
-    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds, gateway: proxy.kind == ProxyKind::Router };
+    let up = mtls::UpstreamMtls { mesh, client_sds: proxy.sds, gateway: proxy.kind == ProxyKind::Router, capture: proxy.capture };
     let services = scope::ProxyScope::of(mesh, proxy);
     // Only the clusters of the changed hosts: their names follow from the
     // service's ports and the subsets of its DestinationRule.
@@ -764,6 +770,11 @@ fn endpoints_incremental(prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, ho
 impl Generator for Translator {
     fn generate(&self, proxy: &ProxyIdentity, state: &State) -> Result<ProxyConfig, String> {
         let mesh = self.mesh(state);
+        if proxy.names_only {
+            // The agent's DNS stream: its name table only, from scratch (a
+            // scope walk, no Envoy resources).
+            return Ok(dns::names_only(&mesh, proxy));
+        }
         let prev = self.previous.lock().unwrap_or_else(|p| p.into_inner()).get(&proxy.id).cloned();
         let prev = prev.filter(|p| p.identity == *proxy && p.config.revision <= state.revision());
         // Set when the config is derived from `prev` incrementally: it keeps

@@ -170,6 +170,9 @@ pub struct UpstreamMtls<'a> {
     /// The client is a gateway proxy: it is served its namespace's Secrets
     /// (`xds::secrets`), so a DestinationRule's `credentialName` applies.
     pub gateway: bool,
+    /// The client's traffic is captured: a `resolution: NONE` service's
+    /// cluster sends to the original destination.
+    pub capture: bool,
 }
 
 impl UpstreamMtls<'_> {

@@ -27,11 +27,15 @@ pub enum ResourceType {
     /// Added to a config by the xDS layer (`xds::secrets`), never by
     /// translation, and never shown in debug output.
     Secret,
+    /// Istio's NDS (`istio.networking.nds.v1.NameTable`): the names a
+    /// captured proxy's agent answers in DNS (`translate::dns`). Only the
+    /// agent's DNS stream subscribes to it; Envoy never does.
+    NameTable,
 }
 
 impl ResourceType {
-    pub const PUSH_ORDER: [ResourceType; 5] =
-        [ResourceType::Cluster, ResourceType::Endpoint, ResourceType::Secret, ResourceType::Listener, ResourceType::Route];
+    pub const PUSH_ORDER: [ResourceType; 6] =
+        [ResourceType::Cluster, ResourceType::Endpoint, ResourceType::Secret, ResourceType::Listener, ResourceType::Route, ResourceType::NameTable];
 
     pub fn type_url(self) -> String {
         match self {
@@ -40,6 +44,7 @@ impl ResourceType {
             ResourceType::Listener => Listener::type_url(),
             ResourceType::Route => RouteConfiguration::type_url(),
             ResourceType::Secret => Secret::type_url(),
+            ResourceType::NameTable => <super::dns::NameTable as prost::Name>::type_url(),
         }
     }
 
@@ -50,7 +55,7 @@ impl ResourceType {
     /// LDS and CDS may be requested with no names (wildcard); EDS, RDS and
     /// SDS are always requested by name.
     pub fn wildcard_allowed(self) -> bool {
-        matches!(self, ResourceType::Cluster | ResourceType::Listener)
+        matches!(self, ResourceType::Cluster | ResourceType::Listener | ResourceType::NameTable)
     }
 
     pub fn short(self) -> &'static str {
@@ -60,6 +65,7 @@ impl ResourceType {
             ResourceType::Listener => "LDS",
             ResourceType::Route => "RDS",
             ResourceType::Secret => "SDS",
+            ResourceType::NameTable => "NDS",
         }
     }
 }

@@ -86,6 +86,16 @@ impl Topology {
         format!("198.18.{}.{host}", self.x)
     }
 
+    /// Files `ip netns exec` mounts over /etc in `ns` (its resolv.conf,
+    /// nsswitch.conf): removed with the namespace.
+    fn netns_etc(&self, ns: &str, files: &[(&str, &str)]) {
+        let dir = std::path::PathBuf::from(format!("/etc/netns/{ns}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+    }
+
     fn vip(&self, host: u32) -> String {
         format!("198.19.{}.{host}", self.x)
     }
@@ -101,6 +111,8 @@ impl Drop for Topology {
             }
             // The veths go with their namespace.
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
+            // Files `ip netns exec` mounts over /etc (`netns_etc`).
+            let _ = std::fs::remove_dir_all(format!("/etc/netns/{ns}"));
         }
     }
 }
@@ -489,4 +501,278 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("CAP_NET_ADMIN"), "{err}");
+}
+
+/// An upstream resolver on VM B (UDP and TCP 53): `external.example.test`
+/// is 198.18.X.66, anything else NXDOMAIN; every question it is asked is
+/// printed to stderr, its log (`asked NAME TYPE`).
+const RESOLVER: &str = r#"
+import socket, struct, sys, threading
+ip = bytes(int(p) for p in sys.argv[1].split("."))
+def answer(q):
+    i, labels = 12, []
+    while q[i]:
+        labels.append(q[i + 1:i + 1 + q[i]].decode()); i += 1 + q[i]
+    name, qtype = ".".join(labels).lower(), struct.unpack(">H", q[i + 1:i + 3])[0]
+    print("asked", name, qtype, file=sys.stderr, flush=True)
+    question = q[12:i + 5]
+    if name == "external.example.test" and qtype == 1:
+        rr = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + ip
+        return q[:2] + b"\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00" + question + rr
+    return q[:2] + b"\x81\x83\x00\x01\x00\x00\x00\x00\x00\x00" + question
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 53))
+    while True:
+        q, a = s.recvfrom(4096); s.sendto(answer(q), a)
+def tcp():
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 53)); s.listen(16)
+    while True:
+        c, _ = s.accept(); n = struct.unpack(">H", c.recv(2))[0]; q = c.recv(n); r = answer(q)
+        c.sendall(struct.pack(">H", len(r)) + r); c.close()
+threading.Thread(target=udp, daemon=True).start()
+threading.Thread(target=tcp, daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"#;
+
+/// An unmodified resolver call: the IPv4 addresses of a name
+/// (getaddrinfo, as any application), one per line; exit 2 when unknown.
+const RESOLVE: &str = "import socket,sys\ntry: print('\\n'.join(sorted({a[4][0] for a in socket.getaddrinfo(sys.argv[1], 80, socket.AF_INET)})))\nexcept socket.gaierror as e: print(e); sys.exit(2)";
+
+/// A raw DNS query to the nameserver ARGV[1] over `udp` or `tcp` for
+/// ARGV[3] of type ARGV[4]: prints the rcode and the A records.
+const RAW_QUERY: &str = r#"
+import socket, struct, sys
+server, proto, name, qtype = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00" + b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\x00" + struct.pack(">HH", qtype, 1)
+if proto == "udp":
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(5); s.sendto(q, (server, 53)); r = s.recv(4096)
+else:
+    s = socket.create_connection((server, 53), timeout=5); s.sendall(struct.pack(">H", len(q)) + q)
+    n = struct.unpack(">H", s.recv(2))[0]; r = b""
+    while len(r) < n: r += s.recv(n - len(r))
+an, i = struct.unpack(">H", r[6:8])[0], 12
+while r[i]: i += 1 + r[i]
+i += 5
+out = ["rcode=%d" % (r[3] & 15)]
+for _ in range(an):
+    i += 2 if r[i] & 0xc0 == 0xc0 else 0
+    t, ln = struct.unpack(">H", r[i:i+2])[0], struct.unpack(">H", r[i+8:i+10])[0]
+    if t == 1: out.append(".".join(str(b) for b in r[i+10:i+14]))
+    i += 10 + ln
+print(" ".join(out))
+"#;
+
+fn dns_mesh_yaml(t: &Topology) -> String {
+    let b = t.addr(66);
+    format!(
+        r#"
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {{name: reviews, namespace: shop}}
+spec:
+  addresses: [{reviews}]
+  ports: [{{name: http, number: 9080}}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {{name: reviews-v1, namespace: shop}}
+spec: {{service: reviews, address: {b}, port: 8081}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: orders-db, namespace: shop}}
+spec:
+  hosts: [orders.db.internal]
+  ports: [{{name: tcp-pg, number: 5432, protocol: TCP, targetPort: 15432}}]
+  resolution: STATIC
+  endpoints: [{{address: {b}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: users-db, namespace: shop}}
+spec:
+  hosts: [users.db.internal]
+  ports: [{{name: tcp-pg, number: 5432, protocol: TCP, targetPort: 25432}}]
+  resolution: STATIC
+  endpoints: [{{address: {b}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: partner, namespace: shop}}
+spec:
+  hosts: [partner.example.test]
+  ports: [{{name: tcp, number: 15432, protocol: TCP}}]
+  resolution: NONE
+"#,
+        reviews = t.vip(10),
+    )
+}
+
+/// `--capture-dns`: an unmodified client on VM A resolves mesh names
+/// (short, namespaced, full; ServiceEntry hosts by their auto-allocated
+/// addresses) through the agent's DNS proxy and reaches them through
+/// Envoy; other names go to the upstream resolver of VM A's resolv.conf
+/// (on VM B); an unknown name under `svc.cluster.local` is NXDOMAIN without
+/// asking upstream; two TCP ServiceEntries on one port without addresses
+/// get distinct addresses, each reaching its own backend; a
+/// `resolution: NONE` one passes to the original destination; a new
+/// ServiceEntry resolves soon after its write; a Sidecar's egress limits
+/// the names (and REGISTRY_ONLY does not stop the proxy's own forwarded
+/// TCP queries); the agent's exit removes every rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_dns_answers_mesh_names_and_forwards_the_rest() {
+    let t = Topology::create();
+    let resolver = t.addr(66);
+    // VM A's resolver is VM B's, and names go to DNS only (no mDNS).
+    t.netns_etc(&t.a, &[("resolv.conf", &format!("nameserver {resolver}\n")), ("nsswitch.conf", "hosts: files dns\n")]);
+    let mut cluster = Cluster::prepare_on(1, "", &format!("198.18.{}", t.x));
+    cluster.launch().await;
+    let r = cluster.replica(1);
+    let (api, xds) = (r.api(), r.xds_addr());
+    let tmp = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (status, body) = kit::apply(&kit::http(), &api, dns_mesh_yaml(&t).as_str()).await;
+    assert_eq!(status, 200, "{body}");
+    let mut apps = Command::new("ip");
+    apps.args(["netns", "exec", &t.b, "python3", "-c", APPS]);
+    let _apps = kit::Proc::spawn("apps in VM B", apps, &tmp.path().join("apps.log"));
+    let mut upstream = Command::new("ip");
+    upstream.args(["netns", "exec", &t.b, "python3", "-c", RESOLVER, &resolver]);
+    let resolver_log = tmp.path().join("resolver.log");
+    let _resolver = kit::Proc::spawn("the resolver in VM B", upstream, &resolver_log);
+    let (a, b_addr) = (t.a.clone(), t.addr(66));
+    eventually("the resolver in VM B, asked directly", BOUND, || {
+        let (a, b_addr) = (a.clone(), b_addr.clone());
+        async move { exec(&a, &["python3", "-c", RESOLVE, "external.example.test"]).1.contains(&b_addr).then_some(()) }
+    })
+    .await;
+    // The nat table exists (empty), as the agent's exit leaves it.
+    for op in ["-N", "-X"] {
+        assert!(exec(&t.a, &["iptables", "-t", "nat", op, "SCRATCH"]).0);
+    }
+    let before = rules(&t.a);
+    assert!(before.contains("*nat") && !before.contains("-A "), "{before}");
+
+    // --dry-run prints the DNS rules for resolv.conf's nameserver.
+    let (ok, dry, err) =
+        exec(&t.a, &[kit::BIN, "agent", "--dir", "/nonexistent", "--name", "web", "--xds-servers", &xds, "--capture", "--capture-dns", "--dry-run"]);
+    assert!(ok, "{err}");
+    assert!(dry.contains(&format!("-A LODESTAR_DNS -d {resolver}/32 -p udp --dport 53 -j REDIRECT --to-ports 15053")), "{dry}");
+
+    let mut web = agent(&t, tmp.path(), &xds, &["--capture-dns"]).join_token(&api, "shop/web").start();
+    wait_served(&t.a, "web", &api).await;
+    // The agent's name table stream: its own node (NAME.dns), in sync.
+    let http = kit::http();
+    eventually("the DNS proxy's name table stream in sync", BOUND, || async {
+        let s = kit::mesh::syncz(&http, &api).await;
+        let p = s["proxies"].as_array()?.iter().find(|p| p["id"].as_str().is_some_and(|id| id.contains("~web.dns.shop~")))?.clone();
+        (p["types"]["NDS"]["in_sync"] == true).then_some(())
+    })
+    .await;
+
+    // 1. Mesh names, short and long, answered by the agent: the service's
+    // address; an unmodified curl reaches it by name through Envoy.
+    let want = t.vip(10);
+    let a = t.a.clone();
+    eventually("reviews resolves to its address", BOUND, || {
+        let (a, want) = (a.clone(), want.clone());
+        async move { (exec(&a, &["python3", "-c", RESOLVE, "reviews"]).1.trim() == want).then_some(()) }
+    })
+    .await;
+    for name in ["reviews.shop", "reviews.shop.svc", "reviews.shop.svc.cluster.local"] {
+        let (ok, out, err) = exec(&t.a, &["python3", "-c", RESOLVE, name]);
+        assert!(ok && out.trim() == want, "{name}: {out} {err}");
+    }
+    for url in ["http://reviews:9080/", "http://reviews.shop.svc.cluster.local:9080/"] {
+        let (ok, out, err) = exec(&t.a, &["curl", "-si", "--max-time", "5", url]);
+        assert!(ok && out.starts_with("HTTP/1.1 200") && out.trim_end().ends_with("v1"), "{url}: {out} {err}\n{}", web.proc.tail(40));
+        assert!(out.to_ascii_lowercase().contains("server: envoy"), "{out}");
+    }
+    // Over TCP too; AAAA for a mesh name: no error, no records.
+    let raw = |proto: &str, name: &str, qtype: &str| exec(&t.a, &["python3", "-c", RAW_QUERY, &resolver, proto, name, qtype]).1.trim().to_string();
+    assert_eq!(raw("tcp", "reviews.shop", "1"), format!("rcode=0 {want}"));
+    assert_eq!(raw("udp", "reviews", "28"), "rcode=0");
+
+    // 2. A name outside the mesh: forwarded to the upstream resolver.
+    let (ok, out, err) = exec(&t.a, &["python3", "-c", RESOLVE, "external.example.test"]);
+    assert!(ok && out.trim() == t.addr(66), "{out} {err}");
+    assert_eq!(raw("tcp", "external.example.test", "1"), format!("rcode=0 {}", t.addr(66)));
+    let asked = std::fs::read_to_string(&resolver_log).unwrap();
+    assert!(asked.matches("asked external.example.test 1").count() >= 3, "{asked}");
+    assert!(!asked.contains("reviews"), "a mesh name went upstream: {asked}");
+
+    // 3. An unknown name under the service domain: NXDOMAIN, from the
+    // agent (upstream never asked).
+    let (ok, out, _) = exec(&t.a, &["python3", "-c", RESOLVE, "ratings.shop.svc.cluster.local"]);
+    assert!(!ok, "{out}");
+    assert_eq!(raw("udp", "ratings.shop.svc.cluster.local", "1"), "rcode=3");
+    assert!(!std::fs::read_to_string(&resolver_log).unwrap().contains("ratings"));
+
+    // 4. Two TCP ServiceEntries on one port, no addresses: distinct
+    // auto-allocated addresses (240.240.0.0/16), each to its backend.
+    let orders = resolve_one(&t.a, "orders.db.internal");
+    let users = resolve_one(&t.a, "users.db.internal");
+    assert!(orders.starts_with("240.240.") && users.starts_with("240.240.") && orders != users, "{orders} {users}");
+    for (name, want) in [("orders.db.internal", "orders-db"), ("users.db.internal", "users-db"), ("orders.db.internal", "orders-db")] {
+        let (ok, out, err) = exec(&t.a, &["python3", "-c", TCP_CLIENT, name, "5432"]);
+        assert!(ok && out.trim() == want, "{name}:5432: {out} {err}\n{}", web.proc.tail(40));
+    }
+    let s = stats(&t.a);
+    assert_eq!(stat(&s, "cluster.outbound|5432||orders.db.internal.upstream_cx_total"), 2, "{s:?}");
+    assert_eq!(stat(&s, "cluster.outbound|5432||users.db.internal.upstream_cx_total"), 1);
+
+    // `resolution: NONE`: no address, no name; a connection on its port
+    // goes where it was dialled, through its cluster (ORIGINAL_DST).
+    assert!(resolve_one_opt(&t.a, "partner.example.test").is_none());
+    let (ok, out, err) = exec(&t.a, &["python3", "-c", TCP_CLIENT, &t.addr(66), "15432"]);
+    assert!(ok && out.trim() == "orders-db", "{out} {err}");
+    assert_eq!(stat(&stats(&t.a), "cluster.outbound|15432||partner.example.test.upstream_cx_total"), 1);
+
+    // 5. A new ServiceEntry's host resolves soon after the write.
+    let se = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: cache, namespace: shop}\nspec:\n  hosts: [cache.db.internal]\n  ports: [{name: tcp, number: 6379, protocol: TCP}]\n  resolution: STATIC\n  endpoints: [{address: 198.18.0.99}]\n";
+    assert!(resolve_one_opt(&t.a, "cache.db.internal").is_none());
+    let (status, body) = kit::apply(&kit::http(), &api, se).await;
+    assert_eq!(status, 200, "{body}");
+    let written = std::time::Instant::now();
+    let a = t.a.clone();
+    eventually("the new ServiceEntry's name", BOUND, || {
+        let a = a.clone();
+        async move { resolve_one_opt(&a, "cache.db.internal").filter(|ip| ip.starts_with("240.240.")) }
+    })
+    .await;
+    eprintln!("a new ServiceEntry resolved {:?} after its write", written.elapsed());
+
+    // 6. The table holds only what the proxy's Sidecar lets it reach: with
+    // egress to its own namespace's registry services, the ServiceEntry
+    // hosts are no longer mesh names (forwarded: the upstream does not
+    // know them); reviews still is.
+    // REGISTRY_ONLY too: the proxy's own forwarded TCP queries (marked)
+    // still bypass Envoy.
+    let scoped = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: web, namespace: shop}\nspec:\n  workloadSelector: {labels: {app: web}}\n  egress: [{hosts: [./reviews.shop.svc.cluster.local]}]\n  outboundTrafficPolicy: {mode: REGISTRY_ONLY}\n";
+    let (status, body) = kit::apply(&kit::http(), &api, scoped).await;
+    assert_eq!(status, 200, "{body}");
+    let a = t.a.clone();
+    eventually("the ServiceEntry hosts out of the proxy's table", BOUND, || {
+        let a = a.clone();
+        async move { resolve_one_opt(&a, "orders.db.internal").is_none().then_some(()) }
+    })
+    .await;
+    assert!(std::fs::read_to_string(&resolver_log).unwrap().contains("asked orders.db.internal 1"));
+    assert_eq!(resolve_one(&t.a, "reviews"), want);
+    assert_eq!(raw("tcp", "external.example.test", "1"), format!("rcode=0 {}", t.addr(66)));
+
+    // 7. SIGTERM: every rule gone, DNS included.
+    web.proc.stop(Duration::from_secs(20));
+    assert_eq!(rules(&t.a), before, "the agent's exit left rules\n{}", web.proc.tail(40));
+}
+
+fn resolve_one_opt(ns: &str, name: &str) -> Option<String> {
+    let (ok, out, _) = exec(ns, &["python3", "-c", RESOLVE, name]);
+    ok.then(|| out.trim().to_string()).filter(|s| !s.is_empty() && !s.contains('\n'))
+}
+
+fn resolve_one(ns: &str, name: &str) -> String {
+    resolve_one_opt(ns, name).unwrap_or_else(|| panic!("{name} does not resolve"))
 }

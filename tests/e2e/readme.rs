@@ -61,6 +61,7 @@ const SECTIONS: &[(&str, usize)] = &[
     ("The service registry", 0),
     ("Tokens and policies (ACLs)", 1),
     ("Transparent capture", 1),
+    ("DNS: mesh names, as Istio's agent DNS proxy", 1),
 ];
 
 /// (section, README line as printed, what the harness runs instead); see

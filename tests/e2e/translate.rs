@@ -38,6 +38,10 @@ fn render(cfg: &ProxyConfig) -> Value {
         for (name, r) in cfg.of(t).into_iter().flatten() {
             by_name.insert(name.clone(), any_to_json(&r.any).unwrap());
         }
+        // Only proxies whose agent captures DNS have a name table.
+        if t == ResourceType::NameTable && by_name.is_empty() {
+            continue;
+        }
         out.insert(t.short().to_string(), Value::Object(by_name));
     }
     Value::Object(out)
@@ -239,7 +243,7 @@ fn captured_incremental_equals_full() {
     use lodestar::xds::resources::Generator;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/capture");
     let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
-    let proxies: Vec<ProxyIdentity> = ["proxy.json", "proxy-locked.json"]
+    let proxies: Vec<ProxyIdentity> = ["proxy.json", "proxy-locked.json", "proxy-dns.json"]
         .iter()
         .map(|f| {
             let p: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(f)).unwrap()).unwrap();
@@ -255,6 +259,8 @@ fn captured_incremental_equals_full() {
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: reviews, namespace: shop}\nspec:\n  hosts: [reviews]\n  http:\n  - route:\n    - destination: {host: reviews, subset: v2}\n",
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: orders-db, namespace: shop}\nspec:\n  hosts: [orders-db]\n  tcp:\n  - route:\n    - destination: {host: users-db}\n",
         "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: web, namespace: shop}\nspec:\n  selector: {matchLabels: {app: web}}\n  action: DENY\n  rules:\n  - to: [{operation: {ports: [\"8080\"]}}]\n",
+        // A new host without addresses: its name and allocated address.
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: ledger, namespace: shop}\nspec:\n  hosts: [ledger.db.internal]\n  ports: [{name: tcp-pg, number: 5432, protocol: TCP}]\n  resolution: STATIC\n  endpoints: [{address: 198.18.1.41}]\n",
     ];
     let mut state = base.state.clone();
     for (i, yaml) in changes.iter().enumerate() {
@@ -268,6 +274,10 @@ fn captured_incremental_equals_full() {
             let got = translator.generate(proxy, &applied).unwrap();
             let want = translate(&Mesh::build(&applied, Arc::new(MeshConfig::default())), proxy);
             assert_eq!(render(&got), render(&want), "change {i}, proxy {}", proxy.id);
+            if proxy.dns_capture && i >= 4 {
+                let names = render(&got)["NDS"][""]["table"]["ledger.db.internal"]["ips"][0].as_str().map(str::to_string);
+                assert!(names.is_some_and(|ip| ip.starts_with("240.240.")), "change {i}: {:#}", render(&got)["NDS"]);
+            }
         }
     }
 }

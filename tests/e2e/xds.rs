@@ -345,6 +345,8 @@ fn resource_name(t: ResourceType, bytes: &[u8]) -> String {
         LDS => Listener::decode(bytes).unwrap().name,
         RDS => RouteConfiguration::decode(bytes).unwrap().name,
         ResourceType::Secret => envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret::decode(bytes).unwrap().name,
+        // One table per proxy, unnamed.
+        ResourceType::NameTable => String::new(),
     }
 }
 

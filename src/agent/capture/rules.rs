@@ -13,6 +13,11 @@
 //!   others over lo -> RETURN; Envoy's own (uid, gid) -> RETURN
 //!   to 127.0.0.1, excluded ports, excluded CIDRs (the replicas) -> RETURN
 //!   to --include-outbound-cidrs (or all) -> LODESTAR_REDIRECT -> REDIRECT 15001
+//! with --capture-dns, before those (Istio's DNS capture):
+//! OUTPUT -p udp/tcp --dport 53 -> LODESTAR_DNS
+//!   the agent's own queries (socket mark 1337), Envoy's (uid/gid) -> RETURN
+//!   to a resolv.conf nameserver -> REDIRECT 15053 (the agent's DNS proxy)
+//! and in LODESTAR_OUTPUT the agent's marked (TCP) queries -> RETURN
 //! ```
 //!
 //! The removal is the inverse: the jumps from the built-in chains are
@@ -40,10 +45,22 @@ pub const OUTPUT_CHAIN: &str = "LODESTAR_OUTPUT";
 pub const REDIRECT_CHAIN: &str = "LODESTAR_REDIRECT";
 pub const INBOUND_CHAIN: &str = "LODESTAR_INBOUND";
 pub const IN_REDIRECT_CHAIN: &str = "LODESTAR_IN_REDIRECT";
-pub const CHAINS: [&str; 4] = [INBOUND_CHAIN, REDIRECT_CHAIN, IN_REDIRECT_CHAIN, OUTPUT_CHAIN];
+pub const DNS_CHAIN: &str = "LODESTAR_DNS";
+pub const CHAINS: [&str; 5] = [INBOUND_CHAIN, REDIRECT_CHAIN, IN_REDIRECT_CHAIN, OUTPUT_CHAIN, DNS_CHAIN];
 
-/// The jumps from the built-in chains into ours.
-pub const JUMPS: [(&str, &str); 2] = [("PREROUTING", INBOUND_CHAIN), ("OUTPUT", OUTPUT_CHAIN)];
+/// The agent's DNS proxy port (Istio's).
+pub const DNS_PORT: u16 = 15053;
+/// The socket mark of the agent's own queries to the upstream resolvers
+/// (never captured).
+pub const DNS_MARK: u32 = 1337;
+
+/// DNS capture: queries to these nameservers (the host's, from
+/// `/etc/resolv.conf`) go to the agent's DNS proxy on `port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsCapture {
+    pub nameservers: Vec<Ipv4Addr>,
+    pub port: u16,
+}
 
 /// Which inbound ports are captured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +119,8 @@ pub struct CaptureOptions {
     pub exclude_outbound_ports: Vec<u16>,
     pub inbound: InboundPorts,
     pub exclude_inbound_ports: Vec<u16>,
+    /// Capture DNS too (`--capture-dns`).
+    pub dns: Option<DnsCapture>,
 }
 
 impl Default for CaptureOptions {
@@ -116,6 +135,7 @@ impl Default for CaptureOptions {
             exclude_outbound_ports: Vec::new(),
             inbound: InboundPorts::All,
             exclude_inbound_ports: DEFAULT_EXCLUDED_INBOUND.to_vec(),
+            dns: None,
         }
     }
 }
@@ -154,7 +174,7 @@ impl CaptureOptions {
     /// --noflush` (the chains must not exist yet: see [`remove`]).
     pub fn install(&self) -> String {
         let mut out = String::from("*nat\n");
-        for c in CHAINS {
+        for c in CHAINS.into_iter().filter(|c| *c != DNS_CHAIN) {
             let _ = writeln!(out, "-N {c}");
         }
         let _ = writeln!(out, "-A {REDIRECT_CHAIN} -p tcp -j REDIRECT --to-ports {}", self.outbound_port);
@@ -180,10 +200,32 @@ impl CaptureOptions {
                 }
             }
         }
+        // DNS, before the TCP capture (TCP 53 to another destination falls
+        // through to it).
+        if let Some(dns) = &self.dns {
+            let d = DNS_CHAIN;
+            let _ = writeln!(out, "-N {d}");
+            for proto in ["udp", "tcp"] {
+                let _ = writeln!(out, "-A OUTPUT -p {proto} --dport 53 -j {d}");
+            }
+            let _ = writeln!(out, "-A {d} -m mark --mark {DNS_MARK} -j RETURN");
+            for (m, id) in [("--uid-owner", self.proxy_uid), ("--gid-owner", self.proxy_gid)] {
+                let _ = writeln!(out, "-A {d} -m owner {m} {id} -j RETURN");
+            }
+            for ns in &dns.nameservers {
+                for proto in ["udp", "tcp"] {
+                    let _ = writeln!(out, "-A {d} -d {ns}/32 -p {proto} --dport 53 -j REDIRECT --to-ports {}", dns.port);
+                }
+            }
+        }
         // Outbound.
         let _ = writeln!(out, "-A OUTPUT -p tcp -j {OUTPUT_CHAIN}");
         let o = OUTPUT_CHAIN;
         let _ = writeln!(out, "-A {o} -s {INBOUND_PASSTHROUGH_SOURCE}/32 -o lo -j RETURN");
+        if self.dns.is_some() {
+            // The DNS proxy's forwarded TCP queries.
+            let _ = writeln!(out, "-A {o} -m mark --mark {DNS_MARK} -j RETURN");
+        }
         for (m, id) in [("--uid-owner", self.proxy_uid), ("--gid-owner", self.proxy_gid)] {
             // Envoy calling its own workload by a local address other than
             // 127.0.0.1 goes through the inbound side (as from elsewhere).
@@ -346,6 +388,35 @@ COMMIT
         // No inbound ports: no PREROUTING jump at all.
         let none = CaptureOptions { inbound: InboundPorts::Only(vec![]), ..Default::default() }.install();
         assert!(!none.contains("PREROUTING") && none.contains("-N LODESTAR_INBOUND"), "{none}");
+    }
+
+    /// --capture-dns: UDP and TCP 53 to each nameserver to the DNS proxy,
+    /// before the TCP capture; the agent's marked queries and Envoy's pass.
+    #[test]
+    fn dns_rules() {
+        let opts = CaptureOptions { dns: Some(DnsCapture { nameservers: vec![Ipv4Addr::new(198, 18, 0, 66)], port: DNS_PORT }), ..Default::default() };
+        let rules = opts.install();
+        let dns: Vec<&str> = rules.lines().filter(|l| l.contains("LODESTAR_DNS") || l.contains("-j LODESTAR_OUTPUT") || l.contains("mark")).collect();
+        assert_eq!(
+            dns,
+            [
+                "-N LODESTAR_DNS",
+                "-A OUTPUT -p udp --dport 53 -j LODESTAR_DNS",
+                "-A OUTPUT -p tcp --dport 53 -j LODESTAR_DNS",
+                "-A LODESTAR_DNS -m mark --mark 1337 -j RETURN",
+                "-A LODESTAR_DNS -m owner --uid-owner 1337 -j RETURN",
+                "-A LODESTAR_DNS -m owner --gid-owner 1337 -j RETURN",
+                "-A LODESTAR_DNS -d 198.18.0.66/32 -p udp --dport 53 -j REDIRECT --to-ports 15053",
+                "-A LODESTAR_DNS -d 198.18.0.66/32 -p tcp --dport 53 -j REDIRECT --to-ports 15053",
+                "-A OUTPUT -p tcp -j LODESTAR_OUTPUT",
+                "-A LODESTAR_OUTPUT -m mark --mark 1337 -j RETURN",
+            ]
+        );
+        assert!(!CaptureOptions::default().install().contains("LODESTAR_DNS"));
+        // Removal knows the DNS chain.
+        let saved = "*nat\n:OUTPUT ACCEPT [0:0]\n:LODESTAR_DNS - [0:0]\n-A OUTPUT -p udp -m udp --dport 53 -j LODESTAR_DNS\nCOMMIT\n";
+        let cmds: Vec<String> = remove(saved).iter().map(|c| c.join(" ")).collect();
+        assert_eq!(cmds, ["-t nat -D OUTPUT -p udp -m udp --dport 53 -j LODESTAR_DNS", "-t nat -F LODESTAR_DNS", "-t nat -X LODESTAR_DNS"]);
     }
 
     #[test]

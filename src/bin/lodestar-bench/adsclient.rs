@@ -653,7 +653,7 @@ impl Variant for Sotw {
         let t = ResourceType::from_type_url(&r.type_url)?;
         match t {
             // The load generator asks for no secrets.
-            ResourceType::Secret => {}
+            ResourceType::Secret | ResourceType::NameTable => {}
             // Every cluster, every time: absence means removal.
             ResourceType::Cluster => {
                 view.eds_clusters =
@@ -720,7 +720,7 @@ impl Variant for Delta {
         let t = ResourceType::from_type_url(&r.type_url)?;
         match t {
             // The load generator asks for no secrets.
-            ResourceType::Secret => {}
+            ResourceType::Secret | ResourceType::NameTable => {}
             ResourceType::Cluster => {
                 for res in &r.resources {
                     match Cluster::decode(value(res)).ok().as_ref().and_then(eds_name) {

@@ -155,14 +155,35 @@ pub struct Service {
     /// namespaces claiming one hostname, the oldest wins (Istio's
     /// creationTimestamp).
     pub created: u64,
+    /// Its address from 240.240.0.0/16 when it declares none
+    /// (`translate::dns::auto_vips`): served in a captured proxy's DNS and
+    /// matched by its outbound listeners.
+    pub auto_address: Option<String>,
 }
 
 impl Service {
+    /// Its virtual IPs: the declared addresses, else (with `auto`: for a
+    /// proxy whose agent answers DNS with it) the allocated one.
+    pub fn vips(&self, auto: bool) -> impl Iterator<Item = &str> + '_ {
+        let auto = self.auto_address.as_deref().filter(|_| auto && self.addresses.is_empty());
+        self.addresses.iter().map(String::as_str).chain(auto)
+    }
+
     /// Equal in everything but the instances: a change between two such
     /// services is an endpoint change (EDS only).
     pub fn same_shape(&self, other: &Service) -> bool {
-        (&self.hostname, &self.namespace, &self.ports, &self.addresses, self.mesh_external, self.resolution, &self.export_to, self.created)
-            == (&other.hostname, &other.namespace, &other.ports, &other.addresses, other.mesh_external, other.resolution, &other.export_to, other.created)
+        (&self.hostname, &self.namespace, &self.ports, &self.addresses, self.mesh_external, self.resolution, &self.export_to, self.created, &self.auto_address)
+            == (
+                &other.hostname,
+                &other.namespace,
+                &other.ports,
+                &other.addresses,
+                other.mesh_external,
+                other.resolution,
+                &other.export_to,
+                other.created,
+                &other.auto_address,
+            )
     }
 
     /// Declared by a registry `Service` (not implied by its instances).
@@ -614,6 +635,7 @@ impl Mesh {
                 instances: Vec::new(),
                 sources: vec![(obj.key.clone(), obj.mod_revision)],
                 created: obj.create_revision,
+                auto_address: None,
             };
             // Two Services of one namespace naming one hostname: the older.
             match services.entry((hostname, ns.to_string())) {
@@ -645,6 +667,7 @@ impl Mesh {
                 instances: Vec::new(),
                 sources: Vec::new(),
                 created: obj.create_revision,
+                auto_address: None,
             });
             if !svc.declared() {
                 svc.created = svc.created.min(obj.create_revision);
@@ -689,11 +712,18 @@ impl Mesh {
                     instances: insts.clone(),
                     sources: sources.clone(),
                     created: obj.create_revision,
+                    auto_address: None,
                 });
             }
         }
+        // Addresses for those that declare none, from every such hostname
+        // in the store (one per hostname, whichever namespace claims it).
+        let vips = super::dns::auto_vips(services.values().filter(|s| super::dns::wants_auto_vip(s)).map(|s| s.hostname.as_str()));
         let mut by_host: BTreeMap<String, Vec<Arc<Service>>> = BTreeMap::new();
         for ((hostname, _), mut svc) in services {
+            if super::dns::wants_auto_vip(&svc) {
+                svc.auto_address = vips.get(&hostname).map(ToString::to_string);
+            }
             svc.instances.sort();
             svc.sources.sort();
             by_host.entry(hostname).or_default().push(Arc::new(svc));

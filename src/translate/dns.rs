@@ -1,0 +1,208 @@
+//! DNS for captured proxies, as Istio's agent DNS proxy
+//! (`ISTIO_META_DNS_CAPTURE`, `DNS_AUTO_ALLOCATE`) has it, in the pure
+//! layer: the name table a proxy's agent answers from, and the virtual IPs
+//! allocated to services that declare none.
+//!
+//! - [`auto_vips`]: a service without `addresses` (a registry Service, or
+//!   a ServiceEntry that is not `resolution: NONE` and whose host is not a
+//!   wildcard) gets an address in 240.240.0.0/16 (Istio's class E range),
+//!   derived from its hostname (FNV-1a), so every replica and every
+//!   revision agrees. A collision takes the next free address, in hostname
+//!   order: a host keeps its address unless a new host hashing to the same
+//!   one sorts before it.
+//! - [`name_table`]: the names a proxy may resolve (the services its
+//!   Sidecar's egress lets it reach), each with its addresses and the short
+//!   forms Kubernetes' search list gives (`reviews`, `reviews.shop`,
+//!   `reviews.shop.svc` for a proxy in `shop`), served over xDS as Istio's
+//!   NDS resource (`istio.networking.nds.v1.NameTable`, the same fields).
+
+use crate::model::proxy::ProxyIdentity;
+use crate::translate::mesh::{Mesh, Resolution, Service};
+use crate::translate::resources::{ProxyConfig, ResourceType, XdsResource};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+/// The range auto-allocated addresses come from (Istio's): 240.240.0.0/16.
+pub const AUTO_VIP_PREFIX: [u8; 2] = [240, 240];
+/// The NDS resource's name (one table per proxy).
+pub const NAME_TABLE: &str = "";
+
+/// Istio's `istio.networking.nds.v1.NameTable`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct NameTable {
+    /// By hostname.
+    #[prost(btree_map = "string, message", tag = "1")]
+    pub table: BTreeMap<String, NameInfo>,
+}
+
+/// Istio's `NameTable.NameInfo`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct NameInfo {
+    #[prost(string, repeated, tag = "1")]
+    pub ips: Vec<String>,
+    /// `Kubernetes` for a registry service (short names apply), else
+    /// `External` (a ServiceEntry).
+    #[prost(string, tag = "2")]
+    pub registry: String,
+    #[prost(string, tag = "3")]
+    pub shortname: String,
+    #[prost(string, tag = "4")]
+    pub namespace: String,
+    /// The other names the proxy may use for it (its search list's).
+    #[prost(string, repeated, tag = "5")]
+    pub alt_hosts: Vec<String>,
+}
+
+impl prost::Name for NameTable {
+    const NAME: &'static str = "NameTable";
+    const PACKAGE: &'static str = "istio.networking.nds.v1";
+    fn type_url() -> String {
+        format!("type.googleapis.com/{}.{}", Self::PACKAGE, Self::NAME)
+    }
+}
+
+/// Does this service get an auto-allocated address (when it has none)?
+pub fn wants_auto_vip(svc: &Service) -> bool {
+    svc.addresses.is_empty() && !svc.hostname.starts_with('*') && svc.resolution != Resolution::Passthrough
+}
+
+/// The address of `host` in 240.240.0.0/16 before collisions: never the
+/// network's first or last address.
+fn slot(host: &str) -> u16 {
+    (crate::translate::resources::fnv1a(host.as_bytes()) % 65534) as u16 + 1
+}
+
+/// Addresses for `hosts` (deduplicated, in hostname order): each its hash
+/// slot, else the next free one (see the module doc). At most 65,534.
+pub fn auto_vips<'a>(hosts: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, Ipv4Addr> {
+    let hosts: BTreeSet<&str> = hosts.into_iter().collect();
+    let mut taken: BTreeSet<u16> = BTreeSet::new();
+    let mut out = BTreeMap::new();
+    for host in hosts {
+        if taken.len() >= 65534 {
+            break;
+        }
+        let mut s = slot(host);
+        while !taken.insert(s) {
+            s = if s >= 65534 { 1 } else { s + 1 };
+        }
+        out.insert(host.to_string(), Ipv4Addr::new(AUTO_VIP_PREFIX[0], AUTO_VIP_PREFIX[1], (s >> 8) as u8, s as u8));
+    }
+    out
+}
+
+/// The short forms of `hostname` (`NAME.NS.svc.SUFFIX`) for a proxy in
+/// `proxy_ns`: `NAME.NS`, `NAME.NS.svc`, and `NAME` in its own namespace.
+fn alt_hosts(hostname: &str, namespace: &str, proxy_ns: &str, suffix: &str) -> Vec<String> {
+    let tail = format!(".{namespace}.svc.{suffix}");
+    let Some(name) = hostname.strip_suffix(&tail).filter(|n| !n.is_empty() && !n.contains('.')) else { return Vec::new() };
+    let mut out = vec![format!("{name}.{namespace}"), format!("{name}.{namespace}.svc")];
+    if namespace == proxy_ns {
+        out.insert(0, name.to_string());
+    }
+    out
+}
+
+/// The name table of a proxy in `proxy_ns` that may reach `services`:
+/// every one with an IPv4 address (declared or allocated).
+pub fn name_table<'a>(services: impl IntoIterator<Item = &'a Service>, proxy_ns: &str, suffix: &str) -> NameTable {
+    let mut table = BTreeMap::new();
+    for svc in services {
+        let ips: Vec<String> = svc.vips(true).filter(|a| a.parse::<Ipv4Addr>().is_ok()).map(str::to_string).collect();
+        if ips.is_empty() || svc.hostname.starts_with('*') {
+            continue;
+        }
+        let alt = alt_hosts(&svc.hostname, &svc.namespace, proxy_ns, suffix);
+        let info = NameInfo {
+            ips,
+            registry: if alt.is_empty() { "External" } else { "Kubernetes" }.into(),
+            shortname: alt.first().filter(|_| svc.namespace == proxy_ns).cloned().unwrap_or_default(),
+            namespace: svc.namespace.clone(),
+            alt_hosts: alt,
+        };
+        table.insert(svc.hostname.clone(), info);
+    }
+    NameTable { table }
+}
+
+/// Insert `services`' name table into `cfg` (a captured proxy's).
+pub fn insert_name_table<'a>(cfg: &mut ProxyConfig, services: impl IntoIterator<Item = &'a Service>, proxy: &ProxyIdentity, mesh: &Mesh) {
+    let table = name_table(services, &proxy.namespace, &mesh.config.domain_suffix);
+    cfg.insert(ResourceType::NameTable, XdsResource::new(NAME_TABLE, &table));
+}
+
+/// The config of a names-only stream (the agent's DNS proxy): the name
+/// table of what the proxy's Sidecar lets it reach, nothing else.
+pub fn names_only(mesh: &Mesh, proxy: &ProxyIdentity) -> ProxyConfig {
+    let sc = super::scope::sidecar_for(mesh, proxy);
+    let scope = super::scope::ProxyScope::new(mesh, proxy, sc.map(|s| s.as_ref()));
+    let plans = super::scope::egress_plans(&scope, proxy, sc.map(|s| s.as_ref()));
+    let mut reachable: BTreeMap<&str, &Service> = BTreeMap::new();
+    for plan in &plans {
+        reachable.extend(plan.services.iter().map(|(k, v)| (k.as_str(), v.as_ref())));
+    }
+    let mut cfg = ProxyConfig { revision: mesh.revision, ..Default::default() };
+    insert_name_table(&mut cfg, reachable.into_values(), proxy, mesh);
+    cfg
+}
+
+/// An encoded table as JSON (`/debug/config_dump`), Istio's field names.
+pub fn table_json(any: &envoy_types::pb::google::protobuf::Any) -> Result<serde_json::Value, String> {
+    let t = <NameTable as prost::Message>::decode(any.value.as_slice()).map_err(|e| format!("decoding the name table: {e}"))?;
+    let table: serde_json::Map<String, serde_json::Value> = t
+        .table
+        .into_iter()
+        .map(|(k, v)| {
+            (k, serde_json::json!({"ips": v.ips, "registry": v.registry, "shortname": v.shortname, "namespace": v.namespace, "altHosts": v.alt_hosts}))
+        })
+        .collect();
+    Ok(serde_json::json!({"table": table}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_vips_are_stable_and_distinct() {
+        let a = auto_vips(["db.example.com", "cache.example.com", "db.example.com"]);
+        assert_eq!(a.len(), 2);
+        assert_ne!(a["db.example.com"], a["cache.example.com"]);
+        for ip in a.values() {
+            assert_eq!(&ip.octets()[..2], &AUTO_VIP_PREFIX);
+            assert!(ip.octets()[2..] != [0, 0] && ip.octets()[2..] != [255, 255], "{ip}");
+        }
+        // The same hosts give the same addresses, whatever else is there.
+        let b = auto_vips(["cache.example.com", "zzz.example.com", "db.example.com"]);
+        assert_eq!(a["db.example.com"], b["db.example.com"]);
+        assert_eq!(a["cache.example.com"], b["cache.example.com"]);
+        // Golden: the address is the hostname's hash, not an order.
+        let s = slot("db.example.com");
+        assert_eq!(a["db.example.com"], Ipv4Addr::new(240, 240, (s >> 8) as u8, s as u8));
+    }
+
+    #[test]
+    fn collisions_take_the_next_free_address_in_host_order() {
+        // Find two hosts with one slot: the first in order keeps it.
+        let mut by_slot: BTreeMap<u16, String> = BTreeMap::new();
+        let (x, y) = (0..200_000)
+            .find_map(|i| {
+                let h = format!("h{i}.example.com");
+                by_slot.insert(slot(&h), h.clone()).map(|other| (other, h))
+            })
+            .unwrap();
+        let (first, second) = if x < y { (x, y) } else { (y, x) };
+        let v = auto_vips([second.as_str(), first.as_str()]);
+        let s = slot(&first);
+        assert_eq!(v[&first], Ipv4Addr::new(240, 240, (s >> 8) as u8, s as u8));
+        let n = if s >= 65534 { 1 } else { s + 1 };
+        assert_eq!(v[&second], Ipv4Addr::new(240, 240, (n >> 8) as u8, n as u8));
+    }
+
+    #[test]
+    fn short_names_by_namespace() {
+        assert_eq!(alt_hosts("reviews.shop.svc.cluster.local", "shop", "shop", "cluster.local"), ["reviews", "reviews.shop", "reviews.shop.svc"]);
+        assert_eq!(alt_hosts("reviews.shop.svc.cluster.local", "shop", "web", "cluster.local"), ["reviews.shop", "reviews.shop.svc"]);
+        assert!(alt_hosts("db.example.com", "shop", "shop", "cluster.local").is_empty());
+    }
+}
