@@ -625,6 +625,12 @@ async fn bench_csr_renews_through_the_replicas() {
     let cluster = Cluster::start(2, &format!("mesh_ca_dir = {:?}\n", ca.path())).await;
     let api = cluster.replica(1).api();
     let (_, secret) = join_token(&api, &["--workload", "bench/agent"]);
+    // Every replica knows the token before the bench asks both of them.
+    let mut newest = 0;
+    for id in [1, 2] {
+        newest = newest.max(cluster.local_revision(id).await.unwrap_or(0));
+    }
+    cluster.wait_for_revision(newest, Duration::from_secs(10)).await;
     let token = ca.path().join("bench.token");
     std::fs::write(&token, &secret).unwrap();
     let servers = cluster.replicas.iter().map(|r| r.xds_addr()).collect::<Vec<_>>().join(",");
