@@ -626,7 +626,9 @@ impl<'a> Ctx<'a> {
                                 labels,
                             });
                         }
-                        Validated::WorkloadGroup { .. } => {}
+                        // Schema findings only (its warnings); Istio's
+                        // IST0151-IST0155 are not reproduced.
+                        Validated::WorkloadGroup { .. } | Validated::EnvoyFilter { .. } => {}
                     }
                 }
                 TypedSpec::Instance(_) => ctx.workloads.push(Workload {

@@ -104,7 +104,7 @@ fn families_for(kind: Kind) -> &'static [Family] {
         Kind::AuthorizationPolicy => &[Schema, Authz],
         Kind::RequestAuthentication => &[Schema, VirtualService],
         Kind::Secret => &[Gateway],
-        Kind::PeerAuthentication | Kind::WorkloadGroup | Kind::Lease => &[Schema],
+        Kind::PeerAuthentication | Kind::WorkloadGroup | Kind::Lease | Kind::EnvoyFilter => &[Schema],
         Kind::Policy | Kind::Role | Kind::Token | Kind::CertificateRevocation => &[],
         Kind::GatewayClass | Kind::KubeGateway | Kind::HttpRoute | Kind::ReferenceGrant | Kind::Namespace => &[],
     }

@@ -58,6 +58,9 @@ pub enum Kind {
     /// `allowedRoutes.namespaces.selector`). Cluster-scoped: only who may
     /// write the cluster namespace labels namespaces.
     Namespace,
+    /// networking.istio.io/v1alpha3: patches to the generated Envoy config
+    /// (`model::istio::envoy_filter`, `translate::envoyfilter`).
+    EnvoyFilter,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
@@ -162,10 +165,12 @@ const KINDS: &[KindInfo] = &[
         versions: GATEWAY_API_VERSIONS,
     },
     KindInfo { kind: Kind::Namespace, name: "Namespace", plural: "namespaces", short: &["ns"], group: CORE_GROUP, versions: CORE_VERSIONS },
+    // Istio serves EnvoyFilter as v1alpha3 only.
+    KindInfo { kind: Kind::EnvoyFilter, name: "EnvoyFilter", plural: "envoyfilters", short: &[], group: ISTIO_GROUP, versions: &["v1alpha3"] },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 23] = [
+    pub const ALL: [Kind; 24] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -189,6 +194,7 @@ impl Kind {
         Kind::HttpRoute,
         Kind::ReferenceGrant,
         Kind::Namespace,
+        Kind::EnvoyFilter,
     ];
 
     fn info(self) -> &'static KindInfo {

@@ -13,6 +13,7 @@ use super::authorization_policy::AuthorizationPolicy;
 use super::common::{Labels, MatchKind, Percent, StringMatch};
 use super::destination_rule::DestinationRule;
 use super::duration::Duration;
+use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
 use super::host;
 use super::peer_authentication::PeerAuthentication;
@@ -59,6 +60,7 @@ pub enum Validated {
     PeerAuthentication { spec: Box<PeerAuthentication>, warnings: Vec<String> },
     RequestAuthentication { spec: Box<RequestAuthentication>, warnings: Vec<String> },
     WorkloadGroup { spec: Box<WorkloadGroup>, warnings: Vec<String> },
+    EnvoyFilter { spec: Box<EnvoyFilter>, warnings: Vec<String> },
 }
 
 impl Validated {
@@ -75,6 +77,7 @@ impl Validated {
             Validated::PeerAuthentication { .. } => "PeerAuthentication",
             Validated::RequestAuthentication { .. } => "RequestAuthentication",
             Validated::WorkloadGroup { .. } => "WorkloadGroup",
+            Validated::EnvoyFilter { .. } => "EnvoyFilter",
         }
     }
 
@@ -88,7 +91,7 @@ impl Validated {
             | Validated::WorkloadEntry { warnings, .. }
             | Validated::AuthorizationPolicy { warnings, .. }
             | Validated::PeerAuthentication { warnings, .. } => warnings,
-            Validated::RequestAuthentication { warnings, .. } | Validated::WorkloadGroup { warnings, .. } => warnings,
+            Validated::RequestAuthentication { warnings, .. } | Validated::WorkloadGroup { warnings, .. } | Validated::EnvoyFilter { warnings, .. } => warnings,
         }
     }
 
@@ -105,12 +108,13 @@ impl Validated {
             Validated::PeerAuthentication { spec, .. } => serde_json::to_value(spec),
             Validated::RequestAuthentication { spec, .. } => serde_json::to_value(spec),
             Validated::WorkloadGroup { spec, .. } => serde_json::to_value(spec),
+            Validated::EnvoyFilter { spec, .. } => serde_json::to_value(spec),
         }
     }
 }
 
 /// The kinds [`validate`] understands.
-pub const KINDS: [&str; 10] = [
+pub const KINDS: [&str; 11] = [
     "VirtualService",
     "DestinationRule",
     "ServiceEntry",
@@ -121,6 +125,7 @@ pub const KINDS: [&str; 10] = [
     "PeerAuthentication",
     "RequestAuthentication",
     "WorkloadGroup",
+    "EnvoyFilter",
 ];
 
 /// Parses and validates the `spec` of a `networking.istio.io` resource of
@@ -141,6 +146,7 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Validated, Vec<FieldError>> 
         "PeerAuthentication" => run(spec, PeerAuthentication::check).map(|(spec, warnings)| Validated::PeerAuthentication { spec, warnings }),
         "RequestAuthentication" => run(spec, RequestAuthentication::check).map(|(spec, warnings)| Validated::RequestAuthentication { spec, warnings }),
         "WorkloadGroup" => run(spec, WorkloadGroup::check).map(|(spec, warnings)| Validated::WorkloadGroup { spec, warnings }),
+        "EnvoyFilter" => run(spec, EnvoyFilter::check).map(|(spec, warnings)| Validated::EnvoyFilter { spec, warnings }),
         other => Err(vec![FieldError { field: "kind".to_string(), reason: format!("unsupported kind {other:?}; expected one of {}", KINDS.join(", ")) }]),
     }
 }
@@ -168,6 +174,7 @@ pub fn drop_unknown_fields(kind: &str, spec: &mut Value) -> Vec<String> {
         "PeerAuthentication" => first::<PeerAuthentication>,
         "RequestAuthentication" => first::<RequestAuthentication>,
         "WorkloadGroup" => first::<WorkloadGroup>,
+        "EnvoyFilter" => first::<EnvoyFilter>,
         _ => return Vec::new(),
     };
     let mut dropped = Vec::new();
