@@ -55,6 +55,7 @@ const SECTIONS: &[(&str, usize)] = &[
     ("Walkthrough: traffic through Envoy", 6),
     ("Check config: `lodestar analyze`", 1),
     ("Gateway API", 4),
+    ("EnvoyFilter", 2),
     ("Connect an Envoy", 0),
     ("A three-replica cluster on one machine", 0),
     ("The service registry", 0),
