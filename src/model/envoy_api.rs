@@ -114,7 +114,7 @@ fn normalize_any(pool: &DescriptorPool, obj: &Map<String, Value>, at: &str) -> R
         pool.get_message_by_name(name).ok_or_else(|| (at.to_string(), format!("unknown type URL {url:?}: no Envoy message {name}{hint}")))
     };
     if TYPED_STRUCTS.contains(&type_name(url)) {
-        for k in obj.keys().filter(|k| !matches!(k.as_str(), "@type" | "type_url" | "typeUrl" | "value")) {
+        if let Some(k) = obj.keys().find(|k| !matches!(k.as_str(), "@type" | "type_url" | "typeUrl" | "value")) {
             return Err((join(at, k), format!("unknown field {k:?} of {}", type_name(url))));
         }
         let inner_at = join(at, "type_url");

@@ -410,7 +410,7 @@ fn route_config_matches(m: Option<&RouteConfigurationMatch>, rc: &RouteConfigura
 
 fn vhost_matches(m: Option<&RouteConfigurationMatch>, vh: &VirtualHost) -> bool {
     let Some(v) = m.and_then(|m| m.vhost.as_ref()) else { return true };
-    (v.name.is_empty() || v.name == vh.name) && (v.domain_name.is_empty() || vh.domains.iter().any(|d| *d == v.domain_name))
+    (v.name.is_empty() || v.name == vh.name) && (v.domain_name.is_empty() || vh.domains.contains(&v.domain_name))
 }
 
 fn route_matches(m: Option<&RouteConfigurationMatch>, r: &Route) -> bool {
@@ -515,7 +515,7 @@ fn patch_routes(routes: &mut Vec<Route>, p: &CompiledPatch, touched: &mut Touche
         Operation::Replace => return,
         op => {
             let Some(value) = p.value_as::<Route>() else { return };
-            let first = routes.iter().position(|r| matching(r));
+            let first = routes.iter().position(matching);
             let at = match (op, has_route_match(m), first) {
                 (Operation::Add, _, _) => Some(routes.len()),
                 (Operation::InsertFirst, false, _) | (Operation::InsertFirst, true, Some(_)) => Some(0),

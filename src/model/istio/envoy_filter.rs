@@ -422,16 +422,10 @@ impl ConfigPatch {
                     }
                 }
             }
-            ApplyTo::RouteConfiguration | ApplyTo::VirtualHost | ApplyTo::HttpRoute => {
-                if m.route_configuration.is_none() {
-                    r.error(&match_at.field("routeConfiguration"), format!("{apply_to:?} patches need a routeConfiguration match"));
-                }
+            ApplyTo::RouteConfiguration | ApplyTo::VirtualHost | ApplyTo::HttpRoute if m.route_configuration.is_none() => {
+                r.error(&match_at.field("routeConfiguration"), format!("{apply_to:?} patches need a routeConfiguration match"));
             }
-            ApplyTo::Cluster => {
-                if m.cluster.is_none() {
-                    r.error(&match_at.field("cluster"), "CLUSTER patches need a cluster match");
-                }
-            }
+            ApplyTo::Cluster if m.cluster.is_none() => r.error(&match_at.field("cluster"), "CLUSTER patches need a cluster match"),
             _ => {}
         }
     }

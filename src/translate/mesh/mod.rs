@@ -582,7 +582,7 @@ impl Mesh {
         mesh.peer_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.authorization_policies.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.request_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
-        mesh.envoy_filters.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+        mesh.envoy_filters.sort_by_key(|f| f.order_key());
 
         let suffix = &config.domain_suffix;
         // By (hostname, namespace): one service per namespace and hostname.
