@@ -236,3 +236,123 @@ async fn envoyfilters_patch_real_envoys() {
     pp.envoy.assert_no_rejections().await;
     a.envoy.assert_no_rejections().await;
 }
+
+// ---------------------------------------------------------------------------
+// Istio's global rate limit task at an ingress gateway, against a rate
+// limit service of our own (Envoy's `envoy.service.ratelimit.v3` protocol).
+
+const GATEWAY: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: bookinfo-gateway, namespace: default}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: ["*"]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {name: productpage, namespace: default}
+spec:
+  ports: [{name: http, number: 9080, protocol: HTTP}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: productpage-1, namespace: default}
+spec: {service: productpage, address: ${app.ip}, port: ${app.port}}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {name: ratelimit, namespace: default}
+spec:
+  ports: [{name: grpc-port, number: 8081, protocol: GRPC}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: ratelimit-1, namespace: default}
+spec: {service: ratelimit, address: RL_IP, ports: {grpc-port: RL_PORT}}
+"#;
+
+/// The task's descriptor config (`ratelimit-config.yaml`, domain
+/// `ratelimit`): `(PATH, /productpage)` 1 a minute, `(PATH, api)` 2, any
+/// other PATH 100. Counts never reset (a test is well within a minute).
+#[derive(Default)]
+struct Limiter {
+    counts: std::sync::Mutex<std::collections::BTreeMap<String, u32>>,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+/// The gRPC service over a shared [`Limiter`].
+struct Rls(std::sync::Arc<Limiter>);
+
+#[tonic::async_trait]
+impl envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest>,
+    ) -> Result<tonic::Response<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse>, tonic::Status> {
+        use envoy_types::pb::envoy::service::ratelimit::v3::{rate_limit_response::Code, RateLimitResponse};
+        self.0.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let r = request.into_inner();
+        if r.domain != "ratelimit" {
+            return Err(tonic::Status::invalid_argument(format!("domain {:?}", r.domain)));
+        }
+        let mut over = false;
+        let mut counts = self.0.counts.lock().unwrap();
+        for e in r.descriptors.iter().flat_map(|d| d.entries.iter()).filter(|e| e.key == "PATH") {
+            let limit = match e.value.as_str() {
+                "/productpage" => 1,
+                "api" => 2,
+                _ => 100,
+            };
+            let n = counts.entry(e.value.clone()).or_insert(0);
+            *n += 1;
+            over |= *n > limit;
+        }
+        let code = if over { Code::OverLimit } else { Code::Ok };
+        Ok(tonic::Response::new(RateLimitResponse { overall_code: code as i32, ..Default::default() }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_rate_limit_at_the_ingress_gateway() {
+    let fx = Fixture::start(1).await;
+    let app = Upstream::start(&fx.ip(30), "productpage").await;
+    let limiter = std::sync::Arc::new(Limiter::default());
+    let listener = tokio::net::TcpListener::bind(format!("{}:0", fx.ip(31))).await.unwrap();
+    let rl = listener.local_addr().unwrap();
+    let svc = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer::new(Rls(limiter.clone()));
+    let server =
+        tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)));
+    let mesh = render(GATEWAY, &[("app", &app)]).replace("RL_IP", &rl.ip().to_string()).replace("RL_PORT", &rl.port().to_string());
+    // The task's files, unchanged: three EnvoyFilters and the VirtualService.
+    let rev = fx.apply(&format!("{mesh}---\n{}", corpus("envoyfilter-global-ratelimit-gateway.yaml"))).await;
+    let mut o = EnvoyOptions::new("ingress", &fx.ip(40));
+    o.namespace = "istio-system".into();
+    o.node_type = "router".into();
+    o.labels = vec![("istio".into(), "ingressgateway".into())];
+    o.delta = true;
+    let gw = fx.proxy_of_types(o, 1, rev, TYPES).await;
+
+    let url = |p: &str| gw.url(8080, p);
+    let first = wait_for(&fx.client, &url("/productpage"), "bookinfo.example.com", &[], "the rate limit service is asked", |r| r.status == 200).await;
+    assert_eq!(first.body.trim(), "productpage");
+    assert!(limiter.calls.load(std::sync::atomic::Ordering::SeqCst) >= 1, "Envoy asked the rate limit service");
+    let r = get(&fx.client, &url("/productpage"), "bookinfo.example.com", &[]).await;
+    assert_eq!((r.status, r.header("x-envoy-ratelimited")), (429, Some("true")), "(PATH, /productpage): 1 a minute");
+    // The route named `api` sends (PATH, api) only (its own rate_limits
+    // replace the virtual host's): 2 a minute across product ids.
+    let statuses: Vec<u16> = futures::future::join_all((1..=3).map(|i| {
+        let (client, u) = (fx.client.clone(), url(&format!("/api/v1/products/{i}")));
+        async move { get(&client, &u, "bookinfo.example.com", &[]).await.status }
+    }))
+    .await;
+    let mut sorted = statuses.clone();
+    sorted.sort();
+    assert_eq!(sorted, vec![200, 200, 429], "{statuses:?}");
+    assert_eq!(limiter.counts.lock().unwrap().get("api"), Some(&3));
+    assert!(!limiter.counts.lock().unwrap().contains_key("/api/v1/products/1"), "the vhost action is not applied to the api route");
+    gw.envoy.assert_no_rejections().await;
+    server.abort();
+}

@@ -782,7 +782,7 @@ mod tests {
 
     #[test]
     fn unknown_kind_is_reported() {
-        let err = validate("EnvoyFilter", &json!({})).unwrap_err();
+        let err = validate("ProxyConfig", &json!({})).unwrap_err();
         assert_eq!(err[0].field, "kind");
         assert!(err[0].reason.contains("unsupported kind"));
     }
