@@ -198,7 +198,38 @@ impl Touched {
 /// Applies the EnvoyFilters that select `proxy` to its config. Returns
 /// whether any applied to it (matched or not).
 pub fn apply(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) -> bool {
-    let Some(patches) = ProxyPatches::for_proxy(mesh, proxy) else { return false };
+    apply_after(cfg, mesh, proxy, None).is_some()
+}
+
+/// What one proxy's last patching started from and gave: its unpatched
+/// config, the patched one, and the patches (by id, in order).
+pub struct Patched<'a> {
+    pub base: &'a ProxyConfig,
+    pub served: &'a ProxyConfig,
+    pub ids: &'a [u64],
+}
+
+/// [`apply`], reusing `prev`'s patched resources of every type whose
+/// unpatched map is the same (`Arc`) and whose patches are the same ones:
+/// an incremental translation re-patches only what it rebuilt. The ids of
+/// the patches that apply, if any.
+pub fn apply_after(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, prev: Option<Patched>) -> Option<Vec<u64>> {
+    let patches = ProxyPatches::for_proxy(mesh, proxy)?;
+    let ids: Vec<u64> = patches.by_kind.values().flatten().map(|p| p.id).collect();
+    let reuse = |cfg: &mut ProxyConfig, t: ResourceType| -> bool {
+        let Some(prev) = prev.as_ref().filter(|p| p.ids == ids.as_slice()) else { return false };
+        let same = match (prev.base.resources.get(&t), cfg.resources.get(&t)) {
+            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        match prev.served.resources.get(&t).filter(|_| same) {
+            Some(served) => {
+                cfg.resources.insert(t, served.clone());
+                true
+            }
+            None => false,
+        }
+    };
     let inbound = inbound_listener_names(mesh, proxy);
     let outbound_ctx = if proxy.kind == ProxyKind::Router { PatchContext::Gateway } else { PatchContext::SidecarOutbound };
     let listener_ctx = |name: &str| match proxy.kind {
@@ -215,7 +246,8 @@ pub fn apply(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) -> bool 
         if proxy.kind == ProxyKind::Router { &[PatchContext::Gateway] } else { &[PatchContext::SidecarOutbound, PatchContext::SidecarInbound] };
 
     // Clusters.
-    if let Some(map) = cfg.resources.get(&ResourceType::Cluster).cloned() {
+    let reused = reuse(cfg, ResourceType::Cluster);
+    if let Some(map) = cfg.resources.get(&ResourceType::Cluster).cloned().filter(|_| !reused) {
         let mut out = map.as_ref().clone();
         let kinds = patches.of(ApplyTo::Cluster);
         if !kinds.is_empty() {
@@ -270,7 +302,8 @@ pub fn apply(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) -> bool 
     }
 
     // Route configurations served over RDS.
-    if let Some(map) = cfg.resources.get(&ResourceType::Route).cloned() {
+    let reused = reuse(cfg, ResourceType::Route);
+    if let Some(map) = cfg.resources.get(&ResourceType::Route).cloned().filter(|_| !reused) {
         if has_route_patches(&patches) {
             let mut out = map.as_ref().clone();
             for (name, res) in map.iter() {
@@ -290,7 +323,8 @@ pub fn apply(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) -> bool 
     }
 
     // Listeners.
-    if let Some(map) = cfg.resources.get(&ResourceType::Listener).cloned() {
+    let reused = reuse(cfg, ResourceType::Listener);
+    if let Some(map) = cfg.resources.get(&ResourceType::Listener).cloned().filter(|_| !reused) {
         let mut out = map.as_ref().clone();
         for (name, res) in map.iter() {
             let Ok(mut l) = Listener::decode(res.any.value.as_slice()) else { continue };
@@ -314,7 +348,7 @@ pub fn apply(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) -> bool 
         }
         cfg.resources.insert(ResourceType::Listener, std::sync::Arc::new(out));
     }
-    true
+    Some(ids)
 }
 
 /// The names of a sidecar's inbound listeners: its Sidecar's `ingress`

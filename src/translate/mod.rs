@@ -339,6 +339,9 @@ struct Previous {
     config: ProxyConfig,
     /// What was served: `config` with the EnvoyFilters patches applied.
     served: ProxyConfig,
+    /// The patches `served` has (`envoyfilter::apply_after` reuses its
+    /// resources of the types `config` shares with the next config).
+    patch_ids: Vec<u64>,
     rds: BTreeMap<String, RdsParts>,
     /// The hosts its config depends on, computed on first use, or carried
     /// over from the config this one was derived from incrementally (those
@@ -837,7 +840,9 @@ impl Generator for Translator {
         // EnvoyFilters patch the translated config last; the incremental
         // paths above work on the unpatched one (`Previous::config`).
         let mut served = config.clone();
-        if envoyfilter::apply(&mut served, &mesh, proxy) {
+        let last = prev.as_ref().map(|p| envoyfilter::Patched { base: &p.config, served: &p.served, ids: &p.patch_ids });
+        let patch_ids = envoyfilter::apply_after(&mut served, &mesh, proxy, last).unwrap_or_default();
+        if !patch_ids.is_empty() {
             for (t, map) in served.resources.iter_mut() {
                 if config.resources.get(t).is_some_and(|base| Arc::ptr_eq(base, map)) {
                     continue;
@@ -849,8 +854,16 @@ impl Generator for Translator {
         if let Some(d) = prev.as_ref().filter(|_| incremental).and_then(|p| p.deps.get()) {
             let _ = deps.set(d.clone());
         }
-        let entry =
-            Arc::new(Previous { identity: proxy.clone(), objects: state.objects.clone(), mesh: mesh.clone(), config, served: served.clone(), rds, deps });
+        let entry = Arc::new(Previous {
+            identity: proxy.clone(),
+            objects: state.objects.clone(),
+            mesh: mesh.clone(),
+            config,
+            served: served.clone(),
+            patch_ids,
+            rds,
+            deps,
+        });
         self.previous.lock().unwrap_or_else(|p| p.into_inner()).insert(proxy.id.clone(), entry);
         Ok(served)
     }
