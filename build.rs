@@ -92,9 +92,50 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
+    // EnvoyFilter patch values may name any Envoy extension or config type
+    // (`typed_config` `@type`): every `.proto` under envoy/config,
+    // envoy/extensions and envoy/type, each with its own compiler as above
+    // (one compiler for all resolves some relative names wrongly).
+    let api = root.join("data-plane-api");
+    let mut all = Vec::new();
+    for dir in ["envoy/config", "envoy/extensions", "envoy/type"] {
+        proto_files(&api, &api.join(dir), &mut all)?;
+    }
+    all.sort();
+    for f in &all {
+        if seen.contains(&Some(f.clone())) {
+            continue;
+        }
+        let mut compiler = protox::Compiler::new(&includes)?;
+        compiler.include_imports(true);
+        // A few files protox cannot resolve as protoc does (a relative
+        // name whose first part is also a package): left out, said here.
+        if let Err(e) = compiler.open_file(f) {
+            println!("cargo:warning=envoy descriptors: {f} left out: {e}");
+            continue;
+        }
+        for file in compiler.file_descriptor_set().file {
+            if seen.insert(file.name.clone()) {
+                set.file.push(file);
+            }
+        }
+    }
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out_dir.join("envoy_descriptors.bin"), prost::Message::encode_to_vec(&set))?;
     println!("cargo:rerun-if-changed=Cargo.lock");
+    Ok(())
+}
+
+/// Every `.proto` under `dir`, as a path relative to `root`.
+fn proto_files(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            proto_files(root, &path, out)?;
+        } else if path.extension().is_some_and(|e| e == "proto") {
+            out.push(path.strip_prefix(root)?.to_string_lossy().into_owned());
+        }
+    }
     Ok(())
 }
 

@@ -37,6 +37,13 @@
 //!   translator that serves them all: every proxy translated after the
 //!   change from its served config, and diffed.
 //!
+//! - `envoyfilter_*`: the HTTP mesh plus 50 EnvoyFilters of mixed
+//!   operations (Lua INSERT_BEFORE the router, cluster MERGE, vhost MERGE,
+//!   route INSERT_FIRST, HTTP filter REMOVE; 10 select the proxy, the rest
+//!   other apps): `envoyfilter_full` from cold, `envoyfilter_one_vs` after
+//!   one VirtualService changed (incremental routes, then the patches),
+//!   `envoyfilter_one_filter` after one of the proxy's filters changed.
+//!
 //! cargo bench --bench translate   (LODESTAR_BENCH_SERVICES=2000 for another size)
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
@@ -114,6 +121,64 @@ fn bench(c: &mut Criterion) {
     bench_mesh(c, false);
     bench_mesh(c, true);
     bench_authz(c);
+    bench_envoyfilter(c);
+}
+
+/// EnvoyFilter `i` (operations by `i % 5`); the first ten select the proxy
+/// (`app: client`), the others `app: svc-i`. `timeout` varies the cluster
+/// MERGE (a change).
+fn envoy_filter(i: usize, timeout: u32) -> Value {
+    let app = if i < 10 { "client".to_string() } else { format!("svc-{i}") };
+    let hcm = json!({"filter": {"name": "envoy.filters.network.http_connection_manager", "subFilter": {"name": "envoy.filters.http.router"}}});
+    let patch = match i % 5 {
+        0 => json!({"applyTo": "HTTP_FILTER", "match": {"context": "SIDECAR_OUTBOUND", "listener": {"filterChain": hcm}},
+            "patch": {"operation": "INSERT_BEFORE", "value": {"name": format!("lua-{i}"), "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua", "default_source_code": {"inline_string": "function envoy_on_request(h) end"}}}}}),
+        1 => json!({"applyTo": "CLUSTER", "match": {"context": "SIDECAR_OUTBOUND", "cluster": {"portNumber": 80}},
+            "patch": {"operation": "MERGE", "value": {"connect_timeout": format!("{timeout}s")}}}),
+        2 => json!({"applyTo": "VIRTUAL_HOST", "match": {"context": "SIDECAR_OUTBOUND", "routeConfiguration": {"vhost": {}}},
+            "patch": {"operation": "MERGE", "value": {"request_headers_to_add": [{"header": {"key": format!("x-{i}"), "value": "1"}}]}}}),
+        3 => {
+            json!({"applyTo": "HTTP_ROUTE", "match": {"context": "SIDECAR_OUTBOUND", "routeConfiguration": {"vhost": {"name": "svc-1.default.svc.cluster.local:80"}}},
+            "patch": {"operation": "INSERT_FIRST", "value": {"name": format!("health-{i}"), "match": {"path": "/healthz"}, "direct_response": {"status": 200}}}})
+        }
+        _ => json!({"applyTo": "HTTP_FILTER", "match": {"context": "SIDECAR_OUTBOUND", "listener": {"filterChain": {"filter": {
+            "name": "envoy.filters.network.http_connection_manager", "subFilter": {"name": "envoy.filters.http.cors"}}}}}, "patch": {"operation": "REMOVE"}}),
+    };
+    json!({"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter", "metadata": {"name": format!("ef-{i}"), "namespace": "default"},
+        "spec": {"workloadSelector": {"labels": {"app": app}}, "priority": (i % 3) as i32, "configPatches": [patch]}})
+}
+
+fn bench_envoyfilter(c: &mut Criterion) {
+    let mut state = State::default();
+    for d in mesh_docs(false) {
+        put(&mut state, d);
+    }
+    for i in 0..50 {
+        put(&mut state, envoy_filter(i, 5));
+    }
+    let proxy = ProxyIdentity::parse("sidecar~127.0.0.2~client.default~default.svc.cluster.local", &json!({"LABELS": {"app": "client"}})).unwrap();
+    let base = Applied { state, ..Default::default() };
+    c.bench_function("envoyfilter_full", |b| b.iter(|| Translator::new(MeshConfig::default()).generate(&proxy, &base).unwrap()));
+    let changes: [(&str, Change); 2] =
+        [("envoyfilter_one_vs", Box::new(|n| vs(7, 50 + n % 40))), ("envoyfilter_one_filter", Box::new(|n| envoy_filter(1, 1 + n % 9)))];
+    for (name, change) in changes {
+        let translator = Translator::new(MeshConfig::default());
+        translator.generate(&proxy, &base).unwrap();
+        let mut current = base.state.clone();
+        let mut n = 0;
+        c.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    n += 1;
+                    put(&mut current, change(n));
+                    Applied { state: current.clone(), ..Default::default() }
+                },
+                |next| translator.generate(&proxy, &next).unwrap(),
+                BatchSize::LargeInput,
+            )
+        });
+    }
 }
 
 /// Policy `i`: selects `app: svc-i` (or the proxy, `app: client`, for the

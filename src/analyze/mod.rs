@@ -627,7 +627,9 @@ impl<'a> Ctx<'a> {
                                 labels,
                             });
                         }
-                        Validated::WorkloadGroup { .. } | Validated::MeshConfig { .. } | Validated::Telemetry { .. } => {}
+                        // Schema findings only (their warnings); Istio's
+                        // IST0151-IST0155 (EnvoyFilter) are not reproduced.
+                        Validated::WorkloadGroup { .. } | Validated::MeshConfig { .. } | Validated::Telemetry { .. } | Validated::EnvoyFilter { .. } => {}
                     }
                 }
                 TypedSpec::Instance(_) => ctx.workloads.push(Workload {

@@ -104,7 +104,7 @@ fn families_for(kind: Kind) -> &'static [Family] {
         Kind::AuthorizationPolicy => &[Schema, Authz],
         Kind::RequestAuthentication => &[Schema, VirtualService],
         Kind::Secret => &[Gateway],
-        Kind::PeerAuthentication | Kind::WorkloadGroup | Kind::Lease | Kind::Telemetry => &[Schema],
+        Kind::PeerAuthentication | Kind::WorkloadGroup | Kind::Lease | Kind::Telemetry | Kind::EnvoyFilter => &[Schema],
         // Its providers are what CUSTOM policies name.
         Kind::MeshConfig => &[Schema, Authz],
         Kind::Policy | Kind::Role | Kind::Token | Kind::CertificateRevocation => &[],

@@ -67,6 +67,9 @@ pub enum Kind {
     MeshConfig,
     /// telemetry.istio.io: access logging and tracing.
     Telemetry,
+    /// networking.istio.io/v1alpha3: patches to the generated Envoy config
+    /// (`model::istio::envoy_filter`, `translate::envoyfilter`).
+    EnvoyFilter,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
@@ -185,10 +188,12 @@ const KINDS: &[KindInfo] = &[
     KindInfo { kind: Kind::TlsRoute, name: "TLSRoute", plural: "tlsroutes", short: &[], group: GATEWAY_API_GROUP, versions: L4_ROUTE_VERSIONS },
     KindInfo { kind: Kind::MeshConfig, name: "MeshConfig", plural: "meshconfigs", short: &["mc"], group: MESH_GROUP, versions: MESH_VERSIONS },
     KindInfo { kind: Kind::Telemetry, name: "Telemetry", plural: "telemetries", short: &["telemetry"], group: TELEMETRY_GROUP, versions: TELEMETRY_VERSIONS },
+    // Istio serves EnvoyFilter as v1alpha3 only.
+    KindInfo { kind: Kind::EnvoyFilter, name: "EnvoyFilter", plural: "envoyfilters", short: &[], group: ISTIO_GROUP, versions: &["v1alpha3"] },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 28] = [
+    pub const ALL: [Kind; 29] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -217,6 +222,7 @@ impl Kind {
         Kind::TlsRoute,
         Kind::MeshConfig,
         Kind::Telemetry,
+        Kind::EnvoyFilter,
     ];
 
     fn info(self) -> &'static KindInfo {

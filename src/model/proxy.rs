@@ -64,6 +64,10 @@ pub struct ProxyIdentity {
     /// --capture-dns`): services without addresses are matched by their
     /// auto-allocated ones (`translate::dns`), which only its DNS answers.
     pub dns_capture: bool,
+    /// `ISTIO_VERSION` from its metadata (EnvoyFilter `match.proxy.proxyVersion`).
+    pub istio_version: Option<String>,
+    /// Its string-valued metadata (EnvoyFilter `match.proxy.metadata`).
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// The node metadata key that says a proxy has the agent's SDS cluster.
@@ -134,6 +138,8 @@ impl ProxyIdentity {
                 Some(INTERCEPTION_REDIRECT) => true,
                 Some(other) => return Err(format!("node id {node_id:?}: metadata {INTERCEPTION_METADATA} {other:?} is not supported (REDIRECT or NONE)")),
             },
+            istio_version: meta_str("ISTIO_VERSION").map(str::to_string),
+            metadata: metadata.as_object().map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect()).unwrap_or_default(),
         })
     }
 

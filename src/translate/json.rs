@@ -3,19 +3,15 @@
 //! golden tests and debug endpoints; never on the push path.
 
 use envoy_types::pb::google::protobuf::Any;
-use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
+use prost_reflect::{DynamicMessage, SerializeOptions};
 use serde_json::Value;
-use std::sync::LazyLock;
-
-static POOL: LazyLock<Result<DescriptorPool, String>> =
-    LazyLock::new(|| DescriptorPool::decode(include_bytes!(concat!(env!("OUT_DIR"), "/envoy_descriptors.bin")).as_ref()).map_err(|e| e.to_string()));
 
 /// Render a packed resource as proto-JSON, nested `Any`s included.
 pub fn any_to_json(any: &Any) -> Result<Value, String> {
     if any.type_url == <super::dns::NameTable as prost::Name>::type_url() {
         return super::dns::table_json(any);
     }
-    let pool = POOL.as_ref().map_err(|e| format!("envoy descriptors: {e}"))?;
+    let pool = crate::model::envoy_api::pool()?;
     let name = any.type_url.rsplit('/').next().unwrap_or_default();
     let desc = pool.get_message_by_name(name).ok_or_else(|| format!("no descriptor for {name}"))?;
     let msg = DynamicMessage::decode(desc, any.value.as_slice()).map_err(|e| format!("decoding {name}: {e}"))?;

@@ -31,6 +31,8 @@
 //! - `mtls`: mutual TLS between Envoys (PeerAuthentication, ISTIO_MUTUAL,
 //!   auto-mTLS) with the workload certificates over SDS.
 //! - `jwt`: RequestAuthentication → `jwt_authn` on inbound and gateway listeners.
+//! - `envoyfilter`: EnvoyFilter patches, applied to a proxy's translated
+//!   config as the last step.
 //! - `capture`: captured proxies (`INTERCEPTION_MODE: REDIRECT`) →
 //!   `virtualOutbound`/`virtualInbound` and unbound per-port listeners.
 
@@ -40,6 +42,7 @@ pub mod cluster;
 pub mod dns;
 pub mod effect;
 pub mod encode;
+pub mod envoyfilter;
 pub mod explain;
 pub mod extauthz;
 pub mod gateway;
@@ -201,7 +204,9 @@ fn is_eds(c: &Cluster) -> bool {
 
 /// Translate everything one proxy needs from one mesh snapshot.
 pub fn translate(mesh: &Mesh, proxy: &ProxyIdentity) -> ProxyConfig {
-    translate_with_parts(mesh, proxy, None).0
+    let mut cfg = translate_with_parts(mesh, proxy, None).0;
+    envoyfilter::apply(&mut cfg, mesh, proxy);
+    cfg
 }
 
 fn translate_with_parts(mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) -> (ProxyConfig, BTreeMap<String, RdsParts>) {
@@ -345,7 +350,14 @@ struct Previous {
     identity: ProxyIdentity,
     objects: Objects,
     mesh: Arc<Mesh>,
+    /// Translated, before EnvoyFilter patches: what the incremental paths
+    /// start from.
     config: ProxyConfig,
+    /// What was served: `config` with the EnvoyFilters patches applied.
+    served: ProxyConfig,
+    /// The patches `served` has (`envoyfilter::apply_after` reuses its
+    /// resources of the types `config` shares with the next config).
+    patch_ids: Vec<u64>,
     rds: BTreeMap<String, RdsParts>,
     /// The hosts its config depends on, computed on first use, or carried
     /// over from the config this one was derived from incrementally (those
@@ -556,6 +568,13 @@ impl Translator {
                 (_, TypedSpec::Istio(Validated::AuthorizationPolicy { spec, .. })) => {
                     let labels = spec.selector.as_ref().map(|s| &s.match_labels);
                     if scope::policy_selects(ns, labels, &self.config.root_namespace, &prev.identity) {
+                        return None;
+                    }
+                    Vec::new()
+                }
+                // An EnvoyFilter matters only to the proxies it selects.
+                (_, TypedSpec::Istio(Validated::EnvoyFilter { spec, .. })) => {
+                    if scope::policy_selects(ns, spec.selector(), &self.config.root_namespace, &prev.identity) {
                         return None;
                     }
                     Vec::new()
@@ -787,7 +806,7 @@ impl Generator for Translator {
                 incremental = false;
                 translate_with_parts(&mesh, proxy, Some(&self.clusters))
             }
-            (Some(p), _) if p.config.revision == state.revision() => return Ok(p.config.clone()),
+            (Some(p), _) if p.config.revision == state.revision() => return Ok(p.served.clone()),
             // A captured proxy's inbound ports are those of the instances
             // at its address (`capture::inbound_ports`): a change to one of
             // them is a listener change, whatever else it is.
@@ -846,13 +865,35 @@ impl Generator for Translator {
             }
             *map = intern::map(map.clone());
         }
+        // EnvoyFilters patch the translated config last; the incremental
+        // paths above work on the unpatched one (`Previous::config`).
+        let mut served = config.clone();
+        let last = prev.as_ref().map(|p| envoyfilter::Patched { base: &p.config, served: &p.served, ids: &p.patch_ids });
+        let patch_ids = envoyfilter::apply_after(&mut served, &mesh, proxy, last).unwrap_or_default();
+        if !patch_ids.is_empty() {
+            for (t, map) in served.resources.iter_mut() {
+                if config.resources.get(t).is_some_and(|base| Arc::ptr_eq(base, map)) {
+                    continue;
+                }
+                *map = intern::map(map.clone());
+            }
+        }
         let deps = std::sync::OnceLock::new();
         if let Some(d) = prev.as_ref().filter(|_| incremental).and_then(|p| p.deps.get()) {
             let _ = deps.set(d.clone());
         }
-        let entry = Arc::new(Previous { identity: proxy.clone(), objects: state.objects.clone(), mesh: mesh.clone(), config: config.clone(), rds, deps });
+        let entry = Arc::new(Previous {
+            identity: proxy.clone(),
+            objects: state.objects.clone(),
+            mesh: mesh.clone(),
+            config,
+            served: served.clone(),
+            patch_ids,
+            rds,
+            deps,
+        });
         self.previous.lock().unwrap_or_else(|p| p.into_inner()).insert(proxy.id.clone(), entry);
-        Ok(config)
+        Ok(served)
     }
 
     fn fork(&self) -> Option<Box<dyn Generator>> {

@@ -24,6 +24,7 @@ mod doors_edges;
 mod doors_tenancy;
 mod doors_xds;
 mod dryrun;
+mod envoyfilter;
 mod extauthz;
 mod failover;
 mod faults;

@@ -56,6 +56,7 @@ const SECTIONS: &[(&str, usize)] = &[
     ("Check config: `lodestar analyze`", 1),
     ("Mesh config, external authorization (CUSTOM) and the Telemetry API", 1),
     ("Gateway API", 5),
+    ("EnvoyFilter", 2),
     ("Connect an Envoy", 0),
     ("A three-replica cluster on one machine", 0),
     ("The service registry", 0),

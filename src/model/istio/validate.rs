@@ -13,6 +13,7 @@ use super::authorization_policy::AuthorizationPolicy;
 use super::common::{Labels, MatchKind, Percent, StringMatch};
 use super::destination_rule::DestinationRule;
 use super::duration::Duration;
+use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
 use super::host;
 use super::mesh_config::MeshConfig;
@@ -63,6 +64,7 @@ pub enum Validated {
     WorkloadGroup { spec: Box<WorkloadGroup>, warnings: Vec<String> },
     MeshConfig { spec: Box<MeshConfig>, warnings: Vec<String> },
     Telemetry { spec: Box<Telemetry>, warnings: Vec<String> },
+    EnvoyFilter { spec: Box<EnvoyFilter>, warnings: Vec<String> },
 }
 
 impl Validated {
@@ -81,6 +83,7 @@ impl Validated {
             Validated::WorkloadGroup { .. } => "WorkloadGroup",
             Validated::MeshConfig { .. } => "MeshConfig",
             Validated::Telemetry { .. } => "Telemetry",
+            Validated::EnvoyFilter { .. } => "EnvoyFilter",
         }
     }
 
@@ -97,7 +100,8 @@ impl Validated {
             Validated::RequestAuthentication { warnings, .. }
             | Validated::WorkloadGroup { warnings, .. }
             | Validated::MeshConfig { warnings, .. }
-            | Validated::Telemetry { warnings, .. } => warnings,
+            | Validated::Telemetry { warnings, .. }
+            | Validated::EnvoyFilter { warnings, .. } => warnings,
         }
     }
 
@@ -116,12 +120,13 @@ impl Validated {
             Validated::WorkloadGroup { spec, .. } => serde_json::to_value(spec),
             Validated::MeshConfig { spec, .. } => serde_json::to_value(spec),
             Validated::Telemetry { spec, .. } => serde_json::to_value(spec),
+            Validated::EnvoyFilter { spec, .. } => serde_json::to_value(spec),
         }
     }
 }
 
 /// The kinds [`validate`] understands.
-pub const KINDS: [&str; 12] = [
+pub const KINDS: [&str; 13] = [
     "VirtualService",
     "DestinationRule",
     "ServiceEntry",
@@ -134,6 +139,7 @@ pub const KINDS: [&str; 12] = [
     "WorkloadGroup",
     "MeshConfig",
     "Telemetry",
+    "EnvoyFilter",
 ];
 
 /// Parses and validates the `spec` of a `networking.istio.io` resource of
@@ -156,6 +162,7 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Validated, Vec<FieldError>> 
         "WorkloadGroup" => run(spec, WorkloadGroup::check).map(|(spec, warnings)| Validated::WorkloadGroup { spec, warnings }),
         "MeshConfig" => run(spec, MeshConfig::check).map(|(spec, warnings)| Validated::MeshConfig { spec, warnings }),
         "Telemetry" => run(spec, Telemetry::check).map(|(spec, warnings)| Validated::Telemetry { spec, warnings }),
+        "EnvoyFilter" => run(spec, EnvoyFilter::check).map(|(spec, warnings)| Validated::EnvoyFilter { spec, warnings }),
         other => Err(vec![FieldError { field: "kind".to_string(), reason: format!("unsupported kind {other:?}; expected one of {}", KINDS.join(", ")) }]),
     }
 }
@@ -184,6 +191,7 @@ pub fn drop_unknown_fields(kind: &str, spec: &mut Value) -> Vec<String> {
         "RequestAuthentication" => first::<RequestAuthentication>,
         "WorkloadGroup" => first::<WorkloadGroup>,
         "Telemetry" => first::<Telemetry>,
+        "EnvoyFilter" => first::<EnvoyFilter>,
         _ => return Vec::new(),
     };
     let mut dropped = Vec::new();
@@ -791,7 +799,7 @@ mod tests {
 
     #[test]
     fn unknown_kind_is_reported() {
-        let err = validate("EnvoyFilter", &json!({})).unwrap_err();
+        let err = validate("ProxyConfig", &json!({})).unwrap_err();
         assert_eq!(err[0].field, "kind");
         assert!(err[0].reason.contains("unsupported kind"));
     }

@@ -274,6 +274,9 @@ pub struct Mesh {
     /// what that translation generated is in `gateways` and
     /// `virtual_services` (never stored).
     pub gateway_api_status: Arc<BTreeMap<ResourceKey, serde_json::Value>>,
+    /// EnvoyFilters with their patch values built (`translate::envoyfilter`),
+    /// in Istio's global order (priority, then age, then name).
+    pub envoy_filters: Vec<Arc<crate::translate::envoyfilter::CompiledFilter>>,
 }
 
 impl Mesh {
@@ -355,6 +358,7 @@ impl Mesh {
             request_authentications: self.request_authentications.clone(),
             jwks: self.jwks.clone(),
             gateway_api_status: self.gateway_api_status.clone(),
+            envoy_filters: self.envoy_filters.clone(),
         };
         for (key, _) in &changed {
             if let Some(old) = self.virtual_services.iter().find(|c| c.key == **key) {
@@ -582,6 +586,12 @@ impl Mesh {
                 TypedSpec::Istio(Validated::RequestAuthentication { spec, .. }) => mesh.request_authentications.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Istio(Validated::MeshConfig { spec, .. }) => mesh.mesh_config = Arc::new(spec.as_ref().clone()),
                 TypedSpec::Istio(Validated::Telemetry { spec, .. }) => mesh.telemetries.push(to_config(obj, spec.as_ref())),
+                TypedSpec::Istio(Validated::EnvoyFilter { spec, .. }) => {
+                    match crate::translate::envoyfilter::CompiledFilter::new(&to_config(obj, spec.as_ref())) {
+                        Ok(f) => mesh.envoy_filters.push(Arc::new(f)),
+                        Err(e) => mesh.skipped.push((key.clone(), e)),
+                    }
+                }
                 TypedSpec::Service(s) => declared.push((obj.clone(), s.clone())),
                 TypedSpec::Instance(i) => instances.push((obj.clone(), i.clone())),
                 TypedSpec::GatewayApi(g) => gateway_api.push((obj.clone(), g.clone())),
@@ -602,6 +612,7 @@ impl Mesh {
         mesh.authorization_policies.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.request_authentications.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
         mesh.telemetries.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.envoy_filters.sort_by_key(|f| f.order_key());
 
         let suffix = &config.domain_suffix;
         // By (hostname, namespace): one service per namespace and hostname.
