@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::common::MatchLabelsSelector;
-use super::validate::{check_selector_labels, Path, Report};
+use super::validate::{check_policy_target, Path, Report};
 
 /// The annotation that makes a policy a dry run: evaluated and counted
 /// (Envoy's shadow rules), never enforced.
@@ -335,15 +335,7 @@ impl AuthorizationPolicy {
     pub(super) fn check(&self, at: &Path, r: &mut Report) {
         // validateOneOfSelectorType, validateWorkloadSelector,
         // validatePolicyTargetReference(s).
-        if let Some(sel) = &self.selector {
-            check_selector_labels(r, &at.field("selector").field("matchLabels"), &sel.match_labels);
-        }
-        if self.target_ref.is_some() {
-            r.unsupported_one(&at.field("targetRef"), "targetRef", "Lodestar has no Kubernetes Gateway API objects to refer to: use selector");
-        }
-        if !self.target_refs.is_empty() {
-            r.unsupported_one(&at.field("targetRefs"), "targetRefs", "Lodestar has no Kubernetes Gateway API objects to refer to: use selector");
-        }
+        check_policy_target(r, at, self.selector.as_ref(), self.target_ref.is_some(), !self.target_refs.is_empty());
         let action = self.action();
         match action {
             Action::Custom => {

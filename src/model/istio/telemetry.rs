@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::common::MatchLabelsSelector;
-use super::validate::{check_selector_labels, Path, Report};
+use super::validate::{check_policy_target, Path, Report};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -155,15 +155,7 @@ const MAX_EXPRESSION: usize = 4096;
 
 impl Telemetry {
     pub(super) fn check(&self, at: &Path, r: &mut Report) {
-        if let Some(sel) = &self.selector {
-            check_selector_labels(r, &at.field("selector").field("matchLabels"), &sel.match_labels);
-        }
-        if self.target_ref.is_some() {
-            r.unsupported_one(&at.field("targetRef"), "targetRef", "Lodestar has no Kubernetes Gateway API objects to refer to: use selector");
-        }
-        if !self.target_refs.is_empty() {
-            r.unsupported_one(&at.field("targetRefs"), "targetRefs", "Lodestar has no Kubernetes Gateway API objects to refer to: use selector");
-        }
+        check_policy_target(r, at, self.selector.as_ref(), self.target_ref.is_some(), !self.target_refs.is_empty());
         if !self.metrics.is_empty() {
             r.error(
                 &at.field("metrics"),

@@ -551,6 +551,20 @@ fn is_qualified_name(s: &str) -> bool {
     }
 }
 
+/// A policy's target (`selector`, or `targetRef(s)`, Istio's
+/// validateOneOfSelectorType): the selector's labels checked, a targetRef
+/// refused (policies attach to workloads by selector only here).
+pub(super) fn check_policy_target(r: &mut Report, at: &Path, selector: Option<&super::common::MatchLabelsSelector>, target_ref: bool, target_refs: bool) {
+    if let Some(sel) = selector {
+        check_selector_labels(r, &at.field("selector").field("matchLabels"), &sel.match_labels);
+    }
+    for (field, set) in [("targetRef", target_ref), ("targetRefs", target_refs)] {
+        if set {
+            r.unsupported_one(&at.field(field), field, "a policy cannot target Gateway API objects in Lodestar: use selector");
+        }
+    }
+}
+
 /// Labels of a workload selector (Istio's `ValidateAlphaWorkloadSelector`):
 /// empty keys and wildcards are errors, an empty selector selects the whole
 /// namespace, which is allowed but probably a mistake.
