@@ -321,7 +321,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         }
         let spec = json!({"selector": {NAME_LABEL: g.obj.key.name}, "servers": [server]});
         match serde_json::from_value::<IstioGateway>(spec) {
-            Ok(spec) => out.gateways.push(generated(g.obj, Kind::Gateway, &name, g.class, spec)),
+            Ok(spec) => out.gateways.push(generated(g.obj, Kind::Gateway, &name, (CLASS_LABEL, g.class), spec)),
             Err(e) => out.skipped.push((g.obj.key.clone(), format!("generated Gateway {name}: {e}"))),
         }
     }
@@ -341,7 +341,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         let spec = json!({"hosts": [host], "gateways": [gw_name], routes_kind: entries});
         let name = format!("{}.{}.{}", g.obj.key.name, l.listener.name, host.replace('*', "wildcard"));
         match serde_json::from_value::<VirtualService>(spec) {
-            Ok(spec) => out.virtual_services.push(generated(g.obj, Kind::VirtualService, &name, g.class, spec)),
+            Ok(spec) => out.virtual_services.push(generated(g.obj, Kind::VirtualService, &name, (CLASS_LABEL, g.class), spec)),
             Err(e) => out.skipped.push((g.obj.key.clone(), format!("generated VirtualService {name}: {e}"))),
         }
     }
@@ -356,13 +356,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         }
         let name = format!("mesh.{host}");
         match serde_json::from_value::<VirtualService>(spec) {
-            Ok(spec) => {
-                let mut vs = generated(m.source, Kind::VirtualService, &name, "", spec);
-                let labels = &mut Arc::get_mut(&mut vs).expect("just made").labels;
-                labels.clear();
-                labels.insert(MESH_ROUTE_LABEL.to_string(), ns.clone());
-                out.virtual_services.push(vs);
-            }
+            Ok(spec) => out.virtual_services.push(generated(m.source, Kind::VirtualService, &name, (MESH_ROUTE_LABEL, &ns), spec)),
             Err(e) => out.skipped.push((m.source.key.clone(), format!("generated VirtualService {ns}/{name}: {e}"))),
         }
     }
@@ -462,13 +456,14 @@ fn mesh_parent<'a>(
     })
 }
 
-/// A generated object: the source's namespace, revisions and class label.
-fn generated<T>(source: &StoredObject, kind: Kind, name: &str, class: &str, spec: T) -> Arc<Config<T>> {
+/// A generated object: the source's namespace and revisions, and one
+/// label (its class, or a mesh route's namespace).
+fn generated<T>(source: &StoredObject, kind: Kind, name: &str, (label, value): (&str, &str), spec: T) -> Arc<Config<T>> {
     Arc::new(Config {
         key: ResourceKey::new(kind, source.key.namespace.as_str(), name),
         create_revision: source.create_revision,
         mod_revision: source.mod_revision,
-        labels: BTreeMap::from([(CLASS_LABEL.to_string(), class.to_string())]),
+        labels: BTreeMap::from([(label.to_string(), value.to_string())]),
         spec,
     })
 }
