@@ -218,9 +218,10 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         let unsupported = route.filters().find(|f| matches!(f.kind.as_str(), "CORS" | "ExternalAuth" | "ExtensionRef"));
         let mut parents = Vec::new();
         let (parent_refs, hostnames) = route.parents_and_hostnames();
+        let http_routes = route.http_routes(obj, &from, &resolver);
         for pref in parent_refs {
             if pref.is_mesh_service() {
-                let parent = mesh_parent(obj, route, pref, &from, &resolver, &refs, &mut mesh_routes);
+                let parent = mesh_parent(obj, route, &http_routes, pref, &from, &resolver, &refs, &mut mesh_routes);
                 parents.push(parent);
                 continue;
             }
@@ -274,18 +275,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
                 let port = listeners[i].listener.port;
                 for host in hosts {
                     match route {
-                        RouteIn::Http(r) => {
-                            let entries = by_host.entry((i, host)).or_default();
-                            for (ri, rule) in r.rules.iter().enumerate() {
-                                entries.extend(rule_routes(obj, ri, rule, &from, &resolver));
-                            }
-                        }
-                        RouteIn::Grpc(r) => {
-                            let entries = by_host.entry((i, host)).or_default();
-                            for (ri, rule) in r.rules.iter().enumerate() {
-                                entries.extend(grpc_rule_routes(obj, ri, rule, &from, &resolver));
-                            }
-                        }
+                        RouteIn::Http(_) | RouteIn::Grpc(_) => by_host.entry((i, host)).or_default().extend(http_routes.iter().cloned()),
                         RouteIn::Tcp(r) => tcp.entry(i).or_default().extend(l4_routes(r, None, port, &from, &resolver)),
                         RouteIn::Tls(r) => {
                             let entries = l4_routes(r, Some(&host), port, &from, &resolver);
@@ -400,11 +390,13 @@ struct MeshHost<'a> {
     entries: Vec<(Rank, Value)>,
 }
 
-/// A mesh parentRef (a Service): its routes into `mesh_routes`, and its
-/// status.
+/// A mesh parentRef (a Service): the route's HTTP routes into
+/// `mesh_routes`, and its status.
+#[allow(clippy::too_many_arguments)]
 fn mesh_parent<'a>(
     obj: &'a StoredObject,
     route: &RouteIn,
+    http_routes: &[(Rank, Value)],
     pref: &ParentRef,
     from: &Referrer,
     r: &Resolver,
@@ -428,12 +420,7 @@ fn mesh_parent<'a>(
         _ => condition("Accepted", true, "Accepted", "", gen),
     };
     if let (Some(host), "True") = (&host, accepted["status"].as_str().unwrap_or("")) {
-        let mut entries = Vec::new();
-        match route {
-            RouteIn::Http(rt) => rt.rules.iter().enumerate().for_each(|(ri, rule)| entries.extend(rule_routes(obj, ri, rule, from, r))),
-            RouteIn::Grpc(rt) => rt.rules.iter().enumerate().for_each(|(ri, rule)| entries.extend(grpc_rule_routes(obj, ri, rule, from, r))),
-            RouteIn::Tcp(_) | RouteIn::Tls(_) => {}
-        }
+        let mut entries = http_routes.to_vec();
         if let Some(port) = pref.port {
             for (_, http) in &mut entries {
                 for m in http["match"].as_array_mut().into_iter().flatten() {
@@ -598,6 +585,16 @@ impl RouteIn<'_> {
             RouteIn::Http(r) => Box::new(r.rules.iter().flat_map(|r| r.filters.iter())),
             RouteIn::Grpc(r) => Box::new(r.rules.iter().flat_map(|r| r.filters.iter())),
             RouteIn::Tcp(_) | RouteIn::Tls(_) => Box::new(std::iter::empty()),
+        }
+    }
+
+    /// The Istio HTTP routes of an HTTPRoute's or a GRPCRoute's rules
+    /// (none for TCP and TLS routes), ranked.
+    fn http_routes(&self, obj: &StoredObject, from: &Referrer, r: &Resolver) -> Vec<(Rank, Value)> {
+        match self {
+            RouteIn::Http(rt) => rt.rules.iter().enumerate().flat_map(|(ri, rule)| rule_routes(obj, ri, rule, from, r)).collect(),
+            RouteIn::Grpc(rt) => rt.rules.iter().enumerate().flat_map(|(ri, rule)| grpc_rule_routes(obj, ri, rule, from, r)).collect(),
+            RouteIn::Tcp(_) | RouteIn::Tls(_) => Vec::new(),
         }
     }
 
