@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Seed every fuzz target's corpus from tests/fixtures, then run each for
-# SECONDS (default 10). Needs the nightly toolchain and cargo-fuzz.
+# Seed every fuzz target's corpus from tests/fixtures (seed.sh), then fuzz
+# each for SECONDS (default 10) with coverage and AddressSanitizer. Needs
+# the nightly toolchain and cargo-fuzz; the scheduled job (.ci/nightly)
+# runs it. CI builds the targets on stable and replays the seeds
+# through them (replay.sh).
 #
 #   fuzz/run.sh [SECONDS] [TARGET...]     (default: every target)
 #
@@ -8,7 +11,7 @@
 # add it as a regression test where the decoder or parser lives.
 #
 # LODESTAR_FUZZ_DEV=1 builds and runs the targets unoptimised (`cargo fuzz
-# --dev`, still with AddressSanitizer): tests/run's smoke run, where the
+# --dev`, still with AddressSanitizer): a quick run, where the
 # release build (the whole tree at opt-level 3 in one codegen unit, with
 # ASan) costs far more than the seconds of fuzzing it serves.
 set -euo pipefail
@@ -17,20 +20,7 @@ secs="${1:-10}"
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(documents decoders rest xds)
-mkdir -p corpus/documents corpus/decoders
-for f in ../tests/fixtures/istio/*/*.yaml; do
-  cp "$f" "corpus/documents/istio-$(basename "$(dirname "$f")")-$(basename "$f")"
-done
-for d in ../tests/fixtures/translate/*/; do
-  cp "$d/input.yaml" "corpus/documents/translate-$(basename "$d").yaml"
-done
-# The decoders' first byte picks the type (fuzz_targets/decoders.rs).
-seed() { { printf "\\x$(printf %02x "$1")"; xxd -r -p "../tests/fixtures/codec/$2.v1.hex"; } >"corpus/decoders/$2"; }
-seed 0 log_entry
-seed 6 vote
-seed 8 backup_file
-# rest and xds: framed requests and bodies built from the fixtures.
-python3 seeds.py corpus
+./seed.sh
 # --cfg fuzzing turns on vendor/h2's fuzz module, whose lints (denied in
 # h2, capped for crates.io dependencies but not for path ones) fail it.
 export RUSTFLAGS="${RUSTFLAGS:-} --cap-lints=warn"
