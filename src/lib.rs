@@ -5,8 +5,12 @@
 //! # Layout
 //! Lowest layer first; a module imports only from layers above it in this
 //! list (the root modules also from each other), never in a circle
-//! (`tests/e2e/tidy.rs` keeps both). Each layer is a crate to be.
-//! - [`error`]: the one error vocabulary (codes as HTTP and gRPC numbers).
+//! (`tests/e2e/tidy.rs` keeps both). `model` (with `error`), `state` and
+//! `translate` are workspace crates of their own (`src/X/Cargo.toml`), with
+//! no IO crate in their dependency trees, re-exported here under these
+//! names; each other layer is a crate to be.
+//! - [`error`]: the one error vocabulary (codes as HTTP and gRPC numbers);
+//!   the model crate's.
 //! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
 //! - [`proto`]: generated protobuf code (API, peer, Istio CA).
 //! - [`model`]: pure domain types: kinds, resources, keys, selectors,
@@ -75,27 +79,29 @@ pub mod ca;
 pub mod cli;
 pub mod client;
 pub mod config;
-pub mod error;
 pub mod ha;
 pub mod health;
 pub mod jwks;
 pub mod logging;
+// The pure crates (src/model, src/state, src/translate: workspace members
+// with no IO crate in their dependency tree), under their module names.
+pub use lodestar_model as model;
+pub use lodestar_model::error;
+pub use lodestar_state as state;
+pub use lodestar_translate as translate;
 // The mesh index is translation's input: it lives there; its old path stays.
 pub use translate::mesh;
 pub mod metrics;
-pub mod model;
 pub mod node;
 pub mod peer;
 pub mod replica;
 pub mod secrets;
 pub mod server;
-pub mod state;
 // openraft's StorageError (224 bytes) is the error type its storage traits
 // require; boxing it in our helpers would only add conversions.
 #[allow(clippy::result_large_err)]
 pub mod store;
 pub mod tls;
-pub mod translate;
 pub mod xds;
 
 /// Generated protobuf code.

@@ -30,7 +30,10 @@ fn config(generation: u64) -> ProxyConfig {
         }
         let version = format!("{v}");
         c.insert(ResourceType::Cluster, XdsResource::with_version::<Cluster>(format!("outbound|80||s{i}.default.svc.cluster.local"), vec![], version.clone()));
-        c.insert(ResourceType::Endpoint, XdsResource::with_version::<ClusterLoadAssignment>(format!("outbound|80||s{i}.default.svc.cluster.local"), vec![], version.clone()));
+        c.insert(
+            ResourceType::Endpoint,
+            XdsResource::with_version::<ClusterLoadAssignment>(format!("outbound|80||s{i}.default.svc.cluster.local"), vec![], version.clone()),
+        );
         c.insert(ResourceType::Listener, XdsResource::with_version::<Listener>(format!("0.0.0.0_{}", 8080 + i), vec![], version.clone()));
         c.insert(ResourceType::Route, XdsResource::with_version::<RouteConfiguration>(format!("{}", 8080 + i), vec![], version));
     }

@@ -8,7 +8,7 @@
 use super::views::{ClusterStatusView, NodeStatusView, WaitReportView};
 use super::{ApplyItem, Caller, DeleteItem, Precheck, WriteResult};
 use crate::auth::{Acl, PeerIdentity, Target, Verb};
-use crate::error::{Code, Error, Result};
+use crate::error::{Code, Error};
 use crate::model::documents::parse_documents;
 use crate::node::{Consistency, Node};
 use crate::replica::Replica;
@@ -98,7 +98,7 @@ pub fn observer_router(replica: Arc<Replica>) -> Router {
 /// The caller of a request: its bearer token and client-certificate
 /// identity, authenticated (401 when that fails) before the handler runs.
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
-    type Rejection = Error;
+    type Rejection = Reply;
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Caller> {
         let acl = parts.extensions.get::<Arc<Acl>>().cloned().ok_or_else(|| Error::internal("the router has no ACL state"))?;
@@ -109,15 +109,31 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
             None => None,
             Some(v) => Some(v.to_str().map_err(|_| Error::field("X-Lodestar-Message", "a change message is printable ASCII text"))?),
         };
-        Caller::of_request(&acl, &op, parts.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()), peer)?.with_message(message)
+        Ok(Caller::of_request(&acl, &op, parts.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()), peer)?.with_message(message)?)
     }
 }
 
-impl IntoResponse for Error {
+/// A handler's error as its REST answer: the code's HTTP status and the
+/// body `{"error": {"code", "message", "fields"}}`. A newtype because
+/// `Error` is the model crate's and `IntoResponse` axum's; `?` converts.
+#[derive(Debug)]
+pub struct Reply(pub Error);
+
+/// What handlers return: any `Error` becomes its REST answer.
+pub type Result<T, E = Reply> = std::result::Result<T, E>;
+
+impl From<Error> for Reply {
+    fn from(e: Error) -> Reply {
+        Reply(e)
+    }
+}
+
+impl IntoResponse for Reply {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = json!({"error": {"code": self.code.as_str(), "message": self.message, "fields": self.fields}});
-        if self.code == Code::Unauthenticated {
+        let Reply(this) = self;
+        let status = StatusCode::from_u16(this.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = json!({"error": {"code": this.code.as_str(), "message": this.message, "fields": this.fields}});
+        if this.code == Code::Unauthenticated {
             return (status, [(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))], Json(body)).into_response();
         }
         (status, Json(body)).into_response()
@@ -133,11 +149,11 @@ pub async fn unrouted(req: axum::extract::Request) -> Response {
     if grpc {
         return tonic::Status::unimplemented(format!("no method {path}")).into_http();
     }
-    Error::not_found(format!("no API at {path}")).into_response()
+    Reply(Error::not_found(format!("no API at {path}"))).into_response()
 }
 
 /// Read a body with the configured size limit; over it is a 400 that says so.
-async fn read_body(replica: &Replica, body: Body) -> Result<Bytes> {
+async fn read_body(replica: &Replica, body: Body) -> crate::error::Result<Bytes> {
     let limit = replica.config.max_body_bytes;
     axum::body::to_bytes(body, limit).await.map_err(|_| Error::field("body", format!("request body is larger than the limit of {limit} bytes")))
 }
@@ -146,13 +162,13 @@ fn is_yaml(headers: &HeaderMap) -> bool {
     headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|ct| ct.contains("yaml") || ct.starts_with("text/"))
 }
 
-fn body_text(bytes: &[u8]) -> Result<&str> {
+fn body_text(bytes: &[u8]) -> crate::error::Result<&str> {
     std::str::from_utf8(bytes).map_err(|e| Error::field("body", format!("not UTF-8: {e}")))
 }
 
 /// The body of `/v1/apply` and `/v1/delete`: `{"resources": [...]}` in JSON,
 /// or a YAML/JSON stream of resource documents.
-fn documents(yaml: bool, bytes: &[u8]) -> Result<(Vec<Value>, Value)> {
+fn documents(yaml: bool, bytes: &[u8]) -> crate::error::Result<(Vec<Value>, Value)> {
     let text = body_text(bytes)?;
     if yaml {
         let docs = parse_documents(text, "body").map_err(|e| Error::invalid_fields(vec![e]))?;
@@ -188,7 +204,7 @@ struct ApplyQuery {
 }
 
 impl ApplyQuery {
-    fn fields(&self) -> Result<crate::model::FieldValidation> {
+    fn fields(&self) -> crate::error::Result<crate::model::FieldValidation> {
         match &self.field_validation {
             None => Ok(Default::default()),
             Some(v) => crate::model::FieldValidation::parse(v).ok_or_else(|| Error::field("fieldValidation", format!("{v:?}: expected Warn or Strict"))),
@@ -216,7 +232,7 @@ fn outcome(o: super::ApplyOutcome) -> Response {
 /// validated into the transaction it asks for, with its warnings: all the
 /// handler does before authorizing and proposing it. Public for the fuzz
 /// target (`fuzz/fuzz_targets/rest.rs`).
-pub fn apply_body(yaml: bool, bytes: &[u8], fields: crate::model::FieldValidation) -> Result<(crate::store::types::Txn, Vec<String>)> {
+pub fn apply_body(yaml: bool, bytes: &[u8], fields: crate::model::FieldValidation) -> crate::error::Result<(crate::store::types::Txn, Vec<String>)> {
     let (docs, _) = documents(yaml, bytes)?;
     // `{"resource": {...}, "expectedRevision": N}` wraps a resource with a
     // precondition; a bare resource has none.
@@ -233,7 +249,7 @@ pub fn apply_body(yaml: bool, bytes: &[u8], fields: crate::model::FieldValidatio
             }
             other => Ok(ApplyItem { resource: other, expected_revision: None }),
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<crate::error::Result<Vec<_>>>()?;
     super::apply_txn(items, fields)
 }
 
@@ -265,7 +281,7 @@ async fn delete_many(State(replica): State<Arc<Replica>>, caller: Caller, Query(
 
 /// The body of `/v1/delete` into its transaction (as [`apply_body`]);
 /// `ignore_not_found`: the query parameter, which wins over the body's.
-pub fn delete_body(yaml: bool, bytes: &[u8], ignore_not_found: Option<bool>) -> Result<crate::store::types::Txn> {
+pub fn delete_body(yaml: bool, bytes: &[u8], ignore_not_found: Option<bool>) -> crate::error::Result<crate::store::types::Txn> {
     let (docs, envelope) = documents(yaml, bytes)?;
     let ignore = ignore_not_found.or_else(|| envelope.get("ignoreNotFound").and_then(Value::as_bool)).unwrap_or(false);
     let items = if docs.iter().all(|d| d.get("metadata").is_none() && d.get("name").is_some()) {
@@ -275,7 +291,7 @@ pub fn delete_body(yaml: bool, bytes: &[u8], ignore_not_found: Option<bool>) -> 
                 let r: DeleteRef = serde_json::from_value(d).map_err(|e| Error::field(format!("resources[{i}]"), e.to_string()))?;
                 Ok(DeleteItem { kind: r.kind, namespace: r.namespace, name: r.name, expected_revision: r.expected_revision })
             })
-            .collect::<Result<Vec<_>>>()?
+            .collect::<crate::error::Result<Vec<_>>>()?
     } else {
         super::delete_items_from_documents(docs)?
     };
@@ -303,7 +319,7 @@ struct ReadQuery {
     consistency: Option<String>,
 }
 
-fn consistency(q: Option<&str>) -> Result<Consistency> {
+fn consistency(q: Option<&str>) -> crate::error::Result<Consistency> {
     match q {
         None | Some("") | Some("linearizable") => Ok(Consistency::Linearizable),
         Some("stale") => Ok(Consistency::Stale),
@@ -693,7 +709,7 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
             "endpoint" => ResourceType::Endpoint,
             "listener" => ResourceType::Listener,
             "route" => ResourceType::Route,
-            other => return Err(Error::field("type", format!("{other:?}: expected cluster, endpoint, listener or route"))),
+            other => return Err(Error::field("type", format!("{other:?}: expected cluster, endpoint, listener or route")).into()),
         }),
     };
     let mut out = serde_json::Map::new();
@@ -819,7 +835,7 @@ async fn diff_revisions(State(replica): State<Arc<Replica>>, caller: Caller, Que
 async fn rollback(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<ApplyQuery>, body: Body) -> Result<Response> {
     caller.precheck(Precheck::Any(Verb::Write))?;
     if q.expected_revision.is_some() {
-        return Err(Error::field("expectedRevision", "a rollback guards every object it restores by its current revision already"));
+        return Err(Error::field("expectedRevision", "a rollback guards every object it restores by its current revision already").into());
     }
     let bytes = read_body(&replica, body).await?;
     let req: super::history::RollbackRequest = serde_json::from_slice(&bytes).map_err(|e| Error::field("body", e.to_string()))?;

@@ -1,13 +1,15 @@
 //! The domain model: kinds, resources, keys, selectors, typed specs and
 //! their validation (Istio, registry, ACL), proxy identity.
 //!
-//! Invariant: this module is pure. It knows nothing of sled, openraft, tonic
-//! or axum; everything here is testable with plain values.
+//! Invariant: this crate is pure. It knows nothing of sled, openraft, tonic
+//! or axum (none is in its dependency tree); everything here is testable
+//! with plain values.
 
 pub mod acl;
 pub mod diff;
 pub mod documents;
 pub mod envoy_api;
+pub mod error;
 pub mod gateway_api;
 pub mod istio;
 pub mod kinds;
@@ -114,7 +116,7 @@ fn typed_spec(kind: Kind, spec: &Value) -> Result<TypedSpec, Vec<FieldError>> {
 }
 
 /// Parse a stored spec (already validated when written).
-pub(crate) fn parse_typed(kind: Kind, spec: &Value) -> Result<TypedSpec, String> {
+pub fn parse_typed(kind: Kind, spec: &Value) -> Result<TypedSpec, String> {
     typed_spec(kind, spec).map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))
 }
 

@@ -76,7 +76,7 @@ impl Dedup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::txn::TxnOk;
+    use crate::txn::TxnOk;
 
     fn results(revision: u64) -> Arc<Vec<TxnResult>> {
         Arc::new(vec![Ok(TxnOk { revision, items: Vec::new() })])

@@ -96,7 +96,7 @@ pub fn compacted(rev: u64, oldest: u64) -> Error {
 mod tests {
     use super::*;
     use crate::model::Kind;
-    use crate::state::txn::{Op, Txn};
+    use crate::txn::{Op, Txn};
 
     fn key(name: &str) -> ResourceKey {
         ResourceKey::new(Kind::DestinationRule, "default", name)

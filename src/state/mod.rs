@@ -5,7 +5,8 @@
 //! revision can be handed to readers (API, xDS) as its own snapshot while
 //! the state machine moves on.
 //! Nothing here does IO; the state machine persists what `apply_txn` returns.
-//! Knows no tokio, tonic, axum, sled or openraft (`tests/e2e/tidy.rs`).
+//! A crate of its own: no tokio, tonic, axum, sled or openraft in its
+//! dependency tree.
 //!
 //! # Layout
 //! - `objects`: every stored object by key (a persistent ordered set).
@@ -15,8 +16,11 @@
 //! - `access`: ACLs, the pure part: principals, permissions, the index of
 //!   one revision's ACL objects, tokens.
 
-use crate::error::{Error, FieldError};
-use crate::model::{Kind, ResourceKey, StoredObject};
+// The model crate under the name the sources use (`crate::model::Kind`).
+use lodestar_model::{self as model, error};
+
+use error::{Error, FieldError};
+use model::{Kind, ResourceKey, StoredObject};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::Arc;

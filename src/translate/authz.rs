@@ -33,9 +33,9 @@
 
 use super::encode::{put_len_delimited, put_sorted_messages};
 use super::scope::policy_selects;
+use crate::mesh::{Authz, Config, Mesh};
 use crate::model::istio::authorization_policy::{contains_path_template, Action, Attribute, Rule};
 use crate::model::proxy::ProxyIdentity;
-use crate::translate::mesh::{Authz, Config, Mesh};
 use envoy_types::pb::envoy::config::core::v3::{CidrRange, TypedExtensionConfig};
 use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, Listener};
 use envoy_types::pb::envoy::config::rbac::v3::{

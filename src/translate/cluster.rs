@@ -3,9 +3,9 @@
 
 use super::mtls::{self, UpstreamMtls};
 use super::util::{ads_config_source, any, duration, istio_duration};
+use crate::mesh::{Health, Instance, Resolution, Service, ServicePort};
 use crate::model::istio::destination_rule::{ClientTlsMode, ConnectionPoolSettings, LoadBalancerSettings, OutlierDetection, SimpleLb, TrafficPolicy};
 use crate::model::istio::DestinationRule;
-use crate::translate::mesh::{Health, Instance, Resolution, Service, ServicePort};
 use envoy_types::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
     cluster::{ClusterDiscoveryType, CommonLbConfig, DiscoveryType, EdsClusterConfig, LbConfig, LbPolicy, MaglevLbConfig, RingHashLbConfig},

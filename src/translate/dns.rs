@@ -16,9 +16,9 @@
 //!   `reviews.shop.svc` for a proxy in `shop`), served over xDS as Istio's
 //!   NDS resource (`istio.networking.nds.v1.NameTable`, the same fields).
 
+use crate::mesh::{Mesh, Resolution, Service};
 use crate::model::proxy::ProxyIdentity;
-use crate::translate::mesh::{Mesh, Resolution, Service};
-use crate::translate::resources::{ProxyConfig, ResourceType, XdsResource};
+use crate::resources::{ProxyConfig, ResourceType, XdsResource};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
@@ -69,7 +69,7 @@ pub fn wants_auto_vip(svc: &Service) -> bool {
 /// The address of `host` in 240.240.0.0/16 before collisions: never the
 /// network's first or last address.
 fn slot(host: &str) -> u16 {
-    (crate::translate::resources::fnv1a(host.as_bytes()) % 65534) as u16 + 1
+    (crate::resources::fnv1a(host.as_bytes()) % 65534) as u16 + 1
 }
 
 /// Addresses for `hosts` (deduplicated, in hostname order): each its hash

@@ -39,14 +39,14 @@ use envoy_types::pb::google::protobuf::Any;
 use prost::{Message, Name};
 use prost_reflect::{DynamicMessage, ReflectMessage};
 
+use crate::capture::{VIRTUAL_INBOUND, VIRTUAL_OUTBOUND};
+use crate::mesh::{Config, Mesh};
 use crate::model::envoy_api as api;
 use crate::model::istio::envoy_filter::{ApplyTo, ClusterMatch, ListenerMatch, Operation, PatchContext, RouteAction, RouteConfigurationMatch, HCM};
 use crate::model::istio::EnvoyFilter;
 use crate::model::proxy::{ProxyIdentity, ProxyKind};
 use crate::model::ResourceKey;
-use crate::translate::capture::{VIRTUAL_INBOUND, VIRTUAL_OUTBOUND};
-use crate::translate::mesh::{Config, Mesh};
-use crate::translate::resources::{fnv1a, ProxyConfig, ResourceType, XdsResource};
+use crate::resources::{fnv1a, ProxyConfig, ResourceType, XdsResource};
 
 /// One EnvoyFilter with its patch values built, once per mesh.
 #[derive(Debug)]
@@ -163,7 +163,7 @@ impl<'a> ProxyPatches<'a> {
             .envoy_filters
             .iter()
             .map(|f| f.as_ref())
-            .filter(|f| crate::translate::scope::policy_selects(&f.key.namespace, f.selector.as_ref(), root, proxy))
+            .filter(|f| crate::scope::policy_selects(&f.key.namespace, f.selector.as_ref(), root, proxy))
             .collect();
         filters.sort_by_key(|f| (f.priority, f.key.namespace != *root, f.create_revision, format!("{}.{}", f.key.name, f.key.namespace)));
         let mut by_kind: BTreeMap<ApplyTo, Vec<&CompiledPatch>> = BTreeMap::new();
@@ -311,7 +311,7 @@ pub fn apply_after(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, pr
                 let mut touched = Touched::default();
                 patch_route_configuration(&mut rc, outbound_ctx, &patches, &mut touched);
                 if !touched.0.is_empty() {
-                    let bytes = crate::translate::encode::route_configuration_bytes(&rc);
+                    let bytes = crate::encode::route_configuration_bytes(&rc);
                     out.insert(
                         name.clone(),
                         std::sync::Arc::new(XdsResource::with_version::<RouteConfiguration>(name.clone(), bytes, touched.version(&res.version))),
@@ -360,8 +360,8 @@ fn inbound_listener_names(mesh: &Mesh, proxy: &ProxyIdentity) -> Vec<String> {
     if proxy.capture {
         return vec![VIRTUAL_INBOUND.to_string()];
     }
-    let Some(sc) = crate::translate::scope::sidecar_for(mesh, proxy) else { return Vec::new() };
-    crate::translate::inbound::sidecar_ports(proxy, sc).iter().map(|p| format!("{}_{}", p.bind, p.port)).collect()
+    let Some(sc) = crate::scope::sidecar_for(mesh, proxy) else { return Vec::new() };
+    crate::inbound::sidecar_ports(proxy, sc).iter().map(|p| format!("{}_{}", p.bind, p.port)).collect()
 }
 
 fn has_route_patches(p: &ProxyPatches) -> bool {

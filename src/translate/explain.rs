@@ -12,7 +12,7 @@
 //! and one of its principals match.
 
 use super::authz::{decode_filter, sorted_policies, HTTP_RBAC, JWT_FILTER, NETWORK_RBAC};
-use crate::translate::resources::{ProxyConfig, ResourceType};
+use crate::resources::{ProxyConfig, ResourceType};
 use envoy_types::pb::envoy::config::core::v3::{address, CidrRange};
 use envoy_types::pb::envoy::config::listener::v3::{filter, Listener};
 use envoy_types::pb::envoy::config::rbac::v3::{permission, principal, rbac::Action, Permission, Policy, Principal, Rbac};

@@ -27,10 +27,10 @@
 
 use super::authz::{build, policy_name, Built, HTTP_RBAC, NETWORK_RBAC};
 use super::util::{any, duration};
+use crate::mesh::{Authz, Config, Mesh, Service};
 use crate::model::istio::authorization_policy::Action;
 use crate::model::istio::mesh_config::{parse_status, ExtAuthzGrpc, ExtAuthzHttp, ProviderKind, RequestBody};
 use crate::model::proxy::ProxyIdentity;
-use crate::translate::mesh::{Authz, Config, Mesh, Service};
 use envoy_types::pb::envoy::config::core::v3::{grpc_service, GrpcService, HeaderValue, HttpUri};
 use envoy_types::pb::envoy::config::listener::v3::{filter, Filter};
 use envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::{

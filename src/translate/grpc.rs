@@ -40,9 +40,9 @@ use super::listener::{http_connection_manager, Routes};
 use super::route::{self, RouteCtx, CORS_FILTER};
 use super::scope;
 use super::util::any;
+use crate::mesh::{Mesh, Service};
 use crate::model::proxy::ProxyIdentity;
-use crate::translate::mesh::{Mesh, Service};
-use crate::translate::resources::{ProxyConfig, ResourceType, XdsResource};
+use crate::resources::{ProxyConfig, ResourceType, XdsResource};
 use envoy_types::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, DiscoveryType, LbConfig, LbPolicy, RingHashLbConfig},
     Cluster,

@@ -22,10 +22,10 @@ use super::listener::{self, Routes, HCM};
 use super::mtls::{self, Inbound};
 use super::util::any;
 use super::{cluster, util};
+use crate::mesh::{Config, Mesh};
 use crate::model::istio::Sidecar;
 use crate::model::proxy::ProxyIdentity;
-use crate::translate::mesh::{Config, Mesh};
-use crate::translate::resources::{ProxyConfig, ResourceType, XdsResource};
+use crate::resources::{ProxyConfig, ResourceType, XdsResource};
 use envoy_types::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster};
 use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::envoy::config::route::v3::{

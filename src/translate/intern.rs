@@ -10,7 +10,7 @@
 //! Entries are weak: a value lives as long as some config holds it. Dead
 //! entries are swept whenever the table has doubled since the last sweep.
 
-use crate::translate::resources::{ResourceMap, XdsResource};
+use crate::resources::{ResourceMap, XdsResource};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock, Weak};

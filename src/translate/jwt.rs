@@ -27,10 +27,10 @@
 
 use super::encode::put_sorted_message_map;
 use super::scope::policy_selects;
+use crate::mesh::{Config, Mesh};
 use crate::model::istio::request_authentication::{JwtRule, DEFAULT_SPACE_DELIMITED_CLAIMS};
 use crate::model::istio::RequestAuthentication;
 use crate::model::proxy::ProxyIdentity;
-use crate::translate::mesh::{Config, Mesh};
 use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource};
 use envoy_types::pb::envoy::config::route::v3::{route_match::PathSpecifier, RouteMatch};
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{

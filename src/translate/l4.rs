@@ -23,9 +23,9 @@
 use super::listener::tcp_proxy_filter;
 use super::route::RouteCtx;
 use super::{cluster::socket_address, outbound_cluster_name};
+use crate::mesh::{Config, Service};
 use crate::model::istio::virtual_service::RouteDestination;
 use crate::model::istio::{resolve_short_name, VirtualService};
-use crate::translate::mesh::{Config, Service};
 use envoy_types::pb::envoy::config::core::v3::CidrRange;
 use envoy_types::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::google::protobuf::UInt32Value;

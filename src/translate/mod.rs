@@ -2,8 +2,9 @@
 //! proxy's Envoy resources (clusters, endpoints, listeners, routes). Golden
 //! tested in `tests/e2e/translate.rs`; deterministic (BTreeMaps throughout), so
 //! the same snapshot always gives the same bytes and versions. Its input is
-//! a `state::State` (no raft log id); it knows no tokio, tonic, axum, sled
-//! or openraft (`tests/e2e/tidy.rs`), and no xDS server: `xds` imports it.
+//! a `state::State` (no raft log id). A crate of its own: no tokio, tonic,
+//! axum, sled or openraft in its dependency tree, and no xDS server: `xds`
+//! imports it.
 //!
 //! - `mesh`: the index translation reads (services, instances, rules by
 //!   host), built from one state; `mesh::hosts`: hostname ownership.
@@ -63,12 +64,16 @@ pub mod telemetry;
 pub mod tls;
 pub mod util;
 
+// The crates below under the names the sources use (`crate::model::Kind`).
+use lodestar_model as model;
+use lodestar_state as state;
+
+use crate::mesh::{Config, Mesh, MeshConfig, Service};
 use crate::model::istio::{resolve_short_name, DestinationRule};
 use crate::model::proxy::{ProxyIdentity, ProxyKind};
+use crate::resources::{Generator, ProxyConfig, ResourceType, XdsResource};
 use crate::state::Objects;
 use crate::state::State;
-use crate::translate::mesh::{Config, Mesh, MeshConfig, Service};
-use crate::translate::resources::{Generator, ProxyConfig, ResourceType, XdsResource};
 pub use cluster::outbound_cluster_name;
 use envoy_types::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, cluster::DiscoveryType, Cluster};
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
@@ -87,7 +92,7 @@ pub fn destination_rule_for<'a>(mesh: &'a Mesh, proxy_ns: &str, svc: &Service) -
     let candidates: Vec<&'a Arc<Config<DestinationRule>>> = mesh
         .destination_rules_for_host(&svc.hostname)
         .into_iter()
-        .filter(|dr| crate::translate::mesh::exported_to(&dr.spec.export_to, &dr.key.namespace, proxy_ns))
+        .filter(|dr| crate::mesh::exported_to(&dr.spec.export_to, &dr.key.namespace, proxy_ns))
         .collect();
     let exact = |dr: &&Arc<Config<DestinationRule>>| resolve_short_name(&dr.spec.host, &dr.key.namespace, suffix) == svc.hostname;
     for ns_pref in [proxy_ns, svc.namespace.as_str(), mesh.config.root_namespace.as_str()] {
@@ -247,7 +252,7 @@ impl VhostPart {
     /// A part for `vhost`, built for `hostname` (empty: for no service).
     fn of(hostname: String, vhost: &envoy_types::pb::envoy::config::route::v3::VirtualHost) -> VhostPart {
         let bytes = encode::virtual_host_bytes(vhost);
-        let hash = crate::translate::resources::fnv1a(&bytes);
+        let hash = crate::resources::fnv1a(&bytes);
         let (bytes, domains) = (intern::bytes(hash, Arc::new(bytes)), intern::domains(Arc::new(vhost.domains.clone())));
         VhostPart { hostname, domains, bytes, hash }
     }
@@ -277,7 +282,7 @@ fn assemble_route(name: &str, parts: &[VhostPart]) -> XdsResource {
     for p in parts {
         summary.extend_from_slice(&p.hash.to_le_bytes());
     }
-    XdsResource::with_version::<RouteConfiguration>(name.to_string(), encoded, format!("{:016x}", crate::translate::resources::fnv1a(&summary)))
+    XdsResource::with_version::<RouteConfiguration>(name.to_string(), encoded, format!("{:016x}", crate::resources::fnv1a(&summary)))
 }
 
 fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) {
@@ -542,7 +547,7 @@ impl Translator {
             if host.contains('*') || deps.contains(host) {
                 return false;
             }
-            crate::translate::mesh::same_claimants(prev.mesh.claims(host), mesh.claims(host))
+            crate::mesh::same_claimants(prev.mesh.claims(host), mesh.claims(host))
         };
         let hosts_of = |o: &crate::model::StoredObject| -> Option<Vec<String>> {
             let ns = &o.key.namespace;
@@ -557,7 +562,7 @@ impl Translator {
                 (k, _) if k.is_gateway_api() || k == Kind::Namespace => Vec::new(),
                 // Listeners name secrets; their content is SDS's (xds).
                 (Kind::Secret, _) => Vec::new(),
-                (_, TypedSpec::Instance(i)) => vec![crate::translate::mesh::instance_hostname(i, ns, suffix)],
+                (_, TypedSpec::Instance(i)) => vec![crate::mesh::instance_hostname(i, ns, suffix)],
                 (_, TypedSpec::Service(svc)) => vec![svc.hostname.clone().unwrap_or_else(|| format!("{}.{ns}.svc.{suffix}", o.key.name))],
                 // A delegate (no hosts) routes under whichever roots name it.
                 (_, TypedSpec::Istio(Validated::VirtualService { spec, .. })) if spec.hosts.is_empty() => return None,
@@ -665,7 +670,7 @@ impl Translator {
             for o in old.iter().chain(new.iter()) {
                 let typed = o.typed().ok()?;
                 let crate::model::TypedSpec::Instance(spec) = typed.as_ref() else { return None };
-                hosts.insert(crate::translate::mesh::instance_hostname(spec, &key.namespace, suffix));
+                hosts.insert(crate::mesh::instance_hostname(spec, &key.namespace, suffix));
             }
         }
         for h in &hosts {

@@ -16,9 +16,9 @@
 //!   istio`, matched by the cluster's `transport_socket_matches`),
 //!   plaintext to the others, in one cluster, as Istio does.
 
+use crate::mesh::{Instance, Mesh, Service};
 use crate::model::istio::peer_authentication::{compose, Candidate, EffectiveMtls, MtlsMode};
 use crate::model::proxy::ProxyIdentity;
-use crate::translate::mesh::{Instance, Mesh, Service};
 use envoy_types::pb::envoy::config::core::v3::{
     api_config_source::ApiType, config_source::ConfigSourceSpecifier, grpc_service::EnvoyGrpc, grpc_service::TargetSpecifier, ApiConfigSource, ApiVersion,
     ConfigSource, GrpcService, Metadata,
@@ -193,7 +193,7 @@ impl UpstreamMtls<'_> {
         for p in &self.mesh.peer_authentications {
             text.push_str(&format!("{}|{}|{};", p.key, p.create_revision, p.mod_revision));
         }
-        crate::translate::resources::fnv1a(text.as_bytes()) | 1
+        crate::resources::fnv1a(text.as_bytes()) | 1
     }
 }
 

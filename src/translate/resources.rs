@@ -155,7 +155,7 @@ pub trait Generator: Send + Sync + 'static {
     /// Where the generator reads the key sets fetched from RequestAuthentication
     /// `jwksUri`s, if it uses them: the replica runs a fetcher writing there
     /// (the root's `jwks` fetcher) and has the streams regenerate when they change.
-    fn key_cell(&self) -> Option<std::sync::Arc<crate::translate::jwt::KeyCell>> {
+    fn key_cell(&self) -> Option<std::sync::Arc<crate::jwt::KeyCell>> {
         None
     }
 }

@@ -2,13 +2,13 @@
 
 use super::util::{any, fraction, header_options, istio_duration, string_matcher};
 use super::{destination_rule_for, outbound_cluster_name};
+use crate::mesh::{Config, Mesh, Service};
 use crate::model::istio::common::Destination;
 use crate::model::istio::delegate::merge_routes;
 use crate::model::istio::destination_rule::ConsistentHashLb;
 use crate::model::istio::virtual_service::{Delegate, Headers, HttpMatchRequest, HttpRoute, RedirectPortSelection};
 use crate::model::istio::{resolve_short_name, VirtualService};
 use crate::model::proxy::ProxyIdentity;
-use crate::translate::mesh::{Config, Mesh, Service};
 use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, DataSource, RuntimeFractionalPercent};
 use envoy_types::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier,
@@ -58,8 +58,7 @@ impl RouteCtx<'_> {
     /// A VirtualService applies to this proxy: exported to its namespace and
     /// bound to this gateway (or the mesh).
     pub fn vs_applies(&self, vs: &Config<VirtualService>) -> bool {
-        crate::translate::mesh::exported_to(&vs.spec.export_to, &vs.key.namespace, &self.proxy.namespace)
-            && self.gateways_apply(&vs.spec.gateways, &vs.key.namespace)
+        crate::mesh::exported_to(&vs.spec.export_to, &vs.key.namespace, &self.proxy.namespace) && self.gateways_apply(&vs.spec.gateways, &vs.key.namespace)
     }
 
     /// Whether a `tcp` or `tls` match's proxy-side conditions hold here:
@@ -96,8 +95,8 @@ impl RouteCtx<'_> {
 /// a Gateway API consumer route among them) comes before the others.
 pub fn virtual_service_for<'a>(ctx: &RouteCtx<'a>, host: &str) -> Option<&'a Config<VirtualService>> {
     let config = &ctx.mesh.config;
-    let owner = match crate::translate::mesh::hosts::owner(host, &config.domain_suffix) {
-        crate::translate::mesh::hosts::Owner::Namespace(ns) if ctx.gateway.is_none() => Some(ns),
+    let owner = match crate::mesh::hosts::owner(host, &config.domain_suffix) {
+        crate::mesh::hosts::Owner::Namespace(ns) if ctx.gateway.is_none() => Some(ns),
         _ => None,
     };
     let may_route = |ns: &str| owner.as_ref().is_none_or(|o| ns == o || ns == ctx.proxy.namespace || ns == config.root_namespace);
@@ -245,7 +244,7 @@ fn delegate_child<'m>(mesh: &'m Mesh, root: &Config<VirtualService>, delegate: &
     mesh.virtual_services
         .iter()
         .find(|c| c.key.name == name && c.key.namespace == ns)
-        .filter(|c| c.spec.hosts.is_empty() && crate::translate::mesh::exported_to(&c.spec.export_to, &c.key.namespace, &root.key.namespace))
+        .filter(|c| c.spec.hosts.is_empty() && crate::mesh::exported_to(&c.spec.export_to, &c.key.namespace, &root.key.namespace))
         .map(|c| c.as_ref())
 }
 

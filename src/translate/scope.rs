@@ -13,10 +13,10 @@
 //! can see (hosts `*/*` by default). This is the documented default: a
 //! workload calls `http://reviews:9080` through `PROXY_IP:9080`.
 
+use crate::mesh::{resolve, Config, Mesh, Service};
 use crate::model::istio::sidecar::CaptureMode;
 use crate::model::istio::{host_matches, Sidecar};
 use crate::model::proxy::{ProxyIdentity, ProxyKind};
-use crate::translate::mesh::{resolve, Config, Mesh, Service};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -70,7 +70,7 @@ impl EgressPlan {
 }
 
 /// How one proxy sees the services: for each hostname, the one
-/// [`crate::translate::mesh::resolve`] picks among those exported to its namespace,
+/// [`crate::mesh::resolve`] picks among those exported to its namespace,
 /// preferring those its Sidecar's egress `hosts` admit (so that its
 /// listeners, clusters and routes agree on one service per hostname; a
 /// name no egress entry admits is still resolved, for a route's port).

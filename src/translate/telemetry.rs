@@ -28,10 +28,10 @@
 
 use super::resources::{ProxyConfig, ResourceType, XdsResource};
 use super::util::any;
+use crate::mesh::{Config, Mesh, Service};
 use crate::model::istio::mesh_config::{AccessLogEncoding, FileAccessLog, MeshConfig, ProviderKind, BUILTIN_ENVOY};
 use crate::model::istio::telemetry::{Filter as LogFilter, Telemetry};
 use crate::model::proxy::{ProxyIdentity, ProxyKind};
-use crate::translate::mesh::{Config, Mesh, Service};
 use envoy_types::pb::envoy::config::accesslog::v3::{access_log, access_log_filter, extension_filter, AccessLog, AccessLogFilter, ExtensionFilter};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::core::v3::{data_source, substitution_format_string, DataSource, SubstitutionFormatString};

@@ -7,11 +7,14 @@
 //! 2. each module imports only modules of a lower layer (`LAYERS`; the root
 //!    layer's modules may import each other, without circles), except the
 //!    edges listed in `PENDING` with why;
-//! 3. the pure modules name no IO crate (`FORBIDDEN`);
+//! 3. the pure modules name no IO crate (`FORBIDDEN`), and the pure
+//!    workspace crates have none in their dependency tree (`cargo tree`);
 //! 4. `src/lib.rs`'s Layout names every module.
 //!
-//! The layers are the workspace crates to come (ARCHITECTURE.md, "Code
-//! map"): a module moves to its crate without an import that points up.
+//! `model`, `state` and `translate` are workspace crates of their own
+//! (`src/X/Cargo.toml`, `CRATES`): inside one, `crate::x` is its own module
+//! unless `x` names another crate; the rest are the root crate's modules,
+//! each a crate to be once nothing points up (ARCHITECTURE.md, "Code map").
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -20,7 +23,7 @@ use std::path::{Path, PathBuf};
 /// of lower layers only; those of the last layer (the root crate) may also
 /// import each other.
 const LAYERS: &[&[&str]] = &[
-    &["error", "metrics", "proto"],
+    &["metrics", "proto"],
     &["model"],
     &["state", "logging"],
     &["translate"],
@@ -34,21 +37,92 @@ const LAYERS: &[&[&str]] = &[
     &["adapters", "api", "auth", "ca", "cli", "config", "ha", "health", "jwks", "peer", "replica", "secrets", "server"],
 ];
 
+/// The workspace crates under `src/`: directory, crate name, and the names
+/// its root gives the crates it uses (`use lodestar_model as model;`).
+const CRATES: &[(&str, &str)] = &[("model", "lodestar_model"), ("state", "lodestar_state"), ("translate", "lodestar_translate")];
+
+/// Names that stand for another module: the model crate's error
+/// vocabulary, re-exported at the root as `error`, and the mesh index,
+/// re-exported as `mesh`.
+const ALIASES: &[(&str, &str)] = &[("error", "model"), ("mesh", "translate")];
+
 /// Imports that point up today, each to be removed before the crate split.
 const PENDING: &[(&str, &str, &str)] = &[];
 
 /// External crates a module must not name (the pure core knows no IO).
 const FORBIDDEN: &[(&[&str], &[&str])] = &[
-    (&["error", "model", "state", "translate", "analyze", "metrics"], &["tokio", "tonic", "axum", "sled", "openraft", "hyper", "hyper_util", "reqwest"]),
+    (&["model", "state", "translate", "analyze", "metrics"], &["tokio", "tonic", "axum", "sled", "openraft", "hyper", "hyper_util", "reqwest"]),
     (&["store", "node"], &["axum", "tonic", "hyper"]),
     (&["tls", "xds", "client", "agent"], &["sled", "openraft", "axum"]),
 ];
 
 #[test]
 fn imports_point_one_way() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let files = sources(&src);
-    let edges = module_edges(&src, &files);
+    let failures = check(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    assert!(failures.is_empty(), "tidy:\n{}", failures.join("\n"));
+}
+
+/// The check finds what it is there for: a planted circle, an import
+/// that points up, an IO crate named by a pure module, a module the
+/// layout misses.
+#[test]
+fn tidy_fails_on_a_planted_circle_and_a_forbidden_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let files: &[(&str, &str)] = &[
+        ("lib.rs", "//! [`proto`] [`api`] [`store`]\npub mod api;\npub mod store;\npub mod ghost;\n"),
+        ("model/mod.rs", "use crate::state::State;\npub mod kinds;\n"),
+        ("model/kinds.rs", "use crate::mesh::Mesh; use tokio::sync::watch;\n"),
+        ("state/mod.rs", "use crate::model::Kind;\n"),
+        ("translate/mod.rs", "use crate::model::Kind;\n"),
+        ("store/mod.rs", "use crate::api::serve;\n"),
+        ("api/mod.rs", "use crate::store::Store;\n"),
+    ];
+    for (path, text) in files {
+        let path = src.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let failures = check(&src).join("\n");
+    for expected in [
+        "`model` (layer 1) imports `state` (layer 2)",
+        "`model` (layer 1) imports `translate` (layer 3)",
+        "`model` names `tokio`",
+        "import circle between top-level modules: api -> store -> api",
+        "src/lib.rs declares `ghost` but its Layout does not name it",
+    ] {
+        assert!(failures.contains(expected), "tidy missed {expected:?} in:\n{failures}");
+    }
+    assert!(!failures.contains("`state` (layer 2) imports"), "a crate's own alias is no upward import:\n{failures}");
+}
+
+/// The pure crates' whole dependency trees (`cargo tree -e normal`), not
+/// only what their sources name, hold no IO crate.
+#[test]
+fn pure_crates_have_no_io_crate_in_their_dependency_tree() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    for krate in ["lodestar-model", "lodestar-state", "lodestar-translate"] {
+        let out = std::process::Command::new(&cargo)
+            .args(["tree", "--offline", "--locked", "-e", "normal", "--prefix", "none", "-p", krate])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "cargo tree -p {krate}: {}", String::from_utf8_lossy(&out.stderr));
+        let tree = String::from_utf8_lossy(&out.stdout);
+        let io: BTreeSet<&str> = tree.lines().filter_map(|l| l.split(' ').next()).filter(|name| IO_CRATES.contains(name)).collect();
+        assert!(io.is_empty(), "{krate} has {io:?} in its dependency tree (cargo tree -e normal -p {krate} -i NAME says through what)");
+        assert!(tree.lines().count() > 10, "cargo tree -p {krate} printed too little to be its tree:\n{tree}");
+    }
+}
+
+/// The crates the pure core must not reach, by package name.
+const IO_CRATES: &[&str] = &["tokio", "tonic", "axum", "sled", "openraft", "hyper", "hyper-util", "reqwest", "mio"];
+
+/// Every rule above, over the sources under `src`: the failures, none if
+/// the tree keeps them.
+fn check(src: &Path) -> Vec<String> {
+    let files = sources(src);
+    let edges = module_edges(src, &files);
     let mut failures = Vec::new();
 
     for circle in circles(&edges) {
@@ -89,14 +163,14 @@ fn imports_point_one_way() {
             }
             for krate in *crates {
                 if let Some(offset) = find_path(code, krate) {
-                    failures.push(format!("`{top}` names `{krate}`, which it may not: {}:{}", rel(&src, file), line_of(code, offset)));
+                    failures.push(format!("`{top}` names `{krate}`, which it may not: {}:{}", rel(src, file), line_of(code, offset)));
                 }
             }
         }
     }
 
-    failures.extend(layout_gaps(&src));
-    assert!(failures.is_empty(), "tidy:\n{}", failures.join("\n"));
+    failures.extend(layout_gaps(src));
+    failures
 }
 
 /// Every `.rs` file under `src` but the binaries and the crate roots, with
@@ -112,7 +186,10 @@ fn sources(src: &Path) -> Vec<(PathBuf, String)> {
                 if path != src.join("bin") {
                     stack.push(path);
                 }
-            } else if path.extension().is_some_and(|e| e == "rs") && !["main.rs", "lib.rs"].iter().any(|r| path == src.join(r)) {
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && !["main.rs", "lib.rs"].iter().any(|r| path == src.join(r))
+                && !CRATES.iter().any(|(dir, _)| path == src.join(dir).join("build.rs"))
+            {
                 let text = std::fs::read_to_string(&path).unwrap();
                 out.push((path, without_tests(&code_only(&text))));
             }
@@ -150,7 +227,14 @@ fn module_edges(src: &Path, files: &[(PathBuf, String)]) -> BTreeMap<(String, St
     for (file, code) in files {
         let top = top_module(src, file);
         let path = module_path(src, file);
-        for (offset, target) in imports(code, &path) {
+        let own = CRATES.iter().any(|(dir, _)| *dir == top);
+        for (offset, mut target) in imports(code, &path, own) {
+            if own && (src.join(&top).join(format!("{target}.rs")).exists() || src.join(&top).join(&target).is_dir()) {
+                target = top.clone();
+            }
+            if let Some((_, to)) = ALIASES.iter().find(|(alias, _)| *alias == target) {
+                target = to.to_string();
+            }
             if target != top {
                 edges.entry((top.clone(), target)).or_insert_with(|| format!("{}:{}", rel(src, file), line_of(code, offset)));
             }
@@ -175,9 +259,10 @@ fn ident_at(b: &[u8], mut i: usize) -> (String, usize) {
 }
 
 /// The top-level modules `code` names, with where: `crate::x`, each first
-/// segment of `crate::{a, b::c}`, and `super::...::x` climbing to the crate
-/// root from a file at `path`.
-fn imports(code: &str, path: &[String]) -> Vec<(usize, String)> {
+/// segment of `crate::{a, b::c}`, `super::...::x` climbing to the crate
+/// root from a file at `path` (not out of a crate of its own: `own`), and
+/// the workspace crates by name (`lodestar_model::`).
+fn imports(code: &str, path: &[String], own: bool) -> Vec<(usize, String)> {
     let b = code.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
@@ -204,12 +289,21 @@ fn imports(code: &str, path: &[String]) -> Vec<(usize, String)> {
                 depth += 1;
                 j += "super::".len();
             }
-            if depth >= path.len() {
+            if depth >= path.len() && !own {
                 let (m, _) = ident_at(b, j);
                 out.push((i, m));
             }
             i = j;
             continue;
+        }
+        if starts {
+            if let Some((dir, name)) =
+                CRATES.iter().find(|(_, name)| b[i..].starts_with(name.as_bytes()) && !b.get(i + name.len()).is_some_and(|&c| is_ident(c)))
+            {
+                out.push((i, dir.to_string()));
+                i += name.len();
+                continue;
+            }
         }
         i += 1;
     }
@@ -446,7 +540,10 @@ fn layout_gaps(src: &Path) -> Vec<String> {
     let doc: String = lib.lines().filter(|l| l.starts_with("//!")).collect::<Vec<_>>().join("\n");
     let mut gaps = Vec::new();
     for line in lib.lines() {
-        let name = line.strip_prefix("pub mod ").or_else(|| line.strip_prefix("pub use translate::")).and_then(|r| r.strip_suffix(';'));
+        // `pub mod x;`, and the crates and re-exports: `pub use lodestar_model
+        // as model;`, `pub use lodestar_model::error;`, `pub use translate::mesh;`.
+        let name =
+            line.strip_prefix("pub mod ").or_else(|| line.strip_prefix("pub use ").and_then(|r| r.rsplit([' ', ':']).next())).and_then(|r| r.strip_suffix(';'));
         if let Some(name) = name.filter(|n| n.chars().all(|c| c.is_ascii_lowercase() || c == '_')) {
             if !doc.contains(&format!("[`{name}`]")) {
                 gaps.push(format!("src/lib.rs declares `{name}` but its Layout does not name it ([`{name}`])"));

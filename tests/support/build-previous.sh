@@ -31,11 +31,22 @@ git cat-file -e "$COMMIT^{commit}" 2>/dev/null || { echo "build-previous: commit
 rm -rf "$DIR/src"
 mkdir -p "$DIR/src"
 git archive "$COMMIT" | tar -x -C "$DIR/src"
-if git diff --quiet "$COMMIT" HEAD -- vendor Cargo.lock; then
+# Its own workspace: this checkout's root manifest is one, and cargo would
+# otherwise take the copy under .cache/ for a stray member of it.
+grep -q '^\[workspace\]' "$DIR/src/Cargo.toml" || printf '\n[workspace]\n' >>"$DIR/src/Cargo.toml"
+locked=(--locked)
+if git diff --quiet "$COMMIT" HEAD -- vendor/h2 vendor/openraft vendor/sled; then
   sed -i -E "s#^(h2|openraft|sled) = \{ path = \"vendor/#\1 = { path = \"$ROOT/vendor/#" "$DIR/src/Cargo.toml"
+  # A commit from before envoy-types was patched (vendor/envoy-types) gets
+  # the patched copy too, whose default features are the crate's own: its
+  # lock file then changes for that one source (hence no --locked).
+  if [ ! -d "$DIR/src/vendor/envoy-types" ]; then
+    sed -i -E "s#^\[patch.crates-io\]#[patch.crates-io]\nenvoy-types = { path = \"$ROOT/vendor/envoy-types\" }#" "$DIR/src/Cargo.toml"
+    locked=()
+  fi
 fi
 start=$SECONDS
-( cd "$DIR/src" && CARGO_TARGET_DIR="$ROOT/target" cargo build --locked --bin lodestar --quiet ) >&2
+( cd "$DIR/src" && CARGO_TARGET_DIR="$ROOT/target" cargo build "${locked[@]}" --bin lodestar --quiet ) >&2
 # Copied out: the shared target/debug/lodestar is the current build's.
 cp "$ROOT/target/debug/lodestar" "$BIN.tmp"
 mv "$BIN.tmp" "$BIN"

@@ -344,7 +344,7 @@ impl Server {
                     &format!("the credential reference {name:?}"),
                     "name a Secret in the gateway proxy's namespace (ConfigMaps and other namespaces are not served)",
                 );
-            } else if let Err(why) = crate::model::resource::check_dns_subdomain(name) {
+            } else if let Err(why) = crate::resource::check_dns_subdomain(name) {
                 r.error(at, format!("must name a Secret in the gateway proxy's namespace: {why}"));
             }
         };

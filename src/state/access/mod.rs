@@ -523,7 +523,7 @@ mod tests {
 
     #[test]
     fn the_deny_list_by_identity_time_and_serial() {
-        use crate::state::access::index::CertFacts;
+        use crate::access::index::CertFacts;
         let revocation = |name: &str, spec: Value| {
             object(json!({"apiVersion": "acl.lodestar.io/v1", "kind": "CertificateRevocation", "metadata": {"name": name}, "spec": spec}))
         };

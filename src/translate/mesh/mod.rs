@@ -276,7 +276,7 @@ pub struct Mesh {
     pub gateway_api_status: Arc<BTreeMap<ResourceKey, serde_json::Value>>,
     /// EnvoyFilters with their patch values built (`translate::envoyfilter`),
     /// in Istio's global order (priority, then age, then name).
-    pub envoy_filters: Vec<Arc<crate::translate::envoyfilter::CompiledFilter>>,
+    pub envoy_filters: Vec<Arc<crate::envoyfilter::CompiledFilter>>,
 }
 
 impl Mesh {
@@ -586,12 +586,10 @@ impl Mesh {
                 TypedSpec::Istio(Validated::RequestAuthentication { spec, .. }) => mesh.request_authentications.push(to_config(obj, spec.as_ref())),
                 TypedSpec::Istio(Validated::MeshConfig { spec, .. }) => mesh.mesh_config = Arc::new(spec.as_ref().clone()),
                 TypedSpec::Istio(Validated::Telemetry { spec, .. }) => mesh.telemetries.push(to_config(obj, spec.as_ref())),
-                TypedSpec::Istio(Validated::EnvoyFilter { spec, .. }) => {
-                    match crate::translate::envoyfilter::CompiledFilter::new(&to_config(obj, spec.as_ref())) {
-                        Ok(f) => mesh.envoy_filters.push(Arc::new(f)),
-                        Err(e) => mesh.skipped.push((key.clone(), e)),
-                    }
-                }
+                TypedSpec::Istio(Validated::EnvoyFilter { spec, .. }) => match crate::envoyfilter::CompiledFilter::new(&to_config(obj, spec.as_ref())) {
+                    Ok(f) => mesh.envoy_filters.push(Arc::new(f)),
+                    Err(e) => mesh.skipped.push((key.clone(), e)),
+                },
                 TypedSpec::Service(s) => declared.push((obj.clone(), s.clone())),
                 TypedSpec::Instance(i) => instances.push((obj.clone(), i.clone())),
                 TypedSpec::GatewayApi(g) => gateway_api.push((obj.clone(), g.clone())),
