@@ -97,21 +97,25 @@ impl Mesh {
             "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: reviews, namespace: shop}}\nspec:\n  workloadSelector: {{labels: {{app: reviews}}}}\n  \
              ingress: [{{port: {{number: 9080, protocol: HTTP, name: http}}, defaultEndpoint: '{app}'}}]\n  egress: [{{bind: {p}.29, hosts: ['./*']}}]\n---\n\
              apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {{name: reviews, namespace: shop}}\nspec: {{ports: [{{name: http, number: 9080}}]}}\n---\n\
-             apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {{name: reviews-mesh, namespace: shop, labels: {{app: reviews}}}}\n\
-             spec: {{service: reviews, address: {reviews_ip}, port: 9080, serviceAccount: reviews}}\n---\n\
+             apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {{name: web, namespace: shop}}\nspec: {{ports: [{{name: http, number: 8080}}]}}\n---\n\
              apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: default, namespace: shop}}\nspec: {{mtls: {{mode: STRICT}}}}\n",
             app = app.addr
         ))
         .await;
         let xds = fx.cluster.replicas.iter().map(|r| r.xds_addr()).collect::<Vec<_>>().join(",");
-        let agent = |name: &str, ip: &str| {
+        // Each registers itself (an Instance bound to a lease of 6 s, kept
+        // alive every 2 s through the API of replica 1: writes that go on
+        // across the upgrade).
+        let agent = |name: &str, ip: &str, port: &str| {
             AgentBuilder::new("shop", name, &xds, &fx.tmp.path().join(name))
+                .server(&fx.api(1))
                 .args(["--label", &format!("app={name}"), "--ip", ip, "--admin-port", "15000", "--ttl", "10s", "-o", "json"])
+                .args(["--register", name, "--port", port, "--lease-ttl", "6s"])
                 .join_token(&fx.api(1), &format!("shop/{name}"))
         };
         let serving = |admin: String| async move { kit::envoy::serving_serial(&admin).await.is_some() };
-        let web = Workload::start(agent("web", &web_ip).binary(&previous_binary()), &web_ip, serving).await;
-        let reviews = Workload::start(agent("reviews", &reviews_ip), &reviews_ip, serving).await;
+        let web = Workload::start(agent("web", &web_ip, "http=8080").binary(&previous_binary()), &web_ip, serving).await;
+        let reviews = Workload::start(agent("reviews", &reviews_ip, "http=9080"), &reviews_ip, serving).await;
         let mesh = Mesh { web, reviews, _app: app };
         wait_for(&fx.client, &mesh.url(), HOST, &[], "the web Envoy reaches reviews over mutual TLS", |r| r.body == "reviews-mesh").await;
         mesh
@@ -119,6 +123,21 @@ impl Mesh {
 
     fn url(&self) -> String {
         format!("http://{}:9080/", self.web.ip)
+    }
+
+    /// The Instances the two agents registered, read through replica
+    /// `id`: (name, the revision it was created at); each bound to its
+    /// lease, with the service account of its agent's certificate.
+    async fn registered(&self, fx: &Fixture, id: u64) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for (name, ip) in [("web", &self.web.ip), ("reviews", &self.reviews.ip)] {
+            let instance = format!("{name}-{}", ip.replace('.', "-"));
+            let (code, body) = kit::get_json(&fx.client, &format!("{}/v1/resources/instances/shop/{instance}", fx.api(id))).await;
+            assert_eq!(code, 200, "{instance} registered: {body:#}\n{}", self.web.logs());
+            assert_eq!((&body["spec"]["lease"], &body["spec"]["serviceAccount"]), (&json!(instance), &json!(name)), "{body:#}");
+            out.push((instance, body["metadata"]["creationRevision"].as_u64().unwrap()));
+        }
+        out
     }
 
     /// Until both Envoys serve a certificate other than the one each served
@@ -334,6 +353,7 @@ async fn rolling_upgrade_under_load() {
     // against replicas of the previous release, each renewing once.
     let mesh = Mesh::start(&fx).await;
     mesh.renewed("against the previous release's replicas").await;
+    let registered = mesh.registered(&fx, 1).await;
     let load = Load::start(&fx, &e, Some(&mesh));
     tokio::time::sleep(Duration::from_millis(500)).await;
 
@@ -382,6 +402,8 @@ async fn rolling_upgrade_under_load() {
     }
     // Both agents renew through the upgraded replicas while the load runs.
     mesh.renewed("against this build's replicas").await;
+    // The registrations lived through it: kept alive, never re-created.
+    assert_eq!(mesh.registered(&fx, 2).await, registered);
     let (acked, gap) = load.finish().await;
     // The figures benches/upgrade.sh collects (benches/RESULTS.md).
     eprintln!("result: upgrade_ms={} longest_write_gap_ms={} acknowledged_writes={}", took.as_millis(), gap.0.as_millis(), gap.1);
