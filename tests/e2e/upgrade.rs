@@ -354,6 +354,9 @@ async fn rolling_upgrade_under_load() {
     let mesh = Mesh::start(&fx).await;
     mesh.renewed("against the previous release's replicas").await;
     let registered = mesh.registered(&fx, 1).await;
+    // A change message sent to a replica of the previous release is not
+    // known there, and dropped (ops/upgrade.md).
+    let dropped = grpc_write(&fx.api(1), "dropped", "lost").await.expect("the previous release takes the write");
     let load = Load::start(&fx, &e, Some(&mesh));
     tokio::time::sleep(Duration::from_millis(500)).await;
 
@@ -419,6 +422,8 @@ async fn rolling_upgrade_under_load() {
     assert_eq!(newest["revision"], revision, "{newest:#}");
     assert_eq!(newest["message"], "canary 10%", "{newest:#}");
     assert!(newest["author"].as_str().is_some_and(|a| !a.is_empty() && !a.contains(kit::management_token())), "{newest:#}");
+    let lost = revisions.iter().find(|r| r["revision"] == dropped).unwrap_or_else(|| panic!("revision {dropped} in {history:#}"));
+    assert!(lost["message"].is_null() && lost["author"].is_null(), "{lost:#}");
     let oldest = revisions.last().unwrap();
     assert!(oldest["author"].is_null(), "written by the previous release: no author: {oldest:#}");
     // A message is bounded: too long is refused, naming the header.
@@ -434,6 +439,9 @@ async fn rolling_upgrade_under_load() {
     assert!(status.message().contains("message") && status.message().contains("at most 256 bytes"), "{status:?}");
     e.assert_no_rejections().await;
     mesh.assert_no_rejections().await;
+    // A backup of the upgraded cluster (authors recorded) is readable by
+    // the previous release: authors are history, not in backups.
+    backup_restores(&fx, None, Some(previous_binary())).await;
 }
 
 /// A replica upgraded by mistake, rolled back to the previous release
@@ -455,49 +463,52 @@ async fn a_replica_rolled_back_before_the_raise() {
     let (acked, _) = load.finish().await;
     identical(&fx, &acked).await;
     e.assert_no_rejections().await;
-    backup_of_the_previous_release_restores(&fx).await;
+    // Backups are readable by the next release.
+    backup_restores(&fx, Some(previous_binary()), None).await;
 }
 
-/// Backups are readable by the next release: one taken by the previous
-/// release's `snapshot save` (from this cluster of the previous release)
-/// restores with this build's `snapshot restore` into a new single-node
-/// cluster of this build, which serves the same objects at the same
-/// revision and takes writes after it.
-async fn backup_of_the_previous_release_restores(fx: &Fixture) {
-    let file = fx.tmp.path().join("previous.snapshot");
-    let out = std::process::Command::new(previous_binary())
-        .env("LODESTAR_CONFIG", &kit::test_ca().client_config)
-        .args(["--server", &fx.api(2), "snapshot", "save"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "the previous release's snapshot save: {}", String::from_utf8_lossy(&out.stderr));
+/// `lodestar ARGS` of `binary` (None: this build), with the test client
+/// config: (success, stdout, stderr).
+fn lodestar_of(binary: Option<&PathBuf>, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = match binary {
+        Some(b) => std::process::Command::new(b),
+        None => kit::cli_command(),
+    };
+    let out = cmd.env("LODESTAR_CONFIG", &kit::test_ca().client_config).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A backup taken from `fx`'s cluster by `taken_by`'s `snapshot save`
+/// restores with `restored_by`'s `snapshot restore` (None: this build)
+/// into a new single-node cluster of that release, which serves the same
+/// objects at the same revision and takes writes after it.
+async fn backup_restores(fx: &Fixture, taken_by: Option<PathBuf>, restored_by: Option<PathBuf>) {
+    let what = format!(
+        "a backup taken by {} restored by {}",
+        if taken_by.is_some() { PREVIOUS } else { "this build" },
+        if restored_by.is_some() { PREVIOUS } else { "this build" }
+    );
+    let file = fx.tmp.path().join(format!("backup-{}-{}.snapshot", taken_by.is_some(), restored_by.is_some()));
+    let (ok, _, err) = lodestar_of(taken_by.as_ref(), &["--server", &fx.api(2), "snapshot", "save", file.to_str().unwrap()]);
+    assert!(ok, "{what}: snapshot save: {err}");
     let (revision, before) = crate::backup::everything(&fx.cluster, &fx.api(1)).await;
     assert!(before.len() > 10, "a backup of something: {}", before.len());
     let mut dst = Cluster::prepare(1, "");
+    dst.replicas[0].binary = restored_by.clone();
     let r = dst.replica(1);
     let dir = r.data_dir();
-    let (ok, out, err) = crate::backup::lodestar(&[
-        "snapshot",
-        "restore",
-        file.to_str().unwrap(),
-        "--data-dir",
-        dir.to_str().unwrap(),
-        "--api-addr",
-        &r.api_addr(),
-        "--raft-addr",
-        &r.raft_addr(),
-        "--xds-addr",
-        &r.xds_addr(),
-    ]);
-    assert!(ok, "this build restores the previous release's backup: {err}");
-    assert!(out.contains(&format!("restored revision {revision} ")), "{out}");
+    let (api, raft, xds) = (r.api_addr(), r.raft_addr(), r.xds_addr());
+    let args =
+        ["snapshot", "restore", file.to_str().unwrap(), "--data-dir", dir.to_str().unwrap(), "--api-addr", &api, "--raft-addr", &raft, "--xds-addr", &xds];
+    let (ok, out, err) = lodestar_of(restored_by.as_ref(), &args);
+    assert!(ok, "{what}: snapshot restore: {err}");
+    assert!(out.contains(&format!("restored revision {revision} ")), "{what}: {out}");
     dst.launch().await;
     let api = dst.replica(1).api();
     let (rev, after) = crate::backup::everything(&dst, &api).await;
-    assert_eq!((rev, &after), (revision, &before), "the restored cluster serves what the previous release backed up");
+    assert_eq!((rev, &after), (revision, &before), "{what}: the restored cluster serves what was backed up");
     let (status, body) = write(&dst.http, &api, "after-restore", "t0", None).await;
-    assert_eq!((status, body["revision"].as_u64()), (200, Some(revision + 1)), "{body:#}");
+    assert_eq!((status, body["revision"].as_u64()), (200, Some(revision + 1)), "{what}: {body:#}");
 }
 
 /// A replica whose versions do not include the cluster version refuses to
