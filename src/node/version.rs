@@ -332,10 +332,10 @@ pub async fn admit_joiner(node: &super::Node, id: NodeId, raft_addr: &str) -> Re
     }
     let hello = ForwardRequest::Version(node.versions().hello(&node.member_ids()));
     let deadline = tokio::time::Instant::now() + JOINER_WAIT;
-    let (min, max) = loop {
+    let said = loop {
         match node.peers().forward(id, raft_addr, &hello, Duration::from_secs(1)).await {
-            Ok(Ok(ForwardReply::Version(v))) => break (v.min, v.max),
-            Err(PeerError::Failed { msg, .. }) if msg.contains(V1_ANSWER) => break (1, 1),
+            Ok(Ok(ForwardReply::Version(v))) => break PeerVersion { id, ..v },
+            Err(PeerError::Failed { msg, .. }) if msg.contains(V1_ANSWER) => break PeerVersion { id, min: 1, max: 1, cluster: 1 },
             answer if tokio::time::Instant::now() >= deadline => {
                 tracing::warn!(id, raft_addr, ?answer, "the joining replica did not say its versions: not added");
                 return Err(Error::unavailable(format!(
@@ -346,8 +346,13 @@ pub async fn admit_joiner(node: &super::Node, id: NodeId, raft_addr: &str) -> Re
         }
     };
     let cluster = node.cluster_version().version;
-    match why_not(min, max, cluster) {
-        None => Ok(()),
+    match why_not(said.min, said.max, cluster) {
+        // Known from now on: a new learner is not counted as version 1
+        // until the next refresh.
+        None => {
+            node.versions().heard(&said);
+            Ok(())
+        }
         Some(why) => Err(Error::failed_precondition(format!(
             "replica {id} cannot join: {why}; run a release that supports wire version {cluster} on it (ops/upgrade.md)"
         ))),

@@ -567,4 +567,15 @@ async fn replicas_of_the_wrong_version_refuse_to_serve() {
     let s = cluster.status(1).await.unwrap();
     let ids: Vec<u64> = s["members"].as_array().unwrap().iter().map(|m| m["id"].as_u64().unwrap()).collect();
     assert_eq!((ids, &s["cluster_version"]), (vec![1, 2, 3], &json!(2)), "{s:#}");
+    // A joiner of this build is let in, and counted at its versions.
+    cluster.kill(4);
+    let joiner = cluster.spawn_joiner(5, "");
+    let (raft, api, xds) = (joiner.raft_addr(), joiner.api_addr(), joiner.xds_addr());
+    let (ok, _, err) = kit::cli(&cluster.replica(2).api(), &["cluster", "add-node", "--id", "5", "--raft-addr", &raft, "--api-addr", &api, "--xds-addr", &xds]);
+    assert!(ok, "{err}");
+    // The leader asked it before adding it (the others learn within a second).
+    let leader = cluster.wait_for_leader(BOUND).await;
+    let s = cluster.status(leader).await.unwrap();
+    let five = s["members"].as_array().unwrap().iter().find(|m| m["id"] == 5).cloned().unwrap_or_default();
+    assert_eq!((&five["versions"]["max"], &s["cluster_version"], &s["incompatible"]), (&json!(2), &json!(2), &json!([])), "{s:#}");
 }
