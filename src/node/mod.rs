@@ -168,11 +168,6 @@ impl Node {
         &self.versions
     }
 
-    /// The voting members' ids.
-    pub fn voters(&self) -> Vec<NodeId> {
-        self.members().into_iter().filter(|(_, _, voter)| *voter).map(|(id, _, _)| id).collect()
-    }
-
     /// Every member's id, learners included: the members the cluster
     /// version counts (a learner is sent the log too, so it must read it).
     pub fn member_ids(&self) -> Vec<NodeId> {

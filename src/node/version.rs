@@ -5,9 +5,9 @@
 //! format of log entries, snapshots and peer messages: `store::codec`,
 //! `node::messages`). The cluster version is the highest version every
 //! member (voters and learners: a learner is sent the log too) supports:
-//! the least of their `max`, never lower than the
-//! highest cluster version this replica has seen (etcd's cluster version
-//! does not go down either). Each replica works it out on its own, from a
+//! the least of their `max`, never lower than the highest cluster version
+//! this replica has seen (etcd's cluster version does not go down
+//! either). Each replica works it out on its own, from a
 //! `ForwardRequest::Version` it sends every member every
 //! [`REFRESH_INTERVAL`]; a replica of version 1 cannot decode that request
 //! and answers "undecodable peer payload", which counts as version 1. A
@@ -25,6 +25,10 @@
 //! ([`KINDS`], [`FEATURES`]) is refused with FAILED_PRECONDITION before it
 //! is proposed, naming what needs it and which members are behind. New log
 //! entry shapes, kinds and peer messages go in those tables.
+//!
+//! Joining: the leader asks a replica for its versions before adding it
+//! as a learner, and refuses one that cannot run at the cluster version
+//! ([`admit_joiner`]); a member checks itself as well ([`refused`]).
 
 use super::messages::PeerVersion;
 use super::{ForwardReply, ForwardRequest, PeerError};
@@ -245,9 +249,10 @@ impl Versions {
 
     /// The cluster version over `members` (voters and learners; this
     /// replica included if it is one): the least of their newest
-    /// versions, not below the highest version seen. Raises (and records) that highest version. With no
-    /// members known (a replica waiting to join), the highest seen (at
-    /// least 1): a joiner must not take its own versions for the cluster's.
+    /// versions, not below the highest version seen. Raises (and records)
+    /// that highest version. With no members known (a replica waiting to
+    /// join), the highest seen (at least 1): a joiner must not take its
+    /// own versions for the cluster's.
     pub fn cluster(&self, members: &[NodeId]) -> ClusterVersion {
         let mut inner = self.lock();
         let max_of = |id: NodeId| if id == self.id { self.max } else { inner.members.get(&id).map_or(1, |k| k.max) };
