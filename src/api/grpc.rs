@@ -141,6 +141,7 @@ impl Lodestar for GrpcApi {
     async fn apply(&self, req: Request<ApplyRequest>) -> Result<Response<WriteResponse>, Status> {
         let caller = self.caller(&req, "Apply")?;
         let req = req.into_inner();
+        let caller = caller.with_message(Some(req.message.as_str()), "message").map_err(status_of)?;
         let (dry_run, expected_revision) = (req.dry_run, req.expected_revision);
         let fields = match req.field_validation.as_str() {
             "" => Default::default(),

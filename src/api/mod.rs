@@ -211,11 +211,12 @@ impl Caller {
     }
 
     /// With the change message `message` (checked: at most
-    /// [`MAX_MESSAGE_BYTES`], printable text).
-    pub fn with_message(mut self, message: Option<&str>) -> Result<Caller> {
+    /// [`MAX_MESSAGE_BYTES`], printable text), given in `field` (REST's
+    /// `X-Lodestar-Message` header, gRPC's `message`).
+    pub fn with_message(mut self, message: Option<&str>, field: &str) -> Result<Caller> {
         if let Some(m) = message {
             if m.len() > MAX_MESSAGE_BYTES || m.chars().any(char::is_control) {
-                return Err(Error::field("X-Lodestar-Message", format!("a change message is at most {MAX_MESSAGE_BYTES} bytes of printable ASCII text")));
+                return Err(Error::field(field, format!("a change message is at most {MAX_MESSAGE_BYTES} bytes of printable ASCII text")));
             }
         }
         self.message = message.filter(|m| !m.is_empty()).map(str::to_string);

@@ -109,7 +109,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
             None => None,
             Some(v) => Some(v.to_str().map_err(|_| Error::field("X-Lodestar-Message", "a change message is printable ASCII text"))?),
         };
-        Ok(Caller::of_request(&acl, &op, parts.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()), peer)?.with_message(message)?)
+        Ok(Caller::of_request(&acl, &op, parts.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()), peer)?.with_message(message, "X-Lodestar-Message")?)
     }
 }
 

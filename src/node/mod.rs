@@ -168,14 +168,15 @@ impl Node {
         &self.versions
     }
 
-    /// The voting members' ids.
-    pub fn voters(&self) -> Vec<NodeId> {
-        self.members().into_iter().filter(|(_, _, voter)| *voter).map(|(id, _, _)| id).collect()
+    /// Every member's id, learners included: the members the cluster
+    /// version counts (a learner is sent the log too, so it must read it).
+    pub fn member_ids(&self) -> Vec<NodeId> {
+        self.members().into_iter().map(|(id, _, _)| id).collect()
     }
 
     /// The cluster version as this replica sees it (`version`).
     pub fn cluster_version(&self) -> version::ClusterVersion {
-        self.versions.cluster(&self.voters())
+        self.versions.cluster(&self.member_ids())
     }
 
     /// The gate (`version`): refuse, before proposing, a write that needs
@@ -183,11 +184,11 @@ impl Node {
     /// again after asking the members afresh: the last replica may have
     /// been upgraded since the last refresh.
     async fn gate(&self, txn: &Txn) -> Result<()> {
-        if self.versions.check(txn, &self.voters()).is_ok() {
+        if self.versions.check(txn, &self.member_ids()).is_ok() {
             return Ok(());
         }
         version::refresh(self).await;
-        self.versions.check(txn, &self.voters())
+        self.versions.check(txn, &self.member_ids())
     }
 
     /// How this node reaches its peers.
@@ -517,7 +518,7 @@ impl Node {
             }
             ForwardRequest::Version(v) => {
                 self.versions.heard(&v);
-                Ok(ForwardReply::Version(self.versions.hello(&self.voters())))
+                Ok(ForwardReply::Version(self.versions.hello(&self.member_ids())))
             }
             ForwardRequest::AddNode { id, info } => self.leader_add_node(id, info).await,
             ForwardRequest::RemoveNode { id } => self.leader_remove_node(id).await,
@@ -525,6 +526,9 @@ impl Node {
     }
 
     async fn leader_add_node(&self, id: NodeId, info: NodeInfo) -> Result<ForwardReply> {
+        // A joiner that cannot read what the cluster writes is refused
+        // before it is a member (`version::admit_joiner`).
+        version::admit_joiner(self, id, &info.raft_addr).await?;
         // Learner first: it catches up (log or snapshot) without counting
         // towards the quorum, then it is promoted to voter.
         match self.raft.add_learner(id, info, true).await {

@@ -4,9 +4,10 @@
 //! A build reads and writes the wire versions [`MIN`]`..=`[`MAX`] (the
 //! format of log entries, snapshots and peer messages: `store::codec`,
 //! `node::messages`). The cluster version is the highest version every
-//! voting member supports: the least of their `max`, never lower than the
-//! highest cluster version this replica has seen (etcd's cluster version
-//! does not go down either). Each replica works it out on its own, from a
+//! member (voters and learners: a learner is sent the log too) supports:
+//! the least of their `max`, never lower than the highest cluster version
+//! this replica has seen (etcd's cluster version does not go down
+//! either). Each replica works it out on its own, from a
 //! `ForwardRequest::Version` it sends every member every
 //! [`REFRESH_INTERVAL`]; a replica of version 1 cannot decode that request
 //! and answers "undecodable peer payload", which counts as version 1. A
@@ -24,6 +25,10 @@
 //! ([`KINDS`], [`FEATURES`]) is refused with FAILED_PRECONDITION before it
 //! is proposed, naming what needs it and which members are behind. New log
 //! entry shapes, kinds and peer messages go in those tables.
+//!
+//! Joining: the leader asks a replica for its versions before adding it
+//! as a learner, and refuses one that cannot run at the cluster version
+//! ([`admit_joiner`]); a member checks itself as well ([`refused`]).
 
 use super::messages::PeerVersion;
 use super::{ForwardReply, ForwardRequest, PeerError};
@@ -137,10 +142,10 @@ pub struct Known {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterVersion {
     pub version: u32,
-    /// Voting members whose newest version is below this build's `max`:
+    /// Members whose newest version is below this build's `max`:
     /// (id, their max; 1 when never heard from).
     pub behind: Vec<(NodeId, u32)>,
-    /// Voting members that cannot run at the cluster version: (id, why).
+    /// Members that cannot run at the cluster version: (id, why).
     pub incompatible: Vec<(NodeId, String)>,
 }
 
@@ -187,8 +192,8 @@ impl Versions {
     }
 
     /// What this replica says of itself to a peer.
-    pub fn hello(&self, voters: &[NodeId]) -> PeerVersion {
-        PeerVersion { id: self.id, min: self.min, max: self.max, cluster: self.cluster(voters).version }
+    pub fn hello(&self, members: &[NodeId]) -> PeerVersion {
+        PeerVersion { id: self.id, min: self.min, max: self.max, cluster: self.cluster(members).version }
     }
 
     /// What this replica knows of member `id`.
@@ -242,19 +247,20 @@ impl Versions {
         tracing::info!(version, "the cluster version is now {version}");
     }
 
-    /// The cluster version over `voters` (this replica included if it
-    /// votes): the least of their newest versions, not below the highest
-    /// version seen. Raises (and records) that highest version. With no
-    /// voters known (a replica waiting to join), the highest seen (at
-    /// least 1): a joiner must not take its own versions for the cluster's.
-    pub fn cluster(&self, voters: &[NodeId]) -> ClusterVersion {
+    /// The cluster version over `members` (voters and learners; this
+    /// replica included if it is one): the least of their newest
+    /// versions, not below the highest version seen. Raises (and records)
+    /// that highest version. With no members known (a replica waiting to
+    /// join), the highest seen (at least 1): a joiner must not take its
+    /// own versions for the cluster's.
+    pub fn cluster(&self, members: &[NodeId]) -> ClusterVersion {
         let mut inner = self.lock();
         let max_of = |id: NodeId| if id == self.id { self.max } else { inner.members.get(&id).map_or(1, |k| k.max) };
-        let least = voters.iter().map(|&id| max_of(id)).min().unwrap_or(0);
-        let behind: Vec<(NodeId, u32)> = voters.iter().map(|&id| (id, max_of(id))).filter(|(_, v)| *v < self.max).collect();
+        let least = members.iter().map(|&id| max_of(id)).min().unwrap_or(0);
+        let behind: Vec<(NodeId, u32)> = members.iter().map(|&id| (id, max_of(id))).filter(|(_, v)| *v < self.max).collect();
         let version = least.max(inner.floor).max(1);
         let range_of = |id: NodeId| if id == self.id { (self.min, self.max) } else { inner.members.get(&id).map_or((1, 1), |k| (k.min, k.max)) };
-        let incompatible = voters
+        let incompatible = members
             .iter()
             .filter_map(|&id| {
                 let (min, max) = range_of(id);
@@ -270,9 +276,9 @@ impl Versions {
     /// The gate: `Ok` when the cluster runs at least the version `txn`
     /// needs, else FAILED_PRECONDITION saying what needs which version and
     /// who holds the cluster back.
-    pub fn check(&self, txn: &Txn, voters: &[NodeId]) -> Result<()> {
+    pub fn check(&self, txn: &Txn, members: &[NodeId]) -> Result<()> {
         let (what, need) = required(txn);
-        let c = self.cluster(voters);
+        let c = self.cluster(members);
         if c.version >= need {
             return Ok(());
         }
@@ -301,8 +307,8 @@ pub fn why_not(min: u32, max: u32, cluster: u32) -> Option<String> {
 /// Ask every other member for its versions once (answers recorded).
 pub async fn refresh(node: &super::Node) {
     let members = node.members();
-    let voters: Vec<NodeId> = members.iter().filter(|(_, _, voter)| *voter).map(|(id, _, _)| *id).collect();
-    let hello = ForwardRequest::Version(node.versions().hello(&voters));
+    let ids: Vec<NodeId> = members.iter().map(|(id, _, _)| *id).collect();
+    let hello = ForwardRequest::Version(node.versions().hello(&ids));
     let asks = members.into_iter().filter(|(id, _, _)| *id != node.id).map(|(id, info, _)| {
         let hello = &hello;
         async move { (id, node.peers().forward(id, &info.raft_addr, hello, Duration::from_millis(800)).await) }
@@ -317,6 +323,49 @@ pub async fn refresh(node: &super::Node) {
         }
     }
 }
+
+/// Before replica `id` (raft address `raft_addr`) is added as a learner:
+/// ask it for its versions, and refuse it (FAILED_PRECONDITION, saying
+/// why) when they do not include the cluster version: a learner is sent
+/// the log, so one older than the cluster could not decode it (a replica
+/// of version 1 answers as such). One that has not answered within
+/// [`JOINER_WAIT`] is refused too (UNAVAILABLE: start it first), so
+/// nothing unchecked joins. A member already is not asked again.
+pub async fn admit_joiner(node: &super::Node, id: NodeId, raft_addr: &str) -> Result<()> {
+    if node.member_ids().contains(&id) {
+        return Ok(());
+    }
+    let hello = ForwardRequest::Version(node.versions().hello(&node.member_ids()));
+    let deadline = tokio::time::Instant::now() + JOINER_WAIT;
+    let said = loop {
+        match node.peers().forward(id, raft_addr, &hello, Duration::from_secs(1)).await {
+            Ok(Ok(ForwardReply::Version(v))) => break PeerVersion { id, ..v },
+            Err(PeerError::Failed { msg, .. }) if msg.contains(V1_ANSWER) => break PeerVersion { id, min: 1, max: 1, cluster: 1 },
+            answer if tokio::time::Instant::now() >= deadline => {
+                tracing::warn!(id, raft_addr, ?answer, "the joining replica did not say its versions: not added");
+                return Err(Error::unavailable(format!(
+                    "replica {id} at {raft_addr} did not say its wire versions within {JOINER_WAIT:?}: start it first (`lodestar server --join`), then add it"
+                )));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    };
+    let cluster = node.cluster_version().version;
+    match why_not(said.min, said.max, cluster) {
+        // Known from now on: a new learner is not counted as version 1
+        // until the next refresh.
+        None => {
+            node.versions().heard(&said);
+            Ok(())
+        }
+        Some(why) => Err(Error::failed_precondition(format!(
+            "replica {id} cannot join: {why}; run a release that supports wire version {cluster} on it (ops/upgrade.md)"
+        ))),
+    }
+}
+
+/// How long [`admit_joiner`] waits for the joiner to answer.
+pub const JOINER_WAIT: Duration = Duration::from_secs(5);
 
 /// Keep every member's versions current until `stop`.
 pub async fn keep_current(node: std::sync::Arc<super::Node>, mut stop: tokio::sync::watch::Receiver<bool>) {
@@ -364,12 +413,12 @@ fn admission(node: &super::Node) -> Option<std::result::Result<(), String>> {
     if members.iter().all(|(id, _, _)| *id == node.id) {
         return if members.is_empty() { None } else { Some(Ok(())) };
     }
-    let others: Vec<(NodeId, bool)> = members.iter().filter(|(id, _, _)| *id != node.id).map(|(id, _, voter)| (*id, *voter)).collect();
-    if !others.iter().any(|(id, _)| v.known(*id).is_some_and(|k| k.current)) {
+    let others: Vec<NodeId> = members.iter().filter(|(id, _, _)| *id != node.id).map(|(id, _, _)| *id).collect();
+    if !others.iter().any(|id| v.known(*id).is_some_and(|k| k.current)) {
         return None;
     }
     // The cluster's version without this replica: what the others run at.
-    let least = others.iter().filter(|(_, voter)| *voter).map(|(id, _)| v.known(*id).map_or(1, |k| k.max)).min().unwrap_or(v.max);
+    let least = others.iter().map(|id| v.known(*id).map_or(1, |k| k.max)).min().unwrap_or(v.max);
     let cluster = {
         let inner = v.lock();
         least.max(inner.reported).max(inner.floor)

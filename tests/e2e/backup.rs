@@ -72,14 +72,14 @@ metadata: {name: productpage-1, namespace: shop, labels: {version: v1}}
 spec: {service: productpage, address: 127.0.11.1, port: 19080}
 "#;
 
-fn lodestar(args: &[&str]) -> (bool, String, String) {
+pub(crate) fn lodestar(args: &[&str]) -> (bool, String, String) {
     let out = kit::cli_command().args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// Every object of every kind (all namespaces), by kind/namespace/name,
 /// exactly as a linearizable read returns it, and the list revision.
-async fn everything(c: &Cluster, api: &str) -> (u64, BTreeMap<String, Value>) {
+pub(crate) async fn everything(c: &Cluster, api: &str) -> (u64, BTreeMap<String, Value>) {
     let mut out = BTreeMap::new();
     let mut revision = None;
     for kind in KINDS {

@@ -10,6 +10,7 @@
 
 use crate::kit;
 
+use kit::agent::{AgentBuilder, Workload};
 use kit::envoy::{versions_at, Envoy, EnvoyOptions, Upstream};
 use kit::mesh::*;
 use kit::Cluster;
@@ -54,8 +55,13 @@ fn web_instance(u: &Upstream) -> String {
 async fn previous_cluster() -> (Fixture, Upstream, Envoy) {
     let old = previous_binary();
     let mut cluster = Cluster::prepare(3, "");
+    // A mesh CA made by the previous release, for the agents' certificates.
+    let ca = cluster.tmp.path().join("mesh-ca");
+    let out = std::process::Command::new(&old).args(["tls", "ca", "create", "--mesh", "--dir"]).arg(&ca).output().unwrap();
+    assert!(out.status.success(), "the previous release's `tls ca create --mesh`: {}", String::from_utf8_lossy(&out.stderr));
     for r in &mut cluster.replicas {
         r.binary = Some(old.clone());
+        r.extra_toml = format!("mesh_ca_dir = {ca:?}\n");
     }
     cluster.launch().await;
     let fx = Fixture::around(cluster);
@@ -69,6 +75,96 @@ async fn previous_cluster() -> (Fixture, Upstream, Envoy) {
     wait_for(&fx.client, &url, "web", &[], "web-1 serves through the Envoy", |r| r.body == "web-1").await;
     (fx, u, e)
 }
+
+/// Two sidecar workloads in namespace `shop`, each a `lodestar agent` with
+/// the Envoy it bootstraps and 10 s certificates (renewed about every 5 s,
+/// so through whichever replicas run then): `web`, the client, run by the
+/// previous release's agent, and `reviews`, the server in front of an
+/// upstream, by this build's. The client's Envoy reaches the server's over
+/// mutual TLS (STRICT), so every request needs both agents' certificates
+/// served over SDS.
+struct Mesh {
+    web: Workload,
+    reviews: Workload,
+    _app: Upstream,
+}
+
+impl Mesh {
+    async fn start(fx: &Fixture) -> Mesh {
+        let app = Upstream::start("127.0.0.1", "reviews-mesh").await;
+        let (web_ip, reviews_ip, p) = (fx.ip(20), fx.ip(21), &fx.prefix);
+        fx.apply(&format!(
+            "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: reviews, namespace: shop}}\nspec:\n  workloadSelector: {{labels: {{app: reviews}}}}\n  \
+             ingress: [{{port: {{number: 9080, protocol: HTTP, name: http}}, defaultEndpoint: '{app}'}}]\n  egress: [{{bind: {p}.29, hosts: ['./*']}}]\n---\n\
+             apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {{name: reviews, namespace: shop}}\nspec: {{ports: [{{name: http, number: 9080}}]}}\n---\n\
+             apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {{name: web, namespace: shop}}\nspec: {{ports: [{{name: http, number: 8080}}]}}\n---\n\
+             apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: default, namespace: shop}}\nspec: {{mtls: {{mode: STRICT}}}}\n",
+            app = app.addr
+        ))
+        .await;
+        let xds = fx.cluster.replicas.iter().map(|r| r.xds_addr()).collect::<Vec<_>>().join(",");
+        // Each registers itself (an Instance bound to a lease of 6 s, kept
+        // alive every 2 s through the API of replica 1: writes that go on
+        // across the upgrade).
+        let agent = |name: &str, ip: &str, port: &str| {
+            AgentBuilder::new("shop", name, &xds, &fx.tmp.path().join(name))
+                .server(&fx.api(1))
+                .args(["--label", &format!("app={name}"), "--ip", ip, "--admin-port", "15000", "--ttl", "10s", "-o", "json"])
+                .args(["--register", name, "--port", port, "--lease-ttl", "6s"])
+                .join_token(&fx.api(1), &format!("shop/{name}"))
+        };
+        let serving = |admin: String| async move { kit::envoy::serving_serial(&admin).await.is_some() };
+        let web = Workload::start(agent("web", &web_ip, "http=8080").binary(&previous_binary()), &web_ip, serving).await;
+        let reviews = Workload::start(agent("reviews", &reviews_ip, "http=9080"), &reviews_ip, serving).await;
+        let mesh = Mesh { web, reviews, _app: app };
+        wait_for(&fx.client, &mesh.url(), HOST, &[], "the web Envoy reaches reviews over mutual TLS", |r| r.body == "reviews-mesh").await;
+        mesh
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}:9080/", self.web.ip)
+    }
+
+    /// The Instances the two agents registered, read through replica
+    /// `id`: (name, the revision it was created at); each bound to its
+    /// lease, with the service account of its agent's certificate.
+    async fn registered(&self, fx: &Fixture, id: u64) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for (name, ip) in [("web", &self.web.ip), ("reviews", &self.reviews.ip)] {
+            let instance = format!("{name}-{}", ip.replace('.', "-"));
+            let (code, body) = kit::get_json(&fx.client, &format!("{}/v1/resources/instances/shop/{instance}", fx.api(id))).await;
+            assert_eq!(code, 200, "{instance} registered: {body:#}\n{}", self.web.logs());
+            assert_eq!((&body["spec"]["lease"], &body["spec"]["serviceAccount"]), (&json!(instance), &json!(name)), "{body:#}");
+            out.push((instance, body["metadata"]["creationRevision"].as_u64().unwrap()));
+        }
+        out
+    }
+
+    /// Until both Envoys serve a certificate other than the one each served
+    /// when called: both agents renewed through the replicas running now,
+    /// and pushed the new certificate over SDS.
+    async fn renewed(&self, when: &str) {
+        let before = (self.web.serving_serial().await, self.reviews.serving_serial().await);
+        kit::until(&format!("both workload certificates renewed {when}"), Duration::from_secs(30), || async {
+            let now = (self.web.serving_serial().await, self.reviews.serving_serial().await);
+            now.0.is_some() && now.1.is_some() && now.0 != before.0 && now.1 != before.1
+        })
+        .await;
+    }
+
+    /// Neither workload's Envoy rejected a configuration, and both are
+    /// connected to a replica.
+    async fn assert_no_rejections(&self) {
+        for w in [&self.web, &self.reviews] {
+            let stats = w.stats().await;
+            let rejected: Vec<(&String, &u64)> = stats.iter().filter(|(k, v)| k.ends_with("update_rejected") && **v > 0).collect();
+            assert!(rejected.is_empty(), "the Envoy at {} rejected updates: {rejected:?}\n{}", w.ip, w.logs());
+            assert_eq!(stats.get("control_plane.connected_state"), Some(&1), "the Envoy at {} is connected\n{}", w.ip, w.logs());
+        }
+    }
+}
+
+const HOST: &str = "reviews.shop.svc.cluster.local";
 
 /// `POST /v1/apply` of one VirtualService at `api`, with a change message
 /// if given: (status, body); status 0 when no answer came.
@@ -84,6 +180,14 @@ async fn write(client: &reqwest::Client, api: &str, name: &str, tag: &str, messa
         }
         Err(e) => (0, Value::String(e.to_string())),
     }
+}
+
+/// `Apply` of one VirtualService through the gRPC API at `api` (a tonic
+/// client), with `message` in the request: the revision, or the status.
+async fn grpc_write(api: &str, name: &str, message: &str) -> Result<u64, tonic::Status> {
+    let item = lodestar::proto::api::ApplyItem { resource_json: kit::vs(name, "default", "g").to_string(), expected_revision: None };
+    let req = lodestar::proto::api::ApplyRequest { items: vec![item], message: message.to_string(), ..Default::default() };
+    kit::grpc_api(api).apply(req).await.map(|r| r.into_inner().revision)
 }
 
 /// The load during an upgrade, each part bounded and stopped by `stop`:
@@ -102,7 +206,9 @@ struct Load {
 }
 
 impl Load {
-    fn start(fx: &Fixture, e: &Envoy) -> Load {
+    /// With `mesh`, requests through its client's Envoy too, and the
+    /// versions both its Envoys hold.
+    fn start(fx: &Fixture, e: &Envoy, mesh: Option<&Mesh>) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let (acked, gap, requests, backwards) = Default::default();
         let mut load = Load { stop, acked, gap, requests, backwards, tasks: Vec::new() };
@@ -129,14 +235,16 @@ impl Load {
             }
         }));
         let (stop, requests, client) = (load.stop.clone(), load.requests.clone(), fx.client.clone());
-        let url = format!("http://{}:8080/", e.options.ip);
+        let mut targets = vec![(format!("http://{}:8080/", e.options.ip), "web".to_string(), "web-1".to_string())];
+        targets.extend(mesh.map(|m| (m.url(), HOST.to_string(), "reviews-mesh".to_string())));
         load.tasks.push(tokio::spawn(async move {
             for _ in 0..20_000 {
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
-                let r = send(&client, &url, "web", &[]).await.and_then(|r| if r.body == "web-1" { Ok(()) } else { Err(format!("{} {}", r.status, r.body)) });
-                {
+                for (url, host, want) in &targets {
+                    let r =
+                        send(&client, url, host, &[]).await.and_then(|r| if &r.body == want { Ok(()) } else { Err(format!("{url} {} {}", r.status, r.body)) });
                     let mut q = requests.lock().unwrap();
                     q.0 += 1;
                     q.1.extend(r.err());
@@ -144,17 +252,22 @@ impl Load {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }));
-        let (stop, backwards, admin) = (load.stop.clone(), load.backwards.clone(), e.admin());
+        let mut admins = vec![e.admin()];
+        admins.extend(mesh.into_iter().flat_map(|m| [m.web.admin(), m.reviews.admin()]));
+        let (stop, backwards) = (load.stop.clone(), load.backwards.clone());
         load.tasks.push(tokio::spawn(async move {
             let mut seen: BTreeMap<String, u64> = BTreeMap::new();
             for _ in 0..10_000 {
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
-                for (k, v) in versions_at(&admin).await {
-                    let before = seen.insert(k.clone(), v).unwrap_or(0);
-                    if v < before {
-                        backwards.lock().unwrap().push(format!("{k}: {before} -> {v}"));
+                for admin in &admins {
+                    for (k, v) in versions_at(admin).await {
+                        let k = format!("{admin} {k}");
+                        let before = seen.insert(k.clone(), v).unwrap_or(0);
+                        if v < before {
+                            backwards.lock().unwrap().push(format!("{k}: {before} -> {v}"));
+                        }
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -236,7 +349,15 @@ async fn rolling_upgrade_under_load() {
     let (mut fx, _u, e) = previous_cluster().await;
     // The previous release reports no versions.
     assert!(status(&fx, 1).await["cluster_version"].is_null());
-    let load = Load::start(&fx, &e);
+    // The workloads: the previous release's agent and this build's, both
+    // against replicas of the previous release, each renewing once.
+    let mesh = Mesh::start(&fx).await;
+    mesh.renewed("against the previous release's replicas").await;
+    let registered = mesh.registered(&fx, 1).await;
+    // A change message sent to a replica of the previous release is not
+    // known there, and dropped (ops/upgrade.md).
+    let dropped = grpc_write(&fx.api(1), "dropped", "lost").await.expect("the previous release takes the write");
+    let load = Load::start(&fx, &e, Some(&mesh));
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let started = Instant::now();
@@ -269,6 +390,10 @@ async fn rolling_upgrade_under_load() {
         let msg = body["error"]["message"].as_str().unwrap();
         assert!(msg.contains("a change message needs cluster version 2, and the cluster runs version 1"), "{msg}");
         assert!(msg.contains(&format!("replica {leader} (version 1)")), "{msg}");
+        // The same through gRPC (`ApplyRequest.message`).
+        let status = grpc_write(&fx.api(id), "gated", "canary").await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+        assert!(status.message().contains("a change message needs cluster version 2"), "{status:?}");
     }
     replace(&mut fx, leader, None).await;
     let took = started.elapsed();
@@ -278,6 +403,10 @@ async fn rolling_upgrade_under_load() {
     for id in [1, 2, 3] {
         kit::until(&format!("replica {id} sees cluster version 2"), BOUND, || async { status(&fx, id).await["cluster_version"] == 2 }).await;
     }
+    // Both agents renew through the upgraded replicas while the load runs.
+    mesh.renewed("against this build's replicas").await;
+    // The registrations lived through it: kept alive, never re-created.
+    assert_eq!(mesh.registered(&fx, 2).await, registered);
     let (acked, gap) = load.finish().await;
     // The figures benches/upgrade.sh collects (benches/RESULTS.md).
     eprintln!("result: upgrade_ms={} longest_write_gap_ms={} acknowledged_writes={}", took.as_millis(), gap.0.as_millis(), gap.1);
@@ -293,13 +422,26 @@ async fn rolling_upgrade_under_load() {
     assert_eq!(newest["revision"], revision, "{newest:#}");
     assert_eq!(newest["message"], "canary 10%", "{newest:#}");
     assert!(newest["author"].as_str().is_some_and(|a| !a.is_empty() && !a.contains(kit::management_token())), "{newest:#}");
+    let lost = revisions.iter().find(|r| r["revision"] == dropped).unwrap_or_else(|| panic!("revision {dropped} in {history:#}"));
+    assert!(lost["message"].is_null() && lost["author"].is_null(), "{lost:#}");
     let oldest = revisions.last().unwrap();
     assert!(oldest["author"].is_null(), "written by the previous release: no author: {oldest:#}");
     // A message is bounded: too long is refused, naming the header.
     let (code, body) = write(&fx.client, &fx.api(1), "gated", "t2", Some(&"x".repeat(300))).await;
     assert_eq!(code, 400, "{body:#}");
     assert_eq!(body["error"]["fields"][0]["field"], "X-Lodestar-Message", "{body:#}");
+    // gRPC: the message is recorded the same way, and bounded the same way.
+    let revision = grpc_write(&fx.api(3), "gated-grpc", "canary 20% via gRPC").await.unwrap();
+    let (_, history) = kit::get_json(&fx.client, &format!("{}/v1/history?limit=1", fx.api(1))).await;
+    assert_eq!((&history["revisions"][0]["revision"], &history["revisions"][0]["message"]), (&json!(revision), &json!("canary 20% via gRPC")), "{history:#}");
+    let status = grpc_write(&fx.api(3), "gated-grpc", &"x".repeat(300)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("message") && status.message().contains("at most 256 bytes"), "{status:?}");
     e.assert_no_rejections().await;
+    mesh.assert_no_rejections().await;
+    // A backup of the upgraded cluster (authors recorded) is readable by
+    // the previous release: authors are history, not in backups.
+    backup_restores(&fx, None, Some(previous_binary())).await;
 }
 
 /// A replica upgraded by mistake, rolled back to the previous release
@@ -308,7 +450,7 @@ async fn rolling_upgrade_under_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_rolled_back_before_the_raise() {
     let (mut fx, _u, e) = previous_cluster().await;
-    let load = Load::start(&fx, &e);
+    let load = Load::start(&fx, &e, None);
     let leader = fx.cluster.wait_for_leader(BOUND).await;
     let id = if leader == 3 { 2 } else { 3 };
     replace(&mut fx, id, None).await;
@@ -321,6 +463,52 @@ async fn a_replica_rolled_back_before_the_raise() {
     let (acked, _) = load.finish().await;
     identical(&fx, &acked).await;
     e.assert_no_rejections().await;
+    // Backups are readable by the next release.
+    backup_restores(&fx, Some(previous_binary()), None).await;
+}
+
+/// `lodestar ARGS` of `binary` (None: this build), with the test client
+/// config: (success, stdout, stderr).
+fn lodestar_of(binary: Option<&PathBuf>, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = match binary {
+        Some(b) => std::process::Command::new(b),
+        None => kit::cli_command(),
+    };
+    let out = cmd.env("LODESTAR_CONFIG", &kit::test_ca().client_config).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A backup taken from `fx`'s cluster by `taken_by`'s `snapshot save`
+/// restores with `restored_by`'s `snapshot restore` (None: this build)
+/// into a new single-node cluster of that release, which serves the same
+/// objects at the same revision and takes writes after it.
+async fn backup_restores(fx: &Fixture, taken_by: Option<PathBuf>, restored_by: Option<PathBuf>) {
+    let what = format!(
+        "a backup taken by {} restored by {}",
+        if taken_by.is_some() { PREVIOUS } else { "this build" },
+        if restored_by.is_some() { PREVIOUS } else { "this build" }
+    );
+    let file = fx.tmp.path().join(format!("backup-{}-{}.snapshot", taken_by.is_some(), restored_by.is_some()));
+    let (ok, _, err) = lodestar_of(taken_by.as_ref(), &["--server", &fx.api(2), "snapshot", "save", file.to_str().unwrap()]);
+    assert!(ok, "{what}: snapshot save: {err}");
+    let (revision, before) = crate::backup::everything(&fx.cluster, &fx.api(1)).await;
+    assert!(before.len() > 10, "a backup of something: {}", before.len());
+    let mut dst = Cluster::prepare(1, "");
+    dst.replicas[0].binary = restored_by.clone();
+    let r = dst.replica(1);
+    let dir = r.data_dir();
+    let (api, raft, xds) = (r.api_addr(), r.raft_addr(), r.xds_addr());
+    let args =
+        ["snapshot", "restore", file.to_str().unwrap(), "--data-dir", dir.to_str().unwrap(), "--api-addr", &api, "--raft-addr", &raft, "--xds-addr", &xds];
+    let (ok, out, err) = lodestar_of(restored_by.as_ref(), &args);
+    assert!(ok, "{what}: snapshot restore: {err}");
+    assert!(out.contains(&format!("restored revision {revision} ")), "{what}: {out}");
+    dst.launch().await;
+    let api = dst.replica(1).api();
+    let (rev, after) = crate::backup::everything(&dst, &api).await;
+    assert_eq!((rev, &after), (revision, &before), "{what}: the restored cluster serves what was backed up");
+    let (status, body) = write(&dst.http, &api, "after-restore", "t0", None).await;
+    assert_eq!((status, body["revision"].as_u64()), (200, Some(revision + 1)), "{what}: {body:#}");
 }
 
 /// A replica whose versions do not include the cluster version refuses to
@@ -357,4 +545,37 @@ async fn replicas_of_the_wrong_version_refuse_to_serve() {
         cluster.status(1).await.is_some_and(|s| s["incompatible"].as_array().is_some_and(Vec::is_empty) && s["members"][2]["status"]["ready"] == true)
     })
     .await;
+
+    // A replica of the previous release asking to join (as a learner first)
+    // a cluster at version 2 is refused before it is added: it could not
+    // decode the log it would be sent. The members stay as they were, and
+    // the cluster version still counts only them.
+    let joiner = cluster.spawn_joiner_of(4, "", Some(previous_binary()));
+    let (raft, api, xds) = (joiner.raft_addr(), joiner.api_addr(), joiner.xds_addr());
+    let args = ["cluster", "add-node", "--id", "4", "--raft-addr", &raft, "--api-addr", &api, "--xds-addr", &xds];
+    let (ok, out, err) = kit::eventually_or("the old joiner answers, and is refused", BOUND, || async {
+        let (ok, out, err) = kit::cli(&cluster.replica(2).api(), &args);
+        if !ok && err.contains("older than the cluster version 2") {
+            Ok((ok, out, err))
+        } else {
+            Err(format!("ok {ok}: {out} {err}"))
+        }
+    })
+    .await;
+    assert!(!ok, "{out}");
+    assert!(err.contains("replica 4 cannot join: it supports wire versions 1..1, older than the cluster version 2"), "{err}");
+    let s = cluster.status(1).await.unwrap();
+    let ids: Vec<u64> = s["members"].as_array().unwrap().iter().map(|m| m["id"].as_u64().unwrap()).collect();
+    assert_eq!((ids, &s["cluster_version"]), (vec![1, 2, 3], &json!(2)), "{s:#}");
+    // A joiner of this build is let in, and counted at its versions.
+    cluster.kill(4);
+    let joiner = cluster.spawn_joiner(5, "");
+    let (raft, api, xds) = (joiner.raft_addr(), joiner.api_addr(), joiner.xds_addr());
+    let (ok, _, err) = kit::cli(&cluster.replica(2).api(), &["cluster", "add-node", "--id", "5", "--raft-addr", &raft, "--api-addr", &api, "--xds-addr", &xds]);
+    assert!(ok, "{err}");
+    // The leader asked it before adding it (the others learn within a second).
+    let leader = cluster.wait_for_leader(BOUND).await;
+    let s = cluster.status(leader).await.unwrap();
+    let five = s["members"].as_array().unwrap().iter().find(|m| m["id"] == 5).cloned().unwrap_or_default();
+    assert_eq!((&five["versions"]["max"], &s["cluster_version"], &s["incompatible"]), (&json!(2), &json!(2), &json!([])), "{s:#}");
 }

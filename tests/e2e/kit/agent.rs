@@ -27,6 +27,7 @@ pub struct AgentBuilder {
     args: Vec<OsString>,
     env: Vec<(String, OsString)>,
     netns: Option<String>,
+    binary: Option<PathBuf>,
 }
 
 impl AgentBuilder {
@@ -43,6 +44,7 @@ impl AgentBuilder {
             args,
             env: Vec::new(),
             netns: None,
+            binary: None,
         }
     }
 
@@ -95,15 +97,24 @@ impl AgentBuilder {
         self
     }
 
+    /// Run this `lodestar` binary instead of this build's (another
+    /// release's agent: tests/e2e/upgrade.rs).
+    pub fn binary(mut self, path: &Path) -> Self {
+        self.binary = Some(path.to_path_buf());
+        self
+    }
+
     fn command(&self) -> std::process::Command {
+        let bin = self.binary.clone().unwrap_or_else(|| PathBuf::from(super::BIN));
         let mut cmd = match &self.netns {
             Some(ns) => {
                 let mut c = std::process::Command::new("ip");
-                c.args(["netns", "exec", ns, super::BIN]).env("LODESTAR_CONFIG", &super::test_ca().client_config);
+                c.args(["netns", "exec", ns]).arg(&bin);
                 c
             }
-            None => super::cli_command(),
+            None => std::process::Command::new(&bin),
         };
+        cmd.env("LODESTAR_CONFIG", &super::test_ca().client_config);
         if let Some(api) = &self.server {
             cmd.args(["--server", api]);
         }

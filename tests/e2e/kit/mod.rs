@@ -393,6 +393,11 @@ impl Cluster {
     /// Add a not-yet-member replica process in join mode (not added to the
     /// raft membership: that is `cluster add-node`'s job).
     pub fn spawn_joiner(&mut self, id: u64, extra_toml: &str) -> &Replica {
+        self.spawn_joiner_of(id, extra_toml, None)
+    }
+
+    /// The same, running `binary` (another release's `lodestar`).
+    pub fn spawn_joiner_of(&mut self, id: u64, extra_toml: &str, binary: Option<PathBuf>) -> &Replica {
         let mut r = Replica {
             id,
             ip: format!("{}.{id}", self.prefix),
@@ -401,7 +406,7 @@ impl Cluster {
             extra_toml: extra_toml.to_string(),
             management_token: true,
             join: true,
-            binary: None,
+            binary,
             env: Vec::new(),
         };
         spawn(&mut r, &[]);
