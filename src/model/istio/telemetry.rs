@@ -295,7 +295,7 @@ mod tests {
 
     #[test]
     fn corpus() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/istio/corpus-38/");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/istio/corpus-38/");
         for f in [
             "telemetry-access-logging.yaml",
             "telemetry-access-logging-filter.yaml",
