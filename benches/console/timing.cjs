@@ -1,0 +1,54 @@
+// Times the console's views in headless Chromium (benches/console.sh runs
+// it against a replica holding many resources): prints one `result:` line
+// per figure, the median and the max of CONSOLE_ROUNDS rounds, in ms.
+"use strict";
+const { chromium } = require("playwright-core");
+
+const URL = process.env.CONSOLE_URL;
+const TOKEN = process.env.CONSOLE_TOKEN;
+const ROUNDS = Number(process.env.CONSOLE_ROUNDS || 5);
+const VS = Number(process.env.CONSOLE_VS);
+const WAIT = 60000;
+
+async function round(browser) {
+  const context = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1180, height: 760 } });
+  const page = await context.newPage();
+  const out = {};
+  await page.goto(URL);
+  await page.locator("#token").waitFor({ timeout: WAIT });
+  out["first-paint"] = await page.evaluate(() => performance.getEntriesByName("first-contentful-paint")[0]?.startTime ?? NaN);
+  await page.locator("#token").fill(TOKEN);
+  let t = Date.now();
+  await page.keyboard.press("Enter");
+  await page.locator("caption", { hasText: "members" }).waitFor({ timeout: WAIT });
+  out.overview = Date.now() - t;
+  t = Date.now();
+  await page.evaluate(() => (location.hash = "#/config?kind=VirtualService"));
+  await page.locator("caption", { hasText: `${VS} of ${VS} VirtualService` }).waitFor({ timeout: WAIT });
+  out["config-list"] = Date.now() - t;
+  t = Date.now();
+  await page.evaluate(() => (location.hash = "#/services"));
+  await page.locator("section.topology").waitFor({ timeout: WAIT });
+  out.services = Date.now() - t;
+  await context.close();
+  return out;
+}
+
+async function main() {
+  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium", args: ["--no-sandbox"] });
+  const all = [];
+  try {
+    for (let i = 0; i < ROUNDS; i++) all.push(await round(browser));
+  } finally {
+    await browser.close();
+  }
+  for (const k of Object.keys(all[0])) {
+    const v = all.map((r) => r[k]).sort((a, b) => a - b);
+    console.log(`result: view=${k} median_ms=${Math.round(v[Math.floor(v.length / 2)])} max_ms=${Math.round(v[v.length - 1])} rounds=${v.length}`);
+  }
+}
+
+main().catch((e) => {
+  console.error(e.stack || String(e));
+  process.exit(1);
+});
