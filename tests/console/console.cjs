@@ -411,7 +411,8 @@ async function scenarios(browser) {
       await shot(page, "proxy-config");
       // The registry's services with their instances' health.
       await page.goto(`${URL}#/services`);
-      const svc = page.locator("tr", { hasText: "reviews.shop.svc.cluster.local" });
+      // (the registry's table comes first; the topology's rows name it too)
+      const svc = page.locator("tr", { hasText: "reviews.shop.svc.cluster.local" }).first();
       await svc.waitFor({ timeout: WAIT });
       check(/9080/.test(await svc.innerText()), `the service row: ${await svc.innerText()}`);
       // Who may call whom: routes, policies, verdicts.

@@ -222,7 +222,10 @@ async fn the_console_is_served_with_its_headers_and_says_who_signed_in() {
     assert_eq!(status, 200, "{mine}");
     assert_eq!(
         edges(&mine),
-        [format!("ratings.shop.svc.cluster.local -> reviews.shop.svc.cluster.local: allowed"), format!("reviews.shop.svc.cluster.local -> {ratings}: allowed")],
+        [
+            "ratings.shop.svc.cluster.local -> reviews.shop.svc.cluster.local: allowed".to_string(),
+            format!("reviews.shop.svc.cluster.local -> {ratings}: allowed")
+        ],
         "{mine}"
     );
     assert!(!mine.to_string().contains("billing"), "{mine}");
@@ -230,7 +233,11 @@ async fn the_console_is_served_with_its_headers_and_says_who_signed_in() {
     let (ok, out, err) = cli(&api, &["topology", "--namespace", "billing"]);
     assert!(ok, "{err}");
     let line = out.lines().find(|l| l.starts_with(ratings)).unwrap_or_else(|| panic!("{out}"));
-    assert_eq!(line.split_whitespace().collect::<Vec<_>>(), [ratings, payments, "allowed", "AuthorizationPolicy", "billing/payments-from-ratings"], "{out}");
+    assert_eq!(
+        line.split_whitespace().collect::<Vec<_>>(),
+        [ratings, payments, "allowed", "VirtualService", "billing/payments,", "AuthorizationPolicy", "billing/payments-from-ratings"],
+        "{out}"
+    );
     let (status, bad) = kit::call(c.http.get(format!("{api}/v1/topology?limit=0"))).await;
     assert_eq!((status, bad["error"]["fields"][0]["field"].as_str()), (400, Some("limit")), "{bad}");
     // The NACKs of the last hour: none yet; a namespace reader may not ask.

@@ -66,7 +66,7 @@ function nacksView(n: { nacks: ReplicaNack[]; missing: string[] }): HTMLElement 
     n.nacks.length === 0
       ? h("p", { class: "muted" }, "No proxy rejected a config in the last hour.")
       : table(
-          `${n.nacks.length} NACKs in the last hour, every replica`,
+          `${n.nacks.length} NACK${n.nacks.length === 1 ? "" : "s"} in the last hour, every replica`,
           ["When", "Replica", "Proxy", "Type", "Rejected version", "Error"],
           n.nacks.map((x) => [since(x.atUnixMs), `replica ${x.replica}`, h("code", {}, x.proxy), x.type, x.rejectedVersion, h("span", { class: "bad" }, x.error)]),
         ),
