@@ -423,6 +423,11 @@ async function scenarios(browser) {
       check(refused.includes("denied") && refused.includes("no rule of"), `reviews -> payments: ${refused}`);
       const routed = await edge(`ratings.${NS_A}`, `reviews.${NS_A}`).innerText();
       check(routed.includes(`route VirtualService ${NS_A}/reviews`), `ratings -> reviews: ${routed}`);
+      // And drawn: an arrow per edge, between labelled services.
+      const rows = await page.locator("section.topology tbody tr").count();
+      const arrows = await page.locator("figure.graph svg path.edge.edge-denied").count();
+      check((await page.locator("figure.graph svg path.edge").count()) === rows && arrows === 1, `the graph draws the ${rows} edges (${arrows} denied)`);
+      check((await page.locator("figure.graph svg text").allTextContents()).includes(`payments.${NS_B}`), "the graph names the services");
       await shot(page, "services");
       await page.goto(`${URL}#/security`);
       await page.locator("caption", { hasText: "tokens" }).waitFor({ timeout: WAIT });

@@ -5,6 +5,7 @@
 import { api, ApiError, apiAt, learnMembers, origin } from "./api";
 import { alert, h, link, route, segment, table } from "./dom";
 import { Ctx, explain, objectHref, refLink, since } from "./common";
+import { topologyGraph } from "./graph";
 import type { Analysis, ClusterStatus, ConfigDump, Member, NackEvent, ProxyStatus, RecentNacks, ServiceView, Syncz, Topology, TopologyEdge, Via } from "./types";
 
 function settled<T>(r: PromiseSettledResult<T>): T | HTMLElement {
@@ -219,6 +220,7 @@ function topologyView(t: Topology): HTMLElement {
     "section",
     { class: "topology" },
     t.truncated ? alert(`Only the first ${t.edges.length} edges are shown: filter by namespace.`) : null,
+    topologyGraph(t),
     t.edges.length === 0
       ? h("p", { class: "muted" }, "No workload calls another (or none this token may read).")
       : table(
