@@ -14,6 +14,7 @@
 //! members' origins, and only those).
 
 use crate::kit;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use kit::mesh::Fixture;
 use kit::*;
 use serde_json::{json, Value};
@@ -250,6 +251,28 @@ async fn the_console_is_served_with_its_headers_and_says_who_signed_in() {
     assert_eq!((r.status().as_u16(), r.headers()["content-type"].to_str().unwrap()), (200, "application/x-ndjson"));
     let lines: Vec<Value> = r.text().await.unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines, [json!({"revision": 1, "converged": true, "proxies": 0, "synced": 0, "pending": [], "nacked": [], "unreachable": []})]);
+    // A proxy that has its clusters but has not ACKed them yet: the
+    // stream says so at once, then, when it ACKs, that it has.
+    let (ads, first) = ads_clusters(1, &c.replica(1).xds_addr(), "sidecar~127.0.0.78~slow.default~default.svc.cluster.local").await;
+    let revision: u64 = first.version_info.parse().unwrap();
+    let mut r = c.http.get(format!("{api}/v1/wait?revision={revision}&progress=true&timeout=20s")).send().await.unwrap();
+    let mut buf = String::new();
+    let waiting = next_line(&mut r, &mut buf).await;
+    assert_eq!(
+        (&waiting["converged"], &waiting["proxies"], &waiting["synced"], &waiting["pending"]),
+        (&json!(false), &json!(1), &json!(0), &json!(["sidecar~127.0.0.78~slow.default~default.svc.cluster.local (replica 1)"])),
+        "{waiting}"
+    );
+    ads.send(DiscoveryRequest {
+        type_url: CLUSTERS.into(),
+        version_info: first.version_info.clone(),
+        response_nonce: first.nonce.clone(),
+        ..Default::default()
+    })
+    .await;
+    let done = next_line(&mut r, &mut buf).await;
+    assert_eq!((&done["converged"], &done["proxies"], &done["synced"]), (&json!(true), &json!(1), &json!(1)), "{done}");
+    assert!(r.chunk().await.unwrap().is_none(), "the stream ends with the outcome");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,20 +373,39 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
     assert_eq!(status, 200, "the change made after the failover: {details}");
 }
 
-/// A proxy connects to replica `n`, rejects the first clusters it gets
-/// with `error`, and disconnects once the replica has recorded the NACK.
-async fn nack_once(fx: &Fixture, n: u64, error: &str) {
+const CLUSTERS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+
+/// The next line of an NDJSON answer (`buf` keeps what came after it).
+async fn next_line(r: &mut reqwest::Response, buf: &mut String) -> Value {
+    while !buf.contains('\n') {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), r.chunk()).await.expect("a line within 20 s").unwrap().expect("the answer goes on");
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    let (line, rest) = buf.split_once('\n').unwrap();
+    let line = serde_json::from_str(line).unwrap();
+    *buf = rest.to_string();
+    line
+}
+
+/// A proxy `id` on member `n`'s xDS port (`xds`) asking for clusters: its
+/// stream and the first response.
+async fn ads_clusters(n: u64, xds: &str, id: &str) -> (AdsStream<DiscoveryRequest, DiscoveryResponse>, DiscoveryResponse) {
     use envoy_types::pb::envoy::config::core::v3::Node;
-    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
-    use envoy_types::pb::google::rpc::Status as RpcStatus;
-    const CLUSTERS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-    let mut client = ads_client(n, &fx.cluster.replica(n).xds_addr());
+    let mut client = ads_client(n, xds);
     let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let node = Node { id: "sidecar~127.0.0.79~rejecter.default~default.svc.cluster.local".into(), cluster: "test".into(), ..Default::default() };
+    let node = Node { id: id.into(), cluster: "test".into(), ..Default::default() };
     tx.send(DiscoveryRequest { node: Some(node), type_url: CLUSTERS.into(), ..Default::default() }).await.unwrap();
     let rx = client.stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
     let mut ads = AdsStream { tx, rx };
-    let r = ads.recv().await;
+    let first = ads.recv().await;
+    (ads, first)
+}
+
+/// A proxy connects to replica `n`, rejects the first clusters it gets
+/// with `error`, and disconnects once the replica has recorded the NACK.
+async fn nack_once(fx: &Fixture, n: u64, error: &str) {
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+    let (ads, r) = ads_clusters(n, &fx.cluster.replica(n).xds_addr(), "sidecar~127.0.0.79~rejecter.default~default.svc.cluster.local").await;
     let status = RpcStatus { code: 3, message: error.into(), details: vec![] };
     ads.send(DiscoveryRequest { type_url: CLUSTERS.into(), response_nonce: r.nonce, error_detail: Some(status), ..Default::default() }).await;
     let api = fx.api(n);
