@@ -8,7 +8,8 @@
 #   overview      Enter on the sign-in form -> the Overview's members table
 #   config-list   navigation -> the VirtualService list's table (every one)
 #   services      navigation -> the Services view with its topology table
-#   api-*         the REST calls behind those two lists, alone
+#   api-*         the REST calls behind those views, alone (analyze is the
+#                 Overview's slowest)
 # and prints one `result:` line per figure (median and max, ms), and the
 # bundle's gzipped size. No simulated proxies: the Overview lists the
 # proxies of the replica serving it (none here).

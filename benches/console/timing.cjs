@@ -30,8 +30,8 @@ async function round(browser) {
   await page.evaluate(() => (location.hash = "#/services"));
   await page.locator("section.topology").waitFor({ timeout: WAIT });
   out.services = Date.now() - t;
-  // The API calls behind the two lists, alone (the rest is the page's).
-  for (const [k, p] of [["api-config-list", "/v1/resources/VirtualService"], ["api-topology", "/v1/topology"]]) {
+  // The API calls behind the views, alone (the rest is the page's).
+  for (const [k, p] of [["api-analyze", "/v1/analyze"], ["api-config-list", "/v1/resources/VirtualService"], ["api-topology", "/v1/topology"]]) {
     t = Date.now();
     await page.evaluate(async ([p, token]) => (await fetch(p, { headers: { Authorization: `Bearer ${token}` } })).text(), [p, TOKEN]);
     out[k] = Date.now() - t;
