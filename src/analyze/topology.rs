@@ -38,7 +38,7 @@ pub struct Topology {
     pub truncated: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Node {
     pub hostname: String,
@@ -48,6 +48,11 @@ pub struct Node {
     /// The Sidecar that scopes its calls, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sidecar: Option<Via>,
+    /// The config that applies to calls to it: VirtualServices (`route`),
+    /// DestinationRules (`destination`), AuthorizationPolicies on its
+    /// workloads (`allow`, `deny`, `audit`, `custom`). Only those the
+    /// caller may read.
+    pub applies: Vec<Via>,
 }
 
 /// One caller → callee edge.
@@ -118,8 +123,7 @@ fn workload(service: &Arc<Service>) -> Workload<'_> {
 pub fn topology(mesh: &Mesh, may_read: impl Fn(&ResourceKey) -> bool, namespace: Option<&str>, limit: usize) -> Topology {
     let readable = |s: &Service| s.sources.iter().all(|(k, _)| may_read(k));
     let wanted = |s: &Service| namespace.is_none_or(|ns| s.namespace == ns);
-    let (mut edges, mut nodes, mut truncated) = (Vec::new(), BTreeSet::new(), false);
-    let node = |s: &Service, sidecar: Option<Via>| Node { hostname: s.hostname.clone(), namespace: s.namespace.clone(), instances: s.instances.len(), sidecar };
+    let (mut edges, mut shown, mut truncated) = (Vec::new(), BTreeSet::new(), false);
     'callers: for caller in mesh.all_services().filter(|s| !s.instances.is_empty() && readable(s)) {
         let w = workload(caller);
         let proxy = identity(&w);
@@ -147,8 +151,8 @@ pub fn topology(mesh: &Mesh, may_read: impl Fn(&ResourceKey) -> bool, namespace:
                     truncated = true;
                     break 'callers;
                 }
-                nodes.insert(node(&to, None));
-                nodes.insert(node(caller, sidecar_via.clone()));
+                shown.insert((to.hostname.clone(), to.namespace.clone()));
+                shown.insert((caller.hostname.clone(), caller.namespace.clone()));
                 let host = (to.hostname != *host).then(|| host.clone());
                 edges.push(Edge {
                     from: caller.hostname.clone(),
@@ -162,19 +166,47 @@ pub fn topology(mesh: &Mesh, may_read: impl Fn(&ResourceKey) -> bool, namespace:
                 });
             }
         }
-        if wanted(caller) {
-            nodes.insert(node(caller, sidecar_via));
-        }
     }
-    // A callee listed bare and as a caller (with its Sidecar): keep one.
-    let mut services: Vec<Node> = Vec::new();
-    for n in nodes {
-        match services.last_mut() {
-            Some(last) if (&last.hostname, &last.namespace) == (&n.hostname, &n.namespace) => last.sidecar = last.sidecar.take().or(n.sidecar),
-            _ => services.push(n),
-        }
-    }
+    let services = mesh
+        .all_services()
+        .filter(|s| readable(s) && (wanted(s) || shown.contains(&(s.hostname.clone(), s.namespace.clone()))))
+        .map(|s| node(mesh, s, &may_read))
+        .collect();
     Topology { revision: mesh.revision, services, edges, truncated }
+}
+
+/// A service as a node: its Sidecar (when it has workloads) and the
+/// config that applies to it, as far as `may_read` lets through.
+fn node(mesh: &Mesh, s: &Arc<Service>, may_read: impl Fn(&ResourceKey) -> bool) -> Node {
+    let w = workload(s);
+    let sidecar = if s.instances.is_empty() { None } else { sidecar_for(mesh, &identity(&w)).filter(|c| may_read(&c.key)).map(|c| Via::of(&c.key, "egress")) };
+    let routes = mesh.virtual_services_for_host(&s.hostname).into_iter().map(|c| (&c.key, "route"));
+    let rules = mesh.destination_rules_for_host(&s.hostname).into_iter().map(|c| (&c.key, "destination"));
+    let root = &mesh.config.root_namespace;
+    let policies = mesh
+        .authorization_policies
+        .iter()
+        .filter(|p| {
+            !s.instances.is_empty()
+                && crate::model::istio::common::policy_applies(
+                    &p.key.namespace,
+                    p.spec.spec.selector.as_ref().map(|l| &l.match_labels),
+                    root,
+                    &s.namespace,
+                    &w.labels,
+                )
+        })
+        .map(|p| {
+            let role = match p.spec.spec.action() {
+                Action::Allow => "allow",
+                Action::Deny => "deny",
+                Action::Audit => "audit",
+                Action::Custom => "custom",
+            };
+            (&p.key, role)
+        });
+    let applies = routes.chain(rules).chain(policies).filter(|(k, _)| may_read(k)).map(|(k, role)| Via::of(k, role)).collect();
+    Node { hostname: s.hostname.clone(), namespace: s.namespace.clone(), instances: s.instances.len(), sidecar, applies }
 }
 
 /// A proxy of the workload, as the translation would see it.

@@ -415,6 +415,10 @@ async function scenarios(browser) {
       const svc = page.locator("tr", { hasText: "reviews.shop.svc.cluster.local" }).first();
       await svc.waitFor({ timeout: WAIT });
       check(/9080/.test(await svc.innerText()), `the service row: ${await svc.innerText()}`);
+      // With the config that applies to each service.
+      check((await svc.innerText()).includes(`route VirtualService ${NS_A}/reviews`), `what applies to reviews: ${await svc.innerText()}`);
+      const pay = await page.locator("tr", { hasText: `payments.${NS_B}.svc.cluster.local` }).first().innerText();
+      check(pay.includes(`route VirtualService ${NS_B}/payments`) && pay.includes(`allow AuthorizationPolicy ${NS_B}/payments-from-ratings`), `what applies to payments: ${pay}`);
       // Who may call whom: routes, policies, verdicts.
       const edge = (from, to) => page.locator("section.topology tr", { has: page.locator("td:first-child", { hasText: from }) }).filter({ has: page.locator("td:nth-child(2)", { hasText: to }) });
       const permitted = await edge(`ratings.${NS_A}`, `payments.${NS_B}`).innerText();

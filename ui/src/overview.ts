@@ -252,6 +252,12 @@ export async function services(ctx: Ctx): Promise<Node> {
   const [registry, topo] = await Promise.allSettled([api<{ revision: number; services: ServiceView[] }>(`/v1/registry/services${q}`), api<Topology>(`/v1/topology${q}`)]);
   const answer = settled(registry);
   const t = settled(topo);
+  // The config that applies to each service (the topology's nodes).
+  const applying = new Map(t instanceof HTMLElement ? [] : t.services.map((n) => [`${n.hostname} ${n.namespace}`, [...(n.sidecar ? [n.sidecar] : []), ...n.applies]]));
+  const applies = (hostname: string, namespace: string) => {
+    const vias = applying.get(`${hostname} ${namespace}`) ?? [];
+    return vias.length ? h("ul", { class: "via" }, vias.map((v) => h("li", {}, viaLink(v)))) : "—";
+  };
   const nsInput = h("input", { id: "services-ns", name: "namespace", value: ns, placeholder: "every namespace", autocomplete: "off" }) as HTMLInputElement;
   return h(
     "div",
@@ -276,7 +282,7 @@ export async function services(ctx: Ctx): Promise<Node> {
         ? h("p", { class: "muted" }, "No registry service.")
         : table(
             `${answer.services.length} services at revision ${answer.revision}`,
-            ["Service", "Namespace", "Ports", "Instances", "Healthy", "Unhealthy", "Unknown"],
+            ["Service", "Namespace", "Ports", "Instances", "Healthy", "Unhealthy", "Unknown", "Config that applies"],
             answer.services.map((s) => [
               h("code", {}, s.hostname),
               s.namespace,
@@ -285,6 +291,7 @@ export async function services(ctx: Ctx): Promise<Node> {
               h("span", { class: "ok" }, String(s.healthy)),
               h("span", { class: s.unhealthy ? "bad" : "" }, String(s.unhealthy)),
               String(s.unknown),
+              applies(s.hostname, s.namespace),
             ]),
           ),
     h("h2", {}, "Topology: who may call whom"),

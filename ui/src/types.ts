@@ -197,7 +197,7 @@ export interface Via {
   kind: string;
   namespace: string;
   name: string;
-  role: "route" | "egress" | "allow" | "deny";
+  role: "route" | "egress" | "destination" | "allow" | "deny" | "audit" | "custom";
 }
 
 export interface TopologyNode {
@@ -205,6 +205,7 @@ export interface TopologyNode {
   namespace: string;
   instances: number;
   sidecar?: Via;
+  applies: Via[];
 }
 
 export interface TopologyEdge {

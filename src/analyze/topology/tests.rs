@@ -157,6 +157,15 @@ fn edges_follow_routes_sidecars_and_policies() {
     assert_eq!(web_reviews.reason, "allowed for some requests by shop/reviews-get");
     let payments = t.services.iter().find(|n| n.hostname.starts_with("payments.")).unwrap();
     assert_eq!(payments.sidecar.as_ref().map(|s| (s.name.as_str(), s.role)), Some(("default", "egress")));
+    // What applies to each service: its routes, rules and policies.
+    let applies = |host: &str| {
+        let n = t.services.iter().find(|n| n.hostname.starts_with(host)).unwrap();
+        n.applies.iter().map(|v| format!("{} {}/{} ({})", v.kind, v.namespace, v.name, v.role)).collect::<Vec<_>>()
+    };
+    assert_eq!(applies("reviews."), ["VirtualService shop/reviews (route)", "AuthorizationPolicy shop/reviews-get (allow)"]);
+    assert_eq!(applies("ratings."), ["AuthorizationPolicy shop/no-reviews (deny)"]);
+    assert_eq!(applies("payments."), ["AuthorizationPolicy billing/payments-from-web (allow)"]);
+    assert!(applies("canary.").is_empty());
 }
 
 /// A service of another namespace that no policy or Sidecar governs.
@@ -176,7 +185,7 @@ spec: {service: audit, address: 127.0.0.6, port: 7100}
 #[test]
 fn a_reader_of_one_namespace_sees_only_it() {
     let t = topology(&mesh_with(AUDIT), |k| k.namespace.as_str() == "shop", None, 1000);
-    assert!(t.services.iter().all(|n| n.namespace == "shop"), "{:?}", t.services);
+    assert!(t.services.iter().all(|n| n.namespace == "shop" && n.applies.iter().all(|v| v.namespace == "shop")), "{:?}", t.services);
     assert!(t.edges.iter().all(|e| e.from_namespace == "shop" && e.to_namespace == "shop"), "{:?}", lines(&t));
     assert!(lines(&t).contains(&"web.shop -> ratings.shop: Allowed; ".to_string()));
     // A namespace asked for: edges with an end there (and not the others').
