@@ -301,6 +301,11 @@ async function scenarios(browser) {
         const again = page.locator(".preview", { hasText: `Computed at revision ${base + 1}` });
         await again.waitFor({ timeout: WAIT });
         check(!(await again.innerText()).includes("metadata.labels"), `only the edit: ${await again.innerText()}`);
+        // A change message a header cannot carry is refused before sending.
+        await page.getByLabel("Change message").fill("café");
+        await page.getByRole("button", { name: /^Confirm: apply at revision/ }).click();
+        await page.locator(".outcome p.error", { hasText: "printable ASCII only" }).waitFor({ timeout: WAIT });
+        await page.getByLabel("Change message").fill("console: timeout 5s");
         await page.getByRole("button", { name: /^Confirm: apply at revision/ }).click();
         const done = page.locator("p.ok", { hasText: "Applied: revision" });
         await done.waitFor({ timeout: WAIT });

@@ -175,6 +175,12 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
   });
   const confirm = async (btn: HTMLButtonElement) => {
     if (!previewed) return;
+    // (a header value: a browser refuses to send anything else)
+    if (!/^[ -~]*$/.test(message.value)) {
+      out.append(alert("The change message takes printable ASCII only (no accents, no line breaks)."));
+      message.focus();
+      return;
+    }
     btn.disabled = true;
     try {
       const r = await api<WriteResult>(`/v1/apply?expectedRevision=${previewed.base}`, { body: previewed.body, yaml: true, message: message.value.trim() || undefined });
