@@ -10,6 +10,8 @@
 #   services      navigation -> the Services view with its topology table
 #   api-*         the REST calls behind those views, alone (analyze is the
 #                 Overview's slowest)
+# then the replica's CPU while 10 consoles sit open on the Overview, live
+# and idle, for 10 s, and with none (percent of one core),
 # and prints one `result:` line per figure (median and max, ms), and the
 # bundle's gzipped size. No simulated proxies: the Overview lists the
 # proxies of the replica serving it (none here).
@@ -92,6 +94,6 @@ for f in "$WORK"/batches/*.json; do
 done
 
 echo "# bundle: $(gzip -9 -c "$ROOT/ui/dist/app.js" | wc -c) bytes of gzipped JavaScript, $(gzip -9 -c "$ROOT/ui/dist/app.css" | wc -c) of CSS" >&2
-NODE_PATH=$NODE_MODULES CONSOLE_URL="https://$API/ui/" CONSOLE_TOKEN=$LODESTAR_TOKEN CONSOLE_ROUNDS=$ROUNDS CONSOLE_VS=$RESOURCES \
+NODE_PATH=$NODE_MODULES CONSOLE_PID=${PIDS[0]} CONSOLE_URL="https://$API/ui/" CONSOLE_TOKEN=$LODESTAR_TOKEN CONSOLE_ROUNDS=$ROUNDS CONSOLE_VS=$RESOURCES \
     timeout 600 node "$ROOT/benches/console/timing.cjs"
 echo "result: bundle-gzip-bytes=$(gzip -9 -c "$ROOT/ui/dist/app.js" | wc -c)"
