@@ -663,6 +663,8 @@ struct WaitQuery {
 
 /// How often a progress stream asks the replicas again.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+/// The longest a progress stream runs, whatever `timeout` asks.
+const PROGRESS_MAX: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Until every connected proxy (on every replica) has ACKed `revision` or
 /// newer: 200 with the report; 409 if a proxy rejected it (the NACKs are
@@ -674,6 +676,7 @@ async fn wait_for_proxies(State(replica): State<Arc<Replica>>, caller: Caller, Q
         Some(t) => crate::model::istio::duration::parse_duration(t).map_err(|e| Error::field("timeout", e))?,
     };
     if q.progress {
+        let timeout = timeout.min(PROGRESS_MAX);
         return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(progress(replica, q.revision, timeout))).into_response());
     }
     let report = replica.wait_for_proxies(q.revision, timeout).await;
