@@ -289,6 +289,10 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
     // Overview still lists its NACK (every replica's, kept after the
     // stream ends).
     nack_once(&fx, 3, "console: rejected on purpose").await;
+    // The CLI lists it too, asking any replica (each member is asked).
+    let (ok, out, err) = cli(&api, &["nacks", "--recent"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "replica 3: rejecter.default rejected CDS version 1: console: rejected on purpose\n", "{err}");
     let scoped = token_create(&api, &["--policy", "shop-reader", "--description", "console reader", "--ttl", "1h"]);
     let common = [
         ("NODE_PATH", modules.display().to_string()),
