@@ -361,6 +361,12 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
     // The edit's change message and author, as History shows them.
     let at_edit = h["revisions"].as_array().unwrap().iter().find(|r| r["revision"] == edited).unwrap();
     assert_eq!(at_edit["message"], "console: timeout 5s", "{at_edit}");
+    let at_rollback = &h["revisions"][0];
+    assert_eq!(
+        (&at_rollback["revision"], &at_rollback["message"]),
+        (&json!(rolled_back), &json!(format!("rollback to revision {} (console)", edited - 1))),
+        "{h}"
+    );
     assert!(at_edit["author"].as_str().is_some_and(|a| !a.is_empty()), "{at_edit}");
     // And the Envoys took both, without a rejection.
     for p in [&proxy, &other] {

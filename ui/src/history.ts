@@ -85,7 +85,8 @@ async function rollback(revision: number, targets: Ref[], out: HTMLElement): Pro
     btn.addEventListener("click", async () => {
       btn.disabled = true;
       try {
-        const r = await api<WriteResult>("/v1/rollback", { body });
+        // History then says what this revision was.
+        const r = await api<WriteResult>("/v1/rollback", { body, message: `rollback to revision ${revision} (console)` });
         out.replaceChildren(h("p", { class: "ok", role: "status" }, `Rolled back: revision ${r.revision} restores revision ${revision}.`));
       } catch (e) {
         btn.disabled = false;
