@@ -44,6 +44,7 @@ mod gateway;
 mod schema;
 mod serviceentry;
 mod sidecar;
+pub mod topology;
 mod virtualservice;
 pub mod write;
 

@@ -50,11 +50,13 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/v1/apply", post(apply))
         .route("/v1/delete", post(delete_many))
         .route("/v1/registry/services", get(registry_services))
+        .route("/v1/topology", get(topology))
         .route("/v1/analyze", get(analyze_live).post(analyze_with))
         .route("/v1/history", get(history_list))
         .route("/v1/diff", get(diff_revisions))
         .route("/v1/rollback", post(rollback))
         .route("/v1/nacks", get(nacks))
+        .route("/v1/nacks/recent", get(recent_nacks))
         .with_state(replica.clone());
     Router::new()
         .route("/v1/resources/{kind}", get(list))
@@ -495,6 +497,33 @@ async fn registry_services(State(replica): State<Arc<Replica>>, caller: Caller, 
     Ok(Json(json!({"revision": applied.revision(), "services": super::registry_services(&applied, &replica.config, q.namespace.as_deref())})).into_response())
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopologyQuery {
+    namespace: Option<String>,
+    consistency: Option<String>,
+    /// At most this many edges (default and most: 10,000).
+    limit: Option<usize>,
+}
+
+/// The most edges `/v1/topology` answers with.
+const TOPOLOGY_LIMIT: usize = 10_000;
+
+/// `lodestar topology`: who may call whom, from config and registry
+/// (`analyze::topology`), as far as the caller may read it.
+async fn topology(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<TopologyQuery>) -> Result<Response> {
+    caller.precheck(Precheck::Any(Verb::Read))?;
+    let limit = match q.limit {
+        Some(0) => return Err(Error::field("limit", "must be at least 1")),
+        Some(n) => n.min(TOPOLOGY_LIMIT),
+        None => TOPOLOGY_LIMIT,
+    };
+    let applied = replica.node.read(consistency(q.consistency.as_deref())?).await?;
+    let mesh = crate::translate::mesh::Mesh::build(&applied, Arc::new(replica.config.mesh_config()));
+    let answer = crate::analyze::topology::topology(&mesh, |k| caller.may_read(k), q.namespace.as_deref().filter(|n| !n.is_empty()), limit);
+    Ok((revision_headers(answer.revision), Json(answer)).into_response())
+}
+
 /// `lodestar analyze`: the findings on the live store, those the caller
 /// may read (`api::analyze`).
 async fn analyze_live(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<NamespaceQuery>) -> Result<Response> {
@@ -642,7 +671,16 @@ struct WaitQuery {
     revision: u64,
     /// A duration (`30s`, `500ms`); default 30s.
     timeout: Option<String>,
+    /// Stream the report (NDJSON, 200) each time it changes, the last
+    /// line the outcome (`converged`, or NACKed, or the timeout passed).
+    #[serde(default)]
+    progress: bool,
 }
+
+/// How often a progress stream asks the replicas again.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+/// The longest a progress stream runs, whatever `timeout` asks.
+const PROGRESS_MAX: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Until every connected proxy (on every replica) has ACKed `revision` or
 /// newer: 200 with the report; 409 if a proxy rejected it (the NACKs are
@@ -653,6 +691,10 @@ async fn wait_for_proxies(State(replica): State<Arc<Replica>>, caller: Caller, Q
         None => std::time::Duration::from_secs(30),
         Some(t) => crate::model::istio::duration::parse_duration(t).map_err(|e| Error::field("timeout", e))?,
     };
+    if q.progress {
+        let timeout = timeout.min(PROGRESS_MAX);
+        return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(progress(replica, q.revision, timeout))).into_response());
+    }
     let report = replica.wait_for_proxies(q.revision, timeout).await;
     let status = if report.converged {
         StatusCode::OK
@@ -662,6 +704,32 @@ async fn wait_for_proxies(State(replica): State<Arc<Replica>>, caller: Caller, Q
         StatusCode::SERVICE_UNAVAILABLE
     };
     Ok((status, Json(WaitReportView::from(report))).into_response())
+}
+
+/// `/v1/wait?progress=true`: the report as it changes (the console's
+/// "N of M proxies ACKed" after a write), until it is final.
+fn progress(
+    replica: Arc<Replica>,
+    revision: u64,
+    timeout: std::time::Duration,
+) -> impl futures::Stream<Item = std::result::Result<String, std::convert::Infallible>> {
+    async_stream::stream! {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = None;
+        loop {
+            let report = WaitReportView::from(replica.wait_for_proxies(revision, std::time::Duration::ZERO).await);
+            let done = report.converged || !report.nacked.is_empty() || tokio::time::Instant::now() >= deadline;
+            let line = serde_json::to_string(&report).unwrap_or_default();
+            if last.as_ref() != Some(&line) || done {
+                yield Ok(format!("{line}\n"));
+                last = Some(line);
+            }
+            if done {
+                break;
+            }
+            tokio::time::sleep(PROGRESS_EVERY).await;
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -853,6 +921,28 @@ async fn rollback(State(replica): State<Arc<Replica>>, caller: Caller, Query(q):
 /// as NDJSON lines, the moment it arrives (`xds::status::NackEvent`); a
 /// listener too slow to keep up is told how many it missed. Who may read
 /// the cluster (as `/debug/syncz`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecentNacksQuery {
+    /// How far back (a duration, default and at most 1h).
+    since: Option<String>,
+}
+
+/// The NACKs this replica's proxies sent lately (the last hour by default;
+/// at most the last 256), connected still or not: the console asks every
+/// member and shows them together.
+async fn recent_nacks(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<RecentNacksQuery>) -> Result<Response> {
+    caller.authorize(Verb::Read, [Target::Cluster])?;
+    let hour = std::time::Duration::from_secs(3600);
+    let since = match q.since.as_deref() {
+        None => hour,
+        Some(t) => crate::model::istio::duration::parse_duration(t).map_err(|e| Error::field("since", e))?.min(hour),
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let from = u64::try_from(now.saturating_sub(since).as_millis()).unwrap_or(0);
+    Ok(Json(json!({"replica": replica.node.id, "sinceUnixMs": from, "nacks": replica.sync.recent_nacks(from)})).into_response())
+}
+
 async fn nacks(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Response> {
     caller.authorize(Verb::Read, [Target::Cluster])?;
     let mut rx = replica.sync.subscribe_nacks();

@@ -244,6 +244,16 @@ enum Command {
     },
     /// Renew an instance's TTL check: once, or every INTERVAL.
     Heartbeat(registry::Renew),
+    /// Who may call whom, from routes, Sidecars and AuthorizationPolicies
+    /// (no traffic data): one line per caller -> callee, with the verdict.
+    Topology {
+        /// Only edges with an end in this namespace.
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// json: the API's answer (default: a table).
+        #[arg(short, long, value_enum)]
+        output: Option<Output>,
+    },
     /// Every connected proxy on every replica, and how far each type is in sync.
     ProxyStatus,
     /// The config a replica serves a proxy (NAME.NAMESPACE or the full node id).
@@ -590,6 +600,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Heartbeat(r) => registry::heartbeat(&client, "instances", &r).await,
         Command::Lease { command } => registry::lease(&client, command).await,
         Command::ProxyStatus => proxy::status(&client).await,
+        Command::Topology { namespace, output } => registry::topology_table(&client, namespace.as_deref(), output == Some(Output::Json)).await,
         Command::Authz { command } => authz::run(&client, command).await,
         Command::Analyze(args) => analyze::run(Some(&client), args).await,
         Command::History(args) => history::history(&client, args).await,

@@ -21,6 +21,50 @@ pub struct NacksArgs {
     /// json: one event per line, as the API streams them.
     #[arg(short, long)]
     output: Option<Output>,
+    /// The NACKs of the last hour instead (each replica keeps its own
+    /// proxies' last 256, connected still or not), oldest first; then exit.
+    #[arg(long)]
+    recent: bool,
+}
+
+/// One NACK event (`{"replica", "nack"}`), as a line.
+fn print_nack(v: &Value, json: bool) {
+    if json {
+        println!("{v}");
+        return;
+    }
+    let e = &v["nack"];
+    println!(
+        "replica {}: {} rejected {} version {}: {}",
+        v["replica"],
+        e["proxy"].as_str().unwrap_or(""),
+        e["type"].as_str().unwrap_or(""),
+        e["rejectedVersion"].as_str().unwrap_or(""),
+        e["error"].as_str().unwrap_or("")
+    );
+}
+
+/// `--recent`: every replica's `/v1/nacks/recent`, merged by time.
+async fn recent(replicas: Vec<Client>, json: bool) -> Result<()> {
+    let mut all: Vec<Value> = Vec::new();
+    for r in replicas {
+        match r.get("/v1/nacks/recent").await {
+            Ok(answer) => {
+                for n in answer["nacks"].as_array().into_iter().flatten() {
+                    all.push(serde_json::json!({"replica": answer["replica"], "nack": n}));
+                }
+            }
+            Err(e) => eprintln!("warning: {}: {e}", r.base()),
+        }
+    }
+    all.sort_by_key(|v| v["nack"]["atUnixMs"].as_u64().unwrap_or(0));
+    if all.is_empty() && !json {
+        eprintln!("No NACK in the last hour.");
+    }
+    for v in &all {
+        print_nack(v, json);
+    }
+    Ok(())
 }
 
 /// One replica's stream, line by line, into `tx` (ends with the stream).
@@ -57,6 +101,9 @@ async fn follow(replica: Client, tx: tokio::sync::mpsc::Sender<Result<Value, Str
 pub async fn run(client: &Client, a: NacksArgs) -> Result<()> {
     let replicas: Vec<Client> =
         if a.this_replica { vec![client.clone()] } else { super::members(client).await?.into_iter().map(|(_, addr)| client.with_server(&addr)).collect() };
+    if a.recent {
+        return recent(replicas, matches!(a.output, Some(Output::Json))).await;
+    }
     let n = replicas.len();
     let (tx, mut rx) = tokio::sync::mpsc::channel(64);
     for r in replicas {
@@ -81,19 +128,7 @@ pub async fn run(client: &Client, a: NacksArgs) -> Result<()> {
                 }
             }
             Some(Ok(v)) if v.get("nack").is_some() => {
-                if matches!(a.output, Some(Output::Json)) {
-                    println!("{v}");
-                } else {
-                    let e = &v["nack"];
-                    println!(
-                        "replica {}: {} rejected {} version {}: {}",
-                        v["replica"],
-                        e["proxy"].as_str().unwrap_or(""),
-                        e["type"].as_str().unwrap_or(""),
-                        e["rejectedVersion"].as_str().unwrap_or(""),
-                        e["error"].as_str().unwrap_or("")
-                    );
-                }
+                print_nack(&v, matches!(a.output, Some(Output::Json)));
                 seen += 1;
                 if a.count.is_some_and(|c| seen >= c) {
                     break;

@@ -271,6 +271,45 @@ pub async fn services_table(client: &Client, namespace: Option<&str>) -> Result<
     Ok(())
 }
 
+/// `lodestar topology`: `/v1/topology` as a table (or its JSON).
+pub async fn topology_table(client: &Client, namespace: Option<&str>, json: bool) -> Result<()> {
+    let q = super::query(&[("namespace", namespace)]);
+    let t = client.get(&format!("/v1/topology{q}")).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&t).unwrap_or_default());
+        return Ok(());
+    }
+    let edges = t["edges"].as_array().cloned().unwrap_or_default();
+    if edges.is_empty() {
+        eprintln!("No workload calls another (or none this token may read).");
+        return Ok(());
+    }
+    let mut rows = vec![["CALLER", "CALLEE", "VERDICT", "VIA"].map(String::from).to_vec()];
+    for e in &edges {
+        let via: Vec<String> = e["via"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| format!("{} {}/{}", v["kind"].as_str().unwrap_or(""), v["namespace"].as_str().unwrap_or(""), v["name"].as_str().unwrap_or("")))
+            .collect();
+        let callee = match e["host"].as_str() {
+            Some(h) => format!("{} (as {h})", e["to"].as_str().unwrap_or("")),
+            None => e["to"].as_str().unwrap_or("").into(),
+        };
+        rows.push(vec![
+            e["from"].as_str().unwrap_or("").into(),
+            callee,
+            e["verdict"].as_str().unwrap_or("").into(),
+            if via.is_empty() { "-".into() } else { via.join(", ") },
+        ]);
+    }
+    super::print_rows(rows);
+    if t["truncated"].as_bool() == Some(true) {
+        eprintln!("(only the first {} edges: narrow with --namespace)", edges.len());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,6 +34,9 @@ struct Inner {
     /// Every NACK as it arrives, for `GET /v1/nacks` (nobody listening:
     /// dropped).
     nacks: NackBus,
+    /// The last NACKs, newest last, whether their proxy is still
+    /// connected or not (`GET /v1/nacks/recent`).
+    recent_nacks: Mutex<std::collections::VecDeque<NackEvent>>,
 }
 
 /// A proxy rejected a response: the event `GET /v1/nacks` streams.
@@ -55,6 +58,9 @@ pub struct NackEvent {
 
 /// Events buffered for a slow listener before it is told it missed some.
 const NACK_BUFFER: usize = 256;
+
+/// NACKs kept for `GET /v1/nacks/recent` (the oldest dropped first).
+const RECENT_NACKS_KEPT: usize = 256;
 
 struct NackBus(tokio::sync::broadcast::Sender<NackEvent>);
 
@@ -225,6 +231,13 @@ fn kind_name(kind: ProxyKind) -> &'static str {
 impl SyncRegistry {
     pub fn new() -> SyncRegistry {
         SyncRegistry::default()
+    }
+
+    /// The NACKs received since `since_unix_ms` (at most the last
+    /// [`RECENT_NACKS_KEPT`]), oldest first.
+    pub fn recent_nacks(&self, since_unix_ms: u64) -> Vec<NackEvent> {
+        let recent = self.inner.recent_nacks.lock().unwrap_or_else(|e| e.into_inner());
+        recent.iter().filter(|e| e.at_unix_ms >= since_unix_ms).cloned().collect()
     }
 
     /// Every NACK from now on, as it arrives.
@@ -428,6 +441,13 @@ impl StreamHandle {
             });
         });
         if let Some(e) = event {
+            {
+                let mut recent = self.registry.inner.recent_nacks.lock().unwrap_or_else(|e| e.into_inner());
+                if recent.len() == RECENT_NACKS_KEPT {
+                    recent.pop_front();
+                }
+                recent.push_back(e.clone());
+            }
             // No listener: nothing to tell.
             let _ = self.registry.inner.nacks.0.send(e);
         }
@@ -464,5 +484,22 @@ mod tests {
         assert_eq!(snap["proxies"][0]["protocol"], "sotw");
         drop(h);
         assert!(reg.is_empty());
+        // The NACK outlives its stream, for `/v1/nacks/recent`.
+        let recent = reg.recent_nacks(0);
+        assert_eq!(recent.iter().map(|e| (e.proxy.as_str(), e.type_short, e.error.as_str())).collect::<Vec<_>>(), [("a.ns", "CDS", "bad cluster")]);
+        assert!(reg.recent_nacks(recent[0].at_unix_ms + 1).is_empty());
+    }
+
+    #[test]
+    fn recent_nacks_are_bounded() {
+        let reg = SyncRegistry::new();
+        let id = ProxyIdentity::parse("sidecar~127.0.0.2~a.ns~ns.svc.cluster.local", &json!({})).unwrap();
+        let h = reg.connect(&id, Protocol::Sotw);
+        for v in 0..RECENT_NACKS_KEPT + 10 {
+            h.nacked(ResourceType::Listener, &v.to_string(), "1", "bad listener");
+        }
+        let recent = reg.recent_nacks(0);
+        assert_eq!(recent.len(), RECENT_NACKS_KEPT);
+        assert_eq!(recent[0].rejected_version, "10", "the oldest are dropped first");
     }
 }

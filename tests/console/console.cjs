@@ -11,6 +11,8 @@
 // CONSOLE_SCOPED_TOKEN (reads namespace CONSOLE_NS_A only) and its
 // CONSOLE_SCOPED_ACCESSOR, CONSOLE_NS_A,
 // CONSOLE_NS_B, CONSOLE_PROXY (a connected proxy's node id),
+// CONSOLE_PROXIES (how many are connected, on every replica),
+// CONSOLE_NACKER (a proxy that NACKed on a replica other than the first),
 // CONSOLE_MEMBERS (how many replicas), CONSOLE_SHOTS (screenshot dir),
 // CONSOLE_SCENARIOS (`main`, or `failover` with CONSOLE_KILL_PID and
 // CONSOLE_OTHER_API),
@@ -35,6 +37,8 @@ const NS_A = env("CONSOLE_NS_A");
 const NS_B = env("CONSOLE_NS_B");
 const PROXY = env("CONSOLE_PROXY");
 const MEMBERS = Number(env("CONSOLE_MEMBERS"));
+const PROXIES = Number(env("CONSOLE_PROXIES"));
+const NACKER = env("CONSOLE_NACKER");
 const SHOTS = env("CONSOLE_SHOTS");
 const WAIT = 15000;
 
@@ -206,7 +210,10 @@ async function scenarios(browser) {
       const text = await page.locator("main").innerText();
       check(text.includes("leader"), "the leader is marked");
       check(text.includes("answering this console"), "the replica in use is marked");
-      check(/NACKed, last hour \(here\)\s*0/.test(text), `no NACK: ${text}`);
+      // Every replica's NACKs: the one of a proxy on another replica, gone since.
+      check(/NACKs, last hour \(all replicas\)\s*1\b/.test(text), `one NACK: ${text}`);
+      const nack = await page.locator("tr", { hasText: NACKER }).innerText();
+      check(nack.includes("console: rejected on purpose") && nack.includes("CDS") && !nack.includes("replica 1"), `the NACK's row: ${nack}`);
       const proxyRow = page.locator("tr", { hasText: PROXY });
       await proxyRow.waitFor({ timeout: WAIT });
       check((await proxyRow.innerText()).includes("In sync"), `the proxy is in sync: ${await proxyRow.innerText()}`);
@@ -255,6 +262,12 @@ async function scenarios(browser) {
         await page.getByRole("button", { name: "Save (preview changes)" }).click();
         await page.locator(".preview", { hasText: "Nothing would change" }).waitFor({ timeout: WAIT });
         await doc.fill(yaml.replace('timeout: "2s"', 'timeout: "5s"'));
+        // The highlighted copy under the editor follows what was typed.
+        const copy = page.locator(".code-editor pre.highlight");
+        check((await copy.textContent()) === `${await doc.inputValue()} `, "the highlighted copy is the editor's text");
+        const key = await copy.locator(".y-key", { hasText: "timeout:" }).count();
+        const value = await copy.locator(".y-string", { hasText: '"5s"' }).count();
+        check(key === 1 && value === 1, `the key and the string are highlighted (${key}, ${value})`);
         await page.getByRole("button", { name: "Save (preview changes)" }).click();
         const preview = page.locator(".preview");
         await preview.waitFor({ timeout: WAIT });
@@ -262,7 +275,7 @@ async function scenarios(browser) {
         check(text.includes(`VirtualService ${NS_A}/reviews`) && text.includes("spec.http[0].timeout"), `the preview names the change: ${text}`);
         check(text.includes('"2s"') && text.includes('"5s"'), `the preview shows before and after: ${text}`);
         // Every replica's proxies: the connected Envoy's routes would change.
-        check(text.includes("1 connected proxy would change (0 unchanged; replicas") && text.includes(PROXY), `the preview names the proxy: ${text}`);
+        check(text.includes(`${PROXIES} connected proxies would change (0 unchanged; replicas`) && text.includes(PROXY), `the preview names the proxies: ${text}`);
         const base = Number(/Computed at revision (\d+)/.exec(text)?.[1]);
         check(base > 0, `the preview's base revision: ${text}`);
         await shot(page, "edit-preview");
@@ -283,19 +296,37 @@ async function scenarios(browser) {
         const fresh = await doc.inputValue();
         check(fresh.includes("changed: meanwhile") && fresh.includes('timeout: "2s"'), `reloaded: ${fresh}`);
         await doc.fill(fresh.replace('timeout: "2s"', 'timeout: "5s"'));
+        await page.getByLabel("Change message").fill("console: timeout 5s");
         await page.getByRole("button", { name: "Save (preview changes)" }).click();
         const again = page.locator(".preview", { hasText: `Computed at revision ${base + 1}` });
         await again.waitFor({ timeout: WAIT });
         check(!(await again.innerText()).includes("metadata.labels"), `only the edit: ${await again.innerText()}`);
+        // A change message a header cannot carry is refused before sending.
+        await page.getByLabel("Change message").fill("café");
+        await page.getByRole("button", { name: /^Confirm: apply at revision/ }).click();
+        await page.locator(".outcome p.error", { hasText: "printable ASCII only" }).waitFor({ timeout: WAIT });
+        await page.getByLabel("Change message").fill("console: timeout 5s");
         await page.getByRole("button", { name: /^Confirm: apply at revision/ }).click();
         const done = page.locator("p.ok", { hasText: "Applied: revision" });
         await done.waitFor({ timeout: WAIT });
         const revision = Number(/revision (\d+)/.exec(await done.innerText())?.[1]);
         check(revision === base + 2, `the new revision ${revision} follows the other change, at ${base + 1}`);
-        // Then the proxies' ACKs of it, across the replicas.
-        await page.locator("p.ok", { hasText: `1 of 1 proxies have ACKed revision ${revision}.` }).waitFor({ timeout: 2 * WAIT });
+        // Then the proxies' ACKs of it as they come, across the replicas,
+        // up to every proxy.
+        const seen = [];
+        const progress = page.locator("#ack-progress");
+        await progress.waitFor({ timeout: WAIT });
+        for (let t = Date.now(); Date.now() - t < 2 * WAIT; ) {
+          const now = await progress.innerText();
+          if (seen[seen.length - 1] !== now) seen.push(now);
+          if (now.startsWith(`${PROXIES} of`)) break;
+          await page.waitForTimeout(20);
+        }
+        await page.locator("p.ok#ack-progress", { hasText: `${PROXIES} of ${PROXIES} proxies ACKed revision ${revision} (100%).` }).waitFor({ timeout: WAIT });
+        const bar = await page.locator(".wait progress").evaluate((b) => [b.value, b.max]);
+        check(bar[0] === PROXIES && bar[1] === PROXIES, `the progress bar is full: ${bar}`);
         await shot(page, "edit-applied");
-        out = { base: base + 1, revision };
+        out = { base: base + 1, revision, progress: seen };
         return out;
       });
       return out;
@@ -308,7 +339,10 @@ async function scenarios(browser) {
         await page.goto(`${URL}#/history`);
         const entry = page.locator("li.revision", { has: page.locator("h2", { hasText: `Revision ${edit.revision}` }) });
         await entry.waitFor({ timeout: WAIT });
-        check((await entry.innerText()).includes(`VirtualService ${NS_A}/reviews`), "the edit is in the history");
+        const said = await entry.innerText();
+        check(said.includes(`VirtualService ${NS_A}/reviews`), "the edit is in the history");
+        // Who made it, and why (the editor's change message).
+        check(/By \S/.test(said) && said.includes("console: timeout 5s"), `the author and message: ${said}`);
         await shot(page, "history");
         await entry.getByRole("link", { name: "Diff with the revision before" }).click();
         await page.locator("h1", { hasText: `Diff: revision ${edit.revision - 1}` }).waitFor({ timeout: WAIT });
@@ -334,9 +368,9 @@ async function scenarios(browser) {
     await scenario(
       browser,
       "scoped-token",
-      // Provoked: another namespace's list, and the watch of every
-      // namespace (this token may watch none).
-      [new RegExp(`^403 .*/v1/resources/VirtualService\\?namespace=${NS_B}$`), /^403 .*\/v1\/watch$/],
+      // Provoked: another namespace's list, the watch of every namespace
+      // (this token may watch none), and the registry of every namespace.
+      [new RegExp(`^403 .*/v1/resources/VirtualService\\?namespace=${NS_B}$`), /^403 .*\/v1\/watch$/, /^403 .*\/v1\/registry\/services$/],
       async (page) => {
         await signIn(page, SCOPED);
         const main = page.locator("main");
@@ -354,6 +388,13 @@ async function scenarios(browser) {
         check(text.startsWith("Permission denied (403)") && text.includes(NS_B), `the refusal says why: ${text}`);
         check((await main.locator("tbody tr").count()) === 0, "no list is shown");
         await shot(page, "scoped-denied");
+        // The topology: its namespace's services only, nothing of another.
+        await page.goto(`${URL}#/services`);
+        const topo = page.locator("section.topology");
+        await topo.locator("tbody tr").first().waitFor({ timeout: WAIT });
+        const edges = await topo.innerText();
+        check(edges.includes(`ratings.${NS_A}.svc.cluster.local`) && !edges.includes(NS_B), `only ${NS_A}: ${edges}`);
+        check(!(await main.innerText()).includes(`.${NS_B}.`), "no other namespace's service on the page");
       },
     );
 
@@ -375,9 +416,27 @@ async function scenarios(browser) {
       await shot(page, "proxy-config");
       // The registry's services with their instances' health.
       await page.goto(`${URL}#/services`);
-      const svc = page.locator("tr", { hasText: "reviews.shop.svc.cluster.local" });
+      // (the registry's table comes first; the topology's rows name it too)
+      const svc = page.locator("tr", { hasText: "reviews.shop.svc.cluster.local" }).first();
       await svc.waitFor({ timeout: WAIT });
       check(/9080/.test(await svc.innerText()), `the service row: ${await svc.innerText()}`);
+      // With the config that applies to each service.
+      check((await svc.innerText()).includes(`route VirtualService ${NS_A}/reviews`), `what applies to reviews: ${await svc.innerText()}`);
+      const pay = await page.locator("tr", { hasText: `payments.${NS_B}.svc.cluster.local` }).first().innerText();
+      check(pay.includes(`route VirtualService ${NS_B}/payments`) && pay.includes(`allow AuthorizationPolicy ${NS_B}/payments-from-ratings`), `what applies to payments: ${pay}`);
+      // Who may call whom: routes, policies, verdicts.
+      const edge = (from, to) => page.locator("section.topology tr", { has: page.locator("td:first-child", { hasText: from }) }).filter({ has: page.locator("td:nth-child(2)", { hasText: to }) });
+      const permitted = await edge(`ratings.${NS_A}`, `payments.${NS_B}`).innerText();
+      check(permitted.includes("allowed") && permitted.includes(`AuthorizationPolicy ${NS_B}/payments-from-ratings`), `ratings -> payments: ${permitted}`);
+      const refused = await edge(`reviews.${NS_A}`, `payments.${NS_B}`).innerText();
+      check(refused.includes("denied") && refused.includes("no rule of"), `reviews -> payments: ${refused}`);
+      const routed = await edge(`ratings.${NS_A}`, `reviews.${NS_A}`).innerText();
+      check(routed.includes(`route VirtualService ${NS_A}/reviews`), `ratings -> reviews: ${routed}`);
+      // And drawn: an arrow per edge, between labelled services.
+      const rows = await page.locator("section.topology tbody tr").count();
+      const arrows = await page.locator("figure.graph svg path.edge.edge-denied").count();
+      check((await page.locator("figure.graph svg path.edge").count()) === rows && arrows === 1, `the graph draws the ${rows} edges (${arrows} denied)`);
+      check((await page.locator("figure.graph svg text").allTextContents()).includes(`payments.${NS_B}`), "the graph names the services");
       await shot(page, "services");
       await page.goto(`${URL}#/security`);
       await page.locator("caption", { hasText: "tokens" }).waitFor({ timeout: WAIT });

@@ -14,6 +14,7 @@
 //! members' origins, and only those).
 
 use crate::kit;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use kit::mesh::Fixture;
 use kit::*;
 use serde_json::{json, Value};
@@ -49,6 +50,36 @@ apiVersion: registry.lodestar.io/v1
 kind: Instance
 metadata: {name: reviews-1, namespace: shop}
 spec: {service: reviews, address: 127.0.0.1, port: 9080}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {name: ratings, namespace: shop}
+spec:
+  ports: [{name: http, number: 9090}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: ratings-1, namespace: shop, labels: {app: ratings}}
+spec: {service: ratings, address: 127.0.0.1, port: 9090, serviceAccount: ratings}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {name: payments, namespace: billing}
+spec:
+  ports: [{name: http, number: 7000}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: payments-1, namespace: billing, labels: {app: payments}}
+spec: {service: payments, address: 127.0.0.1, port: 7000, serviceAccount: payments}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: payments-from-ratings, namespace: billing}
+spec:
+  selector: {matchLabels: {app: payments}}
+  action: ALLOW
+  rules: [{from: [{source: {principals: [cluster.local/ns/shop/sa/ratings]}}]}]
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -141,7 +172,7 @@ async fn the_console_is_served_with_its_headers_and_says_who_signed_in() {
     let r = preflight(&api).await.unwrap();
     assert_eq!(r.status(), 204);
     assert_eq!(r.headers()["access-control-allow-origin"], api.as_str());
-    assert_eq!(r.headers()["access-control-allow-headers"], "authorization, content-type");
+    assert_eq!(r.headers()["access-control-allow-headers"], "authorization, content-type, x-lodestar-message");
     assert!(r.headers().get("access-control-allow-credentials").is_none(), "bearer tokens only, never cookies");
     let r = preflight("https://elsewhere.example").await.unwrap();
     assert_ne!(r.status(), 204);
@@ -171,6 +202,77 @@ async fn the_console_is_served_with_its_headers_and_says_who_signed_in() {
     let (ok, out, err) = cli(&api, &["--token", secret, "token", "self"]);
     assert!(ok, "{err}");
     assert_eq!(out, format!("token {accessor}\ncluster read: no\nmanagement: no\n"));
+
+    // Who may call whom: every edge for the management token...
+    let edges = |t: &Value| -> Vec<String> {
+        t["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| format!("{} -> {}: {}", e["from"].as_str().unwrap(), e["to"].as_str().unwrap(), e["verdict"].as_str().unwrap()))
+            .collect()
+    };
+    let (status, all) = kit::call(c.http.get(format!("{api}/v1/topology"))).await;
+    assert_eq!(status, 200, "{all}");
+    let (ratings, payments) = ("ratings.shop.svc.cluster.local", "payments.billing.svc.cluster.local");
+    assert!(edges(&all).contains(&format!("{ratings} -> {payments}: allowed")), "{all}");
+    assert!(edges(&all).contains(&format!("reviews.shop.svc.cluster.local -> {payments}: denied")), "{all}");
+    // ...and only its namespace's for a namespace reader (no error: what
+    // it may not read is left out).
+    let (status, mine) = kit::call(token_client(Some(secret)).get(format!("{api}/v1/topology"))).await;
+    assert_eq!(status, 200, "{mine}");
+    assert_eq!(
+        edges(&mine),
+        [
+            "ratings.shop.svc.cluster.local -> reviews.shop.svc.cluster.local: allowed".to_string(),
+            format!("reviews.shop.svc.cluster.local -> {ratings}: allowed")
+        ],
+        "{mine}"
+    );
+    assert!(!mine.to_string().contains("billing"), "{mine}");
+    // The CLI prints the same edges.
+    let (ok, out, err) = cli(&api, &["topology", "--namespace", "billing"]);
+    assert!(ok, "{err}");
+    let line = out.lines().find(|l| l.starts_with(ratings)).unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(
+        line.split_whitespace().collect::<Vec<_>>(),
+        [ratings, payments, "allowed", "VirtualService", "billing/payments,", "AuthorizationPolicy", "billing/payments-from-ratings"],
+        "{out}"
+    );
+    let (status, bad) = kit::call(c.http.get(format!("{api}/v1/topology?limit=0"))).await;
+    assert_eq!((status, bad["error"]["fields"][0]["field"].as_str()), (400, Some("limit")), "{bad}");
+    // The NACKs of the last hour: none yet; a namespace reader may not ask.
+    let (status, nacks) = kit::call(c.http.get(format!("{api}/v1/nacks/recent"))).await;
+    assert_eq!((status, &nacks["replica"], &nacks["nacks"]), (200, &json!(1), &json!([])), "{nacks}");
+    let (status, _) = kit::call(token_client(Some(secret)).get(format!("{api}/v1/nacks/recent"))).await;
+    assert_eq!(status, 403);
+    // The ACK progress of a revision no proxy waits for: one final line.
+    let r = c.http.get(format!("{api}/v1/wait?revision=1&progress=true&timeout=5s")).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["content-type"].to_str().unwrap()), (200, "application/x-ndjson"));
+    let lines: Vec<Value> = r.text().await.unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines, [json!({"revision": 1, "converged": true, "proxies": 0, "synced": 0, "pending": [], "nacked": [], "unreachable": []})]);
+    // A proxy that has its clusters but has not ACKed them yet: the
+    // stream says so at once, then, when it ACKs, that it has.
+    let (ads, first) = ads_clusters(1, &c.replica(1).xds_addr(), "sidecar~127.0.0.78~slow.default~default.svc.cluster.local").await;
+    let revision: u64 = first.version_info.parse().unwrap();
+    let mut r = c.http.get(format!("{api}/v1/wait?revision={revision}&progress=true&timeout=20s")).send().await.unwrap();
+    let mut buf = String::new();
+    let waiting = next_line(&mut r, &mut buf).await;
+    assert_eq!(
+        (&waiting["converged"], &waiting["proxies"], &waiting["synced"], &waiting["pending"]),
+        (&json!(false), &json!(1), &json!(0), &json!(["sidecar~127.0.0.78~slow.default~default.svc.cluster.local (replica 1)"])),
+        "{waiting}"
+    );
+    ads.send(DiscoveryRequest {
+        type_url: CLUSTERS.into(),
+        version_info: first.version_info.clone(),
+        response_nonce: first.nonce.clone(),
+        ..Default::default()
+    })
+    .await;
+    let done = next_line(&mut r, &mut buf).await;
+    assert_eq!((&done["converged"], &done["proxies"], &done["synced"]), (&json!(true), &json!(1), &json!(1)), "{done}");
+    assert!(r.chunk().await.unwrap().is_none(), "the stream ends with the outcome");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,6 +282,17 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
     let api = fx.api(1);
     let rev = fx.apply(SHOP).await;
     let proxy = fx.sidecar("web", 1, 1, false, rev).await;
+    // A second Envoy, on another replica: the ACK progress after an edit
+    // counts both.
+    let other = fx.sidecar("ratings", 2, 2, false, rev).await;
+    // A proxy on a third replica rejects a config and goes away: the
+    // Overview still lists its NACK (every replica's, kept after the
+    // stream ends).
+    nack_once(&fx, 3, "console: rejected on purpose").await;
+    // The CLI lists it too, asking any replica (each member is asked).
+    let (ok, out, err) = cli(&api, &["nacks", "--recent"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "replica 3: rejecter.default rejected CDS version 1: console: rejected on purpose\n", "{err}");
     let scoped = token_create(&api, &["--policy", "shop-reader", "--description", "console reader", "--ttl", "1h"]);
     let common = [
         ("NODE_PATH", modules.display().to_string()),
@@ -191,6 +304,8 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
         ("CONSOLE_NS_A", "shop".into()),
         ("CONSOLE_NS_B", "billing".into()),
         ("CONSOLE_PROXY", proxy.id.clone()),
+        ("CONSOLE_PROXIES", "2".into()),
+        ("CONSOLE_NACKER", "rejecter.default".into()),
         ("CONSOLE_SCOPED_ACCESSOR", scoped["accessorId"].as_str().unwrap().to_string()),
         ("CONSOLE_MEMBERS", "3".into()),
     ];
@@ -243,9 +358,21 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
     // is at edited - 1)
     assert_eq!(revs[..4], [rolled_back, edited, edited - 1, rev], "{h}");
     assert_eq!(reviews["metadata"]["labels"]["changed"], "meanwhile", "{reviews}");
-    // And the Envoy took both, without a rejection.
-    proxy.wait_synced(rolled_back).await;
-    proxy.envoy.assert_no_rejections().await;
+    // The edit's change message and author, as History shows them.
+    let at_edit = h["revisions"].as_array().unwrap().iter().find(|r| r["revision"] == edited).unwrap();
+    assert_eq!(at_edit["message"], "console: timeout 5s", "{at_edit}");
+    let at_rollback = &h["revisions"][0];
+    assert_eq!(
+        (&at_rollback["revision"], &at_rollback["message"]),
+        (&json!(rolled_back), &json!(format!("rollback to revision {} (console)", edited - 1))),
+        "{h}"
+    );
+    assert!(at_edit["author"].as_str().is_some_and(|a| !a.is_empty()), "{at_edit}");
+    // And the Envoys took both, without a rejection.
+    for p in [&proxy, &other] {
+        p.wait_synced(rolled_back).await;
+        p.envoy.assert_no_rejections().await;
+    }
 
     // The replica serving the page dies (the browser script kills it, at
     // the moment it chooses): the page carries on with another member.
@@ -254,6 +381,49 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
     fx.cluster.kill(1); // reaps it
     let (status, details) = get_json(&fx.client, &format!("{}/v1/resources/vs/shop/details", fx.api(3))).await;
     assert_eq!(status, 200, "the change made after the failover: {details}");
+}
+
+const CLUSTERS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+
+/// The next line of an NDJSON answer (`buf` keeps what came after it).
+async fn next_line(r: &mut reqwest::Response, buf: &mut String) -> Value {
+    while !buf.contains('\n') {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), r.chunk()).await.expect("a line within 20 s").unwrap().expect("the answer goes on");
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    let (line, rest) = buf.split_once('\n').unwrap();
+    let line = serde_json::from_str(line).unwrap();
+    *buf = rest.to_string();
+    line
+}
+
+/// A proxy `id` on member `n`'s xDS port (`xds`) asking for clusters: its
+/// stream and the first response.
+async fn ads_clusters(n: u64, xds: &str, id: &str) -> (AdsStream<DiscoveryRequest, DiscoveryResponse>, DiscoveryResponse) {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    let mut client = ads_client(n, xds);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let node = Node { id: id.into(), cluster: "test".into(), ..Default::default() };
+    tx.send(DiscoveryRequest { node: Some(node), type_url: CLUSTERS.into(), ..Default::default() }).await.unwrap();
+    let rx = client.stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let mut ads = AdsStream { tx, rx };
+    let first = ads.recv().await;
+    (ads, first)
+}
+
+/// A proxy connects to replica `n`, rejects the first clusters it gets
+/// with `error`, and disconnects once the replica has recorded the NACK.
+async fn nack_once(fx: &Fixture, n: u64, error: &str) {
+    use envoy_types::pb::google::rpc::Status as RpcStatus;
+    let (ads, r) = ads_clusters(n, &fx.cluster.replica(n).xds_addr(), "sidecar~127.0.0.79~rejecter.default~default.svc.cluster.local").await;
+    let status = RpcStatus { code: 3, message: error.into(), details: vec![] };
+    ads.send(DiscoveryRequest { type_url: CLUSTERS.into(), response_nonce: r.nonce, error_detail: Some(status), ..Default::default() }).await;
+    let api = fx.api(n);
+    eventually("the replica records the NACK", Duration::from_secs(10), || async {
+        let (_, body) = get_json(&fx.client, &format!("{api}/v1/nacks/recent")).await;
+        body["nacks"].as_array().is_some_and(|l| l.iter().any(|e| e["error"] == error)).then_some(())
+    })
+    .await;
 }
 
 fn screenshots() -> PathBuf {

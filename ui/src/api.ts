@@ -98,11 +98,12 @@ export function onUnauthorized(f: (why: string) => void): void {
   unauthorized = f;
 }
 
-function headers(body?: { yaml: boolean }): Record<string, string> {
+function headers(body?: { yaml: boolean }, message?: string): Record<string, string> {
   const h: Record<string, string> = {};
   const t = token();
   if (t) h["Authorization"] = `Bearer ${t}`;
   if (body) h["Content-Type"] = body.yaml ? "application/yaml" : "application/json";
+  if (message) h["X-Lodestar-Message"] = message;
   return h;
 }
 
@@ -112,12 +113,14 @@ export interface CallOptions {
   yaml?: boolean;
   /** Error statuses whose body is the answer (`/v1/wait`'s 409 and 503). */
   accept?: number[];
+  /** The change message of a write (History shows it). */
+  message?: string;
 }
 
 export async function api<T>(path: string, o: CallOptions = {}): Promise<T> {
   const init: RequestInit = {
     method: o.method ?? (o.body === undefined ? "GET" : "POST"),
-    headers: headers(o.body === undefined ? undefined : { yaml: o.yaml ?? false }),
+    headers: headers(o.body === undefined ? undefined : { yaml: o.yaml ?? false }, o.message),
     body: o.body,
     cache: "no-store",
   };
@@ -174,6 +177,46 @@ export async function apiEverywhere<T>(path: string, o: CallOptions): Promise<{ 
   );
 }
 
+/** A refused request's error, in the API's words. */
+async function refusal(r: Response): Promise<ApiError> {
+  return new ApiError(r.status, ((await r.json().catch(() => null)) as ErrorBody | null)?.error?.message ?? r.statusText);
+}
+
+/**
+ * A GET to one member's API (not failed over: a member that does not
+ * answer is the answer).
+ */
+export async function apiAt<T>(member: string, path: string): Promise<T> {
+  const r = await fetch(member + path, { headers: headers(), cache: "no-store", signal: AbortSignal.timeout(10000) });
+  if (!r.ok) throw await refusal(r);
+  return (await r.json()) as T;
+}
+
+/** Each line of an NDJSON body, parsed, until the body ends. */
+async function lines<T>(body: ReadableStream<Uint8Array>, onLine: (v: T) => void): Promise<void> {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buf += decoder.decode(value, { stream: true });
+    let nl: number;
+    while ((nl = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, nl).trim();
+      buf = buf.slice(nl + 1);
+      if (line) onLine(JSON.parse(line) as T);
+    }
+  }
+}
+
+/** A GET whose answer is NDJSON: `onLine` for each line, until it ends. */
+export async function apiStream<T>(path: string, onLine: (v: T) => void): Promise<void> {
+  const r = await fetch(base + path, { headers: headers(), cache: "no-store" });
+  if (!r.ok || !r.body) throw await refusal(r);
+  await lines(r.body, onLine);
+}
+
 export interface WatchEvent {
   revision?: number;
   type?: string;
@@ -194,25 +237,12 @@ export function watch(onEvent: (e: WatchEvent) => void, onState: (up: boolean, w
       try {
         const r = await fetch(`${base}/v1/watch`, { headers: headers(), signal: ctl.signal, cache: "no-store" });
         if (!r.ok || !r.body) {
-          const why = new ApiError(r.status, ((await r.json().catch(() => null)) as ErrorBody | null)?.error?.message ?? r.statusText);
+          const why = await refusal(r);
           onState(false, why.explain());
           return; // a refusal does not change by retrying
         }
         onState(true, "live");
-        const reader = r.body.getReader();
-        const decoder = new TextDecoder();
-        let buf = "";
-        for (;;) {
-          const { value, done } = await reader.read();
-          if (done) break;
-          buf += decoder.decode(value, { stream: true });
-          let nl: number;
-          while ((nl = buf.indexOf("\n")) >= 0) {
-            const line = buf.slice(0, nl).trim();
-            buf = buf.slice(nl + 1);
-            if (line) onEvent(JSON.parse(line) as WatchEvent);
-          }
-        }
+        await lines(r.body, onEvent);
         onState(false, "the replica ended the watch; reconnecting");
       } catch (e) {
         if (stopped) return;

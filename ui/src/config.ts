@@ -3,10 +3,11 @@
 // shows what would change; Confirm applies exactly that, guarded by the
 // revision the preview was computed at (409 if anything changed since).
 
-import { api, apiEverywhere, ApiError } from "./api";
+import { api, apiEverywhere, ApiError, apiStream } from "./api";
 import { alert, fill, h, link, route, segment, table } from "./dom";
 import { Ctx, explain, mergeProxies, objectHref, previewView } from "./common";
 import { toYaml } from "./yaml";
+import { highlighted, yamlEditor } from "./highlight";
 import type { Analysis, Preview, Resource, WaitReport, WriteResult } from "./types";
 
 export const KINDS = [
@@ -128,7 +129,7 @@ export async function configObject(ctx: Ctx): Promise<Node> {
     findings.length
       ? h("ul", { class: "findings" }, findings.map((f) => h("li", { class: `level ${f.level}` }, `${f.level} ${f.code}: ${f.message}${f.field ? ` (${f.field})` : ""}`)))
       : null,
-    h("pre", { class: "doc", tabindex: "0", "aria-label": `${kind} ${ns}/${name} as ${format.toUpperCase()}` }, format === "json" ? JSON.stringify(obj, null, 2) : toYaml(obj)),
+    h("pre", { class: "doc", tabindex: "0", "aria-label": `${kind} ${ns}/${name} as ${format.toUpperCase()}` }, format === "json" ? JSON.stringify(obj, null, 2) : highlighted(toYaml(obj))),
   );
 }
 
@@ -161,6 +162,9 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
   const yaml = toYaml(doc);
   const text = h("textarea", { id: "doc", rows: Math.min(30, yaml.split("\n").length + 2), spellcheck: "false", autocomplete: "off", "aria-describedby": "doc-help" }, yaml) as HTMLTextAreaElement;
   const out = h("div", { class: "outcome", "aria-live": "polite" });
+  // The change message History shows (sent as X-Lodestar-Message, which
+  // takes printable ASCII).
+  const message = h("input", { id: "change-message", maxlength: 500, pattern: "[ -~]*", autocomplete: "off", placeholder: "why (optional)", title: "printable ASCII" }) as HTMLInputElement;
   // What was previewed: Confirm applies exactly this text.
   let previewed: { body: string; base: number } | null = null;
   text.addEventListener("input", () => {
@@ -171,9 +175,15 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
   });
   const confirm = async (btn: HTMLButtonElement) => {
     if (!previewed) return;
+    // (a header value: a browser refuses to send anything else)
+    if (!/^[ -~]*$/.test(message.value)) {
+      out.append(alert("The change message takes printable ASCII only (no accents, no line breaks)."));
+      message.focus();
+      return;
+    }
     btn.disabled = true;
     try {
-      const r = await api<WriteResult>(`/v1/apply?expectedRevision=${previewed.base}`, { body: previewed.body, yaml: true });
+      const r = await api<WriteResult>(`/v1/apply?expectedRevision=${previewed.base}`, { body: previewed.body, yaml: true, message: message.value.trim() || undefined });
       previewed = null;
       fill(
         out,
@@ -198,6 +208,7 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
     b.addEventListener("click", async () => {
       try {
         text.value = toYaml(await fetchEditable(from));
+        text.dispatchEvent(new Event("input"));
         previewed = null;
         fill(out, h("p", { class: "muted", role: "status" }, "Reloaded."));
         text.focus();
@@ -236,7 +247,8 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
       { class: "editor", onsubmit: preview },
       h("label", { for: "doc" }, "Resource (YAML or JSON)"),
       h("p", { id: "doc-help", class: "muted" }, "Save previews the change with a dry run; nothing is written until you confirm it."),
-      text,
+      yamlEditor(text),
+      h("div", { class: "field" }, h("label", { for: "change-message" }, "Change message"), message),
       h("p", { class: "actions" }, h("button", { type: "submit" }, "Save (preview changes)"), reloadButton()),
     ),
     out,
@@ -245,28 +257,36 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
 
 
 /**
- * After a write: until every connected proxy (on every replica) has ACKed
- * `revision`, or one rejected it, or 30 s passed (`/v1/wait`).
+ * After a write: the proxies' ACKs of `revision` as they come, across
+ * every replica (`/v1/wait?progress=true`, the data `lodestar wait`
+ * uses), until every connected proxy has ACKed it, or one rejected it,
+ * or 30 s passed.
  */
 async function waitForProxies(revision: number, out: HTMLElement): Promise<void> {
-  const status = h("p", { class: "muted", role: "status" }, `Waiting for the proxies to ACK revision ${revision}…`);
-  out.append(status);
+  const bar = h("progress", { max: 1, value: 0, "aria-labelledby": "ack-progress" }) as HTMLProgressElement;
+  const status = h("p", { id: "ack-progress", class: "muted", role: "status" }, `Waiting for the proxies to ACK revision ${revision}…`);
+  const details = h("div");
+  const box = h("div", { class: "wait" }, status, bar, details);
+  out.append(box);
+  let last: WaitReport | null = null;
   try {
-    const w = await api<WaitReport>(`/v1/wait?revision=${revision}&timeout=30s`, { accept: [409, 503] });
-    const lists: [string, string[]][] = [
-      ["Rejected (NACK)", w.nacked],
-      ["Not yet", w.pending],
-      ["Replicas that did not answer", w.unreachable],
-    ];
-    status.replaceWith(
-      h(
-        "div",
-        { class: "wait" },
-        h("p", { class: w.converged ? "ok" : "bad", role: "status" }, `${w.synced} of ${w.proxies} proxies have ACKed revision ${w.revision}${w.converged ? "." : ": not every proxy."}`),
-        lists.filter(([, l]) => l.length).map(([what, l]) => h("div", {}, h("h3", {}, what), h("ul", {}, l.map((p) => h("li", {}, p))))),
-      ),
-    );
+    await apiStream<WaitReport>(`/v1/wait?revision=${revision}&timeout=30s&progress=true`, (w) => {
+      last = w;
+      bar.max = Math.max(1, w.proxies);
+      bar.value = w.proxies ? w.synced : 1;
+      const pct = w.proxies ? Math.round((100 * w.synced) / w.proxies) : 100;
+      status.textContent = `${w.synced} of ${w.proxies} proxies ACKed revision ${w.revision} (${pct}%)${w.converged ? "." : "…"}`;
+      status.className = w.converged ? "ok" : w.nacked.length ? "bad" : "muted";
+      const lists: [string, string[]][] = [
+        ["Rejected (NACK)", w.nacked],
+        ["Not yet", w.pending],
+        ["Replicas that did not answer", w.unreachable],
+      ];
+      fill(details, lists.filter(([, l]) => l.length).map(([what, l]) => h("div", {}, h("h3", {}, what), h("ul", {}, l.map((p) => h("li", {}, p))))));
+    });
+    const w = last as WaitReport | null;
+    if (w && !w.converged && !w.nacked.length) status.textContent += " Not every proxy ACKed it within 30 s.";
   } catch (e) {
-    status.replaceWith(alert(explain(e)));
+    box.append(alert(explain(e)));
   }
 }

@@ -26,14 +26,22 @@ function append(el: HTMLElement, children: Child[]): void {
 
 /** A table: a caption, column heads, rows of cells. */
 export function table(caption: string, heads: string[], rows: Child[][]): HTMLElement {
-  return h(
-    "table",
-    {},
-    h("caption", {}, caption),
-    h("thead", {}, h("tr", {}, heads.map((t) => h("th", { scope: "col" }, t)))),
-    h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c) => h("td", {}, c))))),
-  );
+  const row = (r: Child[]) => h("tr", {}, r.map((c) => h("td", {}, c)));
+  const body = h("tbody", {}, rows.slice(0, ROWS_SHOWN).map(row));
+  const t = h("table", {}, h("caption", {}, caption), h("thead", {}, h("tr", {}, heads.map((t) => h("th", { scope: "col" }, t)))), body);
+  if (rows.length <= ROWS_SHOWN) return t;
+  // A long list draws its first rows now (a view stays quick with
+  // thousands of objects), the rest on demand.
+  const more = h("button", { type: "button" }, `Show all ${rows.length} rows (${rows.length - ROWS_SHOWN} more)`) as HTMLButtonElement;
+  more.addEventListener("click", () => {
+    body.append(...rows.slice(ROWS_SHOWN).map(row));
+    more.remove();
+  });
+  return h("div", {}, t, more);
 }
+
+/** Rows drawn at first by [`table`]; a button draws the rest. */
+export const ROWS_SHOWN = 500;
 
 /** An error box that screen readers announce. */
 export function alert(text: string): HTMLElement {

@@ -56,6 +56,12 @@ export async function history(ctx: Ctx): Promise<Node> {
               "li",
               { class: "revision" },
               h("h2", {}, `Revision ${r.revision}`),
+              h(
+                "p",
+                { class: "author" },
+                r.author ? ["By ", h("strong", {}, r.author)] : h("span", { class: "muted" }, "Author not recorded"),
+                r.message ? [": ", h("q", { class: "message" }, r.message)] : null,
+              ),
               h("ul", {}, r.changes.map((c) => h("li", {}, h("span", { class: "badge" }, c.action), " ", c.action === "DELETE" ? `${c.kind} ${c.namespace}/${c.name}` : refLink(c), ` (version ${c.version})`))),
               h("p", { class: "actions" }, link(route("/history/diff", { from: r.revision - 1, to: r.revision }), "Diff with the revision before", { class: "button" }), " ", r.revision > hist.oldest ? undo : null),
               out,
@@ -79,7 +85,8 @@ async function rollback(revision: number, targets: Ref[], out: HTMLElement): Pro
     btn.addEventListener("click", async () => {
       btn.disabled = true;
       try {
-        const r = await api<WriteResult>("/v1/rollback", { body });
+        // History then says what this revision was.
+        const r = await api<WriteResult>("/v1/rollback", { body, message: `rollback to revision ${revision} (console)` });
         out.replaceChildren(h("p", { class: "ok", role: "status" }, `Rolled back: revision ${r.revision} restores revision ${revision}.`));
       } catch (e) {
         btn.disabled = false;

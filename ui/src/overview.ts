@@ -2,10 +2,11 @@
 // this replica's proxies, analyze findings by severity. Proxies: the
 // proxies connected to this replica with their ACK/NACK state per type.
 
-import { api, ApiError, learnMembers, origin } from "./api";
+import { api, ApiError, apiAt, learnMembers, origin } from "./api";
 import { alert, h, link, route, segment, table } from "./dom";
-import { Ctx, explain, refLink, since } from "./common";
-import type { Analysis, ClusterStatus, ConfigDump, Member, ProxyStatus, ServiceView, Syncz } from "./types";
+import { Ctx, explain, objectHref, refLink, since } from "./common";
+import { topologyGraph } from "./graph";
+import type { Analysis, ClusterStatus, ConfigDump, Member, NackEvent, ProxyStatus, RecentNacks, ServiceView, Syncz, Topology, TopologyEdge, Via } from "./types";
 
 function settled<T>(r: PromiseSettledResult<T>): T | HTMLElement {
   return r.status === "fulfilled" ? r.value : alert(explain(r.reason));
@@ -35,6 +36,44 @@ export function proxyState(p: ProxyStatus): string {
   return Object.values(p.types).every((t) => t.in_sync) ? "In sync (ACKed)" : "Pending";
 }
 
+/** A NACK with the replica whose proxy sent it. */
+type ReplicaNack = NackEvent & { replica: number };
+
+/**
+ * The NACKs of the last hour on every member that answers (each keeps
+ * its own proxies'), newest first, and the members that did not answer.
+ */
+async function clusterNacks(c: ClusterStatus): Promise<{ nacks: ReplicaNack[]; missing: string[] }> {
+  const asked = await Promise.all(
+    c.members.map(async (m) => {
+      if (!m.status) return { missing: `replica ${m.id}: ${m.error ?? "unreachable"}` };
+      try {
+        const r = serving(m) ? await api<RecentNacks>("/v1/nacks/recent") : await apiAt<RecentNacks>(`${location.protocol}//${m.info.api_addr}`, "/v1/nacks/recent");
+        return { nacks: r.nacks.map((n) => ({ ...n, replica: r.replica })) };
+      } catch (e) {
+        return { missing: `replica ${m.id}: ${explain(e)}` };
+      }
+    }),
+  );
+  const nacks = asked.flatMap((a) => a.nacks ?? []).sort((x, y) => y.atUnixMs - x.atUnixMs);
+  return { nacks, missing: asked.flatMap((a) => (a.missing ? [a.missing] : [])) };
+}
+
+function nacksView(n: { nacks: ReplicaNack[]; missing: string[] }): HTMLElement {
+  return h(
+    "div",
+    {},
+    n.missing.map((m) => alert(`NACKs not known: ${m}`)),
+    n.nacks.length === 0
+      ? h("p", { class: "muted" }, "No proxy rejected a config in the last hour.")
+      : table(
+          `${n.nacks.length} NACK${n.nacks.length === 1 ? "" : "s"} in the last hour, every replica`,
+          ["When", "Replica", "Proxy", "Type", "Rejected version", "Error"],
+          n.nacks.map((x) => [since(x.atUnixMs), `replica ${x.replica}`, h("code", {}, x.proxy), x.type, x.rejectedVersion, h("span", { class: "bad" }, x.error)]),
+        ),
+  );
+}
+
 export async function overview(ctx: Ctx): Promise<Node> {
   const read = ctx.who.clusterRead;
   const [cluster, sync, analysis] = await Promise.allSettled([
@@ -45,6 +84,7 @@ export async function overview(ctx: Ctx): Promise<Node> {
   const c = settled(cluster);
   const s = settled(sync);
   const a = settled(analysis);
+  const n = c instanceof HTMLElement ? (c.cloneNode(true) as HTMLElement) : await clusterNacks(c);
   const cards: HTMLElement[] = [];
   if (!(c instanceof HTMLElement)) {
     learnMembers([...c.members].sort((x, y) => x.id - y.id).map((m) => m.info.api_addr));
@@ -57,12 +97,8 @@ export async function overview(ctx: Ctx): Promise<Node> {
       card("Connected proxies", c.members.reduce((n, m) => n + (m.status?.xds_streams ?? 0), 0)),
     );
   }
-  if (!(s instanceof HTMLElement)) {
-    // Each stream keeps its last NACK per type: the proxies here that
-    // rejected something in the last hour.
-    const since = Date.now() - 3600_000;
-    const nacked = s.proxies.filter((p) => Object.values(p.types).some((t) => (t.last_nack?.at_unix_ms ?? 0) >= since)).length;
-    cards.push(card("NACKed, last hour (here)", nacked, nacked ? "bad" : ""));
+  if (!(n instanceof HTMLElement)) {
+    cards.push(card("NACKs, last hour (all replicas)", n.missing.length ? `${n.nacks.length}+` : n.nacks.length, n.nacks.length || n.missing.length ? "bad" : ""));
   }
   if (!(a instanceof HTMLElement)) {
     const count = (l: string) => a.messages.filter((m) => m.level === l).length;
@@ -90,6 +126,8 @@ export async function overview(ctx: Ctx): Promise<Node> {
             h("span", { class: m.status?.ready ? "ok" : "bad" }, health(m)),
           ]),
         ),
+    h("h2", {}, "NACKs in the last hour"),
+    n instanceof HTMLElement ? n : nacksView(n),
     h("h2", {}, "Proxies on this replica"),
     s instanceof HTMLElement
       ? s
@@ -166,28 +204,98 @@ export async function proxyConfig(ctx: Ctx): Promise<Node> {
   return h("div", {}, h("h1", {}, `Proxy ${id}`), h("p", {}, link("#/proxies", "All proxies"), ` · the config this replica serves it, at revision ${dump.revision}`), sections);
 }
 
-/** The registry: every service with its instances' health. */
+function viaLink(v: Via): HTMLElement {
+  return h("span", { class: `via ${v.role}` }, `${v.role} `, link(objectHref({ kind: v.kind, namespace: v.namespace, name: v.name }), `${v.kind} ${v.namespace}/${v.name}`));
+}
+
+const VERDICT: Record<TopologyEdge["verdict"], [string, string]> = {
+  allowed: ["ok", "allowed"],
+  denied: ["bad", "denied"],
+  conditional: ["warn", "some requests"],
+};
+
+/** The edges, caller → callee, as a table (one row per edge). */
+function topologyView(t: Topology): HTMLElement {
+  return h(
+    "section",
+    { class: "topology" },
+    t.truncated ? alert(`Only the first ${t.edges.length} edges are shown: filter by namespace.`) : null,
+    topologyGraph(t),
+    t.edges.length === 0
+      ? h("p", { class: "muted" }, "No workload calls another (or none this token may read).")
+      : table(
+          `${t.edges.length} edges between ${t.services.length} services at revision ${t.revision}`,
+          ["Caller", "Callee", "Verdict", "Via", "Why"],
+          t.edges.map((e) => [
+            h("code", {}, e.from),
+            h("span", {}, h("code", {}, e.to), e.host ? h("span", { class: "muted" }, ` (called as ${e.host})`) : null),
+            h("span", { class: `verdict ${VERDICT[e.verdict][0]}` }, VERDICT[e.verdict][1]),
+            e.via.length ? h("ul", { class: "via" }, e.via.map((v) => h("li", {}, viaLink(v)))) : "—",
+            e.reason,
+          ]),
+        ),
+    t.services.some((n) => n.sidecar)
+      ? h(
+          "p",
+          { class: "muted" },
+          "Calls scoped by a Sidecar: ",
+          t.services.filter((n) => n.sidecar).map((n, i) => [i ? "; " : "", h("code", {}, n.hostname), " by ", viaLink(n.sidecar as Via)]),
+        )
+      : null,
+  );
+}
+
+/** The registry: every service with its instances' health, and who may call whom. */
 export async function services(ctx: Ctx): Promise<Node> {
   const ns = ctx.params.get("namespace") ?? "";
-  const answer = await api<{ revision: number; services: ServiceView[] }>(`/v1/registry/services${ns ? `?namespace=${segment(ns)}` : ""}`);
+  const q = ns ? `?namespace=${segment(ns)}` : "";
+  const [registry, topo] = await Promise.allSettled([api<{ revision: number; services: ServiceView[] }>(`/v1/registry/services${q}`), api<Topology>(`/v1/topology${q}`)]);
+  const answer = settled(registry);
+  const t = settled(topo);
+  // The config that applies to each service (the topology's nodes).
+  const applying = new Map(t instanceof HTMLElement ? [] : t.services.map((n) => [`${n.hostname} ${n.namespace}`, [...(n.sidecar ? [n.sidecar] : []), ...n.applies]]));
+  const applies = (hostname: string, namespace: string) => {
+    const vias = applying.get(`${hostname} ${namespace}`) ?? [];
+    return vias.length ? h("ul", { class: "via" }, vias.map((v) => h("li", {}, viaLink(v)))) : "—";
+  };
+  const nsInput = h("input", { id: "services-ns", name: "namespace", value: ns, placeholder: "every namespace", autocomplete: "off" }) as HTMLInputElement;
   return h(
     "div",
     {},
     h("h1", {}, "Services"),
-    answer.services.length === 0
-      ? h("p", { class: "muted" }, "No registry service.")
-      : table(
-          `${answer.services.length} services at revision ${answer.revision}`,
-          ["Service", "Namespace", "Ports", "Instances", "Healthy", "Unhealthy", "Unknown"],
-          answer.services.map((s) => [
-            h("code", {}, s.hostname),
-            s.namespace,
-            s.ports.join(", "),
-            link(route("/config", { kind: "Instance", namespace: s.namespace }), String(s.instances)),
-            h("span", { class: "ok" }, String(s.healthy)),
-            h("span", { class: s.unhealthy ? "bad" : "" }, String(s.unhealthy)),
-            String(s.unknown),
-          ]),
-        ),
+    h(
+      "form",
+      {
+        class: "filters",
+        role: "search",
+        onsubmit: (ev: Event) => {
+          ev.preventDefault();
+          location.hash = route("/services", { namespace: nsInput.value.trim() });
+        },
+      },
+      h("div", { class: "field" }, h("label", { for: "services-ns" }, "Namespace"), nsInput),
+      h("button", { type: "submit" }, "Filter"),
+    ),
+    answer instanceof HTMLElement
+      ? answer
+      : answer.services.length === 0
+        ? h("p", { class: "muted" }, "No registry service.")
+        : table(
+            `${answer.services.length} services at revision ${answer.revision}`,
+            ["Service", "Namespace", "Ports", "Instances", "Healthy", "Unhealthy", "Unknown", "Config that applies"],
+            answer.services.map((s) => [
+              h("code", {}, s.hostname),
+              s.namespace,
+              s.ports.join(", "),
+              link(route("/config", { kind: "Instance", namespace: s.namespace }), String(s.instances)),
+              h("span", { class: "ok" }, String(s.healthy)),
+              h("span", { class: s.unhealthy ? "bad" : "" }, String(s.unhealthy)),
+              String(s.unknown),
+              applies(s.hostname, s.namespace),
+            ]),
+          ),
+    h("h2", {}, "Topology: who may call whom"),
+    h("p", { class: "muted" }, "From config and registry: the routes of VirtualServices, the egress of Sidecars, and AuthorizationPolicies (DENY, then ALLOW), for each workload's identity."),
+    t instanceof HTMLElement ? t : topologyView(t),
   );
 }

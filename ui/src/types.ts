@@ -147,7 +147,7 @@ export interface WriteResult {
 export interface HistoryAnswer {
   revision: number;
   oldest: number;
-  revisions: { revision: number; changes: (Ref & { action: string; version: number })[] }[];
+  revisions: { revision: number; author?: string; message?: string; changes: (Ref & { action: string; version: number })[] }[];
 }
 
 export interface WaitReport {
@@ -175,4 +175,54 @@ export interface ConfigDump {
   proxy: string;
   revision: number;
   [type: string]: unknown;
+}
+
+/** A NACK a proxy sent (`/v1/nacks/recent`). */
+export interface NackEvent {
+  proxy: string;
+  id: string;
+  type: string;
+  rejectedVersion: string;
+  error: string;
+  atUnixMs: number;
+}
+
+export interface RecentNacks {
+  replica: number;
+  sinceUnixMs: number;
+  nacks: NackEvent[];
+}
+
+export interface Via {
+  kind: string;
+  namespace: string;
+  name: string;
+  role: "route" | "egress" | "destination" | "allow" | "deny" | "audit" | "custom";
+}
+
+export interface TopologyNode {
+  hostname: string;
+  namespace: string;
+  instances: number;
+  sidecar?: Via;
+  applies: Via[];
+}
+
+export interface TopologyEdge {
+  from: string;
+  fromNamespace: string;
+  to: string;
+  toNamespace: string;
+  host?: string;
+  verdict: "allowed" | "denied" | "conditional";
+  reason: string;
+  via: Via[];
+}
+
+/** Who may call whom (`/v1/topology`). */
+export interface Topology {
+  revision: number;
+  services: TopologyNode[];
+  edges: TopologyEdge[];
+  truncated?: boolean;
 }
