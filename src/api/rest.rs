@@ -514,7 +514,7 @@ const TOPOLOGY_LIMIT: usize = 10_000;
 async fn topology(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<TopologyQuery>) -> Result<Response> {
     caller.precheck(Precheck::Any(Verb::Read))?;
     let limit = match q.limit {
-        Some(0) => return Err(Error::field("limit", "must be at least 1")),
+        Some(0) => return Err(Error::field("limit", "must be at least 1").into()),
         Some(n) => n.min(TOPOLOGY_LIMIT),
         None => TOPOLOGY_LIMIT,
     };
