@@ -26,6 +26,7 @@
 //! - `inbound`: Sidecar ingress → inbound listeners and clusters.
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
 //! - `gateway_api`: Gateway API kinds → Istio Gateways and VirtualServices, and their status.
+//! - `backend_tls`: BackendTLSPolicies → DestinationRules originating TLS, and their status.
 //! - `grpc`: proxyless gRPC clients → API listeners, routes, clusters.
 //! - `tls`: TLS contexts (gateway termination, DestinationRule origination).
 //! - `mtls`: mutual TLS between Envoys (PeerAuthentication, ISTIO_MUTUAL,
@@ -37,6 +38,7 @@
 //!   `virtualOutbound`/`virtualInbound` and unbound per-port listeners.
 
 pub mod authz;
+pub mod backend_tls;
 pub mod capture;
 pub mod cluster;
 pub mod dns;

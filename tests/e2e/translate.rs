@@ -106,7 +106,20 @@ fn gateway_api_view(mesh: &Mesh) -> Value {
         .map(|v| (format!("{}/{}", v.key.namespace, v.key.name), serde_json::to_value(&v.spec).unwrap()))
         .collect();
     let status: Map<String, Value> = mesh.gateway_api_status.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-    json!({"gateways": gateways, "virtualServices": vs, "status": status})
+    let mut view = json!({"gateways": gateways, "virtualServices": vs, "status": status});
+    // BackendTLSPolicies' DestinationRules, and the CA bundles they name.
+    let backend_tls = |labels: &std::collections::BTreeMap<String, String>| labels.contains_key(lodestar::translate::backend_tls::POLICY_LABEL);
+    let dr: Map<String, Value> = mesh
+        .destination_rules
+        .iter()
+        .filter(|d| backend_tls(&d.labels))
+        .map(|d| (format!("{}/{}", d.key.namespace, d.key.name), serde_json::to_value(&d.spec).unwrap()))
+        .collect();
+    if !dr.is_empty() {
+        view["destinationRules"] = Value::Object(dr);
+        view["caBundles"] = json!(mesh.backend_cas.bundles.keys().collect::<Vec<_>>());
+    }
+    view
 }
 
 fn compare(dir: &Path, got: &Value, expected_path: &Path) {
