@@ -1284,4 +1284,37 @@ mod tests {
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1s", "backendRequest": "2s"}}]})), ["spec.rules[0].timeouts.backendRequest"]);
         assert_eq!(fields("ReferenceGrant", json!({"from": [], "to": [{"group": "", "kind": "Service"}]})), ["spec.from"]);
     }
+
+    #[test]
+    fn backend_tls_policies_name_their_fields() {
+        let ok = json!({"targetRefs": [{"group": "", "kind": "Service", "name": "s", "sectionName": "https"}, {"group": "", "kind": "Service", "name": "s", "sectionName": "grpc"}],
+            "validation": {"caCertificateRefs": [{"group": "", "kind": "Secret", "name": "ca"}], "hostname": "s.example.com",
+                           "subjectAltNames": [{"type": "Hostname", "hostname": "s.example.com"}, {"type": "URI", "uri": "spiffe://td/ns/a/sa/s"}]}});
+        assert!(matches!(validate("BackendTLSPolicy", &ok), Ok(Spec::BackendTlsPolicy(_))));
+        let system = json!({"targetRefs": [{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "api"}],
+            "validation": {"wellKnownCACertificates": "System", "hostname": "api.example.com"}});
+        assert!(matches!(validate("BackendTLSPolicy", &system), Ok(Spec::BackendTlsPolicy(_))));
+        let bad = json!({"targetRefs": [{"group": "", "kind": "Service", "name": "s"}, {"group": "", "kind": "Service", "name": "s"}],
+            "validation": {"hostname": "*.example.com", "subjectAltNames": [{"type": "Hostname"}, {"type": "IP", "hostname": "a"}]}});
+        assert_eq!(
+            fields("BackendTLSPolicy", bad),
+            [
+                "spec.targetRefs[1]",
+                "spec.validation.hostname",
+                "spec.validation",
+                "spec.validation.subjectAltNames[0].hostname",
+                "spec.validation.subjectAltNames[1].type"
+            ]
+        );
+        let both = json!({"targetRefs": [{"group": "", "kind": "ConfigMap", "name": "s"}],
+            "validation": {"hostname": "a.b", "wellKnownCACertificates": "Mine", "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "ca"}]}});
+        assert_eq!(
+            fields("BackendTLSPolicy", both),
+            ["spec.targetRefs[0].kind", "spec.validation", "spec.validation.wellKnownCACertificates", "spec.validation.caCertificateRefs[0].kind"]
+        );
+        assert_eq!(
+            fields("BackendTLSPolicy", json!({"targetRefs": [], "validation": {"hostname": "a.b", "wellKnownCACertificates": "System"}})),
+            ["spec.targetRefs"]
+        );
+    }
 }
