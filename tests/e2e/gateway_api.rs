@@ -1291,6 +1291,9 @@ spec:
         "{ancestors}"
     );
 
+    let (ok, out, err) = crate::kit::cli(&fx.api(1), &["get", "backendtlspolicies", "-n", "shop"]);
+    assert!(ok && out.contains("ANCESTORS (ACCEPTED)") && out.contains("edge(NoValidCACertificate)"), "{out}{err}");
+
     // The Secret with the stranger's CA, written alone: now it answers.
     fx.apply(&ca_secret("stranger-ca", &other_ca.pem)).await;
     let r = wait_for(&fx.client, &gw.url(8080, "/stranger"), "any.example", &[], "the stranger's CA", |r| r.status == 200).await;
