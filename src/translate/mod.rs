@@ -555,6 +555,14 @@ impl Translator {
                 (k, _) if k.is_acl() => Vec::new(),
                 // A mesh route (a Service parent) routes sidecars' traffic.
                 (_, TypedSpec::GatewayApi(route)) if route.is_mesh_route() => return None,
+                // A BackendTLSPolicy, and a Secret one reads its CA from,
+                // change every proxy's clusters for the services it targets.
+                (_, TypedSpec::GatewayApi(crate::model::gateway_api::Spec::BackendTlsPolicy(_))) => return None,
+                (Kind::Secret, _)
+                    if [&prev.mesh.backend_cas, &mesh.backend_cas].iter().any(|c| c.secrets.contains(&(ns.to_string(), o.key.name.to_string()))) =>
+                {
+                    return None
+                }
                 // What else the Gateway API generates binds to gateways only.
                 (k, _) if k.is_gateway_api() || k == Kind::Namespace => Vec::new(),
                 // Listeners name secrets; their content is SDS's (xds).

@@ -1298,10 +1298,14 @@ spec:
     fx.apply(&ca_secret("stranger-ca", &other_ca.pem)).await;
     let r = wait_for(&fx.client, &gw.url(8080, "/stranger"), "any.example", &[], "the stranger's CA", |r| r.status == 200).await;
     assert_eq!(r.body, "stranger");
+    let stranger_host = "stranger.shop.svc.cluster.local";
+    let r = wait_for(&fx.client, &sidecar.url(8080, "/"), stranger_host, &[], "the stranger's CA, sidecar", |r| r.status == 200).await;
+    assert_eq!(r.body, "stranger");
 
     // A policy whose hostname the certificate does not carry: refused.
     fx.apply(&policy("secure-tls", "secure", "backends-ca", "wrong.shop.test")).await;
     wait_for(&fx.client, &gw.url(8080, "/secure"), "any.example", &[], "a hostname the certificate lacks", |r| r.status == 503).await;
+    wait_for(&fx.client, &sidecar.url(8080, "/"), host, &[], "a hostname the certificate lacks, sidecar", |r| r.status == 503).await;
     gw.envoy.assert_no_rejections().await;
     sidecar.envoy.assert_no_rejections().await;
 
