@@ -782,9 +782,9 @@ fn backend_tls_incremental_equals_full() {
     use lodestar::translate::Translator;
     use lodestar::xds::resources::Generator;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate/gateway-api-backend-tls");
-    let base = applied_from(&std::fs::read_to_string(dir.join("input.yaml")).unwrap());
-    let ca: Value =
-        yaml_serde::from_str(&std::fs::read_to_string(dir.join("input.yaml")).unwrap().split("---").find(|d| d.contains("kind: Secret")).unwrap()).unwrap();
+    let input = std::fs::read_to_string(dir.join("input.yaml")).unwrap();
+    let base = applied_from(&input);
+    let ca: Value = yaml_serde::from_str(input.split("---").find(|d| d.contains("kind: Secret")).unwrap()).unwrap();
     let ca = ca["data"]["ca.crt"].as_str().unwrap().to_string();
     let proxy = ProxyIdentity::parse("sidecar~127.0.24.2~client.shop~shop.svc.cluster.local", &json!({})).unwrap();
     let translator = Translator::new(MeshConfig::default());
