@@ -954,8 +954,26 @@ fn summary_header(kind: Kind) -> &'static str {
         Kind::WorkloadEntry => "ADDRESS",
         Kind::KubeGateway => "LISTENERS (ATTACHED ROUTES)",
         Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute => "PARENTS (ACCEPTED)",
+        Kind::BackendTlsPolicy => "ANCESTORS (ACCEPTED)",
         _ => "",
     }
+}
+
+/// `NAME(REASON)` of each parent (or ancestor) in a route's (or policy's)
+/// status, the reason its `Accepted` condition gives.
+fn accepted_by(list: &Value, reference: &str) -> String {
+    list.as_array()
+        .map(|ps| {
+            ps.iter()
+                .map(|p| {
+                    let accepted = p["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Accepted");
+                    let reason = accepted.map_or("", |c| c["reason"].as_str().unwrap_or(""));
+                    format!("{}({reason})", p[reference]["name"].as_str().unwrap_or(""))
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default()
 }
 
 fn summary(kind: Kind, item: &Value) -> String {
@@ -968,19 +986,8 @@ fn summary(kind: Kind, item: &Value) -> String {
             .as_array()
             .map(|ls| ls.iter().map(|l| format!("{}({})", l["name"].as_str().unwrap_or(""), l["attachedRoutes"])).collect::<Vec<_>>().join(","))
             .unwrap_or_default(),
-        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute => status["parents"]
-            .as_array()
-            .map(|ps| {
-                ps.iter()
-                    .map(|p| {
-                        let accepted = p["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Accepted");
-                        let reason = accepted.map_or("", |c| c["reason"].as_str().unwrap_or(""));
-                        format!("{}({reason})", p["parentRef"]["name"].as_str().unwrap_or(""))
-                    })
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or_default(),
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute => accepted_by(&status["parents"], "parentRef"),
+        Kind::BackendTlsPolicy => accepted_by(&status["ancestors"], "ancestorRef"),
         Kind::DestinationRule => spec["host"].as_str().unwrap_or("").to_string(),
         Kind::VirtualService | Kind::ServiceEntry => list(&spec["hosts"]),
         Kind::Gateway => spec["servers"].as_array().map(|s| s.iter().map(|s| list(&s["hosts"])).collect::<Vec<_>>().join(",")).unwrap_or_default(),

@@ -23,6 +23,10 @@ pub const CONTROLLER_NAME: &str = "lodestar.dev/gateway-controller";
 /// Istio's, accepted too so that Istio manifests apply unchanged.
 pub const ISTIO_CONTROLLER_NAME: &str = "istio.io/gateway-controller";
 
+/// The `credentialName` prefix of the DestinationRules generated from
+/// BackendTLSPolicies (`translate::backend_tls`); refused in stored rules.
+pub const BACKEND_CA_PREFIX: &str = "backendtlspolicy://";
+
 /// Whether a GatewayClass with this `controllerName` is Lodestar's.
 pub fn is_ours(controller_name: &str) -> bool {
     controller_name == CONTROLLER_NAME || controller_name == ISTIO_CONTROLLER_NAME
@@ -38,6 +42,7 @@ pub enum Spec {
     GrpcRoute(GrpcRoute),
     TcpRoute(L4Route),
     TlsRoute(L4Route),
+    BackendTlsPolicy(BackendTlsPolicy),
 }
 
 impl Spec {
@@ -502,6 +507,66 @@ pub struct GrantTo {
     pub name: Option<String>,
 }
 
+/// BackendTLSPolicy (v1; v1alpha3 has the same fields): how proxies
+/// originate TLS to the targeted services' ports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackendTlsPolicy {
+    pub target_refs: Vec<PolicyTargetRef>,
+    pub validation: BackendTlsValidation,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
+}
+
+/// A target in the policy's namespace: a Service (core group) or an Istio
+/// ServiceEntry, all its ports or the one `sectionName` names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyTargetRef {
+    pub group: String,
+    pub kind: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackendTlsValidation {
+    /// Secrets (Lodestar's; a ConfigMap is Kubernetes-only) holding the CA
+    /// bundle in `ca.crt` (or `cacert`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ca_certificate_refs: Vec<LocalObjectRef>,
+    /// `System`: the CA bundle of the host the proxy runs on.
+    #[serde(default, rename = "wellKnownCACertificates", skip_serializing_if = "Option::is_none")]
+    pub well_known_ca_certificates: Option<String>,
+    /// The SNI sent, and the name the certificate must carry unless
+    /// `subjectAltNames` says otherwise.
+    pub hostname: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subject_alt_names: Vec<SubjectAltName>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LocalObjectRef {
+    pub group: String,
+    pub kind: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubjectAltName {
+    /// `Hostname` or `URI`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+}
+
 // ---------------------------------------------------------------------------
 // Validation: the CRDs' schema and CEL rules.
 
@@ -635,6 +700,11 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Spec, Vec<FieldError>> {
             }
             Spec::ReferenceGrant(s)
         }
+        "BackendTLSPolicy" => {
+            let s: BackendTlsPolicy = parse(spec)?;
+            check_backend_tls_policy(&mut c, &s);
+            Spec::BackendTlsPolicy(s)
+        }
         other => return Err(vec![FieldError::new("kind", format!("{other} is not a Gateway API kind"))]),
     };
     if c.0.is_empty() {
@@ -642,6 +712,74 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Spec, Vec<FieldError>> {
     } else {
         Err(c.0)
     }
+}
+
+/// The CRD's schema and CEL rules; the targets and CA references Lodestar
+/// supports (a ConfigMap is Kubernetes-only: a Secret holds the CA here).
+fn check_backend_tls_policy(c: &mut Check, s: &BackendTlsPolicy) {
+    if !(1..=16).contains(&s.target_refs.len()) {
+        c.err("spec.targetRefs", format!("has {} items, must have 1 to 16", s.target_refs.len()));
+    }
+    for (i, t) in s.target_refs.iter().enumerate() {
+        let f = format!("spec.targetRefs[{i}]");
+        c.name(&format!("{f}.name"), &t.name);
+        if !matches!((t.group.as_str(), t.kind.as_str()), ("", "Service") | ("networking.istio.io", "ServiceEntry")) {
+            let why = format!("{}/{}: must be a Service (group \"\") or a networking.istio.io ServiceEntry", t.group, t.kind);
+            c.err(format!("{f}.kind"), why);
+        }
+        if let Some(sn) = &t.section_name {
+            c.section_name(&format!("{f}.sectionName"), sn);
+        }
+        // CEL: two references to one target need distinct sectionNames.
+        let same = s.target_refs[..i].iter().filter(|q| q.group == t.group && q.kind == t.kind && q.name == t.name);
+        if same.clone().any(|q| q.section_name.is_none() || t.section_name.is_none()) {
+            c.err(f.clone(), "sectionName must be specified when targetRefs includes 2 or more references to the same target");
+        } else if same.clone().any(|q| q.section_name == t.section_name) {
+            c.err(format!("{f}.sectionName"), "sectionName must be unique when targetRefs includes 2 or more references to the same target");
+        }
+    }
+    let v = &s.validation;
+    let f = "spec.validation";
+    c.precise_hostname(&format!("{f}.hostname"), &v.hostname);
+    c.max_items(&format!("{f}.caCertificateRefs"), &v.ca_certificate_refs, 8);
+    // CEL: exactly one of caCertificateRefs and wellKnownCACertificates.
+    match (v.ca_certificate_refs.is_empty(), &v.well_known_ca_certificates) {
+        (true, None) => c.err(f, "must specify either caCertificateRefs or wellKnownCACertificates"),
+        (false, Some(_)) => c.err(f, "must not contain both caCertificateRefs and wellKnownCACertificates"),
+        _ => {}
+    }
+    if let Some(w) = &v.well_known_ca_certificates {
+        c.one_of(&format!("{f}.wellKnownCACertificates"), w, &["System"]);
+    }
+    for (i, r) in v.ca_certificate_refs.iter().enumerate() {
+        let rf = format!("{f}.caCertificateRefs[{i}]");
+        c.name(&format!("{rf}.name"), &r.name);
+        if !r.group.is_empty() || r.kind != "Secret" {
+            let why = format!(
+                "{}/{}: Lodestar reads a CA bundle from a Secret (group \"\", kind Secret, key ca.crt); a ConfigMap is Kubernetes-only",
+                r.group, r.kind
+            );
+            c.err(format!("{rf}.kind"), why);
+        }
+    }
+    c.max_items(&format!("{f}.subjectAltNames"), &v.subject_alt_names, 5);
+    for (i, san) in v.subject_alt_names.iter().enumerate() {
+        let sf = format!("{f}.subjectAltNames[{i}]");
+        match (san.kind.as_str(), &san.hostname, &san.uri) {
+            ("Hostname", Some(h), None) => c.hostname(&format!("{sf}.hostname"), h),
+            ("Hostname", None, _) => c.err(format!("{sf}.hostname"), "required when type is Hostname"),
+            ("URI", None, Some(u)) => {
+                if !u.contains("://") || u.len() > 253 {
+                    c.err(format!("{sf}.uri"), format!("{u:?} is not an absolute URI (scheme://...)"));
+                }
+            }
+            ("URI", _, None) => c.err(format!("{sf}.uri"), "required when type is URI"),
+            ("Hostname", _, Some(_)) => c.err(format!("{sf}.uri"), "must not be set when type is Hostname"),
+            ("URI", Some(_), _) => c.err(format!("{sf}.hostname"), "must not be set when type is URI"),
+            (other, _, _) => c.one_of(&format!("{sf}.type"), other, &["Hostname", "URI"]),
+        }
+    }
+    c.max_items("spec.options", &s.options.iter().collect::<Vec<_>>(), 16);
 }
 
 fn check_gateway(c: &mut Check, s: &Gateway) {
@@ -1145,5 +1283,38 @@ mod tests {
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1x"}}]})), ["spec.rules[0].timeouts.request"]);
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1s", "backendRequest": "2s"}}]})), ["spec.rules[0].timeouts.backendRequest"]);
         assert_eq!(fields("ReferenceGrant", json!({"from": [], "to": [{"group": "", "kind": "Service"}]})), ["spec.from"]);
+    }
+
+    #[test]
+    fn backend_tls_policies_name_their_fields() {
+        let ok = json!({"targetRefs": [{"group": "", "kind": "Service", "name": "s", "sectionName": "https"}, {"group": "", "kind": "Service", "name": "s", "sectionName": "grpc"}],
+            "validation": {"caCertificateRefs": [{"group": "", "kind": "Secret", "name": "ca"}], "hostname": "s.example.com",
+                           "subjectAltNames": [{"type": "Hostname", "hostname": "s.example.com"}, {"type": "URI", "uri": "spiffe://td/ns/a/sa/s"}]}});
+        assert!(matches!(validate("BackendTLSPolicy", &ok), Ok(Spec::BackendTlsPolicy(_))));
+        let system = json!({"targetRefs": [{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "api"}],
+            "validation": {"wellKnownCACertificates": "System", "hostname": "api.example.com"}});
+        assert!(matches!(validate("BackendTLSPolicy", &system), Ok(Spec::BackendTlsPolicy(_))));
+        let bad = json!({"targetRefs": [{"group": "", "kind": "Service", "name": "s"}, {"group": "", "kind": "Service", "name": "s"}],
+            "validation": {"hostname": "*.example.com", "subjectAltNames": [{"type": "Hostname"}, {"type": "IP", "hostname": "a"}]}});
+        assert_eq!(
+            fields("BackendTLSPolicy", bad),
+            [
+                "spec.targetRefs[1]",
+                "spec.validation.hostname",
+                "spec.validation",
+                "spec.validation.subjectAltNames[0].hostname",
+                "spec.validation.subjectAltNames[1].type"
+            ]
+        );
+        let both = json!({"targetRefs": [{"group": "", "kind": "ConfigMap", "name": "s"}],
+            "validation": {"hostname": "a.b", "wellKnownCACertificates": "Mine", "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "ca"}]}});
+        assert_eq!(
+            fields("BackendTLSPolicy", both),
+            ["spec.targetRefs[0].kind", "spec.validation", "spec.validation.wellKnownCACertificates", "spec.validation.caCertificateRefs[0].kind"]
+        );
+        assert_eq!(
+            fields("BackendTLSPolicy", json!({"targetRefs": [], "validation": {"hostname": "a.b", "wellKnownCACertificates": "System"}})),
+            ["spec.targetRefs"]
+        );
     }
 }

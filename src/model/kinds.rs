@@ -70,6 +70,9 @@ pub enum Kind {
     /// networking.istio.io/v1alpha3: patches to the generated Envoy config
     /// (`model::istio::envoy_filter`, `translate::envoyfilter`).
     EnvoyFilter,
+    /// gateway.networking.k8s.io BackendTLSPolicy: TLS from proxies to a
+    /// Service's (or ServiceEntry's) ports, validated against a CA.
+    BackendTlsPolicy,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
@@ -107,6 +110,9 @@ const GATEWAY_API_VERSIONS: &[&str] = &["v1beta1", "v1"];
 const GRPC_ROUTE_VERSIONS: &[&str] = &["v1alpha2", "v1"];
 /// TCPRoute and TLSRoute are in the experimental channel.
 const L4_ROUTE_VERSIONS: &[&str] = &["v1alpha2", "v1alpha3"];
+/// BackendTLSPolicy reached v1 in the standard channel; v1alpha3 has the
+/// same fields.
+const BACKEND_TLS_VERSIONS: &[&str] = &["v1alpha3", "v1"];
 const TELEMETRY_VERSIONS: &[&str] = &["v1alpha1", "v1"];
 const MESH_VERSIONS: &[&str] = &["v1"];
 
@@ -190,10 +196,18 @@ const KINDS: &[KindInfo] = &[
     KindInfo { kind: Kind::Telemetry, name: "Telemetry", plural: "telemetries", short: &["telemetry"], group: TELEMETRY_GROUP, versions: TELEMETRY_VERSIONS },
     // Istio serves EnvoyFilter as v1alpha3 only.
     KindInfo { kind: Kind::EnvoyFilter, name: "EnvoyFilter", plural: "envoyfilters", short: &[], group: ISTIO_GROUP, versions: &["v1alpha3"] },
+    KindInfo {
+        kind: Kind::BackendTlsPolicy,
+        name: "BackendTLSPolicy",
+        plural: "backendtlspolicies",
+        short: &["btlspolicy"],
+        group: GATEWAY_API_GROUP,
+        versions: BACKEND_TLS_VERSIONS,
+    },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 29] = [
+    pub const ALL: [Kind; 30] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -223,6 +237,7 @@ impl Kind {
         Kind::MeshConfig,
         Kind::Telemetry,
         Kind::EnvoyFilter,
+        Kind::BackendTlsPolicy,
     ];
 
     fn info(self) -> &'static KindInfo {

@@ -57,8 +57,15 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// Kinds added after version 1, and the cluster version they need: an
 /// older replica cannot decode a log entry that names them (`Kind` is a
 /// bincode enum). Register a new kind here.
-pub const KINDS: &[(Kind, u32)] =
-    &[(Kind::GrpcRoute, 2), (Kind::TcpRoute, 2), (Kind::TlsRoute, 2), (Kind::MeshConfig, 2), (Kind::Telemetry, 2), (Kind::EnvoyFilter, 2)];
+pub const KINDS: &[(Kind, u32)] = &[
+    (Kind::GrpcRoute, 2),
+    (Kind::TcpRoute, 2),
+    (Kind::TlsRoute, 2),
+    (Kind::MeshConfig, 2),
+    (Kind::Telemetry, 2),
+    (Kind::EnvoyFilter, 2),
+    (Kind::BackendTlsPolicy, 2),
+];
 
 /// Log entry shapes and other features added after version 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

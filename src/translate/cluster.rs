@@ -98,6 +98,7 @@ pub fn auto_mtls<'a, 'm>(
 /// bare metal without capture nothing redirects their traffic.
 ///
 /// TLS: a DestinationRule's SIMPLE / MUTUAL with files (`tls::upstream`),
+/// a BackendTLSPolicy's with its CA bundle inline (`backend_tls`),
 /// or on a gateway proxy with a Secret (`credentialName`,
 /// `tls::upstream_credential`; a sidecar's cluster is closed);
 /// its ISTIO_MUTUAL with the workload certificate (`mtls::upstream`),
@@ -152,7 +153,14 @@ pub fn cluster(svc: &Service, port: &ServicePort, subset: Option<&str>, dr: Opti
     if let Some(od) = &policy.outlier_detection {
         apply_outlier(&mut c, od);
     }
+    let backend_ca = policy.tls.as_ref().and_then(|t| t.credential_name.as_deref()).filter(|n| n.starts_with(super::backend_tls::CA_PREFIX));
     match policy.tls.as_ref().filter(|t| t.credential_name.is_some()) {
+        // A BackendTLSPolicy's CA bundle, inline, for every proxy; closed
+        // if no CA resolved.
+        Some(tls) if backend_ca.is_some() => match backend_ca.and_then(|n| up.mesh.backend_cas.bundles.get(n)) {
+            Some(pem) => c.transport_socket = Some(super::util::transport_socket(&super::tls::upstream_inline_ca(tls, pem))),
+            None => close(&mut c),
+        },
         // A Secret's certificate and CA over SDS: a gateway proxy's own
         // namespace's Secrets. A sidecar is served none (Istio sends it
         // no TLS at all for such a rule): closed, never plaintext.

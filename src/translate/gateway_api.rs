@@ -41,7 +41,7 @@ use crate::model::gateway_api::{
     self as api, GrpcRoute, GrpcRouteMatch, GrpcRouteRule, HttpBackendRef, HttpRoute, HttpRouteFilter, HttpRouteMatch, HttpRouteRule, L4Route, Listener,
     ObjectRef, ParentRef, Spec, Timeouts,
 };
-use crate::model::istio::{host_matches, Gateway as IstioGateway, VirtualService};
+use crate::model::istio::{host_matches, DestinationRule, Gateway as IstioGateway, VirtualService};
 use crate::model::{Kind, ResourceKey, StoredObject};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -71,6 +71,11 @@ pub trait Backends {
     /// The hostname of a service, whatever its ports.
     fn hostname(&self, kind: BackendKind, namespace: &str, name: &str) -> Option<String>;
     fn resolve(&self, kind: BackendKind, namespace: &str, name: &str, port: Option<u32>) -> Option<(String, u32)>;
+    /// The number of a service's port of this name.
+    fn port_named(&self, kind: BackendKind, namespace: &str, name: &str, port_name: &str) -> Option<u32>;
+    /// The CA bundle (PEM) of the Secret `namespace/name`: its `ca.crt`
+    /// (or `cacert`); `None` if there is no such Secret or it holds no CA.
+    fn ca_bundle(&self, namespace: &str, name: &str) -> Option<String>;
 }
 
 /// What the translation produces.
@@ -78,13 +83,17 @@ pub trait Backends {
 pub struct Output {
     pub gateways: Vec<Arc<Config<IstioGateway>>>,
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
+    /// One per service a BackendTLSPolicy targets (`backend_tls`).
+    pub destination_rules: Vec<Arc<Config<DestinationRule>>>,
+    /// The CA bundles those rules name, and the Secrets they were read from.
+    pub backend_cas: super::backend_tls::BackendCas,
     /// Status by object: GatewayClasses, Gateways and HTTPRoutes of ours.
     pub status: BTreeMap<ResourceKey, Value>,
     /// Objects whose translation failed, with why (a bug if ever seen).
     pub skipped: Vec<(ResourceKey, String)>,
 }
 
-fn condition(kind: &str, ok: bool, reason: &str, message: &str, generation: u64) -> Value {
+pub(super) fn condition(kind: &str, ok: bool, reason: &str, message: &str, generation: u64) -> Value {
     json!({"type": kind, "status": if ok { "True" } else { "False" }, "reason": reason, "message": message, "observedGeneration": generation})
 }
 
@@ -121,6 +130,9 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
     let mut grants: Vec<(&str, &api::ReferenceGrant)> = Vec::new();
     let mut routes: Vec<(&StoredObject, RouteIn)> = Vec::new();
     let mut gateway_objs: Vec<(&StoredObject, &api::Gateway)> = Vec::new();
+    let mut policies: Vec<(&StoredObject, &api::BackendTlsPolicy)> = Vec::new();
+    // Who sends to each backend host: BackendTLSPolicy ancestors.
+    let mut ancestors: Ancestors = BTreeMap::new();
     for (obj, spec) in objects {
         match spec {
             Spec::GatewayClass(c) => {
@@ -139,6 +151,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             Spec::TcpRoute(r) => routes.push((obj, RouteIn::Tcp(r))),
             Spec::TlsRoute(r) => routes.push((obj, RouteIn::Tls(r))),
             Spec::ReferenceGrant(g) => grants.push((obj.key.namespace.as_str(), g)),
+            Spec::BackendTlsPolicy(p) => policies.push((obj, p)),
         }
     }
     let gateways: Vec<GatewayIn> = gateway_objs
@@ -222,6 +235,15 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         for pref in parent_refs {
             if pref.is_mesh_service() {
                 let parent = mesh_parent(obj, route, &http_routes, pref, &from, &resolver, &refs, &mut mesh_routes);
+                if parent["conditions"][0]["status"] == "True" {
+                    let service = (
+                        pref.group.clone().unwrap_or_default(),
+                        pref.kind.clone().unwrap_or_default(),
+                        pref.namespace.as_deref().unwrap_or(ns).to_string(),
+                        pref.name.clone(),
+                    );
+                    add_ancestor(&mut ancestors, route, &from, &resolver, (api::CONTROLLER_NAME, service));
+                }
                 parents.push(parent);
                 continue;
             }
@@ -266,6 +288,10 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             }));
             if unsupported.is_some() {
                 continue;
+            }
+            if !accepted.is_empty() {
+                let gateway = (api::GROUP.to_string(), "Gateway".to_string(), gw_ns.to_string(), pref.name.clone());
+                add_ancestor(&mut ancestors, route, &from, &resolver, (g.controller, gateway));
             }
             for (i, hosts) in accepted {
                 listeners[i].attached += 1;
@@ -351,6 +377,8 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         }
     }
 
+    super::backend_tls::translate(&policies, &ancestors, backends, &mut out);
+
     // Gateway status, with each listener's attached routes.
     for (gi, g) in gateways.iter().enumerate() {
         let gen = g.obj.version;
@@ -377,6 +405,21 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         );
     }
     out
+}
+
+/// The parents (controller, ancestorRef) whose routes send to each backend
+/// host: the ancestors of the BackendTLSPolicies of those hosts.
+pub type Ancestors<'a> = BTreeMap<String, BTreeSet<(&'a str, AncestorRef)>>;
+
+/// An ancestor's group, kind, namespace and name.
+pub type AncestorRef = (String, String, String, String);
+
+fn add_ancestor<'a>(ancestors: &mut Ancestors<'a>, route: &RouteIn, from: &Referrer, r: &Resolver, ancestor: (&'a str, AncestorRef)) {
+    for b in route.backends() {
+        if let Ok((host, _)) = backend_problem(&b, from, r) {
+            ancestors.entry(host).or_default().insert(ancestor.clone());
+        }
+    }
 }
 
 /// The HTTP routes of mesh (GAMMA) routes, by (route namespace, service
@@ -445,7 +488,7 @@ fn mesh_parent<'a>(
 
 /// A generated object: the source's namespace and revisions, and one
 /// label (its class, or a mesh route's namespace).
-fn generated<T>(source: &StoredObject, kind: Kind, name: &str, (label, value): (&str, &str), spec: T) -> Arc<Config<T>> {
+pub(super) fn generated<T>(source: &StoredObject, kind: Kind, name: &str, (label, value): (&str, &str), spec: T) -> Arc<Config<T>> {
     Arc::new(Config {
         key: ResourceKey::new(kind, source.key.namespace.as_str(), name),
         create_revision: source.create_revision,

@@ -27,6 +27,7 @@
 //! - `inbound`: Sidecar ingress → inbound listeners and clusters.
 //! - `gateway`: Gateway servers → gateway listeners and route tables.
 //! - `gateway_api`: Gateway API kinds → Istio Gateways and VirtualServices, and their status.
+//! - `backend_tls`: BackendTLSPolicies → DestinationRules originating TLS, and their status.
 //! - `grpc`: proxyless gRPC clients → API listeners, routes, clusters.
 //! - `tls`: TLS contexts (gateway termination, DestinationRule origination).
 //! - `mtls`: mutual TLS between Envoys (PeerAuthentication, ISTIO_MUTUAL,
@@ -38,6 +39,7 @@
 //!   `virtualOutbound`/`virtualInbound` and unbound per-port listeners.
 
 pub mod authz;
+pub mod backend_tls;
 pub mod capture;
 pub mod cluster;
 pub mod dns;
@@ -558,6 +560,14 @@ impl Translator {
                 (k, _) if k.is_acl() => Vec::new(),
                 // A mesh route (a Service parent) routes sidecars' traffic.
                 (_, TypedSpec::GatewayApi(route)) if route.is_mesh_route() => return None,
+                // A BackendTLSPolicy, and a Secret one reads its CA from,
+                // change every proxy's clusters for the services it targets.
+                (_, TypedSpec::GatewayApi(crate::model::gateway_api::Spec::BackendTlsPolicy(_))) => return None,
+                (Kind::Secret, _)
+                    if [&prev.mesh.backend_cas, &mesh.backend_cas].iter().any(|c| c.secrets.contains(&(ns.to_string(), o.key.name.to_string()))) =>
+                {
+                    return None
+                }
                 // What else the Gateway API generates binds to gateways only.
                 (k, _) if k.is_gateway_api() || k == Kind::Namespace => Vec::new(),
                 // Listeners name secrets; their content is SDS's (xds).

@@ -205,6 +205,21 @@ pub fn upstream(tls: &ClientTlsSettings) -> Option<UpstreamTlsContext> {
     })
 }
 
+/// SIMPLE TLS verified against a CA bundle given inline (a
+/// BackendTLSPolicy's, `backend_tls`), with the rule's SNI and names.
+pub fn upstream_inline_ca(tls: &ClientTlsSettings, ca_pem: &str) -> UpstreamTlsContext {
+    let validation = ValidationContextType::ValidationContext(CertificateValidationContext {
+        trusted_ca: Some(DataSource { specifier: Some(Specifier::InlineString(ca_pem.to_string())), ..Default::default() }),
+        match_typed_subject_alt_names: san_matchers(&tls.subject_alt_names),
+        ..Default::default()
+    });
+    UpstreamTlsContext {
+        sni: tls.sni.clone().unwrap_or_default(),
+        common_tls_context: Some(CommonTlsContext { validation_context_type: Some(validation), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
 /// A DestinationRule's SIMPLE / MUTUAL with `credentialName`, as Istio
 /// builds it for gateway proxies: the client certificate (MUTUAL) is the
 /// SDS secret of that name, the server's is verified against

@@ -1184,3 +1184,161 @@ spec:
     p.envoy.assert_no_rejections().await;
     q.envoy.assert_no_rejections().await;
 }
+
+/// BackendTLSPolicy: a gateway and a sidecar originate TLS to a TLS
+/// backend, with the policy's SNI, verifying its certificate against the
+/// CA in a Secret (inline: sidecars are served no Secrets) and the
+/// policy's hostname; a backend whose certificate the CA did not sign is
+/// refused (503), never reached in plaintext, until the Secret with its CA
+/// exists (a Secret write alone rebuilds the rule). Bad policies are
+/// refused naming the field. Real Envoys, a real rustls backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_tls_policy_originates_tls_from_gateway_and_sidecar() {
+    use crate::kit::mesh::{get, wait_for};
+    use crate::kit::tls::{Ca, TlsUpstream};
+    let fx = Fixture::start(1).await;
+    let ca = Ca::new("backends CA");
+    let other_ca = Ca::new("another CA");
+    let secure = TlsUpstream::start(&fx.ip(11), "secure", &ca.server(&["secure.shop.test"])).await;
+    let stranger = TlsUpstream::start(&fx.ip(12), "stranger", &other_ca.server(&["stranger.shop.test"])).await;
+    let ca_secret = |name: &str, pem: &str| {
+        let pem: String = pem.lines().map(|l| format!("    {l}\n")).collect();
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: shop}}\nstringData:\n  ca.crt: |\n{pem}---\n")
+    };
+    let service = |name: &str, addr: std::net::SocketAddr| {
+        format!(
+            "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\nspec: {{ports: [{{name: http, number: 8080, protocol: HTTP}}]}}\n---\n\
+             apiVersion: registry.lodestar.io/v1\nkind: Instance\nmetadata: {{name: {name}-0, namespace: shop}}\nspec: {{service: {name}, address: \"{}\", ports: {{http: {}}}}}\n---\n",
+            addr.ip(),
+            addr.port()
+        )
+    };
+    let policy = |name: &str, target: &str, secret: &str, hostname: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {{name: {name}, namespace: shop}}\nspec:\n  \
+             targetRefs: [{{group: \"\", kind: Service, name: {target}, sectionName: http}}]\n  \
+             validation: {{caCertificateRefs: [{{group: \"\", kind: Secret, name: {secret}}}], hostname: {hostname}}}\n---\n"
+        )
+    };
+    let mut yaml = ca_secret("backends-ca", &ca.pem);
+    yaml += &service("secure", secure.addr);
+    yaml += &service("stranger", stranger.addr);
+    yaml += &policy("secure-tls", "secure", "backends-ca", "secure.shop.test");
+    // The stranger's CA is in a Secret not written yet.
+    yaml += &policy("stranger-tls", "stranger", "stranger-ca", "stranger.shop.test");
+    yaml += r#"apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: lodestar}
+spec: {controllerName: lodestar.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: shop}
+spec:
+  gatewayClassName: lodestar
+  listeners: [{name: web, port: 8080, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: backends, namespace: shop}
+spec:
+  parentRefs: [{name: edge}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /secure}}]
+    backendRefs: [{name: secure, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /stranger}}]
+    backendRefs: [{name: stranger, port: 8080}]
+"#;
+    let rev = fx.apply(&yaml).await;
+    let mut o = EnvoyOptions::new("edge", &fx.ip(2));
+    o.node_type = "router".into();
+    o.namespace = "shop".into();
+    o.labels = vec![(lodestar::translate::gateway_api::NAME_LABEL.into(), "edge".into())];
+    let gw = fx.proxy(o, 1, rev).await;
+    let sidecar = fx.sidecar("client", 3, 1, false, rev).await;
+
+    // The gateway and the sidecar: TLS with the policy's SNI, verified.
+    let r = wait_for(&fx.client, &gw.url(8080, "/secure"), "any.example", &[], "the gateway over TLS", |r| r.status == 200).await;
+    assert_eq!(r.body, "secure");
+    let host = "secure.shop.svc.cluster.local";
+    let r = wait_for(&fx.client, &sidecar.url(8080, "/"), host, &[], "the sidecar over TLS", |r| r.status == 200).await;
+    assert_eq!(r.body, "secure");
+    let sni = secure.sni();
+    assert!(sni.len() >= 2 && sni.iter().all(|s| s.as_deref() == Some("secure.shop.test")), "{sni:?}");
+
+    // No CA for the stranger: refused, the backend never answered.
+    let r = get(&fx.client, &gw.url(8080, "/stranger"), "any.example", &[]).await;
+    assert_eq!(r.status, 503, "{r:?}");
+    let r = get(&fx.client, &sidecar.url(8080, "/"), "stranger.shop.svc.cluster.local", &[]).await;
+    assert_eq!(r.status, 503, "{r:?}");
+    let status = |name: &str| {
+        let url = format!("{}/v1/resources/backendtlspolicies/shop/{name}", fx.api(1));
+        let http = fx.cluster.http.clone();
+        async move { crate::kit::get_json(&http, &url).await.1["status"]["ancestors"].clone() }
+    };
+    let ancestors = status("stranger-tls").await;
+    assert_eq!(ancestors[0]["ancestorRef"]["name"], "edge", "{ancestors}");
+    let conditions = &ancestors[0]["conditions"];
+    assert_eq!(
+        (conditions[0]["reason"].as_str(), conditions[1]["reason"].as_str()),
+        (Some("NoValidCACertificate"), Some("InvalidCACertificateRef")),
+        "{ancestors}"
+    );
+    let ancestors = status("secure-tls").await;
+    assert_eq!(
+        (ancestors[0]["conditions"][0]["status"].as_str(), ancestors[0]["conditions"][1]["status"].as_str()),
+        (Some("True"), Some("True")),
+        "{ancestors}"
+    );
+
+    let (ok, out, err) = crate::kit::cli(&fx.api(1), &["get", "backendtlspolicies", "-n", "shop"]);
+    assert!(ok && out.contains("ANCESTORS (ACCEPTED)") && out.contains("edge(NoValidCACertificate)"), "{out}{err}");
+
+    // The Secret with the stranger's CA, written alone: now it answers.
+    fx.apply(&ca_secret("stranger-ca", &other_ca.pem)).await;
+    let r = wait_for(&fx.client, &gw.url(8080, "/stranger"), "any.example", &[], "the stranger's CA", |r| r.status == 200).await;
+    assert_eq!(r.body, "stranger");
+    let stranger_host = "stranger.shop.svc.cluster.local";
+    let r = wait_for(&fx.client, &sidecar.url(8080, "/"), stranger_host, &[], "the stranger's CA, sidecar", |r| r.status == 200).await;
+    assert_eq!(r.body, "stranger");
+
+    // A policy whose hostname the certificate does not carry: refused.
+    fx.apply(&policy("secure-tls", "secure", "backends-ca", "wrong.shop.test")).await;
+    wait_for(&fx.client, &gw.url(8080, "/secure"), "any.example", &[], "a hostname the certificate lacks", |r| r.status == 503).await;
+    wait_for(&fx.client, &sidecar.url(8080, "/"), host, &[], "a hostname the certificate lacks, sidecar", |r| r.status == 503).await;
+    gw.envoy.assert_no_rejections().await;
+    sidecar.envoy.assert_no_rejections().await;
+
+    // Bad input, each named by its field.
+    let bad = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {name: bad, namespace: shop}
+spec:
+  targetRefs: [{group: apps, kind: Deployment, name: secure}]
+  validation:
+    caCertificateRefs: [{group: "", kind: ConfigMap, name: ca}]
+    wellKnownCACertificates: System
+    hostname: "*.shop.test"
+    subjectAltNames: [{type: URI, hostname: a.b}]
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: forged, namespace: shop}
+spec:
+  host: secure
+  trafficPolicy: {tls: {mode: SIMPLE, credentialName: "backendtlspolicy://shop/secure-tls"}}
+"#;
+    let (code, body) = crate::kit::apply(&fx.client, &fx.api(1), bad).await;
+    assert_eq!(code, 400, "{body:#}");
+    let fields: Vec<String> = body["error"]["fields"].as_array().unwrap().iter().map(|f| f["field"].as_str().unwrap_or("").to_string()).collect();
+    for want in [
+        "spec.targetRefs[0].kind",
+        "spec.validation",
+        "spec.validation.hostname",
+        "spec.validation.caCertificateRefs[0].kind",
+        "spec.validation.subjectAltNames[0].uri",
+        "spec.trafficPolicy.tls.credentialName",
+    ] {
+        assert!(fields.iter().any(|f| f.ends_with(want)), "{want} not named: {body:#}");
+    }
+}

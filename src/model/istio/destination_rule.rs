@@ -833,6 +833,10 @@ impl OutlierDetection {
 impl ClientTlsSettings {
     fn check(&self, at: &Path, r: &mut Report) {
         let mode = self.mode.unwrap_or(ClientTlsMode::Disable);
+        // Reserved for the rules BackendTLSPolicies generate.
+        if self.credential_name.as_deref().is_some_and(|n| n.starts_with(crate::gateway_api::BACKEND_CA_PREFIX)) {
+            r.error(&at.field("credentialName"), "the backendtlspolicy:// prefix is reserved for BackendTLSPolicy CA bundles");
+        }
         if self.insecure_skip_verify == Some(true) {
             let conflicting = match mode {
                 ClientTlsMode::Simple => self.ca_certificates.is_some() || self.credential_name.is_some() || !self.subject_alt_names.is_empty(),

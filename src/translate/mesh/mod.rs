@@ -277,6 +277,9 @@ pub struct Mesh {
     /// EnvoyFilters with their patch values built (`translate::envoyfilter`),
     /// in Istio's global order (priority, then age, then name).
     pub envoy_filters: Vec<Arc<crate::envoyfilter::CompiledFilter>>,
+    /// The CA bundles of BackendTLSPolicies (`translate::backend_tls`),
+    /// which their generated DestinationRules name.
+    pub backend_cas: Arc<crate::backend_tls::BackendCas>,
 }
 
 impl Mesh {
@@ -325,6 +328,10 @@ impl Mesh {
             let (key, now) = (d.key(), d.after());
             // Tokens, policies, roles and Secrets are no part of the mesh,
             // nor are WorkloadGroups (templates the agents read).
+            // A Secret a BackendTLSPolicy reads its CA from: rebuilt (`build`).
+            if key.kind == Kind::Secret && self.backend_cas.secrets.contains(&(key.namespace.to_string(), key.name.to_string())) {
+                return None;
+            }
             if key.kind.is_acl() || matches!(key.kind, Kind::WorkloadGroup | Kind::Secret) {
                 continue;
             }
@@ -332,7 +339,9 @@ impl Mesh {
             if !matches!(
                 key.kind,
                 Kind::VirtualService | Kind::DestinationRule | Kind::Gateway | Kind::Sidecar | Kind::AuthorizationPolicy | Kind::RequestAuthentication
-            ) || (!self.gateway_api_status.is_empty() && matches!(key.kind, Kind::Gateway | Kind::VirtualService) && self.generated(key))
+            ) || (!self.gateway_api_status.is_empty()
+                && matches!(key.kind, Kind::Gateway | Kind::VirtualService | Kind::DestinationRule)
+                && self.generated(key))
             {
                 return None;
             }
@@ -359,6 +368,7 @@ impl Mesh {
             jwks: self.jwks.clone(),
             gateway_api_status: self.gateway_api_status.clone(),
             envoy_filters: self.envoy_filters.clone(),
+            backend_cas: self.backend_cas.clone(),
         };
         for (key, _) in &changed {
             if let Some(old) = self.virtual_services.iter().find(|c| c.key == **key) {
@@ -742,9 +752,12 @@ impl Mesh {
         }
         mesh.services = Arc::new(by_host);
         if !gateway_api.is_empty() {
-            let out = super::gateway_api::translate(&gateway_api, &namespaces, &MeshBackends { services: &mesh.services, suffix });
+            let out = super::gateway_api::translate(&gateway_api, &namespaces, &MeshBackends { services: &mesh.services, suffix, state });
             mesh.gateways.extend(out.gateways);
             mesh.virtual_services.extend(out.virtual_services);
+            mesh.destination_rules.extend(out.destination_rules);
+            mesh.destination_rules.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+            mesh.backend_cas = Arc::new(out.backend_cas);
             mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
             mesh.virtual_services.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
             mesh.gateway_api_status = Arc::new(out.status);
@@ -758,9 +771,13 @@ impl Mesh {
     /// translation generated (a stored one of that key is shadowed).
     fn generated(&self, key: &ResourceKey) -> bool {
         let is = |labels: &BTreeMap<String, String>| {
-            labels.contains_key(super::gateway_api::CLASS_LABEL) || labels.contains_key(super::gateway_api::MESH_ROUTE_LABEL)
+            labels.contains_key(super::gateway_api::CLASS_LABEL)
+                || labels.contains_key(super::gateway_api::MESH_ROUTE_LABEL)
+                || labels.contains_key(super::backend_tls::POLICY_LABEL)
         };
-        self.gateways.iter().any(|g| g.key == *key && is(&g.labels)) || self.virtual_services.iter().any(|v| v.key == *key && is(&v.labels))
+        self.gateways.iter().any(|g| g.key == *key && is(&g.labels))
+            || self.virtual_services.iter().any(|v| v.key == *key && is(&v.labels))
+            || self.destination_rules.iter().any(|d| d.key == *key && is(&d.labels))
     }
 
     /// A Kind-filtered view, for debugging and tests.
@@ -779,6 +796,8 @@ impl Mesh {
 struct MeshBackends<'a> {
     services: &'a BTreeMap<String, Vec<Arc<Service>>>,
     suffix: &'a str,
+    /// Secrets (BackendTLSPolicy CA bundles).
+    state: &'a State,
 }
 
 impl MeshBackends<'_> {
@@ -810,6 +829,15 @@ impl super::gateway_api::Backends for MeshBackends<'_> {
             None => svc.ports.first().filter(|_| svc.ports.len() == 1)?.number,
         };
         Some((svc.hostname.clone(), port))
+    }
+
+    fn port_named(&self, kind: super::gateway_api::BackendKind, namespace: &str, name: &str, port_name: &str) -> Option<u32> {
+        self.find(kind, namespace, name)?.ports.iter().find(|p| p.name == port_name).map(|p| p.number)
+    }
+
+    fn ca_bundle(&self, namespace: &str, name: &str) -> Option<String> {
+        let obj = self.state.objects.get(&ResourceKey::new(Kind::Secret, namespace, name))?;
+        crate::model::secret::Stored::from_body(obj.body()).ca
     }
 }
 
