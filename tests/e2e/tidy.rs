@@ -156,7 +156,7 @@ fn check(src: &Path) -> Vec<String> {
     }
 
     for (file, code) in &files {
-        let top = top_module(&src, file);
+        let top = top_module(src, file);
         for (modules, crates) in FORBIDDEN {
             if !modules.contains(&top.as_str()) {
                 continue;
