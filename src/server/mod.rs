@@ -137,7 +137,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     };
 
     let log_store = LogStore::open(&db)?;
-    let (state_machine, reader) = StateMachine::open(&db, config.history_revisions)?;
+    let (state_machine, reader) = StateMachine::open(&db, config.retention())?;
     let network = NetworkFactory { clients: crate::peer::PeerClients::new(tls.clone()) };
     let peers = network.clients.clone();
     let raft = Raft::new(config.id, Arc::new(raft_config(&config)?), network, log_store, state_machine).await?;
