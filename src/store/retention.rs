@@ -6,11 +6,12 @@
 //! Age is read from the log, never from a clock: the leader stamps each
 //! entry it proposes with its time (`Command::Stamped`), and the state
 //! machine keeps a coarse index of when revisions were made ([`Times`]):
-//! one mark per minute that had writes, (the last revision made in it,
-//! its time). A mark says "every revision up to this one was made at or
-//! before this time", so a decision by age errs on the side of keeping
-//! (by less than a minute). Pure: every replica applying the same log
-//! with the same settings decides the same.
+//! one mark per slot of time that had writes (a hundredth of the age, at
+//! most a minute), (the last revision made in it, its time). A mark says
+//! "every revision up to this one was made at or before this time", so a
+//! decision by age errs on the side of keeping (by less than a slot).
+//! Pure: every replica applying the same log with the same settings
+//! decides the same.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,14 @@ impl From<u64> for Retention {
     }
 }
 
+impl Retention {
+    /// The slot of time one mark stands for: a hundredth of the age, at
+    /// least 10 ms, at most a minute (30 days: 43,200 marks at most).
+    pub fn mark_ms(&self) -> u64 {
+        (self.max_age_ms / 100).clamp(10, MARK_MS)
+    }
+}
+
 impl std::fmt::Display for Retention {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.max_age_ms {
@@ -39,22 +48,17 @@ impl std::fmt::Display for Retention {
     }
 }
 
-/// Marks are one per this many milliseconds of stamps.
+/// The longest slot of time one mark stands for.
 pub const MARK_MS: u64 = 60_000;
 
 /// A mark: every revision up to `revision` was made at or before `at_ms`
-/// (the leader's Unix milliseconds). Persisted (`t/` in the state tree).
+/// (the leader's Unix milliseconds), in the slot that starts at
+/// `slot_ms` (its key in the state tree, `t/`). Persisted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mark {
+    pub slot_ms: u64,
     pub revision: u64,
     pub at_ms: u64,
-}
-
-impl Mark {
-    /// The minute it stands for: its key in the state tree.
-    pub fn slot(&self) -> u64 {
-        self.at_ms / MARK_MS
-    }
 }
 
 /// When the retained revisions were made, coarsely (see the module doc).
@@ -79,17 +83,22 @@ impl Times {
     /// `revision`. Time never goes back here (a new leader's clock may be
     /// behind the last one's). Returns the mark written or updated, to
     /// persist (None: nothing changed).
-    pub fn stamp(&mut self, unix_ms: u64, revision: u64) -> Option<Mark> {
+    pub fn stamp(&mut self, unix_ms: u64, revision: u64, r: &Retention) -> Option<Mark> {
         let at_ms = unix_ms.max(self.now_ms);
         self.now_ms = at_ms;
-        let mark = Mark { revision, at_ms };
+        let slot_ms = at_ms - at_ms % r.mark_ms();
         match self.marks.back_mut() {
             _ if revision == 0 => return None,
             Some(last) if last.revision == revision => return None,
-            Some(last) if last.slot() == mark.slot() => *last = mark,
-            _ => self.marks.push_back(mark),
+            Some(last) if last.slot_ms == slot_ms => {
+                *last = Mark { slot_ms, revision, at_ms };
+                Some(*last)
+            }
+            _ => {
+                self.marks.push_back(Mark { slot_ms, revision, at_ms });
+                self.marks.back().copied()
+            }
         }
-        Some(mark)
     }
 
     /// The latest stamp applied (0: none).
@@ -141,9 +150,9 @@ mod tests {
         assert_eq!(t.compact_to(100, &r), 90);
         // 100 revisions on day 0, then one a day for 40 days.
         let day0 = 1_000 * DAY;
-        t.stamp(day0, 100);
+        t.stamp(day0, 100, &r);
         for d in 1..=40 {
-            t.stamp(day0 + d * DAY, 100 + d);
+            t.stamp(day0 + d * DAY, 100 + d, &r);
         }
         // Day 40: revisions made before day 10 are older than 30 days
         // (revision 109 on day 9); the last 10 revisions are 131..=140.
@@ -159,22 +168,23 @@ mod tests {
     }
 
     #[test]
-    fn one_mark_a_minute_and_time_never_goes_back() {
+    fn one_mark_a_slot_and_time_never_goes_back() {
+        let r = Retention { revisions: 1, max_age_ms: 30 * DAY };
+        assert_eq!((r.mark_ms(), Retention { revisions: 1, max_age_ms: 4000 }.mark_ms()), (MARK_MS, 40));
         let mut t = Times::default();
-        assert_eq!(t.stamp(5 * MARK_MS, 0), None, "no revision yet: no mark");
-        assert_eq!(t.stamp(5 * MARK_MS + 1, 1), Some(Mark { revision: 1, at_ms: 5 * MARK_MS + 1 }));
-        t.stamp(5 * MARK_MS + 500, 7);
+        assert_eq!(t.stamp(5 * MARK_MS, 0, &r), None, "no revision yet: no mark");
+        assert_eq!(t.stamp(5 * MARK_MS + 1, 1, &r), Some(Mark { slot_ms: 5 * MARK_MS, revision: 1, at_ms: 5 * MARK_MS + 1 }));
+        t.stamp(5 * MARK_MS + 500, 7, &r);
         assert_eq!(t.len(), 1, "the same minute: one mark, moved to the last revision and time");
-        assert_eq!(t.stamp(5 * MARK_MS + 600, 7), None, "no new revision");
+        assert_eq!(t.stamp(5 * MARK_MS + 600, 7, &r), None, "no new revision");
         // A new leader whose clock is behind: the stamp counts as now.
-        assert_eq!(t.stamp(MARK_MS, 8), Some(Mark { revision: 8, at_ms: 5 * MARK_MS + 600 }));
-        t.stamp(6 * MARK_MS, 9);
+        assert_eq!(t.stamp(MARK_MS, 8, &r), Some(Mark { slot_ms: 5 * MARK_MS, revision: 8, at_ms: 5 * MARK_MS + 600 }));
+        t.stamp(6 * MARK_MS, 9, &r);
         assert_eq!(t.len(), 2);
         assert_eq!(Times::from_marks(t.marks.iter().copied()), t);
         // Revision 9 (made at minute 6) is younger than 1 s as of minute 6;
         // revisions up to 8 are not.
-        let r = Retention { revisions: 1, max_age_ms: 1000 };
-        assert_eq!(t.compact_to(9, &r), 8);
+        assert_eq!(t.compact_to(9, &Retention { revisions: 1, max_age_ms: 1000 }), 8);
     }
 }
 
@@ -264,7 +274,7 @@ mod state_machine_tests {
         let payload = EntryPayload::Normal(Command::Stamped { unix_ms: 1_790_000_000_000, groups });
         let entry = Entry { log_id: LogId::new(CommittedLeaderId::new(4, 1), 12), payload };
         crate::store::codec::check_fixture_at("log_entry_stamped", 2, &entry);
-        crate::store::codec::check_fixture_at("mark", 2, &Mark { revision: 7, at_ms: 1_790_000_000_000 });
+        crate::store::codec::check_fixture_at("mark", 2, &Mark { slot_ms: 1_789_999_980_000, revision: 7, at_ms: 1_790_000_000_000 });
     }
 
     /// Unstamped entries (a cluster not yet at version 2) are kept by count.

@@ -12,8 +12,8 @@
 //!                                                     earlier versions; read, then compacted away)
 //!   `a/<rev BE>`              Author                  who made revision `rev` (wire version 2:
 //!                                                     `Op::Author`; compacted with the history)
-//!   `t/<minute BE>`           retention::Mark         when revisions were made (`Command::Stamped`),
-//!                                                     one mark a minute; compacted with the history
+//!   `t/<slot ms BE>`          retention::Mark         when revisions were made (`Command::Stamped`),
+//!                                                     one mark a slot; compacted with the history
 //!   `m/applied`               AppliedMeta             last applied log id, membership, revision
 //!   `m/objects`               u64                     the revision the `o/` objects are at
 //!                                                     (absent, as earlier versions wrote it: `m/applied`'s)
@@ -354,7 +354,7 @@ impl Checkpointer {
             batch.remove(item.map_err(|e| sm_err(ErrorVerb::Read, e))?.0);
         }
         for mark in &p.marks {
-            batch.insert(mark_key(mark.slot()), codec::encode(mark));
+            batch.insert(mark_key(mark.slot_ms), codec::encode(mark));
         }
         // Marks of compacted revisions, but the last (it dates them).
         let mut before: Option<sled::IVec> = None;
@@ -740,7 +740,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 // The leader's time, from the entry: never a clock here.
                 EntryPayload::Normal(Command::Stamped { unix_ms, groups }) => {
                     responses.push(apply_groups(&mut next, &mut pending, &mut all_events, &groups, entry.log_id.index, &mut dedup_changed));
-                    if let Some(mark) = next.times.stamp(unix_ms, next.state.revision) {
+                    if let Some(mark) = next.times.stamp(unix_ms, next.state.revision, &self.retention) {
                         pending.marks.push(mark);
                     }
                 }

@@ -42,6 +42,7 @@ mod preview;
 mod push;
 mod readme;
 mod registry;
+mod retention;
 mod security;
 mod telemetry;
 mod tidy;
