@@ -238,6 +238,10 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         // Every member's wire versions and the cluster version (`node::version`).
         tokio::spawn(crate::node::version::keep_current(node.clone(), stop_tx.subscribe())),
     ];
+    // Cluster-wide revert of NACKed revisions (`api::revert`).
+    if config.revert_on_nack {
+        background.push(tokio::spawn(crate::api::revert::run(replica.clone(), stop_tx.subscribe())));
+    }
     // The mesh CA's files are reloaded as the cluster TLS files are.
     if let Some(ca) = &mesh_ca {
         background.push(tokio::spawn(ca.clone().watch(Duration::from_millis(config.tls_reload_interval_ms.max(100)), stop_tx.subscribe())));

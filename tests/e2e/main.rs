@@ -13,6 +13,7 @@ mod agent;
 mod analyze;
 mod api;
 mod authz;
+mod autorevert;
 mod backup;
 mod capture;
 mod churn;
