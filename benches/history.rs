@@ -59,11 +59,8 @@ async fn run(retention: Retention) -> Sizes {
     drop((sm, reader));
     db.flush().unwrap();
     let tree = db.open_tree("state").unwrap();
-    let history_bytes = [&b"g/"[..], b"a/", b"t/"]
-        .iter()
-        .flat_map(|p| tree.scan_prefix(p))
-        .map(|kv| kv.map(|(k, v)| (k.len() + v.len()) as u64).unwrap())
-        .sum();
+    let history_bytes =
+        [&b"g/"[..], b"a/", b"t/"].iter().flat_map(|p| tree.scan_prefix(p)).map(|kv| kv.map(|(k, v)| (k.len() + v.len()) as u64).unwrap()).sum();
     Sizes { history_bytes, on_disk: db.size_on_disk().unwrap(), body_bytes }
 }
 

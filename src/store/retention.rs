@@ -88,8 +88,8 @@ impl Times {
         self.now_ms = at_ms;
         let slot_ms = at_ms - at_ms % r.mark_ms();
         match self.marks.back_mut() {
-            _ if revision == 0 => return None,
-            Some(last) if last.revision == revision => return None,
+            _ if revision == 0 => None,
+            Some(last) if last.revision == revision => None,
             Some(last) if last.slot_ms == slot_ms => {
                 *last = Mark { slot_ms, revision, at_ms };
                 Some(*last)

@@ -13,7 +13,6 @@ use kit::envoy::EnvoyOptions;
 use kit::mesh::*;
 use kit::Cluster;
 use serde_json::Value;
-use std::time::Duration;
 
 const MESH: &str = r#"
 apiVersion: registry.lodestar.io/v1
