@@ -63,8 +63,9 @@ pub async fn run(replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
     let mut nacks = replica.sync.subscribe_nacks();
     let mut applied = replica.node.reader().subscribe_applied();
     // When each recent revision was applied here: (first revision of a
-    // published state, when), within the window.
-    let mut seen: VecDeque<(u64, Instant)> = VecDeque::new();
+    // published state, when), within the window; what was applied before
+    // this task started counts as old (None).
+    let mut seen: VecDeque<(u64, Option<Instant>)> = VecDeque::from([(applied.borrow_and_update().revision(), None)]);
     let mut decided: BTreeSet<u64> = BTreeSet::new();
     let who = author(&replica);
     tracing::info!(window_s = window.as_secs(), "revert_on_nack: a revision a proxy rejects within the window is rolled back");
@@ -75,13 +76,7 @@ pub async fn run(replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
                 if changed.is_err() {
                     return;
                 }
-                let revision = applied.borrow_and_update().revision();
-                if seen.back().is_none_or(|(r, _)| *r < revision) {
-                    seen.push_back((revision, Instant::now()));
-                }
-                while seen.front().is_some_and(|(_, at)| at.elapsed() > window) {
-                    seen.pop_front();
-                }
+                note_applied(&mut applied, &mut seen, window);
                 continue;
             }
             nack = nacks.recv() => match nack {
@@ -93,6 +88,8 @@ pub async fn run(replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
                 Err(broadcast::error::RecvError::Closed) => return,
             },
         };
+        // A NACK can be picked before the state change that preceded it.
+        note_applied(&mut applied, &mut seen, window);
         let Ok(revision) = nack.rejected_version.parse::<u64>() else { continue };
         if !decided.insert(revision) {
             continue;
@@ -100,8 +97,10 @@ pub async fn run(replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
         if decided.len() > DECIDED_KEPT {
             decided.pop_first();
         }
-        // Applied here within the window: the first state at or after it.
-        let recent = seen.iter().find(|(r, _)| *r >= revision).is_some_and(|(_, at)| at.elapsed() <= window);
+        // Applied here within the window: the first state at or after it
+        // (an earlier revision than every one remembered is older).
+        let recent = seen.front().is_some_and(|(first, _)| *first <= revision)
+            && seen.iter().find(|(r, _)| *r >= revision).is_some_and(|(_, at)| at.is_some_and(|at| at.elapsed() <= window));
         let event = if recent {
             match revert(&replica, &who, revision, &nack).await {
                 Ok(Outcome::Reverted(by)) => done(revision, &nack, "reverted", Some(by), None),
@@ -116,6 +115,20 @@ pub async fn run(replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
             done(revision, &nack, "not_reverted", None, Some(format!("rejected more than {} s after it was written", window.as_secs())))
         };
         let _ = events().send(event);
+    }
+}
+
+/// Remember when the revision now applied was first seen here, and
+/// forget what is older than the window.
+/// The newest entry stays (its time says when the revision now applied
+/// came), so a NACK long after the last write is not taken for a recent one.
+fn note_applied(applied: &mut watch::Receiver<Arc<crate::store::Applied>>, seen: &mut VecDeque<(u64, Option<Instant>)>, window: Duration) {
+    let revision = applied.borrow_and_update().revision();
+    if seen.back().is_none_or(|(r, _)| *r < revision) {
+        seen.push_back((revision, Some(Instant::now())));
+    }
+    while seen.len() > 1 && seen.front().is_some_and(|(_, at)| at.is_none_or(|at| at.elapsed() > window)) {
+        seen.pop_front();
     }
 }
 
