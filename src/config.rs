@@ -58,8 +58,16 @@ pub struct ServerConfig {
     pub snapshot_logs: u64,
     /// Log entries kept behind a snapshot, for followers that lag a little.
     pub logs_to_keep: u64,
-    /// Revisions of watch history kept for replay.
+    /// History retention (`store::retention`): at least this many
+    /// revisions, or every revision younger than `history_max_age_s`,
+    /// whichever keeps more. Give every replica the same.
     pub history_revisions: u64,
+    pub history_max_age_s: u64,
+    /// Cluster-wide revert (`api::revert`): a revision a proxy of this
+    /// replica NACKs within `revert_on_nack_window_s` of its write is
+    /// rolled back by a new revision, as `apply --revert-on-nack` does.
+    pub revert_on_nack: bool,
+    pub revert_on_nack_window_s: u64,
     /// Largest accepted API request body.
     pub max_body_bytes: usize,
     /// sled's page cache (see `store::open_db`).
@@ -269,6 +277,11 @@ impl ServerConfig {
         }
     }
 
+    /// History retention (`store::retention`).
+    pub fn retention(&self) -> crate::store::retention::Retention {
+        crate::store::retention::Retention { revisions: self.history_revisions, max_age_ms: self.history_max_age_s.saturating_mul(1000) }
+    }
+
     /// What the node takes (`node::NodeOptions`).
     pub fn node_options(&self) -> crate::node::NodeOptions {
         crate::node::NodeOptions {
@@ -326,6 +339,9 @@ impl Default for ServerConfig {
             snapshot_logs: 10_000,
             logs_to_keep: 1_000,
             history_revisions: 10_000,
+            history_max_age_s: 30 * 24 * 3600,
+            revert_on_nack: false,
+            revert_on_nack_window_s: 300,
             max_body_bytes: 4 * 1024 * 1024,
             store_cache_bytes: crate::store::DEFAULT_CACHE_BYTES,
             write_timeout_ms: 10_000,
@@ -393,6 +409,12 @@ impl ServerConfig {
             if !a.ip().is_loopback() {
                 return Err(format!("metrics_addr: {addr:?} is not a loopback address; it serves metrics and debug output without credentials, so it may only be reached from this host"));
             }
+        }
+        if self.history_revisions == 0 {
+            return Err("history_revisions: must be at least 1".into());
+        }
+        if self.revert_on_nack && self.revert_on_nack_window_s == 0 {
+            return Err("revert_on_nack_window_s: must be at least 1 with revert_on_nack".into());
         }
         if self.jwks_refresh_interval_s == 0 {
             return Err("jwks_refresh_interval_s: must be at least 1".into());

@@ -42,6 +42,9 @@ impl Counter {
     pub fn inc(&self) {
         self.0.inc();
     }
+    pub fn inc_by(&self, n: u64) {
+        self.0.inc_by(n);
+    }
     pub fn get(&self) -> u64 {
         self.0.get()
     }
@@ -200,6 +203,9 @@ pub struct Metrics {
     pub raft_is_leader: Gauge,
     pub raft_leader_changes: Counter,
     pub store_revision: Gauge,
+    pub history_oldest_revision: Gauge,
+    pub history_compacted: Counter,
+    pub nack_reverts: Family<Counter>,
     pub write_duration: Histogram,
     pub writes: Family<Counter>,
     // The API.
@@ -273,6 +279,19 @@ pub fn metrics() -> &'static Metrics {
             raft_is_leader: register(r, "lodestar_raft_is_leader", "1 on the leader", Gauge::default()),
             raft_leader_changes: register(r, "lodestar_raft_leader_changes_total", "Leader changes seen by this replica", Counter::default()),
             store_revision: register(r, "lodestar_store_revision", "The store revision applied here", Gauge::default()),
+            history_oldest_revision: register(
+                r,
+                "lodestar_history_oldest_revision",
+                "The oldest revision the history keeps here (history_revisions, history_max_age_s)",
+                Gauge::default(),
+            ),
+            history_compacted: register(r, "lodestar_history_compacted_revisions_total", "Revisions dropped from the history by retention", Counter::default()),
+            nack_reverts: register(
+                r,
+                "lodestar_nack_reverts_total",
+                "NACKed revisions the cluster-wide revert (revert_on_nack) handled, by result: reverted, not_reverted (changed since, or outside the window), failed",
+                Family::new(&["result"]),
+            ),
             write_duration: register(r, "lodestar_write_duration_seconds", "Seconds from a write's arrival to its commit and apply", Histogram::default()),
             writes: register(r, "lodestar_writes_total", "Write transactions, by result (ok, or the error code)", Family::new(&["result"])),
             api_requests: register(r, "lodestar_api_requests_total", "API requests, by method, route and status", Family::new(&["method", "route", "code"])),
@@ -404,6 +423,9 @@ mod tests {
                 "lodestar_raft_is_leader gauge",
                 "lodestar_raft_leader_changes_total counter",
                 "lodestar_store_revision gauge",
+                "lodestar_history_oldest_revision gauge",
+                "lodestar_history_compacted_revisions_total counter",
+                "lodestar_nack_reverts_total counter",
                 "lodestar_write_duration_seconds histogram",
                 "lodestar_writes_total counter",
                 "lodestar_api_requests_total counter",

@@ -17,6 +17,7 @@ pub mod grpc;
 pub mod history;
 pub mod meshconfig;
 pub mod rest;
+pub mod revert;
 pub mod serve;
 pub mod views;
 

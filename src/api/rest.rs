@@ -946,17 +946,29 @@ async fn recent_nacks(State(replica): State<Arc<Replica>>, caller: Caller, Query
 async fn nacks(State(replica): State<Arc<Replica>>, caller: Caller) -> Result<Response> {
     caller.authorize(Verb::Read, [Target::Cluster])?;
     let mut rx = replica.sync.subscribe_nacks();
+    // What `revert_on_nack` did about them (`api::revert`).
+    let mut reverts = super::revert::events().subscribe();
     let id = replica.node.id;
     let stream = async_stream::stream! {
+        use tokio::sync::broadcast::error::RecvError;
         // The first line says the watch is on (a client can then act).
         yield Ok::<_, std::convert::Infallible>(format!("{}\n", json!({"watching": true, "replica": id})));
         loop {
-            let line = match rx.recv().await {
-                Ok(e) => json!({"replica": id, "nack": e}),
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    json!({"error": {"code": "ResourceExhausted", "message": format!("{n} NACK events missed: this listener fell behind")}})
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            let line = tokio::select! {
+                e = rx.recv() => match e {
+                    Ok(e) => json!({"replica": id, "nack": e}),
+                    Err(RecvError::Lagged(n)) => {
+                        json!({"error": {"code": "ResourceExhausted", "message": format!("{n} NACK events missed: this listener fell behind")}})
+                    }
+                    Err(RecvError::Closed) => break,
+                },
+                r = reverts.recv() => match r {
+                    Ok(r) => json!({"replica": id, "revert": r}),
+                    Err(RecvError::Lagged(n)) => {
+                        json!({"error": {"code": "ResourceExhausted", "message": format!("{n} revert events missed: this listener fell behind")}})
+                    }
+                    Err(RecvError::Closed) => break,
+                },
             };
             yield Ok(format!("{line}\n"));
         }

@@ -438,6 +438,20 @@ pub struct ServerArgs {
     /// (a loopback address only), e.g. for a local Prometheus.
     #[arg(long)]
     metrics_addr: Option<String>,
+    /// History retention: at least this many revisions (default 10000)...
+    #[arg(long)]
+    pub(crate) history_revisions: Option<u64>,
+    /// ...or every revision younger than this many seconds (default 30
+    /// days), whichever keeps more.
+    #[arg(long)]
+    pub(crate) history_max_age_s: Option<u64>,
+    /// Roll back, as a new revision, any revision a proxy NACKs within
+    /// --revert-on-nack-window-s of its write (cluster-wide; default off).
+    #[arg(long)]
+    pub(crate) revert_on_nack: bool,
+    /// Seconds after a write during which a NACK reverts it (default 300).
+    #[arg(long)]
+    pub(crate) revert_on_nack_window_s: Option<u64>,
     /// text (colour on a terminal, unless NO_COLOR is set) or json (one
     /// object per line).
     #[arg(long, value_enum, default_value = "text", env = "LODESTAR_LOG_FORMAT")]
@@ -480,6 +494,16 @@ impl ServerArgs {
         }
         if self.watch_dir.is_some() {
             c.watch_dir = self.watch_dir;
+        }
+        if let Some(v) = self.history_revisions {
+            c.history_revisions = v;
+        }
+        if let Some(v) = self.history_max_age_s {
+            c.history_max_age_s = v;
+        }
+        c.revert_on_nack |= self.revert_on_nack;
+        if let Some(v) = self.revert_on_nack_window_s {
+            c.revert_on_nack_window_s = v;
         }
         Ok(c)
     }

@@ -127,6 +127,20 @@ pub async fn run(client: &Client, a: NacksArgs) -> Result<()> {
                     eprintln!("watching NACKs on {n} replica(s)");
                 }
             }
+            Some(Ok(v)) if v.get("revert").is_some() => {
+                let r = &v["revert"];
+                match (a.output, r["revertedBy"].as_u64()) {
+                    (Some(Output::Json), _) => println!("{v}"),
+                    (_, Some(by)) => println!("replica {}: revision {} reverted by revision {by} (revert_on_nack)", v["replica"], r["revision"]),
+                    (_, None) => println!(
+                        "replica {}: revision {} {} (revert_on_nack): {}",
+                        v["replica"],
+                        r["revision"],
+                        if r["result"] == "failed" { "could not be reverted" } else { "not reverted" },
+                        r["reason"].as_str().unwrap_or("")
+                    ),
+                }
+            }
             Some(Ok(v)) if v.get("nack").is_some() => {
                 print_nack(&v, matches!(a.output, Some(Output::Json)));
                 seen += 1;

@@ -138,6 +138,10 @@ async fn restore(args: RestoreArgs) -> Result<()> {
         join: false,
         watch_dir: None,
         metrics_addr: None,
+        history_revisions: None,
+        history_max_age_s: None,
+        revert_on_nack: false,
+        revert_on_nack_window_s: None,
         log_format: Default::default(),
     };
     let config = server.into_config(false)?;

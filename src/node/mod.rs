@@ -337,7 +337,7 @@ impl Node {
             match leader {
                 Some((id, _, _)) if id == self.id => {
                     maybe_sent = true;
-                    match self.raft.client_write(Command::Groups(groups)).await {
+                    match self.raft.client_write(self.command(groups)).await {
                         Ok(resp) => {
                             local.append(&mut forwarded);
                             return deliver(local, batch_results(resp.data));
@@ -371,6 +371,18 @@ impl Node {
                 None => self.wait_for_change(deadline).await,
             }
         }
+    }
+
+    /// The entry the leader proposes: its groups stamped with its time
+    /// (history retention by age reads it, `store::retention`) once every
+    /// voting member can read a stamp (`version::Feature::Stamp`).
+    fn command(&self, groups: Vec<Group>) -> Command {
+        let (_, needs) = version::feature_since(version::Feature::Stamp);
+        if self.cluster_version().version < needs {
+            return Command::Groups(groups);
+        }
+        let unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        Command::Stamped { unix_ms, groups }
     }
 
     /// A replica's applied state that reflects every write acknowledged
@@ -508,6 +520,8 @@ impl Node {
                 }
                 Ok(ForwardReply::Write(results))
             }
+            // Only a leader stamps entries, when it proposes them.
+            ForwardRequest::Write(Command::Stamped { .. }) => Err(Error::invalid("a stamped write is proposed by the leader, never forwarded to it")),
             ForwardRequest::ReadIndex => Ok(match self.leader_read_index().await? {
                 Some(i) => ForwardReply::ReadIndex(i),
                 None => not_leader(),

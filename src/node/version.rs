@@ -44,7 +44,8 @@ use std::time::Duration;
 pub const MIN: u32 = 1;
 /// The newest wire version this build reads and writes. Version 1: the
 /// release at commit 7a825a0 (nothing was versioned before it). Version
-/// 2: `ForwardRequest::Version`, and [`Feature::Author`] in the log.
+/// 2: `ForwardRequest::Version`, and [`Feature::Author`] and
+/// [`Feature::Stamp`] in the log.
 pub const MAX: u32 = 2;
 
 /// What a replica of wire version 1 answers a request it cannot decode
@@ -77,10 +78,19 @@ pub enum Feature {
     /// A change message (`apply --message`), carried by `Op::Author`: a
     /// write that asks for one is refused until the cluster runs version 2.
     ChangeMessage,
+    /// `Command::Stamped`: the leader's time in each entry it proposes,
+    /// which history retention by age reads. Written only once the
+    /// cluster runs version 2 (version 2 was not released without it);
+    /// before, history is kept by count alone.
+    Stamp,
 }
 
 /// Each feature, its name in errors, and the cluster version it needs.
-pub const FEATURES: &[(Feature, &str, u32)] = &[(Feature::Author, "recording the author of a change", 2), (Feature::ChangeMessage, "a change message", 2)];
+pub const FEATURES: &[(Feature, &str, u32)] = &[
+    (Feature::Author, "recording the author of a change", 2),
+    (Feature::ChangeMessage, "a change message", 2),
+    (Feature::Stamp, "the time of a write in the log", 2),
+];
 
 /// The cluster version a kind needs (1 for every kind not in [`KINDS`]).
 pub fn kind_since(kind: Kind) -> u32 {

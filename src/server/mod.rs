@@ -137,7 +137,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     };
 
     let log_store = LogStore::open(&db)?;
-    let (state_machine, reader) = StateMachine::open(&db, config.history_revisions)?;
+    let (state_machine, reader) = StateMachine::open(&db, config.retention())?;
     let network = NetworkFactory { clients: crate::peer::PeerClients::new(tls.clone()) };
     let peers = network.clients.clone();
     let raft = Raft::new(config.id, Arc::new(raft_config(&config)?), network, log_store, state_machine).await?;
@@ -238,6 +238,10 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         // Every member's wire versions and the cluster version (`node::version`).
         tokio::spawn(crate::node::version::keep_current(node.clone(), stop_tx.subscribe())),
     ];
+    // Cluster-wide revert of NACKed revisions (`api::revert`).
+    if config.revert_on_nack {
+        background.push(tokio::spawn(crate::api::revert::run(replica.clone(), stop_tx.subscribe())));
+    }
     // The mesh CA's files are reloaded as the cluster TLS files are.
     if let Some(ca) = &mesh_ca {
         background.push(tokio::spawn(ca.clone().watch(Duration::from_millis(config.tls_reload_interval_ms.max(100)), stop_tx.subscribe())));

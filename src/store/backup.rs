@@ -272,6 +272,7 @@ async fn write_restored(backup: &Backup, data_dir: &Path, members: BTreeMap<Node
         state: State { revision: backup.revision, objects },
         compacted: backup.revision,
         dedup: Default::default(),
+        times: Default::default(),
     };
     let data = state_machine::snapshot_data(&applied);
     let meta = SnapshotMeta { last_log_id: Some(log_id), last_membership: membership, snapshot_id: format!("restored-{}", backup.revision) };

@@ -6,12 +6,14 @@
 //! - `log_store`: the raft log in sled, with group-commit fsync.
 //! - `state_machine`: applies entries, persists them, publishes snapshots.
 //! - `watch`: history replay plus live changes.
+//! - `retention`: how far back the history reaches (count and age).
 //! - `backup`: backup files (one revision, checksummed) and offline restore
 //!   into a new cluster's data directory.
 
 pub mod backup;
 pub mod codec;
 pub mod log_store;
+pub mod retention;
 pub mod state_machine;
 pub mod types;
 pub mod watch;

@@ -12,6 +12,8 @@
 //!                                                     earlier versions; read, then compacted away)
 //!   `a/<rev BE>`              Author                  who made revision `rev` (wire version 2:
 //!                                                     `Op::Author`; compacted with the history)
+//!   `t/<slot ms BE>`          retention::Mark         when revisions were made (`Command::Stamped`),
+//!                                                     one mark a slot; compacted with the history
 //!   `m/applied`               AppliedMeta             last applied log id, membership, revision
 //!   `m/objects`               u64                     the revision the `o/` objects are at
 //!                                                     (absent, as earlier versions wrote it: `m/applied`'s)
@@ -39,6 +41,7 @@
 //! reads look at the queue first.
 
 use super::codec;
+use super::retention::{Mark, Retention, Times};
 use super::types::{Author, Command, Entry, Group, LogId, Response, SnapshotMeta, StorageError, StoredMembership, Txn, TxnResult, TypeConfig};
 use crate::model::{ResourceKey, StoredObject};
 use crate::state::dedup::Dedup;
@@ -66,6 +69,8 @@ pub const CHECKPOINT_OPS: usize = 10_000;
 pub const OBJECTS_INTERVAL: Duration = Duration::from_secs(5);
 /// Distinct changed objects that get written to `o/` at the next tick.
 pub const OBJECTS_MAX: usize = 20_000;
+/// The longest compaction goes unreported in the log.
+const COMPACTION_REPORT_INTERVAL: Duration = Duration::from_secs(60);
 /// History chunks are cut at about this many encoded bytes.
 const CHUNK_BYTES: usize = 64 * 1024;
 
@@ -79,6 +84,8 @@ pub struct Applied {
     pub compacted: u64,
     /// Request ids applied recently, with their results (`dedup`).
     pub dedup: Dedup,
+    /// When the retained revisions were made (`retention`).
+    pub times: Times,
 }
 
 /// An applied snapshot reads as its state: what translation and the
@@ -184,6 +191,12 @@ fn author_key(rev: u64) -> Vec<u8> {
     k
 }
 
+fn mark_key(slot: u64) -> Vec<u8> {
+    let mut k = b"t/".to_vec();
+    k.extend(slot.to_be_bytes());
+    k
+}
+
 fn chunk_key(first: u64, last: u64) -> Vec<u8> {
     let mut k = b"g/".to_vec();
     k.extend(first.to_be_bytes());
@@ -229,6 +242,8 @@ struct Pending {
     history: Vec<(u64, Vec<EventRecord>, Vec<Event>)>,
     /// Who made each revision that says (`Op::Author`), in order.
     authors: Vec<(u64, Author)>,
+    /// Marks of when revisions were made, new or moved, in order.
+    marks: Vec<Mark>,
     meta: Option<AppliedMeta>,
     /// The dedup table as of `meta`, when it changed since the last write.
     dedup: Option<Dedup>,
@@ -338,6 +353,21 @@ impl Checkpointer {
         for item in self.tree.range(author_key(0)..=author_key(compact)) {
             batch.remove(item.map_err(|e| sm_err(ErrorVerb::Read, e))?.0);
         }
+        for mark in &p.marks {
+            batch.insert(mark_key(mark.slot_ms), codec::encode(mark));
+        }
+        // Marks of compacted revisions, but the last (it dates them).
+        let mut before: Option<sled::IVec> = None;
+        for item in self.tree.scan_prefix(b"t/") {
+            let (key, bytes) = item.map_err(|e| sm_err(ErrorVerb::Read, e))?;
+            let mark: Mark = codec::decode(&bytes).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+            if mark.revision > compact {
+                break;
+            }
+            if let Some(k) = before.replace(key) {
+                batch.remove(k);
+            }
+        }
         batch.insert(APPLIED, codec::encode(meta));
         if let Some(dedup) = &p.dedup {
             batch.insert(DEDUP, codec::encode(dedup));
@@ -345,6 +375,7 @@ impl Checkpointer {
         self.tree.apply_batch(batch).map_err(|e| sm_err(ErrorVerb::Write, e))?;
         p.history.clear();
         p.authors.clear();
+        p.marks.clear();
         p.meta = None;
         p.dedup = None;
         p.since = None;
@@ -472,7 +503,9 @@ pub struct StateMachine {
     current: Arc<Applied>,
     applied_tx: watch::Sender<Arc<Applied>>,
     events: broadcast::Sender<WatchMsg>,
-    history_limit: u64,
+    retention: Retention,
+    /// When compaction was last reported, and up to which revision.
+    compaction_reported: Option<(Instant, u64)>,
     snapshot_seq: Arc<AtomicU64>,
 }
 
@@ -480,7 +513,8 @@ impl StateMachine {
     /// Load the persisted state. If the last saved snapshot is newer than the
     /// persisted applied state (a crash between saving a snapshot and
     /// flushing the state), the state is rebuilt from the snapshot.
-    pub fn open(db: &sled::Db, history_limit: u64) -> Result<(StateMachine, StoreReader), StorageError> {
+    pub fn open(db: &sled::Db, retention: impl Into<Retention>) -> Result<(StateMachine, StoreReader), StorageError> {
+        let retention = retention.into();
         let tree = db.open_tree("state").map_err(|e| sm_err(ErrorVerb::Read, e))?;
         let snapshots = db.open_tree("snapshot").map_err(|e| snap_err(ErrorVerb::Read, e))?;
         let (mut applied, mut objects_at, mut replayed) = load_applied(&tree)?;
@@ -518,10 +552,33 @@ impl StateMachine {
             current,
             applied_tx,
             events,
-            history_limit: history_limit.max(1),
+            retention: Retention { revisions: retention.revisions.max(1), ..retention },
+            compaction_reported: None,
             snapshot_seq: Arc::new(AtomicU64::new(0)),
         };
         Ok((sm, reader))
+    }
+
+    /// Compaction is reported, never silent: the metrics at once, and a
+    /// log line at most once a minute (it moves with nearly every write
+    /// once the history is full).
+    fn report_compaction(&mut self, was: u64, compacted: u64) {
+        let m = crate::metrics::metrics();
+        m.history_oldest_revision.set(i64::try_from(compacted.saturating_add(1)).unwrap_or(i64::MAX));
+        m.history_compacted.inc_by(compacted - was);
+        let since = self.compaction_reported.map_or(was, |(_, r)| r);
+        if self.compaction_reported.is_some_and(|(at, _)| at.elapsed() < COMPACTION_REPORT_INTERVAL) {
+            return;
+        }
+        tracing::info!(
+            compacted_to = compacted,
+            dropped = compacted.saturating_sub(since),
+            oldest_kept = compacted + 1,
+            retention = %self.retention,
+            "history compacted: revisions up to {compacted} dropped; the oldest kept is {}",
+            compacted + 1
+        );
+        self.compaction_reported = Some((Instant::now(), compacted));
     }
 
     fn publish(&mut self, next: Applied, msg: Option<WatchMsg>) {
@@ -604,7 +661,14 @@ fn load_applied(tree: &sled::Tree) -> Result<(Applied, u64, Replayed), StorageEr
         Some(bytes) => codec::decode(&bytes).map_err(|e| sm_err(ErrorVerb::Read, e))?,
         None => Dedup::default(),
     };
-    Ok((Applied { last_applied: meta.last_applied, membership: meta.membership, state, compacted: meta.compacted, dedup }, objects_at, changed))
+    let mut marks = Vec::new();
+    for item in tree.scan_prefix(b"t/") {
+        marks.push(codec::decode::<Mark>(&item.map_err(|e| sm_err(ErrorVerb::Read, e))?.1).map_err(|e| sm_err(ErrorVerb::Read, e))?);
+    }
+    let mut times = Times::from_marks(marks);
+    times.prune(meta.compacted);
+    let applied = Applied { last_applied: meta.last_applied, membership: meta.membership, state, compacted: meta.compacted, dedup, times };
+    Ok((applied, objects_at, changed))
 }
 
 /// Replace the persisted state with a snapshot body; returns the new state.
@@ -627,7 +691,7 @@ fn write_snapshot_state(tree: &sled::Tree, data: &[u8]) -> Result<Applied, Stora
         batch.insert(DEDUP, codec::encode(&dedup));
     }
     tree.apply_batch(batch).map_err(|e| sm_err(ErrorVerb::Write, e))?;
-    Ok(Applied { last_applied: meta.last_applied, membership: meta.membership, state, compacted: meta.compacted, dedup })
+    Ok(Applied { last_applied: meta.last_applied, membership: meta.membership, state, compacted: meta.compacted, dedup, times: Times::default() })
 }
 
 impl Drop for StateMachine {
@@ -671,29 +735,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     responses.push(Response::Batch(results));
                 }
                 EntryPayload::Normal(Command::Groups(groups)) => {
-                    let mut results = Vec::with_capacity(groups.iter().map(|g| g.txns.len()).sum());
-                    for Group { id, txns } in &groups {
-                        // Applied before: the first time's results, nothing
-                        // changes. (Same id, different size: not the same
-                        // group, so it applies; every replica agrees.)
-                        if let Some(prev) = id.and_then(|id| next.dedup.get(&id)).filter(|prev| prev.len() == txns.len()) {
-                            results.extend(prev.iter().cloned());
-                            continue;
-                        }
-                        let start = results.len();
-                        apply_txns(&mut next, &mut pending, &mut all_events, txns, &mut results);
-                        if let Some(id) = id {
-                            next.dedup.record(*id, entry.log_id.index, Arc::new(results[start..].to_vec()));
-                            dedup_changed = true;
-                        }
+                    responses.push(apply_groups(&mut next, &mut pending, &mut all_events, &groups, entry.log_id.index, &mut dedup_changed));
+                }
+                // The leader's time, from the entry: never a clock here.
+                EntryPayload::Normal(Command::Stamped { unix_ms, groups }) => {
+                    responses.push(apply_groups(&mut next, &mut pending, &mut all_events, &groups, entry.log_id.index, &mut dedup_changed));
+                    if let Some(mark) = next.times.stamp(unix_ms, next.state.revision, &self.retention) {
+                        pending.marks.push(mark);
                     }
-                    responses.push(Response::Batch(results));
                 }
             }
         }
-        // The watch history keeps the last `history_limit` revisions; the
-        // checkpoint drops what falls out.
-        next.compacted = next.compacted.max(next.state.revision.saturating_sub(self.history_limit));
+        // The watch history keeps what the retention says (`retention`);
+        // the checkpoint drops what falls out.
+        let was = next.compacted;
+        next.compacted = next.compacted.max(next.times.compact_to(next.state.revision, &self.retention));
+        next.times.prune(next.compacted);
         pending.meta = Some(AppliedMeta {
             last_applied: next.last_applied,
             membership: next.membership.clone(),
@@ -714,6 +771,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.checkpointer.flush_locked(&mut pending)?;
         }
         drop(pending);
+        if next.compacted > was {
+            self.report_compaction(was, next.compacted);
+        }
         let msg = (!all_events.is_empty()).then(|| WatchMsg::Events(Arc::new(all_events)));
         self.publish(next, msg);
         crate::metrics::metrics().raft_apply_duration.observe(started.elapsed());
@@ -757,6 +817,27 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let stored: StoredSnapshot = codec::decode(&bytes).map_err(|e| snap_err(ErrorVerb::Read, e))?;
         Ok(Some(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) }))
     }
+}
+
+/// Apply one entry's groups: each once (`dedup`), in order.
+fn apply_groups(next: &mut Applied, pending: &mut Pending, all_events: &mut Vec<Event>, groups: &[Group], index: u64, dedup_changed: &mut bool) -> Response {
+    let mut results = Vec::with_capacity(groups.iter().map(|g| g.txns.len()).sum());
+    for Group { id, txns } in groups {
+        // Applied before: the first time's results, nothing
+        // changes. (Same id, different size: not the same
+        // group, so it applies; every replica agrees.)
+        if let Some(prev) = id.and_then(|id| next.dedup.get(&id)).filter(|prev| prev.len() == txns.len()) {
+            results.extend(prev.iter().cloned());
+            continue;
+        }
+        let start = results.len();
+        apply_txns(next, pending, all_events, txns, &mut results);
+        if let Some(id) = id {
+            next.dedup.record(*id, index, Arc::new(results[start..].to_vec()));
+            *dedup_changed = true;
+        }
+    }
+    Response::Batch(results)
 }
 
 /// Apply transactions in order: results onto `results`, events queued for

@@ -55,6 +55,12 @@ pub enum Command {
     /// got into the log (a leader lost mid-forward) without applying it
     /// twice.
     Groups(Vec<Group>),
+    /// Since wire version 2 (`node::version::Feature::Stamp`): `Groups`
+    /// with the time the leader proposed them (Unix milliseconds), which
+    /// history retention by age reads (`store::retention`), so that no
+    /// replica reads a clock to apply it. Proposed by the leader only
+    /// (followers forward `Groups`).
+    Stamped { unix_ms: u64, groups: Vec<Group> },
 }
 
 /// Transactions that a replica sends (or proposes) together, under one id.

@@ -25,6 +25,12 @@
 //!   (0 when it did before the client had the acknowledgement; counted).
 //!   Also: which proxies received any push in the round (the write until
 //!   `--settle-ms` after the last affected proxy converged), by type.
+//!   With `--rollback`, each write is a 20-resource change (web's
+//!   VirtualService with a new mark and 19 VirtualServices of other
+//!   services, not measured) followed by `lodestar rollback` to the
+//!   revision before it (one write restoring the 20): measured from the
+//!   rollback's acknowledgement until every affected proxy ACKed RDS with
+//!   web's previous mark.
 //! - **fanout**: for each count in `--proxies` (ascending; the fleet
 //!   grows), `--repeat` endpoint changes of web (an Instance registered,
 //!   then deleted, alternately): the time from the acknowledgement until
@@ -169,6 +175,10 @@ pub struct XdsArgs {
     /// Writes per scenario (convergence) or per fleet size (fanout).
     #[arg(long, default_value_t = 5, value_parser = value_parser!(u32).range(1..=1_000))]
     pub repeat: u32,
+    /// convergence: measure rollbacks of 20-resource changes instead of
+    /// single writes.
+    #[arg(long)]
+    pub rollback: bool,
     /// ADS variant the proxies speak.
     #[arg(long, value_enum, default_value_t = Protocol::Delta)]
     pub protocol: Protocol,
@@ -766,6 +776,38 @@ where
     Ok(r)
 }
 
+/// A 20-resource change: web's VirtualService with `mark` and 19
+/// VirtualServices of services 1..=19 (their own route, a header carrying
+/// `mark`). Its revision.
+async fn write_change(mut client: ApiClient, mark: String) -> Result<u64> {
+    let mut docs = vec![web_vs(&mark)];
+    for s in 1..=19 {
+        let host = hostname(&svc_name(s));
+        docs.push(json!({
+            "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+            "metadata": {"name": format!("rb-{s}"), "namespace": MESH_NS, "labels": labels()},
+            "spec": {"hosts": [host], "http": [{"route": [{"destination": {"host": host, "port": {"number": PORT}}}],
+                     "headers": {"response": {"set": {MARK_HEADER: mark}}}}]}
+        }));
+    }
+    let items = docs.into_iter().map(|d| ApplyItem { resource_json: d.to_string(), expected_revision: None }).collect();
+    let r = client.apply(ApplyRequest { items, ..Default::default() }).await.map_err(status_text)?.into_inner();
+    if r.items.len() != 20 || r.revision == 0 {
+        bail!("the 20-resource change was not acknowledged whole: {} items at revision {}", r.items.len(), r.revision);
+    }
+    Ok(r.revision)
+}
+
+/// `lodestar rollback REV`: every object changed after `revision` back.
+async fn write_rollback(mut client: ApiClient, revision: u64) -> Result<u64> {
+    let req = lodestar::proto::api::RollbackRequest { revision, resources: Vec::new(), dry_run: false };
+    let r = client.rollback(req).await.map_err(status_text)?.into_inner();
+    if r.items.len() != 20 || r.revision <= revision + 1 {
+        bail!("the rollback to revision {revision} restored {} objects at revision {}", r.items.len(), r.revision);
+    }
+    Ok(r.revision)
+}
+
 async fn write_vs(mut client: ApiClient, mark: String) -> Result<u64> {
     let item = ApplyItem { resource_json: web_vs(&mark).to_string(), expected_revision: None };
     let r = client.apply(ApplyRequest { items: vec![item], ..Default::default() }).await.map_err(status_text)?.into_inner();
@@ -960,7 +1002,22 @@ async fn convergence(b: &Bench<'_>, fleet: &mut Vec<Proxy>, n: u32, report: &mut
         let m = b.mark(k);
         let target = Target::route(&m);
         let label = format!("write {k}/{}", args.repeat);
-        match round(b, fleet, target, label, write_vs(b.client(k), m)).await {
+        let measured = if args.rollback {
+            // The change (not counted), then its rollback to web's mark before.
+            let changed = round(b, fleet, target, format!("change {k}/{}", args.repeat), write_change(b.client(k), m)).await;
+            let revision = match changed {
+                Ok(r) => r.revision,
+                Err(e) => {
+                    report.problems.push(format!("change {k}: {e:#}"));
+                    break;
+                }
+            };
+            let back = Target::route(&b.mark(0));
+            round(b, fleet, back, format!("rollback {k}/{}", args.repeat), write_rollback(b.client(k), revision - 1)).await
+        } else {
+            round(b, fleet, target, label, write_vs(b.client(k), m)).await
+        };
+        match measured {
             Ok(r) => {
                 report.lines.push(r.line());
                 rounds.push(r);
