@@ -209,11 +209,12 @@ async fn watch_replays_then_follows() {
 /// etcd's ErrCompacted: REST 410 with code `Compacted`, gRPC OUT_OF_RANGE,
 /// both naming the oldest revision a watch can start from; one from there
 /// replays every change after it. Compaction here is `history_revisions`
-/// (each applied revision compacts what is older than that many).
+/// alone (each applied revision compacts what is older than that many;
+/// `history_max_age_s = 0` keeps nothing for its age).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_from_a_compacted_revision_is_told_so() {
     const KEPT: u64 = 5;
-    let c = Cluster::start(1, &format!("history_revisions = {KEPT}")).await;
+    let c = Cluster::start(1, &format!("history_revisions = {KEPT}\nhistory_max_age_s = 0")).await;
     let api = c.replica(1).api();
     let mut last = 0;
     for i in 0..12 {
