@@ -13,9 +13,11 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(documents decoders rest xds)
 ./seed.sh
-bins=()
-for target in "${targets[@]}"; do bins+=(--bin "$target"); done
-cargo build --locked -p lodestar-fuzz "${bins[@]}"
+# Built as part of the test build's set of targets (every member's tests
+# and binaries), so features unify as in `cargo nextest run --workspace`:
+# after that build only the fuzz binaries are new (`-p lodestar-fuzz`
+# alone unifies differently and rebuilds a dozen crates).
+cargo build --locked --workspace --tests --bins
 dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug"
 mkdir -p artifacts
 for target in "${targets[@]}"; do
