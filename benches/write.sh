@@ -20,12 +20,22 @@
 #
 #   benches/write.sh [SECONDS_PER_LEVEL]          (default 10)
 #
+# A/B against another build (e.g. an older commit's release binary):
+#
+#   BENCH_BASELINE=/path/to/old/lodestar benches/write.sh
+#
+# replaces the insecure and etcd targets with `baseline`: a second secure
+# cluster (same settings, same client) running that binary, alternating
+# with this build's.
+#
 # Environment:
 #   BENCH_ROUNDS=3         rounds
 #   BENCH_CLIENTS="1 16 64" concurrency levels
 #   BENCH_SIZE=1024        value size in bytes
 #   BENCH_API=grpc         Lodestar client API: grpc | rest
 #   BENCH_PORT_BASE=19400  first of the loopback ports used (24 of them)
+#   BENCH_LODESTAR, BENCH_CLIENT  release binaries of lodestar and
+#                          lodestar-bench to use instead of building the tree
 #   BENCH_KEEP=1           keep the temp dir (data and logs) after the run
 #
 # Needs: cargo, curl, openssl, and etcd + etcdctl (Debian's etcd-server and
@@ -40,7 +50,13 @@ LEVELS=${BENCH_CLIENTS:-"1 16 64"}
 SIZE=${BENCH_SIZE:-1024}
 API=${BENCH_API:-grpc}
 PORT=${BENCH_PORT_BASE:-19400}
-TARGETS=(lodestar insecure etcd)
+BASELINE=${BENCH_BASELINE:-}
+if [ -n "$BASELINE" ]; then
+    [ -x "$BASELINE" ] || { echo "error: BENCH_BASELINE=$BASELINE is not an executable" >&2; exit 2; }
+    TARGETS=(lodestar baseline)
+else
+    TARGETS=(lodestar insecure etcd)
+fi
 
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -85,10 +101,17 @@ wait_ok() {
 }
 
 # (a) build
-echo "# building lodestar and lodestar-bench (release)" >&2
-timeout 3600 cargo build --release --quiet --bin lodestar --bin lodestar-bench
-# Copies: a concurrent build must not swap a binary under the benchmark.
-cp "$ROOT/target/release/lodestar" "$ROOT/target/release/lodestar-bench" "$WORK/"
+if [ -n "${BENCH_LODESTAR:-}" ] && [ -n "${BENCH_CLIENT:-}" ]; then
+    # Given builds (e.g. saved release binaries of two commits): no build.
+    cp "$BENCH_LODESTAR" "$WORK/lodestar"
+    cp "$BENCH_CLIENT" "$WORK/lodestar-bench"
+else
+    echo "# building lodestar and lodestar-bench (release)" >&2
+    timeout 3600 cargo build --release --quiet --bin lodestar --bin lodestar-bench
+    # Copies: a concurrent build must not swap a binary under the benchmark.
+    cp "$ROOT/target/release/lodestar" "$ROOT/target/release/lodestar-bench" "$WORK/"
+fi
+[ -z "$BASELINE" ] || cp "$BASELINE" "$WORK/lodestar-baseline"
 LODESTAR=$WORK/lodestar
 BENCH=$WORK/lodestar-bench
 # Secure by default: one cluster CA for the three replicas (each issues its
@@ -126,13 +149,13 @@ issue etcd-client lodestar-bench clientAuth
 ETCD_TLS=(--cacert "$CA/ca.pem" --cert "$CA/etcd-client.pem" --key "$CA/etcd-client-key.pem")
 ETCD_PASSWORD=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 
-if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
+if [ -z "$BASELINE" ] && { ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; }; then
     [ "$(id -u)" = 0 ] || die "etcd or etcdctl not found; install Debian's etcd-server and etcd-client"
     echo "# installing etcd-server, etcd-client" >&2
     timeout 600 apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq etcd-server etcd-client >&2
 fi
-ETCD_VERSION=$(etcd --version 2>/dev/null | sed -n 1p)
+ETCD_VERSION=$(etcd --version 2>/dev/null | sed -n 1p || true)
 
 # (b) two Lodestar clusters, secure default and --insecure: 9 ports each.
 # Sets C_API etc. for cluster $1 (lodestar | insecure).
@@ -146,58 +169,72 @@ for n in 1 2 3; do
     I_XDS+=("127.0.0.1:$((PORT + 9 + n * 3 - 1))")
 done
 start_lodestar() {
-    local name=$1 config=$2 n
+    local name=$1 config=$2 n bin=$LODESTAR
     local -n api=$3 raft=$4 xds=$5
     shift 5
+    [ "$name" = baseline ] && bin=$WORK/lodestar-baseline
     local members=()
     for n in 1 2 3; do members+=(--initial-member "$n=${raft[n - 1]},${api[n - 1]},${xds[n - 1]}"); done
     for n in 1 2 3; do
-        RUST_LOG=warn "$LODESTAR" server --config "$config" --id "$n" --data-dir "$WORK/$name-$n" \
+        RUST_LOG=warn "$bin" server --config "$config" --id "$n" --data-dir "$WORK/$name-$n" \
             --api-addr "${api[n - 1]}" --raft-addr "${raft[n - 1]}" --xds-addr "${xds[n - 1]}" \
             "${members[@]}" "$@" >"$WORK/$name-$n.log" 2>&1 &
         PIDS+=($!)
     done
 }
 start_lodestar lodestar "$WORK/tls.toml" L_API L_RAFT L_XDS
-start_lodestar insecure "$WORK/insecure.toml" I_API I_RAFT I_XDS --insecure
+if [ -n "$BASELINE" ]; then
+    # The baseline cluster on the insecure cluster's ports, secured alike.
+    start_lodestar baseline "$WORK/tls.toml" I_API I_RAFT I_XDS
+else
+    start_lodestar insecure "$WORK/insecure.toml" I_API I_RAFT I_XDS --insecure
+fi
 
-# (c) three etcd members, TLS everywhere, client certificates required.
-E_CLIENT=() E_PEER=()
-for n in 1 2 3; do
-    E_CLIENT+=("https://127.0.0.1:$((PORT + 18 + n * 2 - 2))")
-    E_PEER+=("https://127.0.0.1:$((PORT + 18 + n * 2 - 1))")
-done
-CLUSTER="e1=${E_PEER[0]},e2=${E_PEER[1]},e3=${E_PEER[2]}"
-for n in 1 2 3; do
-    etcd --name "e$n" --data-dir "$WORK/etcd-$n" \
-        --listen-client-urls "${E_CLIENT[n - 1]}" --advertise-client-urls "${E_CLIENT[n - 1]}" \
-        --listen-peer-urls "${E_PEER[n - 1]}" --initial-advertise-peer-urls "${E_PEER[n - 1]}" \
-        --initial-cluster "$CLUSTER" --initial-cluster-token lodestar-bench --initial-cluster-state new \
-        --cert-file "$CA/etcd-member.pem" --key-file "$CA/etcd-member-key.pem" \
-        --trusted-ca-file "$CA/ca.pem" --client-cert-auth \
-        --peer-cert-file "$CA/etcd-member.pem" --peer-key-file "$CA/etcd-member-key.pem" \
-        --peer-trusted-ca-file "$CA/ca.pem" --peer-client-cert-auth \
-        --logger zap --log-level warn >"$WORK/etcd-$n.log" 2>&1 &
-    PIDS+=($!)
-done
+if [ -z "$BASELINE" ]; then
+    # (c) three etcd members, TLS everywhere, client certificates required.
+    E_CLIENT=() E_PEER=()
+    for n in 1 2 3; do
+        E_CLIENT+=("https://127.0.0.1:$((PORT + 18 + n * 2 - 2))")
+        E_PEER+=("https://127.0.0.1:$((PORT + 18 + n * 2 - 1))")
+    done
+    CLUSTER="e1=${E_PEER[0]},e2=${E_PEER[1]},e3=${E_PEER[2]}"
+    for n in 1 2 3; do
+        etcd --name "e$n" --data-dir "$WORK/etcd-$n" \
+            --listen-client-urls "${E_CLIENT[n - 1]}" --advertise-client-urls "${E_CLIENT[n - 1]}" \
+            --listen-peer-urls "${E_PEER[n - 1]}" --initial-advertise-peer-urls "${E_PEER[n - 1]}" \
+            --initial-cluster "$CLUSTER" --initial-cluster-token lodestar-bench --initial-cluster-state new \
+            --cert-file "$CA/etcd-member.pem" --key-file "$CA/etcd-member-key.pem" \
+            --trusted-ca-file "$CA/ca.pem" --client-cert-auth \
+            --peer-cert-file "$CA/etcd-member.pem" --peer-key-file "$CA/etcd-member-key.pem" \
+            --peer-trusted-ca-file "$CA/ca.pem" --peer-client-cert-auth \
+            --logger zap --log-level warn >"$WORK/etcd-$n.log" 2>&1 &
+        PIDS+=($!)
+    done
+fi
 
 for n in 1 2 3; do
     wait_ok "https://${L_API[n - 1]}/readyz" 60 --cacert "$CA/ca.pem" || { tail -20 "$WORK/lodestar-$n.log" >&2; die "lodestar $n not ready within 60s"; }
+    if [ -n "$BASELINE" ]; then
+        wait_ok "https://${I_API[n - 1]}/readyz" 60 --cacert "$CA/ca.pem" || { tail -20 "$WORK/baseline-$n.log" >&2; die "baseline lodestar $n not ready within 60s"; }
+        continue
+    fi
     wait_ok "http://${I_API[n - 1]}/readyz" 60 || { tail -20 "$WORK/insecure-$n.log" >&2; die "insecure lodestar $n not ready within 60s"; }
     wait_ok "${E_CLIENT[n - 1]}/health" 60 "${ETCD_TLS[@]}" || { tail -20 "$WORK/etcd-$n.log" >&2; die "etcd $n not healthy within 60s"; }
 done
 # Plaintext to the secure ones must fail (a sanity check of the setup).
 curl -s --max-time 2 -o /dev/null "http://${L_API[0]}/readyz" && die "lodestar answered plaintext HTTP"
-curl -s --max-time 2 -o /dev/null "${E_CLIENT[0]/https:/http:}/health" && die "etcd answered plaintext HTTP"
+[ -n "$BASELINE" ] || { curl -s --max-time 2 -o /dev/null "${E_CLIENT[0]/https:/http:}/health" && die "etcd answered plaintext HTTP"; }
 
-# etcd auth: a root user, then `auth enable` (etcd's documented way).
-ETCDCTL=(env ETCDCTL_API=3 timeout 30 etcdctl --endpoints "$(IFS=,; echo "${E_CLIENT[*]}")" "${ETCD_TLS[@]}")
-"${ETCDCTL[@]}" user add "root:$ETCD_PASSWORD" >/dev/null || die "etcdctl user add root failed"
-"${ETCDCTL[@]}" auth enable >/dev/null || die "etcdctl auth enable failed"
-# Auth is on: a put without credentials is refused, one as root works.
-"${ETCDCTL[@]}" put /bench/probe x >/dev/null 2>&1 && die "etcd accepted a put without credentials after auth enable"
-"${ETCDCTL[@]}" --user "root:$ETCD_PASSWORD" put /bench/probe x >/dev/null || die "etcd refused root's put"
-echo "# three clusters ready; $ROUNDS rounds x {$LEVELS} clients x ${SECS}s, ${TARGETS[*]} alternating" >&2
+if [ -z "$BASELINE" ]; then
+    # etcd auth: a root user, then `auth enable` (etcd's documented way).
+    ETCDCTL=(env ETCDCTL_API=3 timeout 30 etcdctl --endpoints "$(IFS=,; echo "${E_CLIENT[*]}")" "${ETCD_TLS[@]}")
+    "${ETCDCTL[@]}" user add "root:$ETCD_PASSWORD" >/dev/null || die "etcdctl user add root failed"
+    "${ETCDCTL[@]}" auth enable >/dev/null || die "etcdctl auth enable failed"
+    # Auth is on: a put without credentials is refused, one as root works.
+    "${ETCDCTL[@]}" put /bench/probe x >/dev/null 2>&1 && die "etcd accepted a put without credentials after auth enable"
+    "${ETCDCTL[@]}" --user "root:$ETCD_PASSWORD" put /bench/probe x >/dev/null || die "etcd refused root's put"
+fi
+echo "# ${#TARGETS[@]} clusters ready; $ROUNDS rounds x {$LEVELS} clients x ${SECS}s, ${TARGETS[*]} alternating" >&2
 
 # Which replica leads matters for one client: it talks to the first one
 # listed, and pays the hop to the leader when that is a follower. Every
@@ -205,9 +242,14 @@ echo "# three clusters ready; $ROUNDS rounds x {$LEVELS} clients x ${SECS}s, ${T
 # (clients are spread round robin, so 16 and 64 are unaffected).
 leader_of() { curl -s "$@" --max-time 2 | sed -n 's/.*"leader":\([0-9]*\).*/\1/p'; }
 L_LEADER=$(leader_of --cacert "$CA/ca.pem" -H "Authorization: Bearer $LODESTAR_TOKEN" "https://${L_API[0]}/v1/node")
-I_LEADER=$(leader_of "http://${I_API[0]}/v1/node")
+if [ -n "$BASELINE" ]; then
+    I_LEADER=$(leader_of --cacert "$CA/ca.pem" -H "Authorization: Bearer $LODESTAR_TOKEN" "https://${I_API[0]}/v1/node")
+else
+    I_LEADER=$(leader_of "http://${I_API[0]}/v1/node")
+fi
 E_LEADER=
 for n in 1 2 3; do
+    [ -z "$BASELINE" ] || break
     st=$("${ETCDCTL[@]}" --user "root:$ETCD_PASSWORD" --endpoints "${E_CLIENT[n - 1]}" endpoint status -w json 2>/dev/null || true)
     me=$(echo "$st" | sed -n 's/.*"member_id":\([0-9]*\).*/\1/p')
     lead=$(echo "$st" | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
@@ -225,6 +267,7 @@ leader_first() {
 declare -A SERVERS
 SERVERS[lodestar]=$(leader_first "$L_LEADER" "${L_API[@]/#/https://}")
 SERVERS[insecure]=$(leader_first "$I_LEADER" "${I_API[@]/#/http://}")
+SERVERS[baseline]=$(leader_first "$I_LEADER" "${I_API[@]/#/https://}")
 SERVERS[etcd]=$(leader_first "$E_LEADER" "${E_CLIENT[@]}")
 
 # (d) alternate: every level on each target, the order rotating per round.
@@ -251,7 +294,7 @@ CORES=$(nproc)
 # The bench command for target $1 (printed in the report, then run).
 bench_cmd() {
     case $1 in
-        lodestar) echo env LODESTAR_CACERT="$CA/ca.pem" LODESTAR_TOKEN=\$LODESTAR_TOKEN "$BENCH" write --target lodestar --api "$API" ;;
+        lodestar | baseline) echo env LODESTAR_CACERT="$CA/ca.pem" LODESTAR_TOKEN=\$LODESTAR_TOKEN "$BENCH" write --target lodestar --api "$API" ;;
         insecure) echo env -u LODESTAR_CACERT -u LODESTAR_TOKEN LODESTAR_CONFIG="$WORK/empty-client.toml" "$BENCH" write --target lodestar --api "$API" ;;
         etcd) echo env -u LODESTAR_TOKEN LODESTAR_CACERT="$CA/ca.pem" LODESTAR_BENCH_ETCD_PASSWORD=\$ETCD_PASSWORD "$BENCH" write --target etcd \
             --etcd-cert "$CA/etcd-client.pem" --etcd-key "$CA/etcd-client-key.pem" --etcd-user root ;;
@@ -278,8 +321,8 @@ bench() {
 }
 for round in $(seq "$ROUNDS"); do
     for c in $LEVELS; do
-        for k in 0 1 2; do
-            bench "${TARGETS[(round - 1 + k) % 3]}" "$round" "$c"
+        for k in "${!TARGETS[@]}"; do
+            bench "${TARGETS[(round - 1 + k) % ${#TARGETS[@]}]}" "$round" "$c"
         done
     done
 done
@@ -287,7 +330,8 @@ done
 # (e) tables and ratios: medians over rounds, and the spread (min..max).
 echo
 echo "Write benchmark: 3 replicas on loopback per target, ${SIZE}-byte values, ${SECS}s per level, $ROUNDS rounds, targets alternating (order rotated per round); $(nproc) cores"
-echo "lodestar: $("$LODESTAR" --version), api=$API;  etcd: $ETCD_VERSION, KV.Put over gRPC"
+echo "lodestar: $("$LODESTAR" --version), api=$API;  etcd: ${ETCD_VERSION:-not run}, KV.Put over gRPC"
+[ -z "$BASELINE" ] || echo "baseline: $("$WORK/lodestar-baseline" --version) ($BASELINE), secured alike"
 echo "  lodestar = secure default (TLS on every port, ACLs on, management token);  insecure = same binary with --insecure (plaintext, no ACLs)"
 echo "  etcd = client+peer TLS from a CA, --client-cert-auth, --peer-client-cert-auth, auth enabled (root; token from Auth.Authenticate per connection)"
 echo "leaders at the start: lodestar node ${L_LEADER:-?}, insecure node ${I_LEADER:-?}, etcd member ${E_LEADER:-?} (a single client talks to the leader on each)"
@@ -335,6 +379,10 @@ awk -v hi="$HI" -v lo="$LO" "$MEDIAN"'
         if (ps["lodestar"] != "" && ps["etcd"] != "") {
             a = median(ps["lodestar"]); b = median(ps["etcd"])
             printf "p50 at %s client(s): lodestar %.2f ms, etcd %.2f ms, lodestar/etcd %.2fx (per round:%s)  target <= 1.0x: %s\n", lo, a, b, a / b, ratios("lodestar", "etcd", p), (a <= b ? "MET" : "NOT MET")
+        }
+        if (ws["lodestar"] != "" && ws["baseline"] != "") {
+            printf "writes/s at %s clients, lodestar/baseline: %.2fx (medians; per round:%s)\n", hi, median(ws["lodestar"]) / median(ws["baseline"]), ratios("lodestar", "baseline", w)
+            printf "p50 at %s client(s), lodestar/baseline: %.2fx (medians; per round:%s)\n", lo, median(ps["lodestar"]) / median(ps["baseline"]), ratios("lodestar", "baseline", p)
         }
         if (ps["lodestar"] != "" && ps["insecure"] != "") {
             a = median(ps["lodestar"]); b = median(ps["insecure"])
