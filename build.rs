@@ -1,41 +1,12 @@
-//! Compiles proto/ with protox (pure Rust), so building Lodestar needs no protoc.
+//! Compiles the benchmark client's etcd protos (proto/bench) with protox
+//! (pure Rust), so building Lodestar needs no protoc. Lodestar's own protos
+//! are the `lodestar-proto` crate (proto/build.rs).
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/lodestar/api/v1/api.proto", "proto/lodestar/peer/v1/peer.proto", "proto/istio/v1/auth/istioca.proto"];
-    let fds = protox::compile(files, ["proto"])?;
-    grpc_methods(&fds)?;
-    // google.protobuf.Struct (the CSR request's metadata) is envoy-types'
-    // copy of the well-known types, which the crate uses already.
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .extern_path(".google.protobuf.Struct", "::envoy_types::pb::google::protobuf::Struct")
-        .compile_fds(fds)?;
     // etcd's KV.Put and Auth.Authenticate, for `lodestar-bench write
     // --target etcd` (included by src/bin/lodestar-bench/write.rs, not by
     // the library): client only.
     let etcd = protox::compile(["proto/bench/etcd_kv.proto", "proto/bench/etcd_auth.proto"], ["proto"])?;
     tonic_prost_build::configure().build_client(true).build_server(false).compile_fds(etcd)?;
-    println!("cargo:rerun-if-changed=proto");
-    Ok(())
-}
-
-/// The full path of every method of every service in `fds`
-/// (`/lodestar.api.v1.Lodestar/Apply`), as `$OUT_DIR/grpc_methods.rs`: the
-/// API's request metrics label a gRPC call by its method only when it is
-/// one of these (a client-chosen path is no label value).
-fn grpc_methods(fds: &prost_types::FileDescriptorSet) -> Result<(), Box<dyn std::error::Error>> {
-    let mut paths = Vec::new();
-    for file in &fds.file {
-        for service in &file.service {
-            for method in &service.method {
-                paths.push(format!("/{}.{}/{}", file.package(), service.name(), method.name()));
-            }
-        }
-    }
-    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out_dir.join("grpc_methods.rs"),
-        format!("/// `/package.Service/Method` of every gRPC method in proto/ (build.rs).\npub const GRPC_METHODS: &[&str] = &{paths:?};\n"),
-    )?;
+    println!("cargo:rerun-if-changed=proto/bench");
     Ok(())
 }

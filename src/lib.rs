@@ -5,10 +5,11 @@
 //! # Layout
 //! Lowest layer first; a module imports only from layers above it in this
 //! list (the root modules also from each other), never in a circle
-//! (`tests/e2e/tidy.rs` keeps both). `model` (with `error`), `state` and
-//! `translate` are workspace crates of their own (`src/X/Cargo.toml`), with
-//! no IO crate in their dependency trees, re-exported here under these
-//! names; each other layer is a crate to be.
+//! (`tests/e2e/tidy.rs` keeps both). Workspace crates of their own,
+//! re-exported here under these names: `proto` (`proto/Cargo.toml`);
+//! `model` (with `error`), `state` and `translate` (`src/X/Cargo.toml`),
+//! with no IO crate in their dependency trees; `tls`, `client` and `agent`,
+//! with no server code in theirs (no `lodestar`, store or translation).
 //! - [`error`]: the one error vocabulary (codes as HTTP and gRPC numbers);
 //!   the model crate's.
 //! - [`metrics`]: Prometheus metrics (Istio's pilot names where they match).
@@ -33,16 +34,17 @@
 //!   leader, linearizable reads, membership. Reaches its peers through the
 //!   `node::Transport` trait.
 //! - [`tls`]: TLS on the ports: the generated CA and certificates,
-//!   reloadable rustls configurations, the accept path, dialling peers.
+//!   reloadable rustls configurations, the accept path (counted through
+//!   `tls::conn::ConnCounters`), dialling peers.
 //! - [`xds`]: the ADS server and its streams (SotW, delta, SDS, sync
 //!   status). Reaches admission, fencing, the mesh CA and the secrets key
 //!   only through traits it defines (`Admission`, `Fence`,
 //!   `WorkloadCerts`, `secrets::Unseal`).
-//! - [`client`]: what the CLI and the agent talk to replicas with: the REST
-//!   client, `client.toml`.
+//! - [`client`]: what the CLI, the agent and lodestar-bench talk to
+//!   replicas with: the REST and gRPC clients, `client.toml`.
 //! - [`agent`]: `lodestar agent`, a workload's certificate and its SDS
-//!   server for Envoy; Envoy as a child; traffic capture (iptables). No
-//!   server code.
+//!   server for Envoy; Envoy as a child; traffic capture (iptables), the
+//!   DNS proxy (its name table is `model::dns`). No server code.
 //!
 //! The root (wiring; imports all of the above):
 //! - [`server`]: starts a replica's ports and shuts it down; first-start
@@ -71,13 +73,13 @@
 //! (`src/bin/lodestar-bench/`), a client of this library's public API.
 
 pub mod adapters;
-pub mod agent;
+pub use lodestar_agent as agent;
 pub mod analyze;
 pub mod api;
 pub mod auth;
 pub mod ca;
 pub mod cli;
-pub mod client;
+pub use lodestar_client as client;
 pub mod config;
 pub mod ha;
 pub mod health;
@@ -101,20 +103,8 @@ pub mod server;
 // require; boxing it in our helpers would only add conversions.
 #[allow(clippy::result_large_err)]
 pub mod store;
-pub mod tls;
+pub use lodestar_tls as tls;
 pub mod xds;
 
-/// Generated protobuf code.
-pub mod proto {
-    pub mod api {
-        tonic::include_proto!("lodestar.api.v1");
-    }
-    pub mod peer {
-        tonic::include_proto!("lodestar.peer.v1");
-    }
-    /// Istio's certificate service (`proto/istio/v1/auth/istioca.proto`).
-    pub mod istio_ca {
-        tonic::include_proto!("istio.v1.auth");
-    }
-    include!(concat!(env!("OUT_DIR"), "/grpc_methods.rs"));
-}
+/// Generated protobuf code (the `lodestar-proto` crate, proto/).
+pub use lodestar_proto as proto;

@@ -125,7 +125,7 @@ impl Supervisor {
             Err(_) => false,
         };
         if drained {
-            tracing::info!(pid, drain = %crate::logging::secs(self.opts.drain), "draining Envoy's listeners");
+            tracing::info!(pid, drain = ?self.opts.drain, "draining Envoy's listeners");
             tokio::select! {
                 _ = child.wait() => { tracing::info!(pid, "Envoy exited while draining"); return; }
                 _ = tokio::time::sleep(self.opts.drain) => {}

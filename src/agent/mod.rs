@@ -41,10 +41,10 @@ pub mod register;
 pub mod sds;
 pub mod xds_proxy;
 
-use crate::proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient;
-use crate::proto::istio_ca::IstioCertificateRequest;
-use crate::tls::pki;
 use anyhow::{anyhow, bail, Context, Result};
+use lodestar_proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient;
+use lodestar_proto::istio_ca::IstioCertificateRequest;
+use lodestar_tls::pki;
 use rcgen::{CertificateParams, KeyPair, PublicKeyData};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -110,7 +110,7 @@ impl Identity {
         if cert.public_key().raw != key.subject_public_key_info().as_slice() {
             bail!("the certificate is not for this key");
         }
-        let peer = crate::tls::conn::PeerCert::parse(&leaf).ok_or_else(|| anyhow!("the certificate does not parse"))?;
+        let peer = lodestar_tls::conn::PeerCert::parse(&leaf).ok_or_else(|| anyhow!("the certificate does not parse"))?;
         self.serial = peer.serial.to_lowercase();
         self.uris = peer.uris;
         self.not_after = cert.validity().not_after.timestamp();
@@ -232,7 +232,7 @@ impl CaClient {
         let tls = match &self.cluster_ca_pem {
             None => None,
             Some(pem) => {
-                let roots = crate::tls::roots_from_pem_text(pem).map_err(|e| tonic::Status::internal(e.to_string()))?;
+                let roots = lodestar_tls::roots_from_pem_text(pem).map_err(|e| tonic::Status::internal(e.to_string()))?;
                 let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
                 let mut config = match current {
                     Some(id) => {
@@ -246,7 +246,7 @@ impl CaClient {
             }
         };
         let target = if tls.is_some() { format!("https://{server}") } else { format!("http://{server}") };
-        let (endpoint, connector) = crate::tls::dial(&target, tls).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        let (endpoint, connector) = lodestar_tls::dial(&target, tls).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
         let endpoint = endpoint.connect_timeout(REQUEST_TIMEOUT);
         let endpoint = match timeout {
             Some(t) => endpoint.timeout(t),
@@ -261,7 +261,7 @@ impl CaClient {
 pub fn impersonation_metadata(spiffe_id: &str) -> envoy_types::pb::google::protobuf::Struct {
     use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
     let value = Value { kind: Some(Kind::StringValue(spiffe_id.to_string())) };
-    Struct { fields: [(crate::client::IMPERSONATED_IDENTITY.to_string(), value)].into_iter().collect() }
+    Struct { fields: [(lodestar_client::IMPERSONATED_IDENTITY.to_string(), value)].into_iter().collect() }
 }
 
 #[derive(Debug)]
@@ -576,12 +576,20 @@ mod tests {
     #[test]
     fn saves_loads_and_checks_the_key() {
         let dir = tempfile::tempdir().unwrap();
-        let ca_dir = dir.path().join("ca");
-        crate::ca::create_dir(&ca_dir, "cluster.local").unwrap();
-        let ca = crate::ca::MeshCa::load(&ca_dir, "cluster.local", Duration::from_secs(3600), Duration::from_secs(3600)).unwrap();
+        // A CA of the test's own (the mesh CA is server code, which this
+        // crate does not link): a root, and a leaf for the key with the
+        // workload's SPIFFE id, valid for an hour, as the mesh CA answers.
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::default();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, &ca_key);
         let key = KeyPair::generate().unwrap();
-        let csr = CertificateParams::default().serialize_request(&key).unwrap().pem().unwrap();
-        let chain = ca.sign(&csr, &crate::ca::WorkloadId::parse("a/b").unwrap(), None).unwrap();
+        let mut leaf = CertificateParams::default();
+        leaf.subject_alt_names = vec![rcgen::SanType::URI("spiffe://cluster.local/ns/a/sa/b".try_into().unwrap())];
+        let now = time::OffsetDateTime::now_utc();
+        (leaf.not_before, leaf.not_after) = (now, now + time::Duration::hours(1));
+        let chain = vec![leaf.signed_by(&key, &issuer).unwrap().pem(), ca_cert.pem()];
         let id = Identity::from_answer(&key, &chain).unwrap();
         assert_eq!(id.uris, ["spiffe://cluster.local/ns/a/sa/b"]);
         let out = dir.path().join("agent");

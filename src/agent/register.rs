@@ -15,8 +15,8 @@
 //! `leases` and `instances` in the workload's namespace (and `read` on
 //! `workloadgroups` with `--workload-group`); see ops/README.md.
 
-use crate::client::Client;
 use anyhow::{anyhow, bail, Result};
+use lodestar_client::Client;
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -80,8 +80,8 @@ impl Registration {
                 tracing::info!(instance = %self.name, namespace = %self.namespace, revision = %body["revision"], "registered the instance (lease {}s)", self.lease_ttl.as_secs());
                 Ok(())
             }
-            Ok((status @ (400 | 401 | 403 | 404), body)) => Err((true, crate::client::render_error(status, &body))),
-            Ok((status, body)) => Err((false, crate::client::render_error(status, &body))),
+            Ok((status @ (400 | 401 | 403 | 404), body)) => Err((true, lodestar_client::render_error(status, &body))),
+            Ok((status, body)) => Err((false, lodestar_client::render_error(status, &body))),
             Err(e) => Err((false, format!("{e:#}"))),
         }
     }
@@ -90,7 +90,7 @@ impl Registration {
         match Self::call(self.client.post_any(&format!("{}/heartbeat", self.base()), &json!({}))).await? {
             (200, _) => Ok(Outcome::Ok),
             (404, _) => Ok(Outcome::Gone),
-            (status, body) => Err(anyhow!(crate::client::render_error(status, &body))),
+            (status, body) => Err(anyhow!(lodestar_client::render_error(status, &body))),
         }
     }
 
@@ -99,7 +99,7 @@ impl Registration {
         match Self::call(self.client.get_any(&path)).await? {
             (200, _) => Ok(Outcome::Ok),
             (404, _) => Ok(Outcome::Gone),
-            (status, body) => Err(anyhow!(crate::client::render_error(status, &body))),
+            (status, body) => Err(anyhow!(lodestar_client::render_error(status, &body))),
         }
     }
 
@@ -112,7 +112,7 @@ impl Registration {
                     tracing::info!(instance = %self.name, namespace = %self.namespace, "revoked the lease: the instance is deregistered");
                     return;
                 }
-                Ok((status, body)) => tracing::warn!(attempt, "revoking the lease: {}", crate::client::render_error(status, &body)),
+                Ok((status, body)) => tracing::warn!(attempt, "revoking the lease: {}", lodestar_client::render_error(status, &body)),
                 Err(e) => tracing::warn!(attempt, "revoking the lease: {e:#}"),
             }
             tokio::time::sleep(Duration::from_secs(1)).await;

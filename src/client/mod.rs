@@ -24,7 +24,7 @@
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
 
 pub mod config;
-pub(crate) mod progress;
+pub mod progress;
 
 use anyhow::{anyhow, Context, Result};
 pub use config::{expand_home, ClientConfig, DEFAULT_SERVER_URL};
@@ -205,7 +205,7 @@ impl tonic::service::Interceptor for Bearer {
 }
 
 /// The gRPC client API, sending a token.
-pub type ApiClient = crate::proto::api::lodestar_client::LodestarClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>>;
+pub type ApiClient = lodestar_proto::api::lodestar_client::LodestarClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>>;
 
 fn read_client_config(path: &Path) -> Result<ClientConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading the client config {}", path.display()))?;
@@ -463,7 +463,7 @@ mod tests {
     async fn no_token_over_plaintext_without_insecure() {
         // A bare address is https, as is the default.
         assert_eq!(access(&["127.0.0.1:1"], None, false).client().unwrap().url("/x"), "https://127.0.0.1:1/x");
-        assert_eq!(Access::default().client().unwrap().url(""), crate::client::DEFAULT_SERVER_URL);
+        assert_eq!(Access::default().client().unwrap().url(""), crate::DEFAULT_SERVER_URL);
         assert!(DEFAULT_SERVER_URL.starts_with("https://"));
         // http:// with a token: refused before anything is sent, saying how to proceed.
         let c = access(&["http://127.0.0.1:1"], Some("s3cr3t"), false).client().unwrap();

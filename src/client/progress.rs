@@ -10,6 +10,12 @@ pub struct Progress {
     shown: bool,
 }
 
+impl Default for Progress {
+    fn default() -> Progress {
+        Progress::new()
+    }
+}
+
 impl Progress {
     /// Shown only when stderr is a terminal.
     pub fn new() -> Progress {

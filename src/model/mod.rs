@@ -7,6 +7,7 @@
 
 pub mod acl;
 pub mod diff;
+pub mod dns;
 pub mod documents;
 pub mod envoy_api;
 pub mod error;

@@ -165,7 +165,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // nodelay with an incoming stream, and replies would wait on Nagle).
     // It also holds each port to its connection limits (`config::connection_limits`).
     raise_open_file_limit(&config);
-    let incoming = |listener, port| Incoming::new(listener, port, tls.clone(), config.connection_limits(port));
+    let incoming = |listener, port| Incoming::new(listener, port, tls.clone(), config.connection_limits(port), Arc::new(ConnMetrics));
     let raft_incoming = incoming(raft_listener, Port::Raft)?;
     let api_incoming = incoming(api_listener, Port::Api)?;
     let xds_incoming = incoming(xds_listener, Port::Xds)?;
@@ -478,4 +478,19 @@ pub async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+/// The accept path's counters (`tls::conn::ConnCounters`) in the replica's metrics.
+pub struct ConnMetrics;
+
+impl crate::tls::conn::ConnCounters for ConnMetrics {
+    fn open(&self, port: crate::tls::Port, delta: i64) {
+        crate::metrics::metrics().connections.with(&[port.name()]).inc_by(delta);
+    }
+    fn refused(&self, port: crate::tls::Port, reason: &'static str) {
+        crate::metrics::metrics().connections_refused.with(&[port.name(), reason]).inc();
+    }
+    fn closed(&self, port: crate::tls::Port, reason: &'static str) {
+        crate::metrics::metrics().connections_closed.with(&[port.name(), reason]).inc();
+    }
 }

@@ -23,7 +23,6 @@
 //! off by the same clock; Envoys' idle streams are not.
 
 use super::{Port, Tls};
-use crate::metrics::metrics;
 use futures::task::AtomicWaker;
 use std::collections::HashMap;
 use std::future::Future;
@@ -37,6 +36,24 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+
+/// What the accept path counts, by port. The replica's metrics implement
+/// it (`lodestar_connections`, `lodestar_connections_refused_total`,
+/// `lodestar_connections_closed_total`); `()` counts nothing.
+pub trait ConnCounters: Send + Sync + 'static {
+    /// A connection took a place (`+1`, handshake included) or gave it back (`-1`).
+    fn open(&self, port: Port, delta: i64);
+    /// A connection closed as it was accepted, over a limit: `port_limit`, `source_limit`.
+    fn refused(&self, port: Port, reason: &'static str);
+    /// A connection the server closed: `idle`, `handshake_timeout`.
+    fn closed(&self, port: Port, reason: &'static str);
+}
+
+impl ConnCounters for () {
+    fn open(&self, _: Port, _: i64) {}
+    fn refused(&self, _: Port, _: &'static str) {}
+    fn closed(&self, _: Port, _: &'static str) {}
+}
 
 /// Completed handshakes waiting to be served.
 const BACKLOG: usize = 1024;
@@ -304,6 +321,7 @@ where
 struct Slots {
     port: Port,
     limits: Limits,
+    counters: Arc<dyn ConnCounters>,
     open: AtomicUsize,
     by_source: Mutex<HashMap<IpAddr, usize>>,
     /// When the last refusal was logged, in milliseconds since `started`
@@ -347,13 +365,13 @@ impl Slots {
         }
         *n += 1;
         self.open.fetch_add(1, Ordering::Relaxed);
-        metrics().connections.with(&[self.port.name()]).inc();
+        self.counters.open(self.port, 1);
         Ok(Slot { slots: self.clone(), source })
     }
 
     /// Count a refusal; warn about it now and then.
     fn refused(&self, remote: SocketAddr, reason: &'static str) {
-        metrics().connections_refused.with(&[self.port.name(), reason]).inc();
+        self.counters.refused(self.port, reason);
         let (now, last) = (self.started.elapsed().as_millis() as u64, self.logged_ms.load(Ordering::Relaxed));
         let due = last == 0 || now.saturating_sub(last) >= REFUSAL_LOG_EVERY.as_millis() as u64;
         if due && self.logged_ms.compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed).is_ok() {
@@ -377,7 +395,7 @@ impl Drop for Slot {
             }
         }
         self.slots.open.fetch_sub(1, Ordering::Relaxed);
-        metrics().connections.with(&[self.slots.port.name()]).dec();
+        self.slots.counters.open(self.slots.port, -1);
     }
 }
 
@@ -388,6 +406,7 @@ struct IdleClose {
     activity: Arc<Activity>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     port: Port,
+    counters: Arc<dyn ConnCounters>,
     expired: bool,
 }
 
@@ -412,7 +431,7 @@ impl IdleClose {
             return false;
         }
         self.expired = true;
-        metrics().connections_closed.with(&[self.port.name(), "idle"]).inc();
+        self.counters.closed(self.port, "idle");
         true
     }
 }
@@ -451,7 +470,7 @@ impl Conn {
         if let Some(timeout) = slot.slots.limits.idle_timeout {
             let activity = Activity::new();
             self.info.activity = Some(activity.clone());
-            self.idle = Some(IdleClose { timeout, activity, timer: None, port: slot.slots.port, expired: false });
+            self.idle = Some(IdleClose { timeout, activity, timer: None, port: slot.slots.port, counters: slot.slots.counters.clone(), expired: false });
         }
         self._slot = Some(slot);
         self
@@ -522,12 +541,19 @@ impl Incoming {
     /// Accept on `listener` for `port` under `limits`: TLS with the port's
     /// current configuration when `tls` is set (read per connection, so
     /// reloaded certificates apply to new connections only), plaintext
-    /// otherwise.
-    pub fn new(listener: TcpListener, port: Port, tls: Option<Arc<Tls>>, limits: Limits) -> io::Result<Incoming> {
+    /// otherwise; counted in `counters`.
+    pub fn new(listener: TcpListener, port: Port, tls: Option<Arc<Tls>>, limits: Limits, counters: Arc<dyn ConnCounters>) -> io::Result<Incoming> {
         let local = listener.local_addr()?;
         let (tx, rx) = mpsc::channel(BACKLOG);
-        let slots =
-            Arc::new(Slots { port, limits, open: AtomicUsize::new(0), by_source: Mutex::default(), logged_ms: AtomicU64::new(0), started: Instant::now() });
+        let slots = Arc::new(Slots {
+            port,
+            limits,
+            counters,
+            open: AtomicUsize::new(0),
+            by_source: Mutex::default(),
+            logged_ms: AtomicU64::new(0),
+            started: Instant::now(),
+        });
         tokio::spawn(accept_loop(listener, slots, tls, tx));
         Ok(Incoming { rx, local })
     }
@@ -581,7 +607,7 @@ async fn accept_loop(listener: TcpListener, slots: Arc<Slots>, tls: Option<Arc<T
             continue;
         };
         let tx = tx.clone();
-        let timeout = slots.limits.handshake_timeout;
+        let (timeout, counters) = (slots.limits.handshake_timeout, slots.counters.clone());
         tokio::spawn(async move {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config(port));
             match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
@@ -593,7 +619,7 @@ async fn accept_loop(listener: TcpListener, slots: Arc<Slots>, tls: Option<Arc<T
                 // client is told by the failed handshake; nothing to serve.
                 Ok(Err(e)) => tracing::debug!(%remote, port = port.name(), error = %e, "TLS handshake failed"),
                 Err(_) => {
-                    metrics().connections_closed.with(&[port.name(), "handshake_timeout"]).inc();
+                    counters.closed(port, "handshake_timeout");
                     tracing::debug!(%remote, port = port.name(), "TLS handshake timed out");
                 }
             }
@@ -610,6 +636,7 @@ mod tests {
         Arc::new(Slots {
             port: Port::Api,
             limits,
+            counters: Arc::new(()),
             open: AtomicUsize::new(0),
             by_source: Mutex::default(),
             logged_ms: AtomicU64::new(0),
@@ -649,7 +676,7 @@ mod tests {
     async fn the_idle_clock_runs_only_without_requests() {
         let timeout = Duration::from_millis(1000);
         let activity = Activity::new();
-        let mut idle = IdleClose { timeout, activity: activity.clone(), timer: None, port: Port::Api, expired: false };
+        let mut idle = IdleClose { timeout, activity: activity.clone(), timer: None, port: Port::Api, counters: Arc::new(()), expired: false };
         let info = ConnInfo { activity: Some(activity.clone()), ..ConnInfo::new("127.0.0.1:1".parse().unwrap(), None, true) };
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);

@@ -11,10 +11,12 @@
 //!    workspace crates have none in their dependency tree (`cargo tree`);
 //! 4. `src/lib.rs`'s Layout names every module.
 //!
-//! `model`, `state` and `translate` are workspace crates of their own
-//! (`src/X/Cargo.toml`, `CRATES`): inside one, `crate::x` is its own module
-//! unless `x` names another crate; the rest are the root crate's modules,
-//! each a crate to be once nothing points up (ARCHITECTURE.md, "Code map").
+//! `model`, `state`, `translate`, `tls`, `client` and `agent` are workspace
+//! crates of their own (`src/X/Cargo.toml`, `CRATES`; `proto` is one at the
+//! top, `proto/Cargo.toml`): inside one, `crate::x` is its own module
+//! unless `x` names another crate; the rest are the root crate's modules
+//! (ARCHITECTURE.md, "Code map"). The client side (`tls`, `client`,
+//! `agent`) has no server crate in its dependency tree (`cargo tree`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -39,7 +41,15 @@ const LAYERS: &[&[&str]] = &[
 
 /// The workspace crates under `src/`: directory, crate name, and the names
 /// its root gives the crates it uses (`use lodestar_model as model;`).
-const CRATES: &[(&str, &str)] = &[("model", "lodestar_model"), ("state", "lodestar_state"), ("translate", "lodestar_translate")];
+const CRATES: &[(&str, &str)] = &[
+    ("model", "lodestar_model"),
+    ("state", "lodestar_state"),
+    ("translate", "lodestar_translate"),
+    ("tls", "lodestar_tls"),
+    ("client", "lodestar_client"),
+    ("agent", "lodestar_agent"),
+    ("proto", "lodestar_proto"),
+];
 
 /// Names that stand for another module: the model crate's error
 /// vocabulary, re-exported at the root as `error`, and the mesh index,
@@ -100,19 +110,42 @@ fn tidy_fails_on_a_planted_circle_and_a_forbidden_import() {
 /// only what their sources name, hold no IO crate.
 #[test]
 fn pure_crates_have_no_io_crate_in_their_dependency_tree() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    for krate in ["lodestar-model", "lodestar-state", "lodestar-translate"] {
-        let out = std::process::Command::new(&cargo)
-            .args(["tree", "--offline", "--locked", "-e", "normal", "--prefix", "none", "-p", krate])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "cargo tree -p {krate}: {}", String::from_utf8_lossy(&out.stderr));
-        let tree = String::from_utf8_lossy(&out.stdout);
-        let io: BTreeSet<&str> = tree.lines().filter_map(|l| l.split(' ').next()).filter(|name| IO_CRATES.contains(name)).collect();
-        assert!(io.is_empty(), "{krate} has {io:?} in its dependency tree (cargo tree -e normal -p {krate} -i NAME says through what)");
+    assert_trees_lack(&["lodestar-model", "lodestar-state", "lodestar-translate"], IO_CRATES);
+}
+
+/// The client side (what `lodestar agent`, the CLI and lodestar-bench
+/// link) reaches no server code: neither the server's crates nor the
+/// store's, the API's or the pure core's beyond the model.
+#[test]
+fn client_crates_have_no_server_code_in_their_dependency_tree() {
+    assert_trees_lack(&["lodestar-tls", "lodestar-client", "lodestar-agent"], SERVER_CRATES);
+}
+
+/// No package of `crates` has any of `banned` in its `cargo tree -e normal`.
+fn assert_trees_lack(crates: &[&str], banned: &[&str]) {
+    for krate in crates {
+        let tree = cargo_tree(krate);
+        let found: BTreeSet<&str> = tree.lines().filter_map(|l| l.split(' ').next()).filter(|name| banned.contains(name)).collect();
+        assert!(found.is_empty(), "{krate} has {found:?} in its dependency tree (cargo tree -e normal -p {krate} -i NAME says through what)");
         assert!(tree.lines().count() > 10, "cargo tree -p {krate} printed too little to be its tree:\n{tree}");
     }
+}
+
+/// What the client side must not link, by package name. (axum is in its
+/// tree only as tonic's router, which the agent's local SDS and xDS relay
+/// serve Envoy through; the sources may not name it, `FORBIDDEN`.)
+const SERVER_CRATES: &[&str] = &["lodestar", "lodestar-state", "lodestar-translate", "sled", "openraft", "prometheus-client"];
+
+/// `cargo tree -e normal` of one package, one crate per line.
+fn cargo_tree(krate: &str) -> String {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(&cargo)
+        .args(["tree", "--offline", "--locked", "-e", "normal", "--prefix", "none", "-p", krate])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cargo tree -p {krate}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The crates the pure core must not reach, by package name.
@@ -229,7 +262,10 @@ fn module_edges(src: &Path, files: &[(PathBuf, String)]) -> BTreeMap<(String, St
         let path = module_path(src, file);
         let own = CRATES.iter().any(|(dir, _)| *dir == top);
         for (offset, mut target) in imports(code, &path, own) {
-            if own && (src.join(&top).join(format!("{target}.rs")).exists() || src.join(&top).join(&target).is_dir()) {
+            // Inside a crate of its own, `crate::x` is its own item unless
+            // `x` names another crate (`use lodestar_model as model;`).
+            let other = CRATES.iter().any(|(dir, _)| *dir == target) || ALIASES.iter().any(|(alias, _)| *alias == target);
+            if own && (!other || src.join(&top).join(format!("{target}.rs")).exists() || src.join(&top).join(&target).is_dir()) {
                 target = top.clone();
             }
             if let Some((_, to)) = ALIASES.iter().find(|(alias, _)| *alias == target) {

@@ -64,7 +64,7 @@ pub enum Lookup<'a> {
 impl Names {
     /// From a name table (`translate::dns::NameTable`); `domain` is the
     /// mesh's (`cluster.local`).
-    pub fn from_table(table: &crate::translate::dns::NameTable, domain: &str) -> Names {
+    pub fn from_table(table: &lodestar_model::dns::NameTable, domain: &str) -> Names {
         let mut by_name = HashMap::new();
         for (host, info) in &table.table {
             let ips: Vec<Ipv4Addr> = info.ips.iter().filter_map(|a| a.parse().ok()).collect();
@@ -320,7 +320,7 @@ pub async fn serve(opts: DnsOptions, sockets: (UdpSocket, TcpListener), names: w
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::dns::{NameInfo, NameTable};
+    use lodestar_model::dns::{NameInfo, NameTable};
 
     fn names() -> Names {
         let mut table = NameTable::default();

@@ -8,12 +8,12 @@
 //! in turn; a broken stream is dialled again after a backoff.
 
 use super::{stopped, Names};
-use crate::agent::{CaClient, Identity};
-use crate::translate::dns::NameTable;
+use crate::{CaClient, Identity};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value as PbValue};
+use lodestar_model::dns::NameTable;
 use prost::Message;
 use serde_json::Value;
 use std::sync::Arc;
@@ -45,7 +45,7 @@ pub fn dns_node(envoy_node: &Value) -> anyhow::Result<Node> {
     let (name, ns) = name_ns.rsplit_once('.').ok_or_else(|| anyhow::anyhow!("node id {id:?}: no namespace"))?;
     let mut meta = envoy_node["metadata"].as_object().cloned().unwrap_or_default();
     meta.insert("NAME".into(), Value::String(format!("{name}.dns")));
-    meta.insert(crate::model::proxy::NAME_TABLE_ONLY_METADATA.into(), Value::String("true".into()));
+    meta.insert(lodestar_model::proxy::NAME_TABLE_ONLY_METADATA.into(), Value::String("true".into()));
     let metadata = Struct { fields: meta.iter().map(|(k, v)| (k.clone(), to_pb(v))).collect() };
     Ok(Node { id: format!("{kind}~{ip}~{name}.dns.{ns}~{domain}"), metadata: Some(metadata), cluster: format!("{name}.{ns}"), ..Default::default() })
 }
