@@ -146,8 +146,8 @@ pub fn tcp_listeners(ctx: &RouteCtx, services: &[&Service], http: Option<&mut Li
         Some(l) => {
             let subnetted: Vec<&Service> = shared.into_iter().filter(by_subnet).collect();
             let (chains, sni) = super::l4::sidecar_chains(ctx, &subnetted, true).filter_chains(&name);
-            if sni && l.listener_filters.is_empty() {
-                l.listener_filters = super::listener::tls_inspector_if(true);
+            if sni && !l.listener_filters.iter().any(|f| f.name == super::listener::TLS_INSPECTOR) {
+                l.listener_filters.extend(super::listener::tls_inspector_if(true));
             }
             // Before the HTTP chain (Envoy picks the most specific match
             // whatever the order; this keeps the output stable).
