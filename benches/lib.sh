@@ -82,3 +82,34 @@ one_source_many_proxies() {
         printf 'xds_max_streams_per_credential = 1000000\nxds_max_streams_per_source = 1000000\n' >>"$file"
     fi
 }
+
+# build_lodestar PROFILE BINARY...: cargo build the binaries in the profile
+# (release|debug; not when BENCH_NO_BUILD=1). Other scripts still spell
+# this out (csr.sh, console.sh, abuse.sh).
+build_lodestar() {
+    local profile=$1 flag=() bin bins=()
+    shift
+    case $profile in
+        release) flag=(--release) ;;
+        debug) ;;
+        *) echo "error: BENCH_PROFILE: release or debug" >&2; return 1 ;;
+    esac
+    for bin in "$@"; do bins+=(--bin "$bin"); done
+    if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
+        echo "# building $* ($profile)" >&2
+        timeout 3600 nice -n 10 cargo build "${flag[@]}" --locked --quiet "${bins[@]}"
+    fi
+}
+
+# wait_replica_ready API LOG: until https://API/readyz answers (trusting
+# WORK/ca/ca.pem), at most 60 s; else LOG's tail and failure.
+wait_replica_ready() {
+    local api=$1 log=$2
+    for _ in $(seq 600); do
+        curl -sf --cacert "$WORK/ca/ca.pem" --max-time 1 -o /dev/null "https://$api/readyz" && return 0
+        sleep 0.1
+    done
+    tail -20 "$log" >&2
+    echo "error: the replica at $api is not ready within 60s" >&2
+    return 1
+}

@@ -16,7 +16,10 @@
 //!   service's filter chains (`l4`), so services sharing a port are told
 //!   apart by address (declared; with DNS capture, else allocated:
 //!   `dns::auto_vips`); those without one share `0.0.0.0_PORT` as bound
-//!   proxies share their port.
+//!   proxies share their port, and so do those with CIDR `addresses`,
+//!   each by a filter chain matching its subnets (`prefix_ranges` on the
+//!   original destination; on a port with HTTP services, chains of the
+//!   HTTP listener), as do a VirtualService's `destinationSubnets`.
 //! - `virtualInbound` (0.0.0.0:15006, the `original_dst` listener filter):
 //!   per inbound port the filter chains a bound inbound listener has (the
 //!   port's mutual TLS mode, RBAC, `inbound|PORT||` to the workload's
@@ -74,7 +77,8 @@ pub fn allow_any(mesh: &Mesh, sc: Option<&Config<Sidecar>>) -> bool {
 pub fn add_address_domains(proxy: &ProxyIdentity, services: &[&Service], domains: &mut [Vec<String>], port: u32) {
     let mut seen: std::collections::BTreeSet<String> = domains.iter().flatten().cloned().collect();
     for (svc, d) in services.iter().zip(domains.iter_mut()) {
-        for a in svc.vips(proxy.dns_capture) {
+        // A CIDR address is no Host a client sends.
+        for a in svc.vips(proxy.dns_capture).filter(|a| !a.contains('/')) {
             for name in [format!("{a}:{port}"), a.to_string()] {
                 if seen.insert(name.clone()) {
                     d.push(name);
@@ -112,25 +116,44 @@ pub fn unbound(mut l: Listener) -> Listener {
 }
 
 /// The outbound listeners of a port's non-HTTP services: one per service
-/// address (`VIP_PORT`), and `0.0.0.0_PORT` for those without one unless
-/// the port has HTTP services (whose listener that is).
-pub fn tcp_listeners(ctx: &RouteCtx, services: &[&Service], has_http: bool) -> Vec<Listener> {
+/// address (`VIP_PORT`), and `0.0.0.0_PORT` for those without one and
+/// those with CIDR addresses (chains matching their subnets, `l4`). On a
+/// port with HTTP services (`http`: its `0.0.0.0_PORT` listener), the
+/// subnets' chains join that listener, as Istio merges them; services
+/// without an address are not reached there.
+pub fn tcp_listeners(ctx: &RouteCtx, services: &[&Service], http: Option<&mut Listener>) -> Vec<Listener> {
     let port = ctx.port;
     let tcp: Vec<&Service> = services.iter().copied().filter(|s| s.port(port).is_some_and(|p| !p.is_http())).collect();
     let mut out = Vec::new();
     let auto = ctx.proxy.dns_capture;
-    for svc in tcp.iter().filter(|s| s.vips(auto).next().is_some()) {
+    for svc in &tcp {
         for a in svc.vips(auto).filter(|a| a.parse::<std::net::IpAddr>().is_ok()) {
             if let Some(l) = super::l4::sidecar_listener(ctx, &format!("{a}_{port}"), a, &[*svc]) {
                 out.push(unbound(l));
             }
         }
     }
-    let rest: Vec<&Service> = tcp.iter().copied().filter(|s| s.vips(auto).next().is_none()).collect();
-    if !has_http && !rest.is_empty() {
-        if let Some(l) = super::l4::sidecar_listener(ctx, &format!("0.0.0.0_{port}"), "0.0.0.0", &rest) {
-            out.push(unbound(l));
+    let by_subnet = |s: &&Service| !super::l4::subnets(s).is_empty();
+    let shared: Vec<&Service> = tcp.iter().copied().filter(|s| s.vips(auto).next().is_none() || by_subnet(s)).collect();
+    let name = format!("0.0.0.0_{port}");
+    match http {
+        None if !shared.is_empty() => {
+            let chains = super::l4::sidecar_chains(ctx, &shared, true);
+            if !chains.is_empty() {
+                out.push(unbound(chains.listener(&name, "0.0.0.0", port)));
+            }
         }
+        Some(l) => {
+            let subnetted: Vec<&Service> = shared.into_iter().filter(by_subnet).collect();
+            let (chains, sni) = super::l4::sidecar_chains(ctx, &subnetted, true).filter_chains(&name);
+            if sni && !l.listener_filters.iter().any(|f| f.name == super::listener::TLS_INSPECTOR) {
+                l.listener_filters.extend(super::listener::tls_inspector_if(true));
+            }
+            // Before the HTTP chain (Envoy picks the most specific match
+            // whatever the order; this keeps the output stable).
+            l.filter_chains.splice(0..0, chains);
+        }
+        None => {}
     }
     out
 }

@@ -15,6 +15,12 @@
 //!   forms Kubernetes' search list gives (`reviews`, `reviews.shop`,
 //!   `reviews.shop.svc` for a proxy in `shop`), served over xDS as Istio's
 //!   NDS resource (`istio.networking.nds.v1.NameTable`, the same fields).
+//!   A wildcard host (`*.example.com`) is in it, as Istio's, only with
+//!   declared addresses: the agent answers every name under it with them.
+//!   Without (wildcards get no allocated address, and `resolution: NONE`
+//!   or DNS ones rarely declare one) its names are the upstream
+//!   resolver's, and the connection to the real address is dispatched by
+//!   its original destination (the port's `0.0.0.0_PORT` listener).
 
 use crate::mesh::{Mesh, Resolution, Service};
 use crate::model::proxy::ProxyIdentity;
@@ -77,7 +83,7 @@ pub fn name_table<'a>(services: impl IntoIterator<Item = &'a Service>, proxy_ns:
     let mut table = BTreeMap::new();
     for svc in services {
         let ips: Vec<String> = svc.vips(true).filter(|a| a.parse::<Ipv4Addr>().is_ok()).map(str::to_string).collect();
-        if ips.is_empty() || svc.hostname.starts_with('*') {
+        if ips.is_empty() {
             continue;
         }
         let alt = alt_hosts(&svc.hostname, &svc.namespace, proxy_ns, suffix);
@@ -165,6 +171,31 @@ mod tests {
         assert_eq!(v[&first], Ipv4Addr::new(240, 240, (s >> 8) as u8, s as u8));
         let n = if s >= 65534 { 1 } else { s + 1 };
         assert_eq!(v[&second], Ipv4Addr::new(240, 240, (n >> 8) as u8, n as u8));
+    }
+
+    #[test]
+    fn wildcard_hosts_are_named_only_with_declared_addresses() {
+        let se = |host: &str, addresses: &[&str], resolution| Service {
+            hostname: host.into(),
+            namespace: "shop".into(),
+            ports: Vec::new(),
+            addresses: addresses.iter().map(|a| a.to_string()).collect(),
+            mesh_external: true,
+            resolution,
+            export_to: Vec::new(),
+            instances: Vec::new(),
+            sources: Vec::new(),
+            created: 0,
+            auto_address: None,
+        };
+        let with = se("*.api.example", &["198.18.1.50", "198.18.9.0/24"], Resolution::Passthrough);
+        let without = se("*.cdn.example", &[], Resolution::Passthrough);
+        assert!(!wants_auto_vip(&without) && !wants_auto_vip(&se("*.x.example", &[], Resolution::Static)));
+        let t = name_table([&with, &without], "shop", "cluster.local");
+        assert_eq!(t.table.keys().collect::<Vec<_>>(), ["*.api.example"]);
+        let info = &t.table["*.api.example"];
+        // The CIDR is no answer (Istio leaves it out too).
+        assert_eq!((info.ips.as_slice(), info.registry.as_str(), info.alt_hosts.len()), (&["198.18.1.50".to_string()][..], "External", 0));
     }
 
     #[test]

@@ -65,10 +65,28 @@ impl Chains {
         self.chains.is_empty()
     }
 
+    /// Add `other`'s chains, those matching any destination narrowed to
+    /// `subnets` (none: as they are).
+    fn extend_within(&mut self, other: Chains, subnets: &[String]) {
+        for mut c in other.chains {
+            if c.destination_subnets.is_empty() {
+                c.destination_subnets = subnets.to_vec();
+            }
+            self.push(c);
+        }
+    }
+
+    /// Its filter chains (stats under `stat_prefix`) and whether one
+    /// matches on SNI (the listener then needs the TLS inspector).
+    pub fn filter_chains(self, stat_prefix: &str) -> (Vec<FilterChain>, bool) {
+        let sni = self.chains.iter().any(|c| !c.server_names.is_empty());
+        (self.chains.into_iter().map(|c| filter_chain(stat_prefix, c)).collect(), sni)
+    }
+
     /// The listener: a TLS inspector when a chain matches on SNI.
     pub fn listener(self, name: &str, ip: &str, port: u32) -> Listener {
-        let listener_filters = super::listener::tls_inspector_if(self.chains.iter().any(|c| !c.server_names.is_empty()));
-        let filter_chains = self.chains.into_iter().map(|c| filter_chain(name, c)).collect();
+        let (filter_chains, sni) = self.filter_chains(name);
+        let listener_filters = super::listener::tls_inspector_if(sni);
         Listener { name: name.to_string(), address: Some(socket_address(ip, port)), filter_chains, listener_filters, ..Default::default() }
     }
 }
@@ -155,33 +173,57 @@ pub fn tcp_route_chains(ctx: &RouteCtx, vs: &Config<VirtualService>, server_name
 /// A sidecar's listener for a port without HTTP services (see the module
 /// documentation); `None` if nothing on it can be routed.
 pub fn sidecar_listener(ctx: &RouteCtx, name: &str, bind: &str, services: &[&Service]) -> Option<Listener> {
+    let chains = sidecar_chains(ctx, services, false);
+    (!chains.is_empty()).then(|| chains.listener(name, bind, ctx.port))
+}
+
+/// A service's CIDR `addresses` (`198.18.200.0/24`): on a captured proxy
+/// its connections are told apart by their original destination in them.
+pub fn subnets(svc: &Service) -> Vec<String> {
+    svc.addresses.iter().filter(|a| a.contains('/')).cloned().collect()
+}
+
+/// The chains of `services` on one port. `by_subnet` (a captured proxy's
+/// `0.0.0.0_PORT`): a service with CIDR addresses has every chain of its
+/// own (those of its routes without `destinationSubnets`, and its default)
+/// match its subnets, as Istio's listener for a CIDR service does; the
+/// plain TCP service that takes unmatched connections is the first one
+/// without subnets.
+pub fn sidecar_chains(ctx: &RouteCtx, services: &[&Service], by_subnet: bool) -> Chains {
     let single = services.len() == 1;
+    let subnets = |svc: &Service| if by_subnet { subnets(svc) } else { Vec::new() };
     let mut chains = Chains::default();
     let tls = |s: &&&Service| s.port(ctx.port).is_some_and(|p| p.protocol.is_tls());
     for svc in services.iter().filter(tls) {
+        let mut own = Chains::default();
         let vs = super::route::virtual_service_for(ctx, &svc.hostname);
         if let Some(vs) = vs {
-            tls_route_chains(ctx, vs, &|_| true, &mut chains);
+            tls_route_chains(ctx, vs, &|_| true, &mut own);
         }
         let names = if single { Vec::new() } else { vec![svc.hostname.clone()] };
         if let Some(vs) = vs {
-            tcp_route_chains(ctx, vs, &names, &mut chains);
+            tcp_route_chains(ctx, vs, &names, &mut own);
         }
-        chains.push(L4Chain { server_names: names, destination_subnets: Vec::new(), clusters: vec![(outbound_cluster_name(ctx.port, "", &svc.hostname), 1)] });
+        own.push(L4Chain { server_names: names, destination_subnets: Vec::new(), clusters: vec![(outbound_cluster_name(ctx.port, "", &svc.hostname), 1)] });
+        chains.extend_within(own, &subnets(svc));
     }
-    // Plain TCP carries no name: one service per port (the first) is
-    // reached by connections no SNI chain takes.
-    if let Some(svc) = services.iter().find(|s| !tls(s)) {
+    // Plain TCP carries no name: one service per port (the first without
+    // subnets) is reached by connections no other chain takes.
+    let plain: Vec<&Service> = services.iter().filter(|s| !tls(s)).copied().collect();
+    let catch_all = plain.iter().find(|s| subnets(s).is_empty());
+    for svc in plain.iter().filter(|s| !subnets(s).is_empty()).chain(catch_all) {
+        let mut own = Chains::default();
         if let Some(vs) = super::route::virtual_service_for(ctx, &svc.hostname) {
-            tcp_route_chains(ctx, vs, &[], &mut chains);
+            tcp_route_chains(ctx, vs, &[], &mut own);
         }
-        chains.push(L4Chain {
+        own.push(L4Chain {
             server_names: Vec::new(),
             destination_subnets: Vec::new(),
             clusters: vec![(outbound_cluster_name(ctx.port, "", &svc.hostname), 1)],
         });
+        chains.extend_within(own, &subnets(svc));
     }
-    (!chains.is_empty()).then(|| chains.listener(name, bind, ctx.port))
+    chains
 }
 
 /// The AUTO_PASSTHROUGH SNI name of a cluster (Istio's

@@ -301,6 +301,7 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
         let captured = proxy.capture && plan.bind == proxy.ip;
         let http: Vec<&Arc<Service>> = plan.services.values().filter(|s| s.port(plan.port).is_some_and(|p| p.is_http())).collect();
         let ctx = RouteCtx { mesh, proxy, scope: &services, port: plan.port, gateway: None };
+        let mut http_listener = None;
         if !http.is_empty() {
             let route_name = plan.route_name(&proxy.ip);
             let services: Vec<&Service> = http.iter().map(|s| s.as_ref()).collect();
@@ -317,16 +318,15 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
             }
             cfg.insert(ResourceType::Route, assemble_route(&route_name, &parts));
             rds.insert(route_name.clone(), RdsParts { port: plan.port, parts: Arc::new(parts) });
-            let l = match captured {
+            http_listener = Some(match captured {
                 true => capture::unbound(listener::http_listener(&format!("0.0.0.0_{}", plan.port), "0.0.0.0", plan.port, Routes::Rds(route_name))),
                 false => listener::http_listener(&plan.listener_name(), &plan.bind, plan.port, Routes::Rds(route_name)),
-            };
-            cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
+            });
         }
         if captured {
-            // TCP services told apart by their addresses.
+            // TCP services told apart by their addresses (and subnets).
             let services: Vec<&Service> = plan.services.values().map(|s| s.as_ref()).collect();
-            for l in capture::tcp_listeners(&ctx, &services, !http.is_empty()) {
+            for l in capture::tcp_listeners(&ctx, &services, http_listener.as_mut()) {
                 cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
             }
         } else if http.is_empty() {
@@ -337,6 +337,9 @@ fn sidecar(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &M
             if let Some(l) = l4::sidecar_listener(&ctx, &plan.listener_name(), &plan.bind, &services) {
                 cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
             }
+        }
+        if let Some(l) = http_listener {
+            cfg.insert(ResourceType::Listener, XdsResource::new(l.name.clone(), &l));
         }
     }
     // Destinations named by routes must exist even if the egress scope does

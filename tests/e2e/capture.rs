@@ -504,7 +504,7 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
 }
 
 /// An upstream resolver on VM B (UDP and TCP 53): `external.example.test`
-/// is 198.18.X.66, anything else NXDOMAIN; every question it is asked is
+/// and the names under it are 198.18.X.66, anything else NXDOMAIN; every question it is asked is
 /// printed to stderr, its log (`asked NAME TYPE`).
 const RESOLVER: &str = r#"
 import socket, struct, sys, threading
@@ -516,7 +516,7 @@ def answer(q):
     name, qtype = ".".join(labels).lower(), struct.unpack(">H", q[i + 1:i + 3])[0]
     print("asked", name, qtype, file=sys.stderr, flush=True)
     question = q[12:i + 5]
-    if name == "external.example.test" and qtype == 1:
+    if (name == "external.example.test" or name.endswith(".external.example.test")) and qtype == 1:
         rr = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + ip
         return q[:2] + b"\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00" + question + rr
     return q[:2] + b"\x81\x83\x00\x01\x00\x00\x00\x00\x00\x00" + question
@@ -604,8 +604,44 @@ spec:
   hosts: [partner.example.test]
   ports: [{{name: tcp, number: 15432, protocol: TCP}}]
   resolution: NONE
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: apps, namespace: shop}}
+spec:
+  hosts: ["*.apps.example.test"]
+  addresses: [{b}]
+  ports: [{{name: http, number: 8081, protocol: HTTP}}]
+  resolution: NONE
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: external, namespace: shop}}
+spec:
+  hosts: ["*.external.example.test"]
+  ports: [{{name: http, number: 8082, protocol: HTTP}}]
+  resolution: NONE
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: legacy-db, namespace: shop}}
+spec:
+  hosts: [legacy.db.internal]
+  addresses: [{subnet}/26]
+  ports: [{{name: tcp, number: 25432, protocol: TCP}}]
+  resolution: NONE
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: mainframe, namespace: shop}}
+spec:
+  hosts: [mainframe.internal]
+  addresses: [{subnet}/27]
+  ports: [{{name: tcp, number: 9080, protocol: TCP}}]
+  resolution: NONE
 "#,
         reviews = t.vip(10),
+        subnet = t.addr(64),
     )
 }
 
@@ -729,6 +765,37 @@ async fn capture_dns_answers_mesh_names_and_forwards_the_rest() {
     let (ok, out, err) = exec(&t.a, &["python3", "-c", TCP_CLIENT, &t.addr(66), "15432"]);
     assert!(ok && out.trim() == "orders-db", "{out} {err}");
     assert_eq!(stat(&stats(&t.a), "cluster.outbound|15432||partner.example.test.upstream_cx_total"), 1);
+
+    // Wildcard hosts, as Istio's agent: a name under one with an address
+    // is answered with it by the agent (upstream never asked) and reached
+    // through its route; a name under one without is the upstream's, and
+    // the connection to that address goes through the wildcard's route
+    // too (the port's 0.0.0.0 listener, by Host).
+    assert_eq!(resolve_one(&t.a, "v1.apps.example.test"), t.addr(66));
+    assert_eq!(raw("udp", "a.b.apps.example.test", "1"), format!("rcode=0 {}", t.addr(66)));
+    assert_eq!(raw("udp", "apps.example.test", "1"), "rcode=3", "the wildcard's own domain is not under it");
+    assert_eq!(resolve_one(&t.a, "shop.external.example.test"), t.addr(66));
+    let asked = std::fs::read_to_string(&resolver_log).unwrap();
+    assert!(!asked.contains(".apps.example.test") && asked.contains("asked shop.external.example.test 1"), "{asked}");
+    for (url, want) in [("http://v1.apps.example.test:8081/", "v1"), ("http://shop.external.example.test:8082/", "v2")] {
+        let (ok, out, err) = exec(&t.a, &["curl", "-s", "--max-time", "5", url]);
+        assert!(ok && out.trim() == want, "{url}: {out} {err}");
+    }
+    let s = stats(&t.a);
+    assert_eq!(stat(&s, "cluster.outbound|8081||*.apps.example.test.upstream_rq_total"), 1, "{s:?}");
+    assert_eq!(stat(&s, "cluster.outbound|8082||*.external.example.test.upstream_rq_total"), 1);
+
+    // CIDR addresses: a connection into the subnet goes through the
+    // ServiceEntry's cluster (to its original destination), on a port of
+    // its own and on a port with HTTP services (reviews' 9080: nothing
+    // listens there on VM B, so only the attempt is counted).
+    let (ok, out, err) = exec(&t.a, &["python3", "-c", TCP_CLIENT, &t.addr(66), "25432"]);
+    assert!(ok && out.trim() == "users-db", "{out} {err}");
+    let _ = exec(&t.a, &["python3", "-c", TCP_CLIENT, &t.addr(66), "9080"]);
+    let s = stats(&t.a);
+    assert_eq!(stat(&s, "cluster.outbound|25432||legacy.db.internal.upstream_cx_total"), 1, "{s:?}");
+    assert_eq!(stat(&s, "cluster.outbound|9080||mainframe.internal.upstream_cx_total"), 1, "{s:?}");
+    assert_eq!(stat(&s, "cluster.PassthroughCluster.upstream_cx_total"), 0, "{s:?}");
 
     // 5. A new ServiceEntry's host resolves soon after the write.
     let se = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: cache, namespace: shop}\nspec:\n  hosts: [cache.db.internal]\n  ports: [{name: tcp, number: 6379, protocol: TCP}]\n  resolution: STATIC\n  endpoints: [{address: 198.18.0.99}]\n";

@@ -6,6 +6,9 @@
 //! - a mesh name (the proxy's name table, [`nds`]: its reachable services
 //!   with their short forms) is answered at once: its IPv4 addresses for A,
 //!   no records for AAAA or any other type (NODATA);
+//! - a name under a wildcard host of the table (`*.api.example`: any
+//!   `a.api.example`, `a.b.api.example`, the most specific wildcard first),
+//!   as Istio's agent does, is answered with the wildcard's addresses;
 //! - an unknown name under the mesh's service domain (`svc.cluster.local`)
 //!   is NXDOMAIN, as the cluster's DNS would say;
 //! - everything else is forwarded, as bytes, to the upstream resolvers
@@ -49,6 +52,8 @@ pub const MAX_NAMES: usize = 200_000;
 #[derive(Debug, Default)]
 pub struct Names {
     by_name: HashMap<String, Vec<Ipv4Addr>>,
+    /// Wildcard hosts by what follows their `*.` (`api.example`).
+    wildcards: HashMap<String, Vec<Ipv4Addr>>,
     /// `svc.DOMAIN`: an unknown name under it is NXDOMAIN.
     service_domain: String,
 }
@@ -65,30 +70,43 @@ impl Names {
     /// From a name table (`translate::dns::NameTable`); `domain` is the
     /// mesh's (`cluster.local`).
     pub fn from_table(table: &lodestar_model::dns::NameTable, domain: &str) -> Names {
-        let mut by_name = HashMap::new();
+        let (mut by_name, mut wildcards) = (HashMap::new(), HashMap::new());
         for (host, info) in &table.table {
             let ips: Vec<Ipv4Addr> = info.ips.iter().filter_map(|a| a.parse().ok()).collect();
             for name in std::iter::once(host).chain(&info.alt_hosts) {
-                if by_name.len() >= MAX_NAMES {
+                if by_name.len() + wildcards.len() >= MAX_NAMES {
                     break;
                 }
-                by_name.entry(name.trim_end_matches('.').to_ascii_lowercase()).or_insert_with(|| ips.clone());
+                let name = name.trim_end_matches('.').to_ascii_lowercase();
+                match name.strip_prefix("*.") {
+                    Some(domain) => wildcards.entry(domain.to_string()),
+                    None => by_name.entry(name),
+                }
+                .or_insert_with(|| ips.clone());
             }
         }
-        Names { by_name, service_domain: format!("svc.{domain}") }
+        Names { by_name, wildcards, service_domain: format!("svc.{domain}") }
     }
 
     pub fn len(&self) -> usize {
-        self.by_name.len()
+        self.by_name.len() + self.wildcards.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
+        self.len() == 0
     }
 
     pub fn lookup(&self, name: &str) -> Lookup<'_> {
         if let Some(ips) = self.by_name.get(name) {
             return Lookup::Mesh(ips);
+        }
+        // The wildcards over it, longest first: for `a.b.api.example`,
+        // `*.b.api.example`, `*.api.example`, `*.example`.
+        if !self.wildcards.is_empty() {
+            let parents = name.match_indices('.').map(|(i, _)| &name[i + 1..]);
+            if let Some(ips) = parents.filter(|d| !d.is_empty()).find_map(|d| self.wildcards.get(d)) {
+                return Lookup::Mesh(ips);
+            }
         }
         let under = |d: &str| !d.is_empty() && name.strip_suffix(d).is_some_and(|rest| rest.ends_with('.'));
         if under(&self.service_domain) {
@@ -329,7 +347,30 @@ mod tests {
             NameInfo { ips: vec!["198.19.0.10".into()], alt_hosts: vec!["reviews".into(), "reviews.shop".into()], ..Default::default() },
         );
         table.table.insert("db.example.com".into(), NameInfo { ips: vec!["240.240.1.2".into()], ..Default::default() });
+        table.table.insert("*.api.example".into(), NameInfo { ips: vec!["198.18.1.50".into()], ..Default::default() });
+        table.table.insert("*.eu.api.example".into(), NameInfo { ips: vec!["198.18.1.51".into()], ..Default::default() });
         Names::from_table(&table, "cluster.local")
+    }
+
+    #[test]
+    fn names_under_a_wildcard_host() {
+        let n = names();
+        let (any, eu) = ([Ipv4Addr::new(198, 18, 1, 50)], [Ipv4Addr::new(198, 18, 1, 51)]);
+        for name in ["v1.api.example", "a.b.api.example"] {
+            assert_eq!(n.lookup(name), Lookup::Mesh(&any), "{name}");
+        }
+        // The most specific wildcard.
+        assert_eq!(n.lookup("fr.eu.api.example"), Lookup::Mesh(&eu));
+        assert_eq!(n.lookup("eu.api.example"), Lookup::Mesh(&any));
+        // Not the wildcard's own domain, nor a sibling, nor `*` itself.
+        for name in ["api.example", "api.example.org", "xapi.example", "example"] {
+            assert_eq!(n.lookup(name), Lookup::Forward, "{name}");
+        }
+        assert_eq!(n.len(), 6);
+        // The answer names the question (a pointer to it), as Istio's does.
+        let q = message::query(8, "V1.Api.Example", message::TYPE_A);
+        let a = n.answer(&message::parse_query(&q).unwrap(), &q).unwrap();
+        assert_eq!(message::read_answer(&a), Some((8, 0, any.to_vec())));
     }
 
     #[test]
