@@ -323,7 +323,7 @@ spec:
 }
 
 /// Refusals name the field: metrics overrides (Lodestar's Envoys do not
-/// emit Istio's standard metrics) and an OpenTelemetry tracer.
+/// emit Istio's standard metrics).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn telemetry_refusals_name_the_field() {
     let fx = Fixture::start(1).await;
