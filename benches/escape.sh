@@ -295,8 +295,10 @@ for round in $(seq "$ROUNDS"); do
         RESULTS+=("$round $mode $(sed -n 's/^result: .*p50_ms=\([^ ]*\) p90_ms=\([^ ]*\) p99_ms=\([^ ]*\) max_ms=\([^ ]*\).*/\1 \2 \3 \4/p' "$out") $(sed -n 's/^result: .*req_per_s=\([^ ]*\).*/\1/p' "$out")")
     done
 done
-# The log has a line per request of every L round (and the probes').
-[ "$(log_lines)" -ge $((ROUNDS * REQUESTS)) ] || die "the access log has $(log_lines) lines, fewer than the L rounds' $((ROUNDS * REQUESTS)) requests"
+# The log has a line per request of every L round (and the probes'), once
+# Envoy has flushed the last round's.
+logged_all() { [ "$(log_lines)" -ge $((ROUNDS * REQUESTS)) ]; }
+wait_for 10 "a log line per request of the L rounds ($((ROUNDS * REQUESTS)))" logged_all
 
 echo
 printf '%-6s %-5s %9s %9s %9s %9s %9s\n' round mode p50_ms p90_ms p99_ms max_ms req/s
