@@ -29,21 +29,25 @@
 use super::resources::{ProxyConfig, ResourceType, XdsResource};
 use super::util::any;
 use crate::mesh::{Config, Mesh, Service};
-use crate::model::istio::mesh_config::{AccessLogEncoding, FileAccessLog, MeshConfig, ProviderKind, BUILTIN_ENVOY};
+use crate::model::istio::mesh_config::{AccessLogEncoding, FileAccessLog, MeshConfig, OpenTelemetry, ProviderKind, BUILTIN_ENVOY, OTLP_HTTP_PATH};
 use crate::model::istio::telemetry::{Filter as LogFilter, Telemetry};
 use crate::model::proxy::{ProxyIdentity, ProxyKind};
 use envoy_types::pb::envoy::config::accesslog::v3::{access_log, access_log_filter, extension_filter, AccessLog, AccessLogFilter, ExtensionFilter};
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::core::v3::{data_source, substitution_format_string, DataSource, SubstitutionFormatString};
+use envoy_types::pb::envoy::config::core::v3::{
+    grpc_service, http_uri, GrpcService, HeaderValue, HeaderValueOption, HttpService, HttpUri, TypedExtensionConfig,
+};
 use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, Listener};
 use envoy_types::pb::envoy::config::trace::v3::{
-    tracing::http as tracing_http, tracing::Http as TracingHttp, zipkin_config::CollectorEndpointVersion, ZipkinConfig,
+    tracing::http as tracing_http, tracing::Http as TracingHttp, zipkin_config::CollectorEndpointVersion, OpenTelemetryConfig, ZipkinConfig,
 };
 use envoy_types::pb::envoy::extensions::access_loggers::file::v3::{file_access_log, FileAccessLog as EnvoyFileAccessLog};
 use envoy_types::pb::envoy::extensions::access_loggers::filters::cel::v3::ExpressionFilter;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::Tracing as HcmTracing;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{http_connection_manager::RouteSpecifier, HttpConnectionManager};
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy::ClusterSpecifier, TcpProxy};
+use envoy_types::pb::envoy::extensions::tracers::opentelemetry::resource_detectors::v3::EnvironmentResourceDetectorConfig;
 use envoy_types::pb::envoy::r#type::tracing::v3::{custom_tag, CustomTag as EnvoyCustomTag};
 use envoy_types::pb::envoy::r#type::v3::Percent;
 use envoy_types::pb::google::protobuf::{value::Kind as PbKind, Struct, Value as PbValue};
@@ -264,6 +268,10 @@ pub fn tracing_spec(mesh: &Mesh, telemetries: &[&Arc<Config<Telemetry>>], server
 /// `defaultConfig.tracing.sampling` says (`PILOT_TRACE_SAMPLING`).
 const DEFAULT_SAMPLING: f64 = 1.0;
 const ZIPKIN_TRACER: &str = "envoy.tracers.zipkin";
+const OTEL_TRACER: &str = "envoy.tracers.opentelemetry";
+const OTEL_ENV_DETECTOR: &str = "envoy.tracers.opentelemetry.resource_detectors.environment";
+/// Envoy requires a timeout on an `HttpUri`; Istio leaves it to the user.
+const OTLP_HTTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The HCM `tracing` of one direction; `None` when tracing is off (no
 /// provider, span reporting disabled, or a provider that is not a Zipkin
@@ -271,18 +279,7 @@ const ZIPKIN_TRACER: &str = "envoy.tracers.zipkin";
 pub fn hcm_tracing(mesh: &Mesh, proxy: &ProxyIdentity, server: bool) -> Option<HcmTracing> {
     let spec = tracing_spec(mesh, &applicable(mesh, proxy), server);
     let name = spec.provider.as_deref().filter(|_| !spec.disabled)?;
-    let ProviderKind::Zipkin(z) = mesh.mesh_config.provider(name)? else { return None };
-    let svc = super::extauthz::provider_service(mesh, name, &z.service, z.port.0).ok()?;
-    let cluster = super::outbound_cluster_name(z.port.0, "", &svc.hostname);
-    let zipkin = ZipkinConfig {
-        collector_cluster: cluster,
-        collector_endpoint: z.path.clone().unwrap_or_else(|| "/api/v2/spans".into()),
-        collector_hostname: svc.hostname.clone(),
-        trace_id_128bit: !z.enable64bit_trace_id.unwrap_or(false),
-        shared_span_context: Some(BoolValue { value: false }),
-        collector_endpoint_version: CollectorEndpointVersion::HttpJson as i32,
-        ..Default::default()
-    };
+    let (provider, max_tag_length) = tracer(mesh, proxy, name)?;
     let default_sampling = mesh.mesh_config.default_config.as_ref().and_then(|d| d.tracing.as_ref()).and_then(|t| t.sampling).filter(|s| *s > 0.0);
     let sampling = spec.sampling.or(default_sampling).unwrap_or(DEFAULT_SAMPLING);
     let percent = |v: f64| Some(Percent { value: v });
@@ -305,13 +302,91 @@ pub fn hcm_tracing(mesh: &Mesh, proxy: &ProxyIdentity, server: bool) -> Option<H
         client_sampling: percent(100.0),
         random_sampling: percent(sampling),
         overall_sampling: percent(100.0),
-        max_path_tag_length: z.max_tag_length.map(|v| UInt32Value { value: v }),
+        max_path_tag_length: max_tag_length.map(|v| UInt32Value { value: v }),
         custom_tags,
-        provider: Some(TracingHttp { name: ZIPKIN_TRACER.into(), config_type: Some(tracing_http::ConfigType::TypedConfig(any(&zipkin))) }),
+        provider: Some(provider),
         // Istio: gateways start an upstream span of their own.
         spawn_upstream_span: (proxy.kind == ProxyKind::Router).then_some(BoolValue { value: true }),
         ..Default::default()
     })
+}
+
+/// The tracer of provider `name` and its `maxTagLength`; `None` when it is
+/// not a tracer or its collector is not a service of the mesh (istiod
+/// leaves tracing out alike).
+fn tracer(mesh: &Mesh, proxy: &ProxyIdentity, name: &str) -> Option<(TracingHttp, Option<u32>)> {
+    let typed = |name: &str, cfg: envoy_types::pb::google::protobuf::Any| TracingHttp {
+        name: name.into(),
+        config_type: Some(tracing_http::ConfigType::TypedConfig(cfg)),
+    };
+    match mesh.mesh_config.provider(name)? {
+        ProviderKind::Zipkin(z) => {
+            let svc = super::extauthz::provider_service(mesh, name, &z.service, z.port.0).ok()?;
+            let zipkin = ZipkinConfig {
+                collector_cluster: super::outbound_cluster_name(z.port.0, "", &svc.hostname),
+                collector_endpoint: z.path.clone().unwrap_or_else(|| "/api/v2/spans".into()),
+                collector_hostname: svc.hostname.clone(),
+                trace_id_128bit: !z.enable64bit_trace_id.unwrap_or(false),
+                shared_span_context: Some(BoolValue { value: false }),
+                collector_endpoint_version: CollectorEndpointVersion::HttpJson as i32,
+                ..Default::default()
+            };
+            Some((typed(ZIPKIN_TRACER, any(&zipkin)), z.max_tag_length))
+        }
+        ProviderKind::OpenTelemetry(o) => {
+            let svc = super::extauthz::provider_service(mesh, name, &o.service, o.port.0).ok()?;
+            Some((typed(OTEL_TRACER, any(&otel_config(o, &svc.hostname, proxy))), o.max_tag_length))
+        }
+        _ => None,
+    }
+}
+
+/// Istio's `otelConfig` (pilot/pkg/networking/core/tracing.go): OTLP over
+/// gRPC through the collector's outbound cluster (authority: its host
+/// name), or over HTTP to `HOST/path` through it; the resource detectors
+/// asked for; the service name is the proxy's service cluster.
+fn otel_config(o: &OpenTelemetry, hostname: &str, proxy: &ProxyIdentity) -> OpenTelemetryConfig {
+    let cluster = super::outbound_cluster_name(o.port.0, "", hostname);
+    let (grpc_service, http_service) = match &o.http {
+        None => {
+            let target =
+                grpc_service::TargetSpecifier::EnvoyGrpc(grpc_service::EnvoyGrpc { cluster_name: cluster, authority: hostname.into(), ..Default::default() });
+            (Some(GrpcService { target_specifier: Some(target), ..Default::default() }), None)
+        }
+        Some(h) => {
+            let path = h.path.as_deref().unwrap_or(OTLP_HTTP_PATH);
+            let uri = HttpUri {
+                uri: format!("{hostname}{path}"),
+                http_upstream_type: Some(http_uri::HttpUpstreamType::Cluster(cluster)),
+                timeout: Some(h.timeout.as_ref().map(super::util::istio_duration).unwrap_or(super::util::duration(OTLP_HTTP_TIMEOUT))),
+            };
+            let headers = h
+                .headers
+                .iter()
+                .map(|hd| HeaderValueOption {
+                    header: Some(HeaderValue { key: hd.name.clone(), value: hd.value.clone().unwrap_or_default(), ..Default::default() }),
+                    ..Default::default()
+                })
+                .collect();
+            (None, Some(HttpService { http_uri: Some(uri), request_headers_to_add: headers, ..Default::default() }))
+        }
+    };
+    let resource_detectors = o
+        .resource_detectors
+        .as_ref()
+        .filter(|d| d.environment.is_some())
+        .map(|_| TypedExtensionConfig { name: OTEL_ENV_DETECTOR.into(), typed_config: Some(any(&EnvironmentResourceDetectorConfig::default())) })
+        .into_iter()
+        .collect();
+    OpenTelemetryConfig { grpc_service, http_service, service_name: service_cluster(proxy), resource_detectors, ..Default::default() }
+}
+
+/// Istio's service cluster of a proxy (istio-agent's default
+/// `--serviceCluster`): its canonical service name, else its `app` label,
+/// else its workload name, then `.NAMESPACE`.
+pub fn service_cluster(proxy: &ProxyIdentity) -> String {
+    let name = ["service.istio.io/canonical-name", "app.kubernetes.io/name", "app"].iter().find_map(|k| proxy.labels.get(*k)).unwrap_or(&proxy.name);
+    format!("{name}.{}", proxy.namespace)
 }
 
 /// The collectors' services of the tracers `proxy` uses: their clusters
@@ -326,8 +401,12 @@ pub fn tracer_services(mesh: &Mesh, proxy: &ProxyIdentity) -> BTreeMap<String, A
         .filter_map(|server| {
             let spec = tracing_spec(mesh, &telemetries, *server);
             let name = spec.provider?;
-            let ProviderKind::Zipkin(z) = mesh.mesh_config.provider(&name)? else { return None };
-            super::extauthz::provider_service(mesh, &name, &z.service, z.port.0).ok()
+            let (service, port) = match mesh.mesh_config.provider(&name)? {
+                ProviderKind::Zipkin(z) => (&z.service, z.port.0),
+                ProviderKind::OpenTelemetry(o) => (&o.service, o.port.0),
+                _ => return None,
+            };
+            super::extauthz::provider_service(mesh, &name, service, port).ok()
         })
         .map(|s| (s.hostname.clone(), s))
         .collect()

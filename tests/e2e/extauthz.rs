@@ -372,11 +372,6 @@ async fn corpus_38_custom_and_telemetry_files() {
             mesh("meshconfig-telemetry-providers.yaml"),
             Some(("spec.extensionProviders[2].envoyOtelAls", "extension provider kind envoyOtelAls is not supported")),
         ),
-        (
-            "meshconfig-telemetry-providers.yaml",
-            mesh("meshconfig-telemetry-providers.yaml"),
-            Some(("spec.extensionProviders[1].opentelemetry", "opentelemetry tracing provider")),
-        ),
         ("telemetry-access-logging.yaml", read("telemetry-access-logging.yaml"), None),
         ("telemetry-access-logging-filter.yaml", read("telemetry-access-logging-filter.yaml"), None),
         ("telemetry-access-logging-filter-5xx.yaml", read("telemetry-access-logging-filter-5xx.yaml"), None),

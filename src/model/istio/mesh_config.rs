@@ -6,7 +6,8 @@
 //!
 //! What applies without Kubernetes: `extensionProviders` (ext_authz over
 //! HTTP or gRPC for CUSTOM authorization; Zipkin and OpenTelemetry
-//! tracers, file access logs and Prometheus for the Telemetry API),
+//! tracers (OTLP over gRPC or HTTP), file access logs and Prometheus for the
+//! Telemetry API),
 //! `defaultProviders`, the legacy access log settings (`accessLogFile`,
 //! `accessLogEncoding`, `accessLogFormat`), `enableTracing`,
 //! `defaultConfig.tracing.sampling`, `outboundTrafficPolicy` (the default
@@ -257,7 +258,55 @@ pub struct OpenTelemetry {
     pub port: Port,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tag_length: Option<u32>,
+    /// OTLP over HTTP (protobuf POSTs); unset: OTLP over gRPC (Istio's
+    /// default), to the same service and port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<OtelHttp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_detectors: Option<ResourceDetectors>,
+    /// Refused by name (`check_kind`): Dynatrace's sampler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynatrace_sampler: Option<Value>,
 }
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OtelHttp {
+    /// Where spans are POSTed (`/v1/traces`, OTLP's path, when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<HttpHeader>,
+}
+
+/// Istio's `ExtensionProvider.HttpHeader`: `value`, or `envName` (refused:
+/// it reads istiod's own environment).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpHeader {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_name: Option<String>,
+}
+
+/// Envoy's OpenTelemetry resource detectors: `environment` (the proxy's
+/// `OTEL_RESOURCE_ATTRIBUTES`); `dynatrace` is refused by name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ResourceDetectors {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynatrace: Option<Value>,
+}
+
+/// OTLP/HTTP's traces path, when `http.path` is unset.
+pub const OTLP_HTTP_PATH: &str = "/v1/traces";
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -385,7 +434,7 @@ impl MeshConfig {
                 for (i, n) in names.iter().enumerate() {
                     let ok = matches!(
                         (field, self.provider(n)),
-                        ("tracing", Some(ProviderKind::Zipkin(_)))
+                        ("tracing", Some(ProviderKind::Zipkin(_) | ProviderKind::OpenTelemetry(_)))
                             | ("metrics", Some(ProviderKind::Prometheus))
                             | ("accessLogging", Some(ProviderKind::FileAccessLog(_)))
                     );
@@ -487,10 +536,7 @@ impl ExtensionProvider {
                     r.error(&at.field("path"), format!("{p:?} must begin with `/`"));
                 }
             }
-            Some(ProviderKind::OpenTelemetry(o)) => {
-                check_service(r, &at, &o.service, o.port.0);
-                r.unsupported_one(&at, "an opentelemetry tracing provider", "Lodestar translates zipkin tracers (Envoy's Zipkin tracer, HTTP JSON v2)");
-            }
+            Some(ProviderKind::OpenTelemetry(o)) => o.check(&at, r),
             Some(ProviderKind::FileAccessLog(f)) => {
                 if f.path.as_deref().is_some_and(str::is_empty) {
                     r.error(&at.field("path"), "empty path (leave it out for /dev/stdout)");
@@ -510,6 +556,56 @@ impl ExtensionProvider {
                 &at,
                 format!("extension provider kind {kind} is not supported by Lodestar (supported: envoyExtAuthzHttp, envoyExtAuthzGrpc, zipkin, opentelemetry, envoyFileAccessLog, prometheus)"),
             ),
+        }
+    }
+}
+
+impl OpenTelemetry {
+    fn check(&self, at: &Path, r: &mut Report) {
+        check_service(r, at, &self.service, self.port.0);
+        if self.dynatrace_sampler.is_some() {
+            r.error(
+                &at.field("dynatraceSampler"),
+                "Dynatrace's sampler is not translated by Lodestar; leave it out (sampling is the Telemetry's randomSamplingPercentage)",
+            );
+        }
+        if let Some(d) = &self.resource_detectors {
+            let at = at.field("resourceDetectors");
+            if d.dynatrace.is_some() {
+                r.error(
+                    &at.field("dynatrace"),
+                    "Dynatrace's resource detector is not translated by Lodestar (it reads files Dynatrace's OneAgent writes); use environment",
+                );
+            }
+            if d.environment.as_ref().is_some_and(|v| v.as_object().is_none_or(|o| !o.is_empty())) {
+                r.error(&at.field("environment"), "environment takes no settings: {}");
+            }
+        }
+        if let Some(h) = &self.http {
+            let at = at.field("http");
+            if let Some(p) = h.path.as_deref().filter(|p| !p.starts_with('/')) {
+                r.error(&at.field("path"), format!("{p:?} must begin with `/`"));
+            }
+            if let Some(t) = &h.timeout {
+                check_duration(r, &at.field("timeout"), t);
+            }
+            for (i, hd) in h.headers.iter().enumerate() {
+                let at = at.field("headers").index(i);
+                if hd.name.is_empty() {
+                    r.error(&at.field("name"), "required");
+                } else if !hd.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)) {
+                    r.error(&at.field("name"), format!("{:?} is not an HTTP header name", hd.name));
+                }
+                if hd.env_name.is_some() {
+                    r.error(&at.field("envName"), "reads istiod's own environment, which Lodestar does not have; write the value");
+                } else if let Some(v) = &hd.value {
+                    if v.bytes().any(|b| b == 0 || b == b'\r' || b == b'\n') || v.len() > 16384 {
+                        r.error(&at.field("value"), "not an HTTP header value (no NUL, CR or LF; at most 16384 bytes)");
+                    }
+                } else {
+                    r.error(&at.field("value"), "required");
+                }
+            }
         }
     }
 }
@@ -660,5 +756,36 @@ mod tests {
         assert!(e.iter().any(|e| e.starts_with("spec.defaultConfig.holdApplicationUntilProxyStarts")), "{e:?}");
         let e = errors(json!({"extensionProviders": [{"name": "a", "envoyExtAuthzHttp": {"service": "x.y", "port": 1, "headersToUpstreamOnAllow": ["*"]}}]}));
         assert!(e.iter().any(|e| e.starts_with("spec.extensionProviders[0].envoyExtAuthzHttp.headersToUpstreamOnAllow[0]")), "{e:?}");
+    }
+
+    /// Istio's OpenTelemetry tracer: gRPC (the samples' provider) and HTTP
+    /// with every field Lodestar translates apply; what it does not
+    /// translate is refused by name.
+    #[test]
+    fn opentelemetry_providers() {
+        let v: serde_json::Value = yaml_serde::from_str(
+            "extensionProviders:\n- {name: otel-tracing, opentelemetry: {port: 4317, service: opentelemetry-collector.observability.svc.cluster.local}}\n- name: otel-http\n  opentelemetry:\n    service: collector.observability.svc.cluster.local\n    port: 4318\n    maxTagLength: 64\n    http: {path: /v1/traces, timeout: 3s, headers: [{name: x-token, value: abc}]}\n    resourceDetectors: {environment: {}}\ndefaultProviders: {tracing: [otel-tracing]}\n",
+        )
+        .unwrap();
+        assert_eq!(errors(v), Vec::<String>::new());
+        let e = errors(json!({"extensionProviders": [{"name": "o", "opentelemetry": {
+            "service": "c.o", "port": 4317, "dynatraceSampler": {"tenant": "t"},
+            "resourceDetectors": {"dynatrace": {}},
+            "http": {"path": "v1/traces", "timeout": "soon", "headers": [{"name": "x-a", "envName": "TOKEN"}, {"name": "x b", "value": "v"}, {"name": "x-c"}]},
+        }}]}));
+        let at = "spec.extensionProviders[0].opentelemetry.";
+        for field in [
+            "dynatraceSampler: Dynatrace's sampler is not translated",
+            "resourceDetectors.dynatrace: Dynatrace's resource detector is not translated",
+            "http.path: \"v1/traces\" must begin",
+            "http.timeout",
+            "http.headers[0].envName: reads istiod's own environment",
+            "http.headers[1].name: \"x b\" is not an HTTP header name",
+            "http.headers[2].value: required",
+        ] {
+            assert!(e.iter().any(|e| e.starts_with(&format!("{at}{field}"))), "{field}: {e:?}");
+        }
+        let e = errors(json!({"extensionProviders": [{"name": "o", "opentelemetry": {"service": "c.o", "port": 4317, "grpc": {}}}]}));
+        assert!(e.iter().any(|e| e.contains("grpc")), "unknown field named: {e:?}");
     }
 }
