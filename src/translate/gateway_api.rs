@@ -54,6 +54,9 @@ pub const NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
 /// the class (merged gateways); generated Istio Gateways carry it too.
 pub const CLASS_LABEL: &str = "gateway.networking.k8s.io/gateway-class-name";
 
+/// A Gateway API object with its typed spec: what [`translate`] reads.
+pub type Object = (Arc<StoredObject>, Spec);
+
 /// Status by object (`Mesh::gateway_api_status`): a persistent map, so a
 /// change to a few routes shares every other entry.
 pub type Status = imbl::OrdMap<ResourceKey, Value>;
@@ -445,9 +448,9 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
 pub fn update_routes(
     prev: &Output,
     prev_status: &Status,
-    context: &[(Arc<StoredObject>, Spec)],
-    (before, after): (&[(Arc<StoredObject>, Spec)], &[(Arc<StoredObject>, Spec)]),
-    current: &dyn Fn(&ResourceKey) -> Option<(Arc<StoredObject>, Spec)>,
+    context: &[Object],
+    (before, after): (&[Object], &[Object]),
+    current: &dyn Fn(&ResourceKey) -> Option<Object>,
     namespaces: &NamespaceLabels,
     backends: &dyn Backends,
 ) -> Option<(Output, Status)> {
@@ -459,13 +462,13 @@ pub fn update_routes(
     {
         return None;
     }
-    let with = |routes: &[(Arc<StoredObject>, Spec)]| -> Vec<(Arc<StoredObject>, Spec)> { context.iter().chain(routes).cloned().collect() };
+    let with = |routes: &[Object]| -> Vec<Object> { context.iter().chain(routes).cloned().collect() };
     let was = translate(&with(before), namespaces, backends);
     let is = translate(&with(after), namespaces, backends);
     let slots: BTreeSet<&ResourceKey> = was.contributors.keys().chain(is.contributors.keys()).collect();
     let changed: BTreeSet<&ResourceKey> = before.iter().chain(after).map(|(o, _)| &o.key).collect();
     // Every route of those slots, as it is now.
-    let mut routes: Vec<(Arc<StoredObject>, Spec)> = after.to_vec();
+    let mut routes: Vec<Object> = after.to_vec();
     let others: BTreeSet<&ResourceKey> = slots.iter().filter_map(|s| prev.contributors.get(*s)).flatten().filter(|k| !changed.contains(k)).collect();
     for k in others {
         routes.push(current(k)?);
