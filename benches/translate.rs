@@ -44,6 +44,14 @@
 //!   one VirtualService changed (incremental routes, then the patches),
 //!   `envoyfilter_one_filter` after one of the proxy's filters changed.
 //!
+//! - `gwapi_*`: one Gateway (one HTTP listener) with LODESTAR_BENCH_ROUTES
+//!   (3,000) HTTPRoutes, each its own hostname (`benches/gateway-api.sh`'s
+//!   attach scenario): `gwapi_mesh_build` builds the mesh (the whole
+//!   Gateway API translation); `gwapi_mesh_step_one_route` steps it after
+//!   one route's backend changed (`Mesh::update_gateway_routes`);
+//!   `gwapi_gateway_one_route` is what a warm translator does for the
+//!   gateway proxy after that write (mesh step and the gateway's config).
+//!
 //! cargo bench --bench translate   (LODESTAR_BENCH_SERVICES=2000 for another size)
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
@@ -118,6 +126,7 @@ fn put(state: &mut State, doc: Value) {
 type Change = Box<dyn Fn(u32) -> Value>;
 
 fn bench(c: &mut Criterion) {
+    bench_gateway_api(c);
     bench_mesh(c, false);
     bench_mesh(c, true);
     bench_authz(c);
@@ -345,6 +354,64 @@ fn bench_dryrun(c: &mut Criterion, state: &State) {
         p.unchanged
     );
     c.bench_function("dryrun_one_vs", |b| b.iter(|| scope.effect(state, &after)));
+}
+
+/// The attach scenario of `benches/gateway-api.sh`, in process.
+fn bench_gateway_api(c: &mut Criterion) {
+    let n: usize = std::env::var("LODESTAR_BENCH_ROUTES").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
+    let route = |i: usize, backend: &str| {
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": format!("attach-{i}"), "namespace": "default"},
+            "spec": {"parentRefs": [{"name": "web"}], "hostnames": [format!("r{i}.attach.example.com")], "rules": [{"backendRefs": [{"name": backend, "port": 80}]}]}})
+    };
+    let mut state = State::default();
+    put(
+        &mut state,
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass", "metadata": {"name": "lodestar"}, "spec": {"controllerName": "lodestar.dev/gateway-controller"}}),
+    );
+    put(
+        &mut state,
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"gatewayClassName": "lodestar", "listeners": [{"name": "http", "port": 8080, "protocol": "HTTP", "allowedRoutes": {"namespaces": {"from": "All"}}}]}}),
+    );
+    for v in ["v1", "v2"] {
+        put(
+            &mut state,
+            json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": v, "namespace": "default"}, "spec": {"ports": [{"name": "http", "number": 80, "protocol": "HTTP"}]}}),
+        );
+        put(
+            &mut state,
+            json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Instance", "metadata": {"name": format!("{v}-0"), "namespace": "default"}, "spec": {"service": v, "address": "127.0.0.1", "ports": {"http": 8000}}}),
+        );
+    }
+    for i in 0..n {
+        put(&mut state, route(i, "v1"));
+    }
+    let config = std::sync::Arc::new(MeshConfig::default());
+    let gateway = ProxyIdentity::parse(
+        "router~127.0.0.3~web-gateway.default~default.svc.cluster.local",
+        &json!({"LABELS": {"gateway.networking.k8s.io/gateway-name": "web"}}),
+    )
+    .unwrap();
+    c.bench_function("gwapi_mesh_build", |b| b.iter(|| lodestar::mesh::Mesh::build(&state, config.clone())));
+    let mesh = lodestar::mesh::Mesh::build(&state, config.clone());
+    let mut next = state.clone();
+    put(&mut next, route(n / 2, "v2"));
+    c.bench_function("gwapi_mesh_step_one_route", |b| b.iter(|| mesh.update_gateway_routes(&state.objects, &next).expect("a route-only step")));
+    let translator = Translator::new(MeshConfig::default());
+    translator.generate(&gateway, &Applied { state: state.clone(), ..Default::default() }).unwrap();
+    let mut current = state.clone();
+    let mut flip = false;
+    c.bench_function("gwapi_gateway_one_route", |b| {
+        b.iter_batched(
+            || {
+                flip = !flip;
+                put(&mut current, route(n / 2, if flip { "v2" } else { "v1" }));
+                Applied { state: current.clone(), ..Default::default() }
+            },
+            |next| translator.generate(&gateway, &next).unwrap(),
+            BatchSize::LargeInput,
+        )
+    });
 }
 
 criterion_group! {

@@ -68,6 +68,8 @@ pub struct Replica {
     /// The xDS server's generator: dry runs translate on a fork of it
     /// (`Generator::fork`), from each proxy's served config.
     pub generator: Option<Arc<dyn crate::xds::resources::Generator>>,
+    /// The Gateway API status of the last snapshot read (`api::views`).
+    pub gateway_status: Arc<crate::translate::mesh::StatusCache>,
 }
 
 impl Replica {
@@ -84,7 +86,7 @@ impl Replica {
         generator: Option<Arc<dyn crate::xds::resources::Generator>>,
     ) -> Arc<Replica> {
         let (ha, heartbeats, checks, sync) = Default::default();
-        Arc::new(Replica { node, ha, heartbeats, checks, sync, acl, config, secrets, generator })
+        Arc::new(Replica { node, ha, heartbeats, checks, sync, acl, config, secrets, generator, gateway_status: Default::default() })
     }
 
     /// Ready to serve (see `ha`).

@@ -925,30 +925,18 @@ pub fn heartbeat_key(kind: &str, namespace: &str, name: &str) -> Result<Resource
     Ok(key)
 }
 
-/// The Gateway API status of a snapshot: built once per snapshot and
-/// mesh config (the last one is kept), not once per read: a poll of a
-/// route's status in a large mesh costs a lookup.
-fn gateway_api_status(applied: &Applied, mesh: &crate::translate::mesh::MeshConfig) -> Arc<std::collections::BTreeMap<ResourceKey, Value>> {
-    type Cached = (crate::state::Objects, crate::translate::mesh::MeshConfig, Arc<std::collections::BTreeMap<ResourceKey, Value>>);
-    static LAST: std::sync::Mutex<Option<Cached>> = std::sync::Mutex::new(None);
-    let objects = &applied.state.objects;
-    if let Some((o, m, status)) = LAST.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-        // Equal sets share their structure: comparing them is cheap.
-        if m == mesh && o == objects {
-            return status.clone();
-        }
-    }
-    let status = crate::translate::mesh::Mesh::build(applied, Arc::new(mesh.clone())).gateway_api_status;
-    *LAST.lock().unwrap_or_else(|p| p.into_inner()) = Some((objects.clone(), mesh.clone(), status.clone()));
-    status
-}
-
 /// Objects as returned by get and list: their JSON, with, for the Gateway
 /// API kinds, the status a controller would have written, computed from
 /// the same snapshot (`translate::gateway_api`): never stored, so it never
 /// bumps a generation nor triggers a push.
-pub fn views(applied: &Applied, objects: &[Arc<StoredObject>], mesh: &crate::translate::mesh::MeshConfig) -> Vec<Value> {
-    let status = objects.iter().any(|o| o.key.kind.is_gateway_api()).then(|| gateway_api_status(applied, mesh));
+/// `cache`: the replica's (`Replica::gateway_status`).
+pub fn views(
+    applied: &Applied,
+    objects: &[Arc<StoredObject>],
+    mesh: &crate::translate::mesh::MeshConfig,
+    cache: &crate::translate::mesh::StatusCache,
+) -> Vec<Value> {
+    let status = objects.iter().any(|o| o.key.kind.is_gateway_api()).then(|| cache.of(&applied.state, mesh));
     objects
         .iter()
         .map(|o| {

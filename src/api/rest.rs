@@ -71,6 +71,7 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .layer(axum::middleware::from_fn_with_state(replica.clone(), super::console::cors))
         .layer(axum::Extension(replica.acl.clone()))
         .layer(axum::Extension(Arc::new(replica.config.mesh_config())))
+        .layer(axum::Extension(replica.gateway_status.clone()))
 }
 
 /// `/metrics` and `/debug/*`: read-only, `read` on the cluster on the API
@@ -332,6 +333,7 @@ fn consistency(q: Option<&str>) -> crate::error::Result<Consistency> {
 async fn list(
     State(node): State<Arc<Node>>,
     Extension(mesh): Extension<Arc<MeshConfig>>,
+    Extension(status): Extension<Arc<crate::translate::mesh::StatusCache>>,
     caller: Caller,
     Path(kind): Path<String>,
     Query(q): Query<ReadQuery>,
@@ -340,7 +342,7 @@ async fn list(
     caller.authorize(Verb::Read, [Target::kind(kind, q.namespace.as_deref())])?;
     let selector = super::parse_selector(q.label_selector.as_deref())?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
-    let items = super::views(&applied, &super::list(&applied, kind, q.namespace.as_deref(), &selector), &mesh);
+    let items = super::views(&applied, &super::list(&applied, kind, q.namespace.as_deref(), &selector), &mesh, &status);
     let revision = applied.revision();
     Ok((revision_headers(revision), Json(json!({"revision": revision, "items": items}))).into_response())
 }
@@ -348,6 +350,7 @@ async fn list(
 async fn get_one(
     State(node): State<Arc<Node>>,
     Extension(mesh): Extension<Arc<MeshConfig>>,
+    Extension(status): Extension<Arc<crate::translate::mesh::StatusCache>>,
     caller: Caller,
     Path((kind, namespace, name)): Path<(String, String, String)>,
     Query(q): Query<ReadQuery>,
@@ -356,7 +359,7 @@ async fn get_one(
     caller.authorize(Verb::Read, [Target::key(&key)])?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
     let obj = super::get(&applied, &key)?;
-    let view = super::views(&applied, &[obj], &mesh).pop().unwrap_or_default();
+    let view = super::views(&applied, &[obj], &mesh, &status).pop().unwrap_or_default();
     Ok((revision_headers(applied.revision()), Json(view)).into_response())
 }
 

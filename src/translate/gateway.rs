@@ -31,14 +31,14 @@ use super::l4::{self, Chains, L4Chain};
 use super::listener::{self, Routes, TlsChain};
 use super::route::{self, RouteCtx};
 use super::scope::ProxyScope;
-use super::{add_service_clusters, route_resource, ClusterCache};
+use super::{add_service_clusters, assemble_route, ClusterCache, RdsParts, VhostPart};
 use crate::mesh::{Mesh, Service};
 use crate::model::istio::common::Protocol;
 use crate::model::istio::gateway::{Server, ServerTlsMode};
 use crate::model::istio::{host_matches, resolve_short_name};
 use crate::model::proxy::ProxyIdentity;
 use crate::resources::{ProxyConfig, ResourceType, XdsResource};
-use envoy_types::pb::envoy::config::route::v3::{virtual_host::TlsRequirementType, RouteConfiguration, VirtualHost};
+use envoy_types::pb::envoy::config::route::v3::{virtual_host::TlsRequirementType, VirtualHost};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -119,9 +119,10 @@ struct PortPlan<'a> {
     sni_hosts: BTreeSet<String>,
 }
 
-pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) {
-    // By (address, port): servers that `bind` an address of their own get
-    // listeners of their own (Gateway API Gateways sharing a proxy).
+/// The servers of the Gateways that apply to `proxy`, by (address, port):
+/// servers that `bind` an address of their own get listeners of their own
+/// (Gateway API Gateways sharing a proxy).
+fn port_plans<'a>(mesh: &'a Mesh, proxy: &ProxyIdentity) -> BTreeMap<(String, u32), PortPlan<'a>> {
     let mut ports: BTreeMap<(String, u32), PortPlan> = BTreeMap::new();
     let selected = mesh.gateways.iter().filter(|g| {
         super::gateway_api::selects(g, proxy)
@@ -147,6 +148,47 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
             plan.servers.push(s);
         }
     }
+    ports
+}
+
+/// The name of the route table of a plain HTTP port.
+fn http_table(bind: &str, port: u32, proxy: &ProxyIdentity) -> String {
+    if bind == proxy.ip {
+        format!("http.{port}")
+    } else {
+        format!("http.{bind}_{port}")
+    }
+}
+
+/// The name of an HTTPS server's own route table.
+fn https_table(port: u32, s: &GatewayServer) -> String {
+    format!("https.{port}.{}.{}.{}", s.server.port.name, s.name(), s.namespace())
+}
+
+/// Every route table of the proxy: its name, port and servers.
+fn tables<'p, 'a>(plans: &'p BTreeMap<(String, u32), PortPlan<'a>>, proxy: &ProxyIdentity) -> Vec<(String, u32, &'p [GatewayServer<'a>])> {
+    let mut out = Vec::new();
+    for ((bind, port), plan) in plans {
+        match plan.serves {
+            Serves::Http => out.push((http_table(bind, *port, proxy), *port, &plan.servers[..])),
+            Serves::Https => {
+                for s in plan.servers.iter().filter(|s| s.server.tls.is_some()) {
+                    out.push((https_table(*port, s), *port, std::slice::from_ref(s)));
+                }
+            }
+            Serves::Sni | Serves::Tcp => {}
+        }
+    }
+    out
+}
+
+pub(super) fn translate(cfg: &mut ProxyConfig, rds: &mut BTreeMap<String, RdsParts>, mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&ClusterCache>) {
+    let ports = port_plans(mesh, proxy);
+    for (name, port, servers) in tables(&ports, proxy) {
+        let parts = RdsParts { port, parts: Arc::new(route_parts(port, servers, mesh, proxy)) };
+        cfg.insert(ResourceType::Route, assemble_route(&name, &parts.parts));
+        rds.insert(name, parts);
+    }
 
     // AuthorizationPolicies selecting the gateway guard its listeners.
     let authz = super::authz::AuthzFilters::for_proxy(mesh, proxy);
@@ -156,11 +198,7 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
     for ((bind, port), plan) in ports {
         let name = format!("{bind}_{port}");
         let mut l = match plan.serves {
-            Serves::Http => {
-                let route_name = if bind == proxy.ip { format!("http.{port}") } else { format!("http.{bind}_{port}") };
-                cfg.insert(ResourceType::Route, route_resource(&route_table(&route_name, port, &plan.servers, mesh, proxy)));
-                listener::http_listener_with(&name, &bind, port, Routes::Rds(route_name), &first)
-            }
+            Serves::Http => listener::http_listener_with(&name, &bind, port, Routes::Rds(http_table(&bind, port, proxy)), &first),
             Serves::Https => {
                 let several = plan.servers.len() > 1;
                 let chains = plan
@@ -168,8 +206,7 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
                     .iter()
                     .filter_map(|s| {
                         let tls = s.server.tls.as_ref()?;
-                        let route_name = format!("https.{port}.{}.{}.{}", s.server.port.name, s.name(), s.namespace());
-                        cfg.insert(ResourceType::Route, route_resource(&route_table(&route_name, port, std::slice::from_ref(s), mesh, proxy)));
+                        let route_name = https_table(port, s);
                         // `*` is every name: the chain then matches on none.
                         let hosts = s.sni_hosts();
                         let server_names = if several && !hosts.iter().any(|h| h == "*") { hosts } else { Vec::new() };
@@ -193,48 +230,104 @@ pub(super) fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentit
     add_service_clusters(cfg, mesh, proxy, &all, cache);
 }
 
-/// The virtual hosts of `servers` on `port`: a host of each VirtualService
-/// bound to a server's Gateway, if the server admits it (the first
-/// VirtualService naming a host wins). A server with `httpsRedirect`
-/// redirects every host it has, with or without a VirtualService.
-fn route_table(name: &str, port: u32, servers: &[GatewayServer], mesh: &Mesh, proxy: &ProxyIdentity) -> RouteConfiguration {
+/// The virtual hosts of `servers` on `port`, by host: a host of each
+/// VirtualService bound to a server's Gateway, if the server admits it;
+/// and every host of a server with `httpsRedirect` (`vhost_of`).
+fn route_parts(port: u32, servers: &[GatewayServer], mesh: &Mesh, proxy: &ProxyIdentity) -> Vec<VhostPart> {
     let suffix = &mesh.config.domain_suffix;
-    let vhost = |host: &str, routes, redirect: bool| VirtualHost {
-        name: format!("{host}:{port}"),
-        domains: vec![host.to_string(), format!("{host}:{port}")],
-        routes,
-        require_tls: if redirect { TlsRequirementType::All as i32 } else { TlsRequirementType::None as i32 },
-        ..Default::default()
-    };
-    let mut vhosts: BTreeMap<String, VirtualHost> = BTreeMap::new();
     let scope = ProxyScope::new(mesh, proxy, None);
+    let mut hosts: BTreeSet<String> = BTreeSet::new();
     for s in servers {
         let ctx = RouteCtx { mesh, proxy, scope: &scope, port, gateway: Some(&s.gateway) };
         for vs in mesh.virtual_services.iter().filter(|vs| ctx.vs_applies(vs)) {
-            for h in &vs.spec.hosts {
-                let host = resolve_short_name(h, &vs.key.namespace, suffix);
-                if s.admits(&host, &vs.key.namespace) && !vhosts.contains_key(&host) {
-                    let mut v = vhost(&host, route::http_routes(&ctx, vs, None), s.https_redirect());
-                    // Envoy takes one wildcard per domain: not for `*.x:*`.
-                    if s.any_port && !host.contains('*') {
-                        v.domains.push(format!("{host}:*"));
-                    }
-                    vhosts.insert(host.clone(), v);
-                }
-            }
+            hosts.extend(vs.spec.hosts.iter().map(|h| resolve_short_name(h, &vs.key.namespace, suffix)).filter(|h| s.admits(h, &vs.key.namespace)));
         }
         if s.https_redirect() {
-            for host in s.sni_hosts() {
-                vhosts.entry(host.clone()).or_insert_with(|| vhost(&host, Vec::new(), true)).require_tls = TlsRequirementType::All as i32;
-            }
+            hosts.extend(s.sni_hosts());
         }
     }
-    RouteConfiguration {
-        name: name.to_string(),
-        virtual_hosts: vhosts.into_values().collect(),
-        validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }),
+    hosts.into_iter().filter_map(|h| Some(VhostPart::of(h.clone(), &vhost_of(&h, port, servers, mesh, proxy, &scope)?))).collect()
+}
+
+/// The virtual host of `host` on `port`, if any: the routes of the first
+/// VirtualService naming it (oldest first) bound to the first server (in
+/// order) that admits it. A server with `httpsRedirect` redirects every
+/// host it has, with or without a VirtualService.
+fn vhost_of(host: &str, port: u32, servers: &[GatewayServer], mesh: &Mesh, proxy: &ProxyIdentity, scope: &ProxyScope) -> Option<VirtualHost> {
+    let suffix = &mesh.config.domain_suffix;
+    let empty = |redirect: bool| VirtualHost {
+        name: format!("{host}:{port}"),
+        domains: vec![host.to_string(), format!("{host}:{port}")],
+        require_tls: if redirect { TlsRequirementType::All as i32 } else { TlsRequirementType::None as i32 },
         ..Default::default()
+    };
+    // The VirtualServices naming exactly `host`, in the mesh's order.
+    let mut naming: Vec<_> = if host.contains('*') { mesh.vs_wildcard.iter().collect() } else { mesh.vs_by_host.get(host).into_iter().flatten().collect() };
+    naming.retain(|vs| vs.spec.hosts.iter().any(|h| resolve_short_name(h, &vs.key.namespace, suffix) == host));
+    naming.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+    let mut out: Option<VirtualHost> = None;
+    for s in servers {
+        if out.is_none() {
+            let ctx = RouteCtx { mesh, proxy, scope, port, gateway: Some(&s.gateway) };
+            if let Some(vs) = naming.iter().find(|vs| ctx.vs_applies(vs) && s.admits(host, &vs.key.namespace)) {
+                let mut v = VirtualHost { routes: route::http_routes(&ctx, vs, None), ..empty(s.https_redirect()) };
+                // Envoy takes one wildcard per domain: not for `*.x:*`.
+                if s.any_port && !host.contains('*') {
+                    v.domains.push(format!("{host}:*"));
+                }
+                out = Some(v);
+            }
+        }
+        if s.https_redirect() && s.sni_hosts().iter().any(|h| h == host) {
+            out.get_or_insert_with(|| empty(true)).require_tls = TlsRequirementType::All as i32;
+        }
     }
+    out
+}
+
+/// The gateway's config after changes that altered only the VirtualServices
+/// of `hosts` (Gateway API routes: the Gateways, services and every other
+/// rule are those of `prev_cfg`): the virtual hosts of those hosts are
+/// built again in every route table, the others reused as encoded.
+/// `None` when the tables themselves are not those of `prev_rds`.
+pub(super) fn incremental(
+    prev_cfg: &ProxyConfig,
+    prev_rds: &BTreeMap<String, RdsParts>,
+    mesh: &Mesh,
+    proxy: &ProxyIdentity,
+    hosts: &BTreeSet<String>,
+) -> Option<(ProxyConfig, BTreeMap<String, RdsParts>)> {
+    let mut cfg = prev_cfg.clone();
+    cfg.revision = mesh.revision;
+    let mut rds = prev_rds.clone();
+    let plans = port_plans(mesh, proxy);
+    let tables = tables(&plans, proxy);
+    if tables.len() != prev_rds.len() {
+        return None;
+    }
+    let scope = ProxyScope::new(mesh, proxy, None);
+    for (name, port, servers) in tables {
+        let table = rds.get_mut(&name).filter(|t| t.port == port)?;
+        let mut changed = false;
+        for host in hosts {
+            let at = table.parts.binary_search_by(|p| p.hostname.as_str().cmp(host));
+            let part = vhost_of(host, port, servers, mesh, proxy, &scope).map(|v| VhostPart::of(host.clone(), &v));
+            match (at, part) {
+                (Ok(i), Some(p)) if table.parts[i].hash == p.hash && table.parts[i].bytes == p.bytes => continue,
+                (Ok(i), Some(p)) => Arc::make_mut(&mut table.parts)[i] = p,
+                (Ok(i), None) => {
+                    Arc::make_mut(&mut table.parts).remove(i);
+                }
+                (Err(i), Some(p)) => Arc::make_mut(&mut table.parts).insert(i, p),
+                (Err(_), None) => continue,
+            }
+            changed = true;
+        }
+        if changed {
+            cfg.insert(ResourceType::Route, assemble_route(&name, &table.parts));
+        }
+    }
+    Some((cfg, rds))
 }
 
 /// The filter chains of the passthrough or TCP servers on `port`:

@@ -54,6 +54,13 @@ pub const NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
 /// the class (merged gateways); generated Istio Gateways carry it too.
 pub const CLASS_LABEL: &str = "gateway.networking.k8s.io/gateway-class-name";
 
+/// A Gateway API object with its typed spec: what [`translate`] reads.
+pub type Object = (Arc<StoredObject>, Spec);
+
+/// Status by object (`Mesh::gateway_api_status`): a persistent map, so a
+/// change to a few routes shares every other entry.
+pub type Status = imbl::OrdMap<ResourceKey, Value>;
+
 /// A backend, as the mesh resolves it.
 pub enum BackendKind {
     /// A registry Service (core group, kind Service).
@@ -91,6 +98,11 @@ pub struct Output {
     pub status: BTreeMap<ResourceKey, Value>,
     /// Objects whose translation failed, with why (a bug if ever seen).
     pub skipped: Vec<(ResourceKey, String)>,
+    /// By the key of each generated VirtualService (also of one that came
+    /// out empty and was left out): the routes attached to its slot (a
+    /// listener and host, or a mesh route's namespace and service host).
+    /// What [`update_routes`] re-translates when one of them changes.
+    pub contributors: BTreeMap<ResourceKey, BTreeSet<ResourceKey>>,
 }
 
 pub(super) fn condition(kind: &str, ok: bool, reason: &str, message: &str, generation: u64) -> Value {
@@ -223,6 +235,8 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
     let mut tcp: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
     let mut tls: BTreeMap<(usize, String), Vec<Value>> = BTreeMap::new();
     let mut mesh_routes = MeshRoutes::new();
+    // The routes of each (listener, host): HTTP, TCP (host `*`) or TLS.
+    let mut slots: BTreeMap<(usize, String), BTreeSet<ResourceKey>> = BTreeMap::new();
     for (obj, route) in &routes {
         let ns = obj.key.namespace.as_str();
         let from = Referrer { kind: route.kind(), ns };
@@ -299,7 +313,13 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
                     continue;
                 }
                 let port = listeners[i].listener.port;
+                if matches!(route, RouteIn::Tcp(_)) {
+                    slots.entry((i, "*".to_string())).or_default().insert(obj.key.clone());
+                }
                 for host in hosts {
+                    if !matches!(route, RouteIn::Tcp(_)) {
+                        slots.entry((i, host.clone())).or_default().insert(obj.key.clone());
+                    }
                     match route {
                         RouteIn::Http(_) | RouteIn::Grpc(_) => by_host.entry((i, host)).or_default().extend(http_routes.iter().cloned()),
                         RouteIn::Tcp(r) => tcp.entry(i).or_default().extend(l4_routes(r, None, port, &from, &resolver)),
@@ -347,6 +367,11 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
     });
     let tcp = tcp.into_iter().map(|(i, entries)| (i, "*".to_string(), "tcp", entries));
     let tls = tls.into_iter().map(|((i, host), entries)| (i, host, "tls", entries));
+    for ((i, host), routes) in slots {
+        let (g, l) = (&gateways[listeners[i].gw], listeners[i].listener);
+        let name = format!("{}.{}.{}", g.obj.key.name, l.name, host.replace('*', "wildcard"));
+        out.contributors.insert(ResourceKey::new(Kind::VirtualService, g.obj.key.namespace.as_str(), name), routes);
+    }
     for (i, host, routes_kind, entries) in http.chain(tcp).chain(tls) {
         if entries.is_empty() {
             continue;
@@ -371,6 +396,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             spec["exportTo"] = json!(["."]);
         }
         let name = format!("mesh.{host}");
+        out.contributors.insert(ResourceKey::new(Kind::VirtualService, ns.as_str(), name.as_str()), m.routes);
         match serde_json::from_value::<VirtualService>(spec) {
             Ok(spec) => out.virtual_services.push(generated(m.source, Kind::VirtualService, &name, (MESH_ROUTE_LABEL, &ns), spec)),
             Err(e) => out.skipped.push((m.source.key.clone(), format!("generated VirtualService {ns}/{name}: {e}"))),
@@ -407,6 +433,80 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
     out
 }
 
+/// The translation after a change to routes only (HTTPRoute, GRPCRoute,
+/// TCPRoute, TLSRoute), from the translation before it (`prev`), equal to
+/// a full [`translate`] of the objects after it. `context`: every Gateway
+/// API object that is not a route (unchanged since `prev`); `before` and
+/// `after`: the changed routes as they were and as they are; `current`:
+/// an unchanged route as it is. Only the slots (generated VirtualServices)
+/// the changed routes had or have are translated again, from the routes
+/// attached to them; the changed routes' status is theirs in that
+/// translation, and each listener's `attachedRoutes` moves by what they
+/// attach after minus what they attached before. `None` when the change
+/// cannot be made so (BackendTLSPolicies: their ancestors are every
+/// route's; a translation that skipped something): translate in full.
+pub fn update_routes(
+    prev: &Output,
+    prev_status: &Status,
+    context: &[Object],
+    (before, after): (&[Object], &[Object]),
+    current: &dyn Fn(&ResourceKey) -> Option<Object>,
+    namespaces: &NamespaceLabels,
+    backends: &dyn Backends,
+) -> Option<(Output, Status)> {
+    let is_route = |s: &Spec| matches!(s, Spec::HttpRoute(_) | Spec::GrpcRoute(_) | Spec::TcpRoute(_) | Spec::TlsRoute(_));
+    if !prev.skipped.is_empty()
+        || !prev.destination_rules.is_empty()
+        || context.iter().any(|(_, s)| is_route(s) || matches!(s, Spec::BackendTlsPolicy(_)))
+        || !before.iter().chain(after).all(|(_, s)| is_route(s))
+    {
+        return None;
+    }
+    let with = |routes: &[Object]| -> Vec<Object> { context.iter().chain(routes).cloned().collect() };
+    let was = translate(&with(before), namespaces, backends);
+    let is = translate(&with(after), namespaces, backends);
+    let slots: BTreeSet<&ResourceKey> = was.contributors.keys().chain(is.contributors.keys()).collect();
+    let changed: BTreeSet<&ResourceKey> = before.iter().chain(after).map(|(o, _)| &o.key).collect();
+    // Every route of those slots, as it is now.
+    let mut routes: Vec<Object> = after.to_vec();
+    let others: BTreeSet<&ResourceKey> = slots.iter().filter_map(|s| prev.contributors.get(*s)).flatten().filter(|k| !changed.contains(k)).collect();
+    for k in others {
+        routes.push(current(k)?);
+    }
+    let now = translate(&with(&routes), namespaces, backends);
+    if !was.skipped.is_empty() || !is.skipped.is_empty() || !now.skipped.is_empty() {
+        return None;
+    }
+    let mut out = Output { virtual_services: prev.virtual_services.iter().filter(|v| !slots.contains(&v.key)).cloned().collect(), ..prev.clone() };
+    out.virtual_services.extend(now.virtual_services.iter().filter(|v| slots.contains(&v.key)).cloned());
+    for s in &slots {
+        match now.contributors.get(*s) {
+            Some(r) => out.contributors.insert((*s).clone(), r.clone()),
+            None => out.contributors.remove(*s),
+        };
+    }
+    let mut status = prev_status.clone();
+    for k in &changed {
+        match now.status.get(*k) {
+            Some(v) => status.insert((*k).clone(), v.clone()),
+            None => status.remove(*k),
+        };
+    }
+    // attachedRoutes: as before, less what the changed routes attached,
+    // plus what they attach now.
+    let attached = |t: &Output, g: &ResourceKey, i: usize| t.status.get(g).and_then(|s| s["listeners"][i]["attachedRoutes"].as_i64()).unwrap_or(0);
+    let gateways: Vec<ResourceKey> =
+        status.range(ResourceKey::new(Kind::KubeGateway, "", "")..).take_while(|(k, _)| k.kind == Kind::KubeGateway).map(|(k, _)| k.clone()).collect();
+    for g in &gateways {
+        let Some(s) = status.get_mut(g) else { continue };
+        for (i, l) in s["listeners"].as_array_mut().into_iter().flatten().enumerate() {
+            let n = l["attachedRoutes"].as_i64().unwrap_or(0) - attached(&was, g, i) + attached(&is, g, i);
+            l["attachedRoutes"] = json!(n);
+        }
+    }
+    Some((out, status))
+}
+
 /// The parents (controller, ancestorRef) whose routes send to each backend
 /// host: the ancestors of the BackendTLSPolicies of those hosts.
 pub type Ancestors<'a> = BTreeMap<String, BTreeSet<(&'a str, AncestorRef)>>;
@@ -431,6 +531,8 @@ struct MeshHost<'a> {
     /// A consumer route (not in the service's namespace).
     consumer: bool,
     entries: Vec<(Rank, Value)>,
+    /// The routes whose entries these are.
+    routes: BTreeSet<ResourceKey>,
 }
 
 /// A mesh parentRef (a Service): the route's HTTP routes into
@@ -475,8 +577,10 @@ fn mesh_parent<'a>(
             source: obj,
             consumer: from.ns != svc_ns,
             entries: Vec::new(),
+            routes: BTreeSet::new(),
         });
         m.entries.extend(entries);
+        m.routes.insert(obj.key.clone());
     }
     let parent_ref = serde_json::to_value(pref).unwrap_or(Value::Null);
     json!({
@@ -1020,5 +1124,158 @@ mod tests {
         assert_eq!(prefix_replacement("/foo", "/bar"), "/bar");
         assert_eq!(prefix_replacement("/foo/", "/bar"), "/bar/");
         assert_eq!(prefix_replacement("/foo/", "/"), "/");
+    }
+
+    use crate::mesh::{Mesh, MeshConfig};
+    use crate::model::documents::parse_documents;
+    use crate::model::proxy::ProxyIdentity;
+    use crate::model::{parse_resource, validate_spec};
+    use crate::resources::{Generator, ProxyConfig, ResourceType};
+    use crate::state::txn::{Op, Txn};
+    use crate::state::State;
+    use crate::Translator;
+    use serde_json::Map;
+
+    fn state_from(yaml: &str) -> State {
+        let mut state = State::default();
+        for doc in parse_documents(yaml, "input.yaml").unwrap() {
+            let r = parse_resource(doc, "default").unwrap();
+            validate_spec(&r).unwrap();
+            state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.unwrap();
+        }
+        state
+    }
+
+    /// Every resource of a config as JSON, by type and name.
+    fn render(cfg: &ProxyConfig) -> Value {
+        let mut out = Map::new();
+        for t in ResourceType::PUSH_ORDER {
+            let by_name: Map<String, Value> = cfg.of(t).into_iter().flatten().map(|(n, r)| (n.clone(), crate::json::any_to_json(&r.any).unwrap())).collect();
+            out.insert(format!("{t:?}"), Value::Object(by_name));
+        }
+        Value::Object(out)
+    }
+
+    /// Everything of a mesh the Gateway API translation shapes, comparable:
+    /// the rules (generated and stored, in the mesh's order), their indexes,
+    /// the status, what was skipped, and the translation's slot index.
+    fn gateway_api_mesh_view(m: &Mesh) -> Value {
+        let config = |key: &crate::model::ResourceKey, create: u64, labels: &std::collections::BTreeMap<String, String>, spec: Value| {
+            json!([key.to_string(), create, labels, spec])
+        };
+        let mut wildcard: Vec<String> = m.vs_wildcard.iter().map(|v| v.key.to_string()).collect();
+        wildcard.sort();
+        json!({
+            "revision": m.revision,
+            "virtualServices": m.virtual_services.iter().map(|v| config(&v.key, v.create_revision, &v.labels, serde_json::to_value(&v.spec).unwrap())).collect::<Vec<_>>(),
+            "gateways": m.gateways.iter().map(|g| config(&g.key, g.create_revision, &g.labels, serde_json::to_value(&g.spec).unwrap())).collect::<Vec<_>>(),
+            "destinationRules": m.destination_rules.iter().map(|d| d.key.to_string()).collect::<Vec<_>>(),
+            "byHost": m.vs_by_host.iter().map(|(h, l)| (h.clone(), json!(l.iter().map(|v| v.key.to_string()).collect::<Vec<_>>()))).collect::<Map<_, _>>(),
+            "wildcard": wildcard,
+            "status": m.gateway_api_status.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<Map<_, _>>(),
+            "skipped": m.skipped.iter().map(|(k, why)| format!("{k}: {why}")).collect::<Vec<_>>(),
+            "contributors": m.gateway_api.contributors.iter().map(|(k, r)| (k.to_string(), json!(r.iter().map(ToString::to_string).collect::<Vec<_>>()))).collect::<Map<_, _>>(),
+        })
+    }
+
+    /// A random HTTPRoute, GRPCRoute or TCPRoute write (or delete) among a few
+    /// names, on the `gateway-api` case: parents by section and port, mesh
+    /// (Service) parents, hostnames that do and do not intersect, backends
+    /// that resolve, need a grant, or are missing.
+    fn random_route_write(rng: &mut u64) -> Op {
+        let mut pick = |n: usize| {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            (*rng % n as u64) as usize
+        };
+        let names = [("infra", "main"), ("web", "shop"), ("infra", "secure"), ("infra", "r1"), ("web", "r2"), ("infra", "r3")];
+        let (ns, name) = names[pick(names.len())];
+        let kind = ["HTTPRoute", "HTTPRoute", "HTTPRoute", "GRPCRoute", "TCPRoute"][pick(5)];
+        if pick(5) == 0 {
+            let kind = crate::model::Kind::from_kind_and_api_version(kind, Some("gateway.networking.k8s.io/v1alpha2")).unwrap();
+            return Op::Delete { key: crate::model::ResourceKey::new(kind, ns, name), expected_revision: None, ignore_missing: true };
+        }
+        let parents = [
+            "[{name: web, namespace: infra}]",
+            "[{name: web, namespace: infra, sectionName: http}]",
+            "[{name: web, namespace: infra, sectionName: shop}, {name: web, namespace: infra, sectionName: team}]",
+            "[{name: web, namespace: infra, port: 80}]",
+            "[{name: web, namespace: infra, sectionName: tcp}]",
+            "[{name: web, namespace: infra, sectionName: nope}]",
+            "[{group: \"\", kind: Service, name: echo-v1, namespace: infra}]",
+            "[{group: \"\", kind: Service, name: web-backend, namespace: web, port: 8080}, {name: web, namespace: infra}]",
+        ];
+        let hosts = ["[]", "[a.shop.example]", "[b.shop.example, x.example]", "[\"*.shop.example\"]", "[x.example]"];
+        let backends = [
+            "[{name: echo-v1, namespace: infra, port: 8080}]",
+            "[{name: echo-v2, namespace: infra, port: 8080, weight: 2}, {name: echo-v1, namespace: infra, port: 8080}]",
+            "[{name: web-backend, namespace: web, port: 8080}]",
+            "[{name: nope, port: 8080}]",
+        ];
+        let (parent, host, backend) = (parents[pick(parents.len())], hosts[pick(hosts.len())], backends[pick(backends.len())]);
+        let path = ["/", "/a", "/a/b"][pick(3)];
+        let spec = match kind {
+            "HTTPRoute" => format!("  parentRefs: {parent}\n  hostnames: {host}\n  rules:\n  - matches: [{{path: {{type: PathPrefix, value: {path}}}}}]\n    backendRefs: {backend}\n  - backendRefs: {backend}\n"),
+            "GRPCRoute" => format!("  parentRefs: {parent}\n  hostnames: {host}\n  rules:\n  - matches: [{{method: {{service: pkg.Svc, method: Get}}}}]\n    backendRefs: {backend}\n"),
+            _ => format!("  parentRefs: {parent}\n  rules:\n  - backendRefs: {backend}\n"),
+        };
+        let version = if kind == "TCPRoute" { "v1alpha2" } else { "v1" };
+        let yaml = format!("apiVersion: gateway.networking.k8s.io/{version}\nkind: {kind}\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n{spec}");
+        let r = parse_resource(parse_documents(&yaml, "change").unwrap().remove(0), "default").unwrap();
+        validate_spec(&r).unwrap_or_else(|e| panic!("{yaml}: {e:?}"));
+        Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }
+    }
+
+    /// Gateway API route writes through the incremental path: after each of a
+    /// random sequence of HTTPRoute, GRPCRoute and TCPRoute writes and deletes
+    /// (with now and then a change that is not a route's: a Namespace's
+    /// labels, which the path refuses), the mesh stepped from the previous
+    /// one (`Mesh::update_gateway_routes`) equals a full build, and so do the
+    /// translator's configs (gateway proxy and sidecar) and a full translation.
+    #[test]
+    fn gateway_api_incremental_equals_full() {
+        let base = state_from(include_str!("../../tests/fixtures/translate/gateway-api/input.yaml"));
+        let gateway = ProxyIdentity::parse(
+            "router~127.0.22.1~web-gateway.infra~infra.svc.cluster.local",
+            &json!({"LABELS": {"gateway.networking.k8s.io/gateway-name": "web"}}),
+        )
+        .unwrap();
+        let sidecar = ProxyIdentity::parse("sidecar~127.0.22.20~client.infra~infra.svc.cluster.local", &json!({})).unwrap();
+        let config = Arc::new(MeshConfig::default());
+        let mut incremental_steps = 0;
+        for seed in [0x9e37_79b9_7f4a_7c15u64, 7, 1234567] {
+            let translator = Translator::new(MeshConfig::default());
+            let mut rng = seed;
+            let mut state = base.clone();
+            let mut mesh = Mesh::build(&state, config.clone());
+            for step in 0..40 {
+                let before = state.objects.clone();
+                let route_only = step % 9 != 8;
+                let op = if route_only {
+                    random_route_write(&mut rng)
+                } else {
+                    let yaml = format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: web, labels: {{team: {}}}}}\n", ["shop", "none"][step % 2]);
+                    let r = parse_resource(parse_documents(&yaml, "change").unwrap().remove(0), "default").unwrap();
+                    Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }
+                };
+                let what = format!("seed {seed}, step {step}: {op:?}");
+                if state.apply_txn(&Txn { ops: vec![op] }).0.is_err() || state.objects == before {
+                    continue; // a delete of nothing
+                }
+                let full = Mesh::build(&state, config.clone());
+                let stepped = mesh.update_gateway_routes(&before, &state);
+                assert_eq!(stepped.is_some(), route_only, "{what}: incremental path taken?");
+                let stepped = stepped.unwrap_or_else(|| Mesh::build(&state, config.clone()));
+                incremental_steps += usize::from(route_only);
+                assert_eq!(gateway_api_mesh_view(&stepped), gateway_api_mesh_view(&full), "{what}");
+                for proxy in [&gateway, &sidecar] {
+                    let got = translator.generate(proxy, &state).unwrap();
+                    assert_eq!(render(&got), render(&crate::translate(&full, proxy)), "{what}: {}", proxy.id);
+                }
+                mesh = stepped;
+            }
+        }
+        assert!(incremental_steps > 80, "only {incremental_steps} incremental steps");
     }
 }

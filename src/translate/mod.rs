@@ -221,7 +221,7 @@ fn translate_with_parts(mesh: &Mesh, proxy: &ProxyIdentity, cache: Option<&Clust
     let mut rds = BTreeMap::new();
     match proxy.kind {
         ProxyKind::Sidecar => sidecar(&mut cfg, &mut rds, mesh, proxy, cache),
-        ProxyKind::Router => gateway::translate(&mut cfg, mesh, proxy, cache),
+        ProxyKind::Router => gateway::translate(&mut cfg, &mut rds, mesh, proxy, cache),
         ProxyKind::Grpc => grpc::translate(&mut cfg, mesh, proxy),
     }
     if proxy.kind != ProxyKind::Grpc {
@@ -501,9 +501,11 @@ impl Translator {
             }
         }
         let m = match &*cached {
-            Some((prev, objects)) if prev.revision < state.revision() => {
-                prev.update_instances(objects, state).map(|(m, _)| m).or_else(|| prev.update_rules(objects, state))
-            }
+            Some((prev, objects)) if prev.revision < state.revision() => prev
+                .update_instances(objects, state)
+                .map(|(m, _)| m)
+                .or_else(|| prev.update_rules(objects, state))
+                .or_else(|| prev.update_gateway_routes(objects, state)),
             _ => None,
         };
         let mut m = m.unwrap_or_else(|| Mesh::build(state, self.config.clone()));
@@ -697,6 +699,40 @@ impl Translator {
         Some(hosts)
     }
 
+    /// Hosts whose gateway virtual hosts a set of changes can affect, if
+    /// every change is to a Gateway API route (or to no part of the mesh)
+    /// and the mesh was stepped from the previous one
+    /// (`Mesh::update_gateway_routes`: the same Gateways and services):
+    /// the hosts of the generated VirtualServices that went or came, if
+    /// they route HTTP only (TLS and TCP routes are listeners' filter
+    /// chains). `None` means translate in full.
+    fn gateway_routes_only_hosts(&self, prev: &Previous, state: &State, mesh: &Mesh) -> Option<BTreeSet<String>> {
+        use crate::model::Kind;
+        let route_or_nothing = |k: Kind| matches!(k, Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute) || k.is_acl();
+        if !self.changes(prev, state).iter().all(|(key, _, _)| route_or_nothing(key.kind)) {
+            return None;
+        }
+        let (was, is) = (&prev.mesh, mesh);
+        if !Arc::ptr_eq(&was.services, &is.services)
+            || was.gateways.len() != is.gateways.len()
+            || !was.gateways.iter().zip(&is.gateways).all(|(a, b)| Arc::ptr_eq(a, b))
+        {
+            return None;
+        }
+        let ptrs = |m: &Mesh| -> BTreeSet<usize> { m.gateway_api.virtual_services.iter().map(|v| Arc::as_ptr(v) as usize).collect() };
+        let (before, after) = (ptrs(was), ptrs(is));
+        let gone = was.gateway_api.virtual_services.iter().filter(|v| !after.contains(&(Arc::as_ptr(v) as usize)));
+        let came = is.gateway_api.virtual_services.iter().filter(|v| !before.contains(&(Arc::as_ptr(v) as usize)));
+        let mut hosts = BTreeSet::new();
+        for vs in gone.chain(came) {
+            if !vs.spec.tcp.is_empty() || !vs.spec.tls.is_empty() {
+                return None;
+            }
+            hosts.extend(vs.spec.hosts.iter().map(|h| resolve_short_name(h, &vs.key.namespace, &self.config.domain_suffix)));
+        }
+        Some(hosts)
+    }
+
     fn incremental(&self, prev: &Previous, mesh: &Mesh, proxy: &ProxyIdentity, hosts: &BTreeSet<String>) -> (ProxyConfig, BTreeMap<String, RdsParts>) {
         let mut cfg = prev.config.clone();
         cfg.revision = mesh.revision;
@@ -817,6 +853,12 @@ impl Generator for Translator {
         // Set when the config is derived from `prev` incrementally: it keeps
         // prev's clusters and route tables' hosts, so its dependencies.
         let mut incremental = true;
+        let mut router_step = match &prev {
+            Some(p) if proxy.kind == ProxyKind::Router && !proxy.capture && p.config.revision < state.revision() && Self::same_keys(p, &mesh, proxy) => {
+                self.gateway_routes_only_hosts(p, state, &mesh).and_then(|hosts| gateway::incremental(&p.config, &p.rds, &mesh, proxy, &hosts))
+            }
+            _ => None,
+        };
         let (config, rds) = match (&prev, proxy.kind) {
             // Fetched keys this proxy holds changed (at this revision or
             // with other changes): translate in full.
@@ -844,6 +886,9 @@ impl Generator for Translator {
             // A captured proxy's inbound listener is `virtualInbound`
             // (`capture`): translated in full.
             (Some(p), ProxyKind::Sidecar) if !proxy.capture && self.authz_only(p, state) => (authz_incremental(p, &mesh, proxy), p.rds.clone()),
+            // Only Gateway API routes changed: a gateway's virtual hosts of
+            // the hosts whose generated VirtualServices changed.
+            (Some(_), ProxyKind::Router) if router_step.is_some() => router_step.take().unwrap_or_default(),
             (Some(p), kind) => match self.endpoints_only_hosts(p, state, &mesh) {
                 Some(hosts) => (endpoints_incremental(p, &mesh, proxy, &hosts), p.rds.clone()),
                 None => match (kind, self.vs_only_hosts(p, state)) {

@@ -273,7 +273,10 @@ pub struct Mesh {
     /// Status of the Gateway API objects (`translate::gateway_api`), by key;
     /// what that translation generated is in `gateways` and
     /// `virtual_services` (never stored).
-    pub gateway_api_status: Arc<BTreeMap<ResourceKey, serde_json::Value>>,
+    pub gateway_api_status: Arc<super::gateway_api::Status>,
+    /// That translation's output (its status aside), which a change to
+    /// routes only updates (`update_gateway_routes`).
+    pub gateway_api: Arc<super::gateway_api::Output>,
     /// EnvoyFilters with their patch values built (`translate::envoyfilter`),
     /// in Istio's global order (priority, then age, then name).
     pub envoy_filters: Vec<Arc<crate::envoyfilter::CompiledFilter>>,
@@ -367,6 +370,7 @@ impl Mesh {
             request_authentications: self.request_authentications.clone(),
             jwks: self.jwks.clone(),
             gateway_api_status: self.gateway_api_status.clone(),
+            gateway_api: self.gateway_api.clone(),
             envoy_filters: self.envoy_filters.clone(),
             backend_cas: self.backend_cas.clone(),
         };
@@ -752,19 +756,92 @@ impl Mesh {
         }
         mesh.services = Arc::new(by_host);
         if !gateway_api.is_empty() {
-            let out = super::gateway_api::translate(&gateway_api, &namespaces, &MeshBackends { services: &mesh.services, suffix, state });
-            mesh.gateways.extend(out.gateways);
-            mesh.virtual_services.extend(out.virtual_services);
-            mesh.destination_rules.extend(out.destination_rules);
+            let mut out = super::gateway_api::translate(&gateway_api, &namespaces, &MeshBackends { services: &mesh.services, suffix, state });
+            mesh.gateways.extend(out.gateways.iter().cloned());
+            mesh.virtual_services.extend(out.virtual_services.iter().cloned());
+            mesh.destination_rules.extend(out.destination_rules.iter().cloned());
             mesh.destination_rules.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
-            mesh.backend_cas = Arc::new(out.backend_cas);
+            mesh.backend_cas = Arc::new(out.backend_cas.clone());
             mesh.gateways.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
             mesh.virtual_services.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
-            mesh.gateway_api_status = Arc::new(out.status);
-            mesh.skipped.extend(out.skipped);
+            mesh.gateway_api_status = Arc::new(std::mem::take(&mut out.status).into_iter().collect());
+            mesh.skipped.extend(out.skipped.iter().cloned());
+            mesh.gateway_api = Arc::new(out);
         }
         mesh.index_rules();
         mesh
+    }
+
+    /// The mesh at `state`'s revision when every change since
+    /// `prev_objects` is to Gateway API routes (HTTPRoute, GRPCRoute,
+    /// TCPRoute, TLSRoute) or to objects no part of the mesh: services and
+    /// every other rule are shared, and only the VirtualServices generated
+    /// for the slots those routes had or have are translated again
+    /// (`gateway_api::update_routes`). `None`: build it.
+    pub fn update_gateway_routes(&self, prev_objects: &crate::state::Objects, state: &State) -> Option<Mesh> {
+        let route = |k: Kind| matches!(k, Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute);
+        let typed = |o: &Arc<StoredObject>| -> Option<(Arc<StoredObject>, crate::model::gateway_api::Spec)> {
+            match o.typed().ok()?.as_ref() {
+                TypedSpec::GatewayApi(g) => Some((o.clone(), g.clone())),
+                _ => None,
+            }
+        };
+        let (mut before, mut after) = (Vec::new(), Vec::new());
+        for d in prev_objects.diff(&state.objects) {
+            let key = d.key();
+            if key.kind == Kind::Secret && self.backend_cas.secrets.contains(&(key.namespace.to_string(), key.name.to_string())) {
+                return None;
+            }
+            if key.kind.is_acl() || matches!(key.kind, Kind::WorkloadGroup | Kind::Secret) {
+                continue;
+            }
+            if !route(key.kind) {
+                return None;
+            }
+            if let Some(o) = d.before() {
+                before.push(typed(o)?);
+            }
+            if let Some(o) = d.after() {
+                after.push(typed(o)?);
+            }
+        }
+        if before.is_empty() && after.is_empty() {
+            return None;
+        }
+        // Every Gateway API object that is not a route; Namespaces' labels.
+        let of_kind = |k: Kind| state.objects.range(ResourceKey::new(k, "", "")..).take_while(move |(key, _)| key.kind == k);
+        let mut context = Vec::new();
+        for k in [Kind::GatewayClass, Kind::KubeGateway, Kind::ReferenceGrant, Kind::BackendTlsPolicy] {
+            for (_, o) in of_kind(k) {
+                context.push(typed(o)?);
+            }
+        }
+        let namespaces: BTreeMap<String, BTreeMap<String, String>> = of_kind(Kind::Namespace).map(|(k, o)| (k.name.to_string(), labels_of(o))).collect();
+        let current = |k: &ResourceKey| state.objects.get(k).and_then(typed);
+        let backends = MeshBackends { services: &self.services, suffix: &self.config.domain_suffix, state };
+        let (out, status) =
+            super::gateway_api::update_routes(&self.gateway_api, &self.gateway_api_status, &context, (&before, &after), &current, &namespaces, &backends)?;
+        let mut mesh = Mesh { revision: state.revision(), ..self.clone() };
+        let generated =
+            |v: &Config<VirtualService>| v.labels.contains_key(super::gateway_api::CLASS_LABEL) || v.labels.contains_key(super::gateway_api::MESH_ROUTE_LABEL);
+        // The generated VirtualServices that are not the same Arc as before
+        // went; those that are new came.
+        let kept: BTreeSet<*const Config<VirtualService>> = out.virtual_services.iter().map(Arc::as_ptr).collect();
+        let gone: Vec<Arc<Config<VirtualService>>> = self.gateway_api.virtual_services.iter().filter(|v| !kept.contains(&Arc::as_ptr(v))).cloned().collect();
+        for v in &gone {
+            mesh.unindex_vs(v);
+        }
+        let gone_ptrs: BTreeSet<*const Config<VirtualService>> = gone.iter().map(Arc::as_ptr).collect();
+        mesh.virtual_services.retain(|v| !(generated(v) && gone_ptrs.contains(&Arc::as_ptr(v))));
+        let prev_ptrs: BTreeSet<*const Config<VirtualService>> = self.gateway_api.virtual_services.iter().map(Arc::as_ptr).collect();
+        for v in out.virtual_services.iter().filter(|v| !prev_ptrs.contains(&Arc::as_ptr(v))) {
+            mesh.index_vs(v);
+            mesh.virtual_services.push(v.clone());
+        }
+        mesh.virtual_services.sort_by(|a, b| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+        mesh.gateway_api_status = Arc::new(status);
+        mesh.gateway_api = Arc::new(out);
+        Some(mesh)
     }
 
     /// Whether `key` names a Gateway or VirtualService the Gateway API
@@ -925,5 +1002,32 @@ impl KeyCell {
 
     pub fn set(&self, keys: FetchedKeys) {
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+    }
+}
+
+/// The Gateway API status of the last snapshot asked for, with the store
+/// objects and mesh config it was computed from: a poll of a route's
+/// status in a large mesh costs a lookup, not a translation. One per
+/// replica (`replica::Replica::gateway_status`), read by `api::views`.
+#[derive(Debug, Default)]
+pub struct StatusCache {
+    last: Mutex<Option<CachedStatus>>,
+}
+
+type CachedStatus = (crate::state::Objects, MeshConfig, Arc<super::gateway_api::Status>);
+
+impl StatusCache {
+    /// The status of `state` under `config`: the kept one when both are
+    /// those it was computed from (equal object sets share their
+    /// structure, so comparing them is cheap), else computed and kept.
+    pub fn of(&self, state: &State, config: &MeshConfig) -> Arc<super::gateway_api::Status> {
+        if let Some((o, m, status)) = self.last.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            if m == config && *o == state.objects {
+                return status.clone();
+            }
+        }
+        let status = Mesh::build(state, Arc::new(config.clone())).gateway_api_status;
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((state.objects.clone(), config.clone(), status.clone()));
+        status
     }
 }
