@@ -4,7 +4,8 @@
 //! a diff out.
 //!
 //! Resources are compared by their versions (a hash of the deterministic
-//! encoding), so an unchanged resource costs a string compare; only the
+//! encoding), so an unchanged resource costs a string compare (and a type
+//! map shared by both configs, nothing); only the
 //! changed ones are rendered as proto-JSON for a field-level diff. Secrets
 //! are named, never rendered.
 
@@ -18,7 +19,9 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy, TcpProxy};
 use prost::{Message, Name};
 use serde::Serialize;
+use std::cmp::Ordering;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 /// One proxy whose config would change.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -63,19 +66,41 @@ pub fn proxy_effect(proxy: &ProxyIdentity, before: &ProxyConfig, after: &ProxyCo
     let empty = ResourceMap::new();
     let mut changes = Vec::new();
     for t in ResourceType::PUSH_ORDER {
+        // A type the translation carried over (most of them, for most
+        // changes) is the same map: nothing to compare.
+        if let (Some(b), Some(a)) = (before.resources.get(&t), after.resources.get(&t)) {
+            if Arc::ptr_eq(b, a) {
+                continue;
+            }
+        }
         let (b, a) = (before.of(t).unwrap_or(&empty), after.of(t).unwrap_or(&empty));
-        let names: BTreeSet<&String> = b.keys().chain(a.keys()).collect();
-        for name in names {
-            let change = match (b.get(name), a.get(name)) {
-                (Some(x), Some(y)) if x.version == y.version => continue,
-                (Some(x), Some(y)) => {
+        // Both maps are sorted by name: walk them side by side.
+        let (mut bi, mut ai) = (b.iter().peekable(), a.iter().peekable());
+        loop {
+            let order = match (bi.peek(), ai.peek()) {
+                (None, None) => break,
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (Some((nb, _)), Some((na, _))) => nb.cmp(na),
+            };
+            let change = match order {
+                Ordering::Less => {
+                    let (name, _) = bi.next().expect("peeked");
+                    ResourceChange { type_: t.short(), name: name.clone(), action: "removed", diff: Vec::new() }
+                }
+                Ordering::Greater => {
+                    let (name, _) = ai.next().expect("peeked");
+                    ResourceChange { type_: t.short(), name: name.clone(), action: "added", diff: Vec::new() }
+                }
+                Ordering::Equal => {
+                    let ((name, x), (_, y)) = (bi.next().expect("peeked"), ai.next().expect("peeked"));
+                    if Arc::ptr_eq(x, y) || x.version == y.version {
+                        continue;
+                    }
                     let key = (t.short(), name.clone(), x.version.clone(), y.version.clone());
                     let diff = cache.entry(key).or_insert_with(|| resource_diff(t, x, y)).clone();
                     ResourceChange { type_: t.short(), name: name.clone(), action: "changed", diff }
                 }
-                (None, Some(_)) => ResourceChange { type_: t.short(), name: name.clone(), action: "added", diff: Vec::new() },
-                (Some(_), None) => ResourceChange { type_: t.short(), name: name.clone(), action: "removed", diff: Vec::new() },
-                (None, None) => continue,
             };
             changes.push(change);
         }
