@@ -30,7 +30,7 @@ use crate::model::{Kind, ResourceKey, StoredObject};
 use crate::store::state::State;
 use crate::store::types::{Action, Op, Txn};
 use crate::store::EventType;
-use crate::translate::effect::{proxy_effect, DiffCache, ProxyEffect};
+use crate::translate::effect::{preview as preview_proxies, ProxyEffect};
 use crate::translate::mesh::MeshConfig;
 use crate::translate::resources::Generator;
 use crate::translate::Translator;
@@ -113,40 +113,27 @@ impl ProxyScope {
         ProxyScope { replica: replica.config.id, mesh: Arc::new(replica.config.mesh_config()), generator: replica.generator.clone(), proxies }
     }
 
-    /// Every listed proxy's change between two states. One scratch
-    /// translator translates every proxy at `before` (sharing clusters
-    /// across proxies, as the xDS server does), then at `after` from
-    /// there, incrementally where it can: a proxy the change cannot reach
-    /// costs a lookup. The server's own translator is never touched (its
-    /// caches know revision numbers, and `after` is hypothetical).
+    /// Every listed proxy's change between two states
+    /// (`translate::effect::preview`), with a scratch translator: a fork
+    /// of the server's (every proxy at `before` is then the config it is
+    /// served, shared, not copied), else a cold one. The server's own
+    /// translator is never touched (its caches know revision numbers, and
+    /// `after` is hypothetical).
     pub fn effect(&self, before: &State, after: &State) -> Proxies {
         let proxies = match &self.proxies {
             Err(why) => return Proxies { replicas: vec![self.replica], unchanged: 0, changed: Vec::new(), failed: Vec::new(), hidden: Some(why.clone()) },
             Ok(p) => p,
         };
         let scratch: Box<dyn Generator> = self.generator.as_ref().and_then(|g| g.fork()).unwrap_or_else(|| Box::new(Translator::new((*self.mesh).clone())));
-        let (mut changed, mut failed, mut diffs) = (Vec::new(), Vec::new(), DiffCache::new());
-        // Every proxy at `before` first, then every one at `after`: the
-        // translator keeps one mesh, and alternating revisions would
-        // rebuild it for every proxy. At `before` a served proxy's config
-        // is the one it is served (shared, not copied).
-        let befores: Vec<_> = proxies.iter().map(|p| scratch.generate(p, before)).collect();
-        for (p, b) in proxies.iter().zip(befores) {
-            match (b, scratch.generate(p, after)) {
-                (Ok(b), Ok(a)) => changed.extend(proxy_effect(p, &b, &a, &mut diffs).map(|effect| OnReplica { replica: self.replica, effect })),
-                (_, Err(e)) | (Err(e), _) => failed.push(json!({"proxy": p.id, "replica": self.replica, "error": e})),
-            }
-            scratch.forget(&p.id);
+        let e = preview_proxies(scratch.as_ref(), proxies, before, after);
+        Proxies {
+            replicas: vec![self.replica],
+            unchanged: e.unchanged,
+            changed: e.changed.into_iter().map(|effect| OnReplica { replica: self.replica, effect }).collect(),
+            failed: e.failed.into_iter().map(|(proxy, error)| json!({"proxy": proxy, "replica": self.replica, "error": error})).collect(),
+            hidden: None,
         }
-        let unchanged = proxies.len() - changed.len() - failed.len();
-        Proxies { replicas: vec![self.replica], unchanged, changed: sorted(changed), failed, hidden: None }
     }
-}
-
-/// Proxies that would lose a cluster first, then by node id.
-fn sorted(mut changed: Vec<OnReplica>) -> Vec<OnReplica> {
-    changed.sort_by(|a, b| (a.effect.lost_clusters.is_empty(), &a.effect.proxy).cmp(&(b.effect.lost_clusters.is_empty(), &b.effect.proxy)));
-    changed
 }
 
 /// One resource that would change.
@@ -356,177 +343,4 @@ pub fn render_changes(changes: &[Value]) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::translate::resources::Generator as _;
-    use serde_json::Value;
-
-    fn doc(doc: Value) -> Op {
-        let r = crate::model::parse_resource(doc, "default").unwrap();
-        crate::model::validate_spec(&r).unwrap();
-        Op::Put { body: crate::model::json_text(&r.body).into(), key: r.key, expected_revision: None }
-    }
-
-    fn apply(state: &State, ops: Vec<Op>) -> State {
-        let mut s = state.clone();
-        s.apply_txn(&Txn { ops }).0.expect("applied");
-        s
-    }
-
-    fn put(state: &State, docs: Vec<Value>) -> State {
-        apply(state, docs.into_iter().map(doc).collect())
-    }
-
-    fn service(name: &str, ns: &str) -> Value {
-        json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
-               "spec": {"ports": [{"name": "http", "number": 80, "targetPort": 8080}]}})
-    }
-
-    fn instance(name: &str, svc: &str, ns: &str, addr: &str, version: &str) -> Value {
-        json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Instance",
-               "metadata": {"name": name, "namespace": ns, "labels": {"version": version}},
-               "spec": {"service": svc, "address": addr, "port": 8080}})
-    }
-
-    fn split(host: &str, ns: &str, weight: u32) -> Value {
-        json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": host, "namespace": ns},
-               "spec": {"hosts": [host], "http": [{"route": [
-                   {"destination": {"host": host, "subset": "v1"}, "weight": weight},
-                   {"destination": {"host": host, "subset": "v2"}, "weight": 100 - weight}]}]}})
-    }
-
-    fn subsets(host: &str, ns: &str, names: &[&str]) -> Value {
-        let subsets: Vec<Value> = names.iter().map(|n| json!({"name": n, "labels": {"version": n}})).collect();
-        json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule", "metadata": {"name": host, "namespace": ns},
-               "spec": {"host": host, "subsets": subsets}})
-    }
-
-    fn sidecar(ns: &str, hosts: &[&str]) -> Value {
-        json!({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "default", "namespace": ns},
-               "spec": {"egress": [{"hosts": hosts}]}})
-    }
-
-    /// Services reviews, ratings, details in `shop` (lonely in `far`, seen
-    /// by no one); proxies in `a` see reviews, in `b` all of shop, in `c`
-    /// details; a gateway routes to reviews.
-    fn mesh() -> State {
-        let mut docs = Vec::new();
-        for (i, svc) in ["reviews", "ratings", "details"].iter().enumerate() {
-            docs.push(service(svc, "shop"));
-            for v in ["v1", "v2"] {
-                docs.push(instance(&format!("{svc}-{v}"), svc, "shop", &format!("10.0.{i}.{}", v.len() + i), v));
-            }
-            docs.push(subsets(svc, "shop", &["v1", "v2"]));
-        }
-        docs.push(split("reviews", "shop", 80));
-        docs.push(service("lonely", "far"));
-        docs.push(instance("lonely-1", "lonely", "far", "10.0.9.1", "v1"));
-        docs.push(sidecar("a", &["shop/reviews.shop.svc.cluster.local"]));
-        docs.push(sidecar("b", &["shop/*"]));
-        docs.push(sidecar("c", &["shop/details.shop.svc.cluster.local"]));
-        docs.push(json!({"apiVersion": "networking.istio.io/v1", "kind": "Gateway", "metadata": {"name": "gw", "namespace": "gw"},
-            "spec": {"selector": {"istio": "ingress"}, "servers": [{"port": {"number": 8080, "name": "http", "protocol": "HTTP"}, "hosts": ["*/shop.example"]}]}}));
-        docs.push(gateway_vs("v1"));
-        put(&State::default(), docs)
-    }
-
-    fn gateway_vs(subset: &str) -> Value {
-        json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "front", "namespace": "gw"},
-               "spec": {"hosts": ["shop.example"], "gateways": ["gw/gw"], "http": [{"route": [
-                   {"destination": {"host": "reviews.shop.svc.cluster.local", "subset": subset}}]}]}})
-    }
-
-    fn proxies() -> Vec<ProxyIdentity> {
-        let mut out = Vec::new();
-        for (ns, n) in [("a", 3), ("b", 3), ("c", 2)] {
-            for i in 0..n {
-                let id = format!("sidecar~127.0.{}.{}~app-{i}.{ns}~{ns}.svc.cluster.local", ns.as_bytes()[0], i + 1);
-                out.push(ProxyIdentity::parse(&id, &json!({"LABELS": {"app": format!("app-{i}")}})).unwrap());
-            }
-        }
-        out.push(ProxyIdentity::parse("router~127.0.0.9~ingress.gw~gw.svc.cluster.local", &json!({"LABELS": {"istio": "ingress"}})).unwrap());
-        out
-    }
-
-    /// The reference the preview must agree with: every proxy translated in
-    /// full at both states by fresh translators, every resource compared.
-    fn effect_in_full(scope: &ProxyScope, before: &State, after: &State) -> Proxies {
-        let mut changed = Vec::new();
-        let mut diffs = DiffCache::new();
-        let proxies = scope.proxies.as_ref().unwrap();
-        for p in proxies {
-            let b = Translator::new((*scope.mesh).clone()).generate(p, before).unwrap();
-            let a = Translator::new((*scope.mesh).clone()).generate(p, after).unwrap();
-            changed.extend(proxy_effect(p, &b, &a, &mut diffs).map(|effect| OnReplica { replica: scope.replica, effect }));
-        }
-        Proxies { replicas: vec![scope.replica], unchanged: proxies.len() - changed.len(), changed: sorted(changed), failed: Vec::new(), hidden: None }
-    }
-
-    fn names(p: &Proxies) -> Vec<&str> {
-        p.changed.iter().map(|c| c.effect.proxy.as_str()).collect()
-    }
-
-    #[test]
-    fn a_dry_run_lists_the_proxies_and_diffs_that_translating_every_proxy_in_full_gives() {
-        let base = mesh();
-        let proxies = proxies();
-        let id = |prefix: &str, ns: &str| -> Vec<String> {
-            let mut v: Vec<String> = proxies.iter().filter(|p| p.id.starts_with(prefix) && p.namespace == ns).map(|p| p.id.clone()).collect();
-            v.sort();
-            v
-        };
-        let (a, b, c) = (id("sidecar", "a"), id("sidecar", "b"), id("sidecar", "c"));
-        let all_sidecars: Vec<String> = {
-            let mut v = [a.clone(), b.clone(), c.clone()].concat();
-            v.sort();
-            v
-        };
-        let delete = |kind: Kind, ns: &str, name: &str| Op::Delete { key: ResourceKey::new(kind, ns, name), expected_revision: None, ignore_missing: false };
-        // Each change, and the proxies it must change (sorted, as listed).
-        let changes: Vec<(&str, State, Vec<String>)> = vec![
-            ("a route weight of reviews", put(&base, vec![split("reviews", "shop", 60)]), [a.clone(), b.clone()].concat()),
-            ("a subset of ratings", put(&base, vec![subsets("ratings", "shop", &["v1", "v2", "v3"])]), b.clone()),
-            ("an endpoint of details", put(&base, vec![instance("details-v3", "details", "shop", "10.0.2.9", "v3")]), [b.clone(), c.clone()].concat()),
-            ("a host no proxy sees", put(&base, vec![split("lonely.far.svc.cluster.local", "far", 50), subsets("lonely", "far", &["v1", "v2"])]), vec![]),
-            ("a new service no Sidecar admits", put(&base, vec![service("new", "far")]), vec![]),
-            ("the gateway's route", put(&base, vec![gateway_vs("v2")]), vec!["router~127.0.0.9~ingress.gw~gw.svc.cluster.local".to_string()]),
-            ("a Sidecar's scope", put(&base, vec![sidecar("c", &["shop/details.shop.svc.cluster.local", "shop/ratings.shop.svc.cluster.local"])]), c.clone()),
-            ("every sidecar's hosts at once", put(&base, vec![split("reviews", "shop", 10), subsets("details", "shop", &["v1"])]), all_sidecars.clone()),
-            ("reviews' route deleted", apply(&base, vec![delete(Kind::VirtualService, "shop", "reviews")]), [a.clone(), b.clone()].concat()),
-        ];
-        // The server has served every proxy at `base`; a preview forks it.
-        let served = Translator::new(MeshConfig::default());
-        for p in &proxies {
-            served.generate(p, &base).unwrap();
-        }
-        let served: Arc<dyn crate::xds::resources::Generator> = Arc::new(served);
-        let scope = ProxyScope { replica: 7, mesh: Arc::new(MeshConfig::default()), generator: Some(served.clone()), proxies: Ok(proxies.clone()) };
-        let cold = ProxyScope { replica: 7, mesh: scope.mesh.clone(), generator: None, proxies: Ok(proxies.clone()) };
-        for (what, after, want) in &changes {
-            let reference = effect_in_full(&scope, &base, after);
-            let mut listed: Vec<String> = names(&reference).into_iter().map(String::from).collect();
-            listed.sort();
-            assert_eq!(&listed, want, "{what}: the reference lists the proxies the change reaches");
-            let reference = serde_json::to_value(&reference).unwrap();
-            for (how, s) in [("served", &scope), ("cold", &cold)] {
-                let got = serde_json::to_value(s.effect(&base, after)).unwrap();
-                assert_eq!(got, reference, "{what} ({how} translator): the preview differs from translating in full");
-            }
-        }
-        // A preview from a revision the proxies were not served at yet
-        // (their streams lag): the same again.
-        let (_, lagging, _) = &changes[0];
-        let after = put(lagging, vec![subsets("ratings", "shop", &["v1"])]);
-        let reference = serde_json::to_value(effect_in_full(&scope, lagging, &after)).unwrap();
-        assert_eq!(serde_json::to_value(scope.effect(lagging, &after)).unwrap(), reference, "a preview from a revision not yet served");
-        // The server's translator is untouched: its proxies still get the
-        // config of `base`.
-        let p = &proxies[0];
-        let again = served.generate(p, &base).unwrap();
-        let fresh = Translator::new(MeshConfig::default()).generate(p, &base).unwrap();
-        assert!(proxy_effect(p, &fresh, &again, &mut DiffCache::new()).is_none());
-    }
 }
