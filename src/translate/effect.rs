@@ -323,12 +323,15 @@ mod tests {
         for (i, svc) in ["reviews", "ratings", "details"].iter().enumerate() {
             docs.push(service(svc, "shop"));
             for v in ["v1", "v2"] {
-                docs.push(instance(&format!("{svc}-{v}"), svc, "shop", &format!("10.0.{i}.{}", v.len() + i), v));
+                docs.push(instance(&format!("{svc}-{v}"), svc, "shop", &format!("10.0.{i}.{}", v.as_bytes()[1]), v));
             }
             docs.push(subsets(svc, "shop", &["v1", "v2"]));
         }
         docs.push(split("reviews", "shop", 80));
-        docs.push(service("lonely", "far"));
+        // Exported to its own namespace only: no proxy here sees it.
+        let mut lonely = service("lonely", "far");
+        lonely["spec"]["exportTo"] = json!(["."]);
+        docs.push(lonely);
         docs.push(instance("lonely-1", "lonely", "far", "10.0.9.1", "v1"));
         docs.push(sidecar("a", &["shop/reviews.shop.svc.cluster.local"]));
         docs.push(sidecar("b", &["shop/*"]));
@@ -389,23 +392,29 @@ mod tests {
             v.sort();
             v
         };
-        let (a, b, c) = (id("sidecar", "a"), id("sidecar", "b"), id("sidecar", "c"));
-        let all_sidecars: Vec<String> = {
-            let mut v = [a.clone(), b.clone(), c.clone()].concat();
-            v.sort();
-            v
-        };
+        let (a, b, c, gw) = (id("sidecar", "a"), id("sidecar", "b"), id("sidecar", "c"), id("router", "gw"));
+        let mut hidden = service("new", "far");
+        hidden["spec"]["exportTo"] = json!(["."]);
         let delete = |kind: Kind, ns: &str, name: &str| Op::Delete { key: ResourceKey::new(kind, ns, name), expected_revision: None, ignore_missing: false };
-        // Each change, and the proxies it must change (sorted, as listed).
+        // Each change, and the proxies it must change.
         let changes: Vec<(&str, State, Vec<String>)> = vec![
             ("a route weight of reviews", put(&base, vec![split("reviews", "shop", 60)]), [a.clone(), b.clone()].concat()),
-            ("a subset of ratings", put(&base, vec![subsets("ratings", "shop", &["v1", "v2", "v3"])]), b.clone()),
-            ("an endpoint of details", put(&base, vec![instance("details-v3", "details", "shop", "10.0.2.9", "v3")]), [b.clone(), c.clone()].concat()),
+            // The gateway has a cluster for every service it sees.
+            ("a subset of ratings", put(&base, vec![subsets("ratings", "shop", &["v1", "v2", "v3"])]), [b.clone(), gw.clone()].concat()),
+            (
+                "an endpoint of details",
+                put(&base, vec![instance("details-v3", "details", "shop", "10.0.2.9", "v3")]),
+                [b.clone(), c.clone(), gw.clone()].concat(),
+            ),
             ("a host no proxy sees", put(&base, vec![split("lonely.far.svc.cluster.local", "far", 50), subsets("lonely", "far", &["v1", "v2"])]), vec![]),
-            ("a new service no Sidecar admits", put(&base, vec![service("new", "far")]), vec![]),
-            ("the gateway's route", put(&base, vec![gateway_vs("v2")]), vec!["router~127.0.0.9~ingress.gw~gw.svc.cluster.local".to_string()]),
+            ("a new service no proxy sees", put(&base, vec![hidden]), vec![]),
+            ("the gateway's route", put(&base, vec![gateway_vs("v2")]), gw.clone()),
             ("a Sidecar's scope", put(&base, vec![sidecar("c", &["shop/details.shop.svc.cluster.local", "shop/ratings.shop.svc.cluster.local"])]), c.clone()),
-            ("every sidecar's hosts at once", put(&base, vec![split("reviews", "shop", 10), subsets("details", "shop", &["v1"])]), all_sidecars.clone()),
+            (
+                "every proxy at once",
+                put(&base, vec![split("reviews", "shop", 10), subsets("details", "shop", &["v1"])]),
+                [a.clone(), b.clone(), c.clone(), gw.clone()].concat(),
+            ),
             ("reviews' route deleted", apply(&base, vec![delete(Kind::VirtualService, "shop", "reviews")]), [a.clone(), b.clone()].concat()),
         ];
         // The server has served every proxy at `base`; a preview forks it.
@@ -417,7 +426,9 @@ mod tests {
             let reference = effect_in_full(&proxies, &base, after);
             let mut listed: Vec<String> = names(&reference).into_iter().map(String::from).collect();
             listed.sort();
-            assert_eq!(&listed, want, "{what}: the reference lists the proxies the change reaches");
+            let mut want = want.clone();
+            want.sort();
+            assert_eq!(listed, want, "{what}: the reference lists the proxies the change reaches");
             assert_eq!(reference.unchanged, proxies.len() - want.len(), "{what}");
             let fork = served.fork().expect("a fork");
             let cold = Translator::new(MeshConfig::default());
