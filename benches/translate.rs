@@ -34,8 +34,11 @@
 //! - `dryrun_one_vs`: the per-proxy part of `apply --dry-run` for one
 //!   VirtualService change with 1,000 connected sidecars (ten apps, one
 //!   address each; LODESTAR_BENCH_PROXIES for another count), forking a
-//!   translator that serves them all: every proxy translated after the
-//!   change from its served config, and diffed.
+//!   translator that serves them all: every proxy sees the changed host.
+//!   `dryrun_one_vs_scoped`: the same with a Sidecar per app naming a
+//!   tenth of the services, so the change reaches 100 of the 1,000.
+//!   Each also prints p50/p99 over 20 previews; LODESTAR_BENCH_COLD=1
+//!   adds one preview without the served translator.
 //!
 //! - `envoyfilter_*`: the HTTP mesh plus 50 EnvoyFilters of mixed
 //!   operations (Lua INSERT_BEFORE the router, cluster MERGE, vhost MERGE,
@@ -320,10 +323,33 @@ fn bench_analyze(c: &mut Criterion, state: &State) {
     c.bench_function("analyze_one_write", |b| b.iter(|| on_write(state, &writes, &opts)));
 }
 
-/// The per-proxy preview of one VirtualService change.
+/// The per-proxy preview of one VirtualService change, at
+/// LODESTAR_BENCH_PROXIES connected sidecars (default 1,000; ten apps):
+/// `dryrun_one_vs` in the mesh as it is (every proxy sees every service,
+/// so every one changes), `dryrun_one_vs_scoped` with a Sidecar per app
+/// whose egress names a tenth of the services (app k: svc-j, j mod 10 =
+/// k), so the change reaches one app's proxies (100 of 1,000).
+/// Besides criterion's estimate, each prints p50/p99 over
+/// LODESTAR_BENCH_DRYRUN_RUNS previews (default 20).
 fn bench_dryrun(c: &mut Criterion, state: &State) {
-    use lodestar::api::dryrun::ProxyScope;
     let n: usize = std::env::var("LODESTAR_BENCH_PROXIES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    dryrun_case(c, "dryrun_one_vs", state, n);
+    let mut scoped = state.clone();
+    for k in 0..10 {
+        let hosts: Vec<String> = (0..services()).filter(|j| j % 10 == k).map(|j| format!("./svc-{j}.default.svc.cluster.local")).collect();
+        put(
+            &mut scoped,
+            json!({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": format!("client-{k}"), "namespace": "default"},
+                "spec": {"workloadSelector": {"labels": {"app": format!("client-{k}")}}, "egress": [{"hosts": hosts}]}}),
+        );
+    }
+    dryrun_case(c, "dryrun_one_vs_scoped", &scoped, n);
+}
+
+/// `n` sidecars served at `state`, then previews of svc-N/2's
+/// VirtualService changing its split.
+fn dryrun_case(c: &mut Criterion, name: &str, state: &State, n: usize) {
+    use lodestar::api::dryrun::ProxyScope;
     let proxies = (0..n)
         .map(|i| {
             let id = format!("sidecar~127.1.{}.{}~client-{i}.default~default.svc.cluster.local", i / 250, i % 250 + 1);
@@ -340,20 +366,32 @@ fn bench_dryrun(c: &mut Criterion, state: &State) {
     let scope = ProxyScope { replica: 1, mesh: std::sync::Arc::new(MeshConfig::default()), generator: Some(generator), proxies: Ok(proxies) };
     let mut after = state.clone();
     put(&mut after, vs(services() / 2, 70));
-    // Once, for comparison: without the server's translator (every proxy
-    // translated twice in full, clusters shared).
-    let cold = ProxyScope { replica: 1, mesh: scope.mesh.clone(), generator: None, proxies: scope.proxies.clone() };
-    let t = std::time::Instant::now();
-    cold.effect(state, &after);
-    eprintln!("dryrun without a served translator (once): {:?}", t.elapsed());
+    if std::env::var("LODESTAR_BENCH_COLD").is_ok() {
+        // Once, for comparison: without the server's translator.
+        let cold = ProxyScope { replica: 1, mesh: scope.mesh.clone(), generator: None, proxies: scope.proxies.clone() };
+        let t = std::time::Instant::now();
+        cold.effect(state, &after);
+        eprintln!("{name} without a served translator (once): {:?}", t.elapsed());
+    }
     let p = scope.effect(state, &after);
     eprintln!(
-        "dryrun: {n} proxies, {} change ({} resources each), {} unchanged",
+        "{name}: {n} proxies, {} change ({} resources each), {} unchanged",
         p.changed.len(),
         p.changed.first().map_or(0, |c| c.effect.changes.len()),
         p.unchanged
     );
-    c.bench_function("dryrun_one_vs", |b| b.iter(|| scope.effect(state, &after)));
+    let runs: usize = std::env::var("LODESTAR_BENCH_DRYRUN_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(20).max(1);
+    let mut times: Vec<std::time::Duration> = (0..runs)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            std::hint::black_box(scope.effect(state, &after));
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    let at = |q: f64| times[((runs as f64 * q).ceil() as usize).clamp(1, runs) - 1];
+    eprintln!("{name}: {runs} previews: p50 {:?}, p99 {:?}, max {:?}", at(0.5), at(0.99), times[runs - 1]);
+    c.bench_function(name, |b| b.iter(|| scope.effect(state, &after)));
 }
 
 /// The attach scenario of `benches/gateway-api.sh`, in process.

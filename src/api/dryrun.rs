@@ -30,7 +30,7 @@ use crate::model::{Kind, ResourceKey, StoredObject};
 use crate::store::state::State;
 use crate::store::types::{Action, Op, Txn};
 use crate::store::EventType;
-use crate::translate::effect::{proxy_effect, DiffCache, ProxyEffect};
+use crate::translate::effect::{preview as preview_proxies, ProxyEffect};
 use crate::translate::mesh::MeshConfig;
 use crate::translate::resources::Generator;
 use crate::translate::Translator;
@@ -113,40 +113,27 @@ impl ProxyScope {
         ProxyScope { replica: replica.config.id, mesh: Arc::new(replica.config.mesh_config()), generator: replica.generator.clone(), proxies }
     }
 
-    /// Every listed proxy's change between two states. One scratch
-    /// translator translates every proxy at `before` (sharing clusters
-    /// across proxies, as the xDS server does), then at `after` from
-    /// there, incrementally where it can: a proxy the change cannot reach
-    /// costs a lookup. The server's own translator is never touched (its
-    /// caches know revision numbers, and `after` is hypothetical).
+    /// Every listed proxy's change between two states
+    /// (`translate::effect::preview`), with a scratch translator: a fork
+    /// of the server's (every proxy at `before` is then the config it is
+    /// served, shared, not copied), else a cold one. The server's own
+    /// translator is never touched (its caches know revision numbers, and
+    /// `after` is hypothetical).
     pub fn effect(&self, before: &State, after: &State) -> Proxies {
         let proxies = match &self.proxies {
             Err(why) => return Proxies { replicas: vec![self.replica], unchanged: 0, changed: Vec::new(), failed: Vec::new(), hidden: Some(why.clone()) },
             Ok(p) => p,
         };
         let scratch: Box<dyn Generator> = self.generator.as_ref().and_then(|g| g.fork()).unwrap_or_else(|| Box::new(Translator::new((*self.mesh).clone())));
-        let (mut changed, mut failed, mut diffs) = (Vec::new(), Vec::new(), DiffCache::new());
-        // Every proxy at `before` first, then every one at `after`: the
-        // translator keeps one mesh, and alternating revisions would
-        // rebuild it for every proxy. At `before` a served proxy's config
-        // is the one it is served (shared, not copied).
-        let befores: Vec<_> = proxies.iter().map(|p| scratch.generate(p, before)).collect();
-        for (p, b) in proxies.iter().zip(befores) {
-            match (b, scratch.generate(p, after)) {
-                (Ok(b), Ok(a)) => changed.extend(proxy_effect(p, &b, &a, &mut diffs).map(|effect| OnReplica { replica: self.replica, effect })),
-                (_, Err(e)) | (Err(e), _) => failed.push(json!({"proxy": p.id, "replica": self.replica, "error": e})),
-            }
-            scratch.forget(&p.id);
+        let e = preview_proxies(scratch.as_ref(), proxies, before, after);
+        Proxies {
+            replicas: vec![self.replica],
+            unchanged: e.unchanged,
+            changed: e.changed.into_iter().map(|effect| OnReplica { replica: self.replica, effect }).collect(),
+            failed: e.failed.into_iter().map(|(proxy, error)| json!({"proxy": proxy, "replica": self.replica, "error": error})).collect(),
+            hidden: None,
         }
-        let unchanged = proxies.len() - changed.len() - failed.len();
-        Proxies { replicas: vec![self.replica], unchanged, changed: sorted(changed), failed, hidden: None }
     }
-}
-
-/// Proxies that would lose a cluster first, then by node id.
-fn sorted(mut changed: Vec<OnReplica>) -> Vec<OnReplica> {
-    changed.sort_by(|a, b| (a.effect.lost_clusters.is_empty(), &a.effect.proxy).cmp(&(b.effect.lost_clusters.is_empty(), &b.effect.proxy)));
-    changed
 }
 
 /// One resource that would change.

@@ -152,10 +152,11 @@ enum Outcome {
     Left(String),
 }
 
-/// Who the reverts are written as (the author `history` shows).
+/// Who the reverts are written as (the author `history` shows:
+/// `replica:<id>/revert-on-nack`, a name no caller's credential has).
 fn author(replica: &Replica) -> Principal {
     let mut p = Principal::anonymous();
-    p.who = Who::Identity(format!("replica-{}/revert-on-nack", replica.node.id));
+    p.who = Who::Replica { id: replica.node.id, task: "revert-on-nack" };
     p
 }
 

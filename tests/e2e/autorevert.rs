@@ -94,7 +94,7 @@ async fn a_revision_a_real_envoy_rejects_is_reverted_cluster_wide() {
     // audit log, a log line, the metric.
     let (_, h) = kit::get_json(&fx.cluster.http, &format!("{api}/v1/history?limit=1")).await;
     assert_eq!(h["revisions"][0]["revision"].as_u64(), Some(by), "{h}");
-    assert_eq!(h["revisions"][0]["author"], "identity:replica-1/revert-on-nack", "{h}");
+    assert_eq!(h["revisions"][0]["author"], "replica:1/revert-on-nack", "{h}");
     let message = h["revisions"][0]["message"].as_str().unwrap_or_default();
     assert!(message.starts_with(&format!("revert of revision {bad}: a.default rejected it (CDS)")), "{h}");
     let log = fx.cluster.replica(1).log();

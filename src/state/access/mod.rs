@@ -136,16 +136,22 @@ pub enum Who {
     Token(String),
     /// A client certificate's identity.
     Identity(String),
+    /// A replica writing on its own behalf (`task`: what for, as
+    /// `revert-on-nack`). No credential authenticates as this: its audit
+    /// name (`replica:<id>/<task>`) cannot be a token's or a certificate's.
+    Replica { id: u64, task: &'static str },
 }
 
 impl Who {
-    /// `token:<accessor>`, `identity:<name>`, `initial-management`, `anonymous`.
+    /// `token:<accessor>`, `identity:<name>`, `replica:<id>/<task>`,
+    /// `initial-management`, `anonymous`.
     pub fn audit_name(&self) -> String {
         match self {
             Who::Anonymous => "anonymous".into(),
             Who::InitialManagement => "initial-management".into(),
             Who::Token(a) => format!("token:{a}"),
             Who::Identity(i) => format!("identity:{i}"),
+            Who::Replica { id, task } => format!("replica:{id}/{task}"),
         }
     }
 }
@@ -157,6 +163,7 @@ impl fmt::Display for Who {
             Who::InitialManagement => f.write_str("the initial management token"),
             Who::Token(a) => write!(f, "token {a}"),
             Who::Identity(i) => write!(f, "certificate identity {i:?}"),
+            Who::Replica { id, task } => write!(f, "replica {id} ({task})"),
         }
     }
 }
@@ -341,6 +348,17 @@ mod tests {
     use super::*;
     use crate::model::{json_text, parse_resource, StoredObject};
     use serde_json::{json, Value};
+
+    #[test]
+    fn a_replica_writing_for_itself_has_a_name_no_credential_has() {
+        let replica = Who::Replica { id: 1, task: "revert-on-nack" };
+        assert_eq!(replica.audit_name(), "replica:1/revert-on-nack");
+        // A certificate or token named like it is still itself.
+        for other in [Who::Identity("replica-1/revert-on-nack".into()), Who::Identity("replica:1/revert-on-nack".into()), Who::Token("replica:1".into())] {
+            assert_ne!(other.audit_name(), replica.audit_name(), "{other}");
+        }
+        assert_eq!(replica.to_string(), "replica 1 (revert-on-nack)");
+    }
 
     fn object(doc: Value) -> Arc<StoredObject> {
         let r = parse_resource(doc, "default").unwrap();
