@@ -50,6 +50,7 @@
 #                            since the machine's speed drifts between
 #                            sittings); the client is always the tree's
 #                            lodestar-bench, so both are measured alike
+#   BENCH_CLIENT=PATH      with BENCH_BINARY: this lodestar-bench, no build
 #
 # Needs: cargo, curl. Every step is bounded in time; every process started
 # here is killed on exit. Exits non-zero when a scenario reports a problem
@@ -125,8 +126,10 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 # (a) build
 if [ -n "${BENCH_BINARY:-}" ]; then
-    echo "# building lodestar-bench (release)" >&2
-    timeout 3600 nice -n 10 cargo build --release --quiet --bin lodestar-bench
+    if [ -z "${BENCH_CLIENT:-}" ]; then
+        echo "# building lodestar-bench (release)" >&2
+        timeout 3600 nice -n 10 cargo build --release --quiet --bin lodestar-bench
+    fi
     # A given build, e.g. an older commit's, to compare with in one sitting
     # (one with TLS by default: `lodestar tls ca create` and the tls_* settings).
     cp "$BENCH_BINARY" "$WORK/lodestar"
@@ -136,7 +139,7 @@ else
     cp "$ROOT/target/release/lodestar" "$WORK/lodestar"
 fi
 # Copies: a concurrent build must not swap a binary under the benchmark.
-cp "$ROOT/target/release/lodestar-bench" "$WORK/lodestar-bench"
+cp "${BENCH_CLIENT:-$ROOT/target/release/lodestar-bench}" "$WORK/lodestar-bench"
 LODESTAR=$WORK/lodestar
 BENCH=$WORK/lodestar-bench
 # Secure by default: the cluster CA and management token (benches/lib.sh).
