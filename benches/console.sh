@@ -12,15 +12,19 @@
 #                 Overview's slowest)
 # then the replica's CPU while 10 consoles sit open on the Overview, live
 # and idle, for 10 s, and with none (percent of one core),
+#   proxies       navigation -> the Proxies view's table (every proxy)
 # and prints one `result:` line per figure (median and max, ms), and the
-# bundle's gzipped size. No simulated proxies: the Overview lists the
-# proxies of the replica serving it (none here).
+# bundle's gzipped size. BENCH_PROXIES simulated proxies (delta xDS streams
+# from `lodestar-bench xds --scenario idle`, with its own 100 services) stay
+# connected to the replica throughout, so the Overview and the Proxies view
+# list them.
 #
 # Environment:
 #   BENCH_PORT_BASE=19950   first of the 3 loopback ports used
 #   BENCH_RESOURCES=10000   VirtualServices
 #   BENCH_SERVICES=200      registry services (BENCH_INSTANCES spread over them)
 #   BENCH_INSTANCES=2000
+#   BENCH_PROXIES=5000      simulated proxies (0: none)
 #   BENCH_ROUNDS=5
 #   BENCH_PROFILE=release   cargo profile (release|debug)
 #   BENCH_NO_BUILD=1        use target/$PROFILE's binary as it is
@@ -33,6 +37,7 @@ SERVICES=${BENCH_SERVICES:-200}
 INSTANCES=${BENCH_INSTANCES:-2000}
 ROUNDS=${BENCH_ROUNDS:-5}
 PROFILE=${BENCH_PROFILE:-release}
+PROXIES=${BENCH_PROXIES:-5000}
 
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -50,10 +55,12 @@ case $PROFILE in
 esac
 if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
     echo "# building lodestar ($PROFILE)" >&2
-    timeout 3600 nice -n 10 cargo build "${FLAG[@]}" --quiet --bin lodestar
+    timeout 3600 nice -n 10 cargo build "${FLAG[@]}" --locked --quiet --bin lodestar --bin lodestar-bench
 fi
 cp "$ROOT/target/$PROFILE/lodestar" "$WORK/lodestar"
+cp "$ROOT/target/$PROFILE/lodestar-bench" "$WORK/lodestar-bench"
 secure_cluster_files "$WORK/lodestar" "$WORK"
+one_source_many_proxies "$WORK/lodestar" "$WORK/tls.toml"
 API=127.0.0.1:$PORT RAFT=127.0.0.1:$((PORT + 1)) XDS=127.0.0.1:$((PORT + 2))
 RUST_LOG=warn "$WORK/lodestar" server --config "$WORK/tls.toml" --id 1 --data-dir "$WORK/lodestar-1" \
     --api-addr "$API" --raft-addr "$RAFT" --xds-addr "$XDS" --initial-member "1=$RAFT,$API,$XDS" \
@@ -93,7 +100,23 @@ for f in "$WORK"/batches/*.json; do
         --max-time 60 --data-binary @"$f" "https://$API/v1/apply" >/dev/null || die "applying $f"
 done
 
+if [ "$PROXIES" -gt 0 ]; then
+    echo "# connecting $PROXIES simulated proxies" >&2
+    ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+    "$WORK/lodestar-bench" --server "https://$API" xds --scenario idle --xds "$XDS" --pid "${PIDS[0]}" \
+        --proxies "$PROXIES" --services 100 --namespaces 10 --hold 900 >"$WORK/bench.out" 2>"$WORK/bench.err" &
+    PIDS+=($!)
+    connected=0
+    for _ in $(seq 1200); do
+        connected=$(curl -s --cacert "$WORK/ca/ca.pem" -H "Authorization: Bearer $LODESTAR_TOKEN" --max-time 2 "https://$API/metrics" | awk '$1 == "pilot_xds" {print int($2)}')
+        [ "${connected:-0}" -ge "$PROXIES" ] && break
+        kill -0 "${PIDS[1]}" 2>/dev/null || { cat "$WORK/bench.out" "$WORK/bench.err" >&2; die "lodestar-bench exited"; }
+        sleep 0.5
+    done
+    [ "${connected:-0}" -ge "$PROXIES" ] || die "only ${connected:-0} of $PROXIES proxies connected within 600 s"
+fi
+
 echo "# bundle: $(gzip -9 -c "$ROOT/ui/dist/app.js" | wc -c) bytes of gzipped JavaScript, $(gzip -9 -c "$ROOT/ui/dist/app.css" | wc -c) of CSS" >&2
-NODE_PATH=$NODE_MODULES CONSOLE_PID=${PIDS[0]} CONSOLE_URL="https://$API/ui/" CONSOLE_TOKEN=$LODESTAR_TOKEN CONSOLE_ROUNDS=$ROUNDS CONSOLE_VS=$RESOURCES \
+NODE_PATH=$NODE_MODULES CONSOLE_PID=${PIDS[0]} CONSOLE_URL="https://$API/ui/" CONSOLE_TOKEN=$LODESTAR_TOKEN CONSOLE_ROUNDS=$ROUNDS CONSOLE_VS=$RESOURCES CONSOLE_PROXIES=$PROXIES \
     timeout 600 node "$ROOT/benches/console/timing.cjs"
 echo "result: bundle-gzip-bytes=$(gzip -9 -c "$ROOT/ui/dist/app.js" | wc -c)"

@@ -16,6 +16,7 @@
 #   BENCH_WEB_PERCENT=10   share of the proxy namespaces that see web
 #   BENCH_KEEP=1           keep the temp dir (data and logs) after the run
 #   LODESTAR_BIN=PATH      the replica's binary (default: cargo build --release)
+#   LODESTAR_BENCH_BIN=PATH lodestar-bench (default: cargo build --release)
 #
 # Prints `result:` lines (key=value). Every step is bounded in time; the
 # replica and the bench client are killed on exit.
@@ -29,13 +30,13 @@ WEB_PERCENT=${BENCH_WEB_PERCENT:-10}
 if [ -z "${LODESTAR_BIN:-}" ]; then
     cargo build --release --quiet --bin lodestar --bin lodestar-bench
     LODESTAR_BIN=$PWD/target/release/lodestar
-else
+elif [ -z "${LODESTAR_BENCH_BIN:-}" ]; then
     cargo build --release --quiet --bin lodestar-bench
 fi
 WORK=$(mktemp -d /tmp/lodestar-dryrun-rss.XXXXXX)
 # Copies: a concurrent build must not swap a binary under the benchmark.
 cp "$LODESTAR_BIN" "$WORK/lodestar"
-cp target/release/lodestar-bench "$WORK/lodestar-bench"
+cp "${LODESTAR_BENCH_BIN:-target/release/lodestar-bench}" "$WORK/lodestar-bench"
 PIDS=()
 cleanup_on_exit
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -65,7 +66,7 @@ kib() { awk -v k="$1" '$1 == k":" {print $2}' "/proc/$REPLICA/status"; }
 PIDS+=($!)
 connected=0
 for _ in $(seq 1200); do
-    connected=$(curl -s --cacert "$LODESTAR_CACERT" --max-time 2 "https://$API/metrics" | awk '$1 == "pilot_xds" {print int($2)}')
+    connected=$(curl_api --max-time 2 "https://$API/metrics" | awk '$1 == "pilot_xds" {print int($2)}')
     [ "${connected:-0}" -ge 1000 ] && break
     kill -0 "${PIDS[1]}" 2>/dev/null || { cat "$WORK/bench.out" "$WORK/bench.err" >&2; echo "lodestar-bench exited" >&2; exit 1; }
     sleep 0.5

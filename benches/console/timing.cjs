@@ -10,6 +10,7 @@ const URL = process.env.CONSOLE_URL;
 const TOKEN = process.env.CONSOLE_TOKEN;
 const ROUNDS = Number(process.env.CONSOLE_ROUNDS || 5);
 const VS = Number(process.env.CONSOLE_VS);
+const PROXIES = Number(process.env.CONSOLE_PROXIES || 0);
 const WAIT = 60000;
 const CONSOLES = 10;
 const IDLE_S = 10;
@@ -34,8 +35,14 @@ async function round(browser) {
   await page.evaluate(() => (location.hash = "#/services"));
   await page.locator("section.topology").waitFor({ timeout: WAIT });
   out.services = Date.now() - t;
+  if (PROXIES > 0) {
+    t = Date.now();
+    await page.evaluate(() => (location.hash = "#/proxies"));
+    await page.locator("caption", { hasText: `${PROXIES} connected proxies` }).waitFor({ timeout: WAIT });
+    out.proxies = Date.now() - t;
+  }
   // The API calls behind the views, alone (the rest is the page's).
-  for (const [k, p] of [["api-analyze", "/v1/analyze"], ["api-config-list", "/v1/resources/VirtualService"], ["api-topology", "/v1/topology"]]) {
+  for (const [k, p] of [["api-analyze", "/v1/analyze"], ["api-config-list", "/v1/resources/VirtualService"], ["api-topology", "/v1/topology"], ...(PROXIES > 0 ? [["api-proxies", "/debug/syncz"]] : [])]) {
     t = Date.now();
     await page.evaluate(async ([p, token]) => (await fetch(p, { headers: { Authorization: `Bearer ${token}` } })).text(), [p, TOKEN]);
     out[k] = Date.now() - t;
