@@ -161,7 +161,7 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
     title = `Edit ${kind} ${ns}/${name}`;
   }
   const yaml = toYaml(doc);
-  const text = h("textarea", { id: "doc", rows: Math.min(30, yaml.split("\n").length + 2), spellcheck: "false", autocomplete: "off", "aria-describedby": "doc-help" }, yaml) as HTMLTextAreaElement;
+  const text = h("textarea", { id: "doc", rows: Math.min(30, Math.max(14, yaml.split("\n").length + 2)), spellcheck: "false", autocomplete: "off", "aria-describedby": "doc-help" }, yaml) as HTMLTextAreaElement;
   const out = h("div", { class: "outcome", "aria-live": "polite" });
   // The change message History shows (sent as X-Lodestar-Message, which
   // takes printable ASCII).
