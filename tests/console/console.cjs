@@ -333,6 +333,37 @@ async function scenarios(browser) {
       await doc.fill(text);
       await page.locator("ul.problems button.warning", { hasText: "unknown field" }).waitFor({ timeout: 5000 });
       check((await page.locator("ul.problems button.error").count()) === 0, "the syntax error is gone");
+      // One check at a time, and the answer for text changed since is
+      // dropped: the next check's request is held back 1.5 s, and the
+      // invalid text it carries is fixed meanwhile.
+      let [held, inFlight, most, answered] = [true, 0, 0, 0];
+      let bothAnswered;
+      const both = new Promise((res) => (bothAnswered = res));
+      await page.route("**/v1/validate", async (route) => {
+        most = Math.max(most, ++inFlight);
+        if (held) {
+          held = false;
+          await new Promise((res) => setTimeout(res, 1500));
+        }
+        await route.fulfill({ response: await route.fetch() });
+        inFlight--;
+        if (++answered === 2) bothAnswered();
+      });
+      await page.evaluate(() => {
+        window.sawError = false;
+        new MutationObserver(() => (window.sawError ||= !!document.querySelector("ul.problems button.error"))).observe(document.body, { subtree: true, childList: true });
+      });
+      await doc.fill(text.replace("weight: 100", "weight: 150"));
+      await page.waitForTimeout(700);
+      await doc.fill(text);
+      await both;
+      await page.waitForFunction(() => !document.querySelector("#doc-problems[aria-busy]"), null, { timeout: WAIT });
+      await page.waitForTimeout(200);
+      check(most === 1, `${most} checks in flight at once`);
+      check(answered === 2, `${answered} checks for two edits`);
+      check(!(await page.evaluate(() => window.sawError)), "the answer for the replaced text was shown");
+      check((await page.locator("#doc-status").innerText()).startsWith("Valid at revision"), "the last text's answer is shown");
+      await page.unroute("**/v1/validate");
     });
 
     const edit = await (async () => {
