@@ -6,6 +6,7 @@
 // path (and a parser's "line L column C") is mapped to its line in the
 // text (yamlpath.ts), marked in the editor, and listed under it as a
 // button that puts the caret there; the list is a live region.
+// `problemsOf` is pure: unit-tested by ui/test/check.test.ts.
 
 import { api, ApiError } from "./api";
 import { h } from "./dom";

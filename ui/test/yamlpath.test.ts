@@ -2,15 +2,8 @@
 // bundles this file for Node with esbuild and runs it; any failure fails
 // the build (and `ui/build.sh --check`, which tests/run runs).
 
+import { eq, done } from "./assert";
 import { documentOf, locate, messagePlace, offsetOf, scalarAt, steps } from "../src/yamlpath";
-
-let failures = 0;
-function eq(what: string, got: unknown, want: unknown): void {
-  if (JSON.stringify(got) !== JSON.stringify(want)) {
-    failures++;
-    console.error(`FAIL ${what}: got ${JSON.stringify(got)}, want ${JSON.stringify(want)}`);
-  }
-}
 
 const VS = `apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -96,5 +89,4 @@ eq("no place", messagePlace("resources[0].spec.hosts: required"), null);
 eq("offset", offsetOf("ab\ncde\n", at(2, 2)), 4);
 eq("offset past the line's end", offsetOf("ab\ncde\n", at(1, 9)), 2);
 
-if (failures) throw new Error(`${failures} yamlpath test(s) failed`);
-console.log("yamlpath: ok");
+done("yamlpath");
