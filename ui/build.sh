@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the web console into ui/dist/ (index.html, app.js, app.css,
 # icon.svg): npm ci (esbuild and typescript, pinned by package-lock.json),
-# the type check (tsc --noEmit), then esbuild's bundle. ui/dist/ is checked
+# the type check (tsc --noEmit), the unit tests (test/*.test.ts), then
+# esbuild's bundle. ui/dist/ is checked
 # in: the Rust build embeds it (src/api/console.rs), so `cargo build`
 # needs no Node. `ui/build.sh --check` builds into a scratch directory and
 # fails if ui/dist/ differs from what the sources build (tests/run runs it).
@@ -10,6 +11,13 @@ cd "$(dirname "$0")"
 check=${1:-}
 npm ci --no-audit --no-fund --loglevel=error >&2
 node_modules/.bin/tsc --noEmit
+# The pure modules' unit tests (test/*.test.ts), bundled for Node and run.
+tests=$(mktemp -d)
+for t in test/*.test.ts; do
+  node_modules/.bin/esbuild "$t" --bundle --platform=node --log-level=warning --outfile="$tests/$(basename "$t" .ts).cjs"
+  node "$tests/$(basename "$t" .ts).cjs" >&2
+done
+rm -rf "$tests"
 out=dist
 [ "$check" = --check ] && out=$(mktemp -d)
 rm -rf "${out:?}"/*

@@ -990,19 +990,9 @@ pub async fn apply_authorized(
     dry_run: bool,
     expected_revision: Option<u64>,
 ) -> Result<ApplyOutcome> {
-    caller.authorize_txn(Verb::Write, &txn)?;
-    let (node, config) = (&replica.node, &replica.config);
-    meshconfig::check_server_settings(&txn, &config.root_namespace, &config.trust_domain)?;
-    let applied = if dry_run || expected_revision.is_some() { node.read(crate::node::Consistency::Linearizable).await? } else { node.reader().current() };
-    if let Some(base) = expected_revision {
-        dryrun::pin(&mut txn, &applied.state, base)?;
-    }
-    // A preview seals too: it shows what would be stored (never a value).
-    crate::secrets::seal_txn(replica.secrets.as_deref(), &mut txn, &applied)?;
-    warnings.extend(policy_warnings(&txn, &applied, &config.root_namespace));
-    warnings.extend(claim_warnings(&txn, &applied, &config.domain_suffix));
-    warnings.extend(host_warnings(&txn, &applied, &config.domain_suffix));
-    warnings.extend(analyze::write_warnings(caller, &txn, &applied, config));
+    let linearizable = dry_run || expected_revision.is_some();
+    let applied = checked(caller, replica, &mut txn, &mut warnings, linearizable, expected_revision).await?;
+    let node = &replica.node;
     if dry_run {
         // Translation for every connected proxy, twice: off the runtime.
         let scope = dryrun::ProxyScope::of(caller, replica);
@@ -1012,6 +1002,48 @@ pub async fn apply_authorized(
     }
     let ok = caller.write(node, Verb::Write, txn).await?;
     Ok(ApplyOutcome::Written(WriteResult::new(ok, warnings)))
+}
+
+/// What an apply does to its transaction before writing or previewing it:
+/// authorized (write on everything it touches), the server's own settings
+/// refused, pinned to `expected_revision` if given, sealed (a preview and a
+/// validation seal too: they show what would be stored, never a value),
+/// and the write's warnings added; at the state it was checked against
+/// (read linearizably when `linearizable`, else this replica's latest).
+async fn checked(
+    caller: &Caller,
+    replica: &crate::replica::Replica,
+    txn: &mut Txn,
+    warnings: &mut Vec<String>,
+    linearizable: bool,
+    expected_revision: Option<u64>,
+) -> Result<Arc<Applied>> {
+    caller.authorize_txn(Verb::Write, txn)?;
+    let (node, config) = (&replica.node, &replica.config);
+    meshconfig::check_server_settings(txn, &config.root_namespace, &config.trust_domain)?;
+    let applied = if linearizable { node.read(crate::node::Consistency::Linearizable).await? } else { node.reader().current() };
+    if let Some(base) = expected_revision {
+        dryrun::pin(txn, &applied.state, base)?;
+    }
+    crate::secrets::seal_txn(replica.secrets.as_deref(), txn, &applied)?;
+    warnings.extend(policy_warnings(txn, &applied, &config.root_namespace));
+    warnings.extend(claim_warnings(txn, &applied, &config.domain_suffix));
+    warnings.extend(host_warnings(txn, &applied, &config.domain_suffix));
+    warnings.extend(analyze::write_warnings(caller, txn, &applied, config));
+    Ok(applied)
+}
+
+/// `POST /v1/validate` (`lodestar validate`): an apply's transaction
+/// checked exactly as [`apply_authorized`] checks it, then run on a copy
+/// of this replica's latest state (the store's own preconditions), and no
+/// further: no linearizable read, no translation of proxies, nothing
+/// proposed. Cheap enough for an editor to ask at each pause in typing.
+/// The answer: the revision it was checked at and the write's warnings.
+pub async fn validate_authorized(caller: &Caller, replica: &crate::replica::Replica, mut txn: Txn, mut warnings: Vec<String>) -> Result<(u64, Vec<String>)> {
+    let applied = checked(caller, replica, &mut txn, &mut warnings, false, None).await?;
+    let mut after = applied.state.clone();
+    after.apply_txn(&txn).0?;
+    Ok((applied.revision(), warnings))
 }
 
 /// The JSON shape of a write result, shared by REST and the CLI.

@@ -48,6 +48,7 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/v1/acl/bootstrap", post(acl_bootstrap))
         .route("/v1/acl/token/self", get(token_self))
         .route("/v1/apply", post(apply))
+        .route("/v1/validate", post(validate))
         .route("/v1/delete", post(delete_many))
         .route("/v1/registry/services", get(registry_services))
         .route("/v1/topology", get(topology))
@@ -135,12 +136,17 @@ impl IntoResponse for Reply {
     fn into_response(self) -> Response {
         let Reply(this) = self;
         let status = StatusCode::from_u16(this.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = json!({"error": {"code": this.code.as_str(), "message": this.message, "fields": this.fields}});
+        let body = json!({ "error": error_json(&this) });
         if this.code == Code::Unauthenticated {
             return (status, [(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))], Json(body)).into_response();
         }
         (status, Json(body)).into_response()
     }
+}
+
+/// An error as the API answers it: `{"code", "message", "fields"}`.
+fn error_json(e: &Error) -> Value {
+    json!({"code": e.code.as_str(), "message": e.message, "fields": e.fields})
 }
 
 /// A path the API port does not serve: gRPC's UNIMPLEMENTED to a gRPC
@@ -220,6 +226,34 @@ async fn apply(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Qu
     let bytes = read_body(&replica, body).await?;
     let (txn, warnings) = apply_body(is_yaml(&headers), &bytes, q.fields()?)?;
     Ok(outcome(super::apply_authorized(&caller, &replica, txn, warnings, q.dry_run, q.expected_revision).await?))
+}
+
+/// `fieldValidation`, as an apply takes it.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ValidateQuery {
+    field_validation: Option<String>,
+}
+
+/// `POST /v1/validate`: the body of an apply, checked as the apply would
+/// check it (same body limit, parser, validation and authorization), and
+/// nothing else (`api::validate_authorized`). A body the apply would
+/// refuse as invalid is answered 200 with `valid: false` and the error the
+/// apply would give (its `fields` name each path); any other refusal
+/// (401, 403, 409...) is answered as the apply answers it.
+async fn validate(State(replica): State<Arc<Replica>>, caller: Caller, Query(q): Query<ValidateQuery>, headers: HeaderMap, body: Body) -> Result<Response> {
+    caller.precheck(Precheck::Any(Verb::Write))?;
+    let fields = ApplyQuery { field_validation: q.field_validation, ..Default::default() }.fields()?;
+    let checked = async {
+        let bytes = read_body(&replica, body).await?;
+        let (txn, warnings) = apply_body(is_yaml(&headers), &bytes, fields)?;
+        super::validate_authorized(&caller, &replica, txn, warnings).await
+    };
+    match checked.await {
+        Ok((revision, warnings)) => Ok((revision_headers(revision), Json(json!({"valid": true, "revision": revision, "warnings": warnings}))).into_response()),
+        Err(e) if e.code == Code::InvalidArgument => Ok(Json(json!({"valid": false, "error": error_json(&e)})).into_response()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// An apply's (or a rollback's) answer: the write at its revision, or the

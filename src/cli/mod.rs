@@ -168,6 +168,20 @@ enum Command {
         #[arg(long, value_name = "warn|strict", default_value = "warn")]
         validate: String,
     },
+    /// Check resources as `apply` would (parsing, validation,
+    /// authorization, the store's preconditions, the same warnings) and
+    /// write nothing; no proxy is translated (`--dry-run` does that).
+    Validate {
+        /// A file, a directory (recursively: *.yaml, *.yml, *.json) or - for stdin.
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<String>,
+        /// Namespace for resources that do not name one.
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Fields a kind does not have: warn or strict, as `apply`'s.
+        #[arg(long, value_name = "warn|strict", default_value = "warn")]
+        validate: String,
+    },
     /// Wait until every proxy connected to any replica has ACKed a revision
     /// (or newer); fails listing NACKs, or the proxies still behind. On a
     /// terminal it shows which proxies are still behind.
@@ -571,14 +585,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Server(_) | Command::Tls { .. } => unreachable!("handled above"),
         Command::Apply { files, namespace, wait: w, message, timeout, proxies, dry_run, expected_revision, output, revert_on_nack, validate } => {
             let client = client.with_message(message);
-            let strict = match crate::model::FieldValidation::parse(&validate) {
-                Some(v) => v == crate::model::FieldValidation::Strict,
-                None => bail!("--validate {validate:?}: expected warn or strict"),
-            };
             let query = query(&[
                 ("dryRun", dry_run.then_some("true")),
                 ("expectedRevision", expected_revision.map(|r| r.to_string()).as_deref()),
-                ("fieldValidation", strict.then_some("Strict")),
+                ("fieldValidation", strict_fields(&validate)?.then_some("Strict")),
             ]);
             if dry_run {
                 let body = json!({ "resources": apply_documents(&files, namespace.as_deref())? });
@@ -601,6 +611,19 @@ pub async fn run(cli: Cli) -> Result<()> {
             if w {
                 wait(&client, revision, &timeout, &proxies).await?;
             }
+            Ok(())
+        }
+        Command::Validate { files, namespace, validate } => {
+            let docs = apply_documents(&files, namespace.as_deref())?;
+            let q = query(&[("fieldValidation", strict_fields(&validate)?.then_some("Strict"))]);
+            let answer = client.post(&format!("/v1/validate{q}"), &json!({ "resources": docs })).await?;
+            for w in answer.get("warnings").and_then(Value::as_array).into_iter().flatten() {
+                eprintln!("Warning: {}", w.as_str().unwrap_or(""));
+            }
+            if answer["valid"] != true {
+                bail!("{}", client::render_error(200, &answer));
+            }
+            println!("valid: {} resource(s), checked at revision {}", docs.len(), answer["revision"]);
             Ok(())
         }
         Command::Wait { revision, timeout, proxies } => {
@@ -803,6 +826,14 @@ async fn apply_docs(client: &Client, docs: &[Value], query: &str) -> Result<u64>
     let result = client.post(&format!("/v1/apply{query}"), &json!({ "resources": docs })).await?;
     print_write_result(&result);
     result["revision"].as_u64().ok_or_else(|| anyhow!("the server answered no revision"))
+}
+
+/// `--validate warn|strict`: whether unknown fields are refused.
+fn strict_fields(validate: &str) -> Result<bool> {
+    match crate::model::FieldValidation::parse(validate) {
+        Some(v) => Ok(v == crate::model::FieldValidation::Strict),
+        None => bail!("--validate {validate:?}: expected warn or strict"),
+    }
 }
 
 /// The files' documents, those without a namespace given `namespace`.

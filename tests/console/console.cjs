@@ -243,6 +243,129 @@ async function scenarios(browser) {
       await shot(page, "config");
     });
 
+    await scenario(browser, "check-as-typed", [], async (page) => {
+      await signIn(page, TOKEN);
+      await page.goto(`${URL}#/config/new?kind=VirtualService&namespace=${NS_A}`);
+      const doc = page.getByLabel("Resource (YAML or JSON)");
+      await doc.waitFor({ timeout: WAIT });
+      // Typed key by key (a textarea does not indent by itself): the
+      // check waits for a pause, so typing makes a few requests, not one
+      // per key.
+      let checks = 0;
+      page.on("request", (r) => {
+        if (r.url().endsWith("/v1/validate")) checks++;
+      });
+      const lines = [
+        "apiVersion: networking.istio.io/v1",
+        "kind: VirtualService",
+        "metadata:",
+        "  name: typed",
+        `  namespace: ${NS_A}`,
+        "spec:",
+        `  hosts: [reviews.${NS_A}.svc.cluster.local]`,
+        "  http:",
+        "  - route:",
+        "    - destination:",
+        `        host: reviews.${NS_A}.svc.cluster.local`,
+        "      weight: 150",
+      ];
+      await doc.click();
+      await page.keyboard.press("Control+A");
+      await page.keyboard.press("Delete");
+      await page.keyboard.type(lines.join("\n"), { delay: 5 });
+      const keys = lines.join("\n").length;
+      // Within a few seconds: the error, naming the field, at its line
+      // (12), in the list under the editor and in the gutter.
+      const error = page.locator("ul.problems button.error", { hasText: "spec.http[0].route[0].weight" });
+      await error.waitFor({ timeout: 5000 });
+      const said = await error.innerText();
+      check(said.startsWith("Error: Line 12: resources[0].spec.http[0].route[0].weight:") && said.includes("0..=100"), `the error names the field and its line: ${said}`);
+      check((await page.locator(".code-editor pre.gutter .g-error").allTextContents()).includes("12"), "the gutter marks line 12");
+      check((await page.locator(".code-editor pre.highlight .y-mark-error").first().textContent()).includes("weight: 150"), "the line is marked under the text");
+      check((await doc.getAttribute("aria-invalid")) === "true", "the editor is marked invalid");
+      check((await page.locator("#doc-problems[aria-live=polite]").innerText()).includes("spec.http[0].route[0].weight"), "the errors are in a live region");
+      check(checks >= 1 && checks <= 5, `${checks} checks for ${keys} keys typed`);
+      // The highlighted copy still is the text, marks and all.
+      check((await page.locator(".code-editor pre.highlight").textContent()) === `${await doc.inputValue()}`, "the highlighted copy is the editor's text");
+      await shot(page, "edit-errors");
+      // By keyboard: Tab from the editor reaches the error; Enter puts
+      // the caret on its line.
+      await doc.focus();
+      await page.keyboard.press("Tab");
+      check(await page.evaluate(() => document.activeElement?.classList.contains("problem")), "Tab from the editor reaches the first problem");
+      await page.keyboard.press("Enter");
+      const caret = () => page.evaluate(() => {
+        const t = document.activeElement;
+        return t instanceof HTMLTextAreaElement ? t.value.slice(0, t.selectionStart).split("\n").length : -1;
+      });
+      check((await caret()) === 12, `the caret is on line 12: ${await caret()}`);
+      // Fixed where the caret is: the error goes.
+      await page.keyboard.press("End");
+      for (let i = 0; i < 3; i++) await page.keyboard.press("Backspace");
+      await page.keyboard.type("100");
+      const valid = page.locator("#doc-status", { hasText: "Valid at revision" });
+      await valid.waitFor({ timeout: 5000 });
+      check((await page.locator("ul.problems button.error").count()) === 0, "no error left");
+      check((await page.locator(".code-editor pre.gutter .g-error").count()) === 0, "no line marked");
+      check((await doc.getAttribute("aria-invalid")) === "false", "the editor is valid");
+      // The analyzers' findings (another VirtualService has this host):
+      // warnings, at the document they name.
+      const finding = page.locator("ul.problems button.warning", { hasText: `[IST0109] (VirtualService ${NS_A}/typed)` });
+      await finding.waitFor({ timeout: 5000 });
+      check((await finding.innerText()).startsWith("Warning: Line 1: "), `the finding's line: ${await finding.innerText()}`);
+      // A field the kind does not have: dropped with a warning (as apply
+      // does by default), at its line, not an error.
+      await page.keyboard.press("Enter");
+      await page.keyboard.type("    retriez: 3");
+      const warning = page.locator("ul.problems button.warning", { hasText: "unknown field" });
+      await warning.waitFor({ timeout: 5000 });
+      check((await warning.innerText()).startsWith("Warning: Line 13: "), `the warning's line: ${await warning.innerText()}`);
+      check((await page.locator("ul.problems button.error").count()) === 0, "a warning is not an error");
+      check((await page.locator(".code-editor pre.gutter .g-warning").allTextContents()).includes("13"), "the gutter marks line 13 as a warning");
+      // A YAML syntax error: the parser's line (a tab indents line 5).
+      const text = await doc.inputValue();
+      await doc.fill(text.replace(`  namespace: ${NS_A}`, `\tnamespace: ${NS_A}`));
+      const syntax = page.locator("ul.problems button.error", { hasText: "malformed YAML" });
+      await syntax.waitFor({ timeout: 5000 });
+      const bad = await syntax.innerText();
+      check(/^Error: Line 5: /.test(bad), `the syntax error's line: ${bad}`);
+      check((await page.locator(".code-editor pre.gutter .g-error").allTextContents()).includes("5"), "the gutter marks line 5");
+      await doc.fill(text);
+      await page.locator("ul.problems button.warning", { hasText: "unknown field" }).waitFor({ timeout: 5000 });
+      check((await page.locator("ul.problems button.error").count()) === 0, "the syntax error is gone");
+      // One check at a time, and the answer for text changed since is
+      // dropped: the next check's request is held back 1.5 s, and the
+      // invalid text it carries is fixed meanwhile.
+      let [held, inFlight, most, answered] = [true, 0, 0, 0];
+      let bothAnswered;
+      const both = new Promise((res) => (bothAnswered = res));
+      await page.route("**/v1/validate", async (route) => {
+        most = Math.max(most, ++inFlight);
+        if (held) {
+          held = false;
+          await new Promise((res) => setTimeout(res, 1500));
+        }
+        await route.fulfill({ response: await route.fetch() });
+        inFlight--;
+        if (++answered === 2) bothAnswered();
+      });
+      await page.evaluate(() => {
+        window.sawError = false;
+        new MutationObserver(() => (window.sawError ||= !!document.querySelector("ul.problems button.error"))).observe(document.body, { subtree: true, childList: true });
+      });
+      await doc.fill(text.replace("weight: 100", "weight: 150"));
+      await page.waitForTimeout(700);
+      await doc.fill(text);
+      await both;
+      await page.waitForFunction(() => !document.querySelector("#doc-problems[aria-busy]"), null, { timeout: WAIT });
+      await page.waitForTimeout(200);
+      check(most === 1, `${most} checks in flight at once`);
+      check(answered === 2, `${answered} checks for two edits`);
+      check(!(await page.evaluate(() => window.sawError)), "the answer for the replaced text was shown");
+      check((await page.locator("#doc-status").innerText()).startsWith("Valid at revision"), "the last text's answer is shown");
+      await page.unroute("**/v1/validate");
+    });
+
     const edit = await (async () => {
       let out;
       // Provoked: a Confirm after another change to the object.

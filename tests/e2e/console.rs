@@ -3,7 +3,9 @@
 //! Chromium (playwright-core, `tests/console/console.cjs`) against a
 //! three-replica cluster with a real Envoy connected: sign-in (keyboard
 //! only; the token in sessionStorage, never in a URL), the Overview's
-//! members and proxy, a list that updates live over the watch, an edit
+//! members and proxy, a list that updates live over the watch, errors
+//! shown at their line as a VirtualService is typed (`POST /v1/validate`,
+//! also checked here through REST and `lodestar validate`), an edit
 //! previewed by the dry-run and applied at the previewed revision, History
 //! with a diff and a previewed rollback, a namespace's token refused
 //! another namespace with the reason shown, Proxies and Security. Every
@@ -203,6 +205,65 @@ async fn the_console_is_served_with_its_headers_and_says_who_signed_in() {
     assert!(ok, "{err}");
     assert_eq!(out, format!("token {accessor}\ncluster read: no\nmanagement: no\n"));
 
+    // What the editor asks as the user types: `POST /v1/validate`, an
+    // apply's checks and nothing more. Invalid is an answer (200, the
+    // error the apply would give, its fields named); nothing is written.
+    let validate = |who: &reqwest::Client, q: &str, body: &str| {
+        who.post(format!("{api}/v1/validate{q}")).header("content-type", "application/yaml").body(body.to_string())
+    };
+    let vs = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: {name}\n  namespace: shop\nspec:\n  hosts: [ratings.shop.svc.cluster.local]\n  http:\n  - route:\n    - destination:\n        host: ratings.shop.svc.cluster.local\n{extra}"
+        )
+    };
+    let (status, at) = get_json(&c.http, &format!("{api}/v1/resources/vs")).await;
+    assert_eq!(status, 200, "{at}");
+    let r = validate(&c.http, "", &vs("typed", "")).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["x-lodestar-revision"].to_str().unwrap().parse::<u64>().unwrap()), (200, at["revision"].as_u64().unwrap()));
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"valid": true, "revision": at["revision"], "warnings": []}));
+    let (status, _) = kit::call(c.http.get(format!("{api}/v1/resources/vs/shop/typed"))).await;
+    assert_eq!(status, 404, "a validation writes nothing");
+    // The analyzers' findings on the write are its warnings (a second
+    // VirtualService for reviews' host).
+    let (status, clash) = kit::call(validate(&c.http, "", &vs("typed", "").replace("ratings.", "reviews."))).await;
+    assert_eq!((status, &clash["valid"]), (200, &json!(true)), "{clash}");
+    assert!(clash["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().starts_with("Error [IST0109] (VirtualService shop/typed) ")), "{clash}");
+    let two = format!("{}---\n{}", vs("ok", ""), vs("typed", "      weight: 150\n"));
+    let (status, bad) = kit::call(validate(&c.http, "", &two)).await;
+    assert_eq!((status, &bad["valid"], &bad["error"]["code"]), (200, &json!(false), &json!("InvalidArgument")), "{bad}");
+    assert_eq!(bad["error"]["fields"][0]["field"], "resources[1].spec.http[0].route[0].weight", "{bad}");
+    // The apply refuses the same body with the same error.
+    let (status, refused) = kit::call(c.http.post(format!("{api}/v1/apply")).header("content-type", "application/yaml").body(two.clone())).await;
+    assert_eq!((status, &refused["error"]), (400, &bad["error"]), "{refused}");
+    // A parser's error says where; an unknown field is a warning (as the
+    // apply's default), refused with fieldValidation=Strict.
+    let (status, syntax) = kit::call(validate(&c.http, "", "kind: VirtualService\nmetadata:\n\tname: x\n")).await;
+    let reason = syntax["error"]["fields"][0]["reason"].as_str().unwrap_or_default().to_string();
+    assert!(status == 200 && reason.starts_with("malformed YAML") && reason.contains("line 3 column 1"), "{syntax}");
+    let unknown = vs("typed", "    retriez: 3\n");
+    let (status, warned) = kit::call(validate(&c.http, "", &unknown)).await;
+    assert_eq!((status, &warned["valid"]), (200, &json!(true)), "{warned}");
+    assert!(
+        warned["warnings"][0].as_str().is_some_and(|w| w.starts_with("resources[0] (virtualservices/shop/typed): unknown field spec.http[0].retriez dropped")),
+        "{warned}"
+    );
+    let (_, strict) = kit::call(validate(&c.http, "?fieldValidation=Strict", &unknown)).await;
+    assert_eq!((&strict["valid"], &strict["error"]["fields"][0]["field"]), (&json!(false), &json!("resources[0].spec.http[0].retriez")), "{strict}");
+    // Authorized as the apply: a token that may only read gets the
+    // apply's refusal, not a verdict on the text.
+    let (status, denied) = kit::call(validate(&token_client(Some(secret)), "", &vs("typed", ""))).await;
+    assert_eq!((status, &denied["error"]["code"]), (403, &json!("PermissionDenied")), "{denied}");
+    // The CLI: `lodestar validate -f`, exit status and all.
+    let file = c.tmp.path().join("typed.yaml");
+    std::fs::write(&file, &two).unwrap();
+    let (ok, out, err) = cli(&api, &["validate", "-f", file.to_str().unwrap()]);
+    assert!(!ok && out.is_empty() && err.contains("resources[1].spec.http[0].route[0].weight: weight 150 must be in the range 0..=100"), "{out}\n{err}");
+    std::fs::write(&file, &unknown).unwrap();
+    let (ok, out, err) = cli(&api, &["validate", "-f", file.to_str().unwrap()]);
+    assert!(ok && out.starts_with("valid: 1 resource(s), checked at revision ") && err.contains("unknown field spec.http[0].retriez"), "{out}\n{err}");
+    let (ok, _, err) = cli(&api, &["validate", "--validate", "strict", "-f", file.to_str().unwrap()]);
+    assert!(!ok && err.contains("resources[0].spec.http[0].retriez"), "{err}");
+
     // Who may call whom: every edge for the management token...
     let edges = |t: &Value| -> Vec<String> {
         t["edges"]
@@ -319,6 +380,7 @@ async fn the_console_edits_and_rolls_back_the_mesh_in_a_real_browser() {
         "config",
         "object",
         "edit-preview",
+        "edit-errors",
         "history",
         "diff",
         "rollback-preview",

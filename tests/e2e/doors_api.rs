@@ -280,7 +280,7 @@ async fn a_cluster_sharing_a_management_token() {
     let addr = c.replica(1).api_addr();
     // A 4 MiB body of which 1 KiB ever arrives: answered 403 at once.
     for (who, token) in [("a reader", &reader), ("an Envoy's proxy token", &proxy)] {
-        for path in ["/v1/apply", "/v1/delete"] {
+        for path in ["/v1/apply", "/v1/validate", "/v1/delete"] {
             let status = post_with_stalled_body(&addr, path, token, 4 * 1024 * 1024 - 1, &[b'#'; 1024], Duration::from_secs(5)).await;
             assert_eq!(status, Some(403), "{who} {path}: answered before the body (which never comes)");
         }

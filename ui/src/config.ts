@@ -8,6 +8,7 @@ import { alert, fill, h, link, route, segment, table } from "./dom";
 import { Ctx, explain, mergeProxies, objectHref, previewView } from "./common";
 import { toYaml } from "./yaml";
 import { highlighted, yamlEditor } from "./highlight";
+import { checkAsTyped } from "./check";
 import type { Analysis, Preview, Resource, WaitReport, WriteResult } from "./types";
 
 export const KINDS = [
@@ -160,7 +161,7 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
     title = `Edit ${kind} ${ns}/${name}`;
   }
   const yaml = toYaml(doc);
-  const text = h("textarea", { id: "doc", rows: Math.min(30, yaml.split("\n").length + 2), spellcheck: "false", autocomplete: "off", "aria-describedby": "doc-help" }, yaml) as HTMLTextAreaElement;
+  const text = h("textarea", { id: "doc", rows: Math.min(30, Math.max(14, yaml.split("\n").length + 2)), spellcheck: "false", autocomplete: "off", "aria-describedby": "doc-help" }, yaml) as HTMLTextAreaElement;
   const out = h("div", { class: "outcome", "aria-live": "polite" });
   // The change message History shows (sent as X-Lodestar-Message, which
   // takes printable ASCII).
@@ -238,6 +239,9 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
       out.replaceChildren(alert(explain(e)));
     }
   };
+  // Checked as typed: errors by line, before any preview.
+  const editor = yamlEditor(text);
+  const problems = checkAsTyped(text, editor);
   return h(
     "div",
     {},
@@ -246,8 +250,9 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
       "form",
       { class: "editor", onsubmit: preview },
       h("label", { for: "doc" }, "Resource (YAML or JSON)"),
-      h("p", { id: "doc-help", class: "muted" }, "Save previews the change with a dry run; nothing is written until you confirm it."),
-      yamlEditor(text),
+      h("p", { id: "doc-help", class: "muted" }, "Checked as you type (errors are listed under the editor, by line). Save previews the change with a dry run; nothing is written until you confirm it."),
+      editor.element,
+      problems,
       h("div", { class: "field" }, h("label", { for: "change-message" }, "Change message"), message),
       h("p", { class: "actions" }, h("button", { type: "submit" }, "Save (preview changes)"), reloadButton()),
     ),
