@@ -35,7 +35,9 @@ git archive "$COMMIT" | tar -x -C "$DIR/src"
 # otherwise take the copy under .cache/ for a stray member of it.
 grep -q '^\[workspace\]' "$DIR/src/Cargo.toml" || printf '\n[workspace]\n' >>"$DIR/src/Cargo.toml"
 locked=(--locked)
+shared=0
 if git diff --quiet "$COMMIT" HEAD -- vendor/h2 vendor/openraft vendor/sled; then
+  shared=1
   sed -i -E "s#^(h2|openraft|sled) = \{ path = \"vendor/#\1 = { path = \"$ROOT/vendor/#" "$DIR/src/Cargo.toml"
   # A commit from before envoy-types was patched (vendor/envoy-types) gets
   # the patched copy too, whose default features are the crate's own: its
@@ -44,6 +46,32 @@ if git diff --quiet "$COMMIT" HEAD -- vendor/h2 vendor/openraft vendor/sled; the
     sed -i -E "s#^\[patch.crates-io\]#[patch.crates-io]\nenvoy-types = { path = \"$ROOT/vendor/envoy-types\" }#" "$DIR/src/Cargo.toml"
     locked=()
   fi
+fi
+# Cargo hashes a dependency with its enabled features, so the old build
+# reuses this checkout's compiled dependencies only if it asks for the same
+# features. The test build turns on three that a bare `--bin lodestar` build
+# of the old tree does not: cc's `parallel` (fuzz/'s libfuzzer-sys, a build
+# dependency), zerocopy's `derive` (criterion, a dev-dependency) and
+# bitflags' `std`. Without them, those and all that depends on them (ring,
+# rand, rustls, tonic, reqwest, ...) are compiled twice (`cargo tree -e
+# features` of both shows any new difference). Asked for here, the lock file keeps its
+# versions; only the old tree's own edges change (hence no --locked).
+if [ "$shared" = 1 ]; then
+  cat >>"$DIR/src/Cargo.toml" <<'TOML'
+
+[dependencies.zerocopy]
+version = "0.8"
+features = ["derive", "simd"]
+
+[dependencies.bitflags]
+version = "2"
+features = ["std"]
+
+[build-dependencies.cc]
+version = "1"
+features = ["parallel"]
+TOML
+  locked=()
 fi
 start=$SECONDS
 ( cd "$DIR/src" && CARGO_TARGET_DIR="$ROOT/target" cargo build "${locked[@]}" --bin lodestar --quiet ) >&2
