@@ -28,6 +28,7 @@
 #   BENCH_ROUNDS=5
 #   BENCH_PROFILE=release   cargo profile (release|debug)
 #   BENCH_NO_BUILD=1        use target/$PROFILE's binary as it is
+#   LODESTAR_BIN, LODESTAR_BENCH_BIN  given binaries instead (no build)
 #   LODESTAR_CONSOLE_NODE   playwright-core's node_modules (default: what
 #                           tests/support/install-console.sh installs)
 set -euo pipefail
@@ -53,12 +54,12 @@ case $PROFILE in
     debug) FLAG=() ;;
     *) die "BENCH_PROFILE: release or debug" ;;
 esac
-if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
+if [ "${BENCH_NO_BUILD:-0}" != 1 ] && [ -z "${LODESTAR_BIN:-}" ]; then
     echo "# building lodestar ($PROFILE)" >&2
     timeout 3600 nice -n 10 cargo build "${FLAG[@]}" --locked --quiet --bin lodestar --bin lodestar-bench
 fi
-cp "$ROOT/target/$PROFILE/lodestar" "$WORK/lodestar"
-cp "$ROOT/target/$PROFILE/lodestar-bench" "$WORK/lodestar-bench"
+cp "${LODESTAR_BIN:-$ROOT/target/$PROFILE/lodestar}" "$WORK/lodestar"
+cp "${LODESTAR_BENCH_BIN:-$ROOT/target/$PROFILE/lodestar-bench}" "$WORK/lodestar-bench"
 secure_cluster_files "$WORK/lodestar" "$WORK"
 one_source_many_proxies "$WORK/lodestar" "$WORK/tls.toml"
 API=127.0.0.1:$PORT RAFT=127.0.0.1:$((PORT + 1)) XDS=127.0.0.1:$((PORT + 2))
@@ -104,7 +105,7 @@ if [ "$PROXIES" -gt 0 ]; then
     echo "# connecting $PROXIES simulated proxies" >&2
     ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
     "$WORK/lodestar-bench" --server "https://$API" xds --scenario idle --xds "$XDS" --pid "${PIDS[0]}" \
-        --proxies "$PROXIES" --services 100 --namespaces 10 --hold 900 >"$WORK/bench.out" 2>"$WORK/bench.err" &
+        --proxies "$PROXIES" --services 100 --namespaces 10 --hold 600 >"$WORK/bench.out" 2>"$WORK/bench.err" &
     PIDS+=($!)
     connected=0
     for _ in $(seq 1200); do
