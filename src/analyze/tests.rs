@@ -190,3 +190,18 @@ fn on_write_reports_what_the_write_causes() {
     assert_eq!(found, full);
     assert!(!found.is_empty());
 }
+
+/// An EnvoyFilter write is analysed against every other EnvoyFilter:
+/// IST0155 needs the earlier filter that pins a proxy version.
+#[test]
+fn an_envoyfilter_write_sees_the_other_filters() {
+    let positive = std::fs::read_to_string(fixtures().join("cases/IST0155/positive.yaml")).unwrap();
+    let loaded = load(&[Source { name: "f.yaml".into(), text: positive }], "default");
+    let b = ResourceKey::new(Kind::EnvoyFilter, "default", "b-lua");
+    let obj = loaded.state.get(&b).unwrap().clone();
+    let mut before = loaded.state.clone();
+    before.objects.remove(&b);
+    let found = on_write(&before, &[(b.clone(), Some(obj))], &options());
+    let codes: Vec<&str> = found.iter().map(|m| m.code.as_str()).collect();
+    assert_eq!(codes, ["IST0155"], "{found:?}");
+}
