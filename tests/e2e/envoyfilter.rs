@@ -438,12 +438,18 @@ async fn extension_config_over_ecds() {
     let host = "reviews.default.svc.cluster.local";
 
     // The filter and its config arrive together: Envoy asks for the
-    // config by the filter's name and applies it.
-    let rev = fx.apply(&ECDS_LUA.replace("VERSION", "v1")).await;
+    // config by the filter's name while it takes the listener naming it
+    // (before it ACKs that), so `apply --wait` returns only once both
+    // proxies ACKed the extension config too.
+    let file = fx.tmp.path().join("ecds.yaml");
+    std::fs::write(&file, ECDS_LUA.replace("VERSION", "v1")).unwrap();
+    let (ok, out, err) = kit::cli(&fx.api(1), &["apply", "-f", file.to_str().unwrap(), "--wait"]);
+    assert!(ok, "apply --wait: {out}{err}");
+    let s = syncz(&fx.client, &fx.api(1)).await;
     for p in [&sotw, &delta] {
-        let status = p.wait_synced_types(rev, ECDS_TYPES).await;
+        let status = s["proxies"].as_array().and_then(|ps| ps.iter().find(|x| x["id"] == p.id.as_str())).expect("the proxy in syncz");
         let ecds = &status["types"]["ECDS"];
-        assert!(ecds["acked_version"].is_string() && ecds["last_nack"].is_null(), "{}: ECDS ACKed: {status:#}", p.id);
+        assert!(ecds["in_sync"] == true && ecds["last_nack"].is_null(), "{}: ECDS ACKed when --wait returns: {status:#}", p.id);
         let r = wait_for(&fx.client, &p.url(9080, "/"), host, &[], "the ECDS Lua header", |r| r.header("x-ecds").is_some()).await;
         assert_eq!((r.status, r.header("x-ecds")), (200, Some("v1")), "{}", p.id);
         let dump = p.envoy.config_dump().await;
@@ -476,6 +482,16 @@ async fn extension_config_over_ecds() {
     let (status, dump) = kit::get_json(&fx.client, &format!("{}/debug/config_dump?proxyID={}&type=extension_config", fx.api(1), sotw.id)).await;
     assert_eq!(status, 200, "{dump:#}");
     assert_eq!(dump["extensionConfigs"][0]["name"], "lodestar.ecds-lua", "{dump:#}");
+
+    // Deleting the filter drops the HTTP filter and its config.
+    let r = fx.client.delete(format!("{}/v1/resources/envoyfilters/default/ecds-lua", fx.api(1))).send().await.unwrap();
+    assert!(r.status().is_success(), "delete: {}", r.status());
+    for p in [&sotw, &delta] {
+        let r = wait_for(&fx.client, &p.url(9080, "/"), host, &[], "no ECDS header", |r| r.header("x-ecds").is_none()).await;
+        assert_eq!(r.status, 200, "{}", p.id);
+        let names = http_filters(&p.envoy.config_dump().await, &format!("{}_9080", p.ip));
+        assert!(!names.iter().any(|f| f == "lodestar.ecds-lua"), "{}: {names:?}", p.id);
+    }
 
     // Bad input: an extension config without the name filters ask for, and
     // BOOTSTRAP, are refused naming the field; nothing is stored.
