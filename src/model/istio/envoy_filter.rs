@@ -454,3 +454,40 @@ fn deprecated_name(r: &mut Report, at: &Path, name: &str) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::validate::{validate, FieldError};
+    use serde_json::{json, Value};
+
+    fn ecds(op: &str, value: Value) -> Value {
+        json!({"configPatches": [{"applyTo": "EXTENSION_CONFIG", "patch": {"operation": op, "value": value}}]})
+    }
+
+    fn errors(spec: Value) -> Vec<FieldError> {
+        validate("EnvoyFilter", &spec).expect_err("spec should be invalid")
+    }
+
+    const LUA: &str = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua";
+
+    #[test]
+    fn extension_configs_need_a_name_and_a_typed_config() {
+        let ok = validate("EnvoyFilter", &ecds("ADD", json!({"name": "x", "typed_config": {"@type": LUA}}))).unwrap();
+        assert!(!ok.warnings().iter().any(|w| w.contains("no effect")), "{:?}", ok.warnings());
+        let e = errors(ecds("ADD", json!({"typed_config": {"@type": LUA}})));
+        assert!(e.iter().any(|e| e.field == "spec.configPatches[0].patch.value.name"), "{e:?}");
+        let e = errors(ecds("ADD", json!({"name": "x"})));
+        assert!(e.iter().any(|e| e.field == "spec.configPatches[0].patch.value.typed_config"), "{e:?}");
+        let e = errors(ecds("ADD", json!({"name": "x", "typed_config": {"@type": LUA, "nope": 1}})));
+        assert!(e.iter().any(|e| e.field == "spec.configPatches[0].patch.value.typed_config.nope"), "{e:?}");
+        // Other operations: accepted, as istiod does, with a warning that they do nothing.
+        let merged = validate("EnvoyFilter", &ecds("MERGE", json!({"name": "x", "typed_config": {"@type": LUA}}))).unwrap();
+        assert!(merged.warnings().iter().any(|w| w.contains("spec.configPatches[0].patch.operation") && w.contains("no effect")), "{:?}", merged.warnings());
+    }
+
+    #[test]
+    fn bootstrap_is_refused_saying_why() {
+        let e = errors(json!({"configPatches": [{"applyTo": "BOOTSTRAP", "patch": {"operation": "MERGE", "value": {}}}]}));
+        assert!(e.iter().any(|e| e.field == "spec.configPatches[0].applyTo" && e.reason.contains("never reach running proxies")), "{e:?}");
+    }
+}
