@@ -467,7 +467,13 @@ async fn extension_config_over_ecds() {
     let listener = |p: &kit::mesh::Proxy| format!("{}_9080", p.ip);
     let before = [listener_version(&sotw.envoy.config_dump().await, &listener(&sotw)), listener_version(&delta.envoy.config_dump().await, &listener(&delta))];
     let ecds_before = ecds_filters(&sotw.envoy.config_dump().await);
-    let rev = fx.apply(&ECDS_LUA.replace("VERSION", "v2")).await;
+    let (status, answer) = kit::apply(&fx.client, &fx.api(1), ECDS_LUA.replace("VERSION", "v2").as_str()).await;
+    assert_eq!(status, 200, "{answer:#}");
+    let rev = answer["revision"].as_u64().unwrap();
+    // The apply answer carries Istio's analysis of the filter: its
+    // INSERT_BEFORE without a priority is IST0151.
+    let warnings = answer["warnings"].to_string();
+    assert!(warnings.contains("Warning [IST0151] (EnvoyFilter default/ecds-lua) This EnvoyFilter does not have a priority"), "{warnings}");
     for (p, lv) in [(&sotw, &before[0]), (&delta, &before[1])] {
         p.wait_synced_types(rev, ECDS_TYPES).await;
         let r = wait_for(&fx.client, &p.url(9080, "/"), host, &[], "the new ECDS Lua header", |r| r.header("x-ecds") == Some("v2")).await;
