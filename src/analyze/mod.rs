@@ -32,6 +32,7 @@
 //! - `gateway`: IST0138, IST0145, IST0161, IST0101 (credentialName).
 //! - `serviceentry`: IST0134.
 //! - `sidecar`: IST0110, IST0111, IST0101 (selector).
+//! - `envoyfilter`: IST0151-IST0155 (patch operations).
 //! - `authz`: IST0127, IST0101 (namespace); LST0005; LST0006 (CUSTOM provider).
 //! - `files`: documents from files into a State (offline), with the line
 //!   of each field (`file:line` in the output).
@@ -39,6 +40,7 @@
 
 mod authz;
 mod destinationrule;
+mod envoyfilter;
 pub mod files;
 mod gateway;
 mod schema;
@@ -51,7 +53,7 @@ pub mod write;
 pub use write::on_write;
 
 use crate::model::istio::{
-    AuthorizationPolicy, DestinationRule, Gateway, PeerAuthentication, RequestAuthentication, ServiceEntry, Sidecar, Validated, VirtualService,
+    AuthorizationPolicy, DestinationRule, EnvoyFilter, Gateway, PeerAuthentication, RequestAuthentication, ServiceEntry, Sidecar, Validated, VirtualService,
 };
 use crate::model::{Kind, ResourceKey, StoredObject, TypedSpec};
 use crate::state::State;
@@ -140,6 +142,11 @@ codes! {
     IST0140 = "IST0140" "IngressRouteRulesNotAffected" Warning "Subset in virtual service %s has no effect on ingress gateway %s requests";
     IST0145 = "IST0145" "ConflictingGateways" Error "Conflict with gateways %s (workload selector %s, port %s, hosts %v).";
     IST0149 = "IST0149" "JwtClaimBasedRoutingWithoutRequestAuthN" Error "The virtual service uses the JWT claim based routing (key: %s) but found no request authentication for the gateway (%s) pod (%s). The request authentication must first be applied for the gateway pods to validate the JWT token and make the claims available for routing.";
+    IST0151 = "IST0151" "EnvoyFilterUsesRelativeOperation" Warning "This EnvoyFilter does not have a priority and has a relative patch operation set which can cause the EnvoyFilter not to be applied. Using the INSERT_FIRST of ADD option or setting the priority may help in ensuring the EnvoyFilter is applied correctly.";
+    IST0152 = "IST0152" "EnvoyFilterUsesReplaceOperationIncorrectly" Error "The REPLACE operation is only valid for HTTP_FILTER and NETWORK_FILTER.";
+    IST0153 = "IST0153" "EnvoyFilterUsesAddOperationIncorrectly" Error "The ADD operation will be ignored when applyTo is set to ROUTE_CONFIGURATION, or HTTP_ROUTE.";
+    IST0154 = "IST0154" "EnvoyFilterUsesRemoveOperationIncorrectly" Error "The REMOVE operation will be ignored when applyTo is set to ROUTE_CONFIGURATION, or HTTP_ROUTE.";
+    IST0155 = "IST0155" "EnvoyFilterUsesRelativeOperationWithProxyVersion" Warning "This EnvoyFilter does not have a priority and has a relative patch operation (NSTERT_BEFORE/AFTER, REPLACE, MERGE, DELETE) and proxyVersion set which can cause the EnvoyFilter not to be applied during an upgrade. Using the INSERT_FIRST or ADD option or setting the priority may help in ensuring the EnvoyFilter is applied correctly.";
     IST0161 = "IST0161" "InvalidGatewayCredential" Error "The credential referenced by the Gateway %s in namespace %s is invalid, which can cause the traffic not to work as expected.";
     IST0173 = "IST0173" "DestinationRuleSubsetNotSelectPods" Error "The Subset %s defined in the DestinationRule does not select any pods. Which may lead to 503 UH (NoHealthyUpstream).";
     IST0174 = "IST0174" "UnknownDestinationRuleHost" Warning "The host %s defined in the DestinationRule does not match any services in the mesh.";
@@ -293,11 +300,20 @@ pub(crate) enum Family {
     ServiceEntry,
     Sidecar,
     Authz,
+    EnvoyFilter,
 }
 
 impl Family {
-    pub(crate) const ALL: &'static [Family] =
-        &[Family::Schema, Family::VirtualService, Family::DestinationRule, Family::Gateway, Family::ServiceEntry, Family::Sidecar, Family::Authz];
+    pub(crate) const ALL: &'static [Family] = &[
+        Family::Schema,
+        Family::VirtualService,
+        Family::DestinationRule,
+        Family::Gateway,
+        Family::ServiceEntry,
+        Family::Sidecar,
+        Family::Authz,
+        Family::EnvoyFilter,
+    ];
 }
 
 pub(crate) fn run(ctx: &Ctx, families: &[Family]) -> Vec<Message> {
@@ -311,6 +327,7 @@ pub(crate) fn run(ctx: &Ctx, families: &[Family]) -> Vec<Message> {
             Family::ServiceEntry => serviceentry::run(ctx, &mut out),
             Family::Sidecar => sidecar::run(ctx, &mut out),
             Family::Authz => authz::run(ctx, &mut out),
+            Family::EnvoyFilter => envoyfilter::run(ctx, &mut out),
         }
     }
     out.retain(|m| !ctx.suppressed_by_annotation(m));
@@ -488,6 +505,8 @@ pub(crate) struct Ctx<'a> {
     pub ap: Vec<Item<'a, AuthorizationPolicy>>,
     pub ra: Vec<Item<'a, RequestAuthentication>>,
     pub pa: Vec<Item<'a, PeerAuthentication>>,
+    /// In store order (namespace, name): IST0155 depends on it.
+    pub envoy_filters: Vec<Item<'a, EnvoyFilter>>,
     /// Every object with its validation warnings, and those whose spec
     /// does not parse (with why).
     pub validated: Vec<(&'a StoredObject, &'a [String])>,
@@ -570,6 +589,7 @@ impl<'a> Ctx<'a> {
             ap: Vec::new(),
             ra: Vec::new(),
             pa: Vec::new(),
+            envoy_filters: Vec::new(),
             validated: Vec::new(),
             invalid: Vec::new(),
             workloads: Vec::new(),
@@ -628,9 +648,9 @@ impl<'a> Ctx<'a> {
                                 labels,
                             });
                         }
-                        // Schema findings only (their warnings); Istio's
-                        // IST0151-IST0155 (EnvoyFilter) are not reproduced.
-                        Validated::WorkloadGroup { .. } | Validated::MeshConfig { .. } | Validated::Telemetry { .. } | Validated::EnvoyFilter { .. } => {}
+                        Validated::EnvoyFilter { spec, .. } => ctx.envoy_filters.push(Item { obj, spec }),
+                        // Schema findings only (their warnings).
+                        Validated::WorkloadGroup { .. } | Validated::MeshConfig { .. } | Validated::Telemetry { .. } => {}
                     }
                 }
                 TypedSpec::Instance(_) => ctx.workloads.push(Workload {

@@ -104,9 +104,8 @@ fn every_code_has_a_positive_and_a_negative_case() {
 fn the_catalogue_is_istios() {
     let text = std::fs::read_to_string(fixtures().join("messages.yaml")).unwrap();
     let doc: Value = yaml_serde::from_str(&text).unwrap();
-    // Kinds Lodestar does not store: EnvoyFilter (IST0151..0155) and
-    // Telemetry (IST0157, 0159, 0160).
-    let no_kind = ["IST0151", "IST0152", "IST0153", "IST0154", "IST0155", "IST0157", "IST0159", "IST0160"];
+    // Telemetry's (IST0157, 0159, 0160) are not reproduced.
+    let no_kind = ["IST0157", "IST0159", "IST0160"];
     for m in doc["messages"].as_array().unwrap() {
         let code = m["code"].as_str().unwrap();
         let applies = m["applies"].as_str().unwrap_or_default();
@@ -190,4 +189,19 @@ fn on_write_reports_what_the_write_causes() {
     let full: Vec<Message> = analyze(before, &opts).into_iter().filter(|m| m.resource.as_ref().is_some_and(|r| r.name == "other")).collect();
     assert_eq!(found, full);
     assert!(!found.is_empty());
+}
+
+/// An EnvoyFilter write is analysed against every other EnvoyFilter:
+/// IST0155 needs the earlier filter that pins a proxy version.
+#[test]
+fn an_envoyfilter_write_sees_the_other_filters() {
+    let positive = std::fs::read_to_string(fixtures().join("cases/IST0155/positive.yaml")).unwrap();
+    let loaded = load(&[Source { name: "f.yaml".into(), text: positive }], "default");
+    let b = ResourceKey::new(Kind::EnvoyFilter, "default", "b-lua");
+    let obj = loaded.state.get(&b).unwrap().clone();
+    let mut before = loaded.state.clone();
+    before.objects.remove(&b);
+    let found = on_write(&before, &[(b.clone(), Some(obj))], &options());
+    let codes: Vec<&str> = found.iter().map(|m| m.code.as_str()).collect();
+    assert_eq!(codes, ["IST0155"], "{found:?}");
 }

@@ -9,7 +9,8 @@
 //!   that share a host with them (VirtualServices naming it, its
 //!   DestinationRules, ServiceEntries and registry Services and Instances),
 //!   the workloads and policies of their namespaces, every Gateway, every
-//!   RequestAuthentication, and the Secrets the Gateways name. The few
+//!   RequestAuthentication, the Secrets the Gateways name, and (for an
+//!   EnvoyFilter write) every EnvoyFilter. The few
 //!   lookups across every namespace (a workload anywhere with a subset's
 //!   labels, a namespace by name) look in the whole store.
 //! - Both before and after the write: the answer is every finding about a
@@ -56,6 +57,7 @@ pub fn on_write(before: &State, writes: &[(ResourceKey, Option<Arc<StoredObject>
         match key.kind {
             Kind::Gateway => scope.gateways.push(format!("{}/{}", key.namespace, key.name)),
             Kind::RequestAuthentication => scope.claim_routes = true,
+            Kind::EnvoyFilter => scope.envoy_filters = true,
             _ => {}
         }
         for f in families_for(key.kind) {
@@ -104,7 +106,9 @@ fn families_for(kind: Kind) -> &'static [Family] {
         Kind::AuthorizationPolicy => &[Schema, Authz],
         Kind::RequestAuthentication => &[Schema, VirtualService],
         Kind::Secret => &[Gateway],
-        Kind::PeerAuthentication | Kind::WorkloadGroup | Kind::Lease | Kind::Telemetry | Kind::EnvoyFilter => &[Schema],
+        // IST0155 compares a filter's patches with every other filter's.
+        Kind::EnvoyFilter => &[Schema, EnvoyFilter],
+        Kind::PeerAuthentication | Kind::WorkloadGroup | Kind::Lease | Kind::Telemetry => &[Schema],
         // Its providers are what CUSTOM policies name.
         Kind::MeshConfig => &[Schema, Authz],
         Kind::Policy | Kind::Role | Kind::Token | Kind::CertificateRevocation => &[],
@@ -168,6 +172,8 @@ struct Scope {
     /// Every Instance of the scope's namespaces matters, not only those
     /// of its hosts.
     namespace_workloads: bool,
+    /// An EnvoyFilter is written: every EnvoyFilter matters (IST0155).
+    envoy_filters: bool,
 }
 
 /// A scope's hostnames, to test names as objects write them without
@@ -233,6 +239,11 @@ impl Scope {
         };
         for o in of_kind(Kind::VirtualService) {
             if self.names_any(&hosts, o) || self.binds_written_gateway(o) || (self.claim_routes && has_claim_route(o)) {
+                objects.insert(o.clone());
+            }
+        }
+        if self.envoy_filters {
+            for o in of_kind(Kind::EnvoyFilter) {
                 objects.insert(o.clone());
             }
         }

@@ -773,7 +773,7 @@ fn progress(
 struct ConfigDumpQuery {
     #[serde(rename = "proxyID")]
     proxy_id: String,
-    /// cluster, endpoint, listener or route (default: all).
+    /// cluster, endpoint, listener, route or extension_config (default: all).
     #[serde(rename = "type")]
     kind: Option<String>,
 }
@@ -814,7 +814,8 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
             "endpoint" => ResourceType::Endpoint,
             "listener" => ResourceType::Listener,
             "route" => ResourceType::Route,
-            other => return Err(Error::field("type", format!("{other:?}: expected cluster, endpoint, listener or route")).into()),
+            "extension_config" | "extensionconfig" => ResourceType::ExtensionConfig,
+            other => return Err(Error::field("type", format!("{other:?}: expected cluster, endpoint, listener, route or extension_config")).into()),
         }),
     };
     let mut out = serde_json::Map::new();
@@ -836,6 +837,7 @@ async fn config_dump(State(sync): State<SyncRegistry>, caller: Caller, Query(q):
             ResourceType::Route => "routes",
             ResourceType::Secret => continue,
             ResourceType::NameTable => "nameTable",
+            ResourceType::ExtensionConfig => "extensionConfigs",
         };
         out.insert(key.into(), Value::Array(items));
     }

@@ -22,6 +22,9 @@
 //!   FILTER_CHAIN ADD; after all listeners LISTENER ADD.
 //! - A patch that fails (a MERGE of two different typed_config types) is
 //!   skipped; the object stays as it was before that patch.
+//! - EXTENSION_CONFIG ADD defines an ECDS resource (`ResourceType::
+//!   ExtensionConfig`) for the proxies the filter selects, whatever the
+//!   context; filters name it in `config_discovery`.
 //!
 //! A patched resource's version is derived from its unpatched version and
 //! the patches that touched it (not from its bytes: prost encodes map
@@ -30,6 +33,7 @@
 use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
 use envoy_types::pb::envoy::config::listener::v3::{filter, listener_filter, Filter, FilterChain, Listener, ListenerFilter};
 use envoy_types::pb::envoy::config::route::v3::{route, Route, RouteConfiguration, VirtualHost};
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -348,7 +352,29 @@ pub fn apply_after(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity, pr
         }
         cfg.resources.insert(ResourceType::Listener, std::sync::Arc::new(out));
     }
+
+    // Extension configs (ECDS).
+    if let Some(map) = extension_configs(&patches) {
+        cfg.resources.insert(ResourceType::ExtensionConfig, std::sync::Arc::new(map));
+    }
     Some(ids)
+}
+
+/// ECDS: one `TypedExtensionConfig` per EXTENSION_CONFIG ADD, by name (of
+/// two with one name, the later patch wins, as Envoy keeps the last of a
+/// response). As istiod's `InsertedExtensionConfigurations`: `match.context`
+/// is not looked at, other operations add nothing (validation warns), and
+/// Envoy asks for the names its filters' `config_discovery` give.
+fn extension_configs(patches: &ProxyPatches) -> Option<crate::resources::ResourceMap> {
+    let mut out = crate::resources::ResourceMap::new();
+    for p in patches.of(ApplyTo::ExtensionConfig).iter().filter(|p| p.op == Operation::Add) {
+        let Some(ec) = p.value_as::<TypedExtensionConfig>() else { continue };
+        let mut touched = Touched::default();
+        touched.add(p);
+        let version = touched.version(&ec.name);
+        out.insert(ec.name.clone(), std::sync::Arc::new(XdsResource::with_version::<TypedExtensionConfig>(ec.name.clone(), ec.encode_to_vec(), version)));
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// The names of a sidecar's inbound listeners: its Sidecar's `ingress`

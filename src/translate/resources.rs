@@ -5,6 +5,7 @@
 use crate::model::proxy::ProxyIdentity;
 use crate::state::State;
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
@@ -31,11 +32,23 @@ pub enum ResourceType {
     /// captured proxy's agent answers in DNS (`translate::dns`). Only the
     /// agent's DNS stream subscribes to it; Envoy never does.
     NameTable,
+    /// ECDS (`envoy.config.core.v3.TypedExtensionConfig`): the filter
+    /// configs EnvoyFilter `EXTENSION_CONFIG` ADD patches define, asked for
+    /// by name by filters with `config_discovery` (`translate::envoyfilter`).
+    ExtensionConfig,
 }
 
 impl ResourceType {
-    pub const PUSH_ORDER: [ResourceType; 6] =
-        [ResourceType::Cluster, ResourceType::Endpoint, ResourceType::Secret, ResourceType::Listener, ResourceType::Route, ResourceType::NameTable];
+    /// Extension configs before the listeners whose filters name them.
+    pub const PUSH_ORDER: [ResourceType; 7] = [
+        ResourceType::Cluster,
+        ResourceType::Endpoint,
+        ResourceType::Secret,
+        ResourceType::ExtensionConfig,
+        ResourceType::Listener,
+        ResourceType::Route,
+        ResourceType::NameTable,
+    ];
 
     pub fn type_url(self) -> String {
         match self {
@@ -45,6 +58,7 @@ impl ResourceType {
             ResourceType::Route => RouteConfiguration::type_url(),
             ResourceType::Secret => Secret::type_url(),
             ResourceType::NameTable => <super::dns::NameTable as prost::Name>::type_url(),
+            ResourceType::ExtensionConfig => TypedExtensionConfig::type_url(),
         }
     }
 
@@ -53,7 +67,7 @@ impl ResourceType {
     }
 
     /// LDS and CDS may be requested with no names (wildcard); EDS, RDS and
-    /// SDS are always requested by name.
+    /// SDS (and ECDS) are always requested by name.
     pub fn wildcard_allowed(self) -> bool {
         matches!(self, ResourceType::Cluster | ResourceType::Listener | ResourceType::NameTable)
     }
@@ -66,6 +80,7 @@ impl ResourceType {
             ResourceType::Route => "RDS",
             ResourceType::Secret => "SDS",
             ResourceType::NameTable => "NDS",
+            ResourceType::ExtensionConfig => "ECDS",
         }
     }
 }

@@ -356,3 +356,164 @@ async fn global_rate_limit_at_the_ingress_gateway() {
     gw.envoy.assert_no_rejections().await;
     server.abort();
 }
+
+// ---------------------------------------------------------------------------
+// EXTENSION_CONFIG: a filter config served over ECDS, named by an HTTP
+// filter's `config_discovery`, to a SotW and a delta Envoy.
+
+const REVIEWS: &str = r#"
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {name: reviews, namespace: default}
+spec:
+  ports: [{name: http, number: 9080, protocol: HTTP}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {name: reviews-1, namespace: default, labels: {app: reviews}}
+spec: {service: reviews, address: ${reviews.ip}, port: ${reviews.port}}
+"#;
+
+/// Every proxy of `default`: a Lua config over ECDS (`VERSION` in its
+/// response header), and the HTTP filter that asks for it before the router.
+const ECDS_LUA: &str = r#"
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: ecds-lua, namespace: default}
+spec:
+  configPatches:
+  - applyTo: EXTENSION_CONFIG
+    patch:
+      operation: ADD
+      value:
+        name: lodestar.ecds-lua
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+          default_source_code:
+            inline_string: 'function envoy_on_response(h) h:headers():add("x-ecds", "VERSION") end'
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_OUTBOUND
+      listener:
+        filterChain:
+          filter:
+            name: envoy.filters.network.http_connection_manager
+            subFilter: {name: envoy.filters.http.router}
+    patch:
+      operation: INSERT_BEFORE
+      value:
+        name: lodestar.ecds-lua
+        config_discovery:
+          config_source: {ads: {}, resource_api_version: V3}
+          type_urls: [type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua]
+"#;
+
+const ECDS_TYPES: &[&str] = &["CDS", "EDS", "LDS", "RDS", "ECDS"];
+
+/// The ECDS filters in a config dump: (name, version_info).
+fn ecds_filters(dump: &Value) -> Vec<(String, String)> {
+    dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["ecds_filters"].as_array().into_iter().flatten())
+        .map(|f| (f["ecds_filter"]["name"].as_str().unwrap_or("").to_string(), f["version_info"].as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+/// The version_info of listener `name` in a config dump.
+fn listener_version(dump: &Value, name: &str) -> String {
+    let listeners = dump["configs"].as_array().into_iter().flatten().flat_map(|c| c["dynamic_listeners"].as_array().into_iter().flatten());
+    let l = listeners.into_iter().find(|l| l["name"] == name).unwrap_or_else(|| panic!("no listener {name}"));
+    l["active_state"]["version_info"].as_str().unwrap_or("").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extension_config_over_ecds() {
+    let fx = Fixture::start(1).await;
+    let reviews = fx.upstream(20, "reviews-v1").await;
+    let rev = fx.apply(&render(REVIEWS, &[("reviews", &reviews)])).await;
+    let sotw = fx.sidecar("e1", 50, 1, false, rev).await;
+    let delta = fx.sidecar("e2", 51, 1, true, rev).await;
+    let host = "reviews.default.svc.cluster.local";
+
+    // The filter and its config arrive together: Envoy asks for the
+    // config by the filter's name while it takes the listener naming it
+    // (before it ACKs that), so `apply --wait` returns only once both
+    // proxies ACKed the extension config too.
+    let file = fx.tmp.path().join("ecds.yaml");
+    std::fs::write(&file, ECDS_LUA.replace("VERSION", "v1")).unwrap();
+    let (ok, out, err) = kit::cli(&fx.api(1), &["apply", "-f", file.to_str().unwrap(), "--wait"]);
+    assert!(ok, "apply --wait: {out}{err}");
+    let s = syncz(&fx.client, &fx.api(1)).await;
+    for p in [&sotw, &delta] {
+        let status = s["proxies"].as_array().and_then(|ps| ps.iter().find(|x| x["id"] == p.id.as_str())).expect("the proxy in syncz");
+        let ecds = &status["types"]["ECDS"];
+        assert!(ecds["in_sync"] == true && ecds["last_nack"].is_null(), "{}: ECDS ACKed when --wait returns: {status:#}", p.id);
+        let r = wait_for(&fx.client, &p.url(9080, "/"), host, &[], "the ECDS Lua header", |r| r.header("x-ecds").is_some()).await;
+        assert_eq!((r.status, r.header("x-ecds")), (200, Some("v1")), "{}", p.id);
+        let dump = p.envoy.config_dump().await;
+        let filters = ecds_filters(&dump);
+        assert_eq!(filters.len(), 1, "{}: one ECDS filter: {filters:?}", p.id);
+        assert_eq!(filters[0].0, "lodestar.ecds-lua");
+        let names = http_filters(&dump, &format!("{}_9080", p.ip));
+        let at = names.iter().position(|f| f == "lodestar.ecds-lua").unwrap_or_else(|| panic!("{}: no ECDS filter in {names:?}", p.id));
+        assert_eq!(names.get(at + 1).map(String::as_str), Some("envoy.filters.http.router"), "{names:?}");
+        assert!(p.envoy.stats().await.iter().any(|(k, v)| k.contains("extension_config_discovery") && k.ends_with("config_reload") && *v >= 1), "{}", p.id);
+    }
+
+    // A new config reaches Envoy over ECDS alone: the listeners stay as
+    // they were (same version), the traffic changes.
+    let listener = |p: &kit::mesh::Proxy| format!("{}_9080", p.ip);
+    let before = [listener_version(&sotw.envoy.config_dump().await, &listener(&sotw)), listener_version(&delta.envoy.config_dump().await, &listener(&delta))];
+    let ecds_before = ecds_filters(&sotw.envoy.config_dump().await);
+    let (status, answer) = kit::apply(&fx.client, &fx.api(1), ECDS_LUA.replace("VERSION", "v2").as_str()).await;
+    assert_eq!(status, 200, "{answer:#}");
+    let rev = answer["revision"].as_u64().unwrap();
+    // The apply answer carries Istio's analysis of the filter: its
+    // INSERT_BEFORE without a priority is IST0151.
+    let warnings = answer["warnings"].to_string();
+    assert!(warnings.contains("Warning [IST0151] (EnvoyFilter default/ecds-lua) This EnvoyFilter does not have a priority"), "{warnings}");
+    for (p, lv) in [(&sotw, &before[0]), (&delta, &before[1])] {
+        p.wait_synced_types(rev, ECDS_TYPES).await;
+        let r = wait_for(&fx.client, &p.url(9080, "/"), host, &[], "the new ECDS Lua header", |r| r.header("x-ecds") == Some("v2")).await;
+        assert_eq!(r.status, 200);
+        let dump = p.envoy.config_dump().await;
+        assert_eq!(&listener_version(&dump, &listener(p)), lv, "{}: the listener was not pushed again", p.id);
+        assert_eq!(ecds_filters(&dump).len(), 1);
+    }
+    assert_ne!(ecds_filters(&sotw.envoy.config_dump().await), ecds_before, "the ECDS resource has a new version");
+
+    // The config dump of the replica shows the served ECDS resource.
+    let (status, dump) = kit::get_json(&fx.client, &format!("{}/debug/config_dump?proxyID={}&type=extension_config", fx.api(1), sotw.id)).await;
+    assert_eq!(status, 200, "{dump:#}");
+    assert_eq!(dump["extensionConfigs"][0]["name"], "lodestar.ecds-lua", "{dump:#}");
+
+    // Deleting the filter drops the HTTP filter and its config.
+    let r = fx.client.delete(format!("{}/v1/resources/envoyfilters/default/ecds-lua", fx.api(1))).send().await.unwrap();
+    assert!(r.status().is_success(), "delete: {}", r.status());
+    for p in [&sotw, &delta] {
+        let r = wait_for(&fx.client, &p.url(9080, "/"), host, &[], "no ECDS header", |r| r.header("x-ecds").is_none()).await;
+        assert_eq!(r.status, 200, "{}", p.id);
+        let names = http_filters(&p.envoy.config_dump().await, &format!("{}_9080", p.ip));
+        assert!(!names.iter().any(|f| f == "lodestar.ecds-lua"), "{}: {names:?}", p.id);
+    }
+
+    // Bad input: an extension config without the name filters ask for, and
+    // BOOTSTRAP, are refused naming the field; nothing is stored.
+    let no_name = ECDS_LUA.replace("        name: lodestar.ecds-lua\n        typed_config", "        typed_config").replace("ecds-lua,", "no-name,");
+    let (status, body) = kit::apply(&fx.client, &fx.api(1), no_name.as_str()).await;
+    assert_eq!(status, 400, "{body:#}");
+    assert!(body.to_string().contains("spec.configPatches[0].patch.value.name"), "names the field: {body:#}");
+    let bootstrap = "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: boot, namespace: default}\nspec:\n  configPatches:\n  - applyTo: BOOTSTRAP\n    patch: {operation: MERGE, value: {node: {id: x}}}\n";
+    let (status, body) = kit::apply(&fx.client, &fx.api(1), bootstrap).await;
+    assert_eq!(status, 400, "{body:#}");
+    assert!(body.to_string().contains("spec.configPatches[0].applyTo") && body.to_string().contains("BOOTSTRAP"), "{body:#}");
+    for name in ["no-name", "boot"] {
+        let (status, _) = kit::get_json(&fx.client, &format!("{}/v1/resources/envoyfilters/default/{name}", fx.api(1))).await;
+        assert_eq!(status, 404, "{name} was not stored");
+    }
+
+    sotw.envoy.assert_no_rejections().await;
+    delta.envoy.assert_no_rejections().await;
+}

@@ -38,8 +38,9 @@ fn render(cfg: &ProxyConfig) -> Value {
         for (name, r) in cfg.of(t).into_iter().flatten() {
             by_name.insert(name.clone(), any_to_json(&r.any).unwrap());
         }
-        // Only proxies whose agent captures DNS have a name table.
-        if t == ResourceType::NameTable && by_name.is_empty() {
+        // Only proxies whose agent captures DNS have a name table, only
+        // those an EXTENSION_CONFIG patch selects extension configs.
+        if matches!(t, ResourceType::NameTable | ResourceType::ExtensionConfig) && by_name.is_empty() {
             continue;
         }
         out.insert(t.short().to_string(), Value::Object(by_name));

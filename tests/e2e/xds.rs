@@ -347,6 +347,7 @@ fn resource_name(t: ResourceType, bytes: &[u8]) -> String {
         ResourceType::Secret => envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret::decode(bytes).unwrap().name,
         // One table per proxy, unnamed.
         ResourceType::NameTable => String::new(),
+        ResourceType::ExtensionConfig => envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig::decode(bytes).unwrap().name,
     }
 }
 

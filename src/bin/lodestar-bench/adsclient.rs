@@ -652,8 +652,8 @@ impl Variant for Sotw {
     fn on_response(&mut self, view: &mut View, r: &DiscoveryResponse, changes: &mut Vec<EndpointChange>) -> Option<(ResourceType, String)> {
         let t = ResourceType::from_type_url(&r.type_url)?;
         match t {
-            // The load generator asks for no secrets.
-            ResourceType::Secret | ResourceType::NameTable => {}
+            // The load generator asks for no secrets (nor name tables, ECDS).
+            ResourceType::Secret | ResourceType::NameTable | ResourceType::ExtensionConfig => {}
             // Every cluster, every time: absence means removal.
             ResourceType::Cluster => {
                 view.eds_clusters =
@@ -719,8 +719,8 @@ impl Variant for Delta {
     fn on_response(&mut self, view: &mut View, r: &DeltaDiscoveryResponse, changes: &mut Vec<EndpointChange>) -> Option<(ResourceType, String)> {
         let t = ResourceType::from_type_url(&r.type_url)?;
         match t {
-            // The load generator asks for no secrets.
-            ResourceType::Secret | ResourceType::NameTable => {}
+            // The load generator asks for no secrets (nor name tables, ECDS).
+            ResourceType::Secret | ResourceType::NameTable | ResourceType::ExtensionConfig => {}
             ResourceType::Cluster => {
                 for res in &r.resources {
                     match Cluster::decode(value(res)).ok().as_ref().and_then(eds_name) {

@@ -331,15 +331,14 @@ impl ConfigPatch {
         let apply_at = at.field("applyTo");
         let apply_to = match self.apply_to {
             None | Some(ApplyTo::Invalid) => {
-                r.error(&apply_at, "applyTo is required (LISTENER, FILTER_CHAIN, NETWORK_FILTER, HTTP_FILTER, ROUTE_CONFIGURATION, VIRTUAL_HOST, HTTP_ROUTE, CLUSTER, LISTENER_FILTER)");
-                return;
-            }
-            Some(ApplyTo::ExtensionConfig) => {
-                r.error(&apply_at, "EXTENSION_CONFIG is not supported yet: Lodestar serves no ECDS (filters with config_discovery); put the filter's typed_config in an HTTP_FILTER patch");
+                r.error(&apply_at, "applyTo is required (LISTENER, FILTER_CHAIN, NETWORK_FILTER, HTTP_FILTER, ROUTE_CONFIGURATION, VIRTUAL_HOST, HTTP_ROUTE, CLUSTER, LISTENER_FILTER, EXTENSION_CONFIG)");
                 return;
             }
             Some(ApplyTo::Bootstrap) => {
-                r.error(&apply_at, "BOOTSTRAP has no effect in Istio (nothing applies it since 1.21) and none in Lodestar: edit the proxy's bootstrap (`lodestar bootstrap`) instead");
+                r.error(
+                    &apply_at,
+                    "BOOTSTRAP is refused: istiod applies it nowhere (since 1.21; it is accepted and ignored), and in Lodestar a bootstrap is written once when a proxy starts (`lodestar bootstrap`, `lodestar agent`), so a later change to this EnvoyFilter would never reach running proxies; edit the bootstrap itself instead",
+                );
                 return;
             }
             Some(a) => a,
@@ -365,6 +364,9 @@ impl ConfigPatch {
         if patch.filter_class.is_some_and(|c| c != FilterClass::Unspecified) {
             r.warn(&patch_at.field("filterClass"), "not used by istiod (nor by Lodestar): the operation alone places the filter");
         }
+        if apply_to == ApplyTo::ExtensionConfig && op != Operation::Add {
+            r.warn(&op_at, "has no effect: istiod (and Lodestar) serve only the extension configs EXTENSION_CONFIG patches ADD");
+        }
         self.check_match(apply_to, at, r);
         let value_at = patch_at.field("value");
         match (&patch.value, op) {
@@ -375,6 +377,8 @@ impl ConfigPatch {
                     if let Err((path, reason)) = envoy_api::message_from_json(message, value) {
                         let field = if path.is_empty() { value_at.clone() } else { value_at.field(&path) };
                         r.error(&field, format!("{reason} (the value is a {message})"));
+                    } else if apply_to == ApplyTo::ExtensionConfig && op == Operation::Add {
+                        check_extension_config(value, &value_at, r);
                     }
                 }
             }
@@ -431,11 +435,59 @@ impl ConfigPatch {
     }
 }
 
+/// An ECDS resource needs the name filters ask for and a typed_config
+/// (Envoy NACKs either missing).
+fn check_extension_config(value: &Value, at: &Path, r: &mut Report) {
+    if value.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
+        r.error(&at.field("name"), "an extension config needs the name its filters' config_discovery asks for");
+    }
+    if value.get("typed_config").or_else(|| value.get("typedConfig")).is_none_or(Value::is_null) {
+        r.error(&at.field("typed_config"), "an extension config needs a typed_config");
+    }
+}
+
 fn deprecated_name(r: &mut Report, at: &Path, name: &str) {
     if let Some((_, new)) = DEPRECATED_NAMES.iter().find(|(old, _)| *old == name) {
         r.warn(
             at,
             format!("using deprecated filter name {name:?}; use {new:?} instead (names are compared literally: this one matches nothing Lodestar generates)"),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::validate::{validate, FieldError};
+    use serde_json::{json, Value};
+
+    fn ecds(op: &str, value: Value) -> Value {
+        json!({"configPatches": [{"applyTo": "EXTENSION_CONFIG", "patch": {"operation": op, "value": value}}]})
+    }
+
+    fn errors(spec: Value) -> Vec<FieldError> {
+        validate("EnvoyFilter", &spec).expect_err("spec should be invalid")
+    }
+
+    const LUA: &str = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua";
+
+    #[test]
+    fn extension_configs_need_a_name_and_a_typed_config() {
+        let ok = validate("EnvoyFilter", &ecds("ADD", json!({"name": "x", "typed_config": {"@type": LUA}}))).unwrap();
+        assert!(!ok.warnings().iter().any(|w| w.contains("no effect")), "{:?}", ok.warnings());
+        let e = errors(ecds("ADD", json!({"typed_config": {"@type": LUA}})));
+        assert!(e.iter().any(|e| e.field == "spec.configPatches[0].patch.value.name"), "{e:?}");
+        let e = errors(ecds("ADD", json!({"name": "x"})));
+        assert!(e.iter().any(|e| e.field == "spec.configPatches[0].patch.value.typed_config"), "{e:?}");
+        let e = errors(ecds("ADD", json!({"name": "x", "typed_config": {"@type": LUA, "nope": 1}})));
+        assert!(e.iter().any(|e| e.field == "spec.configPatches[0].patch.value.typed_config.nope"), "{e:?}");
+        // Other operations: accepted, as istiod does, with a warning that they do nothing.
+        let merged = validate("EnvoyFilter", &ecds("MERGE", json!({"name": "x", "typed_config": {"@type": LUA}}))).unwrap();
+        assert!(merged.warnings().iter().any(|w| w.contains("spec.configPatches[0].patch.operation") && w.contains("no effect")), "{:?}", merged.warnings());
+    }
+
+    #[test]
+    fn bootstrap_is_refused_saying_why() {
+        let e = errors(json!({"configPatches": [{"applyTo": "BOOTSTRAP", "patch": {"operation": "MERGE", "value": {}}}]}));
+        assert!(e.iter().any(|e| e.field == "spec.configPatches[0].applyTo" && e.reason.contains("never reach running proxies")), "{e:?}");
     }
 }
