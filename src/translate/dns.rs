@@ -26,7 +26,7 @@ use crate::mesh::{Mesh, Resolution, Service};
 use crate::model::proxy::ProxyIdentity;
 use crate::resources::{ProxyConfig, ResourceType, XdsResource};
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 /// The range auto-allocated addresses come from (Istio's): 240.240.0.0/16.
 pub const AUTO_VIP_PREFIX: [u8; 2] = [240, 240];
@@ -77,12 +77,27 @@ fn alt_hosts(hostname: &str, namespace: &str, proxy_ns: &str, suffix: &str) -> V
     out
 }
 
+/// The addresses a service's name resolves to, IPv4 and IPv6 (the agent
+/// answers A with the first, AAAA with the second): its virtual IPs
+/// (declared or allocated; a CIDR is none), else, for a `resolution:
+/// NONE` one with ports (headless), its instances' addresses, as Istio's
+/// `BuildNameTable`.
+fn name_ips(svc: &Service) -> Vec<String> {
+    let is_ip = |a: &&str| a.parse::<IpAddr>().is_ok();
+    let mut ips: Vec<String> = svc.vips(true).filter(is_ip).map(str::to_string).collect();
+    if ips.is_empty() && svc.resolution == Resolution::Passthrough && !svc.ports.is_empty() {
+        let mut seen = BTreeSet::new();
+        ips = svc.instances.iter().map(|i| i.address.as_str()).filter(is_ip).filter(|a| seen.insert(*a)).map(str::to_string).collect();
+    }
+    ips
+}
+
 /// The name table of a proxy in `proxy_ns` that may reach `services`:
-/// every one with an IPv4 address (declared or allocated).
+/// every one with an address ([`name_ips`]).
 pub fn name_table<'a>(services: impl IntoIterator<Item = &'a Service>, proxy_ns: &str, suffix: &str) -> NameTable {
     let mut table = BTreeMap::new();
     for svc in services {
-        let ips: Vec<String> = svc.vips(true).filter(|a| a.parse::<Ipv4Addr>().is_ok()).map(str::to_string).collect();
+        let ips = name_ips(svc);
         if ips.is_empty() {
             continue;
         }
@@ -173,9 +188,8 @@ mod tests {
         assert_eq!(v[&second], Ipv4Addr::new(240, 240, (n >> 8) as u8, n as u8));
     }
 
-    #[test]
-    fn wildcard_hosts_are_named_only_with_declared_addresses() {
-        let se = |host: &str, addresses: &[&str], resolution| Service {
+    fn se(host: &str, addresses: &[&str], resolution: Resolution) -> Service {
+        Service {
             hostname: host.into(),
             namespace: "shop".into(),
             ports: Vec::new(),
@@ -187,7 +201,11 @@ mod tests {
             sources: Vec::new(),
             created: 0,
             auto_address: None,
-        };
+        }
+    }
+
+    #[test]
+    fn wildcard_hosts_are_named_only_with_declared_addresses() {
         let with = se("*.api.example", &["198.18.1.50", "198.18.9.0/24"], Resolution::Passthrough);
         let without = se("*.cdn.example", &[], Resolution::Passthrough);
         assert!(!wants_auto_vip(&without) && !wants_auto_vip(&se("*.x.example", &[], Resolution::Static)));
@@ -203,5 +221,47 @@ mod tests {
         assert_eq!(alt_hosts("reviews.shop.svc.cluster.local", "shop", "shop", "cluster.local"), ["reviews", "reviews.shop", "reviews.shop.svc"]);
         assert_eq!(alt_hosts("reviews.shop.svc.cluster.local", "shop", "web", "cluster.local"), ["reviews.shop", "reviews.shop.svc"]);
         assert!(alt_hosts("db.example.com", "shop", "shop", "cluster.local").is_empty());
+    }
+
+    /// IPv6 addresses are named as IPv4 ones (the agent answers AAAA with
+    /// them); a headless (`resolution: NONE`) service without addresses
+    /// is named with its instances' addresses, as Istio's; golden: the
+    /// table as the agent receives it (config_dump's JSON).
+    #[test]
+    fn ipv6_and_headless_instances_are_named() {
+        let instance = |address: &str| crate::mesh::Instance {
+            address: address.into(),
+            ports: BTreeMap::new(),
+            default_port: None,
+            labels: BTreeMap::new(),
+            locality: String::new(),
+            weight: 1,
+            health: crate::mesh::Health::Healthy,
+            source: None,
+            namespace: "shop".into(),
+            service_account: None,
+        };
+        let port = crate::mesh::ServicePort::new("tcp", 5432, Some("TCP"), None);
+        let dual = se("db.example.com", &["198.18.2.1", "fd00::2:1", "fd00::/64"], Resolution::Static);
+        let v6 = se("v6.example.com", &["fd00::6"], Resolution::Static);
+        let mut headless = se("pg.example.com", &[], Resolution::Passthrough);
+        headless.ports = vec![port.clone()];
+        headless.instances = vec![instance("198.18.3.1"), instance("fd00::3:1"), instance("198.18.3.1"), instance("pg-0.example.com")];
+        // Headless without ports: not named (Istio's too).
+        let mut portless = se("noports.example.com", &[], Resolution::Passthrough);
+        portless.instances = vec![instance("198.18.4.1")];
+        // A STATIC one without addresses nor allocation: not named by its
+        // instances (they are not what its name means).
+        let mut unallocated = se("static.example.com", &[], Resolution::Static);
+        unallocated.ports = vec![port];
+        unallocated.instances = vec![instance("198.18.5.1")];
+        let t = name_table([&dual, &v6, &headless, &portless, &unallocated], "shop", "cluster.local");
+        let any = envoy_types::pb::google::protobuf::Any { type_url: String::new(), value: prost::Message::encode_to_vec(&t) };
+        let want = serde_json::json!({"table": {
+            "db.example.com": {"ips": ["198.18.2.1", "fd00::2:1"], "registry": "External", "shortname": "", "namespace": "shop", "altHosts": []},
+            "pg.example.com": {"ips": ["198.18.3.1", "fd00::3:1"], "registry": "External", "shortname": "", "namespace": "shop", "altHosts": []},
+            "v6.example.com": {"ips": ["fd00::6"], "registry": "External", "shortname": "", "namespace": "shop", "altHosts": []},
+        }});
+        assert_eq!(table_json(&any).unwrap(), want);
     }
 }

@@ -540,7 +540,7 @@ threading.Event().wait()
 const RESOLVE: &str = "import socket,sys\ntry: print('\\n'.join(sorted({a[4][0] for a in socket.getaddrinfo(sys.argv[1], 80, socket.AF_INET)})))\nexcept socket.gaierror as e: print(e); sys.exit(2)";
 
 /// A raw DNS query to the nameserver ARGV[1] over `udp` or `tcp` for
-/// ARGV[3] of type ARGV[4]: prints the rcode and the A records.
+/// ARGV[3] of type ARGV[4]: prints the rcode and the A and AAAA records.
 const RAW_QUERY: &str = r#"
 import socket, struct, sys
 server, proto, name, qtype = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -559,6 +559,7 @@ for _ in range(an):
     i += 2 if r[i] & 0xc0 == 0xc0 else 0
     t, ln = struct.unpack(">H", r[i:i+2])[0], struct.unpack(">H", r[i+8:i+10])[0]
     if t == 1: out.append(".".join(str(b) for b in r[i+10:i+14]))
+    if t == 28: out.append(socket.inet_ntop(socket.AF_INET6, r[i+10:i+26]))
     i += 10 + ln
 print(" ".join(out))
 "#;
@@ -833,6 +834,99 @@ async fn capture_dns_answers_mesh_names_and_forwards_the_rest() {
     // 7. SIGTERM: every rule gone, DNS included.
     web.proc.stop(Duration::from_secs(20));
     assert_eq!(rules(&t.a), before, "the agent's exit left rules\n{}", web.proc.tail(40));
+}
+
+/// AAAA through the agent's DNS proxy (hickory-proto's codec), over UDP
+/// and TCP, as Istio's agent answers it: a ServiceEntry's IPv6 addresses
+/// for AAAA and its IPv4 ones for A; a mesh name without an address of
+/// the family asked is NODATA (no records, NOERROR), answered by the agent,
+/// never forwarded; a name outside the mesh is forwarded whatever the type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_dns_answers_aaaa_from_ipv6_addresses() {
+    let t = Topology::create();
+    let resolver = t.addr(66);
+    t.netns_etc(&t.a, &[("resolv.conf", &format!("nameserver {resolver}\n")), ("nsswitch.conf", "hosts: files dns\n")]);
+    let mut cluster = Cluster::prepare_on(1, "", &format!("198.18.{}", t.x));
+    cluster.launch().await;
+    let r = cluster.replica(1);
+    let (api, xds) = (r.api(), r.xds_addr());
+    let tmp = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (b, x) = (t.addr(66), t.x);
+    let (reviews, dual4) = (t.vip(10), t.vip(20));
+    let (dual6, only6) = (format!("fd00:{x}::20"), format!("fd00:{x}::30"));
+    let yaml = format!(
+        r#"
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {{name: reviews, namespace: shop}}
+spec:
+  addresses: [{reviews}]
+  ports: [{{name: http, number: 9080}}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {{name: reviews-v1, namespace: shop}}
+spec: {{service: reviews, address: {b}, port: 8081}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: dual, namespace: shop}}
+spec:
+  hosts: [dual.db.internal]
+  addresses: [{dual4}, "{dual6}"]
+  ports: [{{name: tcp-pg, number: 5432, protocol: TCP}}]
+  resolution: STATIC
+  endpoints: [{{address: {b}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: only6, namespace: shop}}
+spec:
+  hosts: [v6.db.internal]
+  addresses: ["{only6}"]
+  ports: [{{name: tcp-pg, number: 5433, protocol: TCP}}]
+  resolution: STATIC
+  endpoints: [{{address: {b}}}]
+"#
+    );
+    let (status, body) = kit::apply(&kit::http(), &api, yaml.as_str()).await;
+    assert_eq!(status, 200, "{body}");
+    let mut upstream = Command::new("ip");
+    upstream.args(["netns", "exec", &t.b, "python3", "-c", RESOLVER, &resolver]);
+    let resolver_log = tmp.path().join("resolver.log");
+    let _resolver = kit::Proc::spawn("the resolver in VM B", upstream, &resolver_log);
+    let mut web = agent(&t, tmp.path(), &xds, &["--capture-dns"]).join_token(&api, "shop/web").start();
+    // Envoy takes the IPv6 addresses' listeners too: no NACK.
+    wait_served(&t.a, "web", &api).await;
+    let raw = |proto: &str, name: &str, qtype: &str| exec(&t.a, &["python3", "-c", RAW_QUERY, &resolver, proto, name, qtype]).1.trim().to_string();
+    let a = t.a.clone();
+    let want = format!("rcode=0 {dual4}");
+    eventually("the name table in the agent", BOUND, || {
+        let (a, resolver, want) = (a.clone(), resolver.clone(), want.clone());
+        async move { (exec(&a, &["python3", "-c", RAW_QUERY, &resolver, "udp", "dual.db.internal", "1"]).1.trim() == want).then_some(()) }
+    })
+    .await;
+    for proto in ["udp", "tcp"] {
+        assert_eq!(raw(proto, "dual.db.internal", "1"), format!("rcode=0 {dual4}"), "{proto}");
+        assert_eq!(raw(proto, "Dual.DB.internal", "28"), format!("rcode=0 {dual6}"), "{proto}");
+        assert_eq!(raw(proto, "v6.db.internal", "28"), format!("rcode=0 {only6}"), "{proto}");
+        // IPv6 only: A is NODATA; IPv4 only: AAAA is NODATA.
+        assert_eq!(raw(proto, "v6.db.internal", "1"), "rcode=0", "{proto}");
+        assert_eq!(raw(proto, "reviews", "1"), format!("rcode=0 {reviews}"), "{proto}");
+        assert_eq!(raw(proto, "reviews.shop.svc.cluster.local", "28"), "rcode=0", "{proto}");
+        // Unknown under the service domain: NXDOMAIN for AAAA too.
+        assert_eq!(raw(proto, "ratings.shop.svc.cluster.local", "28"), "rcode=3", "{proto}");
+        // Outside the mesh: forwarded (the upstream knows no AAAA).
+        assert_eq!(raw(proto, "external.example.test", "28"), "rcode=3", "{proto}");
+    }
+    let asked = std::fs::read_to_string(&resolver_log).unwrap();
+    assert_eq!(asked.matches("asked external.example.test 28").count(), 2, "{asked}");
+    for name in ["db.internal", "reviews", "ratings"] {
+        assert!(!asked.contains(name), "a mesh name went upstream: {asked}");
+    }
+    web.proc.stop(Duration::from_secs(20));
 }
 
 fn resolve_one_opt(ns: &str, name: &str) -> Option<String> {

@@ -5,7 +5,8 @@
 //!
 //! - a mesh name (the proxy's name table, [`nds`]: its reachable services
 //!   with their short forms) is answered at once: its IPv4 addresses for A,
-//!   no records for AAAA or any other type (NODATA);
+//!   its IPv6 ones for AAAA, and no records (NODATA, never forwarded, as
+//!   Istio's agent) for a family it has no address of or any other type;
 //! - a name under a wildcard host of the table (`*.api.example`: any
 //!   `a.api.example`, `a.b.api.example`, the most specific wildcard first),
 //!   as Istio's agent does, is answered with the wildcard's addresses;
@@ -16,6 +17,7 @@
 //!   [`DNS_MARK`](super::capture::rules::DNS_MARK) so the rules let them
 //!   pass.
 //!
+//! Messages are decoded and encoded with `hickory-proto` ([`message`]).
 //! Bounded: messages of at most [`message::MAX_MESSAGE`] bytes, at most
 //! [`MAX_FORWARDS`] forwarded queries in flight (more are answered
 //! SERVFAIL), [`MAX_TCP`] TCP connections (more are closed), each idle for
@@ -25,9 +27,9 @@ pub mod message;
 pub mod nds;
 
 use anyhow::{Context as _, Result};
-use message::{Query, Rcode, Refused};
+use message::{DNSClass, Query, Rcode, RecordType, Refused};
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,12 +50,12 @@ pub const TTL: u32 = 30;
 /// The most names a table holds (its entries and their short forms).
 pub const MAX_NAMES: usize = 200_000;
 
-/// The names the proxy answers: each with its IPv4 addresses.
+/// The names the proxy answers: each with its addresses (IPv4 and IPv6).
 #[derive(Debug, Default)]
 pub struct Names {
-    by_name: HashMap<String, Vec<Ipv4Addr>>,
+    by_name: HashMap<String, Vec<IpAddr>>,
     /// Wildcard hosts by what follows their `*.` (`api.example`).
-    wildcards: HashMap<String, Vec<Ipv4Addr>>,
+    wildcards: HashMap<String, Vec<IpAddr>>,
     /// `svc.DOMAIN`: an unknown name under it is NXDOMAIN.
     service_domain: String,
 }
@@ -61,7 +63,7 @@ pub struct Names {
 /// What the proxy does with a name.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Lookup<'a> {
-    Mesh(&'a [Ipv4Addr]),
+    Mesh(&'a [IpAddr]),
     NxDomain,
     Forward,
 }
@@ -72,7 +74,7 @@ impl Names {
     pub fn from_table(table: &lodestar_model::dns::NameTable, domain: &str) -> Names {
         let (mut by_name, mut wildcards) = (HashMap::new(), HashMap::new());
         for (host, info) in &table.table {
-            let ips: Vec<Ipv4Addr> = info.ips.iter().filter_map(|a| a.parse().ok()).collect();
+            let ips: Vec<IpAddr> = info.ips.iter().filter_map(|a| a.parse().ok()).collect();
             for name in std::iter::once(host).chain(&info.alt_hosts) {
                 if by_name.len() + wildcards.len() >= MAX_NAMES {
                     break;
@@ -116,16 +118,24 @@ impl Names {
         }
     }
 
-    /// The answer for a query read from `msg`, if it is for a mesh name (or
-    /// under the service domain); None: forward it.
-    pub fn answer(&self, q: &Query, msg: &[u8]) -> Option<Vec<u8>> {
+    /// The answer for a query, if it is for a mesh name (or under the
+    /// service domain); None: forward it.
+    pub fn answer(&self, q: &Query) -> Option<Vec<u8>> {
         let name = q.name.as_deref()?;
         match self.lookup(name) {
             Lookup::Forward => None,
-            Lookup::NxDomain => Some(message::answer(q, msg, Rcode::NxDomain, &[], TTL)),
-            // A for class IN; anything else for a mesh name: no records.
-            Lookup::Mesh(ips) if q.qtype == message::TYPE_A && q.qclass == message::CLASS_IN => Some(message::answer(q, msg, Rcode::NoError, ips, TTL)),
-            Lookup::Mesh(_) => Some(message::answer(q, msg, Rcode::NoError, &[], TTL)),
+            Lookup::NxDomain => Some(message::answer(q, Rcode::NXDomain, &[], TTL)),
+            Lookup::Mesh(ips) => {
+                // A and AAAA of class IN: the addresses of that family
+                // (none: NODATA); anything else: no records.
+                let family: fn(&IpAddr) -> bool = match (q.qtype(), q.qclass()) {
+                    (RecordType::A, DNSClass::IN) => IpAddr::is_ipv4,
+                    (RecordType::AAAA, DNSClass::IN) => IpAddr::is_ipv6,
+                    _ => |_| false,
+                };
+                let ips: Vec<IpAddr> = ips.iter().copied().filter(family).collect();
+                Some(message::answer(q, Rcode::NoError, &ips, TTL))
+            }
         }
     }
 }
@@ -252,9 +262,9 @@ where
     match message::parse_query(msg) {
         Err(Refused(None)) => None,
         Err(Refused(Some((id, rcode)))) => Some(message::error(id, rcode)),
-        Ok(q) => match names.answer(&q, msg) {
+        Ok(q) => match names.answer(&q) {
             Some(a) => Some(a),
-            None => Some(forward().await.unwrap_or_else(|| message::answer(&q, msg, Rcode::ServFail, &[], 0))),
+            None => Some(forward().await.unwrap_or_else(|| message::answer(&q, Rcode::ServFail, &[], 0))),
         },
     }
 }
@@ -296,17 +306,17 @@ pub async fn serve(opts: DnsOptions, sockets: (UdpSocket, TcpListener), names: w
                     }
                     Err(Refused(None)) => continue,
                 };
-                if let Some(a) = table.answer(&q, &msg) {
+                if let Some(a) = table.answer(&q) {
                     let _ = udp.send_to(&a, from).await;
                     continue;
                 }
                 let Ok(permit) = forwards.clone().try_acquire_owned() else {
-                    let _ = udp.send_to(&message::answer(&q, &msg, Rcode::ServFail, &[], 0), from).await;
+                    let _ = udp.send_to(&message::answer(&q, Rcode::ServFail, &[], 0), from).await;
                     continue;
                 };
                 let (udp, upstreams) = (udp.clone(), upstreams.clone());
                 tokio::spawn(async move {
-                    let a = forward_udp(&upstreams, &msg).await.unwrap_or_else(|| message::answer(&q, &msg, Rcode::ServFail, &[], 0));
+                    let a = forward_udp(&upstreams, &msg).await.unwrap_or_else(|| message::answer(&q, Rcode::ServFail, &[], 0));
                     let _ = udp.send_to(&a, from).await;
                     drop(permit);
                 });
@@ -339,23 +349,44 @@ pub async fn serve(opts: DnsOptions, sockets: (UdpSocket, TcpListener), names: w
 mod tests {
     use super::*;
     use lodestar_model::dns::{NameInfo, NameTable};
+    use std::net::Ipv6Addr;
+
+    fn info(ips: &[&str], alt_hosts: &[&str]) -> NameInfo {
+        NameInfo { ips: ips.iter().map(|s| s.to_string()).collect(), alt_hosts: alt_hosts.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+    }
 
     fn names() -> Names {
         let mut table = NameTable::default();
-        table.table.insert(
-            "reviews.shop.svc.cluster.local".into(),
-            NameInfo { ips: vec!["198.19.0.10".into()], alt_hosts: vec!["reviews".into(), "reviews.shop".into()], ..Default::default() },
-        );
-        table.table.insert("db.example.com".into(), NameInfo { ips: vec!["240.240.1.2".into()], ..Default::default() });
-        table.table.insert("*.api.example".into(), NameInfo { ips: vec!["198.18.1.50".into()], ..Default::default() });
-        table.table.insert("*.eu.api.example".into(), NameInfo { ips: vec!["198.18.1.51".into()], ..Default::default() });
+        table.table.insert("reviews.shop.svc.cluster.local".into(), info(&["198.19.0.10"], &["reviews", "reviews.shop"]));
+        table.table.insert("db.example.com".into(), info(&["240.240.1.2"], &[]));
+        table.table.insert("*.api.example".into(), info(&["198.18.1.50"], &[]));
+        table.table.insert("*.eu.api.example".into(), info(&["198.18.1.51"], &[]));
+        // Dual stack, IPv6 only, and a wildcard with both.
+        table.table.insert("dual.example.com".into(), info(&["198.18.2.1", "fd00::2:1", "fd00::2:2"], &[]));
+        table.table.insert("v6.example.com".into(), info(&["fd00::6"], &[]));
+        table.table.insert("*.v6.example".into(), info(&["fd00::7", "198.18.2.7"], &[]));
         Names::from_table(&table, "cluster.local")
+    }
+
+    fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+    }
+
+    fn v6(s: &str) -> IpAddr {
+        s.parse::<Ipv6Addr>().unwrap().into()
+    }
+
+    /// The answer to a query for `name` of `qtype`: id, rcode, records.
+    fn ask(n: &Names, id: u16, name: &str, qtype: RecordType) -> Option<(u16, Rcode, Vec<IpAddr>)> {
+        let q = message::query(id, name, qtype);
+        let a = n.answer(&message::parse_query(&q).unwrap())?;
+        Some(message::read_answer(&a).unwrap())
     }
 
     #[test]
     fn names_under_a_wildcard_host() {
         let n = names();
-        let (any, eu) = ([Ipv4Addr::new(198, 18, 1, 50)], [Ipv4Addr::new(198, 18, 1, 51)]);
+        let (any, eu) = ([v4(198, 18, 1, 50)], [v4(198, 18, 1, 51)]);
         for name in ["v1.api.example", "a.b.api.example"] {
             assert_eq!(n.lookup(name), Lookup::Mesh(&any), "{name}");
         }
@@ -366,32 +397,94 @@ mod tests {
         for name in ["api.example", "api.example.org", "xapi.example", "example"] {
             assert_eq!(n.lookup(name), Lookup::Forward, "{name}");
         }
-        assert_eq!(n.len(), 6);
+        assert_eq!(n.len(), 9);
         // The answer names the question (a pointer to it), as Istio's does.
-        let q = message::query(8, "V1.Api.Example", message::TYPE_A);
-        let a = n.answer(&message::parse_query(&q).unwrap(), &q).unwrap();
-        assert_eq!(message::read_answer(&a), Some((8, 0, any.to_vec())));
+        assert_eq!(ask(&n, 8, "V1.Api.Example", RecordType::A), Some((8, Rcode::NoError, any.to_vec())));
     }
 
     #[test]
     fn mesh_names_short_forms_and_the_rest() {
         let n = names();
-        let ip = [Ipv4Addr::new(198, 19, 0, 10)];
+        let ip = [v4(198, 19, 0, 10)];
         for name in ["reviews", "reviews.shop", "reviews.shop.svc.cluster.local"] {
             assert_eq!(n.lookup(name), Lookup::Mesh(&ip), "{name}");
         }
         assert_eq!(n.lookup("ratings.shop.svc.cluster.local"), Lookup::NxDomain);
         assert_eq!(n.lookup("example.org"), Lookup::Forward);
         assert_eq!(n.lookup("svc.cluster.local"), Lookup::Forward);
-        // AAAA for a mesh name: NOERROR, no records.
-        let q = message::query(5, "DB.example.com", message::TYPE_AAAA);
-        let a = n.answer(&message::parse_query(&q).unwrap(), &q).unwrap();
-        assert_eq!(message::read_answer(&a), Some((5, 0, vec![])));
-        let q = message::query(6, "db.example.com", message::TYPE_A);
-        let a = n.answer(&message::parse_query(&q).unwrap(), &q).unwrap();
-        assert_eq!(message::read_answer(&a), Some((6, 0, vec![Ipv4Addr::new(240, 240, 1, 2)])));
-        let q = message::query(7, "example.org", message::TYPE_A);
-        assert!(n.answer(&message::parse_query(&q).unwrap(), &q).is_none());
+        // AAAA for an IPv4-only mesh name: NOERROR, no records (NODATA),
+        // not forwarded.
+        assert_eq!(ask(&n, 5, "DB.example.com", RecordType::AAAA), Some((5, Rcode::NoError, vec![])));
+        assert_eq!(ask(&n, 6, "db.example.com", RecordType::A), Some((6, Rcode::NoError, vec![v4(240, 240, 1, 2)])));
+        // Other types for a mesh name: no records.
+        assert_eq!(ask(&n, 6, "db.example.com", RecordType::MX), Some((6, Rcode::NoError, vec![])));
+        // Unknown under the service domain: NXDOMAIN for any type.
+        for t in [RecordType::A, RecordType::AAAA] {
+            assert_eq!(ask(&n, 9, "ratings.shop.svc.cluster.local", t), Some((9, Rcode::NXDomain, vec![])));
+        }
+        assert!(ask(&n, 7, "example.org", RecordType::A).is_none());
+        assert!(ask(&n, 7, "example.org", RecordType::AAAA).is_none());
+    }
+
+    #[test]
+    fn aaaa_answers_and_nodata_by_family() {
+        let n = names();
+        let both = (RecordType::A, RecordType::AAAA);
+        assert_eq!(ask(&n, 1, "dual.example.com", both.0), Some((1, Rcode::NoError, vec![v4(198, 18, 2, 1)])));
+        assert_eq!(ask(&n, 2, "dual.example.com", both.1), Some((2, Rcode::NoError, vec![v6("fd00::2:1"), v6("fd00::2:2")])));
+        // IPv6 only: AAAA answered, A is NODATA (not forwarded).
+        assert_eq!(ask(&n, 3, "v6.example.com", both.1), Some((3, Rcode::NoError, vec![v6("fd00::6")])));
+        assert_eq!(ask(&n, 4, "V6.Example.Com", both.0), Some((4, Rcode::NoError, vec![])));
+        // A wildcard's concrete names, by family.
+        assert_eq!(ask(&n, 5, "a.b.v6.example", both.1), Some((5, Rcode::NoError, vec![v6("fd00::7")])));
+        assert_eq!(ask(&n, 6, "a.v6.example", both.0), Some((6, Rcode::NoError, vec![v4(198, 18, 2, 7)])));
+    }
+
+    async fn udp_exchange(c: &UdpSocket, to: SocketAddr, q: &[u8]) -> (u16, Rcode, Vec<IpAddr>) {
+        c.send_to(q, to).await.unwrap();
+        let mut buf = vec![0u8; message::MAX_MESSAGE];
+        let n = tokio::time::timeout(Duration::from_secs(5), c.recv(&mut buf)).await.expect("an answer within 5 s").unwrap();
+        message::read_answer(&buf[..n]).unwrap()
+    }
+
+    async fn tcp_exchange(s: &mut TcpStream, q: &[u8]) -> (u16, Rcode, Vec<IpAddr>) {
+        write_tcp(s, q).await.unwrap();
+        let a = tokio::time::timeout(Duration::from_secs(5), read_tcp(s)).await.expect("an answer within 5 s").unwrap();
+        message::read_answer(&a).unwrap()
+    }
+
+    /// The proxy itself, on loopback: bad packets get FORMERR (or
+    /// nothing) and the next query is answered, over UDP and TCP; a name
+    /// to forward with no upstream is SERVFAIL.
+    #[tokio::test]
+    async fn serve_answers_over_udp_and_tcp_and_survives_bad_packets() {
+        let opts = DnsOptions { listen: "127.0.0.1:0".parse().unwrap(), upstreams: Vec::new() };
+        let sockets = bind(&opts).await.unwrap();
+        let (udp_at, tcp_at) = (sockets.0.local_addr().unwrap(), sockets.1.local_addr().unwrap());
+        let (_names_tx, names_rx) = watch::channel(Arc::new(names()));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(serve(opts, sockets, names_rx, stop_rx));
+        let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let header = |id: u8, qd: u16| [vec![0, id, 1, 0], qd.to_be_bytes().to_vec(), vec![0; 6]].concat();
+        // No header, and a response: no answer (the next one is the query's).
+        c.send_to(&[0; 5], udp_at).await.unwrap();
+        c.send_to(&message::answer(&message::parse_query(&message::query(1, "a.b", RecordType::A)).unwrap(), Rcode::NoError, &[], 0), udp_at).await.unwrap();
+        // A compression loop, a huge question count, a truncated name.
+        for (id, bad) in [(2u8, [header(2, 1), vec![0xc0, 12, 0, 1, 0, 1]].concat()), (3, header(3, u16::MAX)), (4, [header(4, 1), vec![9, b'a']].concat())] {
+            assert_eq!(udp_exchange(&c, udp_at, &bad).await, (id as u16, Rcode::FormErr, vec![]));
+        }
+        let q = message::query(5, "dual.example.com", RecordType::AAAA);
+        assert_eq!(udp_exchange(&c, udp_at, &q).await, (5, Rcode::NoError, vec![v6("fd00::2:1"), v6("fd00::2:2")]));
+        let q = message::query(6, "example.org", RecordType::A);
+        assert_eq!(udp_exchange(&c, udp_at, &q).await, (6, Rcode::ServFail, vec![]));
+        // TCP: a bad message, then A and AAAA on the same connection.
+        let mut s = TcpStream::connect(tcp_at).await.unwrap();
+        assert_eq!(tcp_exchange(&mut s, &header(7, 2)).await, (7, Rcode::FormErr, vec![]));
+        assert_eq!(tcp_exchange(&mut s, &message::query(8, "reviews", RecordType::A)).await, (8, Rcode::NoError, vec![v4(198, 19, 0, 10)]));
+        assert_eq!(tcp_exchange(&mut s, &message::query(9, "reviews", RecordType::AAAA)).await, (9, Rcode::NoError, vec![]));
+        assert_eq!(tcp_exchange(&mut s, &message::query(10, "v6.example.com", RecordType::AAAA)).await, (10, Rcode::NoError, vec![v6("fd00::6")]));
+        stop_tx.send_replace(true);
+        task.await.unwrap().unwrap();
     }
 
     #[test]
