@@ -255,6 +255,15 @@ impl StoredObject {
         self.status
     }
 
+    /// Whether `new` is `old` with only its status written by `Op::Status`
+    /// (the store's status write that keeps the generation): the same
+    /// object (create revision) at the same version. Every spec write
+    /// bumps the version, so this is exact. Translation never reads such
+    /// a status, so it skips these changes (no translation, no push).
+    pub fn status_only_change(old: &StoredObject, new: &StoredObject) -> bool {
+        old.key == new.key && old.create_revision == new.create_revision && old.version == new.version
+    }
+
     /// The spec as its typed model. Stored objects passed validation when
     /// they were written, so an error here means data from an incompatible
     /// version; callers skip such objects and report the message.
