@@ -19,7 +19,7 @@
 //! cannot cause another), and a write that fails (a spec changed under
 //! it: a conflict) is retried by the next round.
 
-use crate::model::{Kind, StoredObject};
+use crate::model::{Kind, ResourceKey};
 use crate::node::Node;
 use crate::state::access::Who;
 use crate::state::Objects;
@@ -98,27 +98,88 @@ impl Writer {
 }
 
 /// `Op::Status` for every Gateway API object whose computed status differs
-/// from its stored one, in key order.
+/// from its stored one, in key order; an object that has a status but
+/// no longer gets one (its class is no longer ours, say) is given an empty
+/// one, as its controller gives up a status it no longer owns.
 fn changes(translator: &Translator, state: &crate::state::State) -> Vec<Op> {
-    if !has_gateway_api(&state.objects) {
+    let statuses = STATUS_KINDS.iter().flat_map(|k| state.objects.range(ResourceKey::new(*k, "", "")..).take_while(move |(key, _)| key.kind == *k));
+    let mut objects = statuses.peekable();
+    if objects.peek().is_none() {
         return Vec::new();
     }
     let mesh = translator.mesh(state);
-    mesh.gateway_api_status
-        .iter()
-        .filter_map(|(key, status)| {
-            let obj = state.get(key)?;
-            (stored_status(obj) != Some(status)).then(|| Op::Status { key: key.clone(), status: status.to_string(), expected_revision: Some(obj.mod_revision) })
+    let none = serde_json::Value::Object(Default::default());
+    objects
+        .filter_map(|(key, obj)| {
+            let want = mesh.gateway_api_status.get(key).unwrap_or(&none);
+            let have = obj.has_status().then(|| obj.body().get("status")).flatten().unwrap_or(&none);
+            (want != have).then(|| Op::Status { key: key.clone(), status: want.to_string(), expected_revision: Some(obj.mod_revision) })
         })
         .collect()
 }
 
-fn stored_status(obj: &StoredObject) -> Option<&serde_json::Value> {
-    obj.has_status().then(|| obj.body().get("status")).flatten()
-}
+/// The kinds `translate::gateway_api` gives a status.
+const STATUS_KINDS: [Kind; 7] =
+    [Kind::GatewayClass, Kind::KubeGateway, Kind::HttpRoute, Kind::GrpcRoute, Kind::TcpRoute, Kind::TlsRoute, Kind::BackendTlsPolicy];
 
-fn has_gateway_api(objects: &Objects) -> bool {
-    [Kind::GatewayClass, Kind::KubeGateway, Kind::HttpRoute, Kind::GrpcRoute, Kind::TcpRoute, Kind::TlsRoute]
-        .iter()
-        .any(|k| objects.range(crate::model::ResourceKey::new(*k, "", "")..).next().is_some_and(|(key, _)| key.kind == *k))
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::documents::parse_documents;
+    use crate::model::parse_resource;
+    use crate::state::State;
+
+    fn apply(state: &mut State, yaml: &str) {
+        let ops = parse_documents(yaml, "test")
+            .unwrap()
+            .into_iter()
+            .map(|d| {
+                let r = parse_resource(d, "default").unwrap();
+                Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }
+            })
+            .collect();
+        state.apply_txn(&Txn { ops }).0.unwrap();
+    }
+
+    fn class(controller: &str) -> String {
+        format!("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: lodestar}}\nspec: {{controllerName: {controller}}}\n")
+    }
+
+    /// What one round writes, applied: the next round writes nothing (no
+    /// write loop), a backend appearing changes the route's status only,
+    /// and a class no longer ours has its statuses emptied, once.
+    #[test]
+    fn only_changed_status_is_written_and_a_round_after_a_write_writes_nothing() {
+        let (translator, mut state) = (Translator::new(MeshConfig::default()), State::default());
+        let gateway = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web, namespace: shop}\nspec:\n  gatewayClassName: lodestar\n  listeners: [{name: http, port: 8080, protocol: HTTP}]\n---\n\
+            apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: web, namespace: shop}\nspec:\n  parentRefs: [{name: web}]\n  rules: [{backendRefs: [{name: later, port: 80}]}]\n";
+        apply(&mut state, &format!("{}---\n{gateway}", class("lodestar.dev/gateway-controller")));
+        let round = |state: &mut State| -> Vec<String> {
+            let ops = changes(&translator, state);
+            let keys = ops.iter().filter_map(Op::key).map(|k| k.to_string()).collect();
+            if !ops.is_empty() {
+                state.apply_txn(&Txn { ops }).0.unwrap();
+            }
+            keys
+        };
+        assert_eq!(round(&mut state).len(), 3, "class, gateway and route");
+        assert!(round(&mut state).is_empty(), "a second round wrote again");
+        let route = state.get(&ResourceKey::new(Kind::HttpRoute, "shop", "web")).unwrap().clone();
+        assert!(route.body()["status"].to_string().contains("BackendNotFound"), "{}", route.body());
+        assert_eq!(route.version, 1);
+
+        apply(
+            &mut state,
+            "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {name: later, namespace: shop}\nspec: {ports: [{name: http, number: 80}]}\n",
+        );
+        assert_eq!(round(&mut state), [ResourceKey::new(Kind::HttpRoute, "shop", "web").to_string()]);
+        assert!(round(&mut state).is_empty());
+
+        apply(&mut state, &class("example.com/someone-else"));
+        let cleared = round(&mut state);
+        assert!(cleared.len() >= 2, "{cleared:?}");
+        let gtw = state.get(&ResourceKey::new(Kind::KubeGateway, "shop", "web")).unwrap();
+        assert_eq!(gtw.body()["status"], serde_json::json!({}));
+        assert!(round(&mut state).is_empty(), "an emptied status was written again");
+    }
 }
