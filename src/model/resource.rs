@@ -255,6 +255,15 @@ impl StoredObject {
         self.status
     }
 
+    /// This object with `body`, which differs from its own only in
+    /// `status` (`Op::Status`), at `mod_revision`: the typed spec (parsed
+    /// from `spec` alone) is shared, not parsed again.
+    pub fn with_status(&self, mod_revision: u64, body: Value) -> Self {
+        let mut object = StoredObject::new(self.key.clone(), self.create_revision, mod_revision, self.version, body);
+        object.typed = self.typed.clone();
+        object
+    }
+
     /// Whether `new` is `old` with only its status written by `Op::Status`
     /// (the store's status write that keeps the generation): the same
     /// object (create revision) at the same version. Every spec write

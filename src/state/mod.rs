@@ -95,10 +95,11 @@ impl State {
                                 Some(cur) => (cur.create_revision, cur.version + 1),
                                 None => (revision, 1),
                             };
-                            let obj = Arc::new(match p.body {
-                                Some(NewBody::Text(text)) => StoredObject::from_text(p.key.clone(), create_revision, revision, version, text),
-                                Some(NewBody::Value(body)) => StoredObject::new(p.key.clone(), create_revision, revision, version, body),
-                                None => StoredObject::new(p.key.clone(), create_revision, revision, version, Value::Null),
+                            let obj = Arc::new(match (p.body, &p.current) {
+                                (Some(NewBody::Value(body)), Some(cur)) if p.keeps_version => cur.with_status(revision, body),
+                                (Some(NewBody::Text(text)), _) => StoredObject::from_text(p.key.clone(), create_revision, revision, version, text),
+                                (Some(NewBody::Value(body)), _) => StoredObject::new(p.key.clone(), create_revision, revision, version, body),
+                                (None, _) => StoredObject::new(p.key.clone(), create_revision, revision, version, Value::Null),
                             });
                             self.objects.insert(obj.clone());
                             events.push(Event { revision, kind: EventType::Put, object: obj });
@@ -309,7 +310,9 @@ mod tests {
     #[test]
     fn status_keeps_the_generation_and_is_no_spec_change() {
         let mut s = State::default();
-        s.apply_txn(&Txn { ops: vec![put("a", "a", None)] }).0.unwrap();
+        let body = json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "a", "namespace": "default"},
+                          "spec": {"hosts": ["a"], "http": [{"route": [{"destination": {"host": "a"}}]}]}});
+        s.apply_txn(&Txn { ops: vec![Op::Put { key: key("a"), body: body.to_string().into(), expected_revision: None }] }).0.unwrap();
         let set = |status: &str, keep: bool| {
             let (key, status, expected_revision) = (key("a"), status.to_string(), None);
             if keep {
@@ -319,8 +322,10 @@ mod tests {
             }
         };
         let before = s.objects.clone();
+        let typed = s.get(&key("a")).unwrap().typed().unwrap().clone();
         let ok = s.apply_txn(&Txn { ops: vec![set(r#"{"x":1}"#, true)] }).0.unwrap();
         let a = s.get(&key("a")).unwrap().clone();
+        assert!(Arc::ptr_eq(&typed, a.typed().unwrap()), "the spec was parsed again");
         assert_eq!((ok.revision, a.mod_revision, a.version, &a.body()["status"]), (2, 2, 1, &json!({"x": 1})));
         // Watchers see it; translation does not.
         assert_eq!(before.diff(&s.objects).count(), 1);
