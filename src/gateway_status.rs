@@ -3,7 +3,9 @@
 //! `attachedRoutes`, per parentRef for routes (`translate::gateway_api`
 //! computes it, a pure function of the specs).
 //!
-//! After an applied revision whose specs changed, the leader computes the
+//! After an applied revision that changed a spec the status reads (a
+//! Gateway API object, a service, a Namespace, a Secret: not an Istio
+//! rule: `status_input`), the leader computes the
 //! status of every Gateway API object from that snapshot and writes, as
 //! `Op::Status`, only those that differ from the stored ones, authored
 //! `replica:<id>/gateway-status`. The apply only stores it; every replica
@@ -17,7 +19,7 @@
 //! one computation, from the newest snapshot); a round whose only changes
 //! since the last one are statuses computes nothing (so a status write
 //! cannot cause another), and a write that fails (a spec changed under
-//! it: a conflict) is retried by the next round.
+//! it: a conflict) is retried by the next round (at most a second later).
 
 use crate::model::{Kind, ResourceKey};
 use crate::node::Node;
@@ -75,8 +77,11 @@ struct Writer {
 
 impl Writer {
     async fn round(&mut self, node: &Node, state: &crate::state::State) {
-        if self.done.as_ref().is_some_and(|d| d.spec_diff(&state.objects).next().is_none()) {
-            return; // only statuses changed since (our own writes among them)
+        // Only statuses changed since (our own writes among them), or
+        // objects the status is no function of: nothing to compute.
+        if self.done.as_ref().is_some_and(|d| d.spec_diff(&state.objects).all(|c| !status_input(c.key().kind))) {
+            self.done = Some(state.objects.clone());
+            return;
         }
         let ops = changes(&self.translator, state);
         let mut ok = true;
@@ -116,6 +121,29 @@ fn changes(translator: &Translator, state: &crate::state::State) -> Vec<Op> {
             (want != have).then(|| Op::Status { key: key.clone(), status: want.to_string(), expected_revision: Some(obj.mod_revision) })
         })
         .collect()
+}
+
+/// Whether objects of `kind` can change a Gateway API status: every kind
+/// but the Istio rules and the registry's and ACLs' own objects, which
+/// `translate::gateway_api` does not read (a kind added later counts
+/// until it is listed here).
+fn status_input(kind: Kind) -> bool {
+    use Kind::*;
+    !(kind.is_acl()
+        || matches!(
+            kind,
+            VirtualService
+                | DestinationRule
+                | Gateway
+                | Sidecar
+                | AuthorizationPolicy
+                | RequestAuthentication
+                | PeerAuthentication
+                | EnvoyFilter
+                | Telemetry
+                | Lease
+                | WorkloadGroup
+        ))
 }
 
 /// The kinds `translate::gateway_api` gives a status.
@@ -174,6 +202,12 @@ mod tests {
         );
         assert_eq!(round(&mut state), [ResourceKey::new(Kind::HttpRoute, "shop", "web").to_string()]);
         assert!(round(&mut state).is_empty());
+
+        // A round after an unrelated write computes nothing.
+        let done = state.objects.clone();
+        apply(&mut state, "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: other, namespace: shop}\nspec: {hosts: [other], http: [{route: [{destination: {host: other}}]}]}\n");
+        assert!(done.spec_diff(&state.objects).all(|c| !status_input(c.key().kind)));
+        assert!(status_input(Kind::Service) && status_input(Kind::HttpRoute) && status_input(Kind::Namespace));
 
         apply(&mut state, &class("example.com/someone-else"));
         let cleared = round(&mut state);
