@@ -61,6 +61,7 @@
 //!   before they are proposed, opened only where xDS serves them (SDS).
 //! - [`ha`]: readiness, fencing reconnecting Envoys, spreading streams.
 //! - [`health`]: registry health at run time: TTLs, leases, probes.
+//! - [`gateway_status`]: the leader writes the Gateway API status.
 //! - [`peer`]: raft peer RPCs and forwarding over tonic (trusted peers
 //!   only); implements `node::Transport`.
 //! - [`jwks`]: fetches RequestAuthentication `jwksUri` key sets for
@@ -81,6 +82,7 @@ pub mod ca;
 pub mod cli;
 pub use lodestar_client as client;
 pub mod config;
+pub mod gateway_status;
 pub mod ha;
 pub mod health;
 pub mod jwks;

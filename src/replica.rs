@@ -68,8 +68,6 @@ pub struct Replica {
     /// The xDS server's generator: dry runs translate on a fork of it
     /// (`Generator::fork`), from each proxy's served config.
     pub generator: Option<Arc<dyn crate::xds::resources::Generator>>,
-    /// The Gateway API status of the last snapshot read (`api::views`).
-    pub gateway_status: Arc<crate::translate::mesh::StatusCache>,
 }
 
 impl Replica {
@@ -86,7 +84,7 @@ impl Replica {
         generator: Option<Arc<dyn crate::xds::resources::Generator>>,
     ) -> Arc<Replica> {
         let (ha, heartbeats, checks, sync) = Default::default();
-        Arc::new(Replica { node, ha, heartbeats, checks, sync, acl, config, secrets, generator, gateway_status: Default::default() })
+        Arc::new(Replica { node, ha, heartbeats, checks, sync, acl, config, secrets, generator })
     }
 
     /// Ready to serve (see `ha`).
@@ -144,9 +142,12 @@ impl Replica {
     pub fn local_convergence(&self, revision: u64) -> WaitReport {
         let id = self.node.id;
         let mut report = WaitReport { revision, ..Default::default() };
+        // A status-only revision pushes nothing: its configs are those of
+        // the last revision pushed (`xds::push::debounce`).
+        let config_revision = self.sync.config_revision(revision);
         for p in self.sync.snapshot().proxies {
             report.proxies += 1;
-            match p.convergence(revision) {
+            match p.convergence(config_revision) {
                 Convergence::Synced => report.synced += 1,
                 Convergence::Pending => report.pending.push(format!("{} (replica {id})", p.id)),
                 Convergence::Nacked(t, e) => report.nacked.push(format!("{} (replica {id}) rejected {t}: {e}", p.id)),

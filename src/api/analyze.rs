@@ -81,7 +81,7 @@ pub fn write_warnings(caller: &Caller, txn: &Txn, applied: &Applied, config: &Se
                 Some((key.clone(), Some(Arc::new(StoredObject::from_text(key.clone(), created, revision, 1, body.clone())))))
             }
             Op::Delete { key, .. } => Some((key.clone(), None)),
-            Op::SetStatus { .. } | Op::Author(_) => None,
+            Op::SetStatus { .. } | Op::Status { .. } | Op::Author(_) => None,
         })
         .collect();
     analyze::on_write(&applied.state, &writes, &options(config)).into_iter().filter(|m| visible(caller, m)).map(|m| m.log_line(None)).collect()

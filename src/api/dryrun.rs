@@ -211,7 +211,10 @@ pub fn pin(txn: &mut Txn, state: &State, base: u64) -> Result<()> {
         }
         let now = current.map_or(0, |o| o.mod_revision);
         match op {
-            Op::Put { expected_revision, .. } | Op::Delete { expected_revision, .. } | Op::SetStatus { expected_revision, .. } => {
+            Op::Put { expected_revision, .. }
+            | Op::Delete { expected_revision, .. }
+            | Op::SetStatus { expected_revision, .. }
+            | Op::Status { expected_revision, .. } => {
                 expected_revision.get_or_insert(now);
             }
             Op::Author(_) => {}

@@ -185,7 +185,7 @@ impl Lodestar for GrpcApi {
         caller.authorize(Verb::Read, [Target::key(&key)]).map_err(status_of)?;
         let applied = self.replica.node.read(consistency(r.consistency)).await.map_err(status_of)?;
         let obj = super::get(&applied, &key).map_err(status_of)?;
-        let view = super::views(&applied, &[obj], &self.replica.config.mesh_config(), &self.replica.gateway_status).pop().unwrap_or_default();
+        let view = obj.to_json();
         Ok(Response::new(GetResponse { revision: applied.revision(), resource_json: crate::model::json_text(&view) }))
     }
 
@@ -222,7 +222,7 @@ impl Lodestar for GrpcApi {
         let selector = super::parse_selector(Some(&r.label_selector)).map_err(status_of)?;
         let applied = self.replica.node.read(consistency(r.consistency)).await.map_err(status_of)?;
         let items = super::list(&applied, kind, Some(&r.namespace), &selector);
-        let views = super::views(&applied, &items, &self.replica.config.mesh_config(), &self.replica.gateway_status);
+        let views = super::views(&items);
         Ok(Response::new(ListResponse { revision: applied.revision(), resources_json: views.iter().map(crate::model::json_text).collect() }))
     }
 

@@ -154,7 +154,7 @@ impl Caller {
                         needed.push(Permission::new(Verb::Delete, Target::kind(Kind::Instance, Some(&key.namespace))));
                     }
                 }
-                Op::Put { .. } | Op::SetStatus { .. } => needed.push(Permission::new(Verb::Write, Target::key(key))),
+                Op::Put { .. } | Op::SetStatus { .. } | Op::Status { .. } => needed.push(Permission::new(Verb::Write, Target::key(key))),
                 Op::Author(_) => {}
             }
         }
@@ -925,28 +925,11 @@ pub fn heartbeat_key(kind: &str, namespace: &str, name: &str) -> Result<Resource
     Ok(key)
 }
 
-/// Objects as returned by get and list: their JSON, with, for the Gateway
-/// API kinds, the status a controller would have written, computed from
-/// the same snapshot (`translate::gateway_api`): never stored, so it never
-/// bumps a generation nor triggers a push.
-/// `cache`: the replica's (`Replica::gateway_status`).
-pub fn views(
-    applied: &Applied,
-    objects: &[Arc<StoredObject>],
-    mesh: &crate::translate::mesh::MeshConfig,
-    cache: &crate::translate::mesh::StatusCache,
-) -> Vec<Value> {
-    let status = objects.iter().any(|o| o.key.kind.is_gateway_api()).then(|| cache.of(&applied.state, mesh));
-    objects
-        .iter()
-        .map(|o| {
-            let mut v = o.to_json();
-            if let Some(s) = status.as_ref().and_then(|s| s.get(&o.key)) {
-                v["status"] = s.clone();
-            }
-            v
-        })
-        .collect()
+/// Objects as returned by list: their JSON, with the status stored with
+/// them (for the Gateway API kinds, the leader's `gateway_status` writes
+/// it: every replica answers the same).
+pub fn views(objects: &[Arc<StoredObject>]) -> Vec<Value> {
+    objects.iter().map(|o| o.to_json()).collect()
 }
 
 pub fn get(applied: &Applied, key: &ResourceKey) -> Result<Arc<StoredObject>> {

@@ -14,10 +14,9 @@ use crate::node::{Consistency, Node};
 use crate::replica::Replica;
 use crate::store::types::NodeInfo;
 use crate::store::watch::{check_start, watch, WatchFilter};
-use crate::translate::mesh::MeshConfig;
 use crate::xds::status::{SyncRegistry, SyncStatus};
 use axum::body::{Body, Bytes};
-use axum::extract::{Extension, FromRequestParts, Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -71,8 +70,6 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .merge(super::console::router(replica.clone()))
         .layer(axum::middleware::from_fn_with_state(replica.clone(), super::console::cors))
         .layer(axum::Extension(replica.acl.clone()))
-        .layer(axum::Extension(Arc::new(replica.config.mesh_config())))
-        .layer(axum::Extension(replica.gateway_status.clone()))
 }
 
 /// `/metrics` and `/debug/*`: read-only, `read` on the cluster on the API
@@ -364,27 +361,18 @@ fn consistency(q: Option<&str>) -> crate::error::Result<Consistency> {
     }
 }
 
-async fn list(
-    State(node): State<Arc<Node>>,
-    Extension(mesh): Extension<Arc<MeshConfig>>,
-    Extension(status): Extension<Arc<crate::translate::mesh::StatusCache>>,
-    caller: Caller,
-    Path(kind): Path<String>,
-    Query(q): Query<ReadQuery>,
-) -> Result<Response> {
+async fn list(State(node): State<Arc<Node>>, caller: Caller, Path(kind): Path<String>, Query(q): Query<ReadQuery>) -> Result<Response> {
     let kind = super::parse_kind(&kind)?;
     caller.authorize(Verb::Read, [Target::kind(kind, q.namespace.as_deref())])?;
     let selector = super::parse_selector(q.label_selector.as_deref())?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
-    let items = super::views(&applied, &super::list(&applied, kind, q.namespace.as_deref(), &selector), &mesh, &status);
+    let items = super::views(&super::list(&applied, kind, q.namespace.as_deref(), &selector));
     let revision = applied.revision();
     Ok((revision_headers(revision), Json(json!({"revision": revision, "items": items}))).into_response())
 }
 
 async fn get_one(
     State(node): State<Arc<Node>>,
-    Extension(mesh): Extension<Arc<MeshConfig>>,
-    Extension(status): Extension<Arc<crate::translate::mesh::StatusCache>>,
     caller: Caller,
     Path((kind, namespace, name)): Path<(String, String, String)>,
     Query(q): Query<ReadQuery>,
@@ -393,7 +381,7 @@ async fn get_one(
     caller.authorize(Verb::Read, [Target::key(&key)])?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
     let obj = super::get(&applied, &key)?;
-    let view = super::views(&applied, &[obj], &mesh, &status).pop().unwrap_or_default();
+    let view = obj.to_json();
     Ok((revision_headers(applied.revision()), Json(view)).into_response())
 }
 

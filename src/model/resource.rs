@@ -255,6 +255,24 @@ impl StoredObject {
         self.status
     }
 
+    /// This object with `body`, which differs from its own only in
+    /// `status` (`Op::Status`), at `mod_revision`: the typed spec (parsed
+    /// from `spec` alone) is shared, not parsed again.
+    pub fn with_status(&self, mod_revision: u64, body: Value) -> Self {
+        let mut object = StoredObject::new(self.key.clone(), self.create_revision, mod_revision, self.version, body);
+        object.typed = self.typed.clone();
+        object
+    }
+
+    /// Whether `new` is `old` with only its status written by `Op::Status`
+    /// (the store's status write that keeps the generation): the same
+    /// object (create revision) at the same version. Every spec write
+    /// bumps the version, so this is exact. Translation never reads such
+    /// a status, so it skips these changes (no translation, no push).
+    pub fn status_only_change(old: &StoredObject, new: &StoredObject) -> bool {
+        old.key == new.key && old.create_revision == new.create_revision && old.version == new.version
+    }
+
     /// The spec as its typed model. Stored objects passed validation when
     /// they were written, so an error here means data from an incompatible
     /// version; callers skip such objects and report the message.

@@ -696,7 +696,7 @@ fn unsealed_secrets(txn: &Txn) -> Result<()> {
 fn op_bytes(op: &crate::store::Op) -> usize {
     match op {
         crate::store::Op::Put { body, .. } => body.len(),
-        crate::store::Op::SetStatus { status, .. } => status.len() + 64,
+        crate::store::Op::SetStatus { status, .. } | crate::store::Op::Status { status, .. } => status.len() + 64,
         crate::store::Op::Delete { .. } => 64,
         crate::store::Op::Author(a) => a.name.len() + a.message.as_ref().map_or(0, String::len),
     }

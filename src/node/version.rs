@@ -83,6 +83,10 @@ pub enum Feature {
     /// cluster runs version 2 (version 2 was not released without it);
     /// before, history is kept by count alone.
     Stamp,
+    /// `Op::Status`: a status write that keeps the object's generation
+    /// (the Gateway API status, `gateway_status`). Written only once the
+    /// cluster runs version 2; before, that status is not stored.
+    StatusOnly,
 }
 
 /// Each feature, its name in errors, and the cluster version it needs.
@@ -90,6 +94,7 @@ pub const FEATURES: &[(Feature, &str, u32)] = &[
     (Feature::Author, "recording the author of a change", 2),
     (Feature::ChangeMessage, "a change message", 2),
     (Feature::Stamp, "the time of a write in the log", 2),
+    (Feature::StatusOnly, "a status write that keeps the generation", 2),
 ];
 
 /// The cluster version a kind needs (1 for every kind not in [`KINDS`]).
@@ -122,6 +127,10 @@ fn required_in(kinds: &[(Kind, u32)], txn: &Txn) -> (String, u32) {
             }
             Op::Author(_) => {
                 let (name, v) = feature_since(Feature::Author);
+                (name.to_string(), v)
+            }
+            Op::Status { .. } => {
+                let (name, v) = feature_since(Feature::StatusOnly);
                 (name.to_string(), v)
             }
             op => match op.key() {

@@ -227,7 +227,7 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
         max_subscription_bytes: config.xds_max_subscription_bytes,
     };
     // Revisions reach the streams through the debouncer (see `xds::push`).
-    let pushed = crate::xds::push::debounce(node.reader().subscribe_applied(), Duration::from_millis(config.push_debounce_ms));
+    let pushed = crate::xds::push::debounce(node.reader().subscribe_applied(), Duration::from_millis(config.push_debounce_ms), replica.sync.clone());
     let ca_service = Some(crate::tls::conn::Tracked(crate::ca::service::CaService::server(mesh_ca.clone(), replica.clone())));
     let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, ca_service, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
@@ -260,6 +260,8 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // Registry health: the leader's TTL/lease expiry, everyone's share of probes.
     let reaper = tokio::spawn(crate::health::reaper(node.clone(), replica.heartbeats.clone(), stop_tx.subscribe()));
     let prober = tokio::spawn(crate::health::prober(node.clone(), replica.checks.clone(), replica.ha.clone(), stop_tx.subscribe()));
+    // The Gateway API status, computed and written by the leader (`gateway_status`).
+    background.push(tokio::spawn(crate::gateway_status::run(node.clone(), config.mesh_config(), stop_tx.subscribe())));
 
     let adapter = config.watch_dir.clone().map(|dir| {
         let source = crate::adapters::directory::Directory::new(dir, Duration::from_millis(config.watch_dir_poll_ms.max(50)));

@@ -90,13 +90,16 @@ impl State {
                     let mod_revision = match p.action {
                         Action::Created | Action::Configured => {
                             let (create_revision, version) = match &p.current {
+                                // Status is not spec: the generation stays.
+                                Some(cur) if p.keeps_version => (cur.create_revision, cur.version),
                                 Some(cur) => (cur.create_revision, cur.version + 1),
                                 None => (revision, 1),
                             };
-                            let obj = Arc::new(match p.body {
-                                Some(NewBody::Text(text)) => StoredObject::from_text(p.key.clone(), create_revision, revision, version, text),
-                                Some(NewBody::Value(body)) => StoredObject::new(p.key.clone(), create_revision, revision, version, body),
-                                None => StoredObject::new(p.key.clone(), create_revision, revision, version, Value::Null),
+                            let obj = Arc::new(match (p.body, &p.current) {
+                                (Some(NewBody::Value(body)), Some(cur)) if p.keeps_version => cur.with_status(revision, body),
+                                (Some(NewBody::Text(text)), _) => StoredObject::from_text(p.key.clone(), create_revision, revision, version, text),
+                                (Some(NewBody::Value(body)), _) => StoredObject::new(p.key.clone(), create_revision, revision, version, body),
+                                (None, _) => StoredObject::new(p.key.clone(), create_revision, revision, version, Value::Null),
                             });
                             self.objects.insert(obj.clone());
                             events.push(Event { revision, kind: EventType::Put, object: obj });
@@ -154,7 +157,7 @@ impl State {
                         Some(cur) if **cur.text() == **body => Action::Unchanged,
                         Some(_) => Action::Configured,
                     };
-                    Planned { key: key.clone(), action, body: Some(NewBody::Text(body.clone())), current }
+                    Planned { key: key.clone(), action, body: Some(NewBody::Text(body.clone())), current, keeps_version: false }
                 }
                 Op::Put { body, .. } => {
                     let mut body: Value = serde_json::from_str(body).map_err(|e| Error::internal(format!("stored body of {key} is not JSON: {e}")))?;
@@ -178,9 +181,9 @@ impl State {
                         Some(cur) if *cur.body() == body => Action::Unchanged,
                         Some(_) => Action::Configured,
                     };
-                    Planned { key: key.clone(), action, body: Some(NewBody::Value(body)), current }
+                    Planned { key: key.clone(), action, body: Some(NewBody::Value(body)), current, keeps_version: false }
                 }
-                Op::SetStatus { status, .. } => {
+                Op::SetStatus { status, .. } | Op::Status { status, .. } => {
                     let Some(cur) = &current else { return Err(Error::not_found(format!("{key} not found"))) };
                     let status: Value = serde_json::from_str(status).map_err(|e| Error::invalid(format!("status of {key} is not JSON: {e}")))?;
                     let mut body = cur.body().clone();
@@ -188,7 +191,8 @@ impl State {
                         obj.insert("status".into(), status);
                     }
                     let action = if body == *cur.body() { Action::Unchanged } else { Action::Configured };
-                    Planned { key: key.clone(), action, body: Some(NewBody::Value(body)), current }
+                    let keeps_version = matches!(op, Op::Status { .. });
+                    Planned { key: key.clone(), action, body: Some(NewBody::Value(body)), current, keeps_version }
                 }
                 Op::Delete { ignore_missing, .. } => {
                     let action = match (&current, ignore_missing) {
@@ -196,7 +200,7 @@ impl State {
                         (None, true) => Action::NotFound,
                         (None, false) => return Err(Error::not_found(format!("{key} not found"))),
                     };
-                    Planned { key: key.clone(), action, body: None, current }
+                    Planned { key: key.clone(), action, body: None, current, keeps_version: false }
                 }
                 Op::Author(_) => continue,
             };
@@ -208,7 +212,7 @@ impl State {
         for lease in &deleted_leases {
             for (k, obj) in self.owned_by(lease) {
                 if seen.insert(k) {
-                    plan.push(Planned { key: k.clone(), action: Action::Deleted, body: None, current: Some(obj.clone()) });
+                    plan.push(Planned { key: k.clone(), action: Action::Deleted, body: None, current: Some(obj.clone()), keeps_version: false });
                 }
             }
         }
@@ -230,6 +234,8 @@ struct Planned {
     action: Action,
     body: Option<NewBody>,
     current: Option<Arc<StoredObject>>,
+    /// `Op::Status`: the object keeps its version (generation).
+    keeps_version: bool,
 }
 
 enum NewBody {
@@ -300,5 +306,43 @@ mod tests {
         assert_eq!(s.apply_txn(&Txn { ops: vec![del(false)] }).0.unwrap_err().code, Code::NotFound);
         assert_eq!(s.apply_txn(&Txn { ops: vec![del(true)] }).0.unwrap().items[0].action, Action::NotFound);
         assert_eq!(s.revision, 2);
+    }
+    #[test]
+    fn status_keeps_the_generation_and_is_no_spec_change() {
+        let mut s = State::default();
+        let body = json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "a", "namespace": "default"},
+                          "spec": {"hosts": ["a"], "http": [{"route": [{"destination": {"host": "a"}}]}]}});
+        s.apply_txn(&Txn { ops: vec![Op::Put { key: key("a"), body: body.to_string().into(), expected_revision: None }] }).0.unwrap();
+        let set = |status: &str, keep: bool| {
+            let (key, status, expected_revision) = (key("a"), status.to_string(), None);
+            if keep {
+                Op::Status { key, status, expected_revision }
+            } else {
+                Op::SetStatus { key, status, expected_revision }
+            }
+        };
+        let before = s.objects.clone();
+        let typed = s.get(&key("a")).unwrap().typed().unwrap().clone();
+        let ok = s.apply_txn(&Txn { ops: vec![set(r#"{"x":1}"#, true)] }).0.unwrap();
+        let a = s.get(&key("a")).unwrap().clone();
+        assert!(Arc::ptr_eq(&typed, a.typed().unwrap()), "the spec was parsed again");
+        assert_eq!((ok.revision, a.mod_revision, a.version, &a.body()["status"]), (2, 2, 1, &json!({"x": 1})));
+        // Watchers see it; translation does not.
+        assert_eq!(before.diff(&s.objects).count(), 1);
+        assert_eq!(before.spec_diff(&s.objects).count(), 0);
+        // The same status again is no revision.
+        assert_eq!(s.apply_txn(&Txn { ops: vec![set(r#"{"x":1}"#, true)] }).0.unwrap().revision, 2);
+        // `SetStatus` (health, which translation reads) is a change.
+        let before = s.objects.clone();
+        s.apply_txn(&Txn { ops: vec![set(r#"{"x":2}"#, false)] }).0.unwrap();
+        assert_eq!(s.get(&key("a")).unwrap().version, 2);
+        assert_eq!(before.spec_diff(&s.objects).count(), 1);
+        // A spec write keeps the status and bumps the generation.
+        s.apply_txn(&Txn { ops: vec![put("a", "a2", None)] }).0.unwrap();
+        let a = s.get(&key("a")).unwrap();
+        assert_eq!((a.version, &a.body()["status"]), (3, &json!({"x": 2})));
+        // On a missing object, NOT_FOUND.
+        let missing = Op::Status { key: key("b"), status: "{}".into(), expected_revision: None };
+        assert_eq!(s.apply_txn(&Txn { ops: vec![missing] }).0.unwrap_err().code, Code::NotFound);
     }
 }

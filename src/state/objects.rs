@@ -140,6 +140,15 @@ impl Objects {
     }
 }
 
+impl Objects {
+    /// As [`Objects::diff`], without the changes that wrote only a status
+    /// that keeps the generation (`Op::Status`,
+    /// `StoredObject::status_only_change`): what translation reads.
+    pub fn spec_diff<'a>(&'a self, new: &'a Objects) -> impl Iterator<Item = Change<'a>> + 'a {
+        self.diff(new).filter(|c| !matches!(c, Change::Updated { old, new } if StoredObject::status_only_change(old, new)))
+    }
+}
+
 impl FromIterator<Arc<StoredObject>> for Objects {
     fn from_iter<I: IntoIterator<Item = Arc<StoredObject>>>(iter: I) -> Self {
         Objects(iter.into_iter().map(Entry).collect())

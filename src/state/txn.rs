@@ -57,6 +57,13 @@ pub enum Op {
     /// version 1 cannot decode it: the API adds it only once the cluster
     /// runs version 2.
     Author(Author),
+    /// Since wire version 2 (`node::version::Feature::StatusOnly`): as
+    /// `SetStatus`, but the object keeps its `version` (its generation):
+    /// status is not spec. What a controller writes (the Gateway API
+    /// status, `gateway_status`); translation never reads such a status,
+    /// so a change of this op alone is no change to the mesh
+    /// (`model::StoredObject::status_only_change`).
+    Status { key: ResourceKey, status: String, expected_revision: Option<u64> },
 }
 
 /// Who made a change: the token's name (never its secret), and the
@@ -74,14 +81,17 @@ impl Op {
     /// The object the op writes (None: `Author`, which writes none).
     pub fn key(&self) -> Option<&ResourceKey> {
         match self {
-            Op::Put { key, .. } | Op::Delete { key, .. } | Op::SetStatus { key, .. } => Some(key),
+            Op::Put { key, .. } | Op::Delete { key, .. } | Op::SetStatus { key, .. } | Op::Status { key, .. } => Some(key),
             Op::Author(_) => None,
         }
     }
 
     pub fn expected_revision(&self) -> Option<u64> {
         match self {
-            Op::Put { expected_revision, .. } | Op::Delete { expected_revision, .. } | Op::SetStatus { expected_revision, .. } => *expected_revision,
+            Op::Put { expected_revision, .. }
+            | Op::Delete { expected_revision, .. }
+            | Op::SetStatus { expected_revision, .. }
+            | Op::Status { expected_revision, .. } => *expected_revision,
             Op::Author(_) => None,
         }
     }

@@ -1278,4 +1278,50 @@ mod tests {
         }
         assert!(incremental_steps > 80, "only {incremental_steps} incremental steps");
     }
+    /// A status write that keeps the generation (`Op::Status`, what the
+    /// leader writes from `Mesh::gateway_api_status`) is no change to
+    /// translation: the mesh is the same one at the new revision (nothing
+    /// rebuilt), every proxy keeps the very resource maps it had, the
+    /// objects keep their generation, and a route write after it still
+    /// takes the incremental path.
+    #[test]
+    fn status_writes_are_no_change_to_translation() {
+        let mut state = state_from(include_str!("../../tests/fixtures/translate/gateway-api/input.yaml"));
+        let gateway = ProxyIdentity::parse(
+            "router~127.0.22.1~web-gateway.infra~infra.svc.cluster.local",
+            &json!({"LABELS": {"gateway.networking.k8s.io/gateway-name": "web"}}),
+        )
+        .unwrap();
+        let sidecar = ProxyIdentity::parse("sidecar~127.0.22.20~client.infra~infra.svc.cluster.local", &json!({})).unwrap();
+        let translator = Translator::new(MeshConfig::default());
+        let before = translator.mesh(&state);
+        let configs: Vec<_> = [&gateway, &sidecar].iter().map(|p| translator.generate(p, &state).unwrap()).collect();
+        let ops: Vec<Op> = before
+            .gateway_api_status
+            .iter()
+            .map(|(key, status)| Op::Status { key: key.clone(), status: status.to_string(), expected_revision: None })
+            .collect();
+        assert!(ops.len() > 3, "statuses to write: {}", ops.len());
+        let versions: Vec<u64> = ops.iter().map(|op| state.get(op.key().unwrap()).unwrap().version).collect();
+        let revision = state.apply_txn(&Txn { ops: ops.clone() }).0.unwrap().revision;
+        assert_eq!(versions, ops.iter().map(|op| state.get(op.key().unwrap()).unwrap().version).collect::<Vec<_>>(), "a status write bumped a generation");
+        assert!(ops.iter().all(|op| state.get(op.key().unwrap()).unwrap().body()["status"].is_object()));
+        let after = translator.mesh(&state);
+        assert_eq!(after.revision, revision);
+        assert!(Arc::ptr_eq(&before.gateway_api, &after.gateway_api) && Arc::ptr_eq(&before.services, &after.services), "the mesh was rebuilt");
+        for (proxy, was) in [&gateway, &sidecar].iter().zip(&configs) {
+            let now = translator.generate(proxy, &state).unwrap();
+            assert_eq!(now.revision, revision);
+            assert!(now.resources.iter().all(|(t, m)| was.resources.get(t).is_some_and(|w| Arc::ptr_eq(w, m))), "{} translated again", proxy.id);
+        }
+        // A route's spec write after its status: incremental, status kept.
+        let route = ops.iter().filter_map(Op::key).find(|k| k.kind == crate::model::Kind::HttpRoute).unwrap().clone();
+        let mut body = state.get(&route).unwrap().body().clone();
+        body.as_object_mut().unwrap().remove("status");
+        body["metadata"]["labels"] = json!({"touched": "yes"});
+        let objects = state.objects.clone();
+        state.apply_txn(&Txn { ops: vec![Op::Put { key: route.clone(), body: body.to_string().into(), expected_revision: None }] }).0.unwrap();
+        assert!(state.get(&route).unwrap().body()["status"].is_object(), "a spec write dropped the status");
+        assert!(after.update_gateway_routes(&objects, &state).is_some(), "a route write after a status write is not incremental");
+    }
 }

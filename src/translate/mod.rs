@@ -501,6 +501,11 @@ impl Translator {
             }
         }
         let m = match &*cached {
+            // Only statuses changed (`Op::Status`: translation reads none):
+            // the same mesh, at the new revision.
+            Some((prev, objects)) if prev.revision < state.revision() && objects.spec_diff(&state.objects).next().is_none() => {
+                Some(Mesh { revision: state.revision(), ..(**prev).clone() })
+            }
             Some((prev, objects)) if prev.revision < state.revision() => prev
                 .update_instances(objects, state)
                 .map(|(m, _)| m)
@@ -529,7 +534,7 @@ impl Translator {
         if let Some((_, c)) = cache.iter().find(|(s, _)| *s == step) {
             return c.clone();
         }
-        let list: Vec<Change> = prev.objects.diff(&state.objects).map(|d| (d.key().clone(), d.before().cloned(), d.after().cloned())).collect();
+        let list: Vec<Change> = prev.objects.spec_diff(&state.objects).map(|d| (d.key().clone(), d.before().cloned(), d.after().cloned())).collect();
         let list = Arc::new(list);
         if cache.len() >= 16 {
             cache.pop_front();
@@ -873,6 +878,13 @@ impl Generator for Translator {
             (Some(p), _) if proxy.capture && self.own_instances_changed(p, state, proxy) => {
                 incremental = false;
                 translate_with_parts(&mesh, proxy, Some(&self.clusters))
+            }
+            // No change translation reads (only statuses, `Op::Status`, or
+            // objects no part of the mesh): the same config, for any proxy.
+            (Some(p), _) if self.changes(p, state).is_empty() => {
+                let mut config = p.config.clone();
+                config.revision = state.revision();
+                (config, p.rds.clone())
             }
             // Nothing this proxy depends on changed: its config is the same
             // at the new revision, with no translation at all.

@@ -19,7 +19,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Start the debouncer: the returned channel carries the revisions to push.
-pub fn debounce(mut applied: watch::Receiver<Arc<Applied>>, window: Duration) -> watch::Receiver<Arc<Applied>> {
+/// A revision that changed only statuses (`Op::Status`, which translation
+/// never reads: `state::Objects::spec_diff`) is no push: the streams are not
+/// woken, and `sync` learns that it leaves every config as the last pushed
+/// revision's (so `wait` for it is answered by that one's ACKs).
+pub fn debounce(mut applied: watch::Receiver<Arc<Applied>>, window: Duration, sync: super::SyncRegistry) -> watch::Receiver<Arc<Applied>> {
     let first = applied.borrow_and_update().clone();
     publish_time(first.revision());
     let (tx, rx) = watch::channel(first);
@@ -28,6 +32,11 @@ pub fn debounce(mut applied: watch::Receiver<Arc<Applied>>, window: Duration) ->
         loop {
             if applied.changed().await.is_err() {
                 return; // the store is gone
+            }
+            let (last, next) = (tx.borrow().clone(), applied.borrow_and_update().clone());
+            if status_only(&last, &next) {
+                sync.same_config(last.revision(), next.revision());
+                continue;
             }
             let held_since = Instant::now();
             if let Some(at) = last_push.filter(|at| at.elapsed() < window) {
@@ -46,6 +55,12 @@ pub fn debounce(mut applied: watch::Receiver<Arc<Applied>>, window: Duration) ->
         }
     });
     rx
+}
+
+/// Whether `next` differs from `last` (a newer revision) only by statuses
+/// that keep the generation: no config can differ between them.
+fn status_only(last: &Applied, next: &Applied) -> bool {
+    next.revision() > last.revision() && last.state.objects.spec_diff(&next.state.objects).next().is_none()
 }
 
 /// When recent revisions were handed to the streams (for the convergence

@@ -37,6 +37,10 @@ struct Inner {
     /// The last NACKs, newest last, whether their proxy is still
     /// connected or not (`GET /v1/nacks/recent`).
     recent_nacks: Mutex<std::collections::VecDeque<NackEvent>>,
+    /// (pushed, to): the revisions after `pushed` up to `to` changed only
+    /// statuses, so every config at them is the one at `pushed`
+    /// (`push::debounce` skips them).
+    same_config: Mutex<(u64, u64)>,
 }
 
 /// A proxy rejected a response: the event `GET /v1/nacks` streams.
@@ -243,6 +247,20 @@ impl SyncRegistry {
     /// Every NACK from now on, as it arrives.
     pub fn subscribe_nacks(&self) -> tokio::sync::broadcast::Receiver<NackEvent> {
         self.inner.nacks.0.subscribe()
+    }
+
+    /// Revisions after `pushed` up to `to` changed only statuses: no push.
+    pub fn same_config(&self, pushed: u64, to: u64) {
+        *self.inner.same_config.lock().unwrap_or_else(|e| e.into_inner()) = (pushed, to);
+    }
+
+    /// The revision whose configs are those at `revision`: the last one
+    /// pushed before it if it changed only statuses, else itself.
+    pub fn config_revision(&self, revision: u64) -> u64 {
+        match *self.inner.same_config.lock().unwrap_or_else(|e| e.into_inner()) {
+            (pushed, to) if pushed < revision && revision <= to => pushed,
+            _ => revision,
+        }
     }
 
     fn streams(&self) -> MutexGuard<'_, BTreeMap<u64, ProxyStatus>> {

@@ -247,6 +247,21 @@ impl Harness {
     }
 }
 
+/// The object at `url` once the leader has written its status
+/// (`gateway_status`: a moment after the write that changed its spec) and
+/// `ready` holds for it.
+pub async fn with_status(http: &reqwest::Client, url: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    crate::kit::eventually_or(&format!("the status of {url}"), Duration::from_secs(10), || async {
+        let (_, v) = crate::kit::get_json(http, url).await;
+        if !v["status"].is_null() && ready(&v) {
+            Ok(v)
+        } else {
+            Err(v.to_string())
+        }
+    })
+    .await
+}
+
 /// `conditions` (of an object at `generation`) hold every wanted one.
 fn conditions_hold(have: &Value, want: &Value, generation: u64) -> bool {
     let have = have.as_array().cloned().unwrap_or_default();
@@ -867,13 +882,13 @@ async fn kinds_validation_and_status() {
     // Both Gateways, side by side.
     let istio = get(format!("{api}/v1/resources/gateways/shop/web")).await;
     assert_eq!(istio["apiVersion"], "networking.istio.io/v1");
-    let gw = get(format!("{api}/v1/resources/gtw/shop/web")).await;
+    let gw = with_status(&c.http, &format!("{api}/v1/resources/gtw/shop/web"), |_| true).await;
     assert_eq!(gw["apiVersion"], "gateway.networking.k8s.io/v1beta1");
     assert_eq!(gw["status"]["listeners"][0]["attachedRoutes"], 1, "{gw}");
-    let route = get(format!("{api}/v1/resources/httproutes/shop/web")).await;
+    let route = with_status(&c.http, &format!("{api}/v1/resources/httproutes/shop/web"), |_| true).await;
     let cond = |v: &Value, t: &str| v["status"]["parents"][0]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == t).cloned().unwrap();
     assert_eq!((cond(&route, "Accepted")["status"].as_str(), cond(&route, "ResolvedRefs")["status"].as_str()), (Some("True"), Some("True")), "{route}");
-    let stranger = get(format!("{api}/v1/resources/httproutes/other/stranger")).await;
+    let stranger = with_status(&c.http, &format!("{api}/v1/resources/httproutes/other/stranger"), |_| true).await;
     assert_eq!(cond(&stranger, "Accepted")["reason"], "NotAllowedByListeners", "{stranger}");
     assert_eq!(cond(&stranger, "ResolvedRefs")["reason"], "RefNotPermitted", "{stranger}");
     // Listed with status too; reading status changes no generation.
@@ -1057,7 +1072,7 @@ spec:
 
     // Status: the kinds each listener takes and what attached; the
     // terminating TLS listener refused, saying why.
-    let (_, gw) = crate::kit::get_json(&fx.cluster.http, &format!("{}/v1/resources/gtw/shop/edge", fx.api(1))).await;
+    let gw = with_status(&fx.cluster.http, &format!("{}/v1/resources/gtw/shop/edge", fx.api(1)), |_| true).await;
     let listener = |name: &str| gw["status"]["listeners"].as_array().unwrap().iter().find(|l| l["name"] == name).cloned().unwrap();
     let kinds = |name: &str| listener(name)["supportedKinds"].as_array().unwrap().iter().map(|k| k["kind"].as_str().unwrap().to_string()).collect::<Vec<_>>();
     assert_eq!(kinds("web"), ["HTTPRoute", "GRPCRoute"], "{gw}");
@@ -1151,7 +1166,7 @@ spec:
     // A ServiceEntry as the parent: /new moves to reviews-v2.
     wait_for(&fx.client, &p.url(8081, "/new/a"), "legacy.example.test", &[], "a ServiceEntry parent", |r| r.body == "reviews-v2").await;
     assert_eq!(crate::kit::mesh::get(&fx.client, &p.url(8081, "/old"), "legacy.example.test", &[]).await.body, "reviews-v1");
-    let (_, route) = crate::kit::get_json(&fx.cluster.http, &format!("{}/v1/resources/httproutes/shop/reviews", fx.api(1))).await;
+    let route = with_status(&fx.cluster.http, &format!("{}/v1/resources/httproutes/shop/reviews", fx.api(1)), |_| true).await;
     let accepted = &route["status"]["parents"][0]["conditions"][0];
     assert_eq!((accepted["type"].as_str(), accepted["status"].as_str()), (Some("Accepted"), Some("True")), "{route}");
 

@@ -31,6 +31,7 @@ mod failover;
 mod faults;
 mod first_run;
 mod gateway_api;
+mod gateway_status;
 mod grpc;
 mod ha;
 mod history;

@@ -55,7 +55,7 @@ const SECTIONS: &[(&str, usize)] = &[
     ("Walkthrough: traffic through Envoy", 6),
     ("Check config: `lodestar analyze`", 1),
     ("Mesh config, external authorization (CUSTOM) and the Telemetry API", 1),
-    ("Gateway API", 5),
+    ("Gateway API", 6),
     ("EnvoyFilter", 2),
     ("Connect an Envoy", 0),
     ("A three-replica cluster on one machine", 0),

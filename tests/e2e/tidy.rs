@@ -36,7 +36,7 @@ const LAYERS: &[&[&str]] = &[
     &["xds"],
     &["client"],
     &["agent"],
-    &["adapters", "api", "auth", "ca", "cli", "config", "ha", "health", "jwks", "peer", "replica", "secrets", "server"],
+    &["adapters", "api", "auth", "ca", "cli", "config", "gateway_status", "ha", "health", "jwks", "peer", "replica", "secrets", "server"],
 ];
 
 /// The workspace crates under `src/`: directory, crate name, and the names

@@ -327,7 +327,7 @@ impl Mesh {
     /// else changed (then `build` it).
     pub fn update_rules(&self, prev_objects: &crate::state::Objects, state: &State) -> Option<Mesh> {
         let mut changed: Vec<(&ResourceKey, Option<&Arc<StoredObject>>)> = Vec::new();
-        for d in prev_objects.diff(&state.objects) {
+        for d in prev_objects.spec_diff(&state.objects) {
             let (key, now) = (d.key(), d.after());
             // Tokens, policies, roles and Secrets are no part of the mesh,
             // nor are WorkloadGroups (templates the agents read).
@@ -438,7 +438,7 @@ impl Mesh {
         fn own<'a>(services: &'a mut BTreeMap<String, Vec<Arc<Service>>>, host: &str, ns: &str) -> Option<&'a mut Service> {
             services.get_mut(host)?.iter_mut().find(|s| s.namespace == ns).map(Arc::make_mut)
         }
-        for d in prev_objects.diff(&state.objects) {
+        for d in prev_objects.spec_diff(&state.objects) {
             let (key, old, new) = (d.key(), d.before(), d.after());
             if key.kind != Kind::Instance {
                 return None;
@@ -787,7 +787,7 @@ impl Mesh {
             }
         };
         let (mut before, mut after) = (Vec::new(), Vec::new());
-        for d in prev_objects.diff(&state.objects) {
+        for d in prev_objects.spec_diff(&state.objects) {
             let key = d.key();
             if key.kind == Kind::Secret && self.backend_cas.secrets.contains(&(key.namespace.to_string(), key.name.to_string())) {
                 return None;
@@ -1002,32 +1002,5 @@ impl KeyCell {
 
     pub fn set(&self, keys: FetchedKeys) {
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
-    }
-}
-
-/// The Gateway API status of the last snapshot asked for, with the store
-/// objects and mesh config it was computed from: a poll of a route's
-/// status in a large mesh costs a lookup, not a translation. One per
-/// replica (`replica::Replica::gateway_status`), read by `api::views`.
-#[derive(Debug, Default)]
-pub struct StatusCache {
-    last: Mutex<Option<CachedStatus>>,
-}
-
-type CachedStatus = (crate::state::Objects, MeshConfig, Arc<super::gateway_api::Status>);
-
-impl StatusCache {
-    /// The status of `state` under `config`: the kept one when both are
-    /// those it was computed from (equal object sets share their
-    /// structure, so comparing them is cheap), else computed and kept.
-    pub fn of(&self, state: &State, config: &MeshConfig) -> Arc<super::gateway_api::Status> {
-        if let Some((o, m, status)) = self.last.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            if m == config && *o == state.objects {
-                return status.clone();
-            }
-        }
-        let status = Mesh::build(state, Arc::new(config.clone())).gateway_api_status;
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((state.objects.clone(), config.clone(), status.clone()));
-        status
     }
 }

@@ -1,0 +1,219 @@
+//! The Gateway API status, written by the leader as a Kubernetes
+//! controller writes it: `Accepted`, `ResolvedRefs`, `Programmed`,
+//! `attachedRoutes`, per parentRef for routes (`translate::gateway_api`
+//! computes it, a pure function of the specs).
+//!
+//! After an applied revision that changed a spec the status reads (a
+//! Gateway API object, a service, a Namespace, a Secret: not an Istio
+//! rule: `status_input`), the leader computes the
+//! status of every Gateway API object from that snapshot and writes, as
+//! `Op::Status`, only those that differ from the stored ones, authored
+//! `replica:<id>/gateway-status`. The apply only stores it; every replica
+//! then answers get, list and watch from the store. `Op::Status` keeps the
+//! object's generation, so `observedGeneration` is the generation of the
+//! spec the status was computed from, and translation skips such changes
+//! (`state::Objects::spec_diff`): a status write neither translates nor
+//! pushes.
+//!
+//! Bounded: rounds are at most one per [`ROUND`] (a burst of writes costs
+//! one computation, from the newest snapshot); a round whose only changes
+//! since the last one are statuses computes nothing (so a status write
+//! cannot cause another), and a write that fails (a spec changed under
+//! it: a conflict) is retried by the next round (at most a second later).
+
+use crate::model::{Kind, ResourceKey};
+use crate::node::Node;
+use crate::state::access::Who;
+use crate::state::Objects;
+use crate::store::types::{Op, Txn};
+use crate::translate::mesh::MeshConfig;
+use crate::translate::Translator;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// At most one round per this long.
+pub const ROUND: Duration = Duration::from_millis(50);
+/// A round with nothing new runs anyway this often while leading (the
+/// first round of a new leader, a retry after a failed write).
+const TICK: Duration = Duration::from_secs(1);
+/// Status writes per transaction.
+const OPS_PER_TXN: usize = 256;
+
+/// The leader's status loop. Runs on every replica; acts only while leader.
+pub async fn run(node: Arc<Node>, mesh: MeshConfig, mut shutdown: watch::Receiver<bool>) {
+    let mut applied = node.reader().subscribe_applied();
+    let mut writer = Writer { translator: Translator::new(mesh), done: None };
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            changed = applied.changed() => if changed.is_err() { return },
+            _ = tick.tick() => {}
+        }
+        if !node.is_leader() {
+            writer.done = None;
+            continue;
+        }
+        let (_, since) = crate::node::version::feature_since(crate::node::version::Feature::StatusOnly);
+        if node.cluster_version().version < since {
+            continue; // an older member could not apply `Op::Status`
+        }
+        // Coalesce a burst: the newest snapshot after a short pause.
+        tokio::time::sleep(ROUND).await;
+        let snapshot = applied.borrow_and_update().clone();
+        writer.round(&node, &snapshot.state).await;
+    }
+}
+
+struct Writer {
+    /// Builds the mesh incrementally (route changes re-translate only
+    /// their slots, `Mesh::update_gateway_routes`), as the xDS server's.
+    translator: Translator,
+    /// The objects of the last round that wrote all it had to.
+    done: Option<Objects>,
+}
+
+impl Writer {
+    async fn round(&mut self, node: &Node, state: &crate::state::State) {
+        // Only statuses changed since (our own writes among them), or
+        // objects the status is no function of: nothing to compute.
+        if self.done.as_ref().is_some_and(|d| d.spec_diff(&state.objects).all(|c| !status_input(c.key().kind))) {
+            self.done = Some(state.objects.clone());
+            return;
+        }
+        let ops = changes(&self.translator, state);
+        let mut ok = true;
+        for chunk in ops.chunks(OPS_PER_TXN) {
+            let mut txn = Txn { ops: chunk.to_vec() };
+            txn.ops.push(Op::Author(crate::store::types::Author { name: Who::Replica { id: node.id, task: "gateway-status" }.audit_name(), message: None }));
+            match node.write(txn).await {
+                Ok(r) => tracing::debug!(revision = r.revision, objects = chunk.len(), "gateway status written"),
+                Err(e) => {
+                    // A conflict: a spec changed meanwhile; the next round
+                    // (that change's) computes again.
+                    tracing::debug!(error = %e, "gateway status not written; the next round retries");
+                    ok = false;
+                }
+            }
+        }
+        self.done = ok.then(|| state.objects.clone());
+    }
+}
+
+/// `Op::Status` for every Gateway API object whose computed status differs
+/// from its stored one, in key order; an object that has a status but
+/// no longer gets one (its class is no longer ours, say) is given an empty
+/// one, as its controller gives up a status it no longer owns.
+fn changes(translator: &Translator, state: &crate::state::State) -> Vec<Op> {
+    let statuses = STATUS_KINDS.iter().flat_map(|k| state.objects.range(ResourceKey::new(*k, "", "")..).take_while(move |(key, _)| key.kind == *k));
+    let mut objects = statuses.peekable();
+    if objects.peek().is_none() {
+        return Vec::new();
+    }
+    let mesh = translator.mesh(state);
+    let none = serde_json::Value::Object(Default::default());
+    objects
+        .filter_map(|(key, obj)| {
+            let want = mesh.gateway_api_status.get(key).unwrap_or(&none);
+            let have = obj.has_status().then(|| obj.body().get("status")).flatten().unwrap_or(&none);
+            (want != have).then(|| Op::Status { key: key.clone(), status: want.to_string(), expected_revision: Some(obj.mod_revision) })
+        })
+        .collect()
+}
+
+/// Whether objects of `kind` can change a Gateway API status: every kind
+/// but the Istio rules and the registry's and ACLs' own objects, which
+/// `translate::gateway_api` does not read (a kind added later counts
+/// until it is listed here).
+fn status_input(kind: Kind) -> bool {
+    use Kind::*;
+    !(kind.is_acl()
+        || matches!(
+            kind,
+            VirtualService
+                | DestinationRule
+                | Gateway
+                | Sidecar
+                | AuthorizationPolicy
+                | RequestAuthentication
+                | PeerAuthentication
+                | EnvoyFilter
+                | Telemetry
+                | Lease
+                | WorkloadGroup
+        ))
+}
+
+/// The kinds `translate::gateway_api` gives a status.
+const STATUS_KINDS: [Kind; 7] =
+    [Kind::GatewayClass, Kind::KubeGateway, Kind::HttpRoute, Kind::GrpcRoute, Kind::TcpRoute, Kind::TlsRoute, Kind::BackendTlsPolicy];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::documents::parse_documents;
+    use crate::model::parse_resource;
+    use crate::state::State;
+
+    fn apply(state: &mut State, yaml: &str) {
+        let ops = parse_documents(yaml, "test")
+            .unwrap()
+            .into_iter()
+            .map(|d| {
+                let r = parse_resource(d, "default").unwrap();
+                Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }
+            })
+            .collect();
+        state.apply_txn(&Txn { ops }).0.unwrap();
+    }
+
+    fn class(controller: &str) -> String {
+        format!("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: lodestar}}\nspec: {{controllerName: {controller}}}\n")
+    }
+
+    /// What one round writes, applied: the next round writes nothing (no
+    /// write loop), a backend appearing changes the route's status only,
+    /// and a class no longer ours has its statuses emptied, once.
+    #[test]
+    fn only_changed_status_is_written_and_a_round_after_a_write_writes_nothing() {
+        let (translator, mut state) = (Translator::new(MeshConfig::default()), State::default());
+        let gateway = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web, namespace: shop}\nspec:\n  gatewayClassName: lodestar\n  listeners: [{name: http, port: 8080, protocol: HTTP}]\n---\n\
+            apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: web, namespace: shop}\nspec:\n  parentRefs: [{name: web}]\n  rules: [{backendRefs: [{name: later, port: 80}]}]\n";
+        apply(&mut state, &format!("{}---\n{gateway}", class("lodestar.dev/gateway-controller")));
+        let round = |state: &mut State| -> Vec<String> {
+            let ops = changes(&translator, state);
+            let keys = ops.iter().filter_map(Op::key).map(|k| k.to_string()).collect();
+            if !ops.is_empty() {
+                state.apply_txn(&Txn { ops }).0.unwrap();
+            }
+            keys
+        };
+        assert_eq!(round(&mut state).len(), 3, "class, gateway and route");
+        assert!(round(&mut state).is_empty(), "a second round wrote again");
+        let route = state.get(&ResourceKey::new(Kind::HttpRoute, "shop", "web")).unwrap().clone();
+        assert!(route.body()["status"].to_string().contains("BackendNotFound"), "{}", route.body());
+        assert_eq!(route.version, 1);
+
+        apply(
+            &mut state,
+            "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {name: later, namespace: shop}\nspec: {ports: [{name: http, number: 80}]}\n",
+        );
+        assert_eq!(round(&mut state), [ResourceKey::new(Kind::HttpRoute, "shop", "web").to_string()]);
+        assert!(round(&mut state).is_empty());
+
+        // A round after an unrelated write computes nothing.
+        let done = state.objects.clone();
+        apply(&mut state, "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: other, namespace: shop}\nspec: {hosts: [other], http: [{route: [{destination: {host: other}}]}]}\n");
+        assert!(done.spec_diff(&state.objects).all(|c| !status_input(c.key().kind)));
+        assert!(status_input(Kind::Service) && status_input(Kind::HttpRoute) && status_input(Kind::Namespace));
+
+        apply(&mut state, &class("example.com/someone-else"));
+        let cleared = round(&mut state);
+        assert!(cleared.len() >= 2, "{cleared:?}");
+        let gtw = state.get(&ResourceKey::new(Kind::KubeGateway, "shop", "web")).unwrap();
+        assert_eq!(gtw.body()["status"], serde_json::json!({}));
+        assert!(round(&mut state).is_empty(), "an emptied status was written again");
+    }
+}
