@@ -222,8 +222,8 @@ impl Lodestar for GrpcApi {
         let selector = super::parse_selector(Some(&r.label_selector)).map_err(status_of)?;
         let applied = self.replica.node.read(consistency(r.consistency)).await.map_err(status_of)?;
         let items = super::list(&applied, kind, Some(&r.namespace), &selector);
-        let views = super::views(&items);
-        Ok(Response::new(ListResponse { revision: applied.revision(), resources_json: views.iter().map(crate::model::json_text).collect() }))
+        let resources_json = items.iter().map(|o| serde_json::to_string(&o.json_view()).expect("a JSON value serializes")).collect();
+        Ok(Response::new(ListResponse { revision: applied.revision(), resources_json }))
     }
 
     type WatchStream = WatchStream;

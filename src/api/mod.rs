@@ -925,13 +925,6 @@ pub fn heartbeat_key(kind: &str, namespace: &str, name: &str) -> Result<Resource
     Ok(key)
 }
 
-/// Objects as returned by list: their JSON, with the status stored with
-/// them (for the Gateway API kinds, the leader's `gateway_status` writes
-/// it: every replica answers the same).
-pub fn views(objects: &[Arc<StoredObject>]) -> Vec<Value> {
-    objects.iter().map(|o| o.to_json()).collect()
-}
-
 pub fn get(applied: &Applied, key: &ResourceKey) -> Result<Arc<StoredObject>> {
     applied.state.get(key).cloned().ok_or_else(|| Error::not_found(format!("{key} not found")))
 }

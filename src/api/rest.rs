@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use futures::StreamExt;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -366,9 +366,16 @@ async fn list(State(node): State<Arc<Node>>, caller: Caller, Path(kind): Path<St
     caller.authorize(Verb::Read, [Target::kind(kind, q.namespace.as_deref())])?;
     let selector = super::parse_selector(q.label_selector.as_deref())?;
     let applied = node.read(consistency(q.consistency.as_deref())?).await?;
-    let items = super::views(&super::list(&applied, kind, q.namespace.as_deref(), &selector));
+    let objects = super::list(&applied, kind, q.namespace.as_deref(), &selector);
     let revision = applied.revision();
-    Ok((revision_headers(revision), Json(json!({"revision": revision, "items": items}))).into_response())
+    // Written straight from the stored bodies (no JSON tree per object).
+    #[derive(Serialize)]
+    struct Listed<T> {
+        revision: u64,
+        items: Vec<T>,
+    }
+    let items = objects.iter().map(|o| o.json_view()).collect();
+    Ok((revision_headers(revision), Json(Listed { revision, items })).into_response())
 }
 
 async fn get_one(
