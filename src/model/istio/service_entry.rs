@@ -177,12 +177,12 @@ impl ServiceEntry {
             Resolution::None => {
                 // Lodestar's own: Istio serves NONE as an original-destination
                 // passthrough, which needs traffic capture (iptables) to know
-                // where a connection was going. Bare-metal proxies bind real
-                // addresses, so there is nothing to pass through to: say so
-                // at apply instead of accepting it silently.
+                // where a connection was going. Captured proxies get it; a
+                // proxy that binds real addresses has nothing to pass
+                // through to: say so at apply instead of accepting silently.
                 r.warn(
                     &at.field("resolution"),
-                    "resolution NONE (passthrough) is stored but not served: without traffic capture no proxy knows a connection's original destination, so proxies get no listener or cluster for these hosts; use STATIC with endpoints, or DNS",
+                    "resolution NONE (passthrough) is served only to proxies that capture traffic (lodestar agent --capture): a proxy without capture does not know a connection's original destination, so it gets no listener or cluster for these hosts; for those, use STATIC with endpoints, or DNS",
                 );
                 if !self.endpoints.is_empty() {
                     r.error(&endpoints_at, "no endpoints should be provided for resolution type NONE");
@@ -319,7 +319,7 @@ mod tests {
     fn none_is_stored_with_a_warning_that_it_is_not_served() {
         let spec = json!({"hosts": ["*.example.com"], "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]});
         let ok = validate("ServiceEntry", &spec).unwrap();
-        assert!(ok.warnings().iter().any(|w| w.starts_with("spec.resolution: resolution NONE") && w.contains("not served")), "{:?}", ok.warnings());
+        assert!(ok.warnings().iter().any(|w| w.starts_with("spec.resolution: resolution NONE") && w.contains("served only to proxies that capture traffic")), "{:?}", ok.warnings());
         let dns = json!({"hosts": ["api.example.com"], "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}], "resolution": "DNS"});
         assert!(validate("ServiceEntry", &dns).unwrap().warnings().is_empty());
     }
