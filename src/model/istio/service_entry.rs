@@ -316,7 +316,7 @@ mod tests {
     }
 
     #[test]
-    fn none_is_stored_with_a_warning_that_it_is_not_served() {
+    fn none_is_stored_with_a_warning_that_only_captured_proxies_get_it() {
         let spec = json!({"hosts": ["*.example.com"], "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]});
         let ok = validate("ServiceEntry", &spec).unwrap();
         assert!(ok.warnings().iter().any(|w| w.starts_with("spec.resolution: resolution NONE") && w.contains("served only to proxies that capture traffic")), "{:?}", ok.warnings());
