@@ -319,7 +319,11 @@ mod tests {
     fn none_is_stored_with_a_warning_that_only_captured_proxies_get_it() {
         let spec = json!({"hosts": ["*.example.com"], "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]});
         let ok = validate("ServiceEntry", &spec).unwrap();
-        assert!(ok.warnings().iter().any(|w| w.starts_with("spec.resolution: resolution NONE") && w.contains("served only to proxies that capture traffic")), "{:?}", ok.warnings());
+        assert!(
+            ok.warnings().iter().any(|w| w.starts_with("spec.resolution: resolution NONE") && w.contains("served only to proxies that capture traffic")),
+            "{:?}",
+            ok.warnings()
+        );
         let dns = json!({"hosts": ["api.example.com"], "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}], "resolution": "DNS"});
         assert!(validate("ServiceEntry", &dns).unwrap().warnings().is_empty());
     }
