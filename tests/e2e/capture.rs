@@ -193,6 +193,11 @@ print("ready", flush=True)
 threading.Event().wait()
 "#;
 
+/// An unmodified gRPC client: one unary call to TARGET (a name the
+/// system resolver answers), printing the reply (tests/support/grpc's
+/// server answers with its identity and the method).
+const GRPC_CALL: &str = "import grpc,sys; ch=grpc.insecure_channel(sys.argv[1]); print(ch.unary_unary('/lodestar.test.Echo/Call')(b'', timeout=5).decode())";
+
 /// An unmodified TCP client: connect to ADDR:PORT, print what it reads.
 const TCP_CLIENT: &str = "import socket,sys; s=socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5); print(s.recv(100).decode().strip())";
 
@@ -399,7 +404,7 @@ async fn capture_redirects_an_unmodified_client_through_envoy() {
 
     let b_stats = stats(&t.b);
     let inbound_rq = stat(&b_stats, "cluster.inbound|8081||.upstream_rq_total") + stat(&b_stats, "cluster.inbound|8082||.upstream_rq_total");
-    assert_eq!(inbound_rq, 201, "VM B's inbound clusters: {b_stats:?}");
+    assert_eq!(inbound_rq, 1001, "VM B's inbound clusters: {b_stats:?}");
     assert!(stat(&b_stats, "listener.0.0.0.0_15006.downstream_cx_total") >= 2, "{b_stats:?}");
 
     // 4. Two TCP services on one port, told apart by address.
@@ -641,6 +646,17 @@ spec:
   addresses: [{subnet}/27]
   ports: [{{name: tcp, number: 9080, protocol: TCP}}]
   resolution: NONE
+---
+apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {{name: greeter, namespace: shop}}
+spec:
+  ports: [{{name: grpc, number: 50051}}]
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {{name: greeter-1, namespace: shop}}
+spec: {{service: greeter, address: {b}, port: 50061}}
 "#,
         reviews = t.vip(10),
         subnet = t.addr(64),
@@ -650,7 +666,8 @@ spec:
 /// `--capture-dns`: an unmodified client on VM A resolves mesh names
 /// (short, namespaced, full; ServiceEntry hosts by their auto-allocated
 /// addresses) through the agent's DNS proxy and reaches them through
-/// Envoy; other names go to the upstream resolver of VM A's resolv.conf
+/// Envoy (curl, and a gRPC client dialling `greeter:50051`); other names
+/// go to the upstream resolver of VM A's resolv.conf
 /// (on VM B); an unknown name under `svc.cluster.local` is NXDOMAIN without
 /// asking upstream; two TCP ServiceEntries on one port without addresses
 /// get distinct addresses, each reaching its own backend; a
@@ -728,6 +745,28 @@ async fn capture_dns_answers_mesh_names_and_forwards_the_rest() {
         assert!(ok && out.starts_with("HTTP/1.1 200") && out.trim_end().ends_with("v1"), "{url}: {out} {err}\n{}", web.proc.tail(40));
         assert!(out.to_ascii_lowercase().contains("server: envoy"), "{out}");
     }
+    // An unmodified gRPC client (grpcio, the system resolver) dialling
+    // `greeter:50051` by name: the agent's address, through Envoy (an
+    // HTTP/2 route), to the server on VM B.
+    let mut greeter = Command::new("ip");
+    greeter.args(["netns", "exec", &t.b]).arg(crate::grpc::python()).arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/grpc/server.py"));
+    greeter.args(["0.0.0.0", "50061", "greeter-1"]);
+    let _greeter = kit::Proc::spawn("the gRPC server in VM B", greeter, &tmp.path().join("greeter.log"));
+    let python = crate::grpc::python();
+    let a = t.a.clone();
+    let reply = eventually("a gRPC call to greeter:50051 by name", BOUND, || {
+        let (a, python) = (a.clone(), python.clone());
+        async move {
+            let (ok, out, _) = exec(&a, &["env", "GRPC_DNS_RESOLVER=native", python.to_str()?, "-c", GRPC_CALL, "greeter:50051"]);
+            ok.then(|| out.trim().to_string())
+        }
+    })
+    .await;
+    assert_eq!(reply, "greeter-1 /lodestar.test.Echo/Call");
+    assert!(resolve_one(&t.a, "greeter").starts_with("240.240."), "an auto-allocated address");
+    let s = stats(&t.a);
+    assert!(stat(&s, "cluster.outbound|50051||greeter.shop.svc.cluster.local.upstream_rq_total") >= 1, "through Envoy: {s:?}");
+
     // Over TCP too; AAAA for a mesh name: no error, no records.
     let raw = |proto: &str, name: &str, qtype: &str| exec(&t.a, &["python3", "-c", RAW_QUERY, &resolver, proto, name, qtype]).1.trim().to_string();
     assert_eq!(raw("tcp", "reviews.shop", "1"), format!("rcode=0 {want}"));

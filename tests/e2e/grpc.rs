@@ -24,7 +24,8 @@ use std::time::Duration;
 const TARGET: &str = "echo.shop.svc.cluster.local:50051";
 const CALL: &str = "v1 /lodestar.test.Echo/Call";
 
-fn python() -> PathBuf {
+/// The Python with grpcio (`tests/support/install-grpc-python.sh`).
+pub(crate) fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("LODESTAR_GRPC_PYTHON") {
         return p.into();
     }
