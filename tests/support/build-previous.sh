@@ -73,10 +73,17 @@ features = ["parallel"]
 TOML
   locked=()
 fi
+# Its binary is renamed lodestar-previous, so the build never writes the
+# shared target/debug/lodestar, which is the current build's (tests/run
+# builds this one while the tests run that one).
+grep -q '^default-run = "lodestar"$' "$DIR/src/Cargo.toml" && grep -A1 '^\[\[bin\]\]$' "$DIR/src/Cargo.toml" | grep -q '^name = "lodestar"$' || {
+  echo "build-previous: $COMMIT's Cargo.toml has no [[bin]] named lodestar (and default-run) to rename" >&2
+  exit 1
+}
+sed -i -z -E 's/\[\[bin\]\]\nname = "lodestar"\n/[[bin]]\nname = "lodestar-previous"\n/; s/\ndefault-run = "lodestar"\n/\ndefault-run = "lodestar-previous"\n/' "$DIR/src/Cargo.toml"
 start=$SECONDS
-( cd "$DIR/src" && CARGO_TARGET_DIR="$ROOT/target" cargo build "${locked[@]}" --bin lodestar --quiet ) >&2
-# Copied out: the shared target/debug/lodestar is the current build's.
-cp "$ROOT/target/debug/lodestar" "$BIN.tmp"
+( cd "$DIR/src" && CARGO_TARGET_DIR="$ROOT/target" cargo build "${locked[@]}" --bin lodestar-previous --quiet ) >&2
+cp "$ROOT/target/debug/lodestar-previous" "$BIN.tmp"
 mv "$BIN.tmp" "$BIN"
 echo "build-previous: built $COMMIT in $((SECONDS - start)) s" >&2
 echo "$BIN"
