@@ -115,6 +115,9 @@ export interface CallOptions {
   accept?: number[];
   /** The change message of a write (History shows it). */
   message?: string;
+  /** Writes nothing (a validate, a dry run): asked again of the next
+   * member when the replica in use stops answering, as a GET is. */
+  readOnly?: boolean;
 }
 
 export async function api<T>(path: string, o: CallOptions = {}): Promise<T> {
@@ -131,7 +134,7 @@ export async function api<T>(path: string, o: CallOptions = {}): Promise<T> {
     const moved = await failover();
     // A read is asked again of the member now in use; a write is not
     // (it may have been applied: History says).
-    if (!moved || init.method !== "GET") {
+    if (!moved || !(o.readOnly ?? init.method === "GET")) {
       throw new ApiError(0, `${moved ? "the replica stopped answering during this write; see History for whether it was applied" : "no member of the cluster answers"} (${String(e)})`);
     }
     try {

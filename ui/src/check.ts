@@ -121,7 +121,7 @@ export function checkAsTyped(text: HTMLTextAreaElement, editor: Editor): HTMLEle
     // (a screen reader waits for the answer before reading the region)
     box.setAttribute("aria-busy", "true");
     try {
-      const v = await api<Validation>("/v1/validate", { body, yaml: true });
+      const v = await api<Validation>("/v1/validate", { body, yaml: true, readOnly: true });
       // Typed on since: that text gets its own check.
       if (text.value === body) {
         const problems = problemsOf(body, v);

@@ -224,7 +224,7 @@ export async function configEdit(ctx: Ctx): Promise<Node> {
     const body = text.value;
     out.replaceChildren(h("p", { class: "muted" }, "Previewing…"));
     try {
-      const p = await api<Preview>("/v1/apply?dryRun=true", { body, yaml: true });
+      const p = await api<Preview>("/v1/apply?dryRun=true", { body, yaml: true, readOnly: true });
       // Every replica previews the proxies connected to it.
       if (p.proxies && !p.proxies.hidden) {
         const notes = mergeProxies(p, await apiEverywhere<Preview>("/v1/apply?dryRun=true", { body, yaml: true }));

@@ -76,7 +76,7 @@ async function rollback(revision: number, targets: Ref[], out: HTMLElement): Pro
   const body = JSON.stringify({ revision, resources: targets });
   out.replaceChildren(h("p", { class: "muted" }, "Previewing the rollback…"));
   try {
-    const p = await api<Preview>("/v1/rollback?dryRun=true", { body });
+    const p = await api<Preview>("/v1/rollback?dryRun=true", { body, readOnly: true });
     if (p.changes.length === 0) {
       out.replaceChildren(previewView(p));
       return;
