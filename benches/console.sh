@@ -107,14 +107,7 @@ if [ "$PROXIES" -gt 0 ]; then
     "$WORK/lodestar-bench" --server "https://$API" xds --scenario idle --xds "$XDS" --pid "${PIDS[0]}" \
         --proxies "$PROXIES" --services 100 --namespaces 10 --hold 600 >"$WORK/bench.out" 2>"$WORK/bench.err" &
     PIDS+=($!)
-    connected=0
-    for _ in $(seq 1200); do
-        connected=$(curl -s --cacert "$WORK/ca/ca.pem" -H "Authorization: Bearer $LODESTAR_TOKEN" --max-time 2 "https://$API/metrics" | awk '$1 == "pilot_xds" {print int($2)}')
-        [ "${connected:-0}" -ge "$PROXIES" ] && break
-        kill -0 "${PIDS[1]}" 2>/dev/null || { cat "$WORK/bench.out" "$WORK/bench.err" >&2; die "lodestar-bench exited"; }
-        sleep 0.5
-    done
-    [ "${connected:-0}" -ge "$PROXIES" ] || die "only ${connected:-0} of $PROXIES proxies connected within 600 s"
+    wait_proxies_connected "$API" "$WORK/ca/ca.pem" "$PROXIES" "${PIDS[1]}" "$WORK/bench.out" "$WORK/bench.err" || exit 1
 fi
 
 echo "# bundle: $(gzip -9 -c "$ROOT/ui/dist/app.js" | wc -c) bytes of gzipped JavaScript, $(gzip -9 -c "$ROOT/ui/dist/app.css" | wc -c) of CSS" >&2

@@ -64,14 +64,7 @@ kib() { awk -v k="$1" '$1 == k":" {print $2}' "/proc/$REPLICA/status"; }
     --proxies 1000 --services 1000 --namespaces 10 --sidecar-hosts 100 --web-percent "$WEB_PERCENT" --hold 600 \
     >"$WORK/bench.out" 2>"$WORK/bench.err" &
 PIDS+=($!)
-connected=0
-for _ in $(seq 1200); do
-    connected=$(curl_api --max-time 2 "https://$API/metrics" | awk '$1 == "pilot_xds" {print int($2)}')
-    [ "${connected:-0}" -ge 1000 ] && break
-    kill -0 "${PIDS[1]}" 2>/dev/null || { cat "$WORK/bench.out" "$WORK/bench.err" >&2; echo "lodestar-bench exited" >&2; exit 1; }
-    sleep 0.5
-done
-[ "${connected:-0}" -ge 1000 ] || { echo "only ${connected:-0} proxies connected within 600 s" >&2; exit 1; }
+wait_proxies_connected "$API" "$LODESTAR_CACERT" 1000 "${PIDS[1]}" "$WORK/bench.out" "$WORK/bench.err" || exit 1
 # Every stream has its initial config: the replica is quiet (under 10% of
 # a core over 2 s; at most 120 s).
 ticks() { awk '{print $14 + $15}' "/proc/$REPLICA/stat"; }

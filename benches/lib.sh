@@ -113,3 +113,21 @@ wait_replica_ready() {
     echo "error: the replica at $api is not ready within 60s" >&2
     return 1
 }
+
+# wait_proxies_connected API CACERT N BENCH_PID OUT...: until the replica at
+# API counts N connected proxies (`pilot_xds` on /metrics, read with
+# LODESTAR_TOKEN, trusting CACERT), polled every 0.5 s for at most 600 s;
+# fails when the load generator BENCH_PID exits first (printing the files
+# OUT...) or time runs out.
+wait_proxies_connected() {
+    local api=$1 cacert=$2 want=$3 bench=$4 connected=0
+    shift 4
+    for _ in $(seq 1200); do
+        connected=$(curl -s --cacert "$cacert" -H "Authorization: Bearer $LODESTAR_TOKEN" --max-time 2 "https://$api/metrics" | awk '$1 == "pilot_xds" {print int($2)}')
+        [ "${connected:-0}" -ge "$want" ] && return 0
+        kill -0 "$bench" 2>/dev/null || { cat "$@" >&2; echo "error: lodestar-bench exited" >&2; return 1; }
+        sleep 0.5
+    done
+    echo "error: only ${connected:-0} of $want proxies connected within 600 s" >&2
+    return 1
+}
