@@ -668,7 +668,7 @@ pub fn update_routes(
     let gateways: Vec<ResourceKey> = of_kind(Kind::KubeGateway).chain(of_kind(Kind::ListenerSet)).collect();
     for g in &gateways {
         let Some(s) = status.get_mut(g) else { continue };
-        for (i, l) in s["listeners"].as_array_mut().into_iter().flatten().enumerate() {
+        for (i, l) in s.get_mut("listeners").and_then(Value::as_array_mut).into_iter().flatten().enumerate() {
             let n = l["attachedRoutes"].as_i64().unwrap_or(0) - attached(&was, g, i) + attached(&is, g, i);
             l["attachedRoutes"] = json!(n);
         }
@@ -1449,6 +1449,54 @@ mod tests {
         }
         assert!(incremental_steps > 80, "only {incremental_steps} incremental steps");
     }
+    /// Route writes through ListenerSets take the incremental path and
+    /// give what a full translation gives (the sets' listeners'
+    /// `attachedRoutes` included); a ListenerSet write does not.
+    #[test]
+    fn listener_set_routes_incremental_equals_full() {
+        let mut state = state_from(include_str!("../../tests/fixtures/translate/gateway-api-listenerset/input.yaml"));
+        let config = Arc::new(MeshConfig::default());
+        let mut mesh = Mesh::build(&state, config.clone());
+        let route = |name: &str, parents: &str| {
+            let yaml = format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: shop}}\nspec:\n  parentRefs: {parents}\n  rules:\n  - backendRefs: [{{name: store, port: 8080}}]\n"
+            );
+            let r = parse_resource(parse_documents(&yaml, "change").unwrap().remove(0), "default").unwrap();
+            Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }
+        };
+        let attached = |m: &Mesh, listener: usize| {
+            let key = crate::model::ResourceKey::new(crate::model::Kind::ListenerSet, "shop", "store");
+            m.gateway_api_status.get(&key).unwrap()["listeners"][listener]["attachedRoutes"].as_u64().unwrap()
+        };
+        assert_eq!((attached(&mesh, 0), attached(&mesh, 1)), (2, 1));
+        let store = crate::model::ResourceKey::new(crate::model::Kind::HttpRoute, "shop", "store");
+        let steps = [
+            route("more", "[{kind: ListenerSet, name: store, sectionName: store}]"),
+            route("extra-only", "[{kind: ListenerSet, name: store, port: 80}]"),
+            Op::Delete { key: store, expected_revision: None, ignore_missing: false },
+            route("more", "[{kind: ListenerSet, name: refused, namespace: infra}]"),
+        ];
+        for (i, op) in steps.into_iter().enumerate() {
+            let before = state.objects.clone();
+            state.apply_txn(&Txn { ops: vec![op] }).0.unwrap();
+            let full = Mesh::build(&state, config.clone());
+            let stepped = mesh.update_gateway_routes(&before, &state).unwrap_or_else(|| panic!("step {i}: not incremental"));
+            assert_eq!(gateway_api_mesh_view(&stepped), gateway_api_mesh_view(&full), "step {i}");
+            mesh = stepped;
+        }
+        assert_eq!((attached(&mesh, 0), attached(&mesh, 1)), (0, 1), "{:?}", mesh.gateway_api_status);
+        // Allowing no ListenerSets: not a route change; the set is refused.
+        let before = state.objects.clone();
+        let gw = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web, namespace: infra}\nspec:\n  gatewayClassName: lodestar\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n";
+        let r = parse_resource(parse_documents(gw, "change").unwrap().remove(0), "default").unwrap();
+        state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.unwrap();
+        assert!(mesh.update_gateway_routes(&before, &state).is_none());
+        let full = Mesh::build(&state, config);
+        let set = full.gateway_api_status.get(&crate::model::ResourceKey::new(crate::model::Kind::ListenerSet, "shop", "store")).unwrap();
+        assert_eq!(set["conditions"][0]["reason"], "NotAllowed", "{set}");
+        assert!(full.gateways.iter().all(|g| !g.key.name.contains(".shop.")), "a refused set's listener is served");
+    }
+
     /// A status write that keeps the generation (`Op::Status`, what the
     /// leader writes from `Mesh::gateway_api_status`) is no change to
     /// translation: the mesh is the same one at the new revision (nothing
