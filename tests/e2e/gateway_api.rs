@@ -76,6 +76,9 @@ const REPORTED: &[&str] = &[
     "ListenerSetHostnameConflict",
     "ListenerSetGatewayParentSectionNameNotFound",
     "ListenerSetDualParentRefIndependence",
+    "ListenerSetAllowedNamespaceSame",
+    "ListenerSetAllowedNamespaceSelector",
+    "ListenerSetAllowedNamespaceNone",
 ];
 
 /// Core tests not run, with why (they count as failures in a report).
