@@ -524,7 +524,7 @@ fn listener_sets<'a>(
                 ];
                 st.served = false;
             }
-            let valid = st.conditions[0]["status"] == "True";
+            let valid = st.served;
             state.accepted |= valid;
             state.all_valid &= valid;
             listeners.push(st);
