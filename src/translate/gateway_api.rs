@@ -1497,6 +1497,36 @@ mod tests {
         assert!(full.gateways.iter().all(|g| !g.key.name.contains(".shop.")), "a refused set's listener is served");
     }
 
+    /// An HTTPS listener of a ListenerSet in another namespace than its
+    /// Gateway's: the certificate (in the Gateway's namespace, where its
+    /// proxies read Secrets) needs a ReferenceGrant from ListenerSets of
+    /// the set's namespace (a Gateway's does not count); without one the
+    /// listener is RefNotPermitted and the set, with no listener that can
+    /// be served, is not accepted.
+    #[test]
+    fn listener_set_certificates_need_a_grant_to_listener_sets() {
+        let yaml = |grant_kind: &str| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: lodestar}}\nspec: {{controllerName: lodestar.dev/gateway-controller}}\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: web, namespace: infra}}\nspec:\n  gatewayClassName: lodestar\n  allowedListeners: {{namespaces: {{from: All}}}}\n  listeners: [{{name: http, port: 80, protocol: HTTP}}]\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1\nkind: ReferenceGrant\nmetadata: {{name: certs, namespace: infra}}\nspec:\n  from: [{{group: gateway.networking.k8s.io, kind: {grant_kind}, namespace: team}}]\n  to: [{{group: \"\", kind: Secret}}]\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1\nkind: ListenerSet\nmetadata: {{name: tls, namespace: team}}\nspec:\n  parentRef: {{name: web, namespace: infra}}\n  listeners:\n  - {{name: https, port: 443, protocol: HTTPS, hostname: team.example, tls: {{certificateRefs: [{{name: team-cert, namespace: infra}}]}}}}\n"
+            )
+        };
+        let config = Arc::new(MeshConfig::default());
+        let key = crate::model::ResourceKey::new(crate::model::Kind::ListenerSet, "team", "tls");
+        let without = Mesh::build(&state_from(&yaml("Gateway")), config.clone());
+        let set = without.gateway_api_status.get(&key).unwrap();
+        assert_eq!((set["conditions"][0]["status"].as_str(), set["conditions"][0]["reason"].as_str()), (Some("False"), Some("ListenersNotValid")), "{set}");
+        assert_eq!(set["listeners"][0]["conditions"][1]["reason"], "RefNotPermitted", "{set}");
+        assert!(without.gateways.iter().all(|g| g.spec.servers.iter().all(|s| s.port.number != Some(443))), "a listener without a grant is served");
+        let with = Mesh::build(&state_from(&yaml("ListenerSet")), config);
+        let set = with.gateway_api_status.get(&key).unwrap();
+        assert_eq!((set["conditions"][0]["status"].as_str(), set["listeners"][0]["conditions"][1]["status"].as_str()), (Some("True"), Some("True")), "{set}");
+        let served = with.gateways.iter().find(|g| g.key.name == "web.team.tls.https").expect("the set's listener");
+        assert_eq!(serde_json::to_value(&served.spec.servers[0]).unwrap()["tls"]["credentialName"], "team-cert");
+    }
+
     /// A status write that keeps the generation (`Op::Status`, what the
     /// leader writes from `Mesh::gateway_api_status`) is no change to
     /// translation: the mesh is the same one at the new revision (nothing
