@@ -73,7 +73,9 @@ async fn a_listener_set_adds_a_port_to_its_gateway_and_a_closed_gateway_refuses_
         up.addr.ip(),
         up.addr.port()
     );
-    fx.apply(&format!("{SETUP}---\n{instance}")).await;
+    let setup = fx.apply(&format!("{SETUP}---\n{instance}")).await;
+    let mut watch = fx.client.get(format!("{api}/v1/watch?fromRevision={setup}&namespace=shop")).send().await.unwrap();
+    assert_eq!(watch.status(), 200);
 
     // Bad input: refused, naming the field, over REST and gRPC.
     let bad = "apiVersion: gateway.networking.k8s.io/v1\nkind: ListenerSet\nmetadata: {name: bad, namespace: shop}\nspec:\n  parentRef: {name: web}\n  listeners:\n  - {name: a, port: 8083, protocol: HTTP}\n  - {name: a, port: 8084, protocol: HTTP}\n";
@@ -86,6 +88,20 @@ async fn a_listener_set_adds_a_port_to_its_gateway_and_a_closed_gateway_refuses_
     let rev = grpc.apply(item(STORE_SET.to_string())).await.unwrap().into_inner().revision;
     let got = grpc.get(GetRequest { kind: "lset".into(), namespace: "shop".into(), name: "store".into(), consistency: 0 }).await.unwrap().into_inner();
     assert!(got.resource_json.contains("\"kind\":\"ListenerSet\""), "{}", got.resource_json);
+    // Watched, as every kind.
+    let mut buf = String::new();
+    let event = loop {
+        let found = buf
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["object"]["kind"] == "ListenerSet" && e["object"]["metadata"]["name"] == "store");
+        if let Some(e) = found {
+            break e;
+        }
+        let chunk = tokio::time::timeout(BOUND, watch.chunk()).await.expect("a watch event in time").unwrap().expect("the watch is open");
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+    };
+    assert_eq!(event["object"]["metadata"]["modRevision"].as_u64(), Some(rev), "{event}");
 
     // The Gateway's proxy serves the set's port; the route answers there,
     // not on the Gateway's own listener.
