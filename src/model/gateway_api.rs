@@ -1,6 +1,7 @@
 //! The Kubernetes Gateway API (`gateway.networking.k8s.io`, standard
 //! channel): GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant,
-//! and the experimental channel's TCPRoute and TLSRoute, typed,
+//! BackendTLSPolicy, ListenerSet, and the experimental channel's TCPRoute
+//! and TLSRoute, typed,
 //! with the checks of the CRDs' OpenAPI schema and CEL rules that matter
 //! (required fields, enums, hostname and path formats, ranges, list
 //! lengths), each error naming its field (`spec.rules[0].matches[1].path`).

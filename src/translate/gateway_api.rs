@@ -21,6 +21,12 @@
 //!   (`<gateway>.<listener>.<host>`), sorted by the spec's precedence
 //!   (exact path, longest prefix, method, most headers, most query
 //!   parameters, oldest route, then rule order).
+//! - A ListenerSet whose Gateway's `allowedListeners` admits its namespace
+//!   adds its listeners to that Gateway's, after the Gateway's own and
+//!   those of older sets (then by namespace/name); one whose port an
+//!   earlier listener has with another protocol, or with the same
+//!   hostname, is Conflicted and not served. Routes reach a set's
+//!   listeners through a `kind: ListenerSet` parentRef only.
 //! - GRPCRoutes join HTTPRoutes on HTTP(S) listeners (a method is the
 //!   path `/service/method`); TCPRoutes become TCP routes of a TCP
 //!   listener, TLSRoutes TLS routes by SNI of a TLS listener passed
