@@ -147,8 +147,8 @@ fn status_input(kind: Kind) -> bool {
 }
 
 /// The kinds `translate::gateway_api` gives a status.
-const STATUS_KINDS: [Kind; 7] =
-    [Kind::GatewayClass, Kind::KubeGateway, Kind::HttpRoute, Kind::GrpcRoute, Kind::TcpRoute, Kind::TlsRoute, Kind::BackendTlsPolicy];
+const STATUS_KINDS: [Kind; 8] =
+    [Kind::GatewayClass, Kind::KubeGateway, Kind::HttpRoute, Kind::GrpcRoute, Kind::TcpRoute, Kind::TlsRoute, Kind::BackendTlsPolicy, Kind::ListenerSet];
 
 #[cfg(test)]
 mod tests {

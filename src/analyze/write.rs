@@ -113,7 +113,7 @@ fn families_for(kind: Kind) -> &'static [Family] {
         Kind::MeshConfig => &[Schema, Authz],
         Kind::Policy | Kind::Role | Kind::Token | Kind::CertificateRevocation => &[],
         Kind::GatewayClass | Kind::KubeGateway | Kind::HttpRoute | Kind::ReferenceGrant | Kind::Namespace => &[],
-        Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute | Kind::BackendTlsPolicy => &[],
+        Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute | Kind::BackendTlsPolicy | Kind::ListenerSet => &[],
     }
 }
 

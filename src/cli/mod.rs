@@ -1007,7 +1007,7 @@ fn summary_header(kind: Kind) -> &'static str {
         Kind::DestinationRule => "HOST",
         Kind::VirtualService | Kind::ServiceEntry | Kind::Gateway => "HOSTS",
         Kind::WorkloadEntry => "ADDRESS",
-        Kind::KubeGateway => "LISTENERS (ATTACHED ROUTES)",
+        Kind::KubeGateway | Kind::ListenerSet => "LISTENERS (ATTACHED ROUTES)",
         Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute => "PARENTS (ACCEPTED)",
         Kind::BackendTlsPolicy => "ANCESTORS (ACCEPTED)",
         _ => "",
@@ -1037,7 +1037,7 @@ fn summary(kind: Kind, item: &Value) -> String {
     let status = &item["status"];
     match kind {
         // From the status a read computes: why a route is not attached.
-        Kind::KubeGateway => status["listeners"]
+        Kind::KubeGateway | Kind::ListenerSet => status["listeners"]
             .as_array()
             .map(|ls| ls.iter().map(|l| format!("{}({})", l["name"].as_str().unwrap_or(""), l["attachedRoutes"])).collect::<Vec<_>>().join(","))
             .unwrap_or_default(),

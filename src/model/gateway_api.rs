@@ -1,6 +1,7 @@
 //! The Kubernetes Gateway API (`gateway.networking.k8s.io`, standard
 //! channel): GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant,
-//! and the experimental channel's TCPRoute and TLSRoute, typed,
+//! BackendTLSPolicy, ListenerSet, and the experimental channel's TCPRoute
+//! and TLSRoute, typed,
 //! with the checks of the CRDs' OpenAPI schema and CEL rules that matter
 //! (required fields, enums, hostname and path formats, ranges, list
 //! lengths), each error naming its field (`spec.rules[0].matches[1].path`).
@@ -43,6 +44,7 @@ pub enum Spec {
     TcpRoute(L4Route),
     TlsRoute(L4Route),
     BackendTlsPolicy(BackendTlsPolicy),
+    ListenerSet(ListenerSet),
 }
 
 impl Spec {
@@ -84,12 +86,52 @@ pub struct Gateway {
     pub addresses: Vec<GatewayAddress>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub infrastructure: Option<Value>,
+    /// Which ListenerSets may add listeners (none when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allowed_listeners: Option<Value>,
+    pub allowed_listeners: Option<AllowedListeners>,
     #[serde(default, rename = "tls", skip_serializing_if = "Option::is_none")]
     pub tls: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_scope: Option<Value>,
+}
+
+/// A Gateway's `allowedListeners`: the namespaces whose ListenerSets may
+/// attach (`from`: `Same`, `All`, `Selector` or `None`, the default).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllowedListeners {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<RouteNamespaces>,
+}
+
+/// ListenerSet (GEP-1713, standard channel since v1.5.0): listeners merged
+/// into the parent Gateway, if that Gateway allows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListenerSet {
+    pub parent_ref: ParentGatewayRef,
+    pub listeners: Vec<Listener>,
+}
+
+/// A ListenerSet's parent: a Gateway (the defaults), in the ListenerSet's
+/// namespace unless said otherwise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ParentGatewayRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+impl ParentGatewayRef {
+    /// Whether it names a Gateway (the group and kind, or their defaults).
+    pub fn is_gateway(&self) -> bool {
+        self.group.as_deref().unwrap_or(GROUP) == GROUP && self.kind.as_deref().unwrap_or("Gateway") == "Gateway"
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -705,6 +747,11 @@ pub fn validate(kind: &str, spec: &Value) -> Result<Spec, Vec<FieldError>> {
             check_backend_tls_policy(&mut c, &s);
             Spec::BackendTlsPolicy(s)
         }
+        "ListenerSet" => {
+            let s: ListenerSet = parse(spec)?;
+            check_listener_set(&mut c, &s);
+            Spec::ListenerSet(s)
+        }
         other => return Err(vec![FieldError::new("kind", format!("{other} is not a Gateway API kind"))]),
     };
     if c.0.is_empty() {
@@ -797,13 +844,60 @@ fn check_gateway(c: &mut Check, s: &Gateway) {
             _ => {}
         }
     }
+    if let Some(ns) = s.allowed_listeners.as_ref().and_then(|a| a.namespaces.as_ref()) {
+        check_namespaces_from(c, "spec.allowedListeners.namespaces", ns, "None");
+    }
+    check_listeners(c, &s.listeners);
+}
+
+/// A ListenerSet: its parent, and its listeners as a Gateway's, with the
+/// CRD's TLS mode rules for HTTPS and TLS.
+fn check_listener_set(c: &mut Check, s: &ListenerSet) {
+    let p = &s.parent_ref;
+    c.name("spec.parentRef.name", &p.name);
+    if let Some(ns) = &p.namespace {
+        c.section_name("spec.parentRef.namespace", ns);
+    }
+    if !p.is_gateway() {
+        let why = format!("{}/{}: must be a Gateway (group {GROUP})", p.group.as_deref().unwrap_or(GROUP), p.kind.as_deref().unwrap_or("Gateway"));
+        c.err("spec.parentRef.kind", why);
+    }
+    if s.listeners.is_empty() {
+        c.err("spec.listeners", "required: at least one listener");
+    }
+    c.max_items("spec.listeners", &s.listeners, 64);
+    check_listeners(c, &s.listeners);
+    for (i, l) in s.listeners.iter().enumerate() {
+        let mode = l.tls.as_ref().and_then(|t| t.mode.as_deref());
+        match (l.protocol.as_str(), mode, &l.tls) {
+            ("HTTPS", Some(m), _) if m != "Terminate" => c.err(format!("spec.listeners[{i}].tls.mode"), "tls mode must be Terminate for protocol HTTPS"),
+            ("TLS", None, _) => c.err(format!("spec.listeners[{i}].tls.mode"), "tls mode must be set for protocol TLS"),
+            _ => {}
+        }
+    }
+}
+
+/// `namespaces.from` (with its default) and its selector.
+fn check_namespaces_from(c: &mut Check, f: &str, ns: &RouteNamespaces, default: &str) {
+    let from = ns.from.as_deref().unwrap_or(default);
+    c.one_of(&format!("{f}.from"), from, &["All", "Same", "Selector", "None"]);
+    if from == "Selector" && ns.selector.is_none() {
+        c.err(format!("{f}.selector"), "required when from is Selector");
+    }
+    if let Some(sel) = &ns.selector {
+        check_selector(c, &format!("{f}.selector"), sel);
+    }
+}
+
+/// The listener entries of a Gateway or a ListenerSet (`spec.listeners`).
+fn check_listeners(c: &mut Check, listeners: &[Listener]) {
     let mut names = BTreeSet::new();
     let mut combos = BTreeSet::new();
-    for (i, l) in s.listeners.iter().enumerate() {
+    for (i, l) in listeners.iter().enumerate() {
         let f = format!("spec.listeners[{i}]");
         c.section_name(&format!("{f}.name"), &l.name);
         if !names.insert(l.name.as_str()) {
-            c.err(format!("{f}.name"), format!("{:?}: listener names must be unique within a Gateway", l.name));
+            c.err(format!("{f}.name"), format!("{:?}: listener names must be unique", l.name));
         }
         if !combos.insert((l.port, l.protocol.as_str(), l.hostname.as_deref().unwrap_or(""))) {
             c.err(f.clone(), "the combination of port, protocol and hostname must be unique for each listener");
@@ -836,14 +930,7 @@ fn check_gateway(c: &mut Check, s: &Gateway) {
         }
         if let Some(ar) = &l.allowed_routes {
             if let Some(ns) = &ar.namespaces {
-                let from = ns.from.as_deref().unwrap_or("Same");
-                c.one_of(&format!("{f}.allowedRoutes.namespaces.from"), from, &["All", "Same", "Selector", "None"]);
-                if from == "Selector" && ns.selector.is_none() {
-                    c.err(format!("{f}.allowedRoutes.namespaces.selector"), "required when from is Selector");
-                }
-                if let Some(sel) = &ns.selector {
-                    check_selector(c, &format!("{f}.allowedRoutes.namespaces.selector"), sel);
-                }
+                check_namespaces_from(c, &format!("{f}.allowedRoutes.namespaces"), ns, "Same");
             }
             c.max_items(&format!("{f}.allowedRoutes.kinds"), &ar.kinds, 8);
         }
@@ -1283,6 +1370,45 @@ mod tests {
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1x"}}]})), ["spec.rules[0].timeouts.request"]);
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1s", "backendRequest": "2s"}}]})), ["spec.rules[0].timeouts.backendRequest"]);
         assert_eq!(fields("ReferenceGrant", json!({"from": [], "to": [{"group": "", "kind": "Service"}]})), ["spec.from"]);
+    }
+
+    #[test]
+    fn listener_sets_and_allowed_listeners_name_their_fields() {
+        let ok = json!({"parentRef": {"name": "web", "namespace": "infra"}, "listeners": [
+            {"name": "extra", "port": 8081, "protocol": "HTTP", "hostname": "a.example.com", "allowedRoutes": {"namespaces": {"from": "All"}}},
+            {"name": "tls", "port": 8443, "protocol": "TLS", "tls": {"mode": "Passthrough"}}]});
+        let Ok(Spec::ListenerSet(ls)) = validate("ListenerSet", &ok) else { panic!("listener set") };
+        assert!(ls.parent_ref.is_gateway());
+        assert_eq!(fields("ListenerSet", json!({"parentRef": {"name": "web"}, "listeners": []})), ["spec.listeners"]);
+        assert!(validate("ListenerSet", &json!({"listeners": []})).unwrap_err()[0].to_string().contains("parentRef"));
+        let bad = json!({"parentRef": {"name": "Web_1", "kind": "Service", "group": ""}, "listeners": [
+            {"name": "a", "port": 70000, "protocol": "HTTP", "tls": {"certificateRefs": [{"name": "c"}]}},
+            {"name": "a", "port": 80, "protocol": "TCP", "hostname": "x.example.com"},
+            {"name": "s", "port": 443, "protocol": "HTTPS", "tls": {"mode": "Passthrough", "certificateRefs": [{"name": "c"}]}},
+            {"name": "t", "port": 444, "protocol": "TLS", "tls": {"certificateRefs": [{"name": "c"}]}},
+            {"name": "r", "port": 81, "protocol": "HTTP", "allowedRoutes": {"namespaces": {"from": "Selector"}}}]});
+        assert_eq!(
+            fields("ListenerSet", bad),
+            [
+                "spec.parentRef.name",
+                "spec.parentRef.kind",
+                "spec.listeners[0].port",
+                "spec.listeners[0].tls",
+                "spec.listeners[1].name",
+                "spec.listeners[1].hostname",
+                "spec.listeners[4].allowedRoutes.namespaces.selector",
+                "spec.listeners[2].tls.mode",
+                "spec.listeners[3].tls.mode"
+            ]
+        );
+        let many: Vec<Value> = (0..65).map(|i| json!({"name": format!("l{i}"), "port": 80 + i, "protocol": "HTTP"})).collect();
+        assert_eq!(fields("ListenerSet", json!({"parentRef": {"name": "w"}, "listeners": many})), ["spec.listeners"]);
+        let gw = |allowed: Value| json!({"gatewayClassName": "c", "allowedListeners": allowed, "listeners": [{"name": "a", "port": 80, "protocol": "HTTP"}]});
+        assert!(validate("Gateway", &gw(json!({"namespaces": {"from": "Same"}}))).is_ok());
+        assert!(validate("Gateway", &gw(json!({}))).is_ok());
+        assert_eq!(fields("Gateway", gw(json!({"namespaces": {"from": "Some"}}))), ["spec.allowedListeners.namespaces.from"]);
+        assert_eq!(fields("Gateway", gw(json!({"namespaces": {"from": "Selector"}}))), ["spec.allowedListeners.namespaces.selector"]);
+        assert_eq!(fields("Gateway", gw(json!({"namespace": {}}))), ["spec.allowedListeners.namespace"]);
     }
 
     #[test]

@@ -73,6 +73,9 @@ pub enum Kind {
     /// gateway.networking.k8s.io BackendTLSPolicy: TLS from proxies to a
     /// Service's (or ServiceEntry's) ports, validated against a CA.
     BackendTlsPolicy,
+    /// gateway.networking.k8s.io ListenerSet (GEP-1713): listeners added to
+    /// a Gateway that allows them (`spec.allowedListeners`).
+    ListenerSet,
 }
 
 pub const ISTIO_GROUP: &str = "networking.istio.io";
@@ -204,10 +207,13 @@ const KINDS: &[KindInfo] = &[
         group: GATEWAY_API_GROUP,
         versions: BACKEND_TLS_VERSIONS,
     },
+    // Standard channel since v1.5.0 (the experimental XListenerSet is
+    // another group).
+    KindInfo { kind: Kind::ListenerSet, name: "ListenerSet", plural: "listenersets", short: &["lset"], group: GATEWAY_API_GROUP, versions: &["v1"] },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 30] = [
+    pub const ALL: [Kind; 31] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::ServiceEntry,
@@ -238,6 +244,7 @@ impl Kind {
         Kind::Telemetry,
         Kind::EnvoyFilter,
         Kind::BackendTlsPolicy,
+        Kind::ListenerSet,
     ];
 
     fn info(self) -> &'static KindInfo {
@@ -392,6 +399,8 @@ mod tests {
             ("HTTPRoute", Kind::HttpRoute),
             ("referencegrants", Kind::ReferenceGrant),
             ("gatewayclass", Kind::GatewayClass),
+            ("lset", Kind::ListenerSet),
+            ("listenerset", Kind::ListenerSet),
         ] {
             assert_eq!(Kind::from_cli_name(name), Some(kind), "{name}");
         }

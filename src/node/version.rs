@@ -66,6 +66,7 @@ pub const KINDS: &[(Kind, u32)] = &[
     (Kind::Telemetry, 2),
     (Kind::EnvoyFilter, 2),
     (Kind::BackendTlsPolicy, 2),
+    (Kind::ListenerSet, 2),
 ];
 
 /// Log entry shapes and other features added after version 1.

@@ -21,6 +21,12 @@
 //!   (`<gateway>.<listener>.<host>`), sorted by the spec's precedence
 //!   (exact path, longest prefix, method, most headers, most query
 //!   parameters, oldest route, then rule order).
+//! - A ListenerSet whose Gateway's `allowedListeners` admits its namespace
+//!   adds its listeners to that Gateway's, after the Gateway's own and
+//!   those of older sets (then by namespace/name); one whose port an
+//!   earlier listener has with another protocol, or with the same
+//!   hostname, is Conflicted and not served. Routes reach a set's
+//!   listeners through a `kind: ListenerSet` parentRef only.
 //! - GRPCRoutes join HTTPRoutes on HTTP(S) listeners (a method is the
 //!   path `/service/method`); TCPRoutes become TCP routes of a TCP
 //!   listener, TLSRoutes TLS routes by SNI of a TLS listener passed
@@ -120,9 +126,15 @@ struct GatewayIn<'a> {
     controller: &'a str,
 }
 
-/// One listener of one of our Gateways.
+/// One listener of one of our Gateways, its own or a ListenerSet's.
 struct ListenerState<'a> {
     gw: usize,
+    /// The ListenerSet it comes from (an index into the accepted sets).
+    set: Option<usize>,
+    /// The namespace of the object it is written in (`allowedRoutes`
+    /// `Same`), and the name of its generated Istio Gateway.
+    ns: &'a str,
+    id: String,
     listener: &'a Listener,
     /// Route kinds it admits: HTTPRoute and GRPCRoute on HTTP(S),
     /// TCPRoute on TCP, TLSRoute on TLS passed through.
@@ -143,6 +155,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
     let mut routes: Vec<(&StoredObject, RouteIn)> = Vec::new();
     let mut gateway_objs: Vec<(&StoredObject, &api::Gateway)> = Vec::new();
     let mut policies: Vec<(&StoredObject, &api::BackendTlsPolicy)> = Vec::new();
+    let mut set_objs: Vec<(&StoredObject, &api::ListenerSet)> = Vec::new();
     // Who sends to each backend host: BackendTLSPolicy ancestors.
     let mut ancestors: Ancestors = BTreeMap::new();
     for (obj, spec) in objects {
@@ -164,10 +177,12 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             Spec::TlsRoute(r) => routes.push((obj, RouteIn::Tls(r))),
             Spec::ReferenceGrant(g) => grants.push((obj.key.namespace.as_str(), g)),
             Spec::BackendTlsPolicy(p) => policies.push((obj, p)),
+            Spec::ListenerSet(l) => set_objs.push((obj, l)),
         }
     }
     let gateways: Vec<GatewayIn> = gateway_objs
-        .into_iter()
+        .iter()
+        .copied()
         .filter_map(|(obj, spec)| {
             let class = classes.get(spec.gateway_class_name.as_str())?;
             api::is_ours(class.controller).then_some(GatewayIn { obj, spec, class: spec.gateway_class_name.as_str(), controller: class.controller })
@@ -175,57 +190,17 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         .collect();
     let resolver = Resolver { backends, grants };
 
-    // Listeners: what each admits and whether it is served.
+    // Listeners: what each admits and whether it is served; the
+    // Gateways' own, then those of the ListenerSets they accept.
     let mut listeners: Vec<ListenerState> = Vec::new();
     for (gi, g) in gateways.iter().enumerate() {
-        let gen = g.obj.version;
         let ns = g.obj.key.namespace.as_str();
         for l in &g.spec.listeners {
-            let mut conditions = Vec::new();
-            let passthrough = l.tls.as_ref().and_then(|t| t.mode.as_deref()) == Some("Passthrough");
-            let supported: &[&'static str] = match l.protocol.as_str() {
-                "HTTP" | "HTTPS" => &["HTTPRoute", "GRPCRoute"],
-                "TCP" => &["TCPRoute"],
-                "TLS" if passthrough => &["TLSRoute"],
-                _ => &[],
-            };
-            let protocol_ok = !supported.is_empty();
-            let kinds = l.allowed_routes.as_ref().map(|a| a.kinds.as_slice()).unwrap_or_default();
-            let ours = |k: &api::RouteGroupKind| k.group.as_deref().unwrap_or(api::GROUP) == api::GROUP;
-            let bad_kinds = kinds.iter().any(|k| !ours(k) || !supported.contains(&k.kind.as_str()));
-            let admits: Vec<&'static str> = supported.iter().copied().filter(|s| kinds.is_empty() || kinds.iter().any(|k| ours(k) && k.kind == *s)).collect();
-            // HTTPS: its first certificate, a Secret this namespace may use.
-            let mut refs_ok = (!bad_kinds, if bad_kinds { "InvalidRouteKinds" } else { "ResolvedRefs" });
-            if let Some(tls) = l.tls.as_ref().filter(|_| l.protocol == "HTTPS") {
-                if tls.mode.as_deref().is_some_and(|m| m != "Terminate") {
-                    refs_ok = (false, "UnsupportedValue");
-                } else if let Some(r) = tls.certificate_refs.first() {
-                    let secret_ns = r.namespace_or(ns);
-                    if !r.group_or("").is_empty() || r.kind_or("Secret") != "Secret" {
-                        refs_ok = (false, "InvalidCertificateRef");
-                    } else if !resolver.granted("Gateway", ns, "", "Secret", secret_ns, &r.name) {
-                        refs_ok = (false, "RefNotPermitted");
-                    } else if secret_ns != ns {
-                        // A gateway proxy reads the Secrets of its own namespace only.
-                        refs_ok = (false, "InvalidCertificateRef");
-                    }
-                }
-            }
-            let served = protocol_ok && refs_ok.0;
-            conditions.push(if protocol_ok {
-                condition("Accepted", true, "Accepted", "", gen)
-            } else if l.protocol == "TLS" {
-                let why = "TLS terminated at the gateway then forwarded as TCP is not supported: use mode Passthrough with TLSRoutes, or HTTPS";
-                condition("Accepted", false, "UnsupportedProtocol", why, gen)
-            } else {
-                condition("Accepted", false, "UnsupportedProtocol", &format!("protocol {} is not supported", l.protocol), gen)
-            });
-            conditions.push(condition("ResolvedRefs", refs_ok.0, refs_ok.1, "", gen));
-            conditions.push(condition("Programmed", served, if served { "Programmed" } else { "Invalid" }, "", gen));
-            conditions.push(condition("Conflicted", false, "NoConflicts", "", gen));
-            listeners.push(ListenerState { gw: gi, listener: l, admits, served, conditions, attached: 0 });
+            let id = format!("{}.{}", g.obj.key.name, l.name);
+            listeners.push(listener_state(gi, None, l, ("Gateway", ns, id), ns, g.obj.version, &resolver));
         }
     }
+    let sets = listener_sets(set_objs, &gateway_objs, &gateways, namespaces, &resolver, &mut listeners, &mut out);
 
     // Routes: attachment per parentRef, then their HTTP routes per
     // (listener, host).
@@ -261,14 +236,23 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
                 parents.push(parent);
                 continue;
             }
-            if pref.group.as_deref().unwrap_or(api::GROUP) != api::GROUP || pref.kind.as_deref().unwrap_or("Gateway") != "Gateway" {
+            let parent_kind = pref.kind.as_deref().unwrap_or("Gateway");
+            if pref.group.as_deref().unwrap_or(api::GROUP) != api::GROUP || !matches!(parent_kind, "Gateway" | "ListenerSet") {
                 continue; // not a parent kind of ours
             }
-            let gw_ns = pref.namespace.as_deref().unwrap_or(ns);
-            let Some(gi) = gateways.iter().position(|g| g.obj.key.namespace == gw_ns && g.obj.key.name == pref.name) else { continue };
+            let parent_ns = pref.namespace.as_deref().unwrap_or(ns);
+            // A Gateway's own listeners, or those of an accepted ListenerSet.
+            let (gi, set) = if parent_kind == "Gateway" {
+                let Some(gi) = gateways.iter().position(|g| g.obj.key.namespace == parent_ns && g.obj.key.name == pref.name) else { continue };
+                (gi, None)
+            } else {
+                let Some(s) = sets.iter().find(|s| s.obj.key.namespace == parent_ns && s.obj.key.name == pref.name) else { continue };
+                (s.gw, s.accepted.then_some(s.index))
+            };
             let g = &gateways[gi];
+            let gw_ns = g.obj.key.namespace.as_str();
             let candidates: Vec<usize> = (0..listeners.len())
-                .filter(|&i| listeners[i].gw == gi)
+                .filter(|&i| listeners[i].gw == gi && listeners[i].set == set && (set.is_some() || parent_kind == "Gateway"))
                 .filter(|&i| pref.section_name.as_deref().is_none_or(|s| s == listeners[i].listener.name))
                 .filter(|&i| pref.port.is_none_or(|p| p == listeners[i].listener.port))
                 .collect();
@@ -276,7 +260,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             let mut allowed_any = false;
             for &i in &candidates {
                 let l = &listeners[i];
-                if !l.admits.contains(&from.kind) || !namespace_allowed(l.listener, gw_ns, ns, namespaces) {
+                if !l.admits.contains(&from.kind) || !namespace_allowed(l.listener, l.ns, ns, namespaces) {
                     continue;
                 }
                 allowed_any = true;
@@ -287,6 +271,9 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             }
             let accepted_cond = match (&accepted[..], unsupported) {
                 (_, Some(f)) => condition("Accepted", false, "UnsupportedValue", &format!("filter type {} is not supported", f.kind), gen),
+                ([], _) if parent_kind == "ListenerSet" && set.is_none() => {
+                    condition("Accepted", false, "NoMatchingParent", "the ListenerSet is not accepted by its Gateway", gen)
+                }
                 ([], _) if candidates.is_empty() => condition("Accepted", false, "NoMatchingParent", "no listener matches the sectionName and port", gen),
                 ([], _) if !allowed_any => condition("Accepted", false, "NotAllowedByListeners", "no listener allows this route", gen),
                 ([], _) => condition("Accepted", false, "NoMatchingListenerHostname", "no listener hostname intersects the route's", gen),
@@ -294,7 +281,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             };
             let mut parent_ref = serde_json::to_value(pref).unwrap_or(Value::Null);
             parent_ref["group"] = json!(pref.group.as_deref().unwrap_or(api::GROUP));
-            parent_ref["kind"] = json!(pref.kind.as_deref().unwrap_or("Gateway"));
+            parent_ref["kind"] = json!(parent_kind);
             parents.push(json!({
                 "parentRef": parent_ref,
                 "controllerName": g.controller,
@@ -304,7 +291,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
                 continue;
             }
             if !accepted.is_empty() {
-                let gateway = (api::GROUP.to_string(), "Gateway".to_string(), gw_ns.to_string(), pref.name.clone());
+                let gateway = (api::GROUP.to_string(), "Gateway".to_string(), gw_ns.to_string(), g.obj.key.name.to_string());
                 add_ancestor(&mut ancestors, route, &from, &resolver, (g.controller, gateway));
             }
             for (i, hosts) in accepted {
@@ -342,7 +329,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
             continue;
         }
         let g = &gateways[l.gw];
-        let name = format!("{}.{}", g.obj.key.name, l.listener.name);
+        let name = l.id.clone();
         let mut server = json!({
             "port": {"number": l.listener.port, "name": l.listener.name, "protocol": l.listener.protocol},
             "hosts": [format!("*/{}", l.listener.hostname.as_deref().unwrap_or("*"))],
@@ -368,8 +355,8 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
     let tcp = tcp.into_iter().map(|(i, entries)| (i, "*".to_string(), "tcp", entries));
     let tls = tls.into_iter().map(|((i, host), entries)| (i, host, "tls", entries));
     for ((i, host), routes) in slots {
-        let (g, l) = (&gateways[listeners[i].gw], listeners[i].listener);
-        let name = format!("{}.{}.{}", g.obj.key.name, l.name, host.replace('*', "wildcard"));
+        let g = &gateways[listeners[i].gw];
+        let name = format!("{}.{}", listeners[i].id, host.replace('*', "wildcard"));
         out.contributors.insert(ResourceKey::new(Kind::VirtualService, g.obj.key.namespace.as_str(), name), routes);
     }
     for (i, host, routes_kind, entries) in http.chain(tcp).chain(tls) {
@@ -378,9 +365,9 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         }
         let l = &listeners[i];
         let g = &gateways[l.gw];
-        let gw_name = format!("{}/{}.{}", g.obj.key.namespace, g.obj.key.name, l.listener.name);
+        let gw_name = format!("{}/{}", g.obj.key.namespace, l.id);
         let spec = json!({"hosts": [host], "gateways": [gw_name], routes_kind: entries});
-        let name = format!("{}.{}.{}", g.obj.key.name, l.listener.name, host.replace('*', "wildcard"));
+        let name = format!("{}.{}", l.id, host.replace('*', "wildcard"));
         match serde_json::from_value::<VirtualService>(spec) {
             Ok(spec) => out.virtual_services.push(generated(g.obj, Kind::VirtualService, &name, (CLASS_LABEL, g.class), spec)),
             Err(e) => out.skipped.push((g.obj.key.clone(), format!("generated VirtualService {name}: {e}"))),
@@ -408,14 +395,7 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
     // Gateway status, with each listener's attached routes.
     for (gi, g) in gateways.iter().enumerate() {
         let gen = g.obj.version;
-        let ls: Vec<Value> = listeners
-            .iter()
-            .filter(|l| l.gw == gi)
-            .map(|l| {
-                let kinds: Vec<Value> = l.admits.iter().map(|k| json!({"group": api::GROUP, "kind": k})).collect();
-                json!({"name": l.listener.name, "supportedKinds": kinds, "attachedRoutes": l.attached, "conditions": l.conditions})
-            })
-            .collect();
+        let ls = listener_status(&listeners, gi, None);
         let addresses: Vec<Value> = g.spec.addresses.iter().map(|a| json!({"type": a.address_type(), "value": a.value})).collect();
         // Without Kubernetes no address is assigned: it is spec.addresses
         // (which the listeners bind), else the address of each proxy that
@@ -427,10 +407,205 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
                 "addresses": addresses,
                 "conditions": [condition("Accepted", true, "Accepted", "", gen), condition("Programmed", true, "Programmed", message, gen)],
                 "listeners": ls,
+                "attachedListenerSets": sets.iter().filter(|s| s.gw == gi && s.accepted).count(),
             }),
         );
     }
+    for s in &sets {
+        let gen = s.obj.version;
+        let (accepted, programmed) = if !s.accepted {
+            let reason = s.reason;
+            (condition("Accepted", false, reason, &s.message, gen), condition("Programmed", false, reason, &s.message, gen))
+        } else {
+            let reason = if s.all_valid { "Accepted" } else { "ListenersNotValid" };
+            (condition("Accepted", true, reason, &s.message, gen), condition("Programmed", true, "Programmed", "", gen))
+        };
+        let mut status = json!({"conditions": [accepted, programmed]});
+        if s.allowed {
+            status["listeners"] = json!(listener_status(&listeners, s.gw, Some(s.index)));
+        }
+        out.status.insert(s.obj.key.clone(), status);
+    }
     out
+}
+
+/// The `listeners` status of a Gateway's own listeners (`set` None) or of
+/// one ListenerSet's.
+fn listener_status(listeners: &[ListenerState], gw: usize, set: Option<usize>) -> Vec<Value> {
+    listeners
+        .iter()
+        .filter(|l| l.gw == gw && l.set == set)
+        .map(|l| {
+            let kinds: Vec<Value> = l.admits.iter().map(|k| json!({"group": api::GROUP, "kind": k})).collect();
+            json!({"name": l.listener.name, "supportedKinds": kinds, "attachedRoutes": l.attached, "conditions": l.conditions})
+        })
+        .collect()
+}
+
+/// One ListenerSet whose parent is one of our Gateways.
+struct SetState<'a> {
+    obj: &'a StoredObject,
+    gw: usize,
+    /// Its index among the sets (its listeners' `set`).
+    index: usize,
+    /// The Gateway's `allowedListeners` admits it.
+    allowed: bool,
+    /// Allowed, with at least one valid listener.
+    accepted: bool,
+    all_valid: bool,
+    reason: &'static str,
+    message: String,
+}
+
+/// The ListenerSets of our Gateways, oldest first (then by namespace and
+/// name): whether each Gateway allows each, and its listeners merged after
+/// the Gateway's own and earlier sets', a listener that conflicts with one
+/// of those (same port: another protocol, or the same hostname) not
+/// served. A set whose parent Gateway does not exist gets its status here;
+/// one whose Gateway is another controller's is left alone.
+fn listener_sets<'a>(
+    mut set_objs: Vec<(&'a StoredObject, &'a api::ListenerSet)>,
+    all_gateways: &[(&StoredObject, &api::Gateway)],
+    gateways: &[GatewayIn<'a>],
+    namespaces: &NamespaceLabels,
+    resolver: &Resolver,
+    listeners: &mut Vec<ListenerState<'a>>,
+    out: &mut Output,
+) -> Vec<SetState<'a>> {
+    set_objs.sort_by(|(a, _), (b, _)| (a.create_revision, &a.key).cmp(&(b.create_revision, &b.key)));
+    let mut sets = Vec::new();
+    for (obj, set) in set_objs {
+        let ns = obj.key.namespace.as_str();
+        let p = &set.parent_ref;
+        let gw_ns = p.namespace.as_deref().unwrap_or(ns);
+        let Some(gi) = gateways.iter().position(|g| g.obj.key.namespace == gw_ns && g.obj.key.name == p.name) else {
+            if !all_gateways.iter().any(|(g, _)| g.key.namespace == gw_ns && g.key.name == p.name) {
+                let why = format!("no Gateway {gw_ns}/{}", p.name);
+                let conditions = [
+                    condition("Accepted", false, "ParentNotAccepted", &why, obj.version),
+                    condition("Programmed", false, "ParentNotAccepted", &why, obj.version),
+                ];
+                out.status.insert(obj.key.clone(), json!({"conditions": conditions}));
+            }
+            continue;
+        };
+        let g = &gateways[gi];
+        let index = sets.len();
+        let from = g.spec.allowed_listeners.as_ref().and_then(|a| a.namespaces.as_ref());
+        let allowed = match from.and_then(|f| f.from.as_deref()).unwrap_or("None") {
+            "All" => true,
+            "Same" => gw_ns == ns,
+            "Selector" => from.and_then(|f| f.selector.as_ref()).is_some_and(|s| selector_matches(s, &namespace_labels(namespaces, ns))),
+            _ => false,
+        };
+        let mut state = SetState { obj, gw: gi, index, allowed, accepted: false, all_valid: true, reason: "NotAllowed", message: String::new() };
+        if !allowed {
+            state.message = format!("Gateway {gw_ns}/{}'s allowedListeners does not admit ListenerSets of namespace {ns}", p.name);
+            sets.push(state);
+            continue;
+        }
+        for l in &set.listeners {
+            let id = format!("{}.{}.{}.{}", g.obj.key.name, ns, obj.key.name, l.name);
+            let mut st = listener_state(gi, Some(index), l, ("ListenerSet", ns, id), gw_ns, obj.version, resolver);
+            let merged = listeners.iter().filter(|o| o.gw == gi && o.listener.port == l.port && !is_conflicted(o));
+            let conflict = merged
+                .map(|o| {
+                    if o.listener.protocol != l.protocol {
+                        "ProtocolConflict"
+                    } else if o.listener.hostname == l.hostname {
+                        "HostnameConflict"
+                    } else {
+                        ""
+                    }
+                })
+                .find(|r| !r.is_empty());
+            if let Some(reason) = conflict {
+                let why = format!("port {} is taken by an earlier listener of the Gateway", l.port);
+                let refs = st.conditions[1].clone();
+                st.conditions = vec![
+                    condition("Accepted", false, reason, &why, obj.version),
+                    refs,
+                    condition("Programmed", false, reason, &why, obj.version),
+                    condition("Conflicted", true, reason, &why, obj.version),
+                ];
+                st.served = false;
+            }
+            let valid = st.served;
+            state.accepted |= valid;
+            state.all_valid &= valid;
+            listeners.push(st);
+        }
+        if !state.accepted {
+            state.reason = "ListenersNotValid";
+            state.message = "no listener is valid".to_string();
+        } else if !state.all_valid {
+            state.message = "some listeners are not valid: see their conditions".to_string();
+        }
+        sets.push(state);
+    }
+    sets
+}
+
+fn is_conflicted(l: &ListenerState) -> bool {
+    l.conditions.iter().any(|c| c["type"] == "Conflicted" && c["status"] == "True")
+}
+
+/// A listener's state: the route kinds it admits, and whether it can be
+/// served (its protocol; an HTTPS certificate the owner, a Gateway or a
+/// ListenerSet in namespace `owner_ns`, may use and the Gateway's proxies,
+/// in `gw_ns`, can read).
+fn listener_state<'a>(
+    gw: usize,
+    set: Option<usize>,
+    l: &'a Listener,
+    (owner_kind, owner_ns, id): (&str, &'a str, String),
+    gw_ns: &str,
+    gen: u64,
+    resolver: &Resolver,
+) -> ListenerState<'a> {
+    let mut conditions = Vec::new();
+    let passthrough = l.tls.as_ref().and_then(|t| t.mode.as_deref()) == Some("Passthrough");
+    let supported: &[&'static str] = match l.protocol.as_str() {
+        "HTTP" | "HTTPS" => &["HTTPRoute", "GRPCRoute"],
+        "TCP" => &["TCPRoute"],
+        "TLS" if passthrough => &["TLSRoute"],
+        _ => &[],
+    };
+    let protocol_ok = !supported.is_empty();
+    let kinds = l.allowed_routes.as_ref().map(|a| a.kinds.as_slice()).unwrap_or_default();
+    let ours = |k: &api::RouteGroupKind| k.group.as_deref().unwrap_or(api::GROUP) == api::GROUP;
+    let bad_kinds = kinds.iter().any(|k| !ours(k) || !supported.contains(&k.kind.as_str()));
+    let admits: Vec<&'static str> = supported.iter().copied().filter(|s| kinds.is_empty() || kinds.iter().any(|k| ours(k) && k.kind == *s)).collect();
+    // HTTPS: its first certificate, a Secret this namespace may use.
+    let mut refs_ok = (!bad_kinds, if bad_kinds { "InvalidRouteKinds" } else { "ResolvedRefs" });
+    if let Some(tls) = l.tls.as_ref().filter(|_| l.protocol == "HTTPS") {
+        if tls.mode.as_deref().is_some_and(|m| m != "Terminate") {
+            refs_ok = (false, "UnsupportedValue");
+        } else if let Some(r) = tls.certificate_refs.first() {
+            let secret_ns = r.namespace_or(owner_ns);
+            if !r.group_or("").is_empty() || r.kind_or("Secret") != "Secret" {
+                refs_ok = (false, "InvalidCertificateRef");
+            } else if !resolver.granted(owner_kind, owner_ns, "", "Secret", secret_ns, &r.name) {
+                refs_ok = (false, "RefNotPermitted");
+            } else if secret_ns != gw_ns {
+                // A gateway proxy reads the Secrets of its own namespace only.
+                refs_ok = (false, "InvalidCertificateRef");
+            }
+        }
+    }
+    let served = protocol_ok && refs_ok.0;
+    conditions.push(if protocol_ok {
+        condition("Accepted", true, "Accepted", "", gen)
+    } else if l.protocol == "TLS" {
+        let why = "TLS terminated at the gateway then forwarded as TCP is not supported: use mode Passthrough with TLSRoutes, or HTTPS";
+        condition("Accepted", false, "UnsupportedProtocol", why, gen)
+    } else {
+        condition("Accepted", false, "UnsupportedProtocol", &format!("protocol {} is not supported", l.protocol), gen)
+    });
+    conditions.push(condition("ResolvedRefs", refs_ok.0, refs_ok.1, "", gen));
+    conditions.push(condition("Programmed", served, if served { "Programmed" } else { "Invalid" }, "", gen));
+    conditions.push(condition("Conflicted", false, "NoConflicts", "", gen));
+    ListenerState { gw, set, ns: owner_ns, id, listener: l, admits, served, conditions, attached: 0 }
 }
 
 /// The translation after a change to routes only (HTTPRoute, GRPCRoute,
@@ -495,11 +670,11 @@ pub fn update_routes(
     // attachedRoutes: as before, less what the changed routes attached,
     // plus what they attach now.
     let attached = |t: &Output, g: &ResourceKey, i: usize| t.status.get(g).and_then(|s| s["listeners"][i]["attachedRoutes"].as_i64()).unwrap_or(0);
-    let gateways: Vec<ResourceKey> =
-        status.range(ResourceKey::new(Kind::KubeGateway, "", "")..).take_while(|(k, _)| k.kind == Kind::KubeGateway).map(|(k, _)| k.clone()).collect();
+    let of_kind = |k: Kind| status.range(ResourceKey::new(k, "", "")..).take_while(move |(key, _)| key.kind == k).map(|(key, _)| key.clone());
+    let gateways: Vec<ResourceKey> = of_kind(Kind::KubeGateway).chain(of_kind(Kind::ListenerSet)).collect();
     for g in &gateways {
         let Some(s) = status.get_mut(g) else { continue };
-        for (i, l) in s["listeners"].as_array_mut().into_iter().flatten().enumerate() {
+        for (i, l) in s.get_mut("listeners").and_then(Value::as_array_mut).into_iter().flatten().enumerate() {
             let n = l["attachedRoutes"].as_i64().unwrap_or(0) - attached(&was, g, i) + attached(&is, g, i);
             l["attachedRoutes"] = json!(n);
         }
@@ -619,14 +794,16 @@ fn namespace_allowed(l: &Listener, gw_ns: &str, route_ns: &str, namespaces: &Nam
     match from.and_then(|n| n.from.as_deref()).unwrap_or("Same") {
         "All" => true,
         "Same" => gw_ns == route_ns,
-        "Selector" => {
-            // Every namespace has its name as a label, as in Kubernetes.
-            let mut labels = namespaces.get(route_ns).cloned().unwrap_or_default();
-            labels.insert("kubernetes.io/metadata.name".into(), route_ns.to_string());
-            from.and_then(|n| n.selector.as_ref()).is_some_and(|s| selector_matches(s, &labels))
-        }
+        "Selector" => from.and_then(|n| n.selector.as_ref()).is_some_and(|s| selector_matches(s, &namespace_labels(namespaces, route_ns))),
         _ => false,
     }
+}
+
+/// A namespace's labels, with its name as a label (as in Kubernetes).
+fn namespace_labels(namespaces: &NamespaceLabels, ns: &str) -> BTreeMap<String, String> {
+    let mut labels = namespaces.get(ns).cloned().unwrap_or_default();
+    labels.insert("kubernetes.io/metadata.name".into(), ns.to_string());
+    labels
 }
 
 /// A Kubernetes label selector (`matchLabels`, `matchExpressions`) over
@@ -1278,6 +1455,84 @@ mod tests {
         }
         assert!(incremental_steps > 80, "only {incremental_steps} incremental steps");
     }
+    /// Route writes through ListenerSets take the incremental path and
+    /// give what a full translation gives (the sets' listeners'
+    /// `attachedRoutes` included); a ListenerSet write does not.
+    #[test]
+    fn listener_set_routes_incremental_equals_full() {
+        let mut state = state_from(include_str!("../../tests/fixtures/translate/gateway-api-listenerset/input.yaml"));
+        let config = Arc::new(MeshConfig::default());
+        let mut mesh = Mesh::build(&state, config.clone());
+        let route = |name: &str, parents: &str| {
+            let yaml = format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: shop}}\nspec:\n  parentRefs: {parents}\n  rules:\n  - backendRefs: [{{name: store, port: 8080}}]\n"
+            );
+            let r = parse_resource(parse_documents(&yaml, "change").unwrap().remove(0), "default").unwrap();
+            Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }
+        };
+        let attached = |m: &Mesh, listener: usize| {
+            let key = crate::model::ResourceKey::new(crate::model::Kind::ListenerSet, "shop", "store");
+            m.gateway_api_status.get(&key).unwrap()["listeners"][listener]["attachedRoutes"].as_u64().unwrap()
+        };
+        assert_eq!((attached(&mesh, 0), attached(&mesh, 1)), (2, 1));
+        let store = crate::model::ResourceKey::new(crate::model::Kind::HttpRoute, "shop", "store");
+        let steps = [
+            route("more", "[{kind: ListenerSet, name: store, sectionName: store}]"),
+            route("extra-only", "[{kind: ListenerSet, name: store, port: 80}]"),
+            Op::Delete { key: store, expected_revision: None, ignore_missing: false },
+            route("more", "[{kind: ListenerSet, name: refused, namespace: infra}]"),
+        ];
+        for (i, op) in steps.into_iter().enumerate() {
+            let before = state.objects.clone();
+            state.apply_txn(&Txn { ops: vec![op] }).0.unwrap();
+            let full = Mesh::build(&state, config.clone());
+            let stepped = mesh.update_gateway_routes(&before, &state).unwrap_or_else(|| panic!("step {i}: not incremental"));
+            assert_eq!(gateway_api_mesh_view(&stepped), gateway_api_mesh_view(&full), "step {i}");
+            mesh = stepped;
+        }
+        assert_eq!((attached(&mesh, 0), attached(&mesh, 1)), (0, 1), "{:?}", mesh.gateway_api_status);
+        // Allowing no ListenerSets: not a route change; the set is refused.
+        let before = state.objects.clone();
+        let gw = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web, namespace: infra}\nspec:\n  gatewayClassName: lodestar\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n";
+        let r = parse_resource(parse_documents(gw, "change").unwrap().remove(0), "default").unwrap();
+        state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.unwrap();
+        assert!(mesh.update_gateway_routes(&before, &state).is_none());
+        let full = Mesh::build(&state, config);
+        let set = full.gateway_api_status.get(&crate::model::ResourceKey::new(crate::model::Kind::ListenerSet, "shop", "store")).unwrap();
+        assert_eq!(set["conditions"][0]["reason"], "NotAllowed", "{set}");
+        assert!(full.gateways.iter().all(|g| !g.key.name.contains(".shop.")), "a refused set's listener is served");
+    }
+
+    /// An HTTPS listener of a ListenerSet in another namespace than its
+    /// Gateway's: the certificate (in the Gateway's namespace, where its
+    /// proxies read Secrets) needs a ReferenceGrant from ListenerSets of
+    /// the set's namespace (a Gateway's does not count); without one the
+    /// listener is RefNotPermitted and the set, with no listener that can
+    /// be served, is not accepted.
+    #[test]
+    fn listener_set_certificates_need_a_grant_to_listener_sets() {
+        let yaml = |grant_kind: &str| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: lodestar}}\nspec: {{controllerName: lodestar.dev/gateway-controller}}\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: web, namespace: infra}}\nspec:\n  gatewayClassName: lodestar\n  allowedListeners: {{namespaces: {{from: All}}}}\n  listeners: [{{name: http, port: 80, protocol: HTTP}}]\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1\nkind: ReferenceGrant\nmetadata: {{name: certs, namespace: infra}}\nspec:\n  from: [{{group: gateway.networking.k8s.io, kind: {grant_kind}, namespace: team}}]\n  to: [{{group: \"\", kind: Secret}}]\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1\nkind: ListenerSet\nmetadata: {{name: tls, namespace: team}}\nspec:\n  parentRef: {{name: web, namespace: infra}}\n  listeners:\n  - {{name: https, port: 443, protocol: HTTPS, hostname: team.example, tls: {{certificateRefs: [{{name: team-cert, namespace: infra}}]}}}}\n"
+            )
+        };
+        let config = Arc::new(MeshConfig::default());
+        let key = crate::model::ResourceKey::new(crate::model::Kind::ListenerSet, "team", "tls");
+        let without = Mesh::build(&state_from(&yaml("Gateway")), config.clone());
+        let set = without.gateway_api_status.get(&key).unwrap();
+        assert_eq!((set["conditions"][0]["status"].as_str(), set["conditions"][0]["reason"].as_str()), (Some("False"), Some("ListenersNotValid")), "{set}");
+        assert_eq!(set["listeners"][0]["conditions"][1]["reason"], "RefNotPermitted", "{set}");
+        assert!(without.gateways.iter().all(|g| g.spec.servers.iter().all(|s| s.port.number != Some(443))), "a listener without a grant is served");
+        let with = Mesh::build(&state_from(&yaml("ListenerSet")), config);
+        let set = with.gateway_api_status.get(&key).unwrap();
+        assert_eq!((set["conditions"][0]["status"].as_str(), set["listeners"][0]["conditions"][1]["status"].as_str()), (Some("True"), Some("True")), "{set}");
+        let served = with.gateways.iter().find(|g| g.key.name == "web.team.tls.https").expect("the set's listener");
+        assert_eq!(serde_json::to_value(&served.spec.servers[0]).unwrap()["tls"]["credentialName"], "team-cert");
+    }
+
     /// A status write that keeps the generation (`Op::Status`, what the
     /// leader writes from `Mesh::gateway_api_status`) is no change to
     /// translation: the mesh is the same one at the new revision (nothing

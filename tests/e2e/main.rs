@@ -38,6 +38,7 @@ mod history;
 mod identity;
 mod istio_validation;
 mod jwt;
+mod listener_set;
 mod mtls;
 mod nacks;
 mod preview;

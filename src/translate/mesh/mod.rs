@@ -811,7 +811,7 @@ impl Mesh {
         // Every Gateway API object that is not a route; Namespaces' labels.
         let of_kind = |k: Kind| state.objects.range(ResourceKey::new(k, "", "")..).take_while(move |(key, _)| key.kind == k);
         let mut context = Vec::new();
-        for k in [Kind::GatewayClass, Kind::KubeGateway, Kind::ReferenceGrant, Kind::BackendTlsPolicy] {
+        for k in [Kind::GatewayClass, Kind::KubeGateway, Kind::ReferenceGrant, Kind::BackendTlsPolicy, Kind::ListenerSet] {
             for (_, o) in of_kind(k) {
                 context.push(typed(o)?);
             }
