@@ -1335,7 +1335,8 @@ mod tests {
         let translator = Translator::new(MeshConfig::default());
         let pushed = state.clone();
         let built = translator.mesh(&pushed);
-        let ops: Vec<Op> = built.gateway_api_status.iter().map(|(key, status)| Op::Status { key: key.clone(), status: status.to_string(), expected_revision: None }).collect();
+        let ops: Vec<Op> =
+            built.gateway_api_status.iter().map(|(key, status)| Op::Status { key: key.clone(), status: status.to_string(), expected_revision: None }).collect();
         state.apply_txn(&Txn { ops }).0.unwrap();
         assert!(Arc::ptr_eq(&translator.mesh(&state).gateway_api, &built.gateway_api));
         let back = translator.mesh(&pushed);

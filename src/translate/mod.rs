@@ -505,9 +505,7 @@ impl Translator {
             // the same mesh, at the new revision. Either way: the status
             // writer (`gateway_status`) and a new stream may ask for a
             // revision just before or after the streams' last one.
-            Some((prev, objects)) if objects.spec_diff(&state.objects).next().is_none() => {
-                Some(Mesh { revision: state.revision(), ..(**prev).clone() })
-            }
+            Some((prev, objects)) if objects.spec_diff(&state.objects).next().is_none() => Some(Mesh { revision: state.revision(), ..(**prev).clone() }),
             Some((prev, objects)) if prev.revision < state.revision() => prev
                 .update_instances(objects, state)
                 .map(|(m, _)| m)
