@@ -58,7 +58,8 @@ const OPS_PER_TXN: usize = 256;
 
 /// The leader's status loop. Runs on every replica; acts only while leader.
 /// `pushed`: the revisions the xDS streams are given (`xds::push::debounce`);
-/// `generator`: theirs, whose mesh it reads.
+/// `generator`: theirs, whose mesh it reads (at the newest revision when
+/// that differs from the pushed one by statuses only: the same mesh).
 pub async fn run(
     node: Arc<Node>,
     generator: Arc<dyn Generator>,
@@ -66,6 +67,7 @@ pub async fn run(
     mut pushed: watch::Receiver<Arc<Applied>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let latest = node.reader().subscribe_applied();
     let mut writer = Writer { meshes: Meshes::new(generator, mesh), done: None };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -88,8 +90,15 @@ pub async fn run(
             _ = shutdown.wait_for(|s| *s) => return,
             open = settle(&mut pushed, QUIET, HOLD) => if !open { return },
         }
-        let snapshot = pushed.borrow_and_update().clone();
-        writer.round(&node, snapshot).await;
+        // The newest state, if its specs are the pushed ones (it may be
+        // newer by status writes, which are never pushed): a status is
+        // written over the stored one it was compared with. Else a push
+        // of the newer specs is on its way, and its round will do.
+        let at = pushed.borrow_and_update().clone();
+        let newest = latest.borrow().clone();
+        if at.state.objects.spec_diff(&newest.state.objects).next().is_none() {
+            writer.round(&node, newest).await;
+        }
     }
 }
 
