@@ -95,11 +95,20 @@ pub async fn run(
         // written over the stored one it was compared with. Else a push
         // of the newer specs is on its way, and its round will do.
         let at = pushed.borrow_and_update().clone();
-        let newest = latest.borrow().clone();
-        if at.state.objects.spec_diff(&newest.state.objects).next().is_none() {
-            writer.round(&node, newest).await;
+        let snapshot = round_snapshot(&at, &latest.borrow());
+        if let Some(snapshot) = snapshot {
+            writer.round(&node, snapshot).await;
         }
     }
+}
+
+/// The snapshot a round computes from: the newest applied one, if its
+/// specs are those of the pushed one `at` (it is newer by status writes
+/// only, which are never pushed): its statuses and mod revisions are the
+/// stored ones, which a status write must expect. `None`: newer specs are
+/// still to be pushed (their push starts the next round).
+fn round_snapshot(at: &Arc<Applied>, newest: &Arc<Applied>) -> Option<Arc<Applied>> {
+    at.state.objects.spec_diff(&newest.state.objects).next().is_none().then(|| newest.clone())
 }
 
 /// Wait until `rx` has seen no new value for `quiet`, or `hold` has passed,
@@ -340,5 +349,31 @@ mod tests {
         assert!(!burst.is_finished(), "the burst ended first: {took:?}");
         drop(burst.await.unwrap());
         assert!(!settle(&mut rx, quiet, hold).await, "the sender is gone");
+    }
+
+    /// A round after a status write (never pushed) computes from the
+    /// newest state, with the statuses and revisions now stored: a round
+    /// on the pushed snapshot would write stale statuses, expecting old
+    /// revisions, and fail the same way at every retry. A spec not yet
+    /// pushed waits for its push.
+    #[test]
+    fn a_round_reads_the_status_writes_since_the_push() {
+        let mut state = State::default();
+        apply(&mut state, &class("lodestar.dev/gateway-controller"));
+        let pushed = Arc::new(crate::store::Applied { state: state.clone(), ..Default::default() });
+        let translator = Translator::new(MeshConfig::default());
+        let ops = changes(&translator.mesh(&state), &state);
+        assert_eq!(ops.len(), 1);
+        state.apply_txn(&Txn { ops }).0.unwrap();
+        let newest = Arc::new(crate::store::Applied { state: state.clone(), ..Default::default() });
+        let snapshot = round_snapshot(&pushed, &newest).expect("statuses only since the push");
+        assert_eq!(snapshot.revision(), newest.revision());
+        assert!(changes(&translator.mesh(&snapshot.state), &snapshot.state).is_empty(), "the status written is written again");
+
+        apply(
+            &mut state,
+            "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {name: later, namespace: shop}\nspec: {ports: [{name: http, number: 80}]}\n",
+        );
+        assert!(round_snapshot(&pushed, &Arc::new(crate::store::Applied { state, ..Default::default() })).is_none(), "a spec not pushed yet");
     }
 }
