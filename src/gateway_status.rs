@@ -53,6 +53,8 @@ pub const HOLD: Duration = Duration::from_millis(500);
 /// A round with nothing new runs anyway this often while leading (the
 /// first round of a new leader, a retry after a failed write).
 const TICK: Duration = Duration::from_secs(1);
+/// Pushes a round waits for the newest specs to be pushed, at most.
+const PUSHES_WAITED: usize = 16;
 /// Status writes per transaction.
 const OPS_PER_TXN: usize = 256;
 
@@ -93,11 +95,21 @@ pub async fn run(
         // The newest state, if its specs are the pushed ones (it may be
         // newer by status writes, which are never pushed): a status is
         // written over the stored one it was compared with. Else a push
-        // of the newer specs is on its way, and its round will do.
-        let at = pushed.borrow_and_update().clone();
-        let snapshot = round_snapshot(&at, &latest.borrow());
-        if let Some(snapshot) = snapshot {
-            writer.round(&node, snapshot).await;
+        // of the newer specs is on its way: the round waits for it (not
+        // for another hold, which a steady stream of writes could put at
+        // the same point of the debouncer's cycle every time).
+        for _ in 0..PUSHES_WAITED {
+            let at = pushed.borrow_and_update().clone();
+            let snapshot = round_snapshot(&at, &latest.borrow());
+            if let Some(snapshot) = snapshot {
+                writer.round(&node, snapshot).await;
+                break;
+            }
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                changed = pushed.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(TICK) => {}
+            }
         }
     }
 }
