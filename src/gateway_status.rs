@@ -98,20 +98,35 @@ pub async fn run(
         // of the newer specs is on its way: the round waits for it (not
         // for another hold, which a steady stream of writes could put at
         // the same point of the debouncer's cycle every time).
-        for _ in 0..PUSHES_WAITED {
-            let at = pushed.borrow_and_update().clone();
-            let snapshot = round_snapshot(&at, &latest.borrow());
-            if let Some(snapshot) = snapshot {
-                writer.round(&node, snapshot).await;
-                break;
-            }
-            tokio::select! {
-                _ = shutdown.wait_for(|s| *s) => return,
-                changed = pushed.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(TICK) => {}
-            }
+        match pushed_snapshot(&mut pushed, &latest, &mut shutdown).await {
+            Ok(Some(snapshot)) => writer.round(&node, snapshot).await,
+            Ok(None) => {}
+            Err(()) => return,
         }
     }
+}
+
+/// The snapshot a round computes from ([`round_snapshot`]), waiting for the
+/// pushes of newer specs, at most [`PUSHES_WAITED`] of them. `Ok(None)`:
+/// none came; `Err`: shutdown.
+async fn pushed_snapshot(
+    pushed: &mut watch::Receiver<Arc<Applied>>,
+    latest: &watch::Receiver<Arc<Applied>>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Option<Arc<Applied>>, ()> {
+    for _ in 0..PUSHES_WAITED {
+        let at = pushed.borrow_and_update().clone();
+        let snapshot = round_snapshot(&at, &latest.borrow());
+        if snapshot.is_some() {
+            return Ok(snapshot);
+        }
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return Err(()),
+            changed = pushed.changed() => if changed.is_err() { return Err(()) },
+            _ = tokio::time::sleep(TICK) => {}
+        }
+    }
+    Ok(None)
 }
 
 /// The snapshot a round computes from: the newest applied one, if its
@@ -387,5 +402,32 @@ mod tests {
             "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {name: later, namespace: shop}\nspec: {ports: [{name: http, number: 80}]}\n",
         );
         assert!(round_snapshot(&pushed, &Arc::new(crate::store::Applied { state, ..Default::default() })).is_none(), "a spec not pushed yet");
+    }
+
+    /// A round whose newest specs are not pushed yet waits for their push
+    /// and computes from it (it does not skip to another hold).
+    #[tokio::test]
+    async fn a_round_waits_for_the_push_of_the_newest_specs() {
+        let mut state = State::default();
+        apply(&mut state, &class("lodestar.dev/gateway-controller"));
+        let at = Arc::new(crate::store::Applied { state: state.clone(), ..Default::default() });
+        apply(
+            &mut state,
+            "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {name: later, namespace: shop}\nspec: {ports: [{name: http, number: 80}]}\n",
+        );
+        let newest = Arc::new(crate::store::Applied { state, ..Default::default() });
+        let (push, mut pushed) = watch::channel(at);
+        let (_applied, latest) = watch::channel(newest.clone());
+        let (_stop, mut shutdown) = watch::channel(false);
+        let later = newest.clone();
+        let pusher = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            push.send_replace(later);
+            push
+        });
+        let got = pushed_snapshot(&mut pushed, &latest, &mut shutdown).await.unwrap().expect("the round waited for the push");
+        assert_eq!(got.revision(), newest.revision());
+        drop(pusher.await.unwrap());
+        assert!(pushed_snapshot(&mut pushed, &latest, &mut shutdown).await.unwrap().is_some(), "pushed already");
     }
 }
