@@ -229,9 +229,13 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // Revisions reach the streams through the debouncer (see `xds::push`).
     let pushed = crate::xds::push::debounce(node.reader().subscribe_applied(), Duration::from_millis(config.push_debounce_ms), replica.sync.clone());
     let ca_service = Some(crate::tls::conn::Tracked(crate::ca::service::CaService::server(mesh_ca.clone(), replica.clone())));
+    // The Gateway API status, computed by the leader from the streams' own
+    // mesh at the revisions they are pushed, and written (`gateway_status`).
+    let status_writer = tokio::spawn(crate::gateway_status::run(node.clone(), generator.clone(), config.mesh_config(), pushed.clone(), stop_tx.subscribe()));
     let xds_server = tokio::spawn(crate::xds::server::serve(xds_incoming, pushed, generator, replica.sync.clone(), options, ca_service, xds_stop));
     // Readiness, peers' status, and the spread of streams (see `ha`).
     let mut background = vec![
+        status_writer,
         tokio::spawn(crate::ha::freshness(node.clone(), replica.ha.clone(), Duration::from_millis(config.ready_max_lag_ms), stop_tx.subscribe())),
         tokio::spawn(crate::ha::gossip(node.clone(), replica.ha.clone(), stop_tx.subscribe())),
         tokio::spawn(crate::ha::raft_metrics(node.clone(), stop_tx.subscribe())),
@@ -260,8 +264,6 @@ pub async fn run_with(config: ServerConfig, generator: Arc<dyn Generator>, shutd
     // Registry health: the leader's TTL/lease expiry, everyone's share of probes.
     let reaper = tokio::spawn(crate::health::reaper(node.clone(), replica.heartbeats.clone(), stop_tx.subscribe()));
     let prober = tokio::spawn(crate::health::prober(node.clone(), replica.checks.clone(), replica.ha.clone(), stop_tx.subscribe()));
-    // The Gateway API status, computed and written by the leader (`gateway_status`).
-    background.push(tokio::spawn(crate::gateway_status::run(node.clone(), config.mesh_config(), stop_tx.subscribe())));
 
     let adapter = config.watch_dir.clone().map(|dir| {
         let source = crate::adapters::directory::Directory::new(dir, Duration::from_millis(config.watch_dir_poll_ms.max(50)));

@@ -1579,4 +1579,23 @@ mod tests {
         assert!(state.get(&route).unwrap().body()["status"].is_object(), "a spec write dropped the status");
         assert!(after.update_gateway_routes(&objects, &state).is_some(), "a route write after a status write is not incremental");
     }
+
+    /// The status writer (the root's `gateway_status`) reads the streams'
+    /// mesh at the revision they were pushed, which may be just before one
+    /// a new stream asked for (a status write's): a revision back with the
+    /// same specs is the same mesh at that revision, not a full build.
+    #[test]
+    fn a_status_only_revision_back_is_the_same_mesh() {
+        let mut state = state_from(include_str!("../../tests/fixtures/translate/gateway-api/input.yaml"));
+        let translator = Translator::new(MeshConfig::default());
+        let pushed = state.clone();
+        let built = translator.mesh(&pushed);
+        let ops: Vec<Op> =
+            built.gateway_api_status.iter().map(|(key, status)| Op::Status { key: key.clone(), status: status.to_string(), expected_revision: None }).collect();
+        state.apply_txn(&Txn { ops }).0.unwrap();
+        assert!(Arc::ptr_eq(&translator.mesh(&state).gateway_api, &built.gateway_api));
+        let back = translator.mesh(&pushed);
+        assert_eq!(back.revision, pushed.revision());
+        assert!(Arc::ptr_eq(&back.gateway_api, &built.gateway_api) && Arc::ptr_eq(&back.services, &built.services), "the mesh was built again");
+    }
 }

@@ -502,10 +502,10 @@ impl Translator {
         }
         let m = match &*cached {
             // Only statuses changed (`Op::Status`: translation reads none):
-            // the same mesh, at the new revision.
-            Some((prev, objects)) if prev.revision < state.revision() && objects.spec_diff(&state.objects).next().is_none() => {
-                Some(Mesh { revision: state.revision(), ..(**prev).clone() })
-            }
+            // the same mesh, at the new revision. Either way: the status
+            // writer (`gateway_status`) and a new stream may ask for a
+            // revision just before or after the streams' last one.
+            Some((prev, objects)) if objects.spec_diff(&state.objects).next().is_none() => Some(Mesh { revision: state.revision(), ..(**prev).clone() }),
             Some((prev, objects)) if prev.revision < state.revision() => prev
                 .update_instances(objects, state)
                 .map(|(m, _)| m)
@@ -995,5 +995,9 @@ impl Generator for Translator {
 
     fn key_cell(&self) -> Option<Arc<jwt::KeyCell>> {
         Some(self.keys.clone())
+    }
+
+    fn mesh(&self, state: &State) -> Option<Arc<Mesh>> {
+        Some(Translator::mesh(self, state))
     }
 }

@@ -173,4 +173,12 @@ pub trait Generator: Send + Sync + 'static {
     fn key_cell(&self) -> Option<std::sync::Arc<crate::jwt::KeyCell>> {
         None
     }
+
+    /// The mesh it builds from `state` (once per revision, shared by every
+    /// proxy), if it builds one: the Gateway API status writer reads its
+    /// status there (the root's `gateway_status`) instead of building a
+    /// second mesh of its own. `None`: no such mesh.
+    fn mesh(&self, _state: &State) -> Option<std::sync::Arc<crate::mesh::Mesh>> {
+        None
+    }
 }

@@ -30,6 +30,11 @@ pub trait Generator: Send + Sync + 'static {
     fn fork(&self) -> Option<Box<dyn crate::translate::resources::Generator>> {
         None
     }
+
+    /// The mesh it builds from `applied` (`translate::resources::Generator::mesh`).
+    fn mesh(&self, _applied: &Applied) -> Option<Arc<crate::translate::mesh::Mesh>> {
+        None
+    }
 }
 
 /// Translation serves on the snapshot's state (no raft log id reaches it).
@@ -49,5 +54,9 @@ impl<T: crate::translate::resources::Generator> Generator for T {
 
     fn fork(&self) -> Option<Box<dyn crate::translate::resources::Generator>> {
         crate::translate::resources::Generator::fork(self)
+    }
+
+    fn mesh(&self, applied: &Applied) -> Option<Arc<crate::translate::mesh::Mesh>> {
+        crate::translate::resources::Generator::mesh(self, &applied.state)
     }
 }
