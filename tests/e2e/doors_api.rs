@@ -238,7 +238,12 @@ async fn bootstrap_once_then_only_a_deliberate_reset() {
     assert_eq!(status, 200, "{body}");
     let second = body["secret"].as_str().unwrap().to_string();
     assert!(!reset_file(2).exists(), "the reset file is consumed");
-    assert_eq!(call(token_client(Some(&second)).get(format!("{api3}/v1/cluster"))).await.0, 200, "the new token manages the cluster");
+    // (replica 3 knows it once it has applied the commit, as above)
+    let new_admin = token_client(Some(&second));
+    until("the new token manages the cluster, on replica 3", Duration::from_secs(10), || async {
+        call(new_admin.get(format!("{api3}/v1/cluster"))).await.0 == 200
+    })
+    .await;
     assert_eq!(call(admin.get(format!("{api3}/v1/cluster"))).await.0, 200, "the first token still works");
     // One file, one bootstrap: the index moved, so the stale file on
     // replica 1 (and the same number again) opens nothing.
