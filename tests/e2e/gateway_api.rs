@@ -43,6 +43,7 @@ const REQUIRED: &[&str] = &[
     "HTTPRouteInvalidCrossNamespaceBackendRef",
     "HTTPRouteInvalidNonExistentBackendRef",
     "HTTPRouteWeight",
+    "HTTPRouteServiceTypes",
 ];
 
 /// Also run and reported (not required to pass yet).
@@ -85,10 +86,8 @@ const REPORTED: &[&str] = &[
 ];
 
 /// Tests not run, with why (they count as failures in a report).
-const NOT_RUN: &[(&str, &str)] = &[
-    ("HTTPRouteServiceTypes", "headless and ClusterIP Services have no registry equivalent yet"),
-    ("ListenerSetReferenceGrant", "a certificate Secret outside the Gateway's namespace is not served to its proxies (InvalidCertificateRef)"),
-];
+const NOT_RUN: &[(&str, &str)] =
+    &[("ListenerSetReferenceGrant", "a certificate Secret outside the Gateway's namespace is not served to its proxies (InvalidCertificateRef)")];
 
 fn data_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gateway-api")
@@ -107,6 +106,8 @@ fn load(path: &Path) -> Value {
 struct Echo {
     pod: String,
     namespace: String,
+    /// Where it listens (port 3000).
+    ip: String,
     seen: Arc<Mutex<Vec<String>>>,
 }
 
@@ -168,7 +169,7 @@ async fn echo(State(e): State<Echo>, req: Request<Body>) -> Response {
 }
 
 async fn start_echo(ip: &str, pod: &str, namespace: &str) -> (Echo, tokio::task::JoinHandle<()>) {
-    let e = Echo { pod: pod.to_string(), namespace: namespace.to_string(), seen: Default::default() };
+    let e = Echo { pod: pod.to_string(), namespace: namespace.to_string(), ip: ip.to_string(), seen: Default::default() };
     let listener = tokio::net::TcpListener::bind(format!("{ip}:3000")).await.expect("bind echo");
     let app = axum::Router::new().fallback(echo).with_state(e.clone());
     let task = tokio::spawn(async move {
@@ -676,7 +677,10 @@ async fn run_test(h: &mut Harness, name: &str) -> Result<(), String> {
     if let Some(why) = t["skip_reason"].as_str() {
         return Err(format!("skipped: {why}"));
     }
-    let manifests: Vec<Value> = t["manifests"].as_array().cloned().unwrap_or_default();
+    // The registry's stand-ins for the test's Kubernetes-only objects,
+    // applied and deleted with its manifests.
+    let mut manifests = registry_equivalent(h, &t);
+    manifests.extend(t["manifests"].as_array().cloned().unwrap_or_default());
     let revision = h.apply(manifests.clone()).await?;
     h.synced(revision).await;
     let mut result = Ok(());
@@ -706,6 +710,32 @@ async fn run_test(h: &mut Harness, name: &str) -> Result<(), String> {
     let revision = h.delete(&docs).await;
     h.synced(revision).await;
     result
+}
+
+/// A test's `registry_equivalent`: for each entry a registry Service with
+/// its ports and, as Instances, the echo servers of its `backend` (the
+/// pods a Kubernetes Service of that shape would reach).
+fn registry_equivalent(h: &Harness, t: &Value) -> Vec<Value> {
+    let mut docs = Vec::new();
+    for svc in t["registry_equivalent"].as_array().into_iter().flatten() {
+        let (name, ns, backend) =
+            (svc["name"].as_str().unwrap(), svc["namespace"].as_str().unwrap(), svc["backend"].as_str().expect("registry_equivalent: backend"));
+        let ports: Vec<Value> = svc["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| json!({"name": p["name"], "number": p["port"], "targetPort": p["targetPort"], "protocol": "HTTP"}))
+            .collect();
+        let instance_ports: serde_json::Map<String, Value> = ports.iter().map(|p| (p["name"].as_str().unwrap().to_string(), p["targetPort"].clone())).collect();
+        docs.push(json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": name, "namespace": ns}, "spec": {"ports": ports}}));
+        let pods: Vec<&Echo> = h.echoes.iter().filter(|e| e.namespace == ns && e.pod.starts_with(&format!("{backend}-lodestar-"))).collect();
+        assert!(!pods.is_empty(), "registry_equivalent {name}: no echo server of {backend} in {ns}");
+        for (i, e) in pods.into_iter().enumerate() {
+            docs.push(json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Instance", "metadata": {"name": format!("{name}-{i}"), "namespace": ns},
+                "spec": {"service": name, "address": e.ip, "ports": instance_ports}}));
+        }
+    }
+    docs
 }
 
 /// Set `path` (`spec.rules[0].backendRefs[0].name`) in `doc`.
