@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 const CLASS: &str = "gateway-conformance";
 const CONTROLLER: &str = "lodestar.dev/gateway-controller";
 
-/// The tests this slice must pass (HTTPRoute Core).
+/// The tests this slice must pass (HTTPRoute and GRPCRoute Core).
 const REQUIRED: &[&str] = &[
     "HTTPRouteSimpleSameNamespace",
     "HTTPRouteExactPathMatching",
@@ -44,6 +44,10 @@ const REQUIRED: &[&str] = &[
     "HTTPRouteInvalidNonExistentBackendRef",
     "HTTPRouteWeight",
     "HTTPRouteServiceTypes",
+    "GRPCExactMethodMatching",
+    "GRPCRouteHeaderMatching",
+    "GRPCRouteListenerHostnameMatching",
+    "GRPCRouteWeight",
 ];
 
 /// Also run and reported (not required to pass yet).
@@ -154,6 +158,14 @@ async fn echo(State(e): State<Echo>, req: Request<Body>) -> Response {
         "path": uri, "host": host, "method": req.method().as_str(), "proto": "HTTP/1.1", "headers": headers,
         "namespace": e.namespace, "ingress": "", "service": "", "pod": e.pod, "httpPort": "3000",
     });
+    if req.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/grpc")) {
+        // echo-basic's gRPC mode: one message (here the same JSON), then
+        // the trailers with grpc-status 0.
+        return axum::http::Response::builder()
+            .header("content-type", "application/grpc")
+            .body(Body::new(GrpcReply { message: Some(body.to_string().into_bytes()), done: false }))
+            .unwrap();
+    }
     let mut resp =
         (axum::http::StatusCode::OK, [("content-type", "application/json"), ("x-content-type-options", "nosniff")], body.to_string()).into_response();
     let mut merged: BTreeMap<String, String> = BTreeMap::new();
@@ -166,6 +178,36 @@ async fn echo(State(e): State<Echo>, req: Request<Body>) -> Response {
         }
     }
     resp
+}
+
+/// A unary gRPC answer: one length-prefixed message, then trailers.
+struct GrpcReply {
+    message: Option<Vec<u8>>,
+    done: bool,
+}
+
+impl http_body::Body for GrpcReply {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        if let Some(m) = self.message.take() {
+            let mut framed = Vec::with_capacity(5 + m.len());
+            framed.push(0);
+            framed.extend_from_slice(&(m.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&m);
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(framed.into()))));
+        }
+        if std::mem::replace(&mut self.done, true) {
+            return std::task::Poll::Ready(None);
+        }
+        let mut trailers = axum::http::HeaderMap::new();
+        trailers.insert("grpc-status", axum::http::HeaderValue::from_static("0"));
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))))
+    }
 }
 
 async fn start_echo(ip: &str, pod: &str, namespace: &str) -> (Echo, tokio::task::JoinHandle<()>) {
@@ -331,7 +373,7 @@ async fn status_once(h: &Harness, check: &Value) -> Result<(), String> {
         }
         "route_parent" => {
             let route = &check["route"];
-            let r = h.get("httproutes", route["namespace"].as_str().unwrap_or(""), route["name"].as_str().unwrap_or("")).await;
+            let r = h.get(route_plural(route), route["namespace"].as_str().unwrap_or(""), route["name"].as_str().unwrap_or("")).await;
             let gen = r["metadata"]["generation"].as_u64().unwrap_or(0);
             let parent = &check["parent"];
             let exact = check["match"] == "exact";
@@ -346,7 +388,7 @@ async fn status_once(h: &Harness, check: &Value) -> Result<(), String> {
         }
         "route_no_accepted_parents" => {
             let route = &check["route"];
-            let r = h.get("httproutes", route["namespace"].as_str().unwrap_or(""), route["name"].as_str().unwrap_or("")).await;
+            let r = h.get(route_plural(route), route["namespace"].as_str().unwrap_or(""), route["name"].as_str().unwrap_or("")).await;
             let parents = r["status"]["parents"].as_array().cloned().unwrap_or_default();
             let ok = parents.is_empty()
                 || (parents.len() == 1 && parents[0]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Accepted" && c["status"] == "False"));
@@ -408,7 +450,7 @@ async fn status_once(h: &Harness, check: &Value) -> Result<(), String> {
         }
         "route_latest_generation" => {
             let route = &check["route"];
-            let r = h.get("httproutes", route["namespace"].as_str().unwrap_or(""), route["name"].as_str().unwrap_or("")).await;
+            let r = h.get(route_plural(route), route["namespace"].as_str().unwrap_or(""), route["name"].as_str().unwrap_or("")).await;
             let gen = r["metadata"]["generation"].as_u64();
             let ok = r["status"]["parents"]
                 .as_array()
@@ -447,6 +489,9 @@ async fn send(h: &Harness, case: &Value, jitter: Option<u32>, uri: &mut String) 
     }
     let path = path.replace("{UNIQUE}", &unique());
     uri.clone_from(&path);
+    if via["protocol"] == "grpc" {
+        return send_grpc(&format!("{ip}:{port}"), req, jitter, uri).await;
+    }
     let method = reqwest::Method::from_bytes(req["method"].as_str().unwrap_or("GET").as_bytes()).map_err(|e| e.to_string())?;
     let host = req["host"].as_str().map(String::from).unwrap_or_else(|| if port == 80 { ip.clone() } else { format!("{ip}:{port}") });
     if via["scheme"] == "https" {
@@ -485,6 +530,38 @@ async fn send(h: &Harness, case: &Value, jitter: Option<u32>, uri: &mut String) 
     Ok((status, headers, if json { serde_json::from_str(&body).ok() } else { None }))
 }
 
+/// A unary call of `request.grpc` (`service`, `method`) with a real gRPC
+/// client (tonic, h2c) to `addr`, with `request.metadata` and, if given,
+/// `request.authority`: the echo's JSON on OK; the call's gRPC status is
+/// the answer's `grpc-status` header (its name, as upstream writes it).
+async fn send_grpc(addr: &str, req: &Value, jitter: Option<u32>, uri: &mut String) -> Result<Answer, String> {
+    let path = format!("/{}/{}", req["grpc"]["service"].as_str().unwrap_or(""), req["grpc"]["method"].as_str().unwrap_or(""));
+    uri.clone_from(&path);
+    let mut endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).map_err(|e| e.to_string())?.timeout(Duration::from_secs(10));
+    if let Some(a) = req["authority"].as_str() {
+        endpoint = endpoint.origin(format!("http://{a}").parse().map_err(|e| format!("authority {a}: {e}"))?);
+    }
+    let channel = endpoint.connect().await.map_err(|e| format!("connect {addr}: {e}"))?;
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| format!("{e}"))?;
+    let mut call = tonic::Request::new(Vec::new());
+    for (k, v) in req["metadata"].as_object().into_iter().flatten() {
+        let key = tonic::metadata::MetadataKey::from_bytes(k.as_bytes()).map_err(|e| format!("metadata {k}: {e}"))?;
+        call.metadata_mut().insert(key, v.as_str().unwrap_or("").parse().map_err(|e| format!("metadata {k}: {e}"))?);
+    }
+    if let Some(j) = jitter {
+        call.metadata_mut().insert("x-jitter", j.to_string().parse().unwrap());
+    }
+    let method = axum::http::uri::PathAndQuery::try_from(path.as_str()).map_err(|e| e.to_string())?;
+    let (code, body) = match grpc.unary(call, method, crate::xds::RawCodec).await {
+        Ok(reply) => ("OK".to_string(), serde_json::from_slice(&reply.into_inner()).ok()),
+        Err(status) => (format!("{:?}", status.code()), None),
+    };
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("grpc-status", code.parse().unwrap());
+    Ok((200, headers, body))
+}
+
 fn header_of(map: &Value, name: &str) -> Option<String> {
     map.as_object()?.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| match v {
         Value::Array(vs) => vs.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(","),
@@ -494,6 +571,9 @@ fn header_of(map: &Value, name: &str) -> Option<String> {
 
 /// Check one answer against `expect` (as the suite does).
 fn judge(expect: &Value, status: u16, headers: &reqwest::header::HeaderMap, body: Option<&Value>, uri: &str) -> Result<(), String> {
+    if let Some(want) = expect["grpc_status"].as_str() {
+        return judge_grpc(expect, want, headers, body);
+    }
     let statuses: Vec<u64> = expect["status"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
     let timeout = |s: u64| s == 504 || s == 408;
     if !statuses.iter().any(|&s| s == u64::from(status) || (timeout(s) && timeout(u64::from(status)))) {
@@ -561,6 +641,40 @@ fn judge(expect: &Value, status: u16, headers: &reqwest::header::HeaderMap, body
     for k in expect["response_absent_headers"].as_array().into_iter().flatten().filter_map(Value::as_str) {
         if headers.contains_key(k) {
             return Err(format!("response header {k} present, want it absent"));
+        }
+    }
+    Ok(())
+}
+
+/// The API's plural for a check's `route` (`kind`: HTTPRoute by default).
+fn route_plural(route: &Value) -> &'static str {
+    match route["kind"].as_str() {
+        Some("GRPCRoute") => "grpcroutes",
+        _ => "httproutes",
+    }
+}
+
+/// A gRPC answer: its status, then (OK) the backend and the method it saw.
+fn judge_grpc(expect: &Value, want: &str, headers: &reqwest::header::HeaderMap, body: Option<&Value>) -> Result<(), String> {
+    let got = headers.get("grpc-status").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if got != want {
+        return Err(format!("gRPC status {got}, want {want}"));
+    }
+    if want != "OK" {
+        return Ok(());
+    }
+    let Some(body) = body else { return Err("no echo message".into()) };
+    if let Some(name) = expect["backend"]["name"].as_str() {
+        if !body["pod"].as_str().unwrap_or("").starts_with(&format!("{name}-")) {
+            return Err(format!("answered by {}, want {name}", body["pod"]));
+        }
+    }
+    if expect["backend"]["namespace"].is_string() && body["namespace"] != expect["backend"]["namespace"] {
+        return Err(format!("answered from namespace {}, want {}", body["namespace"], expect["backend"]["namespace"]));
+    }
+    if let Some(m) = expect["fully_qualified_method"].as_str() {
+        if body["path"] != m {
+            return Err(format!("backend saw method {}, want {m}", body["path"]));
         }
     }
     Ok(())
@@ -811,17 +925,22 @@ async fn conformance() {
     }
     let mut tasks = Vec::new();
     let mut next_backend_ip = 100u8;
-    for b in
-        gw["backends"].as_array().into_iter().flatten().filter(|b| b["server"] == "echo-basic-http" && !b["name"].as_str().unwrap_or("").starts_with("tls"))
+    for b in gw["backends"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| matches!(b["server"].as_str(), Some("echo-basic-http" | "echo-basic-grpc")) && !b["name"].as_str().unwrap_or("").starts_with("tls"))
     {
         let (name, ns) = (b["name"].as_str().unwrap(), b["namespace"].as_str().unwrap());
         let svc = gw["services"].as_array().into_iter().flatten().find(|s| s["name"] == name && s["namespace"] == ns).expect("service of backend");
+        // echo-basic's gRPC servers speak h2c (appProtocol kubernetes.io/h2c).
+        let protocol = if b["server"] == "echo-basic-grpc" { "GRPC" } else { "HTTP" };
         let ports: Vec<Value> = svc["ports"]
             .as_array()
             .into_iter()
             .flatten()
             .enumerate()
-            .map(|(i, p)| json!({"name": p["name"].as_str().map(String::from).unwrap_or_else(|| format!("http-{i}")), "number": p["port"], "targetPort": p["targetPort"], "protocol": "HTTP"}))
+            .map(|(i, p)| json!({"name": p["name"].as_str().map(String::from).unwrap_or_else(|| format!("http-{i}")), "number": p["port"], "targetPort": p["targetPort"], "protocol": protocol}))
             .collect();
         let instance_ports: serde_json::Map<String, Value> = ports.iter().map(|p| (p["name"].as_str().unwrap().to_string(), p["targetPort"].clone())).collect();
         docs.push(json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": name, "namespace": ns}, "spec": {"ports": ports}}));

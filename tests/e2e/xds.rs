@@ -830,11 +830,12 @@ async fn revisions_arriving_during_a_push_are_coalesced() {
 // printed (`rss:` lines; `benches/abuse.sh xds-port` collects them), not
 // asserted.
 
-/// A codec that sends bytes as they are: garbage where a request belongs.
+/// A codec that sends bytes as they are: garbage where a request belongs
+/// (and, in the Gateway API harness, the echo server's JSON).
 #[derive(Clone, Copy, Default)]
-struct RawCodec;
-struct RawEncoder;
-struct RawDecoder;
+pub(crate) struct RawCodec;
+pub(crate) struct RawEncoder;
+pub(crate) struct RawDecoder;
 
 impl tonic::codec::Codec for RawCodec {
     type Encode = Vec<u8>;
