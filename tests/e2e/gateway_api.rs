@@ -601,15 +601,7 @@ fn judge(expect: &Value, status: u16, headers: &reqwest::header::HeaderMap, body
     }
     let norm = |s: &str| if expect["ignore_whitespace"] == true { s.replace(' ', "") } else { s.to_string() };
     if let Some(b) = expect.get("backend").filter(|b| !b.is_null()) {
-        let Some(body) = body else { return Err("no echo body".into()) };
-        if let Some(name) = b["name"].as_str() {
-            if !body["pod"].as_str().unwrap_or("").starts_with(name) {
-                return Err(format!("answered by {}, want {name}", body["pod"]));
-            }
-        }
-        if b["namespace"].is_string() && body["namespace"] != b["namespace"] {
-            return Err(format!("answered from namespace {}, want {}", body["namespace"], b["namespace"]));
-        }
+        answered_by(b, body.ok_or("no echo body")?)?;
     }
     if let Some(br) = expect.get("backend_request").filter(|b| !b.is_null()) {
         let Some(body) = body else { return Err("no echo body".into()) };
@@ -654,6 +646,20 @@ fn route_plural(route: &Value) -> &'static str {
     }
 }
 
+/// The echo `body` came from the backend `b` names (`name`: its pods are
+/// `NAME-...`; `namespace`), each when given.
+fn answered_by(b: &Value, body: &Value) -> Result<(), String> {
+    if let Some(name) = b["name"].as_str() {
+        if !body["pod"].as_str().unwrap_or("").starts_with(&format!("{name}-")) {
+            return Err(format!("answered by {}, want {name}", body["pod"]));
+        }
+    }
+    if b["namespace"].is_string() && body["namespace"] != b["namespace"] {
+        return Err(format!("answered from namespace {}, want {}", body["namespace"], b["namespace"]));
+    }
+    Ok(())
+}
+
 /// A gRPC answer: its status, then (OK) the backend and the method it saw.
 fn judge_grpc(expect: &Value, want: &str, headers: &reqwest::header::HeaderMap, body: Option<&Value>) -> Result<(), String> {
     let got = headers.get("grpc-status").and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -664,14 +670,7 @@ fn judge_grpc(expect: &Value, want: &str, headers: &reqwest::header::HeaderMap, 
         return Ok(());
     }
     let Some(body) = body else { return Err("no echo message".into()) };
-    if let Some(name) = expect["backend"]["name"].as_str() {
-        if !body["pod"].as_str().unwrap_or("").starts_with(&format!("{name}-")) {
-            return Err(format!("answered by {}, want {name}", body["pod"]));
-        }
-    }
-    if expect["backend"]["namespace"].is_string() && body["namespace"] != expect["backend"]["namespace"] {
-        return Err(format!("answered from namespace {}, want {}", body["namespace"], expect["backend"]["namespace"]));
-    }
+    answered_by(&expect["backend"], body)?;
     if let Some(m) = expect["fully_qualified_method"].as_str() {
         if body["path"] != m {
             return Err(format!("backend saw method {}, want {m}", body["path"]));
@@ -826,6 +825,21 @@ async fn run_test(h: &mut Harness, name: &str) -> Result<(), String> {
     result
 }
 
+/// The registry Service for upstream `ports` (`{name, port, targetPort}`;
+/// an unnamed one is `http-N`), all of `protocol`, and the ports its
+/// Instances take (name -> targetPort).
+fn registry_service(name: &str, ns: &str, ports: &Value, protocol: &str) -> (Value, serde_json::Map<String, Value>) {
+    let ports: Vec<Value> = ports
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, p)| json!({"name": p["name"].as_str().map(String::from).unwrap_or_else(|| format!("http-{i}")), "number": p["port"], "targetPort": p["targetPort"], "protocol": protocol}))
+        .collect();
+    let instance_ports = ports.iter().map(|p| (p["name"].as_str().unwrap().to_string(), p["targetPort"].clone())).collect();
+    (json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": name, "namespace": ns}, "spec": {"ports": ports}}), instance_ports)
+}
+
 /// A test's `registry_equivalent`: for each entry a registry Service with
 /// its ports and, as Instances, the echo servers of its `backend` (the
 /// pods a Kubernetes Service of that shape would reach).
@@ -834,14 +848,8 @@ fn registry_equivalent(h: &Harness, t: &Value) -> Vec<Value> {
     for svc in t["registry_equivalent"].as_array().into_iter().flatten() {
         let (name, ns, backend) =
             (svc["name"].as_str().unwrap(), svc["namespace"].as_str().unwrap(), svc["backend"].as_str().expect("registry_equivalent: backend"));
-        let ports: Vec<Value> = svc["ports"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|p| json!({"name": p["name"], "number": p["port"], "targetPort": p["targetPort"], "protocol": "HTTP"}))
-            .collect();
-        let instance_ports: serde_json::Map<String, Value> = ports.iter().map(|p| (p["name"].as_str().unwrap().to_string(), p["targetPort"].clone())).collect();
-        docs.push(json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": name, "namespace": ns}, "spec": {"ports": ports}}));
+        let (service, instance_ports) = registry_service(name, ns, &svc["ports"], "HTTP");
+        docs.push(service);
         let pods: Vec<&Echo> = h.echoes.iter().filter(|e| e.namespace == ns && e.pod.starts_with(&format!("{backend}-lodestar-"))).collect();
         assert!(!pods.is_empty(), "registry_equivalent {name}: no echo server of {backend} in {ns}");
         for (i, e) in pods.into_iter().enumerate() {
@@ -935,15 +943,8 @@ async fn conformance() {
         let svc = gw["services"].as_array().into_iter().flatten().find(|s| s["name"] == name && s["namespace"] == ns).expect("service of backend");
         // echo-basic's gRPC servers speak h2c (appProtocol kubernetes.io/h2c).
         let protocol = if b["server"] == "echo-basic-grpc" { "GRPC" } else { "HTTP" };
-        let ports: Vec<Value> = svc["ports"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .enumerate()
-            .map(|(i, p)| json!({"name": p["name"].as_str().map(String::from).unwrap_or_else(|| format!("http-{i}")), "number": p["port"], "targetPort": p["targetPort"], "protocol": protocol}))
-            .collect();
-        let instance_ports: serde_json::Map<String, Value> = ports.iter().map(|p| (p["name"].as_str().unwrap().to_string(), p["targetPort"].clone())).collect();
-        docs.push(json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": name, "namespace": ns}, "spec": {"ports": ports}}));
+        let (service, instance_ports) = registry_service(name, ns, &svc["ports"], protocol);
+        docs.push(service);
         for i in 0..b["replicas"].as_u64().unwrap_or(1) {
             let pod = format!("{name}-lodestar-{i}");
             let ip = h.fx.ip(next_backend_ip);
