@@ -532,6 +532,25 @@ pub struct ReferenceGrant {
     pub to: Vec<GrantTo>,
 }
 
+impl ReferenceGrant {
+    /// Whether this grant (stored in the Secret's namespace) lets the
+    /// gateway proxies of namespace `proxy_ns` read Secret `name`: it lets
+    /// Gateways or ListenerSets of `proxy_ns` refer to it. The one rule for
+    /// a certificate in another namespace: the translation programs a
+    /// listener with it only if it holds, and SDS serves the Secret to a
+    /// gateway proxy only if it holds for the proxy's own namespace.
+    pub fn lets_gateways_read_secret(&self, proxy_ns: &str, name: &str) -> bool {
+        self.from.iter().any(|f| f.group == GROUP && matches!(f.kind.as_str(), "Gateway" | "ListenerSet") && f.namespace == proxy_ns)
+            && self.to.iter().any(|t| t.group.is_empty() && t.kind == "Secret" && t.name.as_deref().is_none_or(|n| n == name))
+    }
+}
+
+/// The SDS name of a certificate Secret in another namespace than the
+/// gateway proxy's (`NS/NAME`; a Secret's own name has no `/`).
+pub fn cross_namespace_secret(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GrantFrom {

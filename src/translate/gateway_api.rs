@@ -342,7 +342,9 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         if l.listener.protocol == "TLS" {
             server["tls"] = json!({"mode": "PASSTHROUGH"});
         } else if let Some(r) = l.listener.tls.as_ref().and_then(|t| t.certificate_refs.first()) {
-            server["tls"] = json!({"mode": "SIMPLE", "credentialName": r.name});
+            let secret_ns = r.namespace_or(l.ns);
+            let name = if secret_ns == g.obj.key.namespace { r.name.clone() } else { api::cross_namespace_secret(secret_ns, &r.name) };
+            server["tls"] = json!({"mode": "SIMPLE", "credentialName": name});
         }
         let spec = json!({"selector": {NAME_LABEL: g.obj.key.name}, "servers": [server]});
         match serde_json::from_value::<IstioGateway>(spec) {
@@ -589,8 +591,11 @@ fn listener_state<'a>(
                 refs_ok = (false, "InvalidCertificateRef");
             } else if !resolver.granted(owner_kind, owner_ns, "", "Secret", secret_ns, &r.name) {
                 refs_ok = (false, "RefNotPermitted");
-            } else if secret_ns != gw_ns {
-                // A gateway proxy reads the Secrets of its own namespace only.
+            } else if secret_ns != gw_ns && !resolver.grants.iter().any(|(ns, g)| *ns == secret_ns && g.lets_gateways_read_secret(gw_ns, &r.name)) {
+                // The Gateway's proxies (in its namespace) are served a
+                // Secret of another namespace only if a ReferenceGrant
+                // there lets that namespace's Gateways or ListenerSets
+                // use it (`xds::secrets`, the same rule).
                 refs_ok = (false, "InvalidCertificateRef");
             }
         }

@@ -5,7 +5,10 @@
 //! The one place a sealed private key is opened. Rules (as Istio's SDS
 //! for gateways):
 //! - only a gateway proxy (`ProxyKind::Router`) gets secrets, and only
-//!   those of its own namespace (its identity is authenticated: ACLs on),
+//!   those of its own namespace (its identity is authenticated: ACLs on)
+//!   and, as `NS/NAME`, those of namespace NS that a ReferenceGrant there
+//!   lets its namespace's Gateways or ListenerSets use (as Istio's SDS
+//!   checks Gateway API grants),
 //!   and only if its credential is a gateway's: a proxy token made with
 //!   `--gateway`, or a certificate identity a Role lets read secrets in
 //!   the namespace (`auth::Principal::may_have_secrets`, checked by the
@@ -27,7 +30,7 @@
 use super::resources::{fnv1a, ResourceMap, XdsResource};
 use crate::model::proxy::{ProxyIdentity, ProxyKind};
 use crate::model::secret::{Stored, CA_SUFFIX};
-use crate::model::{Kind, ResourceKey};
+use crate::model::{gateway_api, Kind, ResourceKey, TypedSpec};
 use crate::store::Applied;
 use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, DataSource};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, CertificateValidationContext, Secret, TlsCertificate};
@@ -73,46 +76,76 @@ impl SecretSource {
         SecretSource { key, namespace: proxy.namespace.clone(), cache: Mutex::new(None) }
     }
 
-    /// The SDS resources of the proxy's namespace at `applied`.
+    /// The SDS resources of the proxy's namespace at `applied`, and, as
+    /// `NS/NAME`, the Secrets of other namespaces a ReferenceGrant there
+    /// lets the Gateways (or ListenerSets) of the proxy's namespace use
+    /// (`ReferenceGrant::lets_gateways_read_secret`, the rule translation
+    /// programs listeners by).
     pub fn resources(&self, applied: &Applied) -> Arc<ResourceMap> {
-        let start = ResourceKey::new(Kind::Secret, self.namespace.as_str(), "");
-        let objects: Vec<_> = applied.state.objects.range(start..).take_while(|(k, _)| k.kind == Kind::Secret && k.namespace == self.namespace).collect();
-        let fingerprint: Vec<(ResourceKey, u64)> = objects.iter().map(|(k, o)| ((*k).clone(), o.mod_revision)).collect();
+        let objects = &applied.state.objects;
+        let in_ns = |ns: String| {
+            let start = ResourceKey::new(Kind::Secret, ns.as_str(), "");
+            objects.range(start..).take_while(move |(k, _)| k.kind == Kind::Secret && k.namespace == ns)
+        };
+        let mut chosen: Vec<(&ResourceKey, &Arc<crate::model::StoredObject>)> = in_ns(self.namespace.clone()).collect();
+        // The grants (their revisions count: a grant removed takes its
+        // Secrets away) and the Secrets they give.
+        let mut grants = Vec::new();
+        let start = ResourceKey::new(Kind::ReferenceGrant, "", "");
+        for (k, o) in objects.range(start..).take_while(|(k, _)| k.kind == Kind::ReferenceGrant) {
+            if k.namespace == self.namespace {
+                continue;
+            }
+            let Ok(typed) = o.typed() else { continue };
+            let TypedSpec::GatewayApi(gateway_api::Spec::ReferenceGrant(g)) = typed.as_ref() else { continue };
+            let granted: Vec<_> = in_ns(k.namespace.to_string()).filter(|(s, _)| g.lets_gateways_read_secret(&self.namespace, &s.name)).collect();
+            if !granted.is_empty() {
+                grants.push((k, o.mod_revision));
+                chosen.extend(granted);
+            }
+        }
+        chosen.sort_by(|a, b| a.0.cmp(b.0));
+        chosen.dedup_by(|a, b| a.0 == b.0);
+        let fingerprint: Vec<(ResourceKey, u64)> =
+            chosen.iter().map(|(k, o)| ((*k).clone(), o.mod_revision)).chain(grants.iter().map(|(k, r)| ((*k).clone(), *r))).collect();
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((seen, map)) = cache.as_ref() {
             if *seen == fingerprint {
                 return map.clone();
             }
         }
-        let stored: BTreeMap<&str, (Stored, u64)> =
-            objects.iter().map(|(k, o)| (k.name.as_str(), (Stored::from_body(o.body()), fnv1a(o.text().as_bytes())))).collect();
         let mut map = ResourceMap::new();
-        for (name, (s, version)) in &stored {
-            if let (Some(chain), Some(envelope)) = (&s.cert_chain, &s.sealed_key) {
-                match self.key.open(&self.namespace, name, envelope) {
-                    Ok(key) => {
-                        let cert = TlsCertificate { certificate_chain: Some(inline(chain.as_bytes())), private_key: Some(inline(&key)), ..Default::default() };
-                        let secret = Secret { name: name.to_string(), r#type: Some(secret::Type::TlsCertificate(cert)) };
-                        map.insert(
-                            name.to_string(),
-                            Arc::new(XdsResource::with_version::<Secret>(*name, prost::Message::encode_to_vec(&secret), hex(*version))),
-                        );
+        let mut by_ns: BTreeMap<&str, BTreeMap<&str, (Stored, u64)>> = BTreeMap::new();
+        for (k, o) in &chosen {
+            by_ns.entry(k.namespace.as_str()).or_default().insert(k.name.as_str(), (Stored::from_body(o.body()), fnv1a(o.text().as_bytes())));
+        }
+        for (ns, stored) in &by_ns {
+            // The proxy's own Secrets by their name; others' as `NS/NAME`.
+            let sds_name = |name: &str| if *ns == self.namespace { name.to_string() } else { gateway_api::cross_namespace_secret(ns, name) };
+            for (name, (s, version)) in stored {
+                if let (Some(chain), Some(envelope)) = (&s.cert_chain, &s.sealed_key) {
+                    match self.key.open(ns, name, envelope) {
+                        Ok(key) => {
+                            let cert =
+                                TlsCertificate { certificate_chain: Some(inline(chain.as_bytes())), private_key: Some(inline(&key)), ..Default::default() };
+                            let sds = sds_name(name);
+                            let secret = Secret { name: sds.clone(), r#type: Some(secret::Type::TlsCertificate(cert)) };
+                            map.insert(sds.clone(), Arc::new(XdsResource::with_version::<Secret>(sds, prost::Message::encode_to_vec(&secret), hex(*version))));
+                        }
+                        // Says nothing of the content.
+                        Err(why) => tracing::warn!(secret = %format!("{ns}/{name}"), why, "a Secret's key does not open; not served"),
                     }
-                    // Says nothing of the content.
-                    Err(why) => tracing::warn!(secret = %format!("{}/{name}", self.namespace), why, "a Secret's key does not open; not served"),
                 }
-            }
-            // `NAME-cacert`: the Secret of that name wins over NAME's CA.
-            if let Some(ca) = &s.ca {
-                let sds_name = if name.ends_with(CA_SUFFIX) && s.sealed_key.is_none() { name.to_string() } else { format!("{name}{CA_SUFFIX}") };
-                let own = sds_name == *name;
-                if own || !stored.contains_key(sds_name.as_str()) {
-                    let v = CertificateValidationContext { trusted_ca: Some(inline(ca.as_bytes())), ..Default::default() };
-                    let secret = Secret { name: sds_name.clone(), r#type: Some(secret::Type::ValidationContext(v)) };
-                    map.insert(
-                        sds_name.clone(),
-                        Arc::new(XdsResource::with_version::<Secret>(sds_name, prost::Message::encode_to_vec(&secret), hex(*version))),
-                    );
+                // `NAME-cacert`: the Secret of that name wins over NAME's CA.
+                if let Some(ca) = &s.ca {
+                    let ca_name = if name.ends_with(CA_SUFFIX) && s.sealed_key.is_none() { name.to_string() } else { format!("{name}{CA_SUFFIX}") };
+                    let own = ca_name == *name;
+                    if own || !stored.contains_key(ca_name.as_str()) {
+                        let v = CertificateValidationContext { trusted_ca: Some(inline(ca.as_bytes())), ..Default::default() };
+                        let sds = sds_name(&ca_name);
+                        let secret = Secret { name: sds.clone(), r#type: Some(secret::Type::ValidationContext(v)) };
+                        map.insert(sds.clone(), Arc::new(XdsResource::with_version::<Secret>(sds, prost::Message::encode_to_vec(&secret), hex(*version))));
+                    }
                 }
             }
         }

@@ -494,3 +494,88 @@ async fn members_share_the_secrets_key() {
     assert_eq!(bytes(&cert.certificate_chain), leaf.cert_pem.as_bytes());
     assert!(bytes(&cert.private_key) == leaf.key_pem.as_bytes(), "member 3 opened a different key");
 }
+
+/// A Gateway API listener's certificate in another namespace: without a
+/// ReferenceGrant there the listener is RefNotPermitted, not served, and
+/// no proxy is served the Secret; with one (from Gateways of the gateway's
+/// namespace) the gateway proxy is served it over SDS as `NS/NAME` and
+/// terminates TLS with it, while a gateway of a third namespace still gets
+/// nothing; the grant deleted, the Secret and the listener go away again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_api_certificate_in_another_namespace_needs_a_reference_grant() {
+    use lodestar::translate::gateway_api::CLASS_LABEL;
+    let fx = Fixture::start(1).await;
+    let shop = fx.upstream(11, "shop").await;
+    let ca = Ca::new("lodestar test CA");
+    let leaf = ca.server(&["shop.example.test"]);
+    let ip = fx.ip(2);
+    let yaml = format!(
+        "{}---\n{}---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: edge}}\nspec: {{controllerName: lodestar.dev/gateway-controller}}\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: web, namespace: default}}\nspec:\n  gatewayClassName: edge\n  \
+         addresses: [{{type: IPAddress, value: \"{ip}\"}}]\n  listeners:\n  - name: https\n    port: 8443\n    protocol: HTTPS\n    hostname: shop.example.test\n    \
+         tls: {{certificateRefs: [{{name: shop-cert, namespace: certs}}]}}\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: shop, namespace: default}}\nspec:\n  parentRefs: [{{name: web}}]\n  \
+         rules: [{{backendRefs: [{{name: shop, port: 9080}}]}}]\n",
+        shop_service(&shop),
+        tls_secret("shop-cert", "certs", &leaf),
+    );
+    let rev = fx.apply(&yaml).await;
+    let mut o = kit::envoy::EnvoyOptions::new("edge", &ip);
+    o.node_type = "router".into();
+    o.labels = vec![(CLASS_LABEL.into(), "edge".into())];
+    // No listener yet (its certificate is not permitted): no RDS either.
+    let p = fx.proxy_of_types(o, 1, rev, &["CDS", "EDS", "LDS"]).await;
+    let api = fx.api(1);
+    let listener_refs = |want: &'static str| {
+        let url = format!("{api}/v1/resources/gateways.gateway.networking.k8s.io/default/web");
+        let client = fx.client.clone();
+        async move {
+            kit::eventually_or(&format!("listener ResolvedRefs {want}"), BOUND, || async {
+                let (_, g) = kit::get_json(&client, &url).await;
+                let c = g["status"]["listeners"][0]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == "ResolvedRefs").cloned());
+                match c {
+                    Some(c) if c["reason"] == want => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            })
+            .await
+        }
+    };
+    let xds = fx.cluster.replica(1).xds_addr();
+    let gw = |ns: &str| format!("router~{}~probe.{ns}~{ns}.svc.cluster.local", fx.ip(20));
+    let name = "certs/shop-cert";
+
+    // No grant: not permitted, not served to anyone.
+    listener_refs("RefNotPermitted").await;
+    assert!(ask_for_secret(&xds, &gw("default"), &[name]).await.is_empty(), "a Secret of another namespace was served without a grant");
+
+    // A grant from Gateways of `default`: served, and TLS terminates with it.
+    let grant = "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: default-gateways, namespace: certs}\n\
+                 spec:\n  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: default}]\n  to: [{group: \"\", kind: Secret, name: shop-cert}]\n";
+    fx.apply(grant).await;
+    listener_refs("ResolvedRefs").await;
+    let addr: SocketAddr = format!("{ip}:8443").parse().unwrap();
+    let client = TlsClient { ca: &ca, server_name: "shop.example.test", certificate: None, alpn: &["http/1.1"] };
+    wait_for_leaf(&client, addr, leaf.der(), "the certificate from namespace certs").await;
+    let reply = until_ok("shop over TLS", || client.get(addr, "shop.example.test", "/")).await;
+    assert_eq!((reply.status, reply.body.as_str()), (200, "shop"));
+    let served = ask_for_secret(&xds, &gw("default"), &[name]).await;
+    assert_eq!(served.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), [name]);
+    assert!(ask_for_secret(&xds, &gw("other"), &[name]).await.is_empty(), "a gateway of a namespace the grant does not name was served the Secret");
+    p.envoy.assert_no_rejections().await;
+
+    // The grant deleted: not permitted again, the Secret no longer served,
+    // and the listener gone.
+    let (ok, _, err) = kit::cli(&api, &["delete", "referencegrant", "default-gateways", "-n", "certs"]);
+    assert!(ok, "{err}");
+    listener_refs("RefNotPermitted").await;
+    assert!(ask_for_secret(&xds, &gw("default"), &[name]).await.is_empty(), "the Secret is still served after its grant was deleted");
+    kit::eventually_or("the listener removed", BOUND, || async {
+        match client.peer_leaf(addr).await {
+            Err(_) => Ok(()),
+            Ok(_) => Err("still presents the certificate".to_string()),
+        }
+    })
+    .await;
+}

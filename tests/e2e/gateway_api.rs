@@ -87,11 +87,11 @@ const REPORTED: &[&str] = &[
     "ListenerSetAllowedRoutesNamespaces",
     "ListenerSetAllowedRoutesSupportedKinds",
     "ListenerSetRouteStatusScopedToParentRef",
+    "ListenerSetReferenceGrant",
 ];
 
 /// Tests not run, with why (they count as failures in a report).
-const NOT_RUN: &[(&str, &str)] =
-    &[("ListenerSetReferenceGrant", "a certificate Secret outside the Gateway's namespace is not served to its proxies (InvalidCertificateRef)")];
+const NOT_RUN: &[(&str, &str)] = &[];
 
 fn data_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gateway-api")
