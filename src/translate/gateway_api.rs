@@ -214,7 +214,9 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
     let mut slots: BTreeMap<(usize, String), BTreeSet<ResourceKey>> = BTreeMap::new();
     for (obj, route) in &routes {
         let ns = obj.key.namespace.as_str();
-        let from = Referrer { kind: route.kind(), ns };
+        let (parent_refs, _) = route.parents_and_hostnames();
+        let mesh_only = !parent_refs.is_empty() && parent_refs.iter().all(ParentRef::is_mesh_service);
+        let from = Referrer { kind: route.kind(), ns, mesh_only };
         let gen = obj.version;
         let refs = resolved_refs(route.backends(), &from, &resolver);
         let unsupported = route.unsupported_filter();
@@ -875,6 +877,13 @@ impl Resolver<'_> {
 struct Referrer<'a> {
     kind: &'static str,
     ns: &'a str,
+    /// Every parent is a Service (a mesh route): its backends in other
+    /// namespaces need no ReferenceGrant (GEP-1294). A mesh route only
+    /// changes where calls to a service go, and only its own namespace's
+    /// calls unless the service is its own; the backend's own policies
+    /// still see each caller's identity, so no one reaches more than they
+    /// could dial. Istio and the suite's MeshConsumerRoute agree.
+    mesh_only: bool,
 }
 
 /// A route of any kind, as attachment sees it.
@@ -967,7 +976,7 @@ fn backend_problem(b: &ObjectRef, from: &Referrer, r: &Resolver) -> Result<(Stri
         ("networking.istio.io", "ServiceEntry") => BackendKind::ServiceEntry,
         _ => return Err(("InvalidKind", format!("backend kind {group}/{kind} is not supported"))),
     };
-    if !r.granted(from.kind, from.ns, group, kind, ns, &b.name) {
+    if !from.mesh_only && !r.granted(from.kind, from.ns, group, kind, ns, &b.name) {
         return Err(("RefNotPermitted", format!("no ReferenceGrant in {ns} allows a reference to {kind} {}", b.name)));
     }
     r.backends
@@ -1229,8 +1238,8 @@ fn cors_policy(c: &CorsFilter) -> Value {
         "unmatchedPreflights": "IGNORE",
     });
     for (name, list) in [("allowMethods", &c.allow_methods), ("allowHeaders", &c.allow_headers), ("exposeHeaders", &c.expose_headers)] {
-        let wildcard_exposed = name == "exposeHeaders" && list.iter().any(|h| h == "*");
-        if !list.is_empty() && !(credentials && wildcard_exposed) {
+        let forbidden = credentials && name == "exposeHeaders" && list.iter().any(|h| h == "*");
+        if !list.is_empty() && !forbidden {
             v[name] = json!(list);
         }
     }
@@ -1634,6 +1643,47 @@ mod tests {
         assert_eq!((set["conditions"][0]["status"].as_str(), set["listeners"][0]["conditions"][1]["status"].as_str()), (Some("True"), Some("True")), "{set}");
         let served = with.gateways.iter().find(|g| g.key.name == "web.team.tls.https").expect("the set's listener");
         assert_eq!(serde_json::to_value(&served.spec.servers[0]).unwrap()["tls"]["credentialName"], "team-cert");
+    }
+
+    /// A mesh route's backends in other namespaces need no ReferenceGrant
+    /// (GEP-1294; the suite's MeshConsumerRoute): a consumer route in
+    /// `default` sends to `shop`'s Service, resolved. A route with a
+    /// Gateway parent still needs the grant, mesh parents beside it or not.
+    #[test]
+    fn mesh_routes_reach_other_namespaces_without_a_grant() {
+        let route = |name: &str, parents: &str| {
+            format!(
+                "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: default}}\n\
+                 spec:\n  parentRefs: {parents}\n  rules:\n  - backendRefs: [{{name: reviews-v2, namespace: shop, port: 9080}}]\n"
+            )
+        };
+        let mesh_parent = "{group: \"\", kind: Service, name: reviews, namespace: shop}";
+        let yaml = format!(
+            "apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {{name: reviews, namespace: shop}}\nspec: {{ports: [{{name: http, number: 9080, protocol: HTTP}}]}}\n---\n\
+             apiVersion: registry.lodestar.io/v1\nkind: Service\nmetadata: {{name: reviews-v2, namespace: shop}}\nspec: {{ports: [{{name: http, number: 9080, protocol: HTTP}}]}}\n---\n\
+             apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: lodestar}}\nspec: {{controllerName: lodestar.dev/gateway-controller}}\n---\n\
+             apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: web, namespace: default}}\nspec:\n  gatewayClassName: lodestar\n  listeners: [{{name: http, port: 80, protocol: HTTP}}]\n\
+             {}{}{}",
+            route("consumer", &format!("[{mesh_parent}]")),
+            route("ingress", "[{name: web}]"),
+            route("both", &format!("[{{name: web}}, {mesh_parent}]")),
+        );
+        let m = Mesh::build(&state_from(&yaml), Arc::new(MeshConfig::default()));
+        let resolved = |name: &str| {
+            let s = m.gateway_api_status.get(&crate::model::ResourceKey::new(crate::model::Kind::HttpRoute, "default", name)).unwrap();
+            let c = s["parents"][0]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "ResolvedRefs").unwrap().clone();
+            (c["status"].as_str().unwrap().to_string(), c["reason"].as_str().unwrap().to_string())
+        };
+        assert_eq!(resolved("consumer"), ("True".to_string(), "ResolvedRefs".to_string()));
+        assert_eq!(resolved("ingress"), ("False".to_string(), "RefNotPermitted".to_string()));
+        assert_eq!(resolved("both"), ("False".to_string(), "RefNotPermitted".to_string()));
+        let vs = m
+            .virtual_services
+            .iter()
+            .find(|v| v.key.namespace == "default" && serde_json::to_string(&v.spec).unwrap().contains("reviews.shop"))
+            .expect("the consumer route's VirtualService");
+        let spec = serde_json::to_value(&vs.spec).unwrap();
+        assert_eq!(spec["http"][0]["route"][0]["destination"]["host"], "reviews-v2.shop.svc.cluster.local", "{spec}");
     }
 
     /// A status write that keeps the generation (`Op::Status`, what the

@@ -150,12 +150,13 @@ pub fn unique_domains(services: &[&Service], port: u32, proxy_ns: &str, suffix: 
 }
 
 /// A service's virtual host on one port: the VirtualService's routes if one
-/// applies, else a default route to the service.
+/// applies, else a default route to the service. As in Istio, a
+/// VirtualService none of whose routes applies on this port (each match
+/// names another `port`, say: a Gateway API mesh route whose parentRef
+/// names one) leaves the port's default route in place.
 pub fn virtual_host(ctx: &RouteCtx, svc: &Service, domains: Vec<String>) -> VirtualHost {
-    let routes = match virtual_service_for(ctx, &svc.hostname) {
-        Some(vs) => http_routes(ctx, vs, Some(svc)),
-        None => vec![default_route(ctx, svc)],
-    };
+    let routes = virtual_service_for(ctx, &svc.hostname).map(|vs| http_routes(ctx, vs, Some(svc))).unwrap_or_default();
+    let routes = if routes.is_empty() { vec![default_route(ctx, svc)] } else { routes };
     VirtualHost { name: format!("{}:{}", svc.hostname, ctx.port), domains, routes, ..Default::default() }
 }
 

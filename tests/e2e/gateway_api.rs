@@ -266,39 +266,46 @@ impl http_body::Body for GrpcReply {
     }
 }
 
-/// An echo server on `ip:3000`, HTTP/1.1 and h2c; each connection can be
-/// reset by the request it carries ([`ConnReset`]).
-async fn start_echo(ip: &str, pod: &str, namespace: &str) -> (Echo, tokio::task::JoinHandle<()>) {
+/// An echo server at `ip` on each of `ports` (HTTP/1.1, h2c and gRPC on
+/// every one, as the mesh's echo answers HTTP and gRPC).
+async fn start_echo(ip: &str, ports: &[u64], pod: &str, namespace: &str) -> (Echo, Vec<tokio::task::JoinHandle<()>>) {
     let e = Echo { pod: pod.to_string(), namespace: namespace.to_string(), ip: ip.to_string(), seen: Default::default(), tries: Default::default() };
-    let listener = tokio::net::TcpListener::bind(format!("{ip}:3000")).await.expect("bind echo");
-    let app = axum::Router::new().fallback(echo).with_state(e.clone());
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let reset = ConnReset::default();
-            let service = hyper_util::service::TowerToHyperService::new(app.clone().layer(axum::Extension(reset.clone())));
-            tokio::spawn(async move {
-                use std::os::fd::AsRawFd;
-                let fd = stream.as_raw_fd();
-                let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-                let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-                tokio::pin!(conn);
-                tokio::select! {
-                    _ = conn.as_mut() => {}
-                    () = reset.0.notified() => {
-                        // SO_LINGER 0: the close below (`conn` dropped,
-                        // the socket with it) sends a RST.
-                        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
-                        let size = std::mem::size_of::<libc::linger>() as libc::socklen_t;
-                        // SAFETY: `fd` is the socket `conn` owns and keeps open until dropped below.
-                        let rc = unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, (&raw const linger).cast(), size) };
-                        assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
-                    }
+    let mut tasks = Vec::new();
+    for port in ports {
+        let listener = tokio::net::TcpListener::bind(format!("{ip}:{port}")).await.expect("bind echo");
+        let app = axum::Router::new().fallback(echo).with_state(e.clone());
+        tasks.push(tokio::spawn(serve_echo(listener, app)));
+    }
+    (e, tasks)
+}
+
+/// Serve `app` on `listener`'s connections; each connection can be reset
+/// by the request it carries ([`ConnReset`]).
+async fn serve_echo(listener: tokio::net::TcpListener, app: axum::Router) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let reset = ConnReset::default();
+        let service = hyper_util::service::TowerToHyperService::new(app.clone().layer(axum::Extension(reset.clone())));
+        tokio::spawn(async move {
+            use std::os::fd::AsRawFd;
+            let fd = stream.as_raw_fd();
+            let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = reset.0.notified() => {
+                    // SO_LINGER 0: the close below (`conn` dropped, the
+                    // socket with it) sends a RST.
+                    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+                    let size = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+                    // SAFETY: `fd` is the socket `conn` owns and keeps open until dropped below.
+                    let rc = unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, (&raw const linger).cast(), size) };
+                    assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
                 }
-            });
-        }
-    });
-    (e, task)
+            }
+        });
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -306,7 +313,9 @@ async fn start_echo(ip: &str, pod: &str, namespace: &str) -> (Echo, tokio::task:
 
 struct Harness {
     fx: Fixture,
-    proxy: Option<crate::kit::mesh::Proxy>,
+    /// The gateway Envoy (`gateway`), or the mesh clients' sidecars (by
+    /// `ns/workload`, as a case's `via.mesh_client` names them).
+    proxies: BTreeMap<String, crate::kit::mesh::Proxy>,
     /// Gateway `ns/name` → its address.
     addresses: BTreeMap<String, String>,
     next_ip: u8,
@@ -319,6 +328,19 @@ struct Harness {
 }
 
 impl Harness {
+    fn new(fx: Fixture) -> Harness {
+        Harness {
+            fx,
+            proxies: BTreeMap::new(),
+            addresses: BTreeMap::new(),
+            next_ip: 2,
+            echoes: Vec::new(),
+            recorded: None,
+            ca: crate::kit::tls::Ca::new("gateway-conformance"),
+            http: reqwest::Client::builder().no_proxy().redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(10)).build().unwrap(),
+        }
+    }
+
     /// Every Gateway gets an address of its own (and keeps it).
     fn with_addresses(&mut self, mut doc: Value) -> Value {
         if doc["kind"] == "Gateway" {
@@ -364,23 +386,28 @@ impl Harness {
         v
     }
 
-    /// Until the gateway proxy's config is at `revision` (or newer) and
-    /// every type is in sync (a change that leaves its config as it was
-    /// pushes nothing, so no newer version is acked).
+    /// Until every proxy's config is at `revision` (or newer) and every
+    /// type is in sync (a change that leaves its config as it was pushes
+    /// nothing, so no newer version is acked).
     async fn synced(&self, revision: u64) {
-        let Some(p) = &self.proxy else { return };
+        for p in self.proxies.values() {
+            Self::proxy_synced(p, revision).await;
+        }
+    }
+
+    async fn proxy_synced(p: &crate::kit::mesh::Proxy, revision: u64) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let s = crate::kit::mesh::syncz(&p.client, &p.api).await;
             let me = s["proxies"].as_array().and_then(|ps| ps.iter().find(|x| x["id"] == p.id.as_str()).cloned()).unwrap_or_default();
             let types = me["types"].as_object().cloned().unwrap_or_default();
             for (t, v) in &types {
-                assert!(v["last_nack"].is_null(), "the gateway NACKed {t}: {}", v["last_nack"]);
+                assert!(v["last_nack"].is_null(), "{} NACKed {t}: {}", p.id, v["last_nack"]);
             }
             if me["revision"].as_u64().is_some_and(|r| r >= revision) && types.values().all(|v| v["in_sync"] == true) {
                 return;
             }
-            assert!(Instant::now() < deadline, "the gateway proxy is not in sync at {revision}: {me}");
+            assert!(Instant::now() < deadline, "proxy {} is not in sync at {revision}: {me}", p.id);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -559,6 +586,9 @@ fn unique() -> String {
 
 async fn send(h: &Harness, case: &Value, jitter: Option<u32>, uri: &mut String) -> Result<Answer, String> {
     let via = &case["via"];
+    if let Some(client) = via["mesh_client"].as_str() {
+        return send_mesh(h, client, &case["request"], jitter, uri).await;
+    }
     let gw = via["gateway"].as_str().ok_or("case has no gateway")?;
     let ip = h.addresses.get(gw).ok_or_else(|| format!("no address for {gw}"))?;
     let port = via["port"].as_u64().unwrap_or(80);
@@ -597,6 +627,12 @@ async fn send(h: &Harness, case: &Value, jitter: Option<u32>, uri: &mut String) 
     let set: Vec<String> =
         req["echo_set_response_headers"].as_object().into_iter().flatten().map(|(k, v)| format!("{k}:{}", v.as_str().unwrap_or(""))).collect();
     r = r.header("X-Echo-Set-Header", set.join(","));
+    http_answer(r, req, jitter).await
+}
+
+/// Send `r` with the request's `headers` (and `X-Jitter`): the answer,
+/// with the echo's JSON body if it is one.
+async fn http_answer(mut r: reqwest::RequestBuilder, req: &Value, jitter: Option<u32>) -> Result<Answer, String> {
     for (k, v) in req["headers"].as_object().into_iter().flatten() {
         r = r.header(k.as_str(), v.as_str().unwrap_or(""));
     }
@@ -609,6 +645,60 @@ async fn send(h: &Harness, case: &Value, jitter: Option<u32>, uri: &mut String) 
     let json = headers.get("content-type").is_some_and(|v| v == "application/json");
     let body = resp.text().await.unwrap_or_default();
     Ok((status, headers, if json { serde_json::from_str(&body).ok() } else { None }))
+}
+
+/// A mesh client's request: to its sidecar, at the sidecar's address on
+/// the port the client's URL dials (default 80), with the Host header that
+/// URL gives, which is what the sidecar sees of an application's
+/// connection (the harness's clients are not captured: they dial the
+/// sidecar).
+async fn send_mesh(h: &Harness, client: &str, req: &Value, jitter: Option<u32>, uri: &mut String) -> Result<Answer, String> {
+    let p = h.proxies.get(client).ok_or_else(|| format!("no mesh client {client}"))?;
+    let host = req["host"].as_str().unwrap_or("").to_string();
+    let port: u16 = match host.rsplit_once(':') {
+        Some((_, port)) => port.parse().map_err(|e| format!("host {host}: {e}"))?,
+        None => 80,
+    };
+    let addr = format!("{}:{port}", p.ip);
+    if req["protocol"] == "grpc" {
+        // Any unary call that names the answering instance will do.
+        let mut call = req.clone();
+        call["authority"] = json!(host);
+        call["grpc"] = json!({"service": "proto.EchoTestService", "method": "Echo"});
+        let (status, headers, body) = send_grpc(&addr, &call, jitter, uri).await?;
+        return match headers.get("grpc-status").and_then(|v| v.to_str().ok()) {
+            Some("OK") => Ok((status, headers, body)),
+            other => Err(format!("gRPC status {other:?}")),
+        };
+    }
+    let path = req["path"].as_str().unwrap_or("/").to_string();
+    uri.clone_from(&path);
+    let method = reqwest::Method::from_bytes(req["method"].as_str().unwrap_or("GET").as_bytes()).map_err(|e| e.to_string())?;
+    http_answer(h.http.request(method, format!("http://{addr}{path}")).header("host", host), req, jitter).await
+}
+
+/// What a case checks: its `expect`, less what the mesh comparison
+/// upstream leaves out for mesh clients (the path, host and method the
+/// server saw, and its namespace).
+fn expectation(case: &Value) -> Value {
+    let mut expect = case["expect"].clone();
+    if case["via"]["mesh_client"].is_string() {
+        let leave_out = |e: &mut Value| {
+            if let Some(br) = e.get_mut("backend_request").and_then(Value::as_object_mut) {
+                for f in ["method", "path", "host"] {
+                    br.remove(f);
+                }
+            }
+            if let Some(b) = e.get_mut("backend").and_then(Value::as_object_mut) {
+                b.remove("namespace");
+            }
+        };
+        leave_out(&mut expect);
+        if let Some(first) = expect.get_mut("first") {
+            leave_out(first);
+        }
+    }
+    expect
 }
 
 /// A unary call of `request.grpc` (`service`, `method`) with a real gRPC
@@ -781,10 +871,11 @@ async fn run_case(h: &Harness, case: &Value) -> Result<(), String> {
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut streak = 0;
+    let expect = expectation(case);
     loop {
         let mut uri = String::new();
         let result = match send(h, case, None, &mut uri).await {
-            Ok((status, headers, body)) => judge(&case["expect"], status, &headers, body.as_ref(), &uri),
+            Ok((status, headers, body)) => judge(&expect, status, &headers, body.as_ref(), &uri),
             Err(e) => Err(e),
         };
         if let Some(mirrors) = case["expect"]["mirrored_to"].as_array().filter(|_| result.is_ok()) {
@@ -820,10 +911,13 @@ async fn run_case(h: &Harness, case: &Value) -> Result<(), String> {
     }
 }
 
-/// The traffic split: 500 requests, 10 at a time, each backend's share
-/// within the tolerance, no backend of weight 0 seen; up to 10 attempts.
+/// The traffic split: 500 requests, `concurrency` (10) at a time, each
+/// backend's share within the tolerance, no backend of weight 0 seen; up
+/// to 10 attempts.
 async fn run_weighted(h: &Harness, case: &Value) -> Result<(), String> {
-    let d = &case["expect"]["distribution"];
+    let expect = expectation(case);
+    let d = &expect["distribution"];
+    let concurrency = d["concurrency"].as_u64().unwrap_or(10).max(1) as usize;
     let weights: BTreeMap<String, f64> = d["weights"].as_object().into_iter().flatten().map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0))).collect();
     let requests = d["requests"].as_u64().unwrap_or(500) as usize;
     let tolerance = d["tolerance"].as_f64().unwrap_or(0.05);
@@ -832,8 +926,8 @@ async fn run_weighted(h: &Harness, case: &Value) -> Result<(), String> {
     for _ in 0..d["attempts"].as_u64().unwrap_or(10) {
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         let mut failed = None;
-        for batch in 0..requests.div_ceil(10) {
-            let n = 10.min(requests - batch * 10);
+        for batch in 0..requests.div_ceil(concurrency) {
+            let n = concurrency.min(requests - batch * concurrency);
             let jitters: Vec<Option<u32>> = (0..n)
                 .map(|_| {
                     seed ^= seed << 13;
@@ -850,7 +944,7 @@ async fn run_weighted(h: &Harness, case: &Value) -> Result<(), String> {
             for a in answers {
                 match a {
                     Ok(((status, headers, body), uri)) => {
-                        if let Err(e) = judge(&case["expect"]["first"], status, &headers, body.as_ref(), &uri) {
+                        if let Err(e) = judge(&expect["first"], status, &headers, body.as_ref(), &uri) {
                             failed = Some(e);
                             continue;
                         }
@@ -883,14 +977,16 @@ async fn run_weighted(h: &Harness, case: &Value) -> Result<(), String> {
 async fn run_test(h: &mut Harness, name: &str) -> Result<(), String> {
     let t = load(&data_dir().join(format!("tests/{name}.yaml")));
     if let Some(why) = t["skip_reason"].as_str() {
-        return Err(format!("skipped: {why}"));
+        return Err(format!("skipped: {}", why.split_whitespace().collect::<Vec<_>>().join(" ")));
     }
     // The registry's stand-ins for the test's Kubernetes-only objects,
     // applied and deleted with its manifests.
     let mut manifests = registry_equivalent(h, &t);
     manifests.extend(t["manifests"].as_array().cloned().unwrap_or_default());
-    let revision = h.apply(manifests.clone()).await?;
-    h.synced(revision).await;
+    if !manifests.is_empty() {
+        let revision = h.apply(manifests.clone()).await?;
+        h.synced(revision).await;
+    }
     let mut result = Ok(());
     for check in t["status"].as_array().into_iter().flatten() {
         if let Err(e) = check_status(h, check).await {
@@ -915,21 +1011,26 @@ async fn run_test(h: &mut Harness, name: &str) -> Result<(), String> {
         }
     }
     let docs: Vec<Value> = manifests.iter().map(|d| json!({"apiVersion": d["apiVersion"], "kind": d["kind"], "metadata": d["metadata"]})).collect();
-    let revision = h.delete(&docs).await;
-    h.synced(revision).await;
+    if !docs.is_empty() {
+        let revision = h.delete(&docs).await;
+        h.synced(revision).await;
+    }
     result
 }
 
 /// The registry Service for upstream `ports` (`{name, port, targetPort}`;
-/// an unnamed one is `http-N`), all of `protocol`, and the ports its
-/// Instances take (name -> targetPort).
-fn registry_service(name: &str, ns: &str, ports: &Value, protocol: &str) -> (Value, serde_json::Map<String, Value>) {
+/// an unnamed one is `http-N`; no `targetPort`: the port), each of
+/// `protocol(port)`, and the ports its Instances take (name -> targetPort).
+fn registry_service(name: &str, ns: &str, ports: &Value, protocol: impl Fn(&Value) -> &'static str) -> (Value, serde_json::Map<String, Value>) {
     let ports: Vec<Value> = ports
         .as_array()
         .into_iter()
         .flatten()
         .enumerate()
-        .map(|(i, p)| json!({"name": p["name"].as_str().map(String::from).unwrap_or_else(|| format!("http-{i}")), "number": p["port"], "targetPort": p["targetPort"], "protocol": protocol}))
+        .map(|(i, p)| {
+            let target = if p["targetPort"].is_null() { &p["port"] } else { &p["targetPort"] };
+            json!({"name": p["name"].as_str().map(String::from).unwrap_or_else(|| format!("http-{i}")), "number": p["port"], "targetPort": target, "protocol": protocol(p)})
+        })
         .collect();
     let instance_ports = ports.iter().map(|p| (p["name"].as_str().unwrap().to_string(), p["targetPort"].clone())).collect();
     (json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Service", "metadata": {"name": name, "namespace": ns}, "spec": {"ports": ports}}), instance_ports)
@@ -943,7 +1044,7 @@ fn registry_equivalent(h: &Harness, t: &Value) -> Vec<Value> {
     for svc in t["registry_equivalent"].as_array().into_iter().flatten() {
         let (name, ns, backend) =
             (svc["name"].as_str().unwrap(), svc["namespace"].as_str().unwrap(), svc["backend"].as_str().expect("registry_equivalent: backend"));
-        let (service, instance_ports) = registry_service(name, ns, &svc["ports"], "HTTP");
+        let (service, instance_ports) = registry_service(name, ns, &svc["ports"], |_| "HTTP");
         docs.push(service);
         let pods: Vec<&Echo> = h.echoes.iter().filter(|e| e.namespace == ns && e.pod.starts_with(&format!("{backend}-lodestar-"))).collect();
         assert!(!pods.is_empty(), "registry_equivalent {name}: no echo server of {backend} in {ns}");
@@ -1003,20 +1104,55 @@ async fn action(h: &mut Harness, a: &Value, manifests: &mut [Value]) -> Result<(
     Ok(())
 }
 
+/// Run `required` and `reported` (or `GATEWAY_API_TEST` alone), print
+/// the table (test, level, pass/fail, why) and fail if a required one did.
+async fn run_and_report(h: &mut Harness, required: &[&str], reported: &[&str], not_run: &[(&str, &str)]) {
+    let started = Instant::now();
+    let mut table = Vec::new();
+    // GATEWAY_API_TEST=Name runs that one test only (when debugging).
+    let only = std::env::var("GATEWAY_API_TEST").ok();
+    for name in required.iter().chain(reported).filter(|n| only.as_deref().is_none_or(|o| o == **n)) {
+        let t0 = Instant::now();
+        let r = run_test(h, name).await;
+        table.push((name.to_string(), required.contains(name), r, t0.elapsed()));
+    }
+    for (name, why) in not_run.iter().filter(|(n, _)| only.as_deref().is_none_or(|o| o == *n)) {
+        table.push((name.to_string(), false, Err(format!("not run: {why}")), Duration::ZERO));
+    }
+    let level = |name: &str| load(&data_dir().join(format!("tests/{name}.yaml")))["profile"]["level"].as_str().unwrap_or("").to_string();
+    println!("{:<52} {:<9} {:<5} {:>6}  why", "test", "level", "pass", "secs");
+    for (name, _, r, took) in &table {
+        let why = r.as_ref().err().map(|e| e.chars().take(160).collect::<String>()).unwrap_or_default();
+        let verdict = match r {
+            Ok(()) => "pass",
+            Err(e) if e.starts_with("not run") || e.starts_with("skipped") => "-",
+            Err(_) => "FAIL",
+        };
+        println!("{name:<52} {:<9} {verdict:<5} {:>6.1}  {why}", level(name), took.as_secs_f64());
+    }
+    let passed = table.iter().filter(|t| t.2.is_ok()).count();
+    println!("{passed}/{} passed in {:.0} s", table.len(), started.elapsed().as_secs_f64());
+    for p in h.proxies.values() {
+        p.envoy.assert_no_rejections().await;
+    }
+    if only.is_some() {
+        for p in h.proxies.values() {
+            let stats = p.envoy.stats().await;
+            for (k, v) in stats.iter().filter(|(k, v)| k.starts_with("cluster.outbound") && **v > 0 && (k.contains("rq_") || k.contains("cx_"))) {
+                eprintln!("{k} {v}");
+            }
+            p.envoy.dump_log();
+        }
+    }
+    let failed: Vec<&String> = table.iter().filter(|t| t.1 && t.2.is_err()).map(|t| &t.0).collect();
+    assert!(failed.is_empty(), "required conformance tests failed: {failed:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance() {
     let fx = Fixture::start(1).await;
     let base = load(&data_dir().join("base.yaml"));
-    let mut h = Harness {
-        fx,
-        proxy: None,
-        addresses: BTreeMap::new(),
-        next_ip: 2,
-        echoes: Vec::new(),
-        recorded: None,
-        ca: crate::kit::tls::Ca::new("gateway-conformance"),
-        http: reqwest::Client::builder().no_proxy().redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(10)).build().unwrap(),
-    };
+    let mut h = Harness::new(fx);
 
     // Backends: registry Services (ports named after their protocol) and
     // one echo process per replica, registered as an Instance.
@@ -1038,15 +1174,15 @@ async fn conformance() {
         let svc = gw["services"].as_array().into_iter().flatten().find(|s| s["name"] == name && s["namespace"] == ns).expect("service of backend");
         // echo-basic's gRPC servers speak h2c (appProtocol kubernetes.io/h2c).
         let protocol = if b["server"] == "echo-basic-grpc" { "GRPC" } else { "HTTP" };
-        let (service, instance_ports) = registry_service(name, ns, &svc["ports"], protocol);
+        let (service, instance_ports) = registry_service(name, ns, &svc["ports"], |_| protocol);
         docs.push(service);
         for i in 0..b["replicas"].as_u64().unwrap_or(1) {
             let pod = format!("{name}-lodestar-{i}");
             let ip = h.fx.ip(next_backend_ip);
             next_backend_ip += 1;
-            let (e, task) = start_echo(&ip, &pod, ns).await;
+            let (e, task) = start_echo(&ip, &[3000], &pod, ns).await;
             h.echoes.push(e);
-            tasks.push(task);
+            tasks.extend(task);
             docs.push(json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Instance", "metadata": {"name": pod, "namespace": ns},
                 "spec": {"service": name, "address": ip, "ports": instance_ports}}));
         }
@@ -1077,48 +1213,113 @@ async fn conformance() {
     let token_file = h.fx.tmp.path().join("gateway.token");
     std::fs::write(&token_file, token["secret"].as_str().unwrap()).unwrap();
     o.proxy_token_file = Some(token_file);
-    h.proxy = Some(h.fx.proxy(o, 1, revision).await);
+    let proxy = h.fx.proxy(o, 1, revision).await;
+    h.proxies.insert("gateway".into(), proxy);
     for g in ["same-namespace", "all-namespaces", "same-namespace-with-https-listener"] {
         check_status(&h, &json!({"check": "gateway_ready", "gateway": format!("gateway-conformance-infra/{g}")})).await.expect("base gateways ready");
     }
 
-    let started = Instant::now();
-    let mut table = Vec::new();
-    // GATEWAY_API_TEST=Name runs that one test only (when debugging).
-    let only = std::env::var("GATEWAY_API_TEST").ok();
-    for name in REQUIRED.iter().chain(REPORTED).filter(|n| only.as_deref().is_none_or(|o| o == **n)) {
-        let t0 = Instant::now();
-        let r = run_test(&mut h, name).await;
-        table.push((name.to_string(), REQUIRED.contains(name), r, t0.elapsed()));
+    run_and_report(&mut h, REQUIRED, REPORTED, NOT_RUN).await;
+    for t in tasks {
+        t.abort();
     }
-    for (name, why) in NOT_RUN.iter().filter(|(n, _)| only.as_deref().is_none_or(|o| o == *n)) {
-        table.push((name.to_string(), false, Err(format!("not run: {why}")), Duration::ZERO));
+}
+
+/// The mesh (GAMMA) Core tests: routes whose parent is a Service steer
+/// the mesh client's sidecar.
+const MESH_REQUIRED: &[&str] = &[
+    "MeshBasic",
+    "MeshHTTPRouteSimpleSameNamespace",
+    "MeshHTTPRouteMatching",
+    "MeshHTTPRouteRedirectHostAndStatus",
+    "MeshHTTPRouteRequestHeaderModifier",
+    "MeshHTTPRouteWeight",
+    "MeshTrafficSplit",
+    "MeshGRPCRouteWeight",
+];
+
+/// The mesh's Extended tests (in no profile report at v1.6.1 but the
+/// first), run and reported.
+/// MeshFrontendHostname has a `skip_reason` (reported as not run).
+const MESH_REPORTED: &[&str] = &["MeshHTTPRouteBackendRequestHeaderModifier", "MeshPorts", "MeshConsumerRoute", "MeshFrontendHostname"];
+
+const MESH_NOT_RUN: &[(&str, &str)] = &[(
+    "MeshFrontend",
+    "its second case dials a pod's address, which only a captured client's sidecar sees (its allow_any passthrough); the harness's clients dial their sidecar",
+)];
+
+/// The mesh tests' base (`mesh_base`): the echo Services (`echo` selects
+/// both versions) with their HTTP and gRPC ports, one echo server per
+/// backend answering on every target port, and, as the clients, a sidecar
+/// Envoy of the workload `echo-v1` in each namespace a test sends from
+/// (the suite's client runs in the first echo-v1 pod). The Services'
+/// `https` and `tcp` ports are left out: no test here uses them, and
+/// without capture a sidecar cannot tell apart the TCP services that share
+/// a port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_mesh() {
+    let fx = Fixture::start(1).await;
+    let base = load(&data_dir().join("base.yaml"));
+    let mut h = Harness::new(fx);
+    let m = &base["mesh_base"];
+    let mut docs = Vec::new();
+    for ns in m["namespaces"].as_array().into_iter().flatten() {
+        docs.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns["name"], "labels": ns["labels"]}}));
     }
-    let level = |name: &str| load(&data_dir().join(format!("tests/{name}.yaml")))["profile"]["level"].as_str().unwrap_or("").to_string();
-    println!("{:<52} {:<9} {:<5} {:>6}  why", "test", "level", "pass", "secs");
-    for (name, _, r, took) in &table {
-        let why = r.as_ref().err().map(|e| e.chars().take(160).collect::<String>()).unwrap_or_default();
-        let verdict = match r {
-            Ok(()) => "pass",
-            Err(e) if e.starts_with("not run") => "-",
-            Err(_) => "FAIL",
-        };
-        println!("{name:<52} {:<9} {verdict:<5} {:>6.1}  {why}", level(name), took.as_secs_f64());
-    }
-    let passed = table.iter().filter(|t| t.2.is_ok()).count();
-    println!("{passed}/{} passed in {:.0} s", table.len(), started.elapsed().as_secs_f64());
-    if let Some(p) = &h.proxy {
-        p.envoy.assert_no_rejections().await;
-    }
-    if only.is_some() {
-        let stats = h.proxy.as_ref().unwrap().envoy.stats().await;
-        for (k, v) in stats.iter().filter(|(k, v)| k.starts_with("cluster.outbound") && **v > 0 && (k.contains("rq_") || k.contains("cx_"))) {
-            eprintln!("{k} {v}");
+    let protocol = |p: &Value| if p["appProtocol"] == "grpc" { "GRPC" } else { "HTTP" };
+    let served = |p: &&Value| matches!(p["appProtocol"].as_str(), Some("http" | "grpc"));
+    let services: Vec<(&Value, Value, serde_json::Map<String, Value>)> = m["services"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|svc| {
+            let ports = json!(svc["ports"].as_array().into_iter().flatten().filter(served).collect::<Vec<_>>());
+            let (doc, instance_ports) = registry_service(svc["name"].as_str().unwrap(), svc["namespace"].as_str().unwrap(), &ports, protocol);
+            (svc, doc, instance_ports)
+        })
+        .collect();
+    docs.extend(services.iter().map(|s| s.1.clone()));
+    let mut tasks = Vec::new();
+    for (n, b) in (100u8..).zip(m["backends"].as_array().into_iter().flatten().filter(|b| b["role"].is_null())) {
+        let (name, ns) = (b["name"].as_str().unwrap(), b["namespace"].as_str().unwrap());
+        let pod = format!("{name}-lodestar-0");
+        let ip = h.fx.ip(n);
+        // An instance of every Service whose selector its labels match.
+        let selecting: Vec<_> = services
+            .iter()
+            .filter(|(svc, _, _)| svc["namespace"] == ns && svc["selector"].as_object().into_iter().flatten().all(|(k, v)| b["labels"][k] == *v))
+            .collect();
+        let mut ports: Vec<u64> = selecting.iter().flat_map(|s| s.2.values().filter_map(Value::as_u64)).collect();
+        ports.sort();
+        ports.dedup();
+        let (e, t) = start_echo(&ip, &ports, &pod, ns).await;
+        h.echoes.push(e);
+        tasks.extend(t);
+        for (svc, _, instance_ports) in selecting {
+            docs.push(json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Instance",
+                "metadata": {"name": format!("{}--{pod}", svc["name"].as_str().unwrap()), "namespace": ns},
+                "spec": {"service": svc["name"], "address": ip, "ports": instance_ports}}));
         }
-        h.proxy.as_ref().unwrap().envoy.dump_log();
     }
-    let failed: Vec<&String> = table.iter().filter(|t| t.1 && t.2.is_err()).map(|t| &t.0).collect();
-    assert!(failed.is_empty(), "required conformance tests failed: {failed:?}");
+    let revision = h.apply(docs).await.expect("mesh base setup");
+    // The clients: a sidecar of echo-v1 (app=echo, version=v1) in each
+    // namespace a case sends from.
+    let clients: std::collections::BTreeSet<String> = MESH_REQUIRED
+        .iter()
+        .chain(MESH_REPORTED)
+        .chain(MESH_NOT_RUN.iter().map(|(n, _)| n))
+        .flat_map(|n| load(&data_dir().join(format!("tests/{n}.yaml")))["cases"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["via"]["mesh_client"].as_str().map(String::from))
+        .collect();
+    for (i, client) in clients.into_iter().enumerate() {
+        let (ns, workload) = split(&client);
+        let mut o = EnvoyOptions::new(&format!("{workload}-client-{i}"), &h.fx.ip(2 + i as u8));
+        o.namespace = ns.into();
+        o.labels = vec![("app".into(), "echo".into()), ("version".into(), "v1".into())];
+        let proxy = h.fx.proxy(o, 1, revision).await;
+        h.proxies.insert(client, proxy);
+    }
+    run_and_report(&mut h, MESH_REQUIRED, MESH_REPORTED, MESH_NOT_RUN).await;
     for t in tasks {
         t.abort();
     }
@@ -1447,8 +1648,9 @@ spec:
     let accepted = &route["status"]["parents"][0]["conditions"][0];
     assert_eq!((accepted["type"].as_str(), accepted["status"].as_str()), (Some("Accepted"), Some("True")), "{route}");
 
-    // A consumer route in default: default's clients all go to v2 (its
-    // backend in shop granted), elsewhere's keep the producer's routing.
+    // A consumer route in default: default's clients all go to v2 (a
+    // mesh route's backend in shop needs no ReferenceGrant), elsewhere's
+    // keep the producer's routing.
     let consumer = r#"apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {name: reviews-for-default, namespace: default}
@@ -1456,13 +1658,6 @@ spec:
   parentRefs: [{group: "", kind: Service, name: reviews, namespace: shop}]
   rules:
   - backendRefs: [{name: reviews-v2, namespace: shop, port: 9080}]
----
-apiVersion: gateway.networking.k8s.io/v1beta1
-kind: ReferenceGrant
-metadata: {name: default-routes, namespace: shop}
-spec:
-  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: default}]
-  to: [{group: "", kind: Service}]
 "#;
     fx.apply(consumer).await;
     wait_for(&fx.client, &p.url(9080, "/"), host, &[], "the consumer route", |r| r.body == "reviews-v2").await;
@@ -1646,7 +1841,7 @@ spec:
 async fn mesh_route_cors_and_retry_through_a_sidecar() {
     use crate::kit::mesh::{get, wait_for};
     let fx = Fixture::start(1).await;
-    let (echo, task) = start_echo(&fx.ip(13), "flaky-0000-0001", "shop").await;
+    let (echo, tasks) = start_echo(&fx.ip(13), &[3000], "flaky-0000-0001", "shop").await;
     let yaml = format!(
         r#"apiVersion: registry.lodestar.io/v1
 kind: Service
@@ -1716,5 +1911,7 @@ spec:
     let read = tokio::time::timeout(Duration::from_secs(10), tokio::io::AsyncReadExt::read(&mut direct, &mut [0u8; 64])).await.expect("an answer");
     assert_eq!(read.map_err(|e| e.kind()), Err(std::io::ErrorKind::ConnectionReset));
     p.envoy.assert_no_rejections().await;
-    task.abort();
+    for t in tasks {
+        t.abort();
+    }
 }
