@@ -6,10 +6,9 @@
 //! (required fields, enums, hostname and path formats, ranges, list
 //! lengths), each error naming its field (`spec.rules[0].matches[1].path`).
 //!
-//! Fields Lodestar does not act on yet (retries, CORS, session
-//! persistence, infrastructure, TLS options) are accepted as written so
-//! that upstream manifests apply unchanged; status says what is not
-//! supported. Translation into the Istio model and status are
+//! Fields Lodestar does not act on yet (session persistence,
+//! infrastructure, TLS options) are accepted as written so that upstream
+//! manifests apply unchanged; status says what is not supported. Translation into the Istio model and status are
 //! `translate::gateway_api`.
 
 use crate::error::FieldError;
@@ -282,10 +281,56 @@ pub struct HttpRouteRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<Timeouts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry: Option<Value>,
+    pub retry: Option<Retry>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_persistence: Option<Value>,
 }
+
+/// A rule's `retry` (HTTPRouteRetry, experimental channel): which answers
+/// are retried besides connection failures, how many times, and the
+/// least wait between tries.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Retry {
+    /// HTTP status codes, 400 to 599.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub codes: Vec<i64>,
+    /// Retries after the first try (at least 1); unset: Lodestar's
+    /// default, 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<i64>,
+    /// A Gateway API duration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<String>,
+}
+
+/// The CORS filter (HTTPCORSFilter): the gateway answers preflights and
+/// adds the `Access-Control-*` headers to answers.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CorsFilter {
+    /// `*`, or `http(s)://host[:port]` whose host may start with `*.`
+    /// (any number of labels) or be `*` (any host).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_origins: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_credentials: Option<bool>,
+    /// Methods, or `*` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_methods: Vec<String>,
+    /// Header names, or `*` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_headers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expose_headers: Vec<String>,
+    /// Seconds a preflight's answer may be cached; default
+    /// [`CORS_DEFAULT_MAX_AGE`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<i64>,
+}
+
+/// The CRD's default `maxAge`, in seconds.
+pub const CORS_DEFAULT_MAX_AGE: i64 = 5;
 
 /// A rule's timeouts: Gateway API durations (`500ms`, `1h30m`; `0s` is
 /// none).
@@ -364,7 +409,7 @@ pub struct HttpRouteFilter {
     #[serde(default, rename = "urlRewrite", skip_serializing_if = "Option::is_none")]
     pub url_rewrite: Option<UrlRewrite>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cors: Option<Value>,
+    pub cors: Option<CorsFilter>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_auth: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -638,6 +683,12 @@ static CONTROLLER: LazyLock<regex::Regex> = LazyLock::new(|| {
 });
 static DURATION: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$").expect("a valid regex"));
 static HEADER_NAME: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new(r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$").expect("a valid regex"));
+/// A CORS origin (the CRD's pattern): `*`, or `http(s)://host[:port]`, the
+/// host a name whose first label may be `*`, or `*` alone.
+static CORS_ORIGIN: LazyLock<regex::Regex> =
+    LazyLock::new(|| regex::Regex::new(r"^(\*|https?://((\*\.)?([a-zA-Z0-9-]+\.)*[a-zA-Z0-9-]+|\*)(:[0-9]{1,5})?)$").expect("a valid regex"));
+/// The methods an HTTPRoute matches and a CORS filter allows.
+const HTTP_METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
 
 /// Collects errors with their paths.
 struct Check(Vec<FieldError>);
@@ -695,6 +746,33 @@ impl Check {
     fn header_name(&mut self, field: &str, s: &str) {
         if s.is_empty() || s.len() > 256 || !HEADER_NAME.is_match(s) {
             self.err(field, format!("{s:?} is not a valid HTTP header name"));
+        }
+    }
+
+    /// A Gateway API duration (GEP-2257: `500ms`, `1h30m`), in milliseconds.
+    fn duration(&mut self, field: &str, d: &str) -> Option<u128> {
+        match super::istio::parse_duration(d) {
+            Ok(v) if DURATION.is_match(d) => Some(v.as_millis()),
+            _ => {
+                self.err(field, format!("{d:?} is not a duration (1 to 4 of NUMBERh|m|s|ms, e.g. 500ms, 1h30m)"));
+                None
+            }
+        }
+    }
+
+    /// A list the CRD declares a set: no item twice.
+    fn unique<T: PartialEq + std::fmt::Debug>(&mut self, field: &str, list: &[T]) {
+        for (i, v) in list.iter().enumerate() {
+            if list[..i].contains(v) {
+                self.err(format!("{field}[{i}]"), format!("{v:?} is listed twice"));
+            }
+        }
+    }
+
+    /// The CRD's CEL rule: `*` only as the list's one item.
+    fn wildcard_alone(&mut self, field: &str, list: &[String], what: &str) {
+        if list.len() > 1 && list.iter().any(|v| v == "*") {
+            self.err(field, format!("'*' cannot be listed alongside other {what}"));
         }
     }
 }
@@ -988,10 +1066,7 @@ fn check_route(c: &mut Check, s: &HttpRoute) {
             let mut ms = [None, None];
             for (i, (name, d)) in [("request", &t.request), ("backendRequest", &t.backend_request)].into_iter().enumerate() {
                 let Some(d) = d else { continue };
-                match super::istio::parse_duration(d) {
-                    Ok(v) if DURATION.is_match(d) => ms[i] = Some(v.as_millis()),
-                    _ => c.err(format!("{f}.timeouts.{name}"), format!("{d:?} is not a duration (1 to 4 of NUMBERh|m|s|ms, e.g. 500ms, 1h30m)")),
-                }
+                ms[i] = c.duration(&format!("{f}.timeouts.{name}"), d);
             }
             // CEL: backendRequest must be <= request, unless request is 0s.
             if let [Some(request), Some(backend)] = ms {
@@ -1000,11 +1075,70 @@ fn check_route(c: &mut Check, s: &HttpRoute) {
                 }
             }
         }
+        if let Some(retry) = &r.retry {
+            check_retry(c, &format!("{f}.retry"), retry);
+        }
         c.max_items(&format!("{f}.matches"), &r.matches, 64);
         for (j, m) in r.matches.iter().enumerate() {
             check_match(c, &format!("{f}.matches[{j}]"), m);
         }
         check_rule_filters_and_backends(c, &f, &r.filters, &r.backend_refs, &r.matches, FILTER_TYPES);
+    }
+}
+
+/// HTTPRouteRetry: codes 400 to 599 (a set), at least one attempt, a
+/// Gateway API duration.
+fn check_retry(c: &mut Check, f: &str, r: &Retry) {
+    for (i, code) in r.codes.iter().enumerate() {
+        if !(400..=599).contains(code) {
+            c.err(format!("{f}.codes[{i}]"), format!("{code} must be between 400 and 599"));
+        }
+    }
+    c.unique(&format!("{f}.codes"), &r.codes);
+    if let Some(a) = r.attempts.filter(|a| !(1..=i64::from(i32::MAX)).contains(a)) {
+        c.err(format!("{f}.attempts"), format!("{a} must be between 1 and {}", i32::MAX));
+    }
+    if let Some(b) = &r.backoff {
+        c.duration(&format!("{f}.backoff"), b);
+    }
+}
+
+/// HTTPCORSFilter: origins (the CRD's pattern, a port from 1 to 65535),
+/// methods and header names, each list a set where `*` stands alone
+/// (expose headers excepted), and a positive 32-bit `maxAge`.
+fn check_cors(c: &mut Check, f: &str, cors: &CorsFilter) {
+    let origins = format!("{f}.allowOrigins");
+    c.max_items(&origins, &cors.allow_origins, 64);
+    c.wildcard_alone(&origins, &cors.allow_origins, "origins");
+    c.unique(&origins, &cors.allow_origins);
+    for (i, o) in cors.allow_origins.iter().enumerate() {
+        let port = o.rsplit_once(':').map(|(_, p)| p).filter(|p| p.bytes().all(|b| b.is_ascii_digit()));
+        if o.len() > 253 || !CORS_ORIGIN.is_match(o) {
+            let why = "is not an origin: '*', or http(s)://HOST[:PORT] where HOST may start with '*.' or be '*'";
+            c.err(format!("{origins}[{i}]"), format!("{o:?} {why}"));
+        } else if port.is_some_and(|p| !p.parse::<u32>().is_ok_and(|p| (1..=65535).contains(&p))) {
+            c.err(format!("{origins}[{i}]"), format!("{o:?}: the port must be between 1 and 65535"));
+        }
+    }
+    let methods = format!("{f}.allowMethods");
+    c.max_items(&methods, &cors.allow_methods, 9);
+    c.wildcard_alone(&methods, &cors.allow_methods, "methods");
+    c.unique(&methods, &cors.allow_methods);
+    let allowed: Vec<&str> = HTTP_METHODS.iter().copied().chain(["*"]).collect();
+    for (i, m) in cors.allow_methods.iter().enumerate() {
+        c.one_of(&format!("{methods}[{i}]"), m, &allowed);
+    }
+    for (name, list) in [("allowHeaders", &cors.allow_headers), ("exposeHeaders", &cors.expose_headers)] {
+        let hf = format!("{f}.{name}");
+        c.max_items(&hf, list, 64);
+        c.unique(&hf, list);
+        for (i, h) in list.iter().enumerate() {
+            c.header_name(&format!("{hf}[{i}]"), h);
+        }
+    }
+    c.wildcard_alone(&format!("{f}.allowHeaders"), &cors.allow_headers, "headers");
+    if let Some(age) = cors.max_age.filter(|a| !(1..=i64::from(i32::MAX)).contains(a)) {
+        c.err(format!("{f}.maxAge"), format!("{age} must be between 1 and {} (seconds)", i32::MAX));
     }
 }
 
@@ -1182,7 +1316,7 @@ fn check_match(c: &mut Check, f: &str, m: &HttpRouteMatch) {
         }
     }
     if let Some(method) = &m.method {
-        c.one_of(&format!("{f}.method"), method, &["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]);
+        c.one_of(&format!("{f}.method"), method, HTTP_METHODS);
     }
 }
 
@@ -1253,6 +1387,9 @@ fn check_filters(c: &mut Check, f: &str, filters: &[HttpRouteFilter], matches: &
             if let Some(p) = &r.path {
                 check_path_modifier(c, &format!("{rf}.path"), p, matches);
             }
+        }
+        if let Some(cors) = &flt.cors {
+            check_cors(c, &format!("{ff}.cors"), cors);
         }
         if let Some(u) = &flt.url_rewrite {
             if let Some(h) = &u.hostname {
@@ -1389,6 +1526,71 @@ mod tests {
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1x"}}]})), ["spec.rules[0].timeouts.request"]);
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1s", "backendRequest": "2s"}}]})), ["spec.rules[0].timeouts.backendRequest"]);
         assert_eq!(fields("ReferenceGrant", json!({"from": [], "to": [{"group": "", "kind": "Service"}]})), ["spec.from"]);
+    }
+
+    #[test]
+    fn cors_filters_and_retries_name_their_fields() {
+        let route = |rule: Value| json!({"rules": [rule]});
+        let cors = |c: Value| route(json!({"filters": [{"type": "CORS", "cors": c}]}));
+        let ok = cors(json!({"allowOrigins": ["https://www.foo.com", "https://*.bar.com", "http://a.example:8080", "https://*"],
+            "allowMethods": ["GET", "OPTIONS"], "allowHeaders": ["x-header-1"], "exposeHeaders": ["*"], "allowCredentials": true, "maxAge": 3600}));
+        let Ok(Spec::HttpRoute(r)) = validate("HTTPRoute", &ok) else { panic!("cors route") };
+        let c = r.rules[0].filters[0].cors.as_ref().unwrap();
+        assert_eq!((c.allow_origins.len(), c.max_age, c.allow_credentials), (4, Some(3600), Some(true)));
+        for star in [json!({"allowOrigins": ["*"], "allowMethods": ["*"], "allowHeaders": ["*"]}), json!({})] {
+            assert!(validate("HTTPRoute", &cors(star.clone())).is_ok(), "{star}");
+        }
+        let bad = cors(json!({
+            "allowOrigins": ["*", "https://a.com", "ftp://a.com", "https://a.*.com", "https://a.com:0", "https://a.com:70000", "a.com", "https://a.com"],
+            "allowMethods": ["GET", "FETCH", "get", "GET"],
+            "allowHeaders": ["x-a", "*", "bad header"],
+            "exposeHeaders": ["x-a", "x-a"],
+            "maxAge": 0}));
+        assert_eq!(
+            fields("HTTPRoute", bad),
+            [
+                "spec.rules[0].filters[0].cors.allowOrigins",
+                "spec.rules[0].filters[0].cors.allowOrigins[7]",
+                "spec.rules[0].filters[0].cors.allowOrigins[2]",
+                "spec.rules[0].filters[0].cors.allowOrigins[3]",
+                "spec.rules[0].filters[0].cors.allowOrigins[4]",
+                "spec.rules[0].filters[0].cors.allowOrigins[5]",
+                "spec.rules[0].filters[0].cors.allowOrigins[6]",
+                "spec.rules[0].filters[0].cors.allowMethods[3]",
+                "spec.rules[0].filters[0].cors.allowMethods[1]",
+                "spec.rules[0].filters[0].cors.allowMethods[2]",
+                "spec.rules[0].filters[0].cors.allowHeaders[2]",
+                "spec.rules[0].filters[0].cors.exposeHeaders[1]",
+                "spec.rules[0].filters[0].cors.allowHeaders",
+                "spec.rules[0].filters[0].cors.maxAge"
+            ]
+        );
+        let e = validate("HTTPRoute", &cors(json!({"allowOrigins": ["https://a.com:70000"]}))).unwrap_err();
+        assert!(e[0].to_string().contains("between 1 and 65535"), "{e:?}");
+        assert_eq!(fields("HTTPRoute", cors(json!({"allowMethods": ["*", "GET"]}))), ["spec.rules[0].filters[0].cors.allowMethods"]);
+        assert_eq!(fields("HTTPRoute", cors(json!({"allowOrigin": ["*"]}))), ["spec.rules[0].filters[0].cors.allowOrigin"]);
+        assert_eq!(
+            fields("HTTPRoute", route(json!({"filters": [{"type": "CORS"}, {"type": "RequestHeaderModifier", "requestHeaderModifier": {}, "cors": {}}]}))),
+            ["spec.rules[0].filters[0].cors", "spec.rules[0].filters[1].cors"]
+        );
+        assert_eq!(fields("HTTPRoute", cors(json!({"maxAge": 2147483648u64}))), ["spec.rules[0].filters[0].cors.maxAge"]);
+
+        let ok = route(json!({"retry": {"codes": [500, 502, 503, 504, 429], "attempts": 3, "backoff": "100ms"}}));
+        let Ok(Spec::HttpRoute(r)) = validate("HTTPRoute", &ok) else { panic!("retry route") };
+        assert_eq!(r.rules[0].retry.as_ref().unwrap().attempts, Some(3));
+        assert!(validate("HTTPRoute", &route(json!({"retry": {}}))).is_ok());
+        assert_eq!(
+            fields("HTTPRoute", route(json!({"retry": {"codes": [500, 399, 600, 500], "attempts": 0, "backoff": "1.5s"}}))),
+            [
+                "spec.rules[0].retry.codes[1]",
+                "spec.rules[0].retry.codes[2]",
+                "spec.rules[0].retry.codes[3]",
+                "spec.rules[0].retry.attempts",
+                "spec.rules[0].retry.backoff"
+            ]
+        );
+        assert_eq!(fields("HTTPRoute", route(json!({"retry": {"attempts": 1, "perTryTimeout": "1s"}}))), ["spec.rules[0].retry.perTryTimeout"]);
+        assert_eq!(fields("HTTPRoute", route(json!({"retry": {"codes": ["500"]}}))), ["spec.rules[0].retry.codes[0]"]);
     }
 
     #[test]

@@ -44,8 +44,8 @@
 
 use super::mesh::Config;
 use crate::model::gateway_api::{
-    self as api, GrpcRoute, GrpcRouteMatch, GrpcRouteRule, HttpBackendRef, HttpRoute, HttpRouteFilter, HttpRouteMatch, HttpRouteRule, L4Route, Listener,
-    ObjectRef, ParentRef, Spec, Timeouts,
+    self as api, CorsFilter, GrpcRoute, GrpcRouteMatch, GrpcRouteRule, HttpBackendRef, HttpRoute, HttpRouteFilter, HttpRouteMatch, HttpRouteRule, L4Route,
+    Listener, ObjectRef, ParentRef, Retry, Spec, Timeouts,
 };
 use crate::model::istio::{host_matches, DestinationRule, Gateway as IstioGateway, VirtualService};
 use crate::model::{Kind, ResourceKey, StoredObject};
@@ -219,13 +219,13 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         let from = Referrer { kind: route.kind(), ns, mesh_only };
         let gen = obj.version;
         let refs = resolved_refs(route.backends(), &from, &resolver);
-        let unsupported = route.filters().find(|f| matches!(f.kind.as_str(), "CORS" | "ExternalAuth" | "ExtensionRef"));
+        let unsupported = route.unsupported_filter();
         let mut parents = Vec::new();
         let (parent_refs, hostnames) = route.parents_and_hostnames();
         let http_routes = route.http_routes(obj, &from, &resolver);
         for pref in parent_refs {
             if pref.is_mesh_service() {
-                let parent = mesh_parent(obj, route, &http_routes, pref, &from, &resolver, &refs, &mut mesh_routes);
+                let parent = mesh_parent(obj, route, &http_routes, pref, (&from, &resolver), (&refs, unsupported.as_deref()), &mut mesh_routes);
                 if parent["conditions"][0]["status"] == "True" {
                     let service = (
                         pref.group.clone().unwrap_or_default(),
@@ -271,8 +271,8 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
                     accepted.push((i, hosts));
                 }
             }
-            let accepted_cond = match (&accepted[..], unsupported) {
-                (_, Some(f)) => condition("Accepted", false, "UnsupportedValue", &format!("filter type {} is not supported", f.kind), gen),
+            let accepted_cond = match (&accepted[..], &unsupported) {
+                (_, Some(why)) => condition("Accepted", false, "UnsupportedValue", why, gen),
                 ([], _) if parent_kind == "ListenerSet" && set.is_none() => {
                     condition("Accepted", false, "NoMatchingParent", "the ListenerSet is not accepted by its Gateway", gen)
                 }
@@ -718,16 +718,15 @@ struct MeshHost<'a> {
 }
 
 /// A mesh parentRef (a Service): the route's HTTP routes into
-/// `mesh_routes`, and its status.
-#[allow(clippy::too_many_arguments)]
+/// `mesh_routes`, and its status (`unsupported`: why a filter the route
+/// has is not supported, which refuses it as on a Gateway).
 fn mesh_parent<'a>(
     obj: &'a StoredObject,
     route: &RouteIn,
     http_routes: &[(Rank, Value)],
     pref: &ParentRef,
-    from: &Referrer,
-    r: &Resolver,
-    refs: &RefsStatus,
+    (from, r): (&Referrer, &Resolver),
+    (refs, unsupported): (&RefsStatus, Option<&str>),
     mesh_routes: &mut MeshRoutes<'a>,
 ) -> Value {
     let gen = obj.version;
@@ -735,12 +734,13 @@ fn mesh_parent<'a>(
     let kind = || if pref.kind.as_deref() == Some("ServiceEntry") { BackendKind::ServiceEntry } else { BackendKind::Service };
     let host = r.backends.hostname(kind(), svc_ns, &pref.name);
     let port_ok = pref.port.is_none_or(|p| host.is_some() && r.backends.resolve(kind(), svc_ns, &pref.name, Some(p)).is_some());
-    let accepted = match (route, &host) {
-        (RouteIn::Tcp(_) | RouteIn::Tls(_), _) => {
+    let accepted = match (route, &host, unsupported) {
+        (RouteIn::Tcp(_) | RouteIn::Tls(_), _, _) => {
             condition("Accepted", false, "UnsupportedValue", "TCP and TLS routes have no mesh (Service) parents yet", gen)
         }
-        (_, None) => condition("Accepted", false, "NoMatchingParent", &format!("no {} {svc_ns}/{}", pref.kind.as_deref().unwrap_or(""), pref.name), gen),
-        (_, Some(_)) if !port_ok => {
+        (_, _, Some(why)) => condition("Accepted", false, "UnsupportedValue", why, gen),
+        (_, None, _) => condition("Accepted", false, "NoMatchingParent", &format!("no {} {svc_ns}/{}", pref.kind.as_deref().unwrap_or(""), pref.name), gen),
+        (_, Some(_), _) if !port_ok => {
             let why = format!("{} {svc_ns}/{} has no port {}", pref.kind.as_deref().unwrap_or(""), pref.name, pref.port.unwrap_or(0));
             condition("Accepted", false, "NoMatchingParent", &why, gen)
         }
@@ -917,6 +917,24 @@ impl RouteIn<'_> {
         }
     }
 
+    /// Why a filter it has is not supported: ExternalAuth and ExtensionRef
+    /// anywhere, CORS on a backendRef (a preflight is answered before a
+    /// backend is chosen).
+    fn unsupported_filter(&self) -> Option<String> {
+        if let Some(f) = self.filters().find(|f| matches!(f.kind.as_str(), "ExternalAuth" | "ExtensionRef")) {
+            return Some(format!("filter type {} is not supported", f.kind));
+        }
+        let backend_filters: Vec<&HttpRouteFilter> = match self {
+            RouteIn::Http(r) => r.rules.iter().flat_map(|r| &r.backend_refs).flat_map(|b| &b.filters).collect(),
+            RouteIn::Grpc(r) => r.rules.iter().flat_map(|r| &r.backend_refs).flat_map(|b| &b.filters).collect(),
+            RouteIn::Tcp(_) | RouteIn::Tls(_) => Vec::new(),
+        };
+        backend_filters
+            .iter()
+            .find(|f| matches!(f.kind.as_str(), "CORS" | "ExternalAuth" | "ExtensionRef"))
+            .map(|f| format!("filter type {} is not supported on a backendRef", f.kind))
+    }
+
     /// Every rule's filters (HTTP and gRPC routes).
     fn filters(&self) -> Box<dyn Iterator<Item = &HttpRouteFilter> + '_> {
         match self {
@@ -1014,7 +1032,8 @@ fn rule_routes(obj: &StoredObject, ri: usize, rule: &HttpRouteRule, from: &Refer
             let mut http = Map::new();
             http.insert("name".into(), json!(format!("{}.{}.{ri}.{mi}", obj.key.namespace, obj.key.name)));
             http.insert("match".into(), json!([Value::Object(mr)]));
-            apply_rule(&mut http, &rule.filters, &rule.backend_refs, rule.timeouts.as_ref(), matched_prefix.as_deref(), from, r);
+            let policy = (rule.timeouts.as_ref(), rule.retry.as_ref());
+            apply_rule(&mut http, &rule.filters, &rule.backend_refs, policy, matched_prefix.as_deref(), from, r);
             let rank: Rank = (
                 kind_rank,
                 std::cmp::Reverse(value.trim_end_matches('/').len()),
@@ -1057,7 +1076,7 @@ fn grpc_rule_routes(obj: &StoredObject, ri: usize, rule: &GrpcRouteRule, from: &
         let mut http = Map::new();
         http.insert("name".into(), json!(format!("{}.{}.{ri}.{mi}", obj.key.namespace, obj.key.name)));
         http.insert("match".into(), json!([Value::Object(mr)]));
-        apply_rule(&mut http, &rule.filters, &rule.backend_refs, None, None, from, r);
+        apply_rule(&mut http, &rule.filters, &rule.backend_refs, (None, None), None, from, r);
         let len = service.map_or(0, str::len) + method.map_or(0, str::len);
         let rank: Rank = (
             kind_rank,
@@ -1125,13 +1144,14 @@ fn header_ops(m: &api::HeaderModifier) -> Value {
     Value::Object(v)
 }
 
-/// A rule's filters and backends on one generated route. `prefix` is the
-/// path prefix the route matches (PathPrefix), for prefix rewrites.
+/// A rule's filters, timeouts, retry and backends on one generated route.
+/// `prefix` is the path prefix the route matches (PathPrefix), for prefix
+/// rewrites.
 fn apply_rule(
     http: &mut Map<String, Value>,
     filters: &[HttpRouteFilter],
     backends: &[HttpBackendRef],
-    timeouts: Option<&Timeouts>,
+    (timeouts, retry): (Option<&Timeouts>, Option<&Retry>),
     prefix: Option<&str>,
     from: &Referrer,
     r: &Resolver,
@@ -1150,15 +1170,21 @@ fn apply_rule(
     if http.contains_key("redirect") {
         return;
     }
-    // Timeouts: the request's is the route's; the backend request's each
-    // try's (`0s`: none).
-    if let Some(t) = timeouts {
-        if let Some(d) = &t.request {
-            http.insert("timeout".into(), json!(d));
+    // Timeouts: the request's is the route's (it bounds every try); the
+    // backend request's each try's (`0s`: none).
+    let nonzero = |d: &&String| crate::model::istio::parse_duration(d).is_ok_and(|v| !v.is_zero());
+    if let Some(d) = timeouts.and_then(|t| t.request.as_ref()) {
+        http.insert("timeout".into(), json!(d));
+    }
+    let per_try = timeouts.and_then(|t| t.backend_request.as_ref()).filter(nonzero);
+    match (retry, per_try) {
+        (Some(rt), _) => {
+            http.insert("retries".into(), retries(rt, per_try));
         }
-        if let Some(d) = t.backend_request.as_ref().filter(|d| crate::model::istio::parse_duration(d).is_ok_and(|v| !v.is_zero())) {
+        (None, Some(d)) => {
             http.insert("retries".into(), json!({"attempts": 1, "perTryTimeout": d}));
         }
+        (None, None) => {}
     }
     // Backends: resolved ones share the traffic by weight; the share of
     // the others (and everything, with none) answers 500.
@@ -1172,6 +1198,80 @@ fn apply_rule(
         let percent = bad as f64 * 100.0 / (good + bad) as f64;
         http.insert("fault".into(), json!({"abort": {"httpStatus": 500, "percentage": {"value": percent}}}));
     }
+}
+
+/// Connection failures a rule's `retry` retries whatever its `codes`
+/// (the spec: disconnect, reset, timeout, TCP failure): Envoy's
+/// `connect-failure` and `reset` (a reset, a disconnect or a per-try
+/// timeout), `refused-stream`, and gRPC's `unavailable` and `cancelled`.
+const RETRY_ON_FAILURES: &str = "connect-failure,refused-stream,reset,unavailable,cancelled";
+
+/// Attempts when a rule's `retry` names none: as many as Istio's default
+/// retry policy.
+const DEFAULT_RETRY_ATTEMPTS: i64 = 2;
+
+/// A rule's `retry` as Istio `retries`: its codes retried besides
+/// [`RETRY_ON_FAILURES`], `attempts` retries after the first try, each
+/// try bounded by the backend request timeout (`per_try`), and `backoff`
+/// as Envoy's base interval (`0s`: Envoy's default).
+fn retries(rt: &Retry, per_try: Option<&String>) -> Value {
+    let codes = rt.codes.iter().map(|c| format!(",{c}")).collect::<String>();
+    let mut v = json!({"attempts": rt.attempts.unwrap_or(DEFAULT_RETRY_ATTEMPTS), "retryOn": format!("{RETRY_ON_FAILURES}{codes}")});
+    if let Some(d) = per_try {
+        v["perTryTimeout"] = json!(d);
+    }
+    if let Some(b) = rt.backoff.as_ref().filter(|b| crate::model::istio::parse_duration(b).is_ok_and(|v| !v.is_zero())) {
+        v["backoff"] = json!(b);
+    }
+    v
+}
+
+/// A CORS filter as an Istio `corsPolicy`: origins exact (`*`: any), or a
+/// regex for a wildcard host; an origin's default port left out (an
+/// `Origin` header never carries it); `*` methods and headers, which
+/// Envoy answers with the preflight's own method and headers, so never
+/// `*` with credentials; expose headers `*` left out with credentials
+/// (the spec forbids answering it); `maxAge` (default 5 s); and preflights
+/// from other origins answered by the gateway without an allowed origin,
+/// not forwarded (`unmatchedPreflights: IGNORE`).
+fn cors_policy(c: &CorsFilter) -> Value {
+    let origins: Vec<Value> = c.allow_origins.iter().map(|o| cors_origin(o)).collect();
+    let credentials = c.allow_credentials == Some(true);
+    let mut v = json!({
+        "allowOrigins": origins,
+        "maxAge": format!("{}s", c.max_age.unwrap_or(api::CORS_DEFAULT_MAX_AGE)),
+        "unmatchedPreflights": "IGNORE",
+    });
+    for (name, list) in [("allowMethods", &c.allow_methods), ("allowHeaders", &c.allow_headers), ("exposeHeaders", &c.expose_headers)] {
+        let forbidden = credentials && name == "exposeHeaders" && list.iter().any(|h| h == "*");
+        if !list.is_empty() && !forbidden {
+            v[name] = json!(list);
+        }
+    }
+    if credentials {
+        v["allowCredentials"] = json!(true);
+    }
+    v
+}
+
+/// One allowed origin as an Istio string match (lower case, as browsers
+/// send it): `*` as Envoy's any-origin `*`; a host `*.name` as one or more
+/// labels before `.name`, a host `*` as any host name.
+fn cors_origin(origin: &str) -> Value {
+    let origin = origin.to_ascii_lowercase();
+    let Some((scheme, authority)) = origin.split_once("://") else { return json!({"exact": origin}) };
+    let default_port = if scheme == "https" { ":443" } else { ":80" };
+    let authority = authority.strip_suffix(default_port).unwrap_or(authority);
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) => (h, format!(":{p}")),
+        None => (authority, String::new()),
+    };
+    let host_regex = match host.strip_prefix('*') {
+        None => return json!({"exact": format!("{scheme}://{host}{port}")}),
+        Some("") => r"[a-z0-9-]+(\.[a-z0-9-]+)*".to_string(),
+        Some(rest) => format!(r"([a-z0-9-]+\.)+{}", regex::escape(rest.trim_start_matches('.'))),
+    };
+    json!({"regex": format!("{scheme}://{host_regex}{}", regex::escape(&port))})
 }
 
 /// Istio route destinations of the backends that resolve and have a
@@ -1269,6 +1369,9 @@ fn apply_filter(
             }
         }
         http.insert("rewrite".into(), Value::Object(v));
+    }
+    if let Some(c) = &f.cors {
+        http.insert("corsPolicy".into(), cors_policy(c));
     }
     if let Some(m) = &f.request_mirror {
         if let Ok((host, port)) = backend_problem(&m.backend_ref, from, r) {

@@ -6,14 +6,14 @@ use crate::mesh::{Config, Mesh, Service};
 use crate::model::istio::common::Destination;
 use crate::model::istio::delegate::merge_routes;
 use crate::model::istio::destination_rule::ConsistentHashLb;
-use crate::model::istio::virtual_service::{Delegate, Headers, HttpMatchRequest, HttpRoute, RedirectPortSelection};
+use crate::model::istio::virtual_service::{Delegate, Headers, HttpMatchRequest, HttpRoute, RedirectPortSelection, UnmatchedPreflights};
 use crate::model::istio::{resolve_short_name, VirtualService};
 use crate::model::proxy::ProxyIdentity;
 use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, DataSource, RuntimeFractionalPercent};
 use envoy_types::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier,
     redirect_action::{PathRewriteSpecifier, SchemeRewriteSpecifier},
-    retry_policy::RetryHostPredicate,
+    retry_policy::{RetryBackOff, RetryHostPredicate},
     route::Action,
     route_action::{
         hash_policy::{ConnectionProperties, Cookie, Header, PolicySpecifier, QueryParameter},
@@ -179,10 +179,17 @@ fn prefix_match(p: &str) -> RouteMatch {
 /// Istio's retry policy when a route sets none: 2 attempts on connection
 /// failures and refused streams, on another host.
 pub fn default_retry_policy() -> RetryPolicy {
-    retry_policy(2, "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes", None)
+    retry_policy(2, "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes", (None, None))
 }
 
-fn retry_policy(attempts: u32, retry_on: &str, per_try: Option<&crate::model::istio::Duration>) -> RetryPolicy {
+/// `backoff` (nonzero) is Envoy's base interval, the first retry's wait
+/// drawn from [0, backoff), the n-th's from [0, (2^n - 1) * backoff),
+/// at most ten times it (Envoy's fully jittered exponential back-off).
+fn retry_policy(
+    attempts: u32,
+    retry_on: &str,
+    (per_try, backoff): (Option<&crate::model::istio::Duration>, Option<&crate::model::istio::Duration>),
+) -> RetryPolicy {
     // Istio lets retryOn carry status codes ("503,connect-failure").
     let (codes, conditions): (Vec<&str>, Vec<&str>) = retry_on.split(',').map(str::trim).filter(|s| !s.is_empty()).partition(|s| s.parse::<u32>().is_ok());
     let mut conditions: Vec<String> = conditions.into_iter().map(String::from).collect();
@@ -201,6 +208,9 @@ fn retry_policy(attempts: u32, retry_on: &str, per_try: Option<&crate::model::is
             ))),
         }],
         host_selection_retry_max_attempts: 5,
+        retry_back_off: backoff
+            .filter(|b| b.to_std().is_ok_and(|d| !d.is_zero()))
+            .map(|b| RetryBackOff { base_interval: Some(istio_duration(b)), max_interval: None }),
         ..Default::default()
     }
 }
@@ -402,7 +412,7 @@ fn route(ctx: &RouteCtx, vs: &Config<VirtualService>, r: &HttpRoute, name: Strin
         Some(rt) => Some(retry_policy(
             rt.attempts.unwrap_or(0) as u32,
             rt.retry_on.as_deref().unwrap_or("connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"),
-            rt.per_try_timeout.as_ref(),
+            (rt.per_try_timeout.as_ref(), rt.backoff.as_ref()),
         )),
     };
     if let Some(rw) = &r.rewrite {
@@ -483,6 +493,13 @@ fn cors_policy(c: &crate::model::istio::virtual_service::CorsPolicy) -> CorsPoli
         expose_headers: c.expose_headers.join(","),
         max_age: c.max_age.as_ref().map(|d| d.to_std().unwrap_or_default().as_secs().to_string()).unwrap_or_default(),
         allow_credentials: c.allow_credentials.map(|v| BoolValue { value: v }),
+        // Istio's: IGNORE answers a preflight from another origin at the
+        // proxy (without an allowed origin); FORWARD and unset pass it on.
+        forward_not_matching_preflights: match c.unmatched_preflights {
+            Some(UnmatchedPreflights::Ignore) => Some(BoolValue { value: false }),
+            Some(UnmatchedPreflights::Forward) => Some(BoolValue { value: true }),
+            Some(UnmatchedPreflights::Unspecified) | None => None,
+        },
         ..Default::default()
     }
 }

@@ -88,6 +88,8 @@ const REPORTED: &[&str] = &[
     "ListenerSetAllowedRoutesSupportedKinds",
     "ListenerSetRouteStatusScopedToParentRef",
     "ListenerSetReferenceGrant",
+    "HTTPRouteCORS",
+    "HTTPRouteRetry",
 ];
 
 /// Tests not run, with why (they count as failures in a report).
@@ -113,7 +115,13 @@ struct Echo {
     /// Where it listens (port 3000).
     ip: String,
     seen: Arc<Mutex<Vec<String>>>,
+    /// The `/retry/` simulator's failed tries, by `uuid`.
+    tries: Arc<Mutex<BTreeMap<String, i64>>>,
 }
+
+/// Resets the connection a request came on (echo-basic's TCP failure).
+#[derive(Clone, Default)]
+struct ConnReset(Arc<tokio::sync::Notify>);
 
 /// `x-header-set` as Go canonicalises it: `X-Header-Set`.
 fn canonical(name: &str) -> String {
@@ -126,8 +134,26 @@ fn canonical(name: &str) -> String {
         .join("-")
 }
 
+/// echo-basic's routes: `/health`; `/status/NNN` (the whole request URI)
+/// answers NNN, else 400; `/retry/...` fails (a status or a reset) until
+/// its `uuid` has failed `succeedAfter` times, then echoes; anything else
+/// echoes. Paths with `//` collapsed, as echo-basic routes them.
 async fn echo(State(e): State<Echo>, req: Request<Body>) -> Response {
     let uri = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
+    let path = req.uri().path().replace("//", "/");
+    if path == "/health" {
+        return "OK".into_response();
+    }
+    if path.starts_with("/status/") {
+        let code = uri.strip_prefix("/status/").filter(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_digit()));
+        return code.and_then(|c| axum::http::StatusCode::from_u16(c.parse().ok()?).ok()).unwrap_or(axum::http::StatusCode::BAD_REQUEST).into_response();
+    }
+    if path.starts_with("/retry/") {
+        let reset = req.extensions().get::<ConnReset>().cloned();
+        if let Some(failure) = retry_failure(&e, req.uri(), reset).await {
+            return failure;
+        }
+    }
     // `?delay=1s` (a Go duration): wait that long first (the timeout tests).
     let delay = req.uri().query().into_iter().flat_map(|q| q.split('&')).find_map(|kv| kv.strip_prefix("delay="));
     if let Some(d) = delay.and_then(|d| lodestar::model::istio::parse_duration(d).ok()) {
@@ -180,6 +206,36 @@ async fn echo(State(e): State<Echo>, req: Request<Body>) -> Response {
     resp
 }
 
+/// The retry simulator's answer to a try that fails: 400 without `uuid`
+/// or an integer `succeedAfter`; while the `uuid` has failed fewer than
+/// `succeedAfter` times, after `delayRetry` if given, the `responseCode`
+/// status, or (none given) the connection reset (RST); None: echo.
+async fn retry_failure(e: &Echo, uri: &axum::http::Uri, reset: Option<ConnReset>) -> Option<Response> {
+    let url = reqwest::Url::parse(&format!("http://echo{uri}")).ok()?;
+    let param = |name: &str| url.query_pairs().find(|(k, _)| k == name).map(|(_, v)| v.into_owned());
+    let bad = |why: &'static str| Some((axum::http::StatusCode::BAD_REQUEST, why).into_response());
+    let Some(uuid) = param("uuid").filter(|u| !u.is_empty()) else { return bad("uuid is required") };
+    let Some(succeed_after) = param("succeedAfter").and_then(|n| n.parse::<i64>().ok()) else { return bad("succeedAfter is required") };
+    {
+        let mut tries = e.tries.lock().unwrap();
+        let failed = tries.entry(uuid).or_default();
+        if *failed >= succeed_after {
+            return None;
+        }
+        *failed += 1;
+    }
+    if let Some(d) = param("delayRetry").and_then(|d| lodestar::model::istio::parse_duration(&d).ok()) {
+        tokio::time::sleep(d.min(Duration::from_secs(10))).await;
+    }
+    if let Some(code) = param("responseCode").and_then(|c| c.parse::<u16>().ok()) {
+        return Some(axum::http::StatusCode::from_u16(code).unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR).into_response());
+    }
+    reset?.0.notify_one();
+    // The connection is dropped, and this with it.
+    std::future::pending::<()>().await;
+    None
+}
+
 /// A unary gRPC answer: one length-prefixed message, then trailers.
 struct GrpcReply {
     message: Option<Vec<u8>>,
@@ -213,16 +269,43 @@ impl http_body::Body for GrpcReply {
 /// An echo server at `ip` on each of `ports` (HTTP/1.1, h2c and gRPC on
 /// every one, as the mesh's echo answers HTTP and gRPC).
 async fn start_echo(ip: &str, ports: &[u64], pod: &str, namespace: &str) -> (Echo, Vec<tokio::task::JoinHandle<()>>) {
-    let e = Echo { pod: pod.to_string(), namespace: namespace.to_string(), ip: ip.to_string(), seen: Default::default() };
+    let e = Echo { pod: pod.to_string(), namespace: namespace.to_string(), ip: ip.to_string(), seen: Default::default(), tries: Default::default() };
     let mut tasks = Vec::new();
     for port in ports {
         let listener = tokio::net::TcpListener::bind(format!("{ip}:{port}")).await.expect("bind echo");
         let app = axum::Router::new().fallback(echo).with_state(e.clone());
-        tasks.push(tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        }));
+        tasks.push(tokio::spawn(serve_echo(listener, app)));
     }
     (e, tasks)
+}
+
+/// Serve `app` on `listener`'s connections; each connection can be reset
+/// by the request it carries ([`ConnReset`]).
+async fn serve_echo(listener: tokio::net::TcpListener, app: axum::Router) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let reset = ConnReset::default();
+        let service = hyper_util::service::TowerToHyperService::new(app.clone().layer(axum::Extension(reset.clone())));
+        tokio::spawn(async move {
+            use std::os::fd::AsRawFd;
+            let fd = stream.as_raw_fd();
+            let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = reset.0.notified() => {
+                    // SO_LINGER 0: the close below (`conn` dropped, the
+                    // socket with it) sends a RST.
+                    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+                    let size = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+                    // SAFETY: `fd` is the socket `conn` owns and keeps open until dropped below.
+                    let rc = unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, (&raw const linger).cast(), size) };
+                    assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+                }
+            }
+        });
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -688,8 +771,15 @@ fn judge(expect: &Value, status: u16, headers: &reqwest::header::HeaderMap, body
         return Ok(());
     }
     let norm = |s: &str| if expect["ignore_whitespace"] == true { s.replace(' ', "") } else { s.to_string() };
-    if let Some(b) = expect.get("backend").filter(|b| !b.is_null()) {
-        answered_by(b, body.ok_or("no echo body")?)?;
+    match expect.get("backend").filter(|b| !b.is_null()) {
+        // Answered by the gateway (a CORS preflight), not an echo server.
+        Some(b) if b == "none" => {
+            if let Some(body) = body {
+                return Err(format!("answered by the echo server {}, want the gateway", body["pod"]));
+            }
+        }
+        Some(b) => answered_by(b, body.ok_or("no echo body")?)?,
+        None => {}
     }
     if let Some(br) = expect.get("backend_request").filter(|b| !b.is_null()) {
         let Some(body) = body else { return Err("no echo body".into()) };
@@ -716,6 +806,13 @@ fn judge(expect: &Value, status: u16, headers: &reqwest::header::HeaderMap, body
         let got: Vec<&str> = headers.get_all(k.as_str()).iter().filter_map(|v| v.to_str().ok()).collect();
         if norm(&got.join(",")) != norm(v.as_str().unwrap_or("")) {
             return Err(format!("response header {k}: {got:?}, want {v}"));
+        }
+    }
+    for (k, options) in expect["response_headers_one_of"].as_object().into_iter().flatten() {
+        let got: Vec<&str> = headers.get_all(k.as_str()).iter().filter_map(|v| v.to_str().ok()).collect();
+        let got = norm(&got.join(","));
+        if !headers.contains_key(k.as_str()) || !options.as_array().into_iter().flatten().any(|o| norm(o.as_str().unwrap_or("")) == got) {
+            return Err(format!("response header {k}: {got:?}, want one of {options}"));
         }
     }
     for k in expect["response_absent_headers"].as_array().into_iter().flatten().filter_map(Value::as_str) {
@@ -1730,5 +1827,91 @@ spec:
         "spec.trafficPolicy.tls.credentialName",
     ] {
         assert!(fields.iter().any(|f| f.ends_with(want)), "{want} not named: {body:#}");
+    }
+}
+
+/// A mesh route's CORS filter and `retry` reach sidecars. The client's
+/// sidecar answers preflights itself, from an allowed origin (a `*.`
+/// wildcard) with the allow headers, from another origin without an
+/// allowed origin, and forwards neither; a simple request gets its allowed
+/// origin back. Answers with a listed code are retried up to `attempts`,
+/// an unlisted code is not, and a reset connection is retried too (the
+/// echo's `/retry/` simulator, in its status and its TCP-reset modes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mesh_route_cors_and_retry_through_a_sidecar() {
+    use crate::kit::mesh::{get, wait_for};
+    let fx = Fixture::start(1).await;
+    let (echo, tasks) = start_echo(&fx.ip(13), &[3000], "flaky-0000-0001", "shop").await;
+    let yaml = format!(
+        r#"apiVersion: registry.lodestar.io/v1
+kind: Service
+metadata: {{name: flaky, namespace: shop}}
+spec: {{ports: [{{name: http, number: 9080, targetPort: 3000, protocol: HTTP}}]}}
+---
+apiVersion: registry.lodestar.io/v1
+kind: Instance
+metadata: {{name: flaky-0, namespace: shop}}
+spec: {{service: flaky, address: "{}", ports: {{http: 3000}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: flaky, namespace: shop}}
+spec:
+  parentRefs: [{{group: "", kind: Service, name: flaky, port: 9080}}]
+  rules:
+  - filters:
+    - type: CORS
+      cors: {{allowOrigins: ["https://*.shop.example"], allowMethods: [PUT], allowCredentials: true, maxAge: 60}}
+    retry: {{codes: [503], attempts: 2, backoff: 10ms}}
+    backendRefs: [{{name: flaky, port: 9080}}]
+"#,
+        echo.ip
+    );
+    let rev = fx.apply(&yaml).await;
+    let p = fx.sidecar("productpage", 2, 1, false, rev).await;
+    let host = "flaky.shop.svc.cluster.local";
+    wait_for(&fx.client, &p.url(9080, "/ready"), host, &[], "the mesh route", |r| r.status == 200 && r.body.contains("flaky-0000-0001")).await;
+
+    // Preflights: answered by the sidecar, never forwarded.
+    let preflight = |path: &str, origin: &str| {
+        let req = fx.client.request(reqwest::Method::OPTIONS, p.url(9080, path)).header("host", host);
+        req.header("origin", origin).header("access-control-request-method", "PUT").send()
+    };
+    let allowed = preflight("/preflight-allowed", "https://www.shop.example").await.expect("preflight");
+    let h = |r: &reqwest::Response, name: &str| r.headers().get(name).and_then(|v| v.to_str().ok()).map(String::from);
+    assert_eq!(allowed.status(), 200);
+    assert_eq!(h(&allowed, "access-control-allow-origin").as_deref(), Some("https://www.shop.example"));
+    assert_eq!(h(&allowed, "access-control-allow-methods").as_deref(), Some("PUT"));
+    assert_eq!(h(&allowed, "access-control-allow-credentials").as_deref(), Some("true"));
+    assert_eq!(h(&allowed, "access-control-max-age").as_deref(), Some("60"));
+    let other = preflight("/preflight-other", "https://shop.example.evil").await.expect("preflight");
+    assert_eq!((other.status(), h(&other, "access-control-allow-origin")), (reqwest::StatusCode::OK, None));
+    let seen = echo.seen.lock().unwrap().clone();
+    assert!(!seen.iter().any(|u| u.starts_with("/preflight")), "a preflight was forwarded: {seen:?}");
+    let simple = get(&fx.client, &p.url(9080, "/simple"), host, &[("origin", "https://a.b.shop.example")]).await;
+    assert_eq!((simple.status, simple.header("access-control-allow-origin")), (200, Some("https://a.b.shop.example")));
+    assert!(simple.body.contains("flaky-0000-0001"), "{}", simple.body);
+
+    // Retries: 503 (listed) twice, then the echo; three times is one too
+    // many; 500 is not listed; two resets are retried.
+    let run = std::process::id();
+    let cases = [("responseCode=503&", 2, 200), ("responseCode=503&", 3, 503), ("responseCode=500&", 1, 500), ("", 2, 200)];
+    for (i, (mode, succeed_after, want)) in cases.into_iter().enumerate() {
+        let uuid = format!("{run}-{i}");
+        let path = format!("/retry/x?{mode}succeedAfter={succeed_after}&uuid={uuid}");
+        let r = get(&fx.client, &p.url(9080, &path), host, &[]).await;
+        assert_eq!(r.status, want, "{path}: {}", r.body);
+        let tries = echo.tries.lock().unwrap().get(&uuid).copied();
+        assert_eq!(tries, Some(succeed_after.min(3)), "{path}: failed tries");
+    }
+    // The simulator's failure without a code is a reset (RST), not a close.
+    let mut direct = tokio::net::TcpStream::connect(format!("{}:3000", echo.ip)).await.expect("connect to the echo");
+    let request = format!("GET /retry/x?succeedAfter=1&uuid={run}-direct HTTP/1.1\r\nhost: echo\r\n\r\n");
+    tokio::io::AsyncWriteExt::write_all(&mut direct, request.as_bytes()).await.expect("write");
+    let read = tokio::time::timeout(Duration::from_secs(10), tokio::io::AsyncReadExt::read(&mut direct, &mut [0u8; 64])).await.expect("an answer");
+    assert_eq!(read.map_err(|e| e.kind()), Err(std::io::ErrorKind::ConnectionReset));
+    p.envoy.assert_no_rejections().await;
+    for t in tasks {
+        t.abort();
     }
 }

@@ -869,7 +869,6 @@ impl CorsPolicy {
                 r.error(&max_age_at, "maxAge is accurate only to seconds precision");
             }
         }
-        r.ignored_if(self.unmatched_preflights.is_some(), &at.field("unmatchedPreflights"));
     }
 }
 
@@ -1033,9 +1032,7 @@ impl HttpRetry {
             }
         }
         if let Some(backoff) = &self.backoff {
-            let backoff_at = at.field("backoff");
-            check_duration(r, &backoff_at, backoff);
-            r.ignored(&backoff_at);
+            check_duration(r, &at.field("backoff"), backoff);
         }
         r.ignored_if(self.retry_ignore_previous_hosts.is_some(), &at.field("retryIgnorePreviousHosts"));
     }
