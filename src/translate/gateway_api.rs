@@ -38,6 +38,13 @@
 //!   namespace (a producer route) applies to every client; one elsewhere
 //!   (a consumer route) only to its own namespace's (`exportTo: .`).
 //!   A parentRef `port` narrows the matches to that port.
+//! - A listener is served if its protocol is (HTTP, HTTPS, TCP, TLS passed
+//!   through) and, for HTTPS, its certificate is a Secret the Gateway may
+//!   use (its namespace, or a ReferenceGrant) that exists and holds a
+//!   certificate; else its conditions say why. A Gateway is Accepted
+//!   while one of its own listeners is (`ListenersNotValid` when another
+//!   is not), and not at all with an `infrastructure.parametersRef`
+//!   (`InvalidParameters`: Lodestar takes none), then serving nothing.
 //! - A backend that does not resolve (unknown kind, another namespace
 //!   without a ReferenceGrant, not found) answers 500 for its share of the
 //!   traffic (a fault abort), as the spec requires.
@@ -89,6 +96,10 @@ pub trait Backends {
     /// The CA bundle (PEM) of the Secret `namespace/name`: its `ca.crt`
     /// (or `cacert`); `None` if there is no such Secret or it holds no CA.
     fn ca_bundle(&self, namespace: &str, name: &str) -> Option<String>;
+    /// Whether the Secret `namespace/name` holds a certificate to serve
+    /// (a stored one always comes with its key, checked to match when
+    /// written), else why not.
+    fn certificate(&self, namespace: &str, name: &str) -> Result<(), &'static str>;
 }
 
 /// What the translation produces.
@@ -100,6 +111,9 @@ pub struct Output {
     pub destination_rules: Vec<Arc<Config<DestinationRule>>>,
     /// The CA bundles those rules name, and the Secrets they were read from.
     pub backend_cas: super::backend_tls::BackendCas,
+    /// The Secrets (namespace, name) HTTPS listeners name as their
+    /// certificate, there or not: a change to one changes their status.
+    pub certificates: BTreeSet<(String, String)>,
     /// Status by object: GatewayClasses, Gateways and HTTPRoutes of ours.
     pub status: BTreeMap<ResourceKey, Value>,
     /// Objects whose translation failed, with why (a bug if ever seen).
@@ -201,6 +215,19 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         }
     }
     let sets = listener_sets(set_objs, &gateway_objs, &gateways, namespaces, &resolver, &mut listeners, &mut out);
+    // A Gateway not accepted (its parametersRef) serves no listener.
+    for l in listeners.iter_mut().filter(|l| invalid_parameters(gateways[l.gw].spec).is_some()) {
+        l.served = false;
+        if let Some(c) = l.conditions.iter_mut().find(|c| c["type"] == "Programmed") {
+            *c = condition("Programmed", false, "Invalid", "the Gateway is not accepted", gateways[l.gw].obj.version);
+        }
+    }
+    for l in &listeners {
+        let certificate = l.listener.tls.as_ref().filter(|_| l.listener.protocol == "HTTPS").and_then(|t| t.certificate_refs.first());
+        if let Some(r) = certificate.filter(|r| r.group_or("").is_empty() && r.kind_or("Secret") == "Secret") {
+            out.certificates.insert((r.namespace_or(l.ns).to_string(), r.name.clone()));
+        }
+    }
 
     // Routes: attachment per parentRef, then their HTTP routes per
     // (listener, host).
@@ -405,11 +432,23 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
         // (which the listeners bind), else the address of each proxy that
         // serves the Gateway, which the snapshot does not know.
         let message = if addresses.is_empty() { "served to the proxies that select it, at their own addresses" } else { "" };
+        // Accepted while one of its own listeners is (ListenersNotValid
+        // when another is not), unless its parametersRef is unusable.
+        let own = || listeners.iter().filter(|l| l.gw == gi && l.set.is_none());
+        let valid = own().filter(|l| listener_accepted(l)).count();
+        let (accepted, reason, why) = match invalid_parameters(g.spec) {
+            Some(why) => (false, "InvalidParameters", why),
+            None if valid == 0 => (false, "ListenersNotValid", "no listener is valid: see their conditions".to_string()),
+            None if valid < own().count() => (true, "ListenersNotValid", "some listeners are not valid: see their conditions".to_string()),
+            None => (true, "Accepted", String::new()),
+        };
+        let programmed =
+            if accepted { condition("Programmed", true, "Programmed", message, gen) } else { condition("Programmed", false, "Invalid", &why, gen) };
         out.status.insert(
             g.obj.key.clone(),
             json!({
                 "addresses": addresses,
-                "conditions": [condition("Accepted", true, "Accepted", "", gen), condition("Programmed", true, "Programmed", message, gen)],
+                "conditions": [condition("Accepted", accepted, reason, &why, gen), programmed],
                 "listeners": ls,
                 "attachedListenerSets": sets.iter().filter(|s| s.gw == gi && s.accepted).count(),
             }),
@@ -550,6 +589,21 @@ fn listener_sets<'a>(
     sets
 }
 
+/// Its `Accepted` condition is True (a supported protocol, no conflict).
+fn listener_accepted(l: &ListenerState) -> bool {
+    l.conditions.iter().any(|c| c["type"] == "Accepted" && c["status"] == "True")
+}
+
+/// Why a Gateway's `infrastructure.parametersRef` cannot be used: Lodestar
+/// takes no infrastructure parameters, so any reference is (the spec's
+/// InvalidParameters; Istio's a ConfigMap, which exists only in
+/// Kubernetes).
+fn invalid_parameters(g: &api::Gateway) -> Option<String> {
+    let r = g.infrastructure.as_ref()?.get("parametersRef")?;
+    let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
+    Some(format!("infrastructure.parametersRef {}/{} {}: Lodestar takes no infrastructure parameters", s("group"), s("kind"), s("name")))
+}
+
 fn is_conflicted(l: &ListenerState) -> bool {
     l.conditions.iter().any(|c| c["type"] == "Conflicted" && c["status"] == "True")
 }
@@ -582,6 +636,7 @@ fn listener_state<'a>(
     let admits: Vec<&'static str> = supported.iter().copied().filter(|s| kinds.is_empty() || kinds.iter().any(|k| ours(k) && k.kind == *s)).collect();
     // HTTPS: its first certificate, a Secret this namespace may use.
     let mut refs_ok = (!bad_kinds, if bad_kinds { "InvalidRouteKinds" } else { "ResolvedRefs" });
+    let mut refs_message = String::new();
     if let Some(tls) = l.tls.as_ref().filter(|_| l.protocol == "HTTPS") {
         if tls.mode.as_deref().is_some_and(|m| m != "Terminate") {
             refs_ok = (false, "UnsupportedValue");
@@ -597,6 +652,11 @@ fn listener_state<'a>(
                 // there lets that namespace's Gateways or ListenerSets
                 // use it (`xds::secrets`, the same rule).
                 refs_ok = (false, "InvalidCertificateRef");
+            } else if let Err(why) = resolver.backends.certificate(secret_ns, &r.name) {
+                // Missing, or holding no certificate (a CA bundle only):
+                // nothing to terminate TLS with (Istio: InvalidTLS).
+                refs_ok = (false, "InvalidCertificateRef");
+                refs_message = format!("certificateRefs[0]: Secret {secret_ns}/{}: {why}", r.name);
             }
         }
     }
@@ -609,7 +669,7 @@ fn listener_state<'a>(
     } else {
         condition("Accepted", false, "UnsupportedProtocol", &format!("protocol {} is not supported", l.protocol), gen)
     });
-    conditions.push(condition("ResolvedRefs", refs_ok.0, refs_ok.1, "", gen));
+    conditions.push(condition("ResolvedRefs", refs_ok.0, refs_ok.1, &refs_message, gen));
     conditions.push(condition("Programmed", served, if served { "Programmed" } else { "Invalid" }, "", gen));
     conditions.push(condition("Conflicted", false, "NoConflicts", "", gen));
     ListenerState { gw, set, ns: owner_ns, id, listener: l, admits, served, conditions, attached: 0 }
@@ -1620,6 +1680,94 @@ mod tests {
         assert!(full.gateways.iter().all(|g| !g.key.name.contains(".shop.")), "a refused set's listener is served");
     }
 
+    /// A Secret document holding a fresh self-signed certificate for
+    /// `host` and its key (a listener's certificate).
+    fn tls_secret(name: &str, ns: &str, host: &str) -> String {
+        use base64::Engine;
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec![host.into()]).unwrap().self_signed(&key).unwrap();
+        let b64 = |s: String| base64::engine::general_purpose::STANDARD.encode(s);
+        format!(
+            "apiVersion: v1\nkind: Secret\ntype: kubernetes.io/tls\nmetadata: {{name: {name}, namespace: {ns}}}\ndata: {{tls.crt: {}, tls.key: {}}}\n---\n",
+            b64(cert.pem()),
+            b64(key.serialize_pem())
+        )
+    }
+
+    /// A listener's certificate must exist and hold a certificate (else
+    /// InvalidCertificateRef, not served); a Gateway is Accepted while one
+    /// of its listeners is (ListenersNotValid when another is not), and
+    /// not with a parametersRef (InvalidParameters, nothing served). The
+    /// missing certificate written alone is no incremental change: the
+    /// mesh is built again and the listener served.
+    #[test]
+    fn listener_certificates_and_gateway_acceptance() {
+        let good = tls_secret("good-cert", "infra", "good.example");
+        let missing = tls_secret("missing-cert", "infra", "missing.example");
+        let ca_only = {
+            let cert = good.split("tls.crt: ").nth(1).unwrap().split(',').next().unwrap();
+            format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: ca-only, namespace: infra}}\ndata: {{ca.crt: {cert}}}\n---\n")
+        };
+        let https = |name: &str, cert: &str| {
+            format!("  - {{name: {name}, port: 443, protocol: HTTPS, hostname: {name}.example, tls: {{certificateRefs: [{{name: {cert}}}]}}}}\n")
+        };
+        let gateway = |name: &str, extra: &str, listeners: &str| {
+            format!("apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {name}, namespace: infra}}\nspec:\n  gatewayClassName: lodestar\n{extra}  listeners:\n{listeners}---\n")
+        };
+        let http = "  - {name: http, port: 80, protocol: HTTP}\n";
+        let invalid = "  - {name: invalid, port: 1111, protocol: INVALID}\n";
+        let yaml = format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: lodestar}}\nspec: {{controllerName: lodestar.dev/gateway-controller}}\n---\n{good}{ca_only}{}{}{}{}",
+            gateway("tls", "", &(https("good", "good-cert") + &https("missing", "missing-cert") + &https("ca", "ca-only"))),
+            gateway("mixed", "", &(http.to_string() + invalid)),
+            gateway("invalid", "", invalid),
+            gateway("params", "  infrastructure: {parametersRef: {group: invalid.io, kind: InvalidParameters, name: invalid}}\n", http),
+        );
+        let mut state = state_from(&yaml);
+        let mesh = Mesh::build(&state, Arc::new(MeshConfig::default()));
+        let status =
+            |m: &Mesh, gw: &str| m.gateway_api_status.get(&crate::model::ResourceKey::new(crate::model::Kind::KubeGateway, "infra", gw)).unwrap().clone();
+        let condition = |v: &Value, t: &str| {
+            let c = v.as_array().unwrap().iter().find(|c| c["type"] == t).unwrap();
+            (c["status"].as_str().unwrap().to_string(), c["reason"].as_str().unwrap().to_string())
+        };
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        let served = |m: &Mesh| -> BTreeSet<String> { m.gateways.iter().map(|g| g.key.name.to_string()).collect() };
+        let tls = status(&mesh, "tls");
+        let refs: Vec<_> = (0..3).map(|i| condition(&tls["listeners"][i]["conditions"], "ResolvedRefs")).collect();
+        assert_eq!(refs, [pair("True", "ResolvedRefs"), pair("False", "InvalidCertificateRef"), pair("False", "InvalidCertificateRef")], "{tls}");
+        assert_eq!(condition(&tls["conditions"], "Accepted"), pair("True", "Accepted"), "{tls}");
+        let mixed = status(&mesh, "mixed");
+        assert_eq!(
+            (condition(&mixed["conditions"], "Accepted"), condition(&mixed["conditions"], "Programmed")),
+            (pair("True", "ListenersNotValid"), pair("True", "Programmed"))
+        );
+        assert_eq!(mixed["listeners"][1]["supportedKinds"], json!([]), "{mixed}");
+        let invalid = status(&mesh, "invalid");
+        assert_eq!(
+            (condition(&invalid["conditions"], "Accepted"), condition(&invalid["conditions"], "Programmed")),
+            (pair("False", "ListenersNotValid"), pair("False", "Invalid"))
+        );
+        let params = status(&mesh, "params");
+        assert_eq!(condition(&params["conditions"], "Accepted"), pair("False", "InvalidParameters"), "{params}");
+        assert_eq!(condition(&params["listeners"][0]["conditions"], "Programmed"), pair("False", "Invalid"), "{params}");
+        assert_eq!(served(&mesh), BTreeSet::from(["mixed.http".to_string(), "tls.good".to_string()]));
+
+        // The missing certificate arrives: built again, served.
+        let before = state.objects.clone();
+        let r = parse_resource(parse_documents(&missing, "change").unwrap().remove(0), "default").unwrap();
+        state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.unwrap();
+        assert!(mesh.update_rules(&before, &state).is_none(), "a certificate's write was skipped");
+        let rebuilt = Mesh::build(&state, Arc::new(MeshConfig::default()));
+        assert_eq!(condition(&status(&rebuilt, "tls")["listeners"][1]["conditions"], "ResolvedRefs"), pair("True", "ResolvedRefs"));
+        assert!(served(&rebuilt).contains("tls.missing"));
+        // A Secret no listener names is still no part of the mesh.
+        let before = state.objects.clone();
+        let r = parse_resource(parse_documents(&tls_secret("unrelated", "infra", "x.example"), "change").unwrap().remove(0), "default").unwrap();
+        state.apply_txn(&Txn { ops: vec![Op::Put { key: r.key, body: r.body.to_string().into(), expected_revision: None }] }).0.unwrap();
+        assert!(rebuilt.update_rules(&before, &state).is_some(), "an unrelated Secret rebuilt the mesh");
+    }
+
     /// An HTTPS listener of a ListenerSet in another namespace than its
     /// Gateway's: the certificate (in the Gateway's namespace, where its
     /// proxies read Secrets) needs a ReferenceGrant from ListenerSets of
@@ -1628,9 +1776,10 @@ mod tests {
     /// be served, is not accepted.
     #[test]
     fn listener_set_certificates_need_a_grant_to_listener_sets() {
+        let secret = tls_secret("team-cert", "infra", "team.example");
         let yaml = |grant_kind: &str| {
             format!(
-                "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: lodestar}}\nspec: {{controllerName: lodestar.dev/gateway-controller}}\n---\n\
+                "{secret}apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: lodestar}}\nspec: {{controllerName: lodestar.dev/gateway-controller}}\n---\n\
                  apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: web, namespace: infra}}\nspec:\n  gatewayClassName: lodestar\n  allowedListeners: {{namespaces: {{from: All}}}}\n  listeners: [{{name: http, port: 80, protocol: HTTP}}]\n---\n\
                  apiVersion: gateway.networking.k8s.io/v1\nkind: ReferenceGrant\nmetadata: {{name: certs, namespace: infra}}\nspec:\n  from: [{{group: gateway.networking.k8s.io, kind: {grant_kind}, namespace: team}}]\n  to: [{{group: \"\", kind: Secret}}]\n---\n\
                  apiVersion: gateway.networking.k8s.io/v1\nkind: ListenerSet\nmetadata: {{name: tls, namespace: team}}\nspec:\n  parentRef: {{name: web, namespace: infra}}\n  listeners:\n  - {{name: https, port: 443, protocol: HTTPS, hostname: team.example, tls: {{certificateRefs: [{{name: team-cert, namespace: infra}}]}}}}\n"

@@ -331,8 +331,9 @@ impl Mesh {
             let (key, now) = (d.key(), d.after());
             // Tokens, policies, roles and Secrets are no part of the mesh,
             // nor are WorkloadGroups (templates the agents read).
-            // A Secret a BackendTLSPolicy reads its CA from: rebuilt (`build`).
-            if key.kind == Kind::Secret && self.backend_cas.secrets.contains(&(key.namespace.to_string(), key.name.to_string())) {
+            // A Secret a BackendTLSPolicy reads its CA from, or a Gateway
+            // API listener its certificate: rebuilt (`build`).
+            if key.kind == Kind::Secret && self.gateway_api_reads(key) {
                 return None;
             }
             if key.kind.is_acl() || matches!(key.kind, Kind::WorkloadGroup | Kind::Secret) {
@@ -789,7 +790,7 @@ impl Mesh {
         let (mut before, mut after) = (Vec::new(), Vec::new());
         for d in prev_objects.spec_diff(&state.objects) {
             let key = d.key();
-            if key.kind == Kind::Secret && self.backend_cas.secrets.contains(&(key.namespace.to_string(), key.name.to_string())) {
+            if key.kind == Kind::Secret && self.gateway_api_reads(key) {
                 return None;
             }
             if key.kind.is_acl() || matches!(key.kind, Kind::WorkloadGroup | Kind::Secret) {
@@ -842,6 +843,14 @@ impl Mesh {
         mesh.gateway_api_status = Arc::new(status);
         mesh.gateway_api = Arc::new(out);
         Some(mesh)
+    }
+
+    /// Whether the Gateway API translation read the Secret `key`: a
+    /// BackendTLSPolicy's CA bundle, or a listener's certificate (whose
+    /// status says whether it is there).
+    fn gateway_api_reads(&self, key: &ResourceKey) -> bool {
+        let secret = (key.namespace.to_string(), key.name.to_string());
+        self.backend_cas.secrets.contains(&secret) || self.gateway_api.certificates.contains(&secret)
     }
 
     /// Whether `key` names a Gateway or VirtualService the Gateway API
@@ -915,6 +924,14 @@ impl super::gateway_api::Backends for MeshBackends<'_> {
     fn ca_bundle(&self, namespace: &str, name: &str) -> Option<String> {
         let obj = self.state.objects.get(&ResourceKey::new(Kind::Secret, namespace, name))?;
         crate::model::secret::Stored::from_body(obj.body()).ca
+    }
+
+    fn certificate(&self, namespace: &str, name: &str) -> Result<(), &'static str> {
+        let obj = self.state.objects.get(&ResourceKey::new(Kind::Secret, namespace, name)).ok_or("not found")?;
+        match crate::model::secret::Stored::from_body(obj.body()).cert_chain {
+            Some(_) => Ok(()),
+            None => Err("holds no certificate (tls.crt or cert)"),
+        }
     }
 }
 
