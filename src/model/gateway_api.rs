@@ -441,7 +441,27 @@ pub struct RequestMirror {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub percent: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fraction: Option<Value>,
+    pub fraction: Option<Fraction>,
+}
+
+/// `numerator / denominator` of the requests (denominator 100 by default).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Fraction {
+    pub numerator: i64,
+    #[serde(default = "Fraction::hundred")]
+    pub denominator: i64,
+}
+
+impl Fraction {
+    fn hundred() -> i64 {
+        100
+    }
+
+    /// The share of requests, in percent.
+    pub fn percent(&self) -> f64 {
+        self.numerator as f64 * 100.0 / self.denominator.max(1) as f64
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -1369,6 +1389,17 @@ fn check_filters(c: &mut Check, f: &str, filters: &[HttpRouteFilter], matches: &
             if m.percent.is_some_and(|p| p > 100) {
                 c.err(format!("{ff}.requestMirror.percent"), "must be between 0 and 100");
             }
+            if let Some(f) = &m.fraction {
+                if m.percent.is_some() {
+                    c.err(format!("{ff}.requestMirror"), "only one of percent or fraction may be set");
+                }
+                if f.denominator < 1 {
+                    c.err(format!("{ff}.requestMirror.fraction.denominator"), "must be at least 1");
+                }
+                if f.numerator < 0 || f.numerator > f.denominator {
+                    c.err(format!("{ff}.requestMirror.fraction.numerator"), "must be between 0 and the denominator");
+                }
+            }
         }
         if let Some(r) = &flt.request_redirect {
             let rf = format!("{ff}.requestRedirect");
@@ -1521,6 +1552,20 @@ mod tests {
             ["spec.rules[0].filters[0].requestRedirect.statusCode"]
         );
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"matches": [{"method": "FETCH"}]}]})), ["spec.rules[0].matches[0].method"]);
+        let mirror = |m: Value| json!({"rules": [{"filters": [{"type": "RequestMirror", "requestMirror": m}]}]});
+        assert!(fields("HTTPRoute", mirror(json!({"backendRef": {"name": "b", "port": 80}, "fraction": {"numerator": 25, "denominator": 50}}))).is_empty());
+        assert_eq!(
+            fields("HTTPRoute", mirror(json!({"backendRef": {"name": "b", "port": 80}, "fraction": {"numerator": 3, "denominator": 2}}))),
+            ["spec.rules[0].filters[0].requestMirror.fraction.numerator"]
+        );
+        assert_eq!(
+            fields("HTTPRoute", mirror(json!({"backendRef": {"name": "b", "port": 80}, "percent": 5, "fraction": {"numerator": 1, "denominator": 0}}))),
+            [
+                "spec.rules[0].filters[0].requestMirror",
+                "spec.rules[0].filters[0].requestMirror.fraction.denominator",
+                "spec.rules[0].filters[0].requestMirror.fraction.numerator"
+            ]
+        );
         assert_eq!(fields("HTTPRoute", json!({"parentRefs": [{"name": "g"}, {"name": "g"}]})), ["spec.parentRefs[1]"]);
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"bogus": 1}]})), ["spec.rules[0].bogus"]);
         assert_eq!(fields("HTTPRoute", json!({"rules": [{"timeouts": {"request": "1x"}}]})), ["spec.rules[0].timeouts.request"]);

@@ -332,7 +332,8 @@ pub fn translate(objects: &[(Arc<StoredObject>, Spec)], namespaces: &NamespaceLa
                 if matches!(route, RouteIn::Tcp(_)) {
                     slots.entry((i, "*".to_string())).or_default().insert(obj.key.clone());
                 }
-                for host in hosts {
+                let isolated = |h: &String| matches!(route, RouteIn::Http(_) | RouteIn::Grpc(_)) && isolated(&listeners, i, h);
+                for host in hosts.into_iter().filter(|h| !isolated(h)) {
                     if !matches!(route, RouteIn::Tcp(_)) {
                         slots.entry((i, host.clone())).or_default().insert(obj.key.clone());
                     }
@@ -892,6 +893,25 @@ pub fn selector_matches(selector: &Value, labels: &BTreeMap<String, String>) -> 
     by_label && by_expression
 }
 
+/// Listener isolation (GatewayHTTPListenerIsolation): a request goes to
+/// the routes of the most specific listener of its Gateway and port that
+/// matches its host, so a route's hostname `host` on listener `i` is left
+/// out when every host it names also matches a more specific served
+/// listener there (as `*.example.com` on a listener without hostname does
+/// where another listener is `*.example.com`). Hosts only partly covered
+/// stay: Envoy picks the most specific virtual host for those.
+fn isolated(listeners: &[ListenerState], i: usize, host: &str) -> bool {
+    let l = &listeners[i];
+    let own = l.listener.hostname.as_deref().unwrap_or("*");
+    listeners.iter().enumerate().any(|(j, o)| {
+        j != i
+            && o.gw == l.gw
+            && o.served
+            && o.listener.port == l.listener.port
+            && o.listener.hostname.as_deref().is_some_and(|h| !h.eq_ignore_ascii_case(own) && host_matches(own, h) && host_matches(h, host))
+    })
+}
+
 /// The hostnames a route answers on a listener (the spec's intersection).
 pub fn intersect(listener: Option<&str>, route: &[String]) -> Vec<String> {
     let Some(l) = listener else {
@@ -1395,9 +1415,14 @@ fn apply_filter(
         if let Some(h) = &r.hostname {
             v.insert("authority".into(), json!(h));
         }
-        if let Some(p) = r.port {
-            v.insert("port".into(), json!(p));
-        }
+        // No port: the scheme's default when the scheme changes, else the
+        // listener's port (the request's), as the HTTPRoute spec says and
+        // Istio translates it.
+        match (r.port, &r.scheme) {
+            (Some(p), _) => v.insert("port".into(), json!(p)),
+            (None, Some(_)) => v.insert("derivePort".into(), json!("FROM_PROTOCOL_DEFAULT")),
+            (None, None) => v.insert("derivePort".into(), json!("FROM_REQUEST_PORT")),
+        };
         v.insert("redirectCode".into(), json!(r.status_code.unwrap_or(302)));
         if let Some(p) = &r.path {
             match (p.kind.as_str(), prefix) {
@@ -1436,7 +1461,8 @@ fn apply_filter(
     if let Some(m) = &f.request_mirror {
         if let Ok((host, port)) = backend_problem(&m.backend_ref, from, r) {
             let mut mirror = json!({"destination": {"host": host, "port": {"number": port}}});
-            if let Some(p) = m.percent {
+            let percent = m.percent.map(|p| json!(p)).or_else(|| m.fraction.as_ref().map(|f| json!(f.percent())));
+            if let Some(p) = percent {
                 mirror["percentage"] = json!({"value": p});
             }
             mirrors.push(mirror);

@@ -108,6 +108,7 @@ pub fn translate(cfg: &mut ProxyConfig, mesh: &Mesh, proxy: &ProxyIdentity) {
 fn grpc_connection_manager(route_name: &str) -> envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager {
     let mut hcm = http_connection_manager(route_name, Routes::Rds(route_name.to_string()));
     hcm.http_filters.retain(|f| f.name != CORS_FILTER);
+    hcm.upgrade_configs.clear();
     hcm
 }
 

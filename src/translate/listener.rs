@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::{CodecType, ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails},
+    http_connection_manager::{CodecType, ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails, UpgradeConfig},
     http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
@@ -53,6 +53,9 @@ pub fn http_connection_manager(stat_prefix: &str, routes: Routes) -> HttpConnect
         codec_type: CodecType::Auto as i32,
         route_specifier: Some(route_specifier),
         http_filters,
+        // WebSocket upgrades are proxied (Envoy refuses an upgrade it is
+        // not configured for), as on Istio's listeners.
+        upgrade_configs: vec![UpgradeConfig { upgrade_type: "websocket".into(), ..Default::default() }],
         ..Default::default()
     }
 }

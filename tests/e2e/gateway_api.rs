@@ -104,6 +104,21 @@ const REPORTED: &[&str] = &[
     "ListenerSetReferenceGrant",
     "HTTPRouteCORS",
     "HTTPRouteRetry",
+    // More Extended HTTPRoute tests (issue 39).
+    "HTTPRoute303Redirect",
+    "HTTPRoute307Redirect",
+    "HTTPRoute308Redirect",
+    "HTTPRouteNamedRule",
+    "HTTPRouteRequestMultipleMirrors",
+    "HTTPRouteListenerPortMatching",
+    "HTTPRouteInvalidParentRefNotMatchingListenerPort",
+    "HTTPRouteInvalidParentRefSectionNameNotMatchingPort",
+    "HTTPRouteRedirectPortAndScheme",
+    "HTTPRouteRequestHeaderModifierBackendWeights",
+    "HTTPRouteBackendProtocolH2C",
+    "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteRequestPercentageMirror",
+    "GatewayHTTPListenerIsolation",
 ];
 
 /// Tests not run, with why (they count as failures in a report).
@@ -152,11 +167,14 @@ fn canonical(name: &str) -> String {
 /// answers NNN, else 400; `/retry/...` fails (a status or a reset) until
 /// its `uuid` has failed `succeedAfter` times, then echoes; anything else
 /// echoes. Paths with `//` collapsed, as echo-basic routes them.
-async fn echo(State(e): State<Echo>, req: Request<Body>) -> Response {
+async fn echo(State(e): State<Echo>, mut req: Request<Body>) -> Response {
     let uri = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
     let path = req.uri().path().replace("//", "/");
     if path == "/health" {
         return "OK".into_response();
+    }
+    if path == "/ws" {
+        return websocket_echo(&mut req);
     }
     if path.starts_with("/status/") {
         let code = uri.strip_prefix("/status/").filter(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_digit()));
@@ -195,7 +213,7 @@ async fn echo(State(e): State<Echo>, req: Request<Body>) -> Response {
         })
         .unwrap_or_default();
     let body = json!({
-        "path": uri, "host": host, "method": req.method().as_str(), "proto": "HTTP/1.1", "headers": headers,
+        "path": uri, "host": host, "method": req.method().as_str(), "proto": proto(req.version()), "headers": headers,
         "namespace": e.namespace, "ingress": "", "service": "", "pod": e.pod, "httpPort": "3000",
     });
     if req.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/grpc")) {
@@ -250,6 +268,123 @@ async fn retry_failure(e: &Echo, uri: &axum::http::Uri, reset: Option<ConnReset>
     None
 }
 
+/// The request's protocol as Go's `Request.Proto` names it.
+fn proto(v: axum::http::Version) -> &'static str {
+    match v {
+        axum::http::Version::HTTP_2 => "HTTP/2.0",
+        axum::http::Version::HTTP_10 => "HTTP/1.0",
+        _ => "HTTP/1.1",
+    }
+}
+
+/// echo-basic's `H2C_PORT`: HTTP/2 without TLS only (prior knowledge).
+const H2C_PORT: u64 = 3001;
+
+/// On the h2c port, anything but HTTP/2 gets 400 (`Expected h2c request`).
+async fn echo_h2c(state: State<Echo>, req: Request<Body>) -> Response {
+    if req.version() != axum::http::Version::HTTP_2 {
+        return (axum::http::StatusCode::BAD_REQUEST, "Expected h2c request").into_response();
+    }
+    echo(state, req).await
+}
+
+/// `Sec-WebSocket-Accept` for a `Sec-WebSocket-Key` (RFC 6455 4.2.2).
+fn websocket_accept(key: &[u8]) -> String {
+    use base64::Engine;
+    let mut input = key.to_vec();
+    input.extend_from_slice(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+    base64::engine::general_purpose::STANDARD.encode(ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, &input))
+}
+
+/// echo-basic's `/ws`: the WebSocket handshake (101), then every text or
+/// binary message is sent back as it came; a ping gets its pong, a close
+/// its close. Not an upgrade: 400.
+fn websocket_echo(req: &mut Request<Body>) -> Response {
+    let upgrade = req.headers().get("upgrade").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+    let Some(key) = req.headers().get("sec-websocket-key").filter(|_| upgrade).map(|k| k.as_bytes().to_vec()) else {
+        return (axum::http::StatusCode::BAD_REQUEST, "not a WebSocket handshake").into_response();
+    };
+    let on_upgrade = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = on_upgrade.await else { return };
+        let mut io = hyper_util::rt::TokioIo::new(upgraded);
+        // Bounded: a connection ends at its close or after 1000 frames.
+        for _ in 0..1000 {
+            let Ok((opcode, payload)) = ws_read(&mut io).await else { return };
+            let reply = match opcode {
+                0x1 | 0x2 => opcode,
+                0x9 => 0xA,
+                0x8 => {
+                    let _ = ws_write(&mut io, 0x8, &payload, None).await;
+                    return;
+                }
+                _ => continue,
+            };
+            if ws_write(&mut io, reply, &payload, None).await.is_err() {
+                return;
+            }
+        }
+    });
+    axum::http::Response::builder()
+        .status(axum::http::StatusCode::SWITCHING_PROTOCOLS)
+        .header("upgrade", "websocket")
+        .header("connection", "Upgrade")
+        .header("sec-websocket-accept", websocket_accept(&key))
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// One WebSocket frame (FIN set: echo-basic's messages are unfragmented):
+/// its opcode and payload, unmasked.
+async fn ws_read(io: &mut (impl tokio::io::AsyncRead + Unpin)) -> std::io::Result<(u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut head = [0u8; 2];
+    io.read_exact(&mut head).await?;
+    let len = match head[1] & 0x7f {
+        126 => u64::from(io.read_u16().await?),
+        127 => io.read_u64().await?,
+        n => u64::from(n),
+    };
+    if len > 1 << 20 {
+        return Err(std::io::Error::other("WebSocket frame over 1 MiB"));
+    }
+    let mut mask = [0u8; 4];
+    if head[1] & 0x80 != 0 {
+        io.read_exact(&mut mask).await?;
+    }
+    let mut payload = vec![0u8; len as usize];
+    io.read_exact(&mut payload).await?;
+    for (i, b) in payload.iter_mut().enumerate() {
+        *b ^= mask[i % 4];
+    }
+    Ok((head[0] & 0x0f, payload))
+}
+
+/// Write one final frame; `mask` (a client's frames must be masked).
+async fn ws_write(io: &mut (impl tokio::io::AsyncWrite + Unpin), opcode: u8, payload: &[u8], mask: Option<[u8; 4]>) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut frame = vec![0x80 | opcode];
+    let bit = if mask.is_some() { 0x80 } else { 0 };
+    match payload.len() {
+        n if n < 126 => frame.push(bit | n as u8),
+        n if n <= 0xffff => {
+            frame.push(bit | 126);
+            frame.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            frame.push(bit | 127);
+            frame.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    let m = mask.unwrap_or([0; 4]);
+    if mask.is_some() {
+        frame.extend_from_slice(&m);
+    }
+    frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ m[i % 4]));
+    io.write_all(&frame).await?;
+    io.flush().await
+}
+
 /// A unary gRPC answer: one length-prefixed message, then trailers.
 struct GrpcReply {
     message: Option<Vec<u8>>,
@@ -281,13 +416,15 @@ impl http_body::Body for GrpcReply {
 }
 
 /// An echo server at `ip` on each of `ports` (HTTP/1.1, h2c and gRPC on
-/// every one, as the mesh's echo answers HTTP and gRPC).
+/// every one, as the mesh's echo answers HTTP and gRPC; only HTTP/2 on
+/// [`H2C_PORT`]).
 async fn start_echo(ip: &str, ports: &[u64], pod: &str, namespace: &str) -> (Echo, Vec<tokio::task::JoinHandle<()>>) {
     let e = Echo { pod: pod.to_string(), namespace: namespace.to_string(), ip: ip.to_string(), seen: Default::default(), tries: Default::default() };
     let mut tasks = Vec::new();
     for port in ports {
         let listener = tokio::net::TcpListener::bind(format!("{ip}:{port}")).await.expect("bind echo");
-        let app = axum::Router::new().fallback(echo).with_state(e.clone());
+        let app = if *port == H2C_PORT { axum::Router::new().fallback(echo_h2c) } else { axum::Router::new().fallback(echo) };
+        let app = app.with_state(e.clone());
         tasks.push(tokio::spawn(serve_echo(listener, app)));
     }
     (e, tasks)
@@ -304,7 +441,7 @@ async fn serve_echo(listener: tokio::net::TcpListener, app: axum::Router) {
             use std::os::fd::AsRawFd;
             let fd = stream.as_raw_fd();
             let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let conn = builder.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
@@ -645,6 +782,16 @@ fn unique() -> String {
     format!("lodestar-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
+/// A request's URI: `path`, then `query` appended, `{UNIQUE}` replaced.
+fn request_uri(req: &Value) -> String {
+    let mut path = req["path"].as_str().unwrap_or("/").to_string();
+    if let Some(q) = req["query"].as_object() {
+        let qs: Vec<String> = q.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
+        path = format!("{path}{}{}", if path.contains('?') { "&" } else { "?" }, qs.join("&"));
+    }
+    path.replace("{UNIQUE}", &unique())
+}
+
 async fn send(h: &Harness, case: &Value, jitter: Option<u32>, uri: &mut String) -> Result<Answer, String> {
     let via = &case["via"];
     if let Some(client) = via["mesh_client"].as_str() {
@@ -654,18 +801,16 @@ async fn send(h: &Harness, case: &Value, jitter: Option<u32>, uri: &mut String) 
     let ip = h.addresses.get(gw).ok_or_else(|| format!("no address for {gw}"))?;
     let port = via["port"].as_u64().unwrap_or(80);
     let req = &case["request"];
-    let mut path = req["path"].as_str().unwrap_or("/").to_string();
-    if let Some(q) = req["query"].as_object() {
-        let qs: Vec<String> = q.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
-        path = format!("{path}{}{}", if path.contains('?') { "&" } else { "?" }, qs.join("&"));
-    }
-    let path = path.replace("{UNIQUE}", &unique());
+    let path = request_uri(req);
     uri.clone_from(&path);
     if via["protocol"] == "grpc" {
         return send_grpc(&format!("{ip}:{port}"), req, jitter, uri).await;
     }
     let method = reqwest::Method::from_bytes(req["method"].as_str().unwrap_or("GET").as_bytes()).map_err(|e| e.to_string())?;
     let host = req["host"].as_str().map(String::from).unwrap_or_else(|| if port == 80 { ip.clone() } else { format!("{ip}:{port}") });
+    if via["protocol"] == "h2c" {
+        return send_h2c(&format!("{ip}:{port}"), method, &host, &path, req).await;
+    }
     if via["scheme"] == "https" {
         // TLS with the SNI given, trusting only the listener's certificate's CA.
         let sni = via["sni"].as_str().unwrap_or(&host);
@@ -689,6 +834,94 @@ async fn send(h: &Harness, case: &Value, jitter: Option<u32>, uri: &mut String) 
         req["echo_set_response_headers"].as_object().into_iter().flatten().map(|(k, v)| format!("{k}:{}", v.as_str().unwrap_or(""))).collect();
     r = r.header("X-Echo-Set-Header", set.join(","));
     http_answer(r, req, jitter).await
+}
+
+/// A request over cleartext HTTP/2 with prior knowledge (no upgrade), as
+/// the suite's `H2CPriorKnowledgeProtocol` round tripper sends it.
+async fn send_h2c(addr: &str, method: reqwest::Method, host: &str, path: &str, req: &Value) -> Result<Answer, String> {
+    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+    let exchange = async {
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("h2c handshake: {e}"))?;
+        tokio::spawn(conn);
+        let mut r = axum::http::Request::builder().method(method.as_str()).uri(format!("http://{host}{path}")).header("X-Echo-Set-Header", "");
+        for (k, v) in req["headers"].as_object().into_iter().flatten() {
+            r = r.header(k.as_str(), v.as_str().unwrap_or(""));
+        }
+        let resp = sender.send_request(r.body(Body::empty()).map_err(|e| e.to_string())?).await.map_err(|e| format!("h2c request: {e}"))?;
+        let status = resp.status().as_u16();
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (k, v) in resp.headers() {
+            if let (Ok(k), Ok(v)) = (reqwest::header::HeaderName::from_bytes(k.as_str().as_bytes()), reqwest::header::HeaderValue::from_bytes(v.as_bytes())) {
+                headers.append(k, v);
+            }
+        }
+        let body = axum::body::to_bytes(Body::new(resp.into_body()), 1 << 20).await.map_err(|e| format!("h2c body: {e}"))?;
+        let json = headers.get("content-type").is_some_and(|v| v == "application/json");
+        Ok((status, headers, if json { serde_json::from_slice(&body).ok() } else { None }))
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange).await.map_err(|_| "h2c request timed out".to_string())?
+}
+
+/// A WebSocket case (`kind: websocket`): the handshake to `via`'s gateway
+/// at `request.path`, then each of `expect.messages` (`text` or `binary`,
+/// a list of bytes) sent and read back unchanged, as the suite's
+/// golang.org/x/net/websocket client does it.
+async fn websocket_exchange(h: &Harness, case: &Value) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let via = &case["via"];
+    let gw = via["gateway"].as_str().ok_or("case has no gateway")?;
+    let ip = h.addresses.get(gw).ok_or_else(|| format!("no address for {gw}"))?;
+    let port = via["port"].as_u64().unwrap_or(80);
+    let path = case["request"]["path"].as_str().unwrap_or("/");
+    let host = if port == 80 { ip.clone() } else { format!("{ip}:{port}") };
+    let exchange = async {
+        let mut io = tokio::net::TcpStream::connect(format!("{ip}:{port}")).await.map_err(|e| format!("connect: {e}"))?;
+        let key = {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 16]>())
+        };
+        let hello = format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nOrigin: ws://gateway/{}\r\n\r\n",
+            case["name"].as_str().unwrap_or("").replace(' ', "_")
+        );
+        io.write_all(hello.as_bytes()).await.map_err(|e| e.to_string())?;
+        // The handshake answer, up to its blank line (bounded).
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            if head.len() > 16 << 10 {
+                return Err("handshake answer over 16 KiB".to_string());
+            }
+            let b = io.read_u8().await.map_err(|e| format!("handshake: {e}"))?;
+            head.push(b);
+        }
+        let head = String::from_utf8_lossy(&head).into_owned();
+        let status = head.split_whitespace().nth(1).unwrap_or("");
+        if status != "101" {
+            return Err(format!("handshake answered {status}: {}", head.lines().next().unwrap_or("")));
+        }
+        let accept = head.lines().find_map(|l| l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case("sec-websocket-accept")).map(|(_, v)| v.trim()));
+        if accept != Some(websocket_accept(key.as_bytes()).as_str()) {
+            return Err(format!("Sec-WebSocket-Accept {accept:?} does not answer the key"));
+        }
+        for m in case["expect"]["messages"].as_array().into_iter().flatten() {
+            let (opcode, payload): (u8, Vec<u8>) = match (m["text"].as_str(), m["binary"].as_array()) {
+                (Some(t), _) => (0x1, t.as_bytes().to_vec()),
+                (None, Some(b)) => (0x2, b.iter().filter_map(Value::as_u64).map(|x| x as u8).collect()),
+                _ => return Err(format!("message {m}: neither text nor binary")),
+            };
+            let mask: [u8; 4] = rand::random();
+            ws_write(&mut io, opcode, &payload, Some(mask)).await.map_err(|e| format!("send: {e}"))?;
+            let (got_op, got) = ws_read(&mut io).await.map_err(|e| format!("receive: {e}"))?;
+            if (got_op, &got) != (opcode, &payload) {
+                return Err(format!("sent opcode {opcode} {payload:?}, got opcode {got_op} {got:?}"));
+            }
+        }
+        let _ = ws_write(&mut io, 0x8, &[], Some(rand::random())).await;
+        Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange).await.map_err(|_| "WebSocket exchange timed out".to_string())?
 }
 
 /// Send `r` with the request's `headers` (and `X-Jitter`): the answer,
@@ -924,17 +1157,24 @@ fn judge_grpc(expect: &Value, want: &str, headers: &reqwest::header::HeaderMap, 
 
 /// A case passes 3 times in a row within 20 s (upstream: 30 s).
 async fn run_case(h: &Harness, case: &Value) -> Result<(), String> {
-    if case["kind"] == "weighted" {
-        return run_weighted(h, case).await;
+    match case["kind"].as_str() {
+        Some("weighted") => return run_weighted(h, case).await,
+        Some("repeated") => return run_repeated(h, case).await,
+        Some("mirror_percentage") => return run_mirror_percentage(h, case).await,
+        _ => {}
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut streak = 0;
     let expect = expectation(case);
     loop {
         let mut uri = String::new();
-        let result = match send(h, case, None, &mut uri).await {
-            Ok((status, headers, body)) => judge(&expect, status, &headers, body.as_ref(), &uri),
-            Err(e) => Err(e),
+        let result = if case["kind"] == "websocket" {
+            websocket_exchange(h, case).await
+        } else {
+            match send(h, case, None, &mut uri).await {
+                Ok((status, headers, body)) => judge(&expect, status, &headers, body.as_ref(), &uri),
+                Err(e) => Err(e),
+            }
         };
         if let Some(mirrors) = case["expect"]["mirrored_to"].as_array().filter(|_| result.is_ok()) {
             // A copy of the request reaches each mirror within 10 s.
@@ -966,6 +1206,112 @@ async fn run_case(h: &Harness, case: &Value) -> Result<(), String> {
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         }
+    }
+}
+
+/// `case` with its `expect` replaced by `expect.first`.
+fn first_of(case: &Value) -> Value {
+    let mut first = case.clone();
+    first["expect"] = case["expect"]["first"].clone();
+    first.as_object_mut().unwrap().remove("kind");
+    first
+}
+
+/// `kind: repeated`: `expect.first` holds (eventually, as a case), then
+/// each of `expect.requests` more answers, one after another, is an echo
+/// whose pod name starts with the one value of the request header
+/// `expect.each.backend_named_by_header` the backend saw.
+async fn run_repeated(h: &Harness, case: &Value) -> Result<(), String> {
+    Box::pin(run_case(h, &first_of(case))).await?;
+    let header = case["expect"]["each"]["backend_named_by_header"].as_str().ok_or("repeated: no expect.each.backend_named_by_header")?;
+    for i in 0..case["expect"]["requests"].as_u64().unwrap_or(0) {
+        let mut uri = String::new();
+        let (status, _, body) = send(h, case, None, &mut uri).await.map_err(|e| format!("request {i}: {e}"))?;
+        let body = body.ok_or_else(|| format!("request {i}: status {status}, no echo body"))?;
+        let values: Vec<&str> = body["headers"]
+            .as_object()
+            .and_then(|m| m.iter().find(|(k, _)| k.eq_ignore_ascii_case(header)))
+            .and_then(|(_, v)| v.as_array())
+            .map(|vs| vs.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let [named] = values[..] else { return Err(format!("request {i}: the backend saw {header}: {values:?}, want exactly one value")) };
+        let pod = body["pod"].as_str().unwrap_or("");
+        if !pod.starts_with(named) {
+            return Err(format!("request {i}: {header} names {named}, answered by {pod}"));
+        }
+    }
+    Ok(())
+}
+
+/// `kind: mirror_percentage`: `expect.first` holds (eventually), then per
+/// attempt (up to `attempts`) a fresh `{UNIQUE}` shared by all of
+/// `requests` requests (`concurrency` in flight, each passing `first`
+/// eventually, once), and the copies of that request URI the `mirror`
+/// backend received must number `requests * percent / 100` within
+/// `tolerance_std_devs` binomial standard deviations.
+async fn run_mirror_percentage(h: &Harness, case: &Value) -> Result<(), String> {
+    Box::pin(run_case(h, &first_of(case))).await?;
+    let d = &case["expect"]["mirror_distribution"];
+    let requests = d["requests"].as_u64().unwrap_or(500);
+    let concurrency = d["concurrency"].as_u64().unwrap_or(10).max(1) as usize;
+    let p = d["percent"].as_f64().ok_or("mirror_percentage: no percent")? / 100.0;
+    let (mirror_name, mirror_ns) = (d["mirror"]["name"].as_str().unwrap_or(""), d["mirror"]["namespace"].as_str().unwrap_or(""));
+    let (expected, margin) = (requests as f64 * p, d["tolerance_std_devs"].as_f64().unwrap_or(3.0) * (requests as f64 * p * (1.0 - p)).sqrt());
+    let mut last = String::new();
+    for attempt in 0..d["attempts"].as_u64().unwrap_or(5) {
+        // One token for the whole attempt: every request has the same URI.
+        let text = serde_json::to_string(&first_of(case)).unwrap().replace("{UNIQUE}", &unique());
+        let one: Value = serde_json::from_str(&text).unwrap();
+        let uri = request_uri(&one["request"]);
+        let copies = || -> usize {
+            h.echoes
+                .iter()
+                .filter(|e| e.pod.starts_with(mirror_name) && e.namespace == mirror_ns)
+                .map(|e| e.seen.lock().unwrap().iter().filter(|u| **u == uri).count())
+                .sum()
+        };
+        let before = copies();
+        use futures::StreamExt;
+        let mut sent = futures::stream::iter(0..requests).map(|_| run_once_eventually(h, &one)).buffer_unordered(concurrency);
+        while let Some(r) = sent.next().await {
+            r?;
+        }
+        // Mirrored copies are sent on the side: until their count holds for 1 s (at most 10 s).
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut seen = copies();
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = copies();
+            if now == seen || Instant::now() > until {
+                break;
+            }
+            seen = now;
+        }
+        let mirrored = (seen - before) as f64;
+        eprintln!("mirror to {mirror_name}: {mirrored} of {requests} (want {expected} +- {margin:.1}), attempt {}", attempt + 1);
+        if (mirrored - expected).abs() <= margin {
+            return Ok(());
+        }
+        last = format!("{mirrored} of {requests} requests mirrored to {mirror_name}, want {expected} +- {margin:.1}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    Err(last)
+}
+
+/// One request of `case` that passes, retried (1 s apart) for up to 20 s.
+async fn run_once_eventually(h: &Harness, case: &Value) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let expect = expectation(case);
+    loop {
+        let mut uri = String::new();
+        let r = match send(h, case, None, &mut uri).await {
+            Ok((status, headers, body)) => judge(&expect, status, &headers, body.as_ref(), &uri),
+            Err(e) => Err(e),
+        };
+        if r.is_ok() || Instant::now() > deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -1177,14 +1523,15 @@ async fn action(h: &mut Harness, a: &Value, manifests: &mut [Value]) -> Result<(
 async fn run_and_report(h: &mut Harness, required: &[&str], reported: &[&str], not_run: &[(&str, &str)]) {
     let started = Instant::now();
     let mut table = Vec::new();
-    // GATEWAY_API_TEST=Name runs that one test only (when debugging).
+    // GATEWAY_API_TEST=Name (or Name,Name,...) runs those tests only.
     let only = std::env::var("GATEWAY_API_TEST").ok();
-    for name in required.iter().chain(reported).filter(|n| only.as_deref().is_none_or(|o| o == **n)) {
+    let chosen = |n: &str| only.as_deref().is_none_or(|o| o.split(',').any(|o| o.trim() == n));
+    for name in required.iter().chain(reported).filter(|n| chosen(n)) {
         let t0 = Instant::now();
         let r = run_test(h, name).await;
         table.push((name.to_string(), required.contains(name), r, t0.elapsed()));
     }
-    for (name, why) in not_run.iter().filter(|(n, _)| only.as_deref().is_none_or(|o| o == *n)) {
+    for (name, why) in not_run.iter().filter(|(n, _)| chosen(n)) {
         table.push((name.to_string(), false, Err(format!("not run: {why}")), Duration::ZERO));
     }
     let level = |name: &str| load(&data_dir().join(format!("tests/{name}.yaml")))["profile"]["level"].as_str().unwrap_or("").to_string();
@@ -1240,15 +1587,22 @@ async fn conformance() {
     {
         let (name, ns) = (b["name"].as_str().unwrap(), b["namespace"].as_str().unwrap());
         let svc = gw["services"].as_array().into_iter().flatten().find(|s| s["name"] == name && s["namespace"] == ns).expect("service of backend");
-        // echo-basic's gRPC servers speak h2c (appProtocol kubernetes.io/h2c).
-        let protocol = if b["server"] == "echo-basic-grpc" { "GRPC" } else { "HTTP" };
-        let (service, instance_ports) = registry_service(name, ns, &svc["ports"], |_| protocol);
+        // echo-basic's gRPC servers speak h2c (appProtocol kubernetes.io/h2c);
+        // an HTTP server's port with that appProtocol is its h2c port.
+        let grpc = b["server"] == "echo-basic-grpc";
+        let protocol = |p: &Value| match (grpc, p["appProtocol"].as_str()) {
+            (true, _) => "GRPC",
+            (false, Some("kubernetes.io/h2c")) => "HTTP2",
+            _ => "HTTP",
+        };
+        let (service, instance_ports) = registry_service(name, ns, &svc["ports"], protocol);
         docs.push(service);
         for i in 0..b["replicas"].as_u64().unwrap_or(1) {
             let pod = format!("{name}-lodestar-{i}");
             let ip = h.fx.ip(next_backend_ip);
             next_backend_ip += 1;
-            let (e, task) = start_echo(&ip, &[3000], &pod, ns).await;
+            let ports: &[u64] = if grpc { &[3000] } else { &[3000, H2C_PORT] };
+            let (e, task) = start_echo(&ip, ports, &pod, ns).await;
             h.echoes.push(e);
             tasks.extend(task);
             docs.push(json!({"apiVersion": "registry.lodestar.io/v1", "kind": "Instance", "metadata": {"name": pod, "namespace": ns},
