@@ -119,6 +119,8 @@ const REPORTED: &[&str] = &[
     "HTTPRouteBackendProtocolWebSocket",
     "HTTPRouteRequestPercentageMirror",
     "GatewayHTTPListenerIsolation",
+    "GRPCRouteNamedRule",
+    "HTTPRouteDisallowedKind",
 ];
 
 /// Tests not run, with why (they count as failures in a report).
